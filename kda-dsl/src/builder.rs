@@ -1,0 +1,552 @@
+//! The API `#[kernel]` expands to: it records a [`KernelDef`] as the kernel body runs on the
+//! host. Config values are plain Rust values here, so a loop over them unrolls and a branch on
+//! them vanishes. Kernel authors do not call this directly.
+
+use crate::artifact::HostExpr;
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::tile::*;
+use std::cell::RefCell;
+
+/// A scalar value of the kernel (uniform, or per element inside `parallel`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Val(pub Expr);
+
+macro_rules! val_from_int {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Val {
+            fn from(v: $t) -> Val { Val(Expr::Int(v as i64, None)) }
+        }
+    )*};
+}
+val_from_int!(i8, i16, i32, i64, u8, u16, u32, u64, usize, isize);
+
+impl From<f32> for Val {
+    fn from(v: f32) -> Val {
+        Val(Expr::Float(v as f64))
+    }
+}
+impl From<f64> for Val {
+    fn from(v: f64) -> Val {
+        Val(Expr::Float(v))
+    }
+}
+impl From<bool> for Val {
+    fn from(v: bool) -> Val {
+        Val(Expr::Bool(v))
+    }
+}
+impl From<&Val> for Val {
+    fn from(v: &Val) -> Val {
+        v.clone()
+    }
+}
+
+impl Val {
+    /// A binary operation.
+    pub fn bin(op: BinOp, a: impl Into<Val>, b: impl Into<Val>) -> Val {
+        Val(Expr::Binary(op, Box::new(a.into().0), Box::new(b.into().0)))
+    }
+    /// A unary operation or math function.
+    pub fn un(op: UnOp, a: impl Into<Val>) -> Val {
+        Val(Expr::Unary(op, Box::new(a.into().0)))
+    }
+    /// `cond ? a : b`.
+    pub fn select(c: impl Into<Val>, a: impl Into<Val>, b: impl Into<Val>) -> Val {
+        Val(Expr::Select(Box::new(c.into().0), Box::new(a.into().0), Box::new(b.into().0)))
+    }
+    /// A conversion.
+    pub fn cast(a: impl Into<Val>, to: DType) -> Val {
+        Val(Expr::Cast(to, Box::new(a.into().0)))
+    }
+}
+
+/// A host integer usable as a tile extent or a grid term.
+pub trait HostInt: Copy {
+    /// The value as i64.
+    fn to_i64(self) -> i64;
+}
+macro_rules! host_int {
+    ($($t:ty),*) => {$( impl HostInt for $t { fn to_i64(self) -> i64 { self as i64 } } )*};
+}
+host_int!(i32, i64, u32, u64, usize);
+
+/// A grid expression (host side), built from extents and config values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Host(pub HostExpr);
+
+impl Host {
+    /// A constant.
+    pub fn int(v: impl HostInt) -> Host {
+        Host(HostExpr::Const(v.to_i64()))
+    }
+    /// `a + b`.
+    pub fn add(a: Host, b: Host) -> Host {
+        Host(HostExpr::Add(Box::new(a.0), Box::new(b.0)))
+    }
+    /// `a - b` (as `a + (-1) * b`).
+    pub fn sub(a: Host, b: Host) -> Host {
+        Host::add(a, Host(HostExpr::Mul(Box::new(HostExpr::Const(-1)), Box::new(b.0))))
+    }
+    /// `a * b`.
+    pub fn mul(a: Host, b: Host) -> Host {
+        Host(HostExpr::Mul(Box::new(a.0), Box::new(b.0)))
+    }
+    /// `a / b`.
+    pub fn div(a: Host, b: Host) -> Host {
+        Host(HostExpr::Div(Box::new(a.0), Box::new(b.0)))
+    }
+    /// `ceil(a / b)`.
+    pub fn ceil_div(a: Host, b: Host) -> Host {
+        Host(HostExpr::CeilDiv(Box::new(a.0), Box::new(b.0)))
+    }
+}
+
+/// A global tensor parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    /// Its parameter index.
+    pub id: ParamId,
+    /// Its rank.
+    pub rank: usize,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+impl Tensor {
+    /// The element type (for `shared([..], a.dtype())`).
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// A tile allocation (shared, fragment or local).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// Its buffer index.
+    pub id: BufId,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+impl Tile {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// This tile read as its transpose (a `gemm` operand).
+    pub fn t(&self) -> Operand {
+        Operand { buf: self.id, transposed: true }
+    }
+}
+
+/// Anything `copy` accepts on either side.
+pub trait IntoRegion {
+    /// The region.
+    fn into_region(self) -> Region;
+}
+impl IntoRegion for Region {
+    fn into_region(self) -> Region {
+        self
+    }
+}
+impl IntoRegion for &Tile {
+    fn into_region(self) -> Region {
+        Region::Buf(self.id)
+    }
+}
+impl IntoRegion for Tile {
+    fn into_region(self) -> Region {
+        Region::Buf(self.id)
+    }
+}
+
+/// Anything `gemm` accepts as an operand.
+pub trait IntoOperand {
+    /// The operand.
+    fn into_operand(self) -> Operand;
+}
+impl IntoOperand for Operand {
+    fn into_operand(self) -> Operand {
+        self
+    }
+}
+impl IntoOperand for &Tile {
+    fn into_operand(self) -> Operand {
+        Operand { buf: self.id, transposed: false }
+    }
+}
+impl IntoOperand for Tile {
+    fn into_operand(self) -> Operand {
+        Operand { buf: self.id, transposed: false }
+    }
+}
+
+enum Frame {
+    Root,
+    For { var: VarId, kind: LoopKind, start: Expr, end: Expr, loc: SrcLoc },
+    Parallel { over: BufId, vars: Vec<VarId>, loc: SrcLoc },
+    Then { cond: Expr, loc: SrcLoc },
+    Else { cond: Expr, then: Vec<Stmt>, loc: SrcLoc },
+}
+
+struct State {
+    def: KernelDef,
+    frames: Vec<(Frame, Vec<Stmt>)>,
+    errors: Vec<Diag>,
+    launched: bool,
+    parallel_depth: usize,
+}
+
+/// Records a kernel definition; the `#[kernel]` expansion drives it.
+pub struct KernelBuilder {
+    st: RefCell<State>,
+}
+
+impl KernelBuilder {
+    /// Starts a kernel named `name`.
+    pub fn new(name: &str, loc: SrcLoc) -> KernelBuilder {
+        let def = KernelDef {
+            name: name.to_string(),
+            params: vec![],
+            threads: 0,
+            grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
+            block_vars: [None; 3],
+            buffers: vec![],
+            vars: vec![],
+            assumptions: vec![],
+            body: vec![],
+            loc,
+        };
+        KernelBuilder {
+            st: RefCell::new(State { def, frames: vec![(Frame::Root, vec![])], errors: vec![], launched: false, parallel_depth: 0 }),
+        }
+    }
+
+    fn error(&self, loc: SrcLoc, msg: impl Into<String>) {
+        self.st.borrow_mut().errors.push(Diag::new(loc, msg));
+    }
+
+    fn push(&self, kind: StmtKind, loc: SrcLoc) {
+        let mut st = self.st.borrow_mut();
+        st.frames.last_mut().expect("frame stack is never empty").1.push(Stmt { kind, loc });
+    }
+
+    fn dim_id(&self, name: &str) -> ParamId {
+        let mut st = self.st.borrow_mut();
+        if let Some(i) = st.def.params.iter().position(|p| matches!(p, Param::Dim { name: n } if n == name)) {
+            return i;
+        }
+        st.def.params.push(Param::Dim { name: name.to_string() });
+        st.def.params.len() - 1
+    }
+
+    /// Declares a global tensor parameter with symbolic extents.
+    pub fn tensor(&self, name: &str, dims: &[&str], dtype: DType, writes: bool) -> Tensor {
+        let dims: Vec<ParamId> = dims.iter().map(|d| self.dim_id(d)).collect();
+        let mut st = self.st.borrow_mut();
+        let rank = dims.len();
+        st.def.params.push(Param::Tensor { name: name.to_string(), dtype, dims, writes });
+        Tensor { id: st.def.params.len() - 1, rank, dtype }
+    }
+
+    /// The value of an extent symbol.
+    pub fn dim(&self, name: &str) -> Val {
+        Val(Expr::Dim(self.dim_id(name)))
+    }
+
+    /// An extent symbol as a grid term.
+    pub fn host_dim(&self, name: &str) -> Host {
+        self.dim_id(name);
+        Host(HostExpr::Dim(name.to_string()))
+    }
+
+    /// Declares a scalar parameter.
+    pub fn scalar(&self, name: &str, dtype: DType) -> Val {
+        let mut st = self.st.borrow_mut();
+        st.def.params.push(Param::Scalar { name: name.to_string(), dtype });
+        Val(Expr::Scalar(st.def.params.len() - 1))
+    }
+
+    fn new_var(&self, name: &str, dtype: DType) -> VarId {
+        let mut st = self.st.borrow_mut();
+        st.def.vars.push(Var { name: name.to_string(), dtype });
+        st.def.vars.len() - 1
+    }
+
+    /// `launch(grid = [x, y, z], threads = n)`: returns the block index per grid axis.
+    pub fn launch(&self, grid: Vec<Host>, threads: impl HostInt, loc: SrcLoc) -> Vec<Val> {
+        let threads = threads.to_i64();
+        if self.st.borrow().launched {
+            self.error(loc, "`launch` may appear only once per kernel");
+        }
+        if !(32..=1024).contains(&threads) || threads % 32 != 0 {
+            self.error(loc, format!("threads = {threads}: expected a multiple of 32 in 32..=1024"));
+        }
+        if grid.is_empty() || grid.len() > 3 {
+            self.error(loc, format!("grid has {} axes; expected 1 to 3", grid.len()));
+        }
+        let names = ["bx", "by", "bz"];
+        let mut out = vec![];
+        for (i, g) in grid.into_iter().take(3).enumerate() {
+            let v = self.new_var(names[i], DType::I32);
+            let mut st = self.st.borrow_mut();
+            st.def.grid[i] = g.0;
+            st.def.block_vars[i] = Some(v);
+            out.push(Val(Expr::Var(v)));
+        }
+        let mut st = self.st.borrow_mut();
+        st.def.threads = threads.clamp(0, 1024) as u32;
+        st.launched = true;
+        out
+    }
+
+    /// Assumes extent `dim` is a multiple of `m`; launchers check it, copies use it to vectorize.
+    pub fn assume_multiple(&self, dim: &Val, m: impl HostInt, loc: SrcLoc) {
+        let m = m.to_i64();
+        match (&dim.0, u32::try_from(m)) {
+            (Expr::Dim(p), Ok(m)) if m > 0 => self.st.borrow_mut().def.assumptions.push((*p, m)),
+            (Expr::Dim(_), _) => self.error(loc, format!("assume_multiple: {m} is not a positive u32")),
+            _ => self.error(loc, "assume_multiple: the first argument must be an extent symbol"),
+        }
+    }
+
+    fn alloc(&self, name: &str, scope: Scope, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {
+        let mut dims = vec![];
+        for &s in shape {
+            match u32::try_from(s) {
+                Ok(v) if v > 0 => dims.push(v),
+                _ => self.error(loc, format!("tile `{name}`: extent {s} is not a positive integer")),
+            }
+        }
+        if shape.is_empty() || shape.len() > 2 {
+            self.error(loc, format!("tile `{name}` has {} axes; tiles have 1 or 2", shape.len()));
+        }
+        if dtype == DType::Bool {
+            self.error(loc, format!("tile `{name}`: bool tiles are not supported"));
+        }
+        let mut st = self.st.borrow_mut();
+        st.def.buffers.push(Buffer { name: name.to_string(), scope, shape: dims, dtype, loc });
+        Tile { id: st.def.buffers.len() - 1, dtype }
+    }
+
+    /// `shared([r, c], dtype)`.
+    pub fn shared(&self, name: &str, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {
+        self.alloc(name, Scope::Shared, shape, dtype, loc)
+    }
+    /// `fragment([r, c], dtype)`.
+    pub fn fragment(&self, name: &str, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {
+        self.alloc(name, Scope::Fragment, shape, dtype, loc)
+    }
+    /// `local([n], dtype)`.
+    pub fn local(&self, name: &str, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {
+        self.alloc(name, Scope::Local, shape, dtype, loc)
+    }
+
+    /// `t.tile([i, j], [r, c])`: the box of tile index (i, j) with extents (r, c).
+    pub fn tile(&self, t: &Tensor, index: Vec<Val>, shape: &[i64], loc: SrcLoc) -> Region {
+        let offset = index.into_iter().zip(shape).map(|(i, s)| Val::bin(BinOp::Mul, i, *s).0).collect();
+        self.region(t, offset, shape, loc)
+    }
+
+    /// `t.tile_at([r0, c0], [r, c])`: the box starting at element (r0, c0).
+    pub fn tile_at(&self, t: &Tensor, offset: Vec<Val>, shape: &[i64], loc: SrcLoc) -> Region {
+        self.region(t, offset.into_iter().map(|v| v.0).collect(), shape, loc)
+    }
+
+    fn region(&self, t: &Tensor, offset: Vec<Expr>, shape: &[i64], loc: SrcLoc) -> Region {
+        if offset.len() != t.rank || shape.len() != t.rank {
+            self.error(loc, format!("the tensor has {} axes; the box gives {} offsets and {} extents", t.rank, offset.len(), shape.len()));
+        }
+        let mut dims = vec![];
+        for &s in shape {
+            match u32::try_from(s) {
+                Ok(v) if v > 0 => dims.push(v),
+                _ => self.error(loc, format!("box extent {s} is not a positive integer")),
+            }
+        }
+        Region::Global { tensor: t.id, offset, shape: dims, bound: None }
+    }
+
+    /// `region.bounded([e0, e1, ..])`: masks elements at or past `e` per axis.
+    pub fn bounded(&self, r: Region, bound: Vec<Val>, loc: SrcLoc) -> Region {
+        match r {
+            Region::Global { tensor, offset, shape, .. } => {
+                if bound.len() != offset.len() {
+                    self.error(loc, format!("bounded: {} bounds for a box of {} axes", bound.len(), offset.len()));
+                }
+                Region::Global { tensor, offset, shape, bound: Some(bound.into_iter().map(|v| v.0).collect()) }
+            }
+            r => {
+                self.error(loc, "bounded applies to a box of a global tensor");
+                r
+            }
+        }
+    }
+
+    /// `copy(src, dst)`.
+    pub fn copy(&self, src: impl IntoRegion, dst: impl IntoRegion, loc: SrcLoc) {
+        self.tile_op(loc, "copy");
+        self.push(StmtKind::Copy { src: src.into_region(), dst: dst.into_region() }, loc);
+    }
+
+    /// `gemm(a, b, c)`: `c += a · b`.
+    pub fn gemm(&self, a: impl IntoOperand, b: impl IntoOperand, c: &Tile, loc: SrcLoc) {
+        self.tile_op(loc, "gemm");
+        self.push(StmtKind::Gemm { a: a.into_operand(), b: b.into_operand(), c: c.id }, loc);
+    }
+
+    /// `fill(t, v)`; `clear(t)` is `fill(t, 0)`.
+    pub fn fill(&self, t: &Tile, v: impl Into<Val>, loc: SrcLoc) {
+        self.tile_op(loc, "fill");
+        self.push(StmtKind::Fill(t.id, v.into().0), loc);
+    }
+
+    /// `reduce_sum` / `reduce_max`.
+    pub fn reduce(&self, op: ReduceOp, src: &Tile, dst: &Tile, axis: impl HostInt, loc: SrcLoc) {
+        self.tile_op(loc, "reduce");
+        let axis = usize::try_from(axis.to_i64()).unwrap_or(usize::MAX);
+        self.push(StmtKind::Reduce { op, src: src.id, dst: dst.id, axis }, loc);
+    }
+
+    /// `cumsum(src, dst, axis)`.
+    pub fn cumsum(&self, src: &Tile, dst: &Tile, axis: impl HostInt, loc: SrcLoc) {
+        self.tile_op(loc, "cumsum");
+        let axis = usize::try_from(axis.to_i64()).unwrap_or(usize::MAX);
+        self.push(StmtKind::Cumsum { src: src.id, dst: dst.id, axis }, loc);
+    }
+
+    /// `print(t)`.
+    pub fn print(&self, t: &Tile, loc: SrcLoc) {
+        self.tile_op(loc, "print");
+        self.push(StmtKind::Print(t.id), loc);
+    }
+
+    fn tile_op(&self, loc: SrcLoc, what: &str) {
+        if self.st.borrow().parallel_depth > 0 {
+            self.error(loc, format!("`{what}` is a tile operation and cannot appear inside `parallel`"));
+        }
+    }
+
+    /// `let name = value;` for a kernel value: a variable.
+    pub fn let_var(&self, name: &str, value: impl Into<Val>, loc: SrcLoc) -> Val {
+        let v = self.new_var(name, DType::Bool); // typed by `check_types`
+        self.push(StmtKind::Assign(v, value.into().0), loc);
+        Val(Expr::Var(v))
+    }
+
+    /// `name = value;` for a variable made by `let_var`.
+    pub fn assign(&self, var: &Val, value: impl Into<Val>, loc: SrcLoc) {
+        match var.0 {
+            Expr::Var(v) => self.push(StmtKind::Assign(v, value.into().0), loc),
+            _ => self.error(loc, "only a `let` variable of the kernel can be assigned"),
+        }
+    }
+
+    /// Reads a global tensor element.
+    pub fn load(&self, t: &Tensor, index: Vec<Val>, loc: SrcLoc) -> Val {
+        if index.len() != t.rank {
+            self.error(loc, format!("the tensor has {} axes; {} indices given", t.rank, index.len()));
+        }
+        Val(Expr::Load(t.id, index.into_iter().map(|v| v.0).collect()))
+    }
+
+    /// Reads a tile element.
+    pub fn elem(&self, t: &Tile, index: Vec<Val>, loc: SrcLoc) -> Val {
+        self.check_rank(t, index.len(), loc);
+        Val(Expr::Elem(t.id, index.into_iter().map(|v| v.0).collect()))
+    }
+
+    fn check_rank(&self, t: &Tile, n: usize, loc: SrcLoc) {
+        let st = self.st.borrow();
+        let b = &st.def.buffers[t.id];
+        if b.shape.len() != n {
+            let msg = format!("tile `{}` has {} axes; {} indices given", b.name, b.shape.len(), n);
+            drop(st);
+            self.error(loc, msg);
+        }
+    }
+
+    /// Writes a tile element.
+    pub fn store(&self, t: &Tile, index: Vec<Val>, value: impl Into<Val>, loc: SrcLoc) {
+        self.check_rank(t, index.len(), loc);
+        self.push(StmtKind::Store(t.id, index.into_iter().map(|v| v.0).collect(), value.into().0), loc);
+    }
+
+    /// Writes a global tensor element (inside `parallel`).
+    pub fn store_global(&self, t: &Tensor, index: Vec<Val>, value: impl Into<Val>, loc: SrcLoc) {
+        if index.len() != t.rank {
+            self.error(loc, format!("the tensor has {} axes; {} indices given", t.rank, index.len()));
+        }
+        self.push(StmtKind::StoreGlobal(t.id, index.into_iter().map(|v| v.0).collect(), value.into().0), loc);
+    }
+
+    /// Opens `for var in kind(start..end)`; returns the counter. Close with [`Self::end`].
+    pub fn begin_for(&self, name: &str, kind: LoopKind, start: impl Into<Val>, end: impl Into<Val>, loc: SrcLoc) -> Val {
+        let var = self.new_var(name, DType::I32);
+        if let LoopKind::Pipelined { stages } = kind {
+            if !(2..=8).contains(&stages) {
+                self.error(loc, format!("stages = {stages}: expected 2 to 8"));
+            }
+        }
+        let frame = Frame::For { var, kind, start: start.into().0, end: end.into().0, loc };
+        self.st.borrow_mut().frames.push((frame, vec![]));
+        Val(Expr::Var(var))
+    }
+
+    /// Opens `for (i, j) in parallel(t)`; returns the index variables. Close with [`Self::end`].
+    pub fn begin_parallel(&self, t: &Tile, names: &[&str], loc: SrcLoc) -> Vec<Val> {
+        self.check_rank(t, names.len(), loc);
+        let vars: Vec<VarId> = names.iter().map(|n| self.new_var(n, DType::I32)).collect();
+        let mut st = self.st.borrow_mut();
+        st.parallel_depth += 1;
+        st.frames.push((Frame::Parallel { over: t.id, vars: vars.clone(), loc }, vec![]));
+        vars.into_iter().map(|v| Val(Expr::Var(v))).collect()
+    }
+
+    /// Opens `if cond { .. }`. Continue with [`Self::begin_else`] or close with [`Self::end`].
+    pub fn begin_if(&self, cond: impl Into<Val>, loc: SrcLoc) {
+        self.st.borrow_mut().frames.push((Frame::Then { cond: cond.into().0, loc }, vec![]));
+    }
+
+    /// Switches the open `if` to its `else` branch.
+    pub fn begin_else(&self) {
+        let mut st = self.st.borrow_mut();
+        match st.frames.pop() {
+            Some((Frame::Then { cond, loc }, then)) => st.frames.push((Frame::Else { cond, then, loc }, vec![])),
+            _ => panic!("begin_else without begin_if: a bug in the #[kernel] expansion"),
+        }
+    }
+
+    /// Closes the innermost open loop or branch.
+    pub fn end(&self) {
+        let mut st = self.st.borrow_mut();
+        let (frame, body) = st.frames.pop().expect("end without begin: a bug in the #[kernel] expansion");
+        let (kind, loc) = match frame {
+            Frame::Root => panic!("end of the root frame: a bug in the #[kernel] expansion"),
+            Frame::For { var, kind, start, end, loc } => (StmtKind::For { var, kind, start, end, body }, loc),
+            Frame::Parallel { over, vars, loc } => {
+                st.parallel_depth -= 1;
+                (StmtKind::Parallel { over, vars, body }, loc)
+            }
+            Frame::Then { cond, loc } => (StmtKind::If(cond, body, vec![]), loc),
+            Frame::Else { cond, then, loc } => (StmtKind::If(cond, then, body), loc),
+        };
+        st.frames.last_mut().expect("frame stack is never empty").1.push(Stmt { kind, loc });
+    }
+
+    /// Finishes: the definition, or the first error recorded.
+    pub fn finish(self) -> Result<KernelDef, Diag> {
+        let mut st = self.st.into_inner();
+        if let Some(e) = st.errors.into_iter().next() {
+            return Err(e);
+        }
+        if !st.launched {
+            return Err(Diag::new(st.def.loc, "the kernel never calls `launch(grid = [..], threads = n)`"));
+        }
+        assert_eq!(st.frames.len(), 1, "unclosed frames: a bug in the #[kernel] expansion");
+        st.def.body = st.frames.pop().map(|f| f.1).unwrap_or_default();
+        crate::passes::check_types::check_types(&mut st.def)?;
+        Ok(st.def)
+    }
+}

@@ -1,0 +1,330 @@
+//! Layouts as values: where a tile's element (row, col) lives.
+//!
+//! A [`SharedLayout`] maps it to an element offset in shared memory; a [`FragmentLayout`] maps
+//! it to (warp, lane, register slot), built from the m16n8k16 accumulator atom:
+//! with `g = lane >> 2`, `t = lane & 3`, atom registers d0,d1 hold `(g, 2t..2t+1)` and d2,d3
+//! hold `(g + 8, 2t..2t+1)`.
+
+use std::fmt;
+
+/// A shared-memory tile layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SharedLayout {
+    /// Plain row-major.
+    RowMajor {
+        /// Rows.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+    },
+    /// Row-major in 16-byte chunks whose index is XORed with a function of the row, so that the
+    /// eight 16-byte rows an `ldmatrix` phase reads (down a column or along a row) hit eight
+    /// different bank groups.
+    Swizzled {
+        /// Rows.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+        /// Elements per 16-byte chunk.
+        chunk: u32,
+    },
+}
+
+impl SharedLayout {
+    /// The layout for a `rows x cols` tile of `elem_bytes`-byte elements: swizzled when a row is
+    /// a power-of-two number (at least 2) of 16-byte chunks, row-major otherwise.
+    pub fn choose(rows: u32, cols: u32, elem_bytes: u32) -> SharedLayout {
+        let chunk = 16 / elem_bytes.max(1);
+        let row_chunks = if cols % chunk == 0 { cols / chunk } else { 0 };
+        if elem_bytes == 2 && row_chunks >= 2 && row_chunks.is_power_of_two() {
+            SharedLayout::Swizzled { rows, cols, chunk }
+        } else {
+            SharedLayout::RowMajor { rows, cols }
+        }
+    }
+
+    /// Rows and columns.
+    pub fn shape(&self) -> (u32, u32) {
+        match *self {
+            SharedLayout::RowMajor { rows, cols } | SharedLayout::Swizzled { rows, cols, .. } => (rows, cols),
+        }
+    }
+
+    /// Elements the layout spans.
+    pub fn size(&self) -> u32 {
+        let (r, c) = self.shape();
+        r * c
+    }
+
+    /// For a swizzled layout: (elements per chunk, rows sharing one 128-byte line, XOR mask).
+    pub fn swizzle_params(&self) -> Option<(u32, u32, u32)> {
+        match *self {
+            SharedLayout::RowMajor { .. } => None,
+            SharedLayout::Swizzled { cols, chunk, .. } => {
+                let row_chunks = cols / chunk;
+                let rows_per_line = (8 / row_chunks).max(1);
+                let mask = row_chunks.min(8) - 1;
+                Some((chunk, rows_per_line, mask))
+            }
+        }
+    }
+
+    /// The element offset of (row, col).
+    pub fn offset(&self, row: u32, col: u32) -> u32 {
+        match (*self, self.swizzle_params()) {
+            (SharedLayout::Swizzled { cols, .. }, Some((chunk, rpl, mask))) => {
+                let phys = (col / chunk) ^ ((row / rpl) & mask);
+                row * cols + phys * chunk + col % chunk
+            }
+            (SharedLayout::RowMajor { cols, .. }, _) | (SharedLayout::Swizzled { cols, .. }, None) => row * cols + col,
+        }
+    }
+}
+
+impl fmt::Display for SharedLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedLayout::RowMajor { rows, cols } => write!(f, "row_major[{rows}x{cols}]"),
+            SharedLayout::Swizzled { rows, cols, chunk } => write!(f, "swizzled[{rows}x{cols}, chunk {chunk}]"),
+        }
+    }
+}
+
+/// Which part of the accumulator atom grid a fragment covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FragmentKind {
+    /// A 2-D tile: every element owned by exactly one (warp, lane, slot).
+    Tile,
+    /// A 1-D vector along the rows of the parent tile: lane `(g, t)` of warp `(wr, wc)` holds the
+    /// rows it holds in the parent, replicated over `t` and `wc`.
+    Rows,
+    /// A 1-D vector along the columns: replicated over `g` and `wr`.
+    Cols,
+}
+
+/// Register layout of a fragment: a `rows x cols` parent tile spread over a `wm x wn` grid of
+/// warps in m16n8 atoms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragmentLayout {
+    /// Parent tile rows.
+    pub rows: u32,
+    /// Parent tile columns.
+    pub cols: u32,
+    /// Warps along rows.
+    pub wm: u32,
+    /// Warps along columns.
+    pub wn: u32,
+    /// Tile or vector.
+    pub kind: FragmentKind,
+}
+
+/// The coordinates of one register slot, split into the parts known at compile time and the
+/// parts that depend on the warp and lane (`row = warp_row_base + g + row_off` and so on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotCoord {
+    /// Constant row offset within the warp's sub-tile (add `wr * WM + g`).
+    pub row_off: u32,
+    /// Constant column offset within the warp's sub-tile (add `wc * WN + 2t`).
+    pub col_off: u32,
+}
+
+impl FragmentLayout {
+    /// Spreads a `rows x cols` tile over `warps` warps, choosing the warp grid that loads the
+    /// fewest operand fragments per k-step; `None` when the shape does not fit m16n8 atoms.
+    pub fn for_tile(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
+        let mut best: Option<(u32, FragmentLayout)> = None;
+        let mut wm = 1;
+        while wm <= warps {
+            let wn = warps / wm;
+            if warps % wm == 0 && rows % (16 * wm) == 0 && cols % (8 * wn) == 0 {
+                let mi = rows / (16 * wm);
+                let ni = cols / (8 * wn);
+                let cost = 2 * mi + ni;
+                let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile };
+                if best.is_none_or(|(c, _)| cost < c) {
+                    best = Some((cost, l));
+                }
+            }
+            wm *= 2;
+        }
+        best.map(|(_, l)| l)
+    }
+
+    /// A standalone 1-D vector of `len` elements along rows.
+    pub fn for_vector(len: u32, warps: u32) -> Option<FragmentLayout> {
+        let mut wm = warps;
+        while wm >= 1 {
+            if len % (16 * wm) == 0 {
+                return Some(FragmentLayout { rows: len, cols: 8 * (warps / wm), wm, wn: warps / wm, kind: FragmentKind::Rows });
+            }
+            wm /= 2;
+        }
+        None
+    }
+
+    /// This layout's row (or column) vector.
+    pub fn vector(&self, kind: FragmentKind) -> FragmentLayout {
+        FragmentLayout { kind, ..*self }
+    }
+
+    /// Rows of one warp's sub-tile.
+    pub fn warp_rows(&self) -> u32 {
+        self.rows / self.wm
+    }
+    /// Columns of one warp's sub-tile.
+    pub fn warp_cols(&self) -> u32 {
+        self.cols / self.wn
+    }
+    /// m16 atoms per warp along rows.
+    pub fn mi(&self) -> u32 {
+        self.warp_rows() / 16
+    }
+    /// n8 atoms per warp along columns.
+    pub fn ni(&self) -> u32 {
+        self.warp_cols() / 8
+    }
+
+    /// Register slots per thread.
+    pub fn slots(&self) -> u32 {
+        match self.kind {
+            FragmentKind::Tile => self.mi() * self.ni() * 4,
+            FragmentKind::Rows => self.mi() * 2,
+            FragmentKind::Cols => self.ni() * 2,
+        }
+    }
+
+    /// Compile-time part of slot `s`'s coordinates.
+    pub fn slot_coord(&self, s: u32) -> SlotCoord {
+        match self.kind {
+            FragmentKind::Tile => {
+                let ni = self.ni();
+                let (i, j, h, c) = (s / (ni * 4), (s / 4) % ni, (s / 2) % 2, s % 2);
+                SlotCoord { row_off: i * 16 + h * 8, col_off: j * 8 + c }
+            }
+            FragmentKind::Rows => SlotCoord { row_off: (s / 2) * 16 + (s % 2) * 8, col_off: 0 },
+            FragmentKind::Cols => SlotCoord { row_off: 0, col_off: (s / 2) * 8 + s % 2 },
+        }
+    }
+
+    /// The element slot `s` of `lane` in `warp` holds: (row, col) for a tile, (index, 0) for a vector.
+    pub fn coords(&self, warp: u32, lane: u32, s: u32) -> (u32, u32) {
+        let (wr, wc) = (warp / self.wn, warp % self.wn);
+        let (g, t) = (lane >> 2, lane & 3);
+        let c = self.slot_coord(s);
+        let row = wr * self.warp_rows() + g + c.row_off;
+        let col = wc * self.warp_cols() + 2 * t + c.col_off;
+        match self.kind {
+            FragmentKind::Tile => (row, col),
+            FragmentKind::Rows => (row, 0),
+            FragmentKind::Cols => (col, 0),
+        }
+    }
+
+    /// The slot of a row vector holding the row of tile slot `s` (`Tile` slot to `Rows` slot).
+    pub fn row_slot_of(&self, s: u32) -> u32 {
+        let ni = self.ni();
+        (s / (ni * 4)) * 2 + (s / 2) % 2
+    }
+
+    /// The slot of a column vector holding the column of tile slot `s`.
+    pub fn col_slot_of(&self, s: u32) -> u32 {
+        let ni = self.ni();
+        ((s / 4) % ni) * 2 + s % 2
+    }
+}
+
+impl fmt::Display for FragmentLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}[{}x{} over {}x{} warps, {} slots]", self.kind, self.rows, self.cols, self.wm, self.wn, self.slots())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn swizzles_are_permutations() {
+        for (rows, cols, eb) in [(64, 32, 2), (128, 64, 2), (32, 16, 2), (16, 128, 2), (64, 24, 2), (8, 8, 4), (128, 256, 2)] {
+            let l = SharedLayout::choose(rows, cols, eb);
+            let mut seen = HashSet::new();
+            for r in 0..rows {
+                for c in 0..cols {
+                    let o = l.offset(r, c);
+                    assert!(o < l.size(), "{l}: offset {o} out of range");
+                    assert!(seen.insert(o), "{l}: offset {o} twice");
+                }
+            }
+            assert_eq!(seen.len() as u32, rows * cols);
+        }
+    }
+
+    #[test]
+    fn swizzle_keeps_chunks_contiguous_and_ldmatrix_conflict_free() {
+        for cols in [16u32, 32, 64, 128] {
+            let l = SharedLayout::choose(64, cols, 2);
+            assert!(matches!(l, SharedLayout::Swizzled { .. }));
+            for r in 0..64 {
+                for c in (0..cols).step_by(8) {
+                    for e in 0..8 {
+                        assert_eq!(l.offset(r, c + e), l.offset(r, c) + e);
+                    }
+                }
+            }
+            // Eight consecutive rows at one chunk (the `.trans` access) and, for wide rows,
+            // eight chunks of one row pair: distinct 16-byte bank groups of a 128-byte line.
+            for r0 in (0..64).step_by(8) {
+                for c in (0..cols).step_by(8) {
+                    let groups: HashSet<u32> = (0..8).map(|r| (l.offset(r0 + r, c) * 2 / 16) % 8).collect();
+                    assert_eq!(groups.len(), 8, "cols {cols} rows {r0}.. chunk {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fragments_are_bijections_onto_lane_and_slot() {
+        for (rows, cols, warps) in [(16, 8, 1), (64, 64, 4), (128, 128, 8), (128, 128, 4), (64, 32, 4), (32, 128, 4), (16, 64, 4)] {
+            let l = FragmentLayout::for_tile(rows, cols, warps).expect("fits");
+            assert_eq!(l.wm * l.wn, warps);
+            let mut seen = HashSet::new();
+            for w in 0..warps {
+                for lane in 0..32 {
+                    for s in 0..l.slots() {
+                        let (r, c) = l.coords(w, lane, s);
+                        assert!(r < rows && c < cols);
+                        assert!(seen.insert((r, c)), "{l}: ({r},{c}) twice");
+                    }
+                }
+            }
+            assert_eq!(seen.len() as u32, rows * cols, "{l} covers every element");
+        }
+    }
+
+    #[test]
+    fn vectors_follow_their_tile() {
+        let l = FragmentLayout::for_tile(64, 64, 4).expect("fits");
+        let (rv, cv) = (l.vector(FragmentKind::Rows), l.vector(FragmentKind::Cols));
+        for w in 0..4 {
+            for lane in 0..32 {
+                for s in 0..l.slots() {
+                    let (r, c) = l.coords(w, lane, s);
+                    assert_eq!(rv.coords(w, lane, l.row_slot_of(s)).0, r);
+                    assert_eq!(cv.coords(w, lane, l.col_slot_of(s)).0, c);
+                }
+            }
+        }
+        // Each row index is held (replicated) by someone.
+        let v = FragmentLayout::for_vector(64, 4).expect("fits");
+        let held: HashSet<u32> = (0..4).flat_map(|w| (0..32).flat_map(move |ln| (0..v.slots()).map(move |s| v.coords(w, ln, s).0))).collect();
+        assert_eq!(held.len(), 64);
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_are_refused() {
+        assert!(FragmentLayout::for_tile(24, 8, 1).is_none());
+        assert!(FragmentLayout::for_tile(16, 12, 1).is_none());
+        assert!(FragmentLayout::for_vector(8, 4).is_none());
+    }
+}

@@ -1,0 +1,26 @@
+//! kda-dsl: the tile DSL compiler behind `#[kernel]`.
+//!
+//! Tile IR ([`tile`]) as the front end builds it ([`builder`]) → tile passes ([`passes`]:
+//! layouts, barriers, shared memory) → lowering ([`lower`]) to the thread IR ([`thread_ir`]),
+//! which is both what the PTX printer ([`ptx`]) prints and what the block simulator ([`sim`])
+//! runs on the CPU.
+
+pub mod artifact;
+pub mod builder;
+pub mod compile;
+pub mod diag;
+pub mod dtype;
+pub mod layout;
+pub mod lower;
+pub mod passes;
+pub mod ptx;
+pub mod sim;
+pub mod target;
+pub mod thread_ir;
+pub mod tile;
+
+pub use artifact::CompiledKernel;
+pub use compile::{compile, lower_kernel};
+pub use diag::{Diag, SrcLoc};
+pub use dtype::DType;
+pub use target::Target;

@@ -1,0 +1,584 @@
+//! Lowering of `copy`: picks 16-byte vectors (`cp.async` inside pipelines), pairs, or single
+//! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
+//! not possible the reason is reported under `KDA_DUMP=copy_plan`.
+
+use super::{class_of, Lower, V};
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::layout::FragmentKind;
+use crate::passes::check_types::value_type;
+use crate::passes::BufLayout;
+use crate::thread_ir::*;
+use crate::tile::*;
+
+/// A global box resolved against a tile: base address, per-axis steps and limits.
+pub(crate) struct GlobalBox {
+    tensor: ParamId,
+    /// Address of the box's first element.
+    base: Reg,
+    /// Bytes between rows (None for a 1-D tile).
+    row_stride: Option<Reg>,
+    /// Bytes between columns (the element size when the column axis is contiguous).
+    col_stride: Src,
+    /// Rows (columns) from the box's start to the bound: elements at or past are masked.
+    row_lim: Option<Src>,
+    col_lim: Src,
+    /// False when a unit axis of the box is outside the tensor.
+    unit_ok: Option<Reg>,
+    /// Element type.
+    dtype: DType,
+    /// Why 16-byte vectors cannot be used, if they cannot.
+    no_vector: Option<String>,
+    /// Why column pairs cannot be used, if they cannot.
+    no_pair: Option<String>,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+const ANY: u64 = 1 << 40;
+
+impl Lower<'_> {
+    /// A number every value of `e` is a multiple of.
+    fn divisor(&self, e: &Expr) -> u64 {
+        match e {
+            Expr::Int(v, _) => {
+                if *v == 0 {
+                    ANY
+                } else {
+                    v.unsigned_abs()
+                }
+            }
+            Expr::Var(v) => self.consts.get(v).map(|c| if *c == 0 { ANY } else { c.unsigned_abs() }).unwrap_or(1),
+            Expr::Dim(p) => self.def().multiple_of(*p) as u64,
+            Expr::Binary(BinOp::Mul, a, b) => (self.divisor(a).saturating_mul(self.divisor(b))).min(ANY),
+            Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => gcd(self.divisor(a), self.divisor(b)),
+            Expr::Binary(BinOp::Min | BinOp::Max, a, b) | Expr::Select(_, a, b) => gcd(self.divisor(a), self.divisor(b)),
+            _ => 1,
+        }
+    }
+
+    /// Tile extents as (rows, cols); a 1-D tile is one row.
+    pub(crate) fn tile_rc(&self, b: BufId) -> (u32, u32) {
+        let s = &self.def().buffers[b].shape;
+        if s.len() == 2 {
+            (s[0], s[1])
+        } else {
+            (1, s[0])
+        }
+    }
+
+    pub(crate) fn global_box(&mut self, r: &Region, b: BufId, loc: SrcLoc) -> Result<GlobalBox, Diag> {
+        let Region::Global { tensor, offset, shape, bound } = r else { unreachable!("a global region") };
+        let t = *tensor;
+        let dims = self.tensor_dims(t);
+        let dtype = self.tensor_dtype(t);
+        let tile_shape = self.def().buffers[b].shape.clone();
+        let big: Vec<usize> = (0..shape.len()).filter(|k| shape[*k] > 1).collect();
+        let tile_big: Vec<u32> = tile_shape.iter().copied().filter(|s| *s > 1).collect();
+        let box_big: Vec<u32> = big.iter().map(|k| shape[*k]).collect();
+        if box_big != tile_big {
+            return self.err(loc, format!("the box {shape:?} does not match tile `{}` {tile_shape:?}", self.def().buffers[b].name));
+        }
+        // Which tensor axes carry the tile's rows and columns.
+        let (row_axis, col_axis) = match (tile_shape.len(), big.len()) {
+            (2, 2) => (Some(big[0]), big[1]),
+            (2, 1) if tile_shape[0] == 1 => (None, big[0]),
+            (2, 1) => (Some(big[0]), shape.len() - 1),
+            (2, 0) | (1, 0) => (None, shape.len() - 1),
+            (1, 1) => (None, big[0]),
+            _ => unreachable!("tiles are 1-D or 2-D"),
+        };
+        let esize = dtype.size_bytes() as i64;
+        let mut offs = vec![];
+        for e in offset {
+            offs.push(self.expr(e, DType::I32, loc)?.s);
+        }
+        let base = self.global_addr_of(t, &offs);
+        let mut lims = vec![];
+        for (k, e) in offs.iter().enumerate() {
+            let bnd = match bound {
+                Some(bs) => self.expr(&bs[k], DType::I32, loc)?.s,
+                None => Src::Reg(self.dims[&dims[k]]),
+            };
+            let lim = match (bnd, *e) {
+                (Src::Imm(a), Src::Imm(b)) => Src::Imm(a - b),
+                (a, b) => {
+                    let a = self.em.to_reg(a, RegClass::B32, Ty::S32);
+                    Src::Reg(self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, a, b))
+                }
+            };
+            lims.push(lim);
+        }
+        let mut unit_ok = None;
+        for k in 0..shape.len() {
+            if Some(k) != row_axis && k != col_axis {
+                let lim = self.em.to_reg(lims[k], RegClass::B32, Ty::S32);
+                let p = self.em.setp(Cmp::Gt, Ty::S32, lim, Src::Imm(0));
+                unit_ok = self.em.and_pred(unit_ok, Some(p));
+            }
+        }
+        let stride_of = |lw: &mut Self, axis: usize| -> Src {
+            let mut s: Src = Src::Imm(esize);
+            for d in &dims[axis + 1..] {
+                let d64 = lw.dims64[d];
+                let r = lw.em.reg(RegClass::B64);
+                lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(d64), b: s });
+                s = Src::Reg(r);
+            }
+            s
+        };
+        let row_stride = row_axis.map(|a| {
+            let s = stride_of(self, a);
+            self.em.to_reg(s, RegClass::B64, Ty::S64)
+        });
+        let col_stride = stride_of(self, col_axis);
+        // Alignment facts for vectors.
+        let stride_div = |lw: &Self, axis: usize| -> u64 {
+            dims[axis + 1..].iter().fold(1u64, |acc, d| (acc * lw.def().multiple_of(*d) as u64).min(ANY))
+        };
+        let base_div = offset.iter().enumerate().fold(ANY, |acc, (k, e)| gcd(acc, (self.divisor(e).saturating_mul(stride_div(self, k))).min(ANY)));
+        let col_bound_div = match bound {
+            Some(bs) => self.divisor(&bs[col_axis]),
+            None => self.def().multiple_of(dims[col_axis]) as u64,
+        };
+        let cols = *tile_shape.last().unwrap_or(&1) as u64;
+        let need = |m: u64| -> Option<String> {
+            if col_axis != dims.len() - 1 {
+                return Some("the tile's columns are not the tensor's innermost axis".into());
+            }
+            if cols % m != 0 {
+                return Some(format!("the tile's {cols} columns are not a multiple of {m}"));
+            }
+            if base_div % m != 0 {
+                return Some(format!("the box's first element is not known to be a multiple of {m} elements (use extents of tile multiples and `assume_multiple`)"));
+            }
+            if let Some(a) = row_axis {
+                if stride_div(self, a) % m != 0 {
+                    return Some(format!("the row length is not known to be a multiple of {m} (add `assume_multiple`)"));
+                }
+            }
+            if col_bound_div % m != 0 {
+                return Some(format!("the column bound is not known to be a multiple of {m} (add `assume_multiple`)"));
+            }
+            None
+        };
+        let chunk = (16 / esize) as u64;
+        let no_vector = need(chunk);
+        let no_pair = need(2);
+        Ok(GlobalBox {
+            tensor: t,
+            base,
+            row_stride,
+            col_stride,
+            row_lim: row_axis.map(|a| lims[a]),
+            col_lim: lims[col_axis],
+            unit_ok,
+            dtype,
+            no_vector,
+            no_pair,
+        })
+    }
+
+    /// Address and validity of element (row, col) of a box.
+    fn box_elem(&mut self, gb: &GlobalBox, row: Src, col: Src) -> (Reg, Option<Reg>) {
+        let mut addr = Src::Reg(gb.base);
+        if let Some(rs) = gb.row_stride {
+            addr = self.add_scaled(addr, row, Src::Reg(rs));
+        }
+        addr = self.add_scaled(addr, col, gb.col_stride);
+        let addr = self.em.to_reg(addr, RegClass::B64, Ty::U64);
+        let mut valid = gb.unit_ok;
+        if let Some(rl) = gb.row_lim {
+            let p = self.lt(row, rl);
+            valid = self.em.and_pred(valid, p);
+        }
+        let p = self.lt(col, gb.col_lim);
+        valid = self.em.and_pred(valid, p);
+        (addr, valid)
+    }
+
+    /// `x < lim` as a predicate (None when always true, folded when both are known).
+    fn lt(&mut self, x: Src, lim: Src) -> Option<Reg> {
+        match (x, lim) {
+            (Src::Imm(a), Src::Imm(b)) if a < b => None,
+            _ => {
+                let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
+                Some(self.em.setp(Cmp::Lt, Ty::S32, x, lim))
+            }
+        }
+    }
+
+    /// `addr + i * stride` in 64 bits (`i` a 32-bit non-negative value).
+    fn add_scaled(&mut self, addr: Src, i: Src, stride: Src) -> Src {
+        match (i, stride) {
+            (Src::Imm(0), _) => addr,
+            (Src::Imm(a), Src::Imm(b)) => {
+                let a64 = self.em.to_reg(addr, RegClass::B64, Ty::U64);
+                Src::Reg(self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, a64, Src::Imm(a * b)))
+            }
+            (i, Src::Imm(b)) => {
+                let w = self.em.reg(RegClass::B64);
+                self.em.emit(Op::MulWide { ty: Ty::U32, d: w, a: i, b: Src::Imm(b) });
+                Src::Reg(self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, w))
+            }
+            (i, s) => {
+                let i64r = self.em.reg(RegClass::B64);
+                self.em.emit(Op::Cvt { dty: Ty::U64, sty: Ty::U32, d: i64r, a: i });
+                let d = self.em.reg(RegClass::B64);
+                self.em.emit(Op::Mad { ty: Ty::S64, d, a: Src::Reg(i64r), b: s, c: addr });
+                Src::Reg(d)
+            }
+        }
+    }
+
+    fn plan_note(&self, loc: SrcLoc, what: &str, reason: &Option<String>) {
+        let msg = match reason {
+            None => format!("{loc}: {what}"),
+            Some(r) => format!("{loc}: {what} not possible: {r}"),
+        };
+        crate::passes::dump("copy_plan", &msg);
+    }
+
+    /// `copy(src, dst)` outside a pipeline.
+    pub(crate) fn copy(&mut self, src: &Region, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
+        self.copy_async(src, dst, None, loc)
+    }
+
+    /// `copy(src, dst)`; with `stage_live` (inside a pipeline) a global-to-shared copy uses
+    /// `cp.async` and loads nothing when the predicate is false.
+    pub(crate) fn copy_async(&mut self, src: &Region, dst: &Region, stage_live: Option<Reg>, loc: SrcLoc) -> Result<(), Diag> {
+        let layout = |r: &Region| match r {
+            Region::Global { .. } => None,
+            Region::Buf(b) => Some(self.p.layouts[*b]),
+        };
+        match (src, dst, layout(src), layout(dst)) {
+            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Shared(_))) => self.global_to_shared(src, *b, stage_live, loc),
+            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Shared(_)), _) => self.shared_to_global(*b, dst, loc),
+            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Fragment(_))) => self.global_frag(src, *b, true, loc),
+            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Fragment(_)), _) => self.global_frag(dst, *b, false, loc),
+            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Local)) => self.global_to_local(src, *b, loc),
+            (Region::Buf(s), Region::Buf(d), Some(ls), Some(ld)) => self.tile_to_tile(*s, *d, ls, ld, loc),
+            (Region::Global { .. }, Region::Global { .. }, _, _) => self.err(loc, "copy between two global boxes: stage it through a tile"),
+            _ => self.err(loc, "this copy direction is not supported (local tiles are written element by element)"),
+        }
+    }
+
+    fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let (x, y) = (&self.def().buffers[a], &self.def().buffers[b]);
+        if x.shape != y.shape {
+            return self.err(loc, format!("copy from `{}` {:?} to `{}` {:?}: shapes differ", x.name, x.shape, y.name, y.shape));
+        }
+        Ok(())
+    }
+
+    fn global_to_shared(&mut self, src: &Region, b: BufId, live: Option<Reg>, loc: SrcLoc) -> Result<(), Diag> {
+        let gb = self.global_box(src, b, loc)?;
+        let dt = self.def().buffers[b].dtype;
+        let mut no_vec = gb.no_vector.clone();
+        if no_vec.is_none() && dt != gb.dtype {
+            no_vec = Some(format!("the tensor is {} and the tile {dt}", gb.dtype));
+        }
+        self.plan_note(loc, "16-byte vector copy global -> shared", &no_vec);
+        let (rows, cols) = self.tile_rc(b);
+        let threads = self.def().threads;
+        if no_vec.is_none() {
+            let chunk = 16 / dt.size_bytes() as u32;
+            let vpr = cols / chunk;
+            let n = rows * vpr;
+            for k in 0..n.div_ceil(threads) {
+                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+                let in_range = if (k + 1) * threads > n { Some(self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64))) } else { None };
+                let r = self.em.op32(BinKind::Div, v, vpr as i64);
+                let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
+                let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
+                let (addr, valid) = self.box_elem(&gb, r, c);
+                let valid = self.em.and_pred(valid, live);
+                let saddr = self.shared_addr(b, r, c);
+                if let Some(skip) = in_range {
+                    let l = self.em.label();
+                    self.em.emit_if(skip, false, Op::Bra { target: l });
+                    self.vector_fill(addr, saddr, valid, live.is_some(), gb.tensor);
+                    self.em.emit(Op::Label(l));
+                } else {
+                    self.vector_fill(addr, saddr, valid, live.is_some(), gb.tensor);
+                }
+            }
+            return Ok(());
+        }
+        self.for_each_shared_elem(b, |lw, r, c| {
+            let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
+            let (addr, valid) = lw.box_elem(&gb, r, c);
+            let valid = lw.em.and_pred(valid, live);
+            let v = lw.masked_load(addr, gb.dtype, valid);
+            let saddr = lw.shared_addr(b, r, c);
+            lw.store_mem(Space::Shared, saddr, dt, v);
+            Ok(())
+        })
+    }
+
+    /// One 16-byte chunk from global to shared, zero when `valid` is false.
+    fn vector_fill(&mut self, addr: Reg, saddr: Reg, valid: Option<Reg>, use_async: bool, tensor: ParamId) {
+        if use_async {
+            match valid {
+                None => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Imm(16) }),
+                Some(p) => {
+                    // A masked chunk reads nothing (src size 0) from an address known to be valid.
+                    let n = self.em.reg(RegClass::B32);
+                    self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
+                    let safe = self.em.reg(RegClass::B64);
+                    self.em.emit(Op::Selp { ty: Ty::U64, d: safe, a: Src::Reg(addr), b: Src::Reg(self.ptrs[&tensor]), p });
+                    self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
+                }
+            }
+            return;
+        }
+        let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
+        if let Some(p) = valid {
+            for r in &regs {
+                self.em.emit(Op::Mov { ty: Ty::B32, d: *r, a: Src::Imm(0) });
+            }
+            self.em.emit_if(p, true, Op::Ld { space: Space::Global, ty: Ty::B32, d: regs.clone(), addr, offset: 0 });
+        } else {
+            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::B32, d: regs.clone(), addr, offset: 0 });
+        }
+        self.em.emit(Op::St { space: Space::Shared, ty: Ty::B32, addr: saddr, offset: 0, vals: regs.into_iter().map(Src::Reg).collect() });
+    }
+
+    /// A load that yields 0 when `valid` is false.
+    fn masked_load(&mut self, addr: Reg, dt: DType, valid: Option<Reg>) -> V {
+        let vt = value_type(dt);
+        let Some(p) = valid else {
+            return self.load_mem(Space::Global, addr, dt);
+        };
+        let d = self.em.reg(class_of(vt));
+        let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
+        self.em.emit(Op::Mov { ty: super::ty_of(vt), d, a: zero });
+        let (skip, end) = (self.em.label(), self.em.label());
+        self.em.emit_if(p, false, Op::Bra { target: skip });
+        let v = self.load_mem(Space::Global, addr, dt);
+        self.mov(d, v);
+        self.em.emit(Op::Label(skip));
+        let _ = end;
+        V { s: Src::Reg(d), ty: vt }
+    }
+
+    /// A store skipped when `valid` is false.
+    fn masked_store(&mut self, addr: Reg, dt: DType, v: V, valid: Option<Reg>) {
+        match valid {
+            None => self.store_mem(Space::Global, addr, dt, v),
+            Some(p) => {
+                let skip = self.em.label();
+                self.em.emit_if(p, false, Op::Bra { target: skip });
+                self.store_mem(Space::Global, addr, dt, v);
+                self.em.emit(Op::Label(skip));
+            }
+        }
+    }
+
+    fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
+        let gb = self.global_box(dst, b, loc)?;
+        let dt = self.def().buffers[b].dtype;
+        let mut no_vec = gb.no_vector.clone();
+        if no_vec.is_none() && dt != gb.dtype {
+            no_vec = Some(format!("the tile is {dt} and the tensor {}", gb.dtype));
+        }
+        self.plan_note(loc, "16-byte vector copy shared -> global", &no_vec);
+        let (rows, cols) = self.tile_rc(b);
+        let threads = self.def().threads;
+        if no_vec.is_none() {
+            let chunk = 16 / dt.size_bytes() as u32;
+            let vpr = cols / chunk;
+            let n = rows * vpr;
+            for k in 0..n.div_ceil(threads) {
+                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+                let r = self.em.op32(BinKind::Div, v, vpr as i64);
+                let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
+                let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
+                let (addr, valid) = self.box_elem(&gb, r, c);
+                let valid = if (k + 1) * threads > n {
+                    let p = self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64));
+                    self.em.and_pred(valid, Some(p))
+                } else {
+                    valid
+                };
+                let skip = self.em.label();
+                if let Some(p) = valid {
+                    self.em.emit_if(p, false, Op::Bra { target: skip });
+                }
+                let saddr = self.shared_addr(b, r, c);
+                let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
+                self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
+                self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset: 0, vals: regs.into_iter().map(Src::Reg).collect() });
+                self.em.emit(Op::Label(skip));
+            }
+            return Ok(());
+        }
+        self.for_each_shared_elem(b, |lw, r, c| {
+            let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
+            let (addr, valid) = lw.box_elem(&gb, r, c);
+            let saddr = lw.shared_addr(b, r, c);
+            let v = lw.load_mem(Space::Shared, saddr, dt);
+            lw.masked_store(addr, gb.dtype, v, valid);
+            Ok(())
+        })
+    }
+
+    /// Global box to fragment (`load`) or fragment to global box.
+    fn global_frag(&mut self, r: &Region, b: BufId, load: bool, loc: SrcLoc) -> Result<(), Diag> {
+        let gb = self.global_box(r, b, loc)?;
+        let l = self.p.frag(b);
+        let dt = self.def().buffers[b].dtype;
+        let pair = l.kind == FragmentKind::Tile && gb.no_pair.is_none() && !load;
+        self.plan_note(loc, if load { "element loads global -> fragment" } else { "column-pair stores fragment -> global" }, &if load || pair { None } else { gb.no_pair.clone() });
+        let two_d = self.def().buffers[b].shape.len() == 2;
+        // Replicated vector elements are stored once, by their owner lanes.
+        let owner = if load || l.kind == FragmentKind::Tile {
+            None
+        } else {
+            let (w, lane_part) = if l.kind == FragmentKind::Rows {
+                let wc = self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64);
+                (wc, self.th.t)
+            } else {
+                let wr = self.em.op32(BinKind::Div, self.th.warp, l.wn as i64);
+                (wr, self.th.g)
+            };
+            let p1 = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
+            let w = self.em.to_reg(w, RegClass::B32, Ty::U32);
+            let p2 = self.em.setp(Cmp::Eq, Ty::S32, w, Src::Imm(0));
+            self.em.and_pred(Some(p1), Some(p2))
+        };
+        let mut s = 0;
+        while s < l.slots() {
+            let (row, col) = self.frag_coords(l, s);
+            let (row, col) = match (two_d, l.kind) {
+                (true, FragmentKind::Tile) => (row, col),
+                (false, _) => (Src::Imm(0), row),
+                (true, _) => return self.err(loc, "a vector fragment is 1-D"),
+            };
+            let (addr, valid) = self.box_elem(&gb, row, col);
+            let valid = self.em.and_pred(valid, owner);
+            let r0 = self.regs[b][s as usize];
+            if load {
+                let v = self.masked_load(addr, gb.dtype, valid);
+                let v = self.round_for(v, dt);
+                self.mov(r0, v);
+                s += 1;
+            } else if pair {
+                let r1 = self.regs[b][s as usize + 1];
+                let skip = self.em.label();
+                if let Some(p) = valid {
+                    self.em.emit_if(p, false, Op::Bra { target: skip });
+                }
+                if gb.dtype == DType::F32 {
+                    self.em.emit(Op::St { space: Space::Global, ty: Ty::F32, addr, offset: 0, vals: vec![Src::Reg(r0), Src::Reg(r1)] });
+                } else if gb.dtype.is_half() {
+                    let d = self.em.reg(RegClass::B32);
+                    let half = if gb.dtype == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+                    self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(r1), lo: Src::Reg(r0) });
+                    self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset: 0, vals: vec![Src::Reg(d)] });
+                } else {
+                    let ty = super::mem_ty(gb.dtype);
+                    self.em.emit(Op::St { space: Space::Global, ty, addr, offset: 0, vals: vec![Src::Reg(r0), Src::Reg(r1)] });
+                }
+                self.em.emit(Op::Label(skip));
+                s += 2;
+            } else {
+                let vt = value_type(dt);
+                self.masked_store(addr, gb.dtype, V { s: Src::Reg(r0), ty: vt }, valid);
+                s += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn global_to_local(&mut self, r: &Region, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let gb = self.global_box(r, b, loc)?;
+        let (_, cols) = self.tile_rc(b);
+        let dt = self.def().buffers[b].dtype;
+        for (i, reg) in self.regs[b].clone().into_iter().enumerate() {
+            let (row, col) = ((i as u32 / cols) as i64, (i as u32 % cols) as i64);
+            let (addr, valid) = self.box_elem(&gb, Src::Imm(row), Src::Imm(col));
+            let v = self.masked_load(addr, gb.dtype, valid);
+            let v = self.round_for(v, dt);
+            self.mov(reg, v);
+        }
+        Ok(())
+    }
+
+    fn tile_to_tile(&mut self, s: BufId, d: BufId, ls: BufLayout, ld: BufLayout, loc: SrcLoc) -> Result<(), Diag> {
+        self.check_same_shape(s, d, loc)?;
+        let (sdt, ddt) = (self.def().buffers[s].dtype, self.def().buffers[d].dtype);
+        let two_d = self.def().buffers[s].shape.len() == 2;
+        match (ls, ld) {
+            (BufLayout::Fragment(a), BufLayout::Fragment(b)) => {
+                if a != b {
+                    return self.err(loc, format!("fragments with different layouts ({a} and {b}): copy through a shared tile"));
+                }
+                for k in 0..a.slots() as usize {
+                    let v = V { s: Src::Reg(self.regs[s][k]), ty: value_type(sdt) };
+                    let v = self.round_for(v, ddt);
+                    let r = self.regs[d][k];
+                    self.mov(r, v);
+                }
+                Ok(())
+            }
+            (BufLayout::Shared(_), BufLayout::Fragment(l)) | (BufLayout::Fragment(l), BufLayout::Shared(_)) => {
+                let to_frag = matches!(ld, BufLayout::Fragment(_));
+                let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
+                // Replicated vector elements are written to shared once, by their owners.
+                for k in 0..l.slots() {
+                    let (row, col) = self.frag_coords(l, k);
+                    let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                    let a = self.shared_addr(sh, row, col);
+                    let fr_reg = self.regs[fr][k as usize];
+                    if to_frag {
+                        let v = self.load_mem(Space::Shared, a, sdt);
+                        let v = self.round_for(v, ddt);
+                        self.mov(fr_reg, v);
+                    } else {
+                        self.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
+                    }
+                }
+                if !to_frag && l.kind != FragmentKind::Tile {
+                    crate::passes::dump("copy_plan", &format!("{loc}: replicated vector stored by every holder (same values)"));
+                }
+                Ok(())
+            }
+            (BufLayout::Shared(_), BufLayout::Shared(_)) => self.for_each_shared_elem(d, |lw, r, c| {
+                let (r, c) = if two_d { (r, c) } else { (Src::Imm(0), c) };
+                let a = lw.shared_addr(s, r, c);
+                let v = lw.load_mem(Space::Shared, a, sdt);
+                let b2 = lw.shared_addr(d, r, c);
+                lw.store_mem(Space::Shared, b2, ddt, v);
+                Ok(())
+            }),
+            (BufLayout::Shared(_), BufLayout::Local) => {
+                let (_, cols) = self.tile_rc(d);
+                for (i, reg) in self.regs[d].clone().into_iter().enumerate() {
+                    let (r, c) = ((i as u32 / cols) as i64, (i as u32 % cols) as i64);
+                    let a = self.shared_addr(s, Src::Imm(r), Src::Imm(c));
+                    let v = self.load_mem(Space::Shared, a, sdt);
+                    let v = self.round_for(v, ddt);
+                    self.mov(reg, v);
+                }
+                Ok(())
+            }
+            (BufLayout::Local, BufLayout::Local) => {
+                for k in 0..self.regs[s].len() {
+                    let v = V { s: Src::Reg(self.regs[s][k]), ty: value_type(sdt) };
+                    let v = self.round_for(v, ddt);
+                    let r = self.regs[d][k];
+                    self.mov(r, v);
+                }
+                Ok(())
+            }
+            _ => self.err(loc, "this copy direction is not supported (write local tiles to shared element by element in `parallel`)"),
+        }
+    }
+}

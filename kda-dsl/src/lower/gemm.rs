@@ -1,0 +1,161 @@
+//! Lowering of `gemm`: `ldmatrix` (`.trans` for operands stored the other way) feeding
+//! `mma.sync.m16n8k16` with f32 accumulators. The left operand may also be an f32 fragment in
+//! the accumulator layout, packed to 16-bit pairs in registers (no shared-memory round trip).
+
+use super::Lower;
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::layout::{FragmentKind, FragmentLayout};
+use crate::passes::BufLayout;
+use crate::thread_ir::*;
+use crate::tile::*;
+
+impl Lower<'_> {
+    fn operand_shape(&self, o: &Operand) -> (u32, u32) {
+        let s = &self.def().buffers[o.buf].shape;
+        let (r, c) = if s.len() == 2 { (s[0], s[1]) } else { (1, s[0]) };
+        if o.transposed {
+            (c, r)
+        } else {
+            (r, c)
+        }
+    }
+
+    pub(crate) fn gemm(&mut self, a: &Operand, b: &Operand, c: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let def = self.def();
+        let (cb, ab, bb) = (&def.buffers[c], &def.buffers[a.buf], &def.buffers[b.buf]);
+        let BufLayout::Fragment(lc) = self.p.layouts[c] else {
+            return self.err(loc, format!("gemm accumulator `{}` must be a fragment", cb.name));
+        };
+        if cb.dtype != DType::F32 || lc.kind != FragmentKind::Tile {
+            return self.err(loc, format!("gemm accumulator `{}` must be a 2-D f32 fragment", cb.name));
+        }
+        let (m, k) = self.operand_shape(a);
+        let (k2, n) = self.operand_shape(b);
+        if k != k2 || m != lc.rows || n != lc.cols {
+            return self.err(loc, format!("gemm shapes: a is [{m} x {k}], b is [{k2} x {n}], c is [{} x {}]", lc.rows, lc.cols));
+        }
+        if k % 16 != 0 {
+            return self.err(loc, format!("gemm: the reduction extent {k} must be a multiple of 16 (the mma k)"));
+        }
+        let ab_ty = match (ab.dtype, bb.dtype, self.p.layouts[a.buf]) {
+            (_, DType::BF16, BufLayout::Fragment(_)) => Ty::BF16,
+            (_, DType::F16, BufLayout::Fragment(_)) => Ty::F16,
+            (DType::BF16, DType::BF16, _) => Ty::BF16,
+            (DType::F16, DType::F16, _) => Ty::F16,
+            (x, y, _) => return self.err(loc, format!("gemm operands must both be bf16 or both f16 tiles, found {x} and {y}")),
+        };
+        if !matches!(self.p.layouts[b.buf], BufLayout::Shared(_)) {
+            return self.err(loc, format!("gemm right operand `{}` must be a shared tile", bb.name));
+        }
+        let a_frag = match self.p.layouts[a.buf] {
+            BufLayout::Shared(_) => None,
+            BufLayout::Fragment(la) => {
+                if a.transposed || la.kind != FragmentKind::Tile || la.wn != 1 || la.wm != lc.wm {
+                    return self.err(
+                        loc,
+                        format!("gemm left operand `{}` from registers must be an untransposed fragment whose warps split only rows, as the accumulator's ({la} vs {lc})", ab.name),
+                    );
+                }
+                Some(la)
+            }
+            _ => return self.err(loc, format!("gemm left operand `{}` must be a shared tile or a fragment", ab.name)),
+        };
+        if lc.ni() % 2 != 0 {
+            return self.err(loc, format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()));
+        }
+        let th = self.th;
+        let wr = self.em.op32(BinKind::Div, th.warp, lc.wn as i64);
+        let wc = self.em.op32(BinKind::Rem, th.warp, lc.wn as i64);
+        let m_base = self.em.mul32(wr, Src::Imm(lc.warp_rows() as i64));
+        let n_base = self.em.mul32(wc, Src::Imm(lc.warp_cols() as i64));
+        let lane = Src::Reg(th.lane);
+        let q = self.em.op32(BinKind::Shr, lane, 3);
+        let r8 = self.em.op32(BinKind::And, lane, 7);
+        let l16 = self.em.op32(BinKind::And, lane, 15);
+        let hi16 = self.em.op32(BinKind::Shr, lane, 4);
+        let q_lo = self.em.op32(BinKind::And, q, 1);
+        let q_hi = self.em.op32(BinKind::Shr, q, 1);
+        let eight = |lw: &mut Self, x: Src| lw.em.op32(BinKind::Shl, x, 3);
+        // Lane-dependent parts of the ldmatrix row addresses.
+        let (a_r, a_c) = if a.transposed {
+            // stored [K, M]: k = r8 + q_hi*8, m = q_lo*8
+            let qh8 = eight(self, q_hi);
+            (self.em.add32(r8, qh8), eight(self, q_lo))
+        } else {
+            // stored [M, K]: m = lane % 16, k = (lane / 16) * 8
+            (l16, eight(self, hi16))
+        };
+        let (b_r, b_c) = if b.transposed {
+            // stored [N, K]: n = r8 + (lane/16)*8, k = q_lo*8
+            let h8 = eight(self, hi16);
+            (self.em.add32(r8, h8), eight(self, q_lo))
+        } else {
+            // stored [K, N]: k = r8 + q_lo*8, n = q_hi*8
+            let ql8 = eight(self, q_lo);
+            (self.em.add32(r8, ql8), eight(self, q_hi))
+        };
+        let (mi, ni) = (lc.mi(), lc.ni());
+        for kk in 0..k / 16 {
+            let k0 = (kk * 16) as i64;
+            let mut afr: Vec<[Reg; 4]> = vec![];
+            for i in 0..mi {
+                let m0 = self.em.add32(m_base, Src::Imm((i * 16) as i64));
+                match a_frag {
+                    None => {
+                        let (row, col) = if a.transposed {
+                            let kr = self.em.add32(a_r, Src::Imm(k0));
+                            (kr, self.em.add32(m0, a_c))
+                        } else {
+                            let mr = self.em.add32(m0, a_r);
+                            (mr, self.em.add32(a_c, Src::Imm(k0)))
+                        };
+                        let addr = self.shared_addr(a.buf, row, col);
+                        let d = [0; 4].map(|_| self.em.reg(RegClass::B32));
+                        self.em.emit(Op::Ldmatrix { trans: a.transposed, d, addr });
+                        afr.push(d);
+                    }
+                    Some(la) => afr.push(self.pack_a(a.buf, la, i, kk, ab_ty)),
+                }
+            }
+            let mut bfr: Vec<[Reg; 2]> = vec![];
+            for jp in 0..ni / 2 {
+                let n0 = self.em.add32(n_base, Src::Imm((jp * 16) as i64));
+                let (row, col) = if b.transposed {
+                    let nr = self.em.add32(n0, b_r);
+                    (nr, self.em.add32(b_c, Src::Imm(k0)))
+                } else {
+                    let kr = self.em.add32(b_r, Src::Imm(k0));
+                    (kr, self.em.add32(n0, b_c))
+                };
+                let addr = self.shared_addr(b.buf, row, col);
+                let d = [0; 4].map(|_| self.em.reg(RegClass::B32));
+                self.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
+                bfr.push([d[0], d[1]]);
+                bfr.push([d[2], d[3]]);
+            }
+            for i in 0..mi {
+                for j in 0..ni {
+                    let s = ((i * ni + j) * 4) as usize;
+                    let acc = [self.regs[c][s], self.regs[c][s + 1], self.regs[c][s + 2], self.regs[c][s + 3]];
+                    self.em.emit(Op::Mma { ab: ab_ty, d: acc, a: afr[i as usize], b: bfr[j as usize], c: acc });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The A registers of atom (i, k-step kk) packed from an f32 fragment in accumulator layout.
+    fn pack_a(&mut self, buf: BufId, la: FragmentLayout, i: u32, kk: u32, half: Ty) -> [Reg; 4] {
+        let ni = la.ni();
+        let slot = |j: u32, h: u32, c: u32| (((i * ni + j) * 2 + h) * 2 + c) as usize;
+        let mut out = [Reg { class: RegClass::B32, id: 0 }; 4];
+        for (n, (j, h)) in [(2 * kk, 0), (2 * kk, 1), (2 * kk + 1, 0), (2 * kk + 1, 1)].into_iter().enumerate() {
+            let d = self.em.reg(RegClass::B32);
+            let (lo, hi) = (self.regs[buf][slot(j, h, 0)], self.regs[buf][slot(j, h, 1)]);
+            self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(hi), lo: Src::Reg(lo) });
+            out[n] = d;
+        }
+        out
+    }
+}

@@ -1,0 +1,840 @@
+//! Lowering: tile IR (after the tile passes) to the thread IR, one tile operation at a time.
+//! Element distribution is static (layouts are values), so every tile operation unrolls into
+//! per-thread instructions; only `serial`/`pipelined` loops and `if`s stay run-time control flow.
+
+mod copy;
+pub mod emit;
+mod expr;
+mod gemm;
+mod reduce;
+
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::layout::{FragmentKind, FragmentLayout};
+use crate::passes::{BufLayout, TileProgram};
+use crate::thread_ir::*;
+use crate::tile::*;
+use emit::Emitter;
+use std::collections::HashMap;
+
+/// A lowered value: where it is and its value type (`I32`, `I64`, `F32` or `Bool`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct V {
+    pub s: Src,
+    pub ty: DType,
+}
+
+/// The register class holding values of type `t`.
+pub(crate) fn class_of(t: DType) -> RegClass {
+    match t {
+        DType::I64 => RegClass::B64,
+        DType::Bool => RegClass::Pred,
+        DType::I32 => RegClass::B32,
+        _ => RegClass::F32,
+    }
+}
+
+/// The PTX arithmetic type of value type `t`.
+pub(crate) fn ty_of(t: DType) -> Ty {
+    match t {
+        DType::I64 => Ty::S64,
+        DType::Bool => Ty::Pred,
+        DType::I32 => Ty::S32,
+        _ => Ty::F32,
+    }
+}
+
+/// The PTX memory type of element type `t`.
+pub(crate) fn mem_ty(t: DType) -> Ty {
+    match t {
+        DType::F16 | DType::BF16 => Ty::B16,
+        DType::F32 => Ty::F32,
+        DType::I32 => Ty::S32,
+        DType::I64 => Ty::S64,
+        DType::Bool => Ty::B16,
+    }
+}
+
+/// Per-thread registers every lowering needs.
+#[derive(Clone, Copy)]
+pub(crate) struct ThreadRegs {
+    pub tid: Reg,
+    pub lane: Reg,
+    pub warp: Reg,
+    pub g: Reg,
+    pub t: Reg,
+}
+
+/// The element a `parallel` body is at: the driving tile and the register slot.
+#[derive(Clone, Copy)]
+pub(crate) struct ElemCtx {
+    pub over: BufId,
+    pub slot: u32,
+}
+
+/// Lowering state.
+pub(crate) struct Lower<'a> {
+    pub p: &'a TileProgram,
+    pub em: Emitter,
+    pub th: ThreadRegs,
+    pub smem: Reg,
+    /// Per buffer: the shared base address (changes per stage inside pipelines).
+    pub shared_base: Vec<Option<Src>>,
+    /// Per buffer: its registers (fragments and locals).
+    pub regs: Vec<Vec<Reg>>,
+    pub var_regs: HashMap<VarId, Reg>,
+    pub consts: HashMap<VarId, i64>,
+    pub dims: HashMap<ParamId, Reg>,
+    pub dims64: HashMap<ParamId, Reg>,
+    pub ptrs: HashMap<ParamId, Reg>,
+    pub scalars: HashMap<ParamId, Reg>,
+    pub elem: Option<ElemCtx>,
+    pub frag_bases: HashMap<(u32, u32, u32, u32), (Reg, Reg)>,
+}
+
+/// PTX parameter name of kernel parameter `name`.
+pub fn param_name(name: &str) -> String {
+    format!("p_{name}")
+}
+
+/// Lowers a tile program to a thread program.
+pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
+    let mut em = Emitter::new(p.def.loc);
+    let tid = em.reg(RegClass::B32);
+    em.emit(Op::ReadSpecial { d: tid, sreg: Special::Tid });
+    let lane = em.bin(BinKind::And, Ty::B32, RegClass::B32, tid, Src::Imm(31));
+    let warp = em.bin(BinKind::Shr, Ty::U32, RegClass::B32, tid, Src::Imm(5));
+    let g = em.bin(BinKind::Shr, Ty::U32, RegClass::B32, lane, Src::Imm(2));
+    let t = em.bin(BinKind::And, Ty::B32, RegClass::B32, lane, Src::Imm(3));
+    let smem = em.reg(RegClass::B32);
+    em.emit(Op::SharedBase { d: smem });
+    let mut lw = Lower {
+        p,
+        em,
+        th: ThreadRegs { tid, lane, warp, g, t },
+        smem,
+        shared_base: vec![None; p.def.buffers.len()],
+        regs: vec![vec![]; p.def.buffers.len()],
+        var_regs: HashMap::new(),
+        consts: HashMap::new(),
+        dims: HashMap::new(),
+        dims64: HashMap::new(),
+        ptrs: HashMap::new(),
+        scalars: HashMap::new(),
+        elem: None,
+        frag_bases: HashMap::new(),
+    };
+    let mut params = vec![];
+    for (i, prm) in p.def.params.iter().enumerate() {
+        let name = param_name(prm.name());
+        match prm {
+            Param::Tensor { .. } => {
+                let raw = lw.em.reg(RegClass::B64);
+                lw.em.emit(Op::LdParam { ty: Ty::U64, d: raw, name: name.clone() });
+                let d = lw.em.reg(RegClass::B64);
+                lw.em.emit(Op::CvtaGlobal { d, a: raw });
+                lw.ptrs.insert(i, d);
+                params.push((name, Ty::U64));
+            }
+            Param::Dim { .. } => {
+                let d = lw.em.reg(RegClass::B32);
+                lw.em.emit(Op::LdParam { ty: Ty::S32, d, name: name.clone() });
+                let d64 = lw.em.reg(RegClass::B64);
+                lw.em.emit(Op::Cvt { dty: Ty::S64, sty: Ty::S32, d: d64, a: Src::Reg(d) });
+                lw.dims.insert(i, d);
+                lw.dims64.insert(i, d64);
+                params.push((name, Ty::S32));
+            }
+            Param::Scalar { dtype, .. } => {
+                let ty = ty_of(*dtype);
+                let d = lw.em.reg(class_of(*dtype));
+                lw.em.emit(Op::LdParam { ty, d, name: name.clone() });
+                lw.scalars.insert(i, d);
+                params.push((name, ty));
+            }
+        }
+    }
+    for (axis, v) in p.def.block_vars.iter().enumerate() {
+        if let Some(v) = v {
+            let d = lw.em.reg(RegClass::B32);
+            lw.em.emit(Op::ReadSpecial { d, sreg: Special::Ctaid(axis as u8) });
+            lw.var_regs.insert(*v, d);
+        }
+    }
+    for (i, b) in p.def.buffers.iter().enumerate() {
+        match p.layouts[i] {
+            BufLayout::Shared(_) => {
+                lw.shared_base[i] = Some(lw.em.add32(smem, Src::Imm(p.shared_offsets[i] as i64)));
+            }
+            BufLayout::Fragment(l) => {
+                let class = class_of(crate::passes::check_types::value_type(b.dtype));
+                lw.regs[i] = (0..l.slots()).map(|_| lw.em.reg(class)).collect();
+            }
+            BufLayout::Local => {
+                let class = class_of(crate::passes::check_types::value_type(b.dtype));
+                lw.regs[i] = (0..b.numel()).map(|_| lw.em.reg(class)).collect();
+            }
+            BufLayout::Unknown => unreachable!("infer_layouts leaves no buffer unknown"),
+        }
+    }
+    let body = p.def.body.clone();
+    lw.block(&body)?;
+    lw.em.emit(Op::Ret);
+    Ok(ThreadProgram {
+        name: p.def.name.clone(),
+        params,
+        threads: p.def.threads,
+        shared_bytes: p.shared_bytes,
+        body: lw.em.body,
+        reg_counts: lw.em.counts,
+    })
+}
+
+impl Lower<'_> {
+    pub(crate) fn def(&self) -> &KernelDef {
+        &self.p.def
+    }
+
+    pub(crate) fn err<T>(&self, loc: SrcLoc, msg: impl Into<String>) -> Result<T, Diag> {
+        Err(Diag::new(loc, msg))
+    }
+
+    pub(crate) fn block(&mut self, body: &[Stmt]) -> Result<(), Diag> {
+        for s in body {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), Diag> {
+        self.em.loc = s.loc;
+        let loc = s.loc;
+        match &s.kind {
+            StmtKind::Assign(v, e) => {
+                let ty = self.def().vars[*v].dtype;
+                let val = self.expr(e, ty, loc)?;
+                let d = match self.var_regs.get(v) {
+                    Some(r) => *r,
+                    None => {
+                        let r = self.em.reg(class_of(ty));
+                        self.var_regs.insert(*v, r);
+                        r
+                    }
+                };
+                self.mov(d, val);
+                Ok(())
+            }
+            StmtKind::Fill(b, e) => self.fill(*b, e, loc),
+            StmtKind::Copy { src, dst } => self.copy(src, dst, loc),
+            StmtKind::Gemm { a, b, c } => self.gemm(a, b, *c, loc),
+            StmtKind::Parallel { over, vars, body } => self.parallel(*over, vars, body, loc),
+            StmtKind::Store(b, idx, e) => self.store(*b, idx, e, loc),
+            StmtKind::StoreGlobal(t, idx, e) => {
+                let ty = self.tensor_dtype(*t);
+                let val = self.expr(e, crate::passes::check_types::value_type(ty), loc)?;
+                let addr = self.global_addr(*t, idx, loc)?;
+                self.store_mem(Space::Global, addr, ty, val);
+                Ok(())
+            }
+            StmtKind::For { var, kind, start, end, body } => self.for_loop(*var, *kind, start, end, body, loc),
+            StmtKind::If(c, t, e) => {
+                let cond = self.expr(c, DType::Bool, loc)?;
+                match cond.s {
+                    Src::Imm(v) => self.block(if v != 0 { t } else { e }),
+                    Src::Reg(p) => {
+                        let (l_else, l_end) = (self.em.label(), self.em.label());
+                        self.em.emit_if(p, false, Op::Bra { target: l_else });
+                        self.block(t)?;
+                        self.em.emit(Op::Bra { target: l_end });
+                        self.em.emit(Op::Label(l_else));
+                        self.block(e)?;
+                        self.em.emit(Op::Label(l_end));
+                        Ok(())
+                    }
+                    Src::F32(_) => unreachable!("a condition is a predicate"),
+                }
+            }
+            StmtKind::Reduce { op, src, dst, axis } => self.reduce(*op, *src, *dst, *axis, loc),
+            StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
+            StmtKind::Print(b) => self.print(*b, loc),
+            StmtKind::Barrier => {
+                self.em.emit(Op::Bar { id: 0, count: None });
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn tensor_dtype(&self, t: ParamId) -> DType {
+        match &self.def().params[t] {
+            Param::Tensor { dtype, .. } => *dtype,
+            _ => unreachable!("a tensor parameter"),
+        }
+    }
+
+    pub(crate) fn tensor_dims(&self, t: ParamId) -> Vec<ParamId> {
+        match &self.def().params[t] {
+            Param::Tensor { dims, .. } => dims.clone(),
+            _ => unreachable!("a tensor parameter"),
+        }
+    }
+
+    /// Moves `v` into `d` (converting as `d`'s class needs).
+    pub(crate) fn mov(&mut self, d: Reg, v: V) {
+        let ty = match d.class {
+            RegClass::Pred => Ty::Pred,
+            RegClass::B64 => Ty::B64,
+            RegClass::F32 => Ty::F32,
+            RegClass::B16 => Ty::B16,
+            RegClass::B32 => Ty::B32,
+        };
+        let a = match (v.s, d.class) {
+            (Src::Imm(x), RegClass::F32) => Src::F32(x as f32),
+            (s, _) => s,
+        };
+        if d.class == RegClass::Pred {
+            if let Src::Imm(x) = a {
+                // setp gives a predicate from a constant.
+                let r = self.em.to_reg(Src::Imm(x), RegClass::B32, Ty::S32);
+                self.em.emit(Op::Setp { cmp: Cmp::Ne, ty: Ty::S32, d, a: Src::Reg(r), b: Src::Imm(0) });
+                return;
+            }
+        }
+        if a != Src::Reg(d) {
+            self.em.emit(Op::Mov { ty, d, a });
+        }
+    }
+
+    /// Loads one element of memory type `dt` at `addr` as a value.
+    pub(crate) fn load_mem(&mut self, space: Space, addr: Reg, dt: DType) -> V {
+        let vt = crate::passes::check_types::value_type(dt);
+        match dt {
+            DType::F16 | DType::BF16 => {
+                let h = self.em.reg(RegClass::B16);
+                self.em.emit(Op::Ld { space, ty: Ty::B16, d: vec![h], addr, offset: 0 });
+                let f = self.em.reg(RegClass::F32);
+                let sty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(h) });
+                V { s: Src::Reg(f), ty: vt }
+            }
+            _ => {
+                let d = self.em.reg(class_of(dt));
+                self.em.emit(Op::Ld { space, ty: mem_ty(dt), d: vec![d], addr, offset: 0 });
+                V { s: Src::Reg(d), ty: vt }
+            }
+        }
+    }
+
+    /// Rounds a value to 16 bits for storing as `dt`.
+    pub(crate) fn to_half(&mut self, v: V, dt: DType) -> Reg {
+        let h = self.em.reg(RegClass::B16);
+        let dty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+        let a = match v.s {
+            Src::Imm(x) => Src::F32(x as f32),
+            s => s,
+        };
+        self.em.emit(Op::Cvt { dty, sty: Ty::F32, d: h, a });
+        h
+    }
+
+    /// Stores a value as one element of memory type `dt`.
+    pub(crate) fn store_mem(&mut self, space: Space, addr: Reg, dt: DType, v: V) {
+        let val = match dt {
+            DType::F16 | DType::BF16 => Src::Reg(self.to_half(v, dt)),
+            DType::F32 => match v.s {
+                Src::Imm(x) => Src::F32(x as f32),
+                s => s,
+            },
+            _ => v.s,
+        };
+        self.em.emit(Op::St { space, ty: mem_ty(dt), addr, offset: 0, vals: vec![val] });
+    }
+
+    /// The shared address of element (row, col) of shared buffer `b` (1-D tiles use col).
+    pub(crate) fn shared_addr(&mut self, b: BufId, row: Src, col: Src) -> Reg {
+        let l = self.p.shared(b);
+        let esize = self.def().buffers[b].dtype.size_bytes() as i64;
+        let (_, cols) = l.shape();
+        let off = match (row, col) {
+            (Src::Imm(r), Src::Imm(c)) => Src::Imm(l.offset(r as u32, c as u32) as i64),
+            _ => match l.swizzle_params() {
+                None => {
+                    let rc = self.em.mul32(row, Src::Imm(cols as i64));
+                    self.em.add32(rc, col)
+                }
+                Some((chunk, rpl, mask)) => {
+                    let lc = chunk.trailing_zeros() as i64;
+                    let ch = self.em.op32(BinKind::Shr, col, lc);
+                    let within = self.em.op32(BinKind::And, col, chunk as i64 - 1);
+                    let rs = self.em.op32(BinKind::Shr, row, rpl.trailing_zeros() as i64);
+                    let x = self.em.op32(BinKind::And, rs, mask as i64);
+                    let phys = match (ch, x) {
+                        (Src::Imm(a), Src::Imm(b)) => Src::Imm(a ^ b),
+                        (a, b) => Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, a, b)),
+                    };
+                    let pc = self.em.op32(BinKind::Shl, phys, lc);
+                    let rc = self.em.mul32(row, Src::Imm(cols as i64));
+                    let s = self.em.add32(rc, pc);
+                    self.em.add32(s, within)
+                }
+            },
+        };
+        let base = self.shared_base[b].expect("shared buffers have a base");
+        let bytes = self.em.mul32(off, Src::Imm(esize));
+        let a = self.em.add32(base, bytes);
+        self.em.to_reg(a, RegClass::B32, Ty::U32)
+    }
+
+    /// The global address of `tensor[idx..]` (64-bit arithmetic throughout).
+    pub(crate) fn global_addr(&mut self, t: ParamId, idx: &[Expr], loc: SrcLoc) -> Result<Reg, Diag> {
+        let mut vals = vec![];
+        for e in idx {
+            vals.push(self.expr(e, DType::I64, loc)?.s);
+        }
+        Ok(self.global_addr_of(t, &vals))
+    }
+
+    /// The global address of `tensor[idx..]` from lowered 64-bit (or immediate) indices.
+    pub(crate) fn global_addr_of(&mut self, t: ParamId, idx: &[Src]) -> Reg {
+        let dims = self.tensor_dims(t);
+        let esize = self.tensor_dtype(t).size_bytes() as i64;
+        let first = self.em.wide(idx[0]);
+        let mut lin = Src::Reg(self.em.to_reg(first, RegClass::B64, Ty::S64));
+        for k in 1..dims.len() {
+            let d = self.dims64[&dims[k]];
+            let i = self.em.wide(idx[k]);
+            let r = self.em.reg(RegClass::B64);
+            self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: Src::Reg(d), c: i });
+            lin = Src::Reg(r);
+        }
+        let base = self.ptrs[&t];
+        let a = self.em.reg(RegClass::B64);
+        self.em.emit(Op::Mad { ty: Ty::S64, d: a, a: lin, b: Src::Imm(esize), c: Src::Reg(base) });
+        a
+    }
+
+    /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + 2t`.
+    pub(crate) fn frag_base(&mut self, l: FragmentLayout) -> (Reg, Reg) {
+        let key = (l.rows, l.cols, l.wm, l.wn);
+        if let Some(r) = self.frag_bases.get(&key) {
+            return *r;
+        }
+        let th = self.th;
+        let wr = self.em.op32(BinKind::Div, th.warp, l.wn as i64);
+        let wc = self.em.op32(BinKind::Rem, th.warp, l.wn as i64);
+        let rb = self.em.mul32(wr, Src::Imm(l.warp_rows() as i64));
+        let rb = self.em.add32(rb, th.g);
+        let cb = self.em.mul32(wc, Src::Imm(l.warp_cols() as i64));
+        let t2 = self.em.op32(BinKind::Shl, th.t, 1);
+        let cb = self.em.add32(cb, t2);
+        let r = (self.em.to_reg(rb, RegClass::B32, Ty::U32), self.em.to_reg(cb, RegClass::B32, Ty::U32));
+        self.frag_bases.insert(key, r);
+        r
+    }
+
+    /// (row, col) of slot `s` of a fragment (for a vector: (index, 0)).
+    pub(crate) fn frag_coords(&mut self, l: FragmentLayout, s: u32) -> (Src, Src) {
+        let (rb, cb) = self.frag_base(l);
+        let c = l.slot_coord(s);
+        let row = self.em.add32(rb, Src::Imm(c.row_off as i64));
+        let col = self.em.add32(cb, Src::Imm(c.col_off as i64));
+        match l.kind {
+            FragmentKind::Tile => (row, col),
+            FragmentKind::Rows => (row, Src::Imm(0)),
+            FragmentKind::Cols => (col, Src::Imm(0)),
+        }
+    }
+
+    fn fill(&mut self, b: BufId, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
+        let dt = self.def().buffers[b].dtype;
+        let v = self.expr(e, crate::passes::check_types::value_type(dt), loc)?;
+        match self.p.layouts[b] {
+            BufLayout::Fragment(_) | BufLayout::Local => {
+                for r in self.regs[b].clone() {
+                    self.mov(r, v);
+                }
+                Ok(())
+            }
+            BufLayout::Shared(_) => self.for_each_shared_elem(b, |lw, row, col| {
+                let a = lw.shared_addr(b, row, col);
+                lw.store_mem(Space::Shared, a, dt, v);
+                Ok(())
+            }),
+            BufLayout::Unknown => unreachable!(),
+        }
+    }
+
+    /// Runs `f(row, col)` for each element of shared tile `b` this thread owns (cyclic over threads).
+    pub(crate) fn for_each_shared_elem(&mut self, b: BufId, mut f: impl FnMut(&mut Self, Src, Src) -> Result<(), Diag>) -> Result<(), Diag> {
+        let (rows, cols) = self.p.shared(b).shape();
+        let n = rows * cols;
+        let threads = self.def().threads;
+        for k in 0..n.div_ceil(threads) {
+            let e = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let skip = if (k + 1) * threads > n {
+                let p = self.em.setp(Cmp::Ge, Ty::S32, e, Src::Imm(n as i64));
+                let l = self.em.label();
+                self.em.emit_if(p, true, Op::Bra { target: l });
+                Some(l)
+            } else {
+                None
+            };
+            let row = self.em.op32(BinKind::Div, e, cols as i64);
+            let col = self.em.op32(BinKind::Rem, e, cols as i64);
+            f(self, row, col)?;
+            if let Some(l) = skip {
+                self.em.emit(Op::Label(l));
+            }
+        }
+        Ok(())
+    }
+
+    fn parallel(&mut self, over: BufId, vars: &[VarId], body: &[Stmt], loc: SrcLoc) -> Result<(), Diag> {
+        if self.elem.is_some() {
+            return self.err(loc, "`parallel` loops do not nest");
+        }
+        match self.p.layouts[over] {
+            BufLayout::Fragment(l) => {
+                for s in 0..l.slots() {
+                    let (row, col) = self.frag_coords(l, s);
+                    self.bind_index(vars, &[row, col]);
+                    self.elem = Some(ElemCtx { over, slot: s });
+                    let r = self.block(body);
+                    self.elem = None;
+                    r?;
+                }
+                Ok(())
+            }
+            BufLayout::Local => {
+                let shape = self.def().buffers[over].shape.clone();
+                let cols = *shape.last().unwrap_or(&1);
+                for e in 0..shape.iter().product::<u32>() {
+                    let idx = if shape.len() == 2 { vec![(e / cols) as i64, (e % cols) as i64] } else { vec![e as i64] };
+                    for (v, i) in vars.iter().zip(idx) {
+                        self.consts.insert(*v, i);
+                    }
+                    self.block(body)?;
+                }
+                Ok(())
+            }
+            BufLayout::Shared(_) => {
+                let two_d = self.def().buffers[over].shape.len() == 2;
+                self.for_each_shared_elem(over, |lw, row, col| {
+                    let idx = if two_d { [row, col] } else { [col, Src::Imm(0)] };
+                    lw.bind_index(vars, &idx);
+                    lw.block(body)
+                })
+            }
+            BufLayout::Unknown => unreachable!(),
+        }
+    }
+
+    fn bind_index(&mut self, vars: &[VarId], idx: &[Src]) {
+        for (v, i) in vars.iter().zip(idx) {
+            match i {
+                Src::Imm(c) => {
+                    self.consts.insert(*v, *c);
+                    self.var_regs.remove(v);
+                }
+                s => {
+                    self.consts.remove(v);
+                    let r = self.em.to_reg(*s, RegClass::B32, Ty::U32);
+                    self.var_regs.insert(*v, r);
+                }
+            }
+        }
+    }
+
+    /// The register of fragment `b` at `idx` from inside a `parallel` body, if `idx` is the loop's own index.
+    pub(crate) fn frag_elem_reg(&self, b: BufId, idx: &[Expr], loc: SrcLoc) -> Result<Reg, Diag> {
+        let name = &self.def().buffers[b].name;
+        let Some(ctx) = self.elem else {
+            return self.err(loc, format!("fragment `{name}` elements are reachable only inside `parallel`"));
+        };
+        let (vars, _) = self.parallel_vars(ctx.over);
+        let lo = self.p.frag(ctx.over);
+        let lb = self.p.frag(b);
+        let same = |e: &Expr, k: usize| vars.get(k).is_some_and(|v| *e == Expr::Var(*v));
+        let slot = if b == ctx.over || (lb == lo && idx.len() == vars.len() && idx.iter().enumerate().all(|(k, e)| same(e, k))) {
+            Some(ctx.slot)
+        } else if lo.kind == FragmentKind::Tile && idx.len() == 1 && lb == lo.vector(FragmentKind::Rows) && same(&idx[0], 0) {
+            Some(lo.row_slot_of(ctx.slot))
+        } else if lo.kind == FragmentKind::Tile && idx.len() == 1 && lb == lo.vector(FragmentKind::Cols) && same(&idx[0], 1) {
+            Some(lo.col_slot_of(ctx.slot))
+        } else {
+            None
+        };
+        match slot {
+            Some(s) => Ok(self.regs[b][s as usize]),
+            None => self.err(
+                loc,
+                format!("fragment `{name}` can be indexed only at the `parallel` loop's own index (or a row/column vector at its row/column); copy it to a shared tile for other access"),
+            ),
+        }
+    }
+
+    fn parallel_vars(&self, over: BufId) -> (Vec<VarId>, ()) {
+        fn find(body: &[Stmt], over: BufId) -> Option<Vec<VarId>> {
+            for s in body {
+                match &s.kind {
+                    StmtKind::Parallel { over: o, vars, .. } if *o == over => return Some(vars.clone()),
+                    StmtKind::For { body, .. } => {
+                        if let Some(v) = find(body, over) {
+                            return Some(v);
+                        }
+                    }
+                    StmtKind::If(_, t, e) => {
+                        if let Some(v) = find(t, over).or_else(|| find(e, over)) {
+                            return Some(v);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            None
+        }
+        (find(&self.p.def.body, over).unwrap_or_default(), ())
+    }
+
+    fn store(&mut self, b: BufId, idx: &[Expr], e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
+        let dt = self.def().buffers[b].dtype;
+        let vt = crate::passes::check_types::value_type(dt);
+        let v = self.expr(e, vt, loc)?;
+        let v = self.round_for(v, dt);
+        match self.p.layouts[b] {
+            BufLayout::Fragment(_) => {
+                let r = self.frag_elem_reg(b, idx, loc)?;
+                self.mov(r, v);
+            }
+            BufLayout::Local => {
+                let i = self.local_index(b, idx, loc)?;
+                let r = self.regs[b][i];
+                self.mov(r, v);
+            }
+            BufLayout::Shared(_) => {
+                let (row, col) = self.shared_rc(idx, loc)?;
+                let a = self.shared_addr(b, row, col);
+                self.store_mem(Space::Shared, a, dt, v);
+            }
+            BufLayout::Unknown => unreachable!(),
+        }
+        Ok(())
+    }
+
+    /// Rounds `v` to 16 bits when a register tile of element type `dt` keeps it.
+    pub(crate) fn round_for(&mut self, v: V, dt: DType) -> V {
+        if !dt.is_half() {
+            return v;
+        }
+        let h = self.to_half(v, dt);
+        let f = self.em.reg(RegClass::F32);
+        let sty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+        self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(h) });
+        V { s: Src::Reg(f), ty: DType::F32 }
+    }
+
+    pub(crate) fn local_index(&mut self, b: BufId, idx: &[Expr], loc: SrcLoc) -> Result<usize, Diag> {
+        let shape = self.def().buffers[b].shape.clone();
+        let mut lin = 0i64;
+        for (k, e) in idx.iter().enumerate() {
+            let Some(i) = self.const_of(e) else {
+                return self.err(loc, format!("local tile `{}` needs indices known when lowering (use `unroll` loops)", self.def().buffers[b].name));
+            };
+            if i < 0 || i >= shape[k] as i64 {
+                return self.err(loc, format!("index {i} is outside local tile `{}` of extent {}", self.def().buffers[b].name, shape[k]));
+            }
+            lin = lin * shape[k] as i64 + i;
+        }
+        Ok(lin as usize)
+    }
+
+    pub(crate) fn shared_rc(&mut self, idx: &[Expr], loc: SrcLoc) -> Result<(Src, Src), Diag> {
+        let mut v = vec![];
+        for e in idx {
+            v.push(self.expr(e, DType::I32, loc)?.s);
+        }
+        Ok(if v.len() == 2 { (v[0], v[1]) } else { (Src::Imm(0), v[0]) })
+    }
+
+    fn for_loop(&mut self, var: VarId, kind: LoopKind, start: &Expr, end: &Expr, body: &[Stmt], loc: SrcLoc) -> Result<(), Diag> {
+        match kind {
+            LoopKind::Unroll => {
+                let (Some(a), Some(b)) = (self.const_of(start), self.const_of(end)) else {
+                    return self.err(loc, "`unroll` needs bounds known when lowering; use `serial` for run-time bounds");
+                };
+                if b - a > 4096 {
+                    return self.err(loc, format!("`unroll` of {} iterations; at most 4096", b - a));
+                }
+                for i in a..b {
+                    self.consts.insert(var, i);
+                    self.var_regs.remove(&var);
+                    self.block(body)?;
+                }
+                self.consts.remove(&var);
+                Ok(())
+            }
+            LoopKind::Serial => {
+                let s = self.expr(start, DType::I32, loc)?;
+                let e = self.expr(end, DType::I32, loc)?;
+                let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
+                let r = self.em.reg(RegClass::B32);
+                self.mov(r, s);
+                self.consts.remove(&var);
+                self.var_regs.insert(var, r);
+                let (top, exit) = (self.em.label(), self.em.label());
+                self.em.emit(Op::Label(top));
+                let p = self.em.setp(Cmp::Ge, Ty::S32, r, e);
+                self.em.emit_if(p, true, Op::Bra { target: exit });
+                self.block(body)?;
+                self.em.loc = loc;
+                self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: r, a: Src::Reg(r), b: Src::Imm(1) });
+                self.em.emit(Op::Bra { target: top });
+                self.em.emit(Op::Label(exit));
+                Ok(())
+            }
+            LoopKind::Pipelined { stages } => self.pipelined(var, stages, start, end, body, loc),
+        }
+    }
+
+    /// A multi-stage `cp.async` pipeline: the stage-filling copies of iteration `i + stages - 1`
+    /// are issued while iteration `i` computes.
+    fn pipelined(&mut self, var: VarId, stages: u32, start: &Expr, end: &Expr, body: &[Stmt], loc: SrcLoc) -> Result<(), Diag> {
+        let is_fill = |s: &Stmt, p: &TileProgram| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
+        let fills: Vec<&Stmt> = body.iter().filter(|s| is_fill(s, self.p)).collect();
+        let rest: Vec<Stmt> = body.iter().filter(|s| !is_fill(s, self.p)).cloned().collect();
+        let staged: Vec<BufId> = fills
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
+                _ => None,
+            })
+            .collect();
+        let s0 = self.expr(start, DType::I32, loc)?;
+        let e = self.expr(end, DType::I32, loc)?;
+        let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
+        let s0 = self.em.to_reg(s0.s, RegClass::B32, Ty::S32);
+        let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        let stage_bytes: Vec<i64> = staged
+            .iter()
+            .map(|b| (self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes()) as i64)
+            .collect();
+        let iter = self.em.reg(RegClass::B32);
+        self.consts.remove(&var);
+        // Prologue: stages 0 .. stages-2.
+        for st in 0..stages - 1 {
+            self.em.loc = loc;
+            let it = self.em.add32(s0, Src::Imm(st as i64));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
+            self.var_regs.insert(var, iter);
+            for (k, b) in staged.iter().enumerate() {
+                self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
+            }
+            for f in &fills {
+                self.em.loc = f.loc;
+                if let StmtKind::Copy { src, dst } = &f.kind {
+                    self.copy_async(src, dst, Some(live), f.loc)?;
+                }
+            }
+            self.em.emit(Op::CpAsyncCommit);
+        }
+        // Main loop.
+        self.em.loc = loc;
+        let ko = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: ko, a: Src::Reg(s0) });
+        let rd = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
+        let (top, exit) = (self.em.label(), self.em.label());
+        self.em.emit(Op::Label(top));
+        let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
+        self.em.emit_if(p, true, Op::Bra { target: exit });
+        self.em.emit(Op::CpAsyncWait { n: stages - 2 });
+        self.em.emit(Op::Bar { id: 0, count: None });
+        // Issue iteration ko + stages - 1 into the stage read last iteration.
+        let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
+        self.mov(iter, V { s: it, ty: DType::I32 });
+        let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
+        let wr = self.em.reg(RegClass::B32);
+        let wrap = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0));
+        self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(1) });
+        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
+        self.var_regs.insert(var, iter);
+        for (k, b) in staged.iter().enumerate() {
+            let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+        for f in &fills {
+            self.em.loc = f.loc;
+            if let StmtKind::Copy { src, dst } = &f.kind {
+                self.copy_async(src, dst, Some(live), f.loc)?;
+            }
+        }
+        self.em.emit(Op::CpAsyncCommit);
+        // Compute on the stage read this iteration.
+        self.var_regs.insert(var, ko);
+        for (k, b) in staged.iter().enumerate() {
+            let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+        self.block(&rest)?;
+        self.em.loc = loc;
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });
+        let full = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(stages as i64));
+        self.em.emit_if(full, true, Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
+        self.em.emit(Op::Bra { target: top });
+        self.em.emit(Op::Label(exit));
+        self.em.emit(Op::CpAsyncWait { n: 0 });
+        self.em.emit(Op::Bar { id: 0, count: None });
+        for (k, b) in staged.iter().enumerate() {
+            self.shared_base[*b] = Some(home[k]);
+        }
+        Ok(())
+    }
+
+    fn print(&mut self, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let buf = self.def().buffers[b].clone();
+        let cols = *buf.shape.last().unwrap_or(&1) as i64;
+        let mut elems = vec![];
+        match self.p.layouts[b] {
+            BufLayout::Fragment(l) => {
+                for s in 0..l.slots() {
+                    let (row, col) = self.frag_coords(l, s);
+                    let flat = if buf.shape.len() == 2 {
+                        let rc = self.em.mul32(row, Src::Imm(cols));
+                        self.em.add32(rc, col)
+                    } else {
+                        row
+                    };
+                    elems.push((flat, self.regs[b][s as usize]));
+                }
+            }
+            BufLayout::Local => {
+                let tid = self.th.tid;
+                let only0 = self.em.setp(Cmp::Eq, Ty::S32, tid, Src::Imm(0));
+                let _ = only0;
+                for (i, r) in self.regs[b].clone().into_iter().enumerate() {
+                    elems.push((Src::Imm(i as i64), r));
+                }
+            }
+            BufLayout::Shared(_) => {
+                let two_d = buf.shape.len() == 2;
+                let mut collected = vec![];
+                self.for_each_shared_elem(b, |lw, row, col| {
+                    let (r, c) = if two_d { (row, col) } else { (Src::Imm(0), col) };
+                    let a = lw.shared_addr(b, r, c);
+                    let v = lw.load_mem(Space::Shared, a, buf.dtype);
+                    let vr = lw.em.to_reg(v.s, class_of(v.ty), ty_of(v.ty));
+                    let rc = lw.em.mul32(r, Src::Imm(cols));
+                    let flat = lw.em.add32(rc, c);
+                    collected.push((flat, vr));
+                    Ok(())
+                })?;
+                elems = collected;
+            }
+            BufLayout::Unknown => unreachable!(),
+        }
+        let _ = loc;
+        self.em.emit(Op::Trace { name: buf.name.clone(), shape: buf.shape.clone(), elems });
+        Ok(())
+    }
+}

@@ -1,0 +1,266 @@
+//! Lowering of `reduce_*` and `cumsum`. Reductions of fragments combine a thread's own
+//! elements, then the lanes holding the same row (column) with `shfl.sync.bfly`, then, when the
+//! axis spans several warps, the warps' partials through shared scratch. Scans go through shared
+//! memory with one thread per line, which fits the short lines (chunks of 16 to 64) KDA scans.
+
+use super::{class_of, ty_of, Lower, V};
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::layout::{FragmentKind, FragmentLayout};
+use crate::passes::check_types::value_type;
+use crate::passes::BufLayout;
+use crate::thread_ir::*;
+use crate::tile::*;
+
+impl Lower<'_> {
+    fn combine(&mut self, op: ReduceOp, vt: DType, d: Reg, a: Reg, b: Reg) {
+        let k = if op == ReduceOp::Sum { BinKind::Add } else { BinKind::Max };
+        self.em.emit(Op::Bin { op: k, ty: ty_of(vt), d, a: Src::Reg(a), b: Src::Reg(b) });
+    }
+
+    fn scratch_addr(&mut self, index: Src) -> Reg {
+        let base = self.em.add32(self.smem, Src::Imm(self.p.scratch.0 as i64));
+        let off = self.em.mul32(index, Src::Imm(4));
+        let a = self.em.add32(base, off);
+        self.em.to_reg(a, RegClass::B32, Ty::U32)
+    }
+
+    /// A predicate true on the lanes that own (store) the elements of a replicated vector.
+    pub(crate) fn vector_owner(&mut self, l: FragmentLayout) -> Option<Reg> {
+        let (w, lane_part) = match l.kind {
+            FragmentKind::Tile => return None,
+            FragmentKind::Rows => (self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64), self.th.t),
+            FragmentKind::Cols => (self.em.op32(BinKind::Div, self.th.warp, l.wn as i64), self.th.g),
+        };
+        let p1 = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
+        let w = self.em.to_reg(w, RegClass::B32, Ty::U32);
+        let p2 = self.em.setp(Cmp::Eq, Ty::S32, w, Src::Imm(0));
+        self.em.and_pred(Some(p1), Some(p2))
+    }
+
+    pub(crate) fn reduce(&mut self, op: ReduceOp, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {
+        let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
+        let BufLayout::Fragment(l) = self.p.layouts[src] else {
+            return self.err(loc, format!("reduce source `{}` must be a 2-D fragment (copy a shared tile into one first)", sb.name));
+        };
+        if l.kind != FragmentKind::Tile || axis > 1 {
+            return self.err(loc, format!("reduce needs a 2-D fragment and axis 0 or 1 (got `{}` with axis {axis})", sb.name));
+        }
+        let vt = value_type(sb.dtype);
+        if value_type(db.dtype) != vt {
+            return self.err(loc, format!("reduce from {} into {}: element types must agree", sb.dtype, db.dtype));
+        }
+        let kind = if axis == 1 { FragmentKind::Rows } else { FragmentKind::Cols };
+        let vl = l.vector(kind);
+        let want_len = if axis == 1 { l.rows } else { l.cols };
+        if db.shape != [want_len] {
+            return self.err(loc, format!("reduce of `{}` along axis {axis} gives {want_len} elements; `{}` has shape {:?}", sb.name, db.name, db.shape));
+        }
+        let (mi, ni) = (l.mi(), l.ni());
+        let mut out = vec![];
+        for vs in 0..vl.slots() {
+            // The tile slots that share this vector slot.
+            let members: Vec<u32> = (0..l.slots())
+                .filter(|s| if axis == 1 { l.row_slot_of(*s) == vs } else { l.col_slot_of(*s) == vs })
+                .collect();
+            let _ = (mi, ni);
+            let acc = self.em.reg(class_of(vt));
+            self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: Src::Reg(self.regs[src][members[0] as usize]) });
+            for s in &members[1..] {
+                let r = self.regs[src][*s as usize];
+                self.combine(op, vt, acc, acc, r);
+            }
+            let lanes: &[i64] = if axis == 1 { &[1, 2] } else { &[4, 8, 16] };
+            for m in lanes {
+                let o = self.em.reg(class_of(vt));
+                self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: acc, b: Src::Imm(*m), c: 31 });
+                self.combine(op, vt, acc, acc, o);
+            }
+            out.push(acc);
+        }
+        let across = if axis == 1 { l.wn } else { l.wm };
+        if across > 1 {
+            // Partials of each warp along the axis meet in scratch: [across][len].
+            self.em.emit(Op::Bar { id: 0, count: None });
+            let owner = self.vector_owner(vl);
+            let wpos = if axis == 1 { self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64) } else { self.em.op32(BinKind::Div, self.th.warp, l.wn as i64) };
+            let mut idx = vec![];
+            for (vs, acc) in out.iter().enumerate() {
+                let (i, _) = self.frag_coords(vl, vs as u32);
+                idx.push(i);
+                let row = self.em.mul32(wpos, Src::Imm(want_len as i64));
+                let at = self.em.add32(row, i);
+                let a = self.scratch_addr(at);
+                let skip = self.em.label();
+                if let Some(p) = owner {
+                    self.em.emit_if(p, false, Op::Bra { target: skip });
+                }
+                self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(*acc)] });
+                self.em.emit(Op::Label(skip));
+            }
+            self.em.emit(Op::Bar { id: 0, count: None });
+            for (vs, acc) in out.iter().enumerate() {
+                for w in 0..across {
+                    let at = self.em.add32(idx[vs], Src::Imm((w * want_len) as i64));
+                    let a = self.scratch_addr(at);
+                    let v = self.em.reg(class_of(vt));
+                    self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr: a, offset: 0 });
+                    if w == 0 {
+                        self.em.emit(Op::Mov { ty: ty_of(vt), d: *acc, a: Src::Reg(v) });
+                    } else {
+                        self.combine(op, vt, *acc, *acc, v);
+                    }
+                }
+            }
+        }
+        match self.p.layouts[dst] {
+            BufLayout::Fragment(dl) if dl == vl => {
+                for (vs, acc) in out.into_iter().enumerate() {
+                    let v = self.round_for(V { s: Src::Reg(acc), ty: vt }, db.dtype);
+                    let r = self.regs[dst][vs];
+                    self.mov(r, v);
+                }
+                Ok(())
+            }
+            BufLayout::Shared(_) => {
+                let owner = self.vector_owner(vl);
+                for (vs, acc) in out.into_iter().enumerate() {
+                    let (i, _) = self.frag_coords(vl, vs as u32);
+                    let a = self.shared_addr(dst, Src::Imm(0), i);
+                    let skip = self.em.label();
+                    if let Some(p) = owner {
+                        self.em.emit_if(p, false, Op::Bra { target: skip });
+                    }
+                    self.store_mem(Space::Shared, a, db.dtype, V { s: Src::Reg(acc), ty: vt });
+                    self.em.emit(Op::Label(skip));
+                }
+                Ok(())
+            }
+            _ => self.err(loc, format!("reduce destination `{}` must be a vector fragment paired with `{}` or a 1-D shared tile", db.name, sb.name)),
+        }
+    }
+
+    pub(crate) fn cumsum(&mut self, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {
+        let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
+        if sb.shape != db.shape {
+            return self.err(loc, format!("cumsum from `{}` {:?} into `{}` {:?}: shapes differ", sb.name, sb.shape, db.name, db.shape));
+        }
+        if axis >= sb.shape.len() {
+            return self.err(loc, format!("cumsum axis {axis} of a {}-D tile", sb.shape.len()));
+        }
+        let vt = value_type(sb.dtype);
+        if !matches!(vt, DType::F32 | DType::I32) || value_type(db.dtype) != vt {
+            return self.err(loc, format!("cumsum needs f32/bf16/f16 or i32 tiles of one kind, found {} and {}", sb.dtype, db.dtype));
+        }
+        let (rows, cols) = self.tile_rc(src);
+        let (lines, len, line_stride, step) = if sb.shape.len() == 1 || axis == 1 { (rows, cols, cols, 1) } else { (cols, rows, 1, cols) };
+        let shared = matches!(self.p.layouts[src], BufLayout::Shared(_)) && matches!(self.p.layouts[dst], BufLayout::Shared(_));
+        let threads = self.def().threads;
+        let two_d = sb.shape.len() == 2;
+        if shared {
+            if src != dst {
+                self.for_each_shared_elem(dst, |lw, r, c| {
+                    let (r, c) = if two_d { (r, c) } else { (Src::Imm(0), c) };
+                    let a = lw.shared_addr(src, r, c);
+                    let v = lw.load_mem(Space::Shared, a, sb.dtype);
+                    let b = lw.shared_addr(dst, r, c);
+                    lw.store_mem(Space::Shared, b, db.dtype, v);
+                    Ok(())
+                })?;
+                self.em.emit(Op::Bar { id: 0, count: None });
+            }
+        } else {
+            self.em.emit(Op::Bar { id: 0, count: None });
+            self.tile_to_scratch(src, loc)?;
+            self.em.emit(Op::Bar { id: 0, count: None });
+        }
+        // One thread per line scans it serially.
+        for k in 0..lines.div_ceil(threads) {
+            let line = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let skip = self.em.label();
+            if (k + 1) * threads > lines {
+                let p = self.em.setp(Cmp::Ge, Ty::S32, line, Src::Imm(lines as i64));
+                self.em.emit_if(p, true, Op::Bra { target: skip });
+            }
+            let acc = self.em.reg(class_of(vt));
+            let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
+            self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: zero });
+            for e in 0..len {
+                let (addr, dt) = if shared {
+                    let (r, c) = if sb.shape.len() == 1 || axis == 1 { (line, Src::Imm(e as i64)) } else { (Src::Imm(e as i64), line) };
+                    (self.shared_addr(dst, r, c), db.dtype)
+                } else {
+                    let base = self.em.mul32(line, Src::Imm(line_stride as i64));
+                    let at = self.em.add32(base, Src::Imm((e * step) as i64));
+                    (self.scratch_addr(at), if vt == DType::F32 { DType::F32 } else { DType::I32 })
+                };
+                let v = self.load_mem(Space::Shared, addr, dt);
+                let vr = self.em.to_reg(v.s, class_of(vt), ty_of(vt));
+                self.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a: Src::Reg(acc), b: Src::Reg(vr) });
+                self.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
+            }
+            self.em.emit(Op::Label(skip));
+        }
+        if !shared {
+            self.em.emit(Op::Bar { id: 0, count: None });
+            self.scratch_to_tile(dst, loc)?;
+        }
+        Ok(())
+    }
+
+    fn tile_to_scratch(&mut self, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let (_, cols) = self.tile_rc(b);
+        let vt = value_type(self.def().buffers[b].dtype);
+        match self.p.layouts[b] {
+            BufLayout::Fragment(l) => {
+                let owner = self.vector_owner(l);
+                for s in 0..l.slots() {
+                    let (r, c) = self.frag_coords(l, s);
+                    let at = if l.kind == FragmentKind::Tile {
+                        let rc = self.em.mul32(r, Src::Imm(cols as i64));
+                        self.em.add32(rc, c)
+                    } else {
+                        r
+                    };
+                    let a = self.scratch_addr(at);
+                    let skip = self.em.label();
+                    if let Some(p) = owner {
+                        self.em.emit_if(p, false, Op::Bra { target: skip });
+                    }
+                    let v = self.regs[b][s as usize];
+                    self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(v)] });
+                    self.em.emit(Op::Label(skip));
+                }
+                Ok(())
+            }
+            _ => self.err(loc, "cumsum of a local tile: use a fragment or shared tile"),
+        }
+    }
+
+    fn scratch_to_tile(&mut self, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let (_, cols) = self.tile_rc(b);
+        let dt = self.def().buffers[b].dtype;
+        let vt = value_type(dt);
+        match self.p.layouts[b] {
+            BufLayout::Fragment(l) => {
+                for s in 0..l.slots() {
+                    let (r, c) = self.frag_coords(l, s);
+                    let at = if l.kind == FragmentKind::Tile {
+                        let rc = self.em.mul32(r, Src::Imm(cols as i64));
+                        self.em.add32(rc, c)
+                    } else {
+                        r
+                    };
+                    let a = self.scratch_addr(at);
+                    let v = self.em.reg(class_of(vt));
+                    self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr: a, offset: 0 });
+                    let v = self.round_for(V { s: Src::Reg(v), ty: vt }, dt);
+                    let d = self.regs[b][s as usize];
+                    self.mov(d, v);
+                }
+                Ok(())
+            }
+            _ => self.err(loc, "cumsum into a local tile: use a fragment or shared tile"),
+        }
+    }
+}

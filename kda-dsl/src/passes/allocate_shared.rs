@@ -1,0 +1,72 @@
+//! `allocate_shared`: gives every shared tile (times its stages) a 128-byte aligned offset in
+//! dynamic shared memory, then a scratch area sized for the reductions and scans that need one.
+
+use super::{BufLayout, TileProgram};
+use crate::diag::Diag;
+use crate::layout::FragmentKind;
+use crate::tile::*;
+
+/// Most dynamic shared memory a block may use on sm_90 (the H200's 232448 bytes).
+pub const MAX_SHARED_BYTES: u32 = 232_448;
+
+fn align(x: u32, a: u32) -> u32 {
+    x.div_ceil(a) * a
+}
+
+/// Assigns offsets and the scratch area.
+pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
+    let mut off = 0u32;
+    for (i, b) in p.def.buffers.iter().enumerate() {
+        if let BufLayout::Shared(l) = p.layouts[i] {
+            p.shared_offsets[i] = off;
+            off = align(off + l.size() * b.dtype.size_bytes() as u32 * p.stages[i], 128);
+        }
+    }
+    let mut need = 0u32;
+    scratch_need(p, &p.def.body, &mut need);
+    p.scratch = (off, need);
+    p.shared_bytes = align(off + need, 16);
+    if p.shared_bytes > MAX_SHARED_BYTES {
+        return Err(Diag::new(
+            p.def.loc,
+            format!("the kernel needs {} bytes of shared memory (tiles times stages, plus {need} of scratch); a block may use {MAX_SHARED_BYTES}", p.shared_bytes),
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of scratch a reduction or scan of a fragment needs.
+pub fn scratch_for(p: &TileProgram, s: &StmtKind) -> u32 {
+    match s {
+        StmtKind::Reduce { src, axis, .. } => match p.layouts[*src] {
+            BufLayout::Fragment(l) if l.kind == FragmentKind::Tile => {
+                let (across, len) = if *axis == 1 { (l.wn, l.rows) } else { (l.wm, l.cols) };
+                if across > 1 {
+                    across * len * 4
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        },
+        StmtKind::Cumsum { src, .. } => match p.layouts[*src] {
+            BufLayout::Fragment(_) | BufLayout::Local => p.def.buffers[*src].numel() * 4,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+fn scratch_need(p: &TileProgram, body: &[Stmt], need: &mut u32) {
+    for s in body {
+        *need = (*need).max(scratch_for(p, &s.kind));
+        match &s.kind {
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => scratch_need(p, body, need),
+            StmtKind::If(_, t, e) => {
+                scratch_need(p, t, need);
+                scratch_need(p, e, need);
+            }
+            _ => {}
+        }
+    }
+}

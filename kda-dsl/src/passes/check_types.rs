@@ -1,0 +1,227 @@
+//! `check_types`: gives every variable its type and rejects ill-typed expressions.
+//!
+//! Values are `i32`, `i64`, `f32` or `bool`; 16-bit floats exist only in memory and are read as
+//! `f32` (a cast to them rounds). An integer literal adapts to the other operand.
+
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::tile::*;
+
+/// The type a value of memory type `d` has in registers.
+pub fn value_type(d: DType) -> DType {
+    if d.is_half() {
+        DType::F32
+    } else {
+        d
+    }
+}
+
+/// A type, with untyped integer literals kept apart until they meet a typed operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ty {
+    /// An integer literal not yet tied to a type.
+    Literal,
+    /// A concrete value type.
+    Is(DType),
+}
+
+impl Ty {
+    /// The concrete type (a literal alone is `i32`).
+    pub fn concrete(self) -> DType {
+        match self {
+            Ty::Literal => DType::I32,
+            Ty::Is(d) => d,
+        }
+    }
+}
+
+fn unify(a: Ty, b: Ty, loc: SrcLoc, what: &str) -> Result<Ty, Diag> {
+    Ok(match (a, b) {
+        (Ty::Literal, Ty::Literal) => Ty::Literal,
+        (Ty::Literal, Ty::Is(t)) | (Ty::Is(t), Ty::Literal) => {
+            if t == DType::Bool {
+                return Err(Diag::new(loc, format!("{what}: an integer meets a bool")));
+            }
+            Ty::Is(t)
+        }
+        (Ty::Is(x), Ty::Is(y)) if x == y => Ty::Is(x),
+        (Ty::Is(DType::I32), Ty::Is(DType::I64)) | (Ty::Is(DType::I64), Ty::Is(DType::I32)) => Ty::Is(DType::I64),
+        (Ty::Is(x), Ty::Is(y)) => {
+            return Err(Diag::new(loc, format!("{what} mixes {x} and {y}; convert one with `as`")));
+        }
+    })
+}
+
+/// The type of `e` in `def` (variables must already be typed).
+pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
+    let t = |x: &Expr| type_of(def, x, loc);
+    Ok(match e {
+        Expr::Int(_, None) => Ty::Literal,
+        Expr::Int(_, Some(d)) => Ty::Is(*d),
+        Expr::Float(_) => Ty::Is(DType::F32),
+        Expr::Bool(_) => Ty::Is(DType::Bool),
+        Expr::Dim(_) => Ty::Is(DType::I32),
+        Expr::Scalar(p) => match &def.params[*p] {
+            Param::Scalar { dtype, .. } => Ty::Is(value_type(*dtype)),
+            _ => unreachable!("Expr::Scalar names a scalar param"),
+        },
+        Expr::Var(v) => Ty::Is(def.vars[*v].dtype),
+        Expr::Load(p, idx) => {
+            for i in idx {
+                index_type(def, i, loc)?;
+            }
+            match &def.params[*p] {
+                Param::Tensor { dtype, .. } => Ty::Is(value_type(*dtype)),
+                _ => unreachable!("Expr::Load names a tensor"),
+            }
+        }
+        Expr::Elem(b, idx) => {
+            for i in idx {
+                index_type(def, i, loc)?;
+            }
+            Ty::Is(value_type(def.buffers[*b].dtype))
+        }
+        Expr::Unary(op, a) => {
+            let ta = t(a)?;
+            match op {
+                UnOp::Not => {
+                    if ta != Ty::Is(DType::Bool) {
+                        return Err(Diag::new(loc, "`!` needs a bool"));
+                    }
+                    ta
+                }
+                UnOp::Neg | UnOp::Abs => {
+                    if ta == Ty::Is(DType::Bool) {
+                        return Err(Diag::new(loc, format!("{op:?} of a bool")));
+                    }
+                    ta
+                }
+                _ => {
+                    if ta != Ty::Is(DType::F32) && ta != Ty::Literal {
+                        return Err(Diag::new(loc, format!("{} needs an f32, found {}", format!("{op:?}").to_lowercase(), ta.concrete())));
+                    }
+                    Ty::Is(DType::F32)
+                }
+            }
+        }
+        Expr::Binary(op, a, b) => {
+            let u = unify(t(a)?, t(b)?, loc, &format!("{op:?}"))?;
+            match op {
+                BinOp::And | BinOp::Or => {
+                    if u != Ty::Is(DType::Bool) {
+                        return Err(Diag::new(loc, format!("{op:?} needs bools")));
+                    }
+                    u
+                }
+                op if op.is_compare() => Ty::Is(DType::Bool),
+                _ => {
+                    if u == Ty::Is(DType::Bool) {
+                        return Err(Diag::new(loc, format!("{op:?} of bools")));
+                    }
+                    u
+                }
+            }
+        }
+        Expr::Select(c, a, b) => {
+            if t(c)? != Ty::Is(DType::Bool) {
+                return Err(Diag::new(loc, "select needs a bool condition"));
+            }
+            unify(t(a)?, t(b)?, loc, "select")?
+        }
+        Expr::Cast(d, a) => {
+            t(a)?;
+            Ty::Is(value_type(*d))
+        }
+    })
+}
+
+fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
+    match type_of(def, e, loc)? {
+        Ty::Literal | Ty::Is(DType::I32) | Ty::Is(DType::I64) => Ok(()),
+        Ty::Is(d) => Err(Diag::new(loc, format!("an index must be an integer, found {d}"))),
+    }
+}
+
+/// Types every variable from its first assignment and checks every expression.
+pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
+    let mut assigned = vec![false; def.vars.len()];
+    for v in def.block_vars.iter().flatten() {
+        assigned[*v] = true;
+    }
+    let body = std::mem::take(&mut def.body);
+    let r = check_block(def, &body, &mut assigned);
+    def.body = body;
+    r
+}
+
+fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> Result<(), Diag> {
+    for s in body {
+        let loc = s.loc;
+        match &s.kind {
+            StmtKind::Assign(v, e) => {
+                let t = type_of(def, e, loc)?.concrete();
+                if !assigned[*v] {
+                    def.vars[*v].dtype = t;
+                    assigned[*v] = true;
+                } else {
+                    let have = def.vars[*v].dtype;
+                    unify(Ty::Is(have), Ty::Is(t), loc, "assignment")?;
+                    if have == DType::I32 && t == DType::I64 {
+                        return Err(Diag::new(loc, format!("`{}` is i32; the value is i64", def.vars[*v].name)));
+                    }
+                }
+            }
+            StmtKind::Fill(b, e) => {
+                let t = type_of(def, e, loc)?;
+                unify(Ty::Is(value_type(def.buffers[*b].dtype)), t, loc, "fill")?;
+            }
+            StmtKind::Store(b, idx, e) => {
+                for i in idx {
+                    index_type(def, i, loc)?;
+                }
+                let t = type_of(def, e, loc)?;
+                unify(Ty::Is(value_type(def.buffers[*b].dtype)), t, loc, "store")?;
+            }
+            StmtKind::StoreGlobal(p, idx, e) => {
+                for i in idx {
+                    index_type(def, i, loc)?;
+                }
+                let t = type_of(def, e, loc)?;
+                if let Param::Tensor { dtype, writes, name, .. } = &def.params[*p] {
+                    if !writes {
+                        return Err(Diag::new(loc, format!("`{name}` is read-only; declare it GlobalMut to write it")));
+                    }
+                    unify(Ty::Is(value_type(*dtype)), t, loc, "store")?;
+                }
+            }
+            StmtKind::Copy { src, dst } => {
+                for r in [src, dst] {
+                    if let Region::Global { offset, bound, .. } = r {
+                        for e in offset.iter().chain(bound.iter().flatten()) {
+                            index_type(def, e, loc)?;
+                        }
+                    }
+                }
+            }
+            StmtKind::For { start, end, body, .. } => {
+                index_type(def, start, loc)?;
+                index_type(def, end, loc)?;
+                check_block(def, body, assigned)?;
+            }
+            StmtKind::Parallel { body, .. } => check_block(def, body, assigned)?,
+            StmtKind::If(c, t, e) => {
+                if type_of(def, c, loc)? != Ty::Is(DType::Bool) {
+                    return Err(Diag::new(loc, "an `if` condition must be a bool"));
+                }
+                check_block(def, t, assigned)?;
+                check_block(def, e, assigned)?;
+            }
+            StmtKind::Gemm { .. }
+            | StmtKind::Reduce { .. }
+            | StmtKind::Cumsum { .. }
+            | StmtKind::Print(_)
+            | StmtKind::Barrier => {}
+        }
+    }
+    Ok(())
+}

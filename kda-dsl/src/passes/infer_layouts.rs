@@ -1,0 +1,185 @@
+//! `infer_layouts`: picks every buffer's layout and the shared stages `pipelined` loops need.
+//!
+//! 2-D fragments spread over the block's warps in m16n8 atoms; a 1-D fragment takes the row or
+//! column layout of the 2-D fragment it is reduced from or broadcast against, so element-wise
+//! work between them stays in registers. Shared tiles of 16-bit elements are swizzled.
+
+use super::{BufLayout, TileProgram};
+use crate::diag::{Diag, SrcLoc};
+use crate::layout::{FragmentKind, FragmentLayout, SharedLayout};
+use crate::tile::*;
+
+/// Decides layouts and stage counts.
+pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
+    let warps = p.warps();
+    let def = &p.def;
+    let mut rel: Vec<Option<(FragmentLayout, SrcLoc)>> = vec![None; def.buffers.len()];
+    for (i, b) in def.buffers.iter().enumerate() {
+        if b.scope == Scope::Fragment && b.shape.len() == 2 {
+            let l = FragmentLayout::for_tile(b.shape[0], b.shape[1], warps).ok_or_else(|| {
+                Diag::new(
+                    b.loc,
+                    format!(
+                        "fragment `{}` [{} x {}] does not fit m16n8 atoms over {warps} warps: rows must be a multiple of 16·wm and columns of 8·wn for some wm·wn = {warps}",
+                        b.name, b.shape[0], b.shape[1]
+                    ),
+                )
+            })?;
+            p.layouts[i] = BufLayout::Fragment(l);
+        }
+    }
+    // Relations of 1-D fragments to 2-D ones.
+    let mut relations = vec![];
+    collect_relations(&def.body, &p.layouts, def, &mut relations);
+    for (vec_buf, layout, loc) in relations {
+        let b = &def.buffers[vec_buf];
+        let want_len = if layout.kind == FragmentKind::Rows { layout.rows } else { layout.cols };
+        if b.shape[0] != want_len {
+            return Err(Diag::new(loc, format!("vector `{}` has {} elements; the tile it pairs with has {want_len} along that axis", b.name, b.shape[0])));
+        }
+        match rel[vec_buf] {
+            None => rel[vec_buf] = Some((layout, loc)),
+            Some((l, _)) if l == layout => {}
+            Some((l, first)) => {
+                return Err(Diag::new(
+                    loc,
+                    format!("vector `{}` is used here with layout {layout}, but at {first} with {l}; copy it into a shared tile to use it both ways", b.name),
+                ))
+            }
+        }
+    }
+    for (i, b) in def.buffers.iter().enumerate() {
+        p.layouts[i] = match (b.scope, b.shape.len()) {
+            (Scope::Fragment, 2) => continue,
+            (Scope::Fragment, _) => match rel[i] {
+                Some((l, _)) => BufLayout::Fragment(l),
+                None => BufLayout::Fragment(FragmentLayout::for_vector(b.shape[0], warps).ok_or_else(|| {
+                    Diag::new(b.loc, format!("vector fragment `{}` of {} elements: expected a multiple of 16", b.name, b.shape[0]))
+                })?),
+            },
+            (Scope::Local, _) => BufLayout::Local,
+            (Scope::Shared, _) => {
+                let (r, c) = if b.shape.len() == 2 { (b.shape[0], b.shape[1]) } else { (1, b.shape[0]) };
+                BufLayout::Shared(SharedLayout::choose(r, c, b.dtype.size_bytes() as u32))
+            }
+        };
+    }
+    // Stages.
+    let mut stages = vec![1u32; def.buffers.len()];
+    collect_stages(&def.body, def, &mut stages);
+    p.stages = stages;
+    Ok(())
+}
+
+fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut [u32]) {
+    for s in body {
+        match &s.kind {
+            StmtKind::For { kind: LoopKind::Pipelined { stages: n }, body, .. } => {
+                for inner in body {
+                    if let StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } = &inner.kind {
+                        if def.buffers[*b].scope == Scope::Shared {
+                            stages[*b] = stages[*b].max(*n);
+                        }
+                    }
+                }
+                collect_stages(body, def, stages);
+            }
+            StmtKind::For { body, .. } => collect_stages(body, def, stages),
+            StmtKind::If(_, t, e) => {
+                collect_stages(t, def, stages);
+                collect_stages(e, def, stages);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn is_vec_frag(def: &KernelDef, b: BufId) -> bool {
+    let x = &def.buffers[b];
+    x.scope == Scope::Fragment && x.shape.len() == 1
+}
+
+fn collect_relations(body: &[Stmt], layouts: &[BufLayout], def: &KernelDef, out: &mut Vec<(BufId, FragmentLayout, SrcLoc)>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Reduce { src, dst, axis, .. } if is_vec_frag(def, *dst) => {
+                if let BufLayout::Fragment(l) = layouts[*src] {
+                    let kind = if *axis == 1 { FragmentKind::Rows } else { FragmentKind::Cols };
+                    out.push((*dst, l.vector(kind), s.loc));
+                }
+            }
+            StmtKind::Parallel { over, vars, body } => {
+                if let BufLayout::Fragment(l) = layouts[*over] {
+                    if l.kind == FragmentKind::Tile {
+                        let mut found = vec![];
+                        elems_in(body, &mut found);
+                        for (b, idx, loc) in found {
+                            if is_vec_frag(def, b) && idx.len() == 1 {
+                                if idx[0] == Expr::Var(vars[0]) {
+                                    out.push((b, l.vector(FragmentKind::Rows), loc));
+                                } else if idx[0] == Expr::Var(vars[1]) {
+                                    out.push((b, l.vector(FragmentKind::Cols), loc));
+                                }
+                            }
+                        }
+                    }
+                }
+                collect_relations(body, layouts, def, out);
+            }
+            StmtKind::For { body, .. } => collect_relations(body, layouts, def, out),
+            StmtKind::If(_, t, e) => {
+                collect_relations(t, layouts, def, out);
+                collect_relations(e, layouts, def, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Every tile element access (reads and writes) in `body`: (buffer, index, where).
+pub fn elems_in(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
+    fn expr(e: &Expr, loc: SrcLoc, out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
+        match e {
+            Expr::Elem(b, idx) => {
+                out.push((*b, idx.clone(), loc));
+                idx.iter().for_each(|i| expr(i, loc, out));
+            }
+            Expr::Load(_, idx) => idx.iter().for_each(|i| expr(i, loc, out)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, loc, out),
+            Expr::Binary(_, a, b) => {
+                expr(a, loc, out);
+                expr(b, loc, out);
+            }
+            Expr::Select(c, a, b) => {
+                expr(c, loc, out);
+                expr(a, loc, out);
+                expr(b, loc, out);
+            }
+            _ => {}
+        }
+    }
+    for s in body {
+        match &s.kind {
+            StmtKind::Assign(_, e) => expr(e, s.loc, out),
+            StmtKind::Store(b, idx, e) => {
+                out.push((*b, idx.clone(), s.loc));
+                expr(e, s.loc, out);
+            }
+            StmtKind::StoreGlobal(_, idx, e) => {
+                idx.iter().for_each(|i| expr(i, s.loc, out));
+                expr(e, s.loc, out);
+            }
+            StmtKind::If(c, t, e) => {
+                expr(c, s.loc, out);
+                elems_in(t, out);
+                elems_in(e, out);
+            }
+            StmtKind::For { body, start, end, .. } => {
+                expr(start, s.loc, out);
+                expr(end, s.loc, out);
+                elems_in(body, out);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! `insert_barriers`: places every block barrier; kernel authors write none.
+//!
+//! Tracks, per shared tile, the reads and writes made since the last barrier. A statement that
+//! reads what another thread may have written, or writes what another may have read or written,
+//! gets a `bar.sync` before it. Element-wise loops that touch a shared tile only at their own
+//! index, with the same distribution, are owned by one thread per element and need none between
+//! them. Loops are walked twice so accesses late in one iteration meet those early in the next.
+//! A `pipelined` loop syncs at the top of every iteration and after its end (its lowering emits
+//! those barriers), and the copies that fill its stages are ordered by them.
+
+use super::{BufLayout, TileProgram};
+use crate::diag::Diag;
+use crate::tile::*;
+
+#[derive(Clone, Debug, PartialEq)]
+struct Access {
+    buf: BufId,
+    write: bool,
+    /// `Some(shape)` when each element is touched only by the thread that owns it in a
+    /// `parallel` over a shared tile of this shape.
+    owned: Option<Vec<u32>>,
+}
+
+fn conflicts(pending: &[Access], new: &[Access]) -> bool {
+    new.iter().any(|n| {
+        pending.iter().any(|p| {
+            p.buf == n.buf && (p.write || n.write) && !(p.owned.is_some() && p.owned == n.owned)
+        })
+    })
+}
+
+/// Inserts `Barrier` statements.
+pub fn insert_barriers(p: &mut TileProgram) -> Result<(), Diag> {
+    let body = std::mem::take(&mut p.def.body);
+    let mut state = vec![];
+    p.def.body = walk(p, &body, &mut state);
+    Ok(())
+}
+
+fn is_shared(p: &TileProgram, b: BufId) -> bool {
+    matches!(p.layouts[b], BufLayout::Shared(_))
+}
+
+fn expr_reads(p: &TileProgram, e: &Expr, out: &mut Vec<Access>) {
+    let mut found = vec![];
+    super::infer_layouts::elems_in(&[Stmt { kind: StmtKind::Assign(0, e.clone()), loc: Default::default() }], &mut found);
+    for (b, _, _) in found {
+        if is_shared(p, b) {
+            out.push(Access { buf: b, write: false, owned: None });
+        }
+    }
+}
+
+fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
+    let mut out = vec![];
+    let rd = |b: BufId, out: &mut Vec<Access>| {
+        if is_shared(p, b) {
+            out.push(Access { buf: b, write: false, owned: None })
+        }
+    };
+    let wr = |b: BufId, out: &mut Vec<Access>| {
+        if is_shared(p, b) {
+            out.push(Access { buf: b, write: true, owned: None })
+        }
+    };
+    match &s.kind {
+        StmtKind::Copy { src, dst } => {
+            for r in [src, dst] {
+                if let Region::Global { offset, bound, .. } = r {
+                    for e in offset.iter().chain(bound.iter().flatten()) {
+                        expr_reads(p, e, &mut out);
+                    }
+                }
+            }
+            if let Region::Buf(b) = src {
+                rd(*b, &mut out);
+            }
+            if let Region::Buf(b) = dst {
+                wr(*b, &mut out);
+            }
+        }
+        StmtKind::Gemm { a, b, .. } => {
+            rd(a.buf, &mut out);
+            rd(b.buf, &mut out);
+        }
+        StmtKind::Fill(b, _) => wr(*b, &mut out),
+        StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => {
+            rd(*src, &mut out);
+            wr(*dst, &mut out);
+        }
+        StmtKind::Print(b) => rd(*b, &mut out),
+        StmtKind::Assign(_, e) => expr_reads(p, e, &mut out),
+        StmtKind::Parallel { over, vars, body } => {
+            let own_shape = is_shared(p, *over).then(|| p.def.buffers[*over].shape.clone());
+            let own_idx: Vec<Expr> = vars.iter().map(|v| Expr::Var(*v)).collect();
+            let mut found = vec![];
+            super::infer_layouts::elems_in(body, &mut found);
+            let mut writes = vec![];
+            collect_stores(body, &mut writes);
+            for (b, idx, _) in found {
+                if !is_shared(p, b) {
+                    continue;
+                }
+                let write = writes.iter().any(|(wb, widx)| *wb == b && *widx == idx);
+                let owned = match &own_shape {
+                    Some(shape) if idx == own_idx && p.def.buffers[b].shape == *shape => Some(shape.clone()),
+                    _ => None,
+                };
+                out.push(Access { buf: b, write, owned });
+            }
+        }
+        StmtKind::Store(b, idx, e) => {
+            for i in idx {
+                expr_reads(p, i, &mut out);
+            }
+            expr_reads(p, e, &mut out);
+            wr(*b, &mut out);
+        }
+        StmtKind::StoreGlobal(_, idx, e) => {
+            for i in idx {
+                expr_reads(p, i, &mut out);
+            }
+            expr_reads(p, e, &mut out);
+        }
+        StmtKind::If(c, _, _) => expr_reads(p, c, &mut out),
+        StmtKind::For { start, end, .. } => {
+            expr_reads(p, start, &mut out);
+            expr_reads(p, end, &mut out);
+        }
+        StmtKind::Barrier => {}
+    }
+    out
+}
+
+fn collect_stores(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>)>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Store(b, idx, _) => out.push((*b, idx.clone())),
+            StmtKind::If(_, t, e) => {
+                collect_stores(t, out);
+                collect_stores(e, out);
+            }
+            StmtKind::For { body, .. } => collect_stores(body, out),
+            _ => {}
+        }
+    }
+}
+
+fn barrier(loc: crate::diag::SrcLoc) -> Stmt {
+    Stmt { kind: StmtKind::Barrier, loc }
+}
+
+fn merge(into: &mut Vec<Access>, from: Vec<Access>) {
+    for a in from {
+        if !into.contains(&a) {
+            into.push(a);
+        }
+    }
+}
+
+fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
+    let mut out = vec![];
+    for s in body {
+        match &s.kind {
+            StmtKind::Barrier => {
+                state.clear();
+                out.push(s.clone());
+            }
+            StmtKind::If(c, t, e) => {
+                let head = accesses(p, s);
+                if conflicts(state, &head) {
+                    out.push(barrier(s.loc));
+                    state.clear();
+                }
+                merge(state, head);
+                let mut st_t = state.clone();
+                let mut st_e = state.clone();
+                let t2 = walk(p, t, &mut st_t);
+                let e2 = walk(p, e, &mut st_e);
+                *state = st_t;
+                merge(state, st_e);
+                let _ = c;
+                out.push(Stmt { kind: StmtKind::If(c.clone(), t2, e2), loc: s.loc });
+            }
+            StmtKind::For { var, kind: kind @ LoopKind::Pipelined { .. }, start, end, body } => {
+                // Writes into the stages happen in the prologue, before the first barrier.
+                let staged: Vec<Access> = body
+                    .iter()
+                    .filter_map(|x| match &x.kind {
+                        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b) => {
+                            Some(Access { buf: *b, write: true, owned: None })
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                if conflicts(state, &staged) {
+                    out.push(barrier(s.loc));
+                }
+                state.clear();
+                let inner: Vec<Stmt> = body
+                    .iter()
+                    .filter(|x| !matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b)))
+                    .cloned()
+                    .collect();
+                let mut st = vec![];
+                let mut inner2 = walk(p, &inner, &mut st);
+                // Put the stage-filling copies back first, where the lowering expects them.
+                let mut new_body: Vec<Stmt> = body.iter().filter(|x| !inner.contains(x)).cloned().collect();
+                new_body.append(&mut inner2);
+                out.push(Stmt { kind: StmtKind::For { var: *var, kind: *kind, start: start.clone(), end: end.clone(), body: new_body }, loc: s.loc });
+                state.clear();
+            }
+            StmtKind::For { var, kind, start, end, body } => {
+                let head = accesses(p, s);
+                if conflicts(state, &head) {
+                    out.push(barrier(s.loc));
+                    state.clear();
+                }
+                merge(state, head);
+                let mut first = state.clone();
+                walk(p, body, &mut first);
+                let mut entry = state.clone();
+                merge(&mut entry, first);
+                let mut second = entry;
+                let body2 = walk(p, body, &mut second);
+                merge(state, second);
+                out.push(Stmt { kind: StmtKind::For { var: *var, kind: *kind, start: start.clone(), end: end.clone(), body: body2 }, loc: s.loc });
+            }
+            _ => {
+                let acc = accesses(p, s);
+                if conflicts(state, &acc) {
+                    out.push(barrier(s.loc));
+                    state.clear();
+                }
+                merge(state, acc);
+                out.push(s.clone());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::*;
+    use crate::diag::SrcLoc;
+    use crate::dtype::DType;
+
+    fn loc(line: u32) -> SrcLoc {
+        SrcLoc::new("test.rs", line, 1)
+    }
+
+    #[test]
+    fn barrier_between_shared_write_and_read_and_at_loop_back_edge() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "N"], DType::F32, false);
+        let o = k.tensor("o", &["M", "N"], DType::F32, true);
+        let n = k.dim("N");
+        k.launch(vec![Host::int(1)], 64, loc(2));
+        let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+        let f = k.fragment("f", &[16, 16], DType::F32, loc(4));
+        let i = k.begin_for("i", crate::tile::LoopKind::Serial, 0, n, loc(5));
+        k.copy(k.tile(&a, vec![Val::from(0), i.clone()], &[16, 16], loc(6)), &s, loc(6));
+        k.copy(&s, &f, loc(7));
+        k.copy(&f, k.tile(&o, vec![Val::from(0), i], &[16, 16], loc(8)), loc(8));
+        k.end();
+        let def = k.finish().expect("valid");
+        let mut p = crate::passes::TileProgram::new(def);
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::insert_barriers(&mut p).expect("barriers");
+        insta::assert_snapshot!(p.def.to_string());
+    }
+}

@@ -1,0 +1,112 @@
+//! Passes over the tile IR. Each is a function over [`TileProgram`] in its own file, with its
+//! own tests and a dump (`KDA_DUMP=<pass name>` prints the program after it, to stderr).
+
+pub mod allocate_shared;
+pub mod check_types;
+pub mod infer_layouts;
+pub mod insert_barriers;
+
+use crate::diag::Diag;
+use crate::layout::{FragmentLayout, SharedLayout};
+use crate::tile::KernelDef;
+use std::fmt;
+
+/// Where and how a buffer is laid out, decided by `infer_layouts`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BufLayout {
+    /// Not yet decided.
+    Unknown,
+    /// A shared tile.
+    Shared(SharedLayout),
+    /// A fragment.
+    Fragment(FragmentLayout),
+    /// A per-thread local tile (row-major registers).
+    Local,
+}
+
+/// The tile IR plus what the passes decide about it.
+#[derive(Clone, Debug)]
+pub struct TileProgram {
+    /// The kernel.
+    pub def: KernelDef,
+    /// Per buffer: its layout.
+    pub layouts: Vec<BufLayout>,
+    /// Per buffer: shared-memory stages (`pipelined` loops multiply the buffers they fill).
+    pub stages: Vec<u32>,
+    /// Per buffer: byte offset in dynamic shared memory (shared buffers only).
+    pub shared_offsets: Vec<u32>,
+    /// Byte offset of the scratch area reductions and scans use, and its size.
+    pub scratch: (u32, u32),
+    /// Total dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+}
+
+impl TileProgram {
+    /// Wraps a checked kernel definition.
+    pub fn new(def: KernelDef) -> TileProgram {
+        let n = def.buffers.len();
+        TileProgram { def, layouts: vec![BufLayout::Unknown; n], stages: vec![1; n], shared_offsets: vec![0; n], scratch: (0, 0), shared_bytes: 0 }
+    }
+
+    /// Warps per block.
+    pub fn warps(&self) -> u32 {
+        self.def.threads / 32
+    }
+
+    /// The fragment layout of buffer `b` (a bug if it has none).
+    pub fn frag(&self, b: usize) -> FragmentLayout {
+        match self.layouts[b] {
+            BufLayout::Fragment(l) => l,
+            other => panic!("buffer {b} is not a fragment ({other:?}); infer_layouts should have said"),
+        }
+    }
+
+    /// The shared layout of buffer `b` (a bug if it has none).
+    pub fn shared(&self, b: usize) -> SharedLayout {
+        match self.layouts[b] {
+            BufLayout::Shared(l) => l,
+            other => panic!("buffer {b} is not shared ({other:?}); infer_layouts should have said"),
+        }
+    }
+}
+
+impl fmt::Display for TileProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.def.buffers.iter().enumerate() {
+            let l = match self.layouts[i] {
+                BufLayout::Unknown => "?".to_string(),
+                BufLayout::Shared(l) => format!("{l} at {} x{} stages", self.shared_offsets[i], self.stages[i]),
+                BufLayout::Fragment(l) => l.to_string(),
+                BufLayout::Local => "local".to_string(),
+            };
+            writeln!(f, "// {}: {l}", b.name)?;
+        }
+        if self.scratch.1 > 0 {
+            writeln!(f, "// scratch: {} bytes at {}", self.scratch.1, self.scratch.0)?;
+        }
+        writeln!(f, "// shared bytes: {}", self.shared_bytes)?;
+        write!(f, "{}", self.def)
+    }
+}
+
+/// Prints `text` to stderr when `KDA_DUMP` names `pass` (comma-separated, or `all`).
+pub fn dump(pass: &str, text: &dyn fmt::Display) {
+    if let Ok(v) = std::env::var("KDA_DUMP") {
+        if v.split(',').any(|p| p.trim() == pass || p.trim() == "all") {
+            eprintln!("=== KDA_DUMP {pass} ===\n{text}");
+        }
+    }
+}
+
+/// Runs the tile passes in order.
+pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
+    let mut p = TileProgram::new(def);
+    dump("input", &p.def);
+    infer_layouts::infer_layouts(&mut p)?;
+    dump("infer_layouts", &p);
+    insert_barriers::insert_barriers(&mut p)?;
+    dump("insert_barriers", &p);
+    allocate_shared::allocate_shared(&mut p)?;
+    dump("allocate_shared", &p);
+    Ok(p)
+}

@@ -1,0 +1,488 @@
+//! The thread IR: per-thread instructions with explicit `mma`, `ldmatrix`, `cp.async`, `shfl`
+//! and barriers. It is also the PTX AST: each instruction prints as one PTX line, and the
+//! simulator runs exactly this list.
+
+use crate::diag::SrcLoc;
+use std::fmt;
+
+/// Register classes; each is numbered separately, in emission order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RegClass {
+    /// `.pred` (`%p`).
+    Pred,
+    /// `.b16` (`%h`).
+    B16,
+    /// `.b32` (`%r`): integers and packed half pairs.
+    B32,
+    /// `.b64` (`%rd`): addresses and 64-bit integers.
+    B64,
+    /// `.f32` (`%f`).
+    F32,
+}
+
+impl RegClass {
+    /// PTX name prefix.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            RegClass::Pred => "%p",
+            RegClass::B16 => "%h",
+            RegClass::B32 => "%r",
+            RegClass::B64 => "%rd",
+            RegClass::F32 => "%f",
+        }
+    }
+    /// PTX declaration type.
+    pub fn decl(self) -> &'static str {
+        match self {
+            RegClass::Pred => ".pred",
+            RegClass::B16 => ".b16",
+            RegClass::B32 => ".b32",
+            RegClass::B64 => ".b64",
+            RegClass::F32 => ".f32",
+        }
+    }
+    /// All classes, in declaration order.
+    pub const ALL: [RegClass; 5] = [RegClass::Pred, RegClass::B16, RegClass::B32, RegClass::B64, RegClass::F32];
+}
+
+/// A virtual register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reg {
+    /// Class.
+    pub class: RegClass,
+    /// Number within the class.
+    pub id: u32,
+}
+
+impl fmt::Display for Reg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.class.prefix(), self.id)
+    }
+}
+
+/// An instruction operand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Src {
+    /// A register.
+    Reg(Reg),
+    /// An integer immediate.
+    Imm(i64),
+    /// An f32 immediate (printed as its exact bit pattern).
+    F32(f32),
+}
+
+impl From<Reg> for Src {
+    fn from(r: Reg) -> Src {
+        Src::Reg(r)
+    }
+}
+
+impl fmt::Display for Src {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Src::Reg(r) => write!(f, "{r}"),
+            Src::Imm(v) => write!(f, "{v}"),
+            Src::F32(v) => write!(f, "0f{:08X}", v.to_bits()),
+        }
+    }
+}
+
+/// Operation types (the PTX type suffix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ty {
+    /// `.pred`
+    Pred,
+    /// `.b16`
+    B16,
+    /// `.b32`
+    B32,
+    /// `.b64`
+    B64,
+    /// `.u32`
+    U32,
+    /// `.s32`
+    S32,
+    /// `.u64`
+    U64,
+    /// `.s64`
+    S64,
+    /// `.f32`
+    F32,
+    /// `.f16`
+    F16,
+    /// `.bf16`
+    BF16,
+}
+
+impl Ty {
+    /// Suffix text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ty::Pred => "pred",
+            Ty::B16 => "b16",
+            Ty::B32 => "b32",
+            Ty::B64 => "b64",
+            Ty::U32 => "u32",
+            Ty::S32 => "s32",
+            Ty::U64 => "u64",
+            Ty::S64 => "s64",
+            Ty::F32 => "f32",
+            Ty::F16 => "f16",
+            Ty::BF16 => "bf16",
+        }
+    }
+    /// Width in bytes.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Ty::Pred => 1,
+            Ty::B16 | Ty::F16 | Ty::BF16 => 2,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 4,
+            Ty::B64 | Ty::U64 | Ty::S64 => 8,
+        }
+    }
+}
+
+/// Two-operand arithmetic and logic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinKind {
+    /// `add`
+    Add,
+    /// `sub`
+    Sub,
+    /// `mul.lo` (integers) / `mul.rn` (f32)
+    Mul,
+    /// `div` (integers) / `div.rn` (f32)
+    Div,
+    /// `rem`
+    Rem,
+    /// `min`
+    Min,
+    /// `max`
+    Max,
+    /// `and`
+    And,
+    /// `or`
+    Or,
+    /// `xor`
+    Xor,
+    /// `shl`
+    Shl,
+    /// `shr`
+    Shr,
+}
+
+/// One-operand operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnKind {
+    /// `neg`
+    Neg,
+    /// `abs`
+    Abs,
+    /// `not`
+    Not,
+    /// `ex2.approx.ftz.f32`
+    Ex2,
+    /// `lg2.approx.ftz.f32`
+    Lg2,
+    /// `rsqrt.approx.ftz.f32`
+    Rsqrt,
+    /// `sqrt.rn.f32`
+    Sqrt,
+    /// `rcp.rn.f32`
+    Rcp,
+}
+
+/// Comparisons for `setp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cmp {
+    /// `lt`
+    Lt,
+    /// `le`
+    Le,
+    /// `gt`
+    Gt,
+    /// `ge`
+    Ge,
+    /// `eq`
+    Eq,
+    /// `ne`
+    Ne,
+}
+
+/// Memory spaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// `.global`
+    Global,
+    /// `.shared`
+    Shared,
+}
+
+/// Special registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Special {
+    /// `%tid.x`
+    Tid,
+    /// `%ctaid.{x,y,z}`
+    Ctaid(u8),
+}
+
+/// `shfl.sync` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShflMode {
+    /// XOR lane.
+    Bfly,
+    /// `lane - delta`.
+    Up,
+    /// `lane + delta`.
+    Down,
+    /// A given lane.
+    Idx,
+}
+
+/// A thread-IR operation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `mov.ty d, a`
+    Mov { ty: Ty, d: Reg, a: Src },
+    /// `mov.u32 d, %special`
+    ReadSpecial { d: Reg, sreg: Special },
+    /// `mov.u32 d, smem` (the dynamic shared base address)
+    SharedBase { d: Reg },
+    /// `ld.param.ty d, [name]`
+    LdParam { ty: Ty, d: Reg, name: String },
+    /// `cvta.to.global.u64 d, a`
+    CvtaGlobal { d: Reg, a: Reg },
+    /// Binary arithmetic.
+    Bin { op: BinKind, ty: Ty, d: Reg, a: Src, b: Src },
+    /// `mul.wide.ty d, a, b` (32 x 32 -> 64 bits)
+    MulWide { ty: Ty, d: Reg, a: Src, b: Src },
+    /// `mad.lo.ty` (integers) / `fma.rn.f32`: `d = a * b + c`
+    Mad { ty: Ty, d: Reg, a: Src, b: Src, c: Src },
+    /// Unary arithmetic and approximate math.
+    Un { op: UnKind, ty: Ty, d: Reg, a: Src },
+    /// `setp.cmp.ty d, a, b`
+    Setp { cmp: Cmp, ty: Ty, d: Reg, a: Src, b: Src },
+    /// `and/or/not` on predicates: `d = a op b`
+    PredLogic { op: BinKind, d: Reg, a: Reg, b: Reg },
+    /// `selp.ty d, a, b, p`
+    Selp { ty: Ty, d: Reg, a: Src, b: Src, p: Reg },
+    /// `cvt[.rnd].dty.sty d, a`
+    Cvt { dty: Ty, sty: Ty, d: Reg, a: Src },
+    /// `cvt.rn.{bf16,f16}x2.f32 d, hi, lo`: packs two rounded floats (`hi` in the upper half).
+    PackHalf2 { half: Ty, d: Reg, hi: Src, lo: Src },
+    /// `mov.b32 {lo, hi}, a`: splits a packed pair.
+    Unpack2 { lo: Reg, hi: Reg, a: Reg },
+    /// `ld.space[.v2|.v4].ty {d..}, [addr + offset]`
+    Ld { space: Space, ty: Ty, d: Vec<Reg>, addr: Reg, offset: i64 },
+    /// `st.space[.v2|.v4].ty [addr + offset], {vals..}`
+    St { space: Space, ty: Ty, addr: Reg, offset: i64, vals: Vec<Src> },
+    /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes` (bytes past `src_bytes` are zero)
+    CpAsync { dst: Reg, src: Reg, src_bytes: Src },
+    /// `cp.async.commit_group`
+    CpAsyncCommit,
+    /// `cp.async.wait_group n`
+    CpAsyncWait { n: u32 },
+    /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 {d0..d3}, [addr]`
+    Ldmatrix { trans: bool, d: [Reg; 4], addr: Reg },
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {d}, {a}, {b}, {c}`
+    Mma { ab: Ty, d: [Reg; 4], a: [Reg; 4], b: [Reg; 2], c: [Reg; 4] },
+    /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
+    Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
+    /// `bar.sync id[, count]`
+    Bar { id: u32, count: Option<u32> },
+    /// `bar.arrive id, count`
+    BarArrive { id: u32, count: u32 },
+    /// A label.
+    Label(u32),
+    /// `[@[!]p] bra L`
+    Bra { target: u32 },
+    /// `ret`
+    Ret,
+    /// Shows a tile in the simulator (prints as a comment): each thread contributes its
+    /// elements as (flat logical index, value register, value is f32).
+    Trace { name: String, shape: Vec<u32>, elems: Vec<(Src, Reg)> },
+}
+
+/// An instruction: an operation, an optional guard predicate and the kernel line it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inst {
+    /// What it does.
+    pub op: Op,
+    /// `@p` (true) or `@!p` (false).
+    pub guard: Option<(Reg, bool)>,
+    /// The kernel source line.
+    pub loc: SrcLoc,
+}
+
+/// A lowered kernel: its instructions plus what the printer and simulator need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadProgram {
+    /// Entry name.
+    pub name: String,
+    /// Parameters: (name, type) in order.
+    pub params: Vec<(String, Ty)>,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory, bytes.
+    pub shared_bytes: u32,
+    /// The body.
+    pub body: Vec<Inst>,
+    /// Registers used per class (the next free number).
+    pub reg_counts: [u32; 5],
+}
+
+fn ptx_un(op: UnKind, ty: Ty) -> String {
+    let t = ty.name();
+    match op {
+        UnKind::Neg => format!("neg.{t}"),
+        UnKind::Abs => format!("abs.{t}"),
+        UnKind::Not => format!("not.{t}"),
+        UnKind::Ex2 => "ex2.approx.ftz.f32".into(),
+        UnKind::Lg2 => "lg2.approx.ftz.f32".into(),
+        UnKind::Rsqrt => "rsqrt.approx.ftz.f32".into(),
+        UnKind::Sqrt => "sqrt.rn.f32".into(),
+        UnKind::Rcp => "rcp.rn.f32".into(),
+    }
+}
+
+fn ptx_bin(op: BinKind, ty: Ty) -> String {
+    let t = ty.name();
+    let float = ty == Ty::F32;
+    match op {
+        BinKind::Add if float => "add.rn.f32".into(),
+        BinKind::Sub if float => "sub.rn.f32".into(),
+        BinKind::Mul if float => "mul.rn.f32".into(),
+        BinKind::Div if float => "div.rn.f32".into(),
+        BinKind::Add => format!("add.{t}"),
+        BinKind::Sub => format!("sub.{t}"),
+        BinKind::Mul => format!("mul.lo.{t}"),
+        BinKind::Div => format!("div.{t}"),
+        BinKind::Rem => format!("rem.{t}"),
+        BinKind::Min => format!("min.{t}"),
+        BinKind::Max => format!("max.{t}"),
+        BinKind::And => format!("and.{t}"),
+        BinKind::Or => format!("or.{t}"),
+        BinKind::Xor => format!("xor.{t}"),
+        BinKind::Shl => format!("shl.{t}"),
+        BinKind::Shr => format!("shr.{t}"),
+    }
+}
+
+fn vec_suffix(n: usize) -> &'static str {
+    match n {
+        1 => "",
+        2 => ".v2",
+        4 => ".v4",
+        _ => ".v?",
+    }
+}
+
+fn list<T: fmt::Display>(v: &[T]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn addr(a: &Reg, off: i64) -> String {
+    if off == 0 {
+        format!("[{a}]")
+    } else {
+        format!("[{a}+{off}]")
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Mov { ty, d, a } => write!(f, "mov.{} {d}, {a};", ty.name()),
+            Op::ReadSpecial { d, sreg } => match sreg {
+                Special::Tid => write!(f, "mov.u32 {d}, %tid.x;"),
+                Special::Ctaid(a) => write!(f, "mov.u32 {d}, %ctaid.{};", ["x", "y", "z"][*a as usize]),
+            },
+            Op::SharedBase { d } => write!(f, "mov.u32 {d}, smem;"),
+            Op::LdParam { ty, d, name } => write!(f, "ld.param.{} {d}, [{name}];", ty.name()),
+            Op::CvtaGlobal { d, a } => write!(f, "cvta.to.global.u64 {d}, {a};"),
+            Op::Bin { op, ty, d, a, b } => write!(f, "{} {d}, {a}, {b};", ptx_bin(*op, *ty)),
+            Op::MulWide { ty, d, a, b } => write!(f, "mul.wide.{} {d}, {a}, {b};", ty.name()),
+            Op::Mad { ty, d, a, b, c } => {
+                if *ty == Ty::F32 {
+                    write!(f, "fma.rn.f32 {d}, {a}, {b}, {c};")
+                } else {
+                    write!(f, "mad.lo.{} {d}, {a}, {b}, {c};", ty.name())
+                }
+            }
+            Op::Un { op, ty, d, a } => write!(f, "{} {d}, {a};", ptx_un(*op, *ty)),
+            Op::Setp { cmp, ty, d, a, b } => {
+                let c = format!("{cmp:?}").to_lowercase();
+                write!(f, "setp.{c}.{} {d}, {a}, {b};", ty.name())
+            }
+            Op::PredLogic { op, d, a, b } => match op {
+                BinKind::And => write!(f, "and.pred {d}, {a}, {b};"),
+                BinKind::Or => write!(f, "or.pred {d}, {a}, {b};"),
+                BinKind::Xor => write!(f, "xor.pred {d}, {a}, {b};"),
+                _ => write!(f, "// bad pred op"),
+            },
+            Op::Selp { ty, d, a, b, p } => write!(f, "selp.{} {d}, {a}, {b}, {p};", ty.name()),
+            Op::Cvt { dty, sty, d, a } => {
+                let rnd = match (dty, sty) {
+                    (Ty::F32, Ty::S32 | Ty::S64 | Ty::U32) => ".rn",
+                    (Ty::S32 | Ty::S64, Ty::F32) => ".rzi",
+                    (Ty::F16 | Ty::BF16, Ty::F32) => ".rn",
+                    _ => "",
+                };
+                write!(f, "cvt{rnd}.{}.{} {d}, {a};", dty.name(), sty.name())
+            }
+            Op::PackHalf2 { half, d, hi, lo } => write!(f, "cvt.rn.{}x2.f32 {d}, {hi}, {lo};", half.name()),
+            Op::Unpack2 { lo, hi, a } => write!(f, "mov.b32 {{{lo}, {hi}}}, {a};"),
+            Op::Ld { space, ty, d, addr: a, offset } => {
+                let sp = if *space == Space::Global { "global" } else { "shared" };
+                let dst = if d.len() == 1 { d[0].to_string() } else { format!("{{{}}}", list(d)) };
+                write!(f, "ld.{sp}{}.{} {dst}, {};", vec_suffix(d.len()), ty.name(), addr(a, *offset))
+            }
+            Op::St { space, ty, addr: a, offset, vals } => {
+                let sp = if *space == Space::Global { "global" } else { "shared" };
+                let v = if vals.len() == 1 { vals[0].to_string() } else { format!("{{{}}}", list(vals)) };
+                write!(f, "st.{sp}{}.{} {}, {v};", vec_suffix(vals.len()), ty.name(), addr(a, *offset))
+            }
+            Op::CpAsync { dst, src, src_bytes } => {
+                write!(f, "cp.async.cg.shared.global [{dst}], [{src}], 16, {src_bytes};")
+            }
+            Op::CpAsyncCommit => write!(f, "cp.async.commit_group;"),
+            Op::CpAsyncWait { n } => write!(f, "cp.async.wait_group {n};"),
+            Op::Ldmatrix { trans, d, addr: a } => {
+                let t = if *trans { ".trans" } else { "" };
+                write!(f, "ldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{{}}}, [{a}];", list(d))
+            }
+            Op::Mma { ab, d, a, b, c } => write!(
+                f,
+                "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{{1}}}, {{{2}}}, {{{3}}}, {{{4}}};",
+                ab.name(),
+                list(d),
+                list(a),
+                list(b),
+                list(c)
+            ),
+            Op::Shfl { mode, d, a, b, c } => {
+                let m = format!("{mode:?}").to_lowercase();
+                write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
+            }
+            Op::Bar { id, count } => match count {
+                Some(c) => write!(f, "bar.sync {id}, {c};"),
+                None => write!(f, "bar.sync {id};"),
+            },
+            Op::BarArrive { id, count } => write!(f, "bar.arrive {id}, {count};"),
+            Op::Label(l) => write!(f, "$L{l}:"),
+            Op::Bra { target } => write!(f, "bra $L{target};"),
+            Op::Ret => write!(f, "ret;"),
+            Op::Trace { name, shape, .. } => write!(f, "// print {name} {shape:?} (simulator only)"),
+        }
+    }
+}
+
+impl fmt::Display for Inst {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((p, pos)) = self.guard {
+            write!(f, "@{}{p} ", if pos { "" } else { "!" })?;
+        }
+        write!(f, "{}", self.op)
+    }
+}

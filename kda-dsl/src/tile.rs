@@ -1,0 +1,513 @@
+//! The tile IR: what a `#[kernel]` builds. Block-level statements over tiles; every value
+//! outside a `parallel` body is uniform across the block.
+
+use crate::artifact::HostExpr;
+use crate::diag::SrcLoc;
+use crate::dtype::DType;
+use std::fmt;
+
+/// Index of a kernel parameter in [`KernelDef::params`].
+pub type ParamId = usize;
+/// Index of a buffer in [`KernelDef::buffers`].
+pub type BufId = usize;
+/// Index of a scalar variable in [`KernelDef::vars`].
+pub type VarId = usize;
+
+/// A kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Param {
+    /// A global tensor, row-major and contiguous, with symbolic extents.
+    Tensor {
+        /// Name in the source.
+        name: String,
+        /// Element type.
+        dtype: DType,
+        /// Extents, outermost first, as indices of `Dim` params.
+        dims: Vec<ParamId>,
+        /// Declared writable (`GlobalMut`).
+        writes: bool,
+    },
+    /// A tensor extent, passed as `.s32`.
+    Dim {
+        /// Its symbol.
+        name: String,
+    },
+    /// A scalar passed by value.
+    Scalar {
+        /// Name in the source.
+        name: String,
+        /// `F32`, `I32` or `I64`.
+        dtype: DType,
+    },
+}
+
+impl Param {
+    /// The parameter's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Param::Tensor { name, .. } | Param::Dim { name } | Param::Scalar { name, .. } => name,
+        }
+    }
+}
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Shared memory of the block.
+    Shared,
+    /// Registers spread over the block's threads (layout inferred).
+    Fragment,
+    /// Registers private to each thread: every thread holds the whole tile.
+    Local,
+}
+
+/// A tile allocation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    /// Name in the source.
+    pub name: String,
+    /// Storage.
+    pub scope: Scope,
+    /// Extents (1-D or 2-D).
+    pub shape: Vec<u32>,
+    /// Element type.
+    pub dtype: DType,
+    /// Where it was declared.
+    pub loc: SrcLoc,
+}
+
+impl Buffer {
+    /// Number of elements.
+    pub fn numel(&self) -> u32 {
+        self.shape.iter().product()
+    }
+}
+
+/// A scalar variable: a block-uniform `let`, a loop counter, a block index or an element index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Var {
+    /// Name in the source.
+    pub name: String,
+    /// Value type (`I32`, `I64`, `F32` or `Bool`).
+    pub dtype: DType,
+}
+
+/// Unary operators and math functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    /// `-x`.
+    Neg,
+    /// `!x` (booleans).
+    Not,
+    /// `|x|`.
+    Abs,
+    /// `e^x`.
+    Exp,
+    /// `2^x`.
+    Exp2,
+    /// Natural logarithm.
+    Log,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `x > 20 ? x : ln(1 + e^x)`.
+    Softplus,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `sqrt(x)`.
+    Sqrt,
+}
+
+/// Binary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    /// `+`
+    Add,
+    /// `-`
+    Sub,
+    /// `*`
+    Mul,
+    /// `/` (integers round toward zero)
+    Div,
+    /// `%`
+    Rem,
+    /// minimum
+    Min,
+    /// maximum
+    Max,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `&&`
+    And,
+    /// `||`
+    Or,
+}
+
+impl BinOp {
+    /// True for comparisons (their result is `Bool`).
+    pub fn is_compare(self) -> bool {
+        matches!(self, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne)
+    }
+}
+
+/// A scalar expression.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// An integer constant; `None` adapts to the other operand's type (else `I32`).
+    Int(i64, Option<DType>),
+    /// A floating-point constant (`F32`).
+    Float(f64),
+    /// A boolean constant.
+    Bool(bool),
+    /// A `Dim` parameter's value (`I32`).
+    Dim(ParamId),
+    /// A `Scalar` parameter's value.
+    Scalar(ParamId),
+    /// A variable.
+    Var(VarId),
+    /// A read of one global tensor element at run-time indices (one per axis).
+    Load(ParamId, Vec<Expr>),
+    /// A read of one tile element (inside `parallel`, or any element of a local/shared tile).
+    Elem(BufId, Vec<Expr>),
+    /// A unary operator or math function.
+    Unary(UnOp, Box<Expr>),
+    /// A binary operator.
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// `cond ? a : b`.
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// A conversion; to `F16`/`BF16` it rounds and the value stays a float.
+    Cast(DType, Box<Expr>),
+}
+
+/// One side of a `copy`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Region {
+    /// A box of a global tensor: element offsets per axis and extents per axis (axes of extent 1
+    /// are dropped when matched against a tile). Elements at or past `bound` (per axis; the
+    /// tensor's extent when `None`) are masked: reads give 0, writes are skipped.
+    Global {
+        /// The tensor.
+        tensor: ParamId,
+        /// First element, per axis.
+        offset: Vec<Expr>,
+        /// Extents, per axis.
+        shape: Vec<u32>,
+        /// Exclusive upper bounds per axis, replacing the tensor's extents for masking.
+        bound: Option<Vec<Expr>>,
+    },
+    /// A whole tile.
+    Buf(BufId),
+}
+
+/// A `gemm` operand: a tile, possibly transposed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Operand {
+    /// The tile.
+    pub buf: BufId,
+    /// Read as its transpose.
+    pub transposed: bool,
+}
+
+/// Loop kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopKind {
+    /// A run-time loop.
+    Serial,
+    /// Unrolled when lowered (bounds must be constants).
+    Unroll,
+    /// A run-time loop whose global-to-shared copies run `stages - 1` iterations ahead.
+    Pipelined {
+        /// Number of shared-memory stages.
+        stages: u32,
+    },
+}
+
+/// Reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+}
+
+/// A statement with the kernel line it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stmt {
+    /// What it does.
+    pub kind: StmtKind,
+    /// Where it was written.
+    pub loc: SrcLoc,
+}
+
+/// Statement kinds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StmtKind {
+    /// Defines or reassigns a scalar variable.
+    Assign(VarId, Expr),
+    /// Copies between global regions, shared tiles and fragments (with a cast when dtypes differ).
+    Copy {
+        /// Source.
+        src: Region,
+        /// Destination.
+        dst: Region,
+    },
+    /// `c += a · b` on tensor cores.
+    Gemm {
+        /// Left operand `[M, K]` (after its transpose).
+        a: Operand,
+        /// Right operand `[K, N]` (after its transpose).
+        b: Operand,
+        /// Accumulator `[M, N]`, an f32 fragment.
+        c: BufId,
+    },
+    /// Sets every element of a tile.
+    Fill(BufId, Expr),
+    /// Element-wise loop over a tile's index space, spread over threads as the tile's layout says.
+    Parallel {
+        /// The tile whose index space is iterated.
+        over: BufId,
+        /// One index variable per axis.
+        vars: Vec<VarId>,
+        /// Element statements (`Store`, `Assign`, `If`, `For`).
+        body: Vec<Stmt>,
+    },
+    /// Stores one tile element (inside `parallel`, or any element of a local tile).
+    Store(BufId, Vec<Expr>, Expr),
+    /// Stores one global tensor element (inside `parallel`).
+    StoreGlobal(ParamId, Vec<Expr>, Expr),
+    /// A loop `for var in start..end`.
+    For {
+        /// Counter.
+        var: VarId,
+        /// Kind.
+        kind: LoopKind,
+        /// First value.
+        start: Expr,
+        /// End (exclusive).
+        end: Expr,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// A run-time branch.
+    If(Expr, Vec<Stmt>, Vec<Stmt>),
+    /// Reduces `src` along `axis` into `dst` (one axis fewer).
+    Reduce {
+        /// Operator.
+        op: ReduceOp,
+        /// 2-D source tile.
+        src: BufId,
+        /// 1-D destination tile.
+        dst: BufId,
+        /// Reduced axis.
+        axis: usize,
+    },
+    /// Inclusive prefix sum of `src` along `axis` into `dst` (same shape).
+    Cumsum {
+        /// Source tile.
+        src: BufId,
+        /// Destination tile (may be `src`).
+        dst: BufId,
+        /// Scanned axis.
+        axis: usize,
+    },
+    /// Shows a tile in the simulator (no code on the GPU).
+    Print(BufId),
+    /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
+    Barrier,
+}
+
+/// A kernel as the front end builds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelDef {
+    /// Entry name.
+    pub name: String,
+    /// Parameters, in declaration order (dims appended as first seen).
+    pub params: Vec<Param>,
+    /// Threads per block.
+    pub threads: u32,
+    /// Grid extents.
+    pub grid: [HostExpr; 3],
+    /// Variables holding the block index per grid axis.
+    pub block_vars: [Option<VarId>; 3],
+    /// Tiles.
+    pub buffers: Vec<Buffer>,
+    /// Scalars.
+    pub vars: Vec<Var>,
+    /// Extents assumed to be multiples of a number (param id, multiple).
+    pub assumptions: Vec<(ParamId, u32)>,
+    /// The body.
+    pub body: Vec<Stmt>,
+    /// Where the kernel was declared.
+    pub loc: SrcLoc,
+}
+
+impl KernelDef {
+    /// The largest multiple that extent `dim` is assumed to have (1 when none).
+    pub fn multiple_of(&self, dim: ParamId) -> u32 {
+        self.assumptions.iter().filter(|(p, _)| *p == dim).map(|(_, m)| *m).max().unwrap_or(1)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Display: a stable text form for snapshots and `KDA_DUMP`.
+
+impl fmt::Display for KernelDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel {}(", self.name)?;
+        for (i, p) in self.params.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            match p {
+                Param::Tensor { name, dtype, dims, writes } => {
+                    let dims: Vec<_> = dims.iter().map(|d| self.params[*d].name()).collect();
+                    let m = if *writes { "mut " } else { "" };
+                    write!(f, "{name}: {m}{dtype}[{}]", dims.join(", "))?
+                }
+                Param::Dim { name } => write!(f, "{name}: dim")?,
+                Param::Scalar { name, dtype } => write!(f, "{name}: {dtype}")?,
+            }
+        }
+        writeln!(f, ") threads={} grid=[{}, {}, {}] {{", self.threads, host(&self.grid[0]), host(&self.grid[1]), host(&self.grid[2]))?;
+        for (p, m) in &self.assumptions {
+            writeln!(f, "  assume {} % {m} == 0", self.params[*p].name())?;
+        }
+        for b in &self.buffers {
+            let shape: Vec<_> = b.shape.iter().map(|s| s.to_string()).collect();
+            writeln!(f, "  {} = {:?}<{}>[{}]", b.name, b.scope, b.dtype, shape.join(", "))?;
+        }
+        for s in &self.body {
+            self.fmt_stmt(f, s, 1)?;
+        }
+        writeln!(f, "}}")
+    }
+}
+
+fn host(e: &HostExpr) -> String {
+    match e {
+        HostExpr::Const(c) => c.to_string(),
+        HostExpr::Dim(d) => d.clone(),
+        HostExpr::Add(a, b) => format!("({} + {})", host(a), host(b)),
+        HostExpr::Mul(a, b) => format!("({} * {})", host(a), host(b)),
+        HostExpr::CeilDiv(a, b) => format!("ceil_div({}, {})", host(a), host(b)),
+        HostExpr::Div(a, b) => format!("({} / {})", host(a), host(b)),
+    }
+}
+
+impl KernelDef {
+    /// Formats an expression with names.
+    pub fn expr_str(&self, e: &Expr) -> String {
+        let list = |v: &[Expr]| v.iter().map(|x| self.expr_str(x)).collect::<Vec<_>>().join(", ");
+        match e {
+            Expr::Int(v, Some(t)) => format!("{v}{t}"),
+            Expr::Int(v, None) => v.to_string(),
+            Expr::Float(v) => format!("{v:?}"),
+            Expr::Bool(b) => b.to_string(),
+            Expr::Dim(p) | Expr::Scalar(p) => self.params[*p].name().to_string(),
+            Expr::Var(v) => format!("{}#{}", self.vars[*v].name, v),
+            Expr::Load(p, idx) => format!("{}[{}]", self.params[*p].name(), list(idx)),
+            Expr::Elem(b, idx) => format!("{}[{}]", self.buffers[*b].name, list(idx)),
+            Expr::Unary(op, a) => format!("{op:?}({})", self.expr_str(a)).to_lowercase(),
+            Expr::Binary(op, a, b) => format!("({} {:?} {})", self.expr_str(a), op, self.expr_str(b)),
+            Expr::Select(c, a, b) => {
+                format!("select({}, {}, {})", self.expr_str(c), self.expr_str(a), self.expr_str(b))
+            }
+            Expr::Cast(t, a) => format!("{}({})", t, self.expr_str(a)),
+        }
+    }
+
+    fn region_str(&self, r: &Region) -> String {
+        match r {
+            Region::Buf(b) => self.buffers[*b].name.clone(),
+            Region::Global { tensor, offset, shape, bound } => {
+                let off: Vec<_> = offset.iter().map(|e| self.expr_str(e)).collect();
+                let shp: Vec<_> = shape.iter().map(|s| s.to_string()).collect();
+                let mut s = format!("{}[{}; {}]", self.params[*tensor].name(), off.join(", "), shp.join("x"));
+                if let Some(b) = bound {
+                    let b: Vec<_> = b.iter().map(|e| self.expr_str(e)).collect();
+                    s += &format!(" bound [{}]", b.join(", "));
+                }
+                s
+            }
+        }
+    }
+
+    fn fmt_stmt(&self, f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
+        let pad = "  ".repeat(depth);
+        let name = |b: &BufId| self.buffers[*b].name.clone();
+        let block = |f: &mut fmt::Formatter<'_>, body: &[Stmt]| -> fmt::Result {
+            for s in body {
+                self.fmt_stmt(f, s, depth + 1)?;
+            }
+            writeln!(f, "{pad}}}")
+        };
+        match &s.kind {
+            StmtKind::Assign(v, e) => writeln!(f, "{pad}{}#{} = {}", self.vars[*v].name, v, self.expr_str(e)),
+            StmtKind::Copy { src, dst } => {
+                writeln!(f, "{pad}copy {} -> {}", self.region_str(src), self.region_str(dst))
+            }
+            StmtKind::Gemm { a, b, c } => {
+                let t = |o: &Operand| format!("{}{}", name(&o.buf), if o.transposed { ".T" } else { "" });
+                writeln!(f, "{pad}gemm {} x {} += {}", t(a), t(b), name(c))
+            }
+            StmtKind::Fill(b, e) => writeln!(f, "{pad}fill {} = {}", name(b), self.expr_str(e)),
+            StmtKind::Parallel { over, vars, body } => {
+                let vs: Vec<_> = vars.iter().map(|v| format!("{}#{}", self.vars[*v].name, v)).collect();
+                writeln!(f, "{pad}parallel ({}) over {} {{", vs.join(", "), name(over))?;
+                block(f, body)
+            }
+            StmtKind::Store(b, idx, e) => {
+                let idx: Vec<_> = idx.iter().map(|x| self.expr_str(x)).collect();
+                writeln!(f, "{pad}{}[{}] = {}", name(b), idx.join(", "), self.expr_str(e))
+            }
+            StmtKind::StoreGlobal(p, idx, e) => {
+                let idx: Vec<_> = idx.iter().map(|x| self.expr_str(x)).collect();
+                writeln!(f, "{pad}{}[{}] = {}", self.params[*p].name(), idx.join(", "), self.expr_str(e))
+            }
+            StmtKind::For { var, kind, start, end, body } => {
+                let k = match kind {
+                    LoopKind::Serial => "serial".to_string(),
+                    LoopKind::Unroll => "unroll".to_string(),
+                    LoopKind::Pipelined { stages } => format!("pipelined(stages={stages})"),
+                };
+                writeln!(
+                    f,
+                    "{pad}for {}#{} in {k} {}..{} {{",
+                    self.vars[*var].name,
+                    var,
+                    self.expr_str(start),
+                    self.expr_str(end)
+                )?;
+                block(f, body)
+            }
+            StmtKind::If(c, t, e) => {
+                writeln!(f, "{pad}if {} {{", self.expr_str(c))?;
+                for s in t {
+                    self.fmt_stmt(f, s, depth + 1)?;
+                }
+                if !e.is_empty() {
+                    writeln!(f, "{pad}}} else {{")?;
+                }
+                block(f, e)
+            }
+            StmtKind::Reduce { op, src, dst, axis } => {
+                writeln!(f, "{pad}reduce_{:?} {} -> {} axis={axis}", op, name(src), name(dst))
+            }
+            StmtKind::Cumsum { src, dst, axis } => {
+                writeln!(f, "{pad}cumsum {} -> {} axis={axis}", name(src), name(dst))
+            }
+            StmtKind::Print(b) => writeln!(f, "{pad}print {}", name(b)),
+            StmtKind::Barrier => writeln!(f, "{pad}barrier"),
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! CUDA runtime for kda kernels: device discovery, device tensors, a module cache, validated
+//! launches of [`kda_dsl::artifact::CompiledKernel`]s, and event / CUDA-graph timing.
+//!
+//! Everything is built on the CUDA driver API through cudarc, loaded at run time: on a machine
+//! without a driver, [`gpu_available`] is false and [`Gpu::new`] fails with
+//! [`RuntimeError::NoGpu`]; nothing panics.
+
+#![warn(missing_docs)]
+
+pub mod cache;
+mod convert;
+pub mod device;
+pub mod error;
+pub mod launch;
+pub mod tensor;
+pub mod timing;
+
+pub use cache::{LoadedKernel, ModuleCache};
+pub use cudarc::driver::CudaStream;
+pub use device::{device_count, gpu_available, Gpu};
+pub use error::RuntimeError;
+pub use launch::{bind_args, launch, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
+pub use tensor::{DeviceTensor, TensorView, MAX_RANK};
+pub use timing::{median, time_graph_ms, time_ms};

@@ -31,7 +31,9 @@ impl Variant {
     }
 }
 
-fn gemm_variant(cfg: gemm::GemmConfig, default: bool) -> Variant {
+/// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
+pub fn gemm_variant(cfg: gemm::GemmConfig) -> Variant {
+    let default = cfg == gemm_configs()[0];
     Variant { family: "gemm", name: cfg.key(), default, build: std::sync::Arc::new(move || gemm::gemm(&cfg)) }
 }
 
@@ -39,19 +41,22 @@ fn gemm_variant(cfg: gemm::GemmConfig, default: bool) -> Variant {
 pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     use kda_dsl::DType::*;
-    let d = G::default();
-    vec![
-        d.clone(),
-        G { out: BF16, ..d.clone() },
-        G { b_transposed: false, ..d.clone() },
-        G { dtype: F16, out: F16, ..d.clone() },
-        G { dtype: F16, out: F32, b_transposed: false, ..d.clone() },
-        G { bm: 64, bn: 64, bk: 32, stages: 3, threads: 128, aligned: false, ..d.clone() },
-        G { bm: 64, bn: 64, bk: 32, stages: 3, threads: 128, aligned: false, b_transposed: false, out: BF16, ..d },
-    ]
+    let mut out = vec![];
+    // Aligned shapes take 128x128 tiles; the unaligned fallback, 64x64 with element copies.
+    for aligned in [true, false] {
+        for dtype in [BF16, F16] {
+            for o in [F32, dtype] {
+                for b_transposed in [true, false] {
+                    let base = if aligned { G::default() } else { G { bm: 64, bn: 64, bk: 32, stages: 3, threads: 128, ..G::default() } };
+                    out.push(G { dtype, out: o, b_transposed, aligned, ..base });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Every shipped variant, in a stable order.
 pub fn variants() -> Vec<Variant> {
-    gemm_configs().into_iter().enumerate().map(|(i, c)| gemm_variant(c, i == 0)).collect()
+    gemm_configs().into_iter().map(gemm_variant).collect()
 }

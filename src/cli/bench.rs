@@ -1,0 +1,50 @@
+//! `kda bench [--json FILE]`: GPU timings, printed as a table and written as JSON lines.
+
+use kda_dsl::DType;
+use kda_kernels::reference::Rng;
+use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
+use std::io::Write;
+
+pub fn run(args: &[String]) -> Result<i32, String> {
+    let json = match args {
+        [] => None,
+        [flag, f] if flag == "--json" => Some(f.clone()),
+        _ => return Err("usage: kda bench [--json FILE]".into()),
+    };
+    if !gpu_available() {
+        println!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
+        return Ok(1);
+    }
+    let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let kernels = Kernels::new();
+    let mut lines = vec![];
+    println!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
+    for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)] {
+        let ms = time_gemm(&gpu, &kernels, m, n, k, bt).map_err(|e| e.to_string())?;
+        let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
+        let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
+        println!("{case:<36} {ms:>10.4} {tflops:>10.1}");
+        lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
+    }
+    eprintln!("note: the KDA prefill and decode bench cases come with those kernels; none is built yet");
+    if let Some(path) = json {
+        let mut f = std::fs::File::create(&path).map_err(|e| format!("{path}: {e}"))?;
+        for l in &lines {
+            writeln!(f, "{l}").map_err(|e| format!("{path}: {e}"))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs.
+pub fn time_gemm(gpu: &Gpu, kernels: &Kernels, m: usize, n: usize, k: usize, bt: bool) -> Result<f32, kda_runtime::RuntimeError> {
+    let s = gpu.default_stream();
+    let mut rng = Rng::new(7);
+    let gen = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+    let a = DeviceTensor::from_f32(gpu, &s, &[m, k], DType::BF16, &gen(&mut rng, m * k))?;
+    let bshape = if bt { [n, k] } else { [k, n] };
+    let b = DeviceTensor::from_f32(gpu, &s, &bshape, DType::BF16, &gen(&mut rng, n * k))?;
+    let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32)?;
+    let mut t = time_ms(gpu, &s, 5, 20, || gemm(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt))?;
+    Ok(median(&mut t))
+}

@@ -1,0 +1,48 @@
+//! `kda check [--gpu]`: every kernel family through the simulator against its reference.
+
+use kda_kernels::check::check_gemm;
+
+/// Small shapes per GEMM config: one full tile and one with ragged edges.
+pub fn gemm_shapes(cfg: &kda_kernels::gemm::GemmConfig) -> Vec<(usize, usize, usize)> {
+    if cfg.aligned {
+        vec![(cfg.bm, cfg.bn, 64), (cfg.bm + 24, cfg.bn / 2 + 8, 40)]
+    } else {
+        vec![(37, 29, 19)]
+    }
+}
+
+/// Runs the simulator checks and prints a table; returns the number of failures.
+pub fn simulate_all() -> usize {
+    println!("{:<52} {:>10} {:>10} {:>12}  result", "case (simulator)", "rel err", "bound", "instructions");
+    let mut failures = 0;
+    for (i, cfg) in kda_kernels::gemm_configs().iter().enumerate() {
+        for (j, (m, n, k)) in gemm_shapes(cfg).into_iter().enumerate() {
+            match check_gemm(cfg, m, n, k, (i * 16 + j) as u64) {
+                Ok(o) => {
+                    let ok = o.passed();
+                    failures += usize::from(!ok);
+                    println!("{:<52} {:>10.2e} {:>10.0e} {:>12}  {}", o.case, o.rel_err, o.bound, o.instructions, if ok { "ok" } else { "FAIL" });
+                }
+                Err(e) => {
+                    failures += 1;
+                    println!("{:<52} FAIL: {e}", format!("gemm/{} {m}x{n}x{k}", cfg.key()));
+                }
+            }
+        }
+    }
+    failures
+}
+
+pub fn run(args: &[String]) -> Result<i32, String> {
+    let gpu = match args {
+        [] => false,
+        [g] if g == "--gpu" => true,
+        _ => return Err("usage: kda check [--gpu]".into()),
+    };
+    let mut failures = simulate_all();
+    if gpu {
+        failures += super::gpu_checks::gpu_checks()?;
+    }
+    println!("{}", if failures == 0 { "all checks passed".to_string() } else { format!("{failures} check(s) FAILED") });
+    Ok(i32::from(failures > 0))
+}

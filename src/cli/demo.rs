@@ -1,0 +1,35 @@
+//! `kda demo`, the main job: on a GPU, run the kernels at real shapes and check them against the
+//! CPU reference; without one, say so, compile every shipped variant for every target, and run
+//! the simulator checks.
+
+use kda_dsl::Target;
+
+pub fn run(args: &[String]) -> Result<i32, String> {
+    if let Some(a) = args.first() {
+        return Err(format!("`demo` takes no arguments (got `{a}`)"));
+    }
+    if kda_runtime::gpu_available() {
+        let failures = super::gpu_checks::gpu_checks()?;
+        let gpu = kda_runtime::Gpu::new(0).map_err(|e| e.to_string())?;
+        let kernels = kda_runtime::Kernels::new();
+        let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true).map_err(|e| e.to_string())?;
+        let tflops = 2.0 * 8192f64.powi(3) / (ms as f64 * 1e-3) / 1e12;
+        println!("gemm bf16 8192^3 A·Bᵀ: {ms:.3} ms, {tflops:.1} TFLOP/s");
+        println!("{}", if failures == 0 { "demo: all GPU checks passed" } else { "demo: GPU checks FAILED" });
+        return Ok(i32::from(failures > 0));
+    }
+    println!("no GPU here (no CUDA driver or device): compiling every variant and running the simulator checks instead");
+    let mut n = 0;
+    for v in kda_kernels::variants() {
+        let def = v.build().map_err(|e| format!("{}: {e}", v.id()))?;
+        for t in Target::ALL {
+            let k = kda_dsl::compile(def.clone(), t).map_err(|e| format!("{} ({t}): {e}", v.id()))?;
+            n += 1;
+            let _ = k;
+        }
+    }
+    println!("compiled {n} kernels ({} variants x {} targets)", n / Target::ALL.len(), Target::ALL.len());
+    let failures = super::check::simulate_all();
+    println!("{}", if failures == 0 { "demo: all simulator checks passed".to_string() } else { format!("demo: {failures} check(s) FAILED") });
+    Ok(i32::from(failures > 0))
+}

@@ -1,0 +1,36 @@
+//! `kda emit NAME [CONFIG] [--target sm_80|sm_90]`: a variant's PTX on stdout.
+
+use kda_dsl::Target;
+
+pub fn run(args: &[String]) -> Result<i32, String> {
+    let mut target = Target::Sm80;
+    let mut pos = vec![];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--target" {
+            let t = it.next().ok_or("--target needs sm_80 or sm_90")?;
+            target = Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80 or sm_90"))?;
+        } else if let Some(t) = a.strip_prefix("--target=") {
+            target = Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80 or sm_90"))?;
+        } else {
+            pos.push(a.as_str());
+        }
+    }
+    let (family, config) = match pos.as_slice() {
+        [f] => (*f, None),
+        [f, c] => (*f, Some(*c)),
+        _ => return Err("usage: kda emit NAME [CONFIG] [--target sm_80|sm_90]".into()),
+    };
+    let vs: Vec<_> = kda_kernels::variants().into_iter().filter(|v| v.family == family).collect();
+    if vs.is_empty() {
+        return Err(format!("no kernel family `{family}`; `kda list` shows them"));
+    }
+    let v = match config {
+        None => vs.iter().find(|v| v.default).unwrap_or(&vs[0]),
+        Some(c) => vs.iter().find(|v| v.name == c).ok_or_else(|| format!("`{family}` has no config `{c}`; `kda list` shows them"))?,
+    };
+    let def = v.build().map_err(|e| e.to_string())?;
+    let k = kda_dsl::compile(def, target).map_err(|e| e.to_string())?;
+    print!("{}", k.ptx);
+    Ok(0)
+}

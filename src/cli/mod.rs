@@ -1,0 +1,46 @@
+//! The `kda` commands.
+
+mod bench;
+mod check;
+mod demo;
+mod emit;
+pub mod gpu_checks;
+mod list;
+
+const USAGE: &str = "usage: kda <command>
+  list                                   kernels and their shipped configs
+  emit NAME [CONFIG] [--target sm_80|sm_90]
+                                         PTX of a variant on stdout (default config when omitted)
+  check [--gpu]                          every kernel family through the simulator against its
+                                         reference (with --gpu: on the GPU too); exit 1 on failure
+  bench [--json FILE]                    GPU timings as JSON lines
+  demo                                   the main job: run and check the kernels on the GPU, or
+                                         without one, compile everything and run `check`";
+
+/// Runs the tool with `args` (without the program name); returns the exit code.
+pub fn run(args: &[String]) -> i32 {
+    let Some(cmd) = args.first() else {
+        eprintln!("{USAGE}");
+        return 2;
+    };
+    let rest = &args[1..];
+    let r = match cmd.as_str() {
+        "list" => list::run(rest),
+        "emit" => emit::run(rest),
+        "check" => check::run(rest),
+        "bench" => bench::run(rest),
+        "demo" => demo::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(0)
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kda: {e}");
+            2
+        }
+    }
+}

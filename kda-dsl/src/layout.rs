@@ -130,7 +130,8 @@ pub struct SlotCoord {
 
 impl FragmentLayout {
     /// Spreads a `rows x cols` tile over `warps` warps, choosing the warp grid that loads the
-    /// fewest operand fragments per k-step; `None` when the shape does not fit m16n8 atoms.
+    /// fewest operand fragments per k-step (ties go to more warps along rows, so whole rows stay
+    /// in one warp); `None` when the shape does not fit m16n8 atoms.
     pub fn for_tile(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
         let mut best: Option<(u32, FragmentLayout)> = None;
         let mut wm = 1;
@@ -141,13 +142,18 @@ impl FragmentLayout {
                 let ni = cols / (8 * wn);
                 let cost = 2 * mi + ni;
                 let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile };
-                if best.is_none_or(|(c, _)| cost < c) {
+                if best.is_none_or(|(c, _)| cost <= c) {
                     best = Some((cost, l));
                 }
             }
             wm *= 2;
         }
         best.map(|(_, l)| l)
+    }
+
+    /// The layout with every warp along rows (`wn = 1`), if the shape fits it.
+    pub fn rows_only(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
+        (rows % (16 * warps) == 0 && cols % 8 == 0).then_some(FragmentLayout { rows, cols, wm: warps, wn: 1, kind: FragmentKind::Tile })
     }
 
     /// A standalone 1-D vector of `len` elements along rows.

@@ -66,3 +66,30 @@ pub fn check_gemm(cfg: &GemmConfig, m: usize, n: usize, k: usize, seed: u64) -> 
     let want: Vec<f64> = gemm_f64(&a, &b, m, n, k, cfg.b_transposed).into_iter().map(|x| round_to(x, cfg.out)).collect();
     Ok(CheckOutcome { case: format!("gemm/{} {m}x{n}x{k}", cfg.key()), rel_err: rel_err(&got, &want), bound: tol(cfg.out), instructions: report.instructions })
 }
+
+/// Lowers `def` and runs its whole grid in the simulator; extents come from the `I32`
+/// arguments named after them. Tensors are updated in place in `args`.
+pub fn simulate(def: &kda_dsl::tile::KernelDef, args: &mut [(String, SimArg)]) -> Result<kda_dsl::sim::SimReport, String> {
+    let (_, prog) = kda_dsl::lower_kernel(def.clone()).map_err(|e| e.to_string())?;
+    let dims = |s: &str| {
+        args.iter().find_map(|(n, a)| match a {
+            SimArg::I32(v) if n == s => Some(*v as i64),
+            _ => None,
+        })
+    };
+    let mut grid = [1u32; 3];
+    for (i, g) in grid.iter_mut().enumerate() {
+        *g = def.grid[i].eval(&dims).ok_or_else(|| format!("grid axis {i} needs an extent that was not given"))? as u32;
+    }
+    run(&prog, grid, args).map_err(|e| e.to_string())
+}
+
+/// The tensor argument `name` decoded as `dtype`.
+pub fn tensor_values(args: &[(String, SimArg)], name: &str, dtype: DType) -> Vec<f64> {
+    args.iter()
+        .find_map(|(n, a)| match a {
+            SimArg::Tensor(b) if n == name => Some(from_bytes(b, dtype)),
+            _ => None,
+        })
+        .unwrap_or_default()
+}

@@ -33,7 +33,8 @@ pub struct GemmConfig {
 
 impl Default for GemmConfig {
     fn default() -> Self {
-        GemmConfig { dtype: DType::BF16, out: DType::F32, b_transposed: true, bm: 128, bn: 128, bk: 32, stages: 3, threads: 256, aligned: true }
+        // Chosen by `kda bench --sweep-gemm` on an H200 (see README).
+        GemmConfig { dtype: DType::BF16, out: DType::F32, b_transposed: true, bm: 128, bn: 128, bk: 32, stages: 4, threads: 128, aligned: true }
     }
 }
 

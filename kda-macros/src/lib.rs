@@ -229,11 +229,64 @@ impl Cx {
     fn block_stmts(&mut self, stmts: &[Stmt]) -> syn::Result<TS> {
         self.scopes.push(HashMap::new());
         let mut out = vec![];
-        for s in stmts {
-            out.push(self.stmt(s)?);
+        for (i, s) in stmts.iter().enumerate() {
+            match s {
+                Stmt::Local(l) if self.becomes_kernel_var(l, &stmts[i + 1..]) => out.push(self.kernel_var(l)?),
+                _ => out.push(self.stmt(s)?),
+            }
         }
         self.scopes.pop();
         Ok(quote!(#(#out)*))
+    }
+
+    /// `let mut x = <host value>;` later assigned a kernel value is a kernel variable.
+    fn becomes_kernel_var(&self, l: &syn::Local, rest: &[Stmt]) -> bool {
+        let Pat::Ident(pi) = &l.pat else { return false };
+        if pi.mutability.is_none() || l.init.as_ref().is_none_or(|i| self.is_dsl(&i.expr)) {
+            return false;
+        }
+        struct Find<'a> {
+            cx: &'a Cx,
+            name: String,
+            found: bool,
+        }
+        impl<'ast> syn::visit::Visit<'ast> for Find<'_> {
+            fn visit_expr_assign(&mut self, a: &'ast syn::ExprAssign) {
+                self.check(&a.left, &a.right);
+                syn::visit::visit_expr_assign(self, a);
+            }
+            fn visit_expr_binary(&mut self, b: &'ast syn::ExprBinary) {
+                if is_compound(&b.op) {
+                    self.check(&b.left, &b.right);
+                }
+                syn::visit::visit_expr_binary(self, b);
+            }
+        }
+        impl Find<'_> {
+            fn check(&mut self, left: &Expr, right: &Expr) {
+                if let Expr::Path(p) = left {
+                    if p.path.is_ident(&self.name) && (self.cx.is_dsl(right) || matches!(right, Expr::Index(_))) {
+                        self.found = true;
+                    }
+                }
+            }
+        }
+        let mut f = Find { cx: self, name: pi.ident.to_string(), found: false };
+        for s in rest {
+            syn::visit::Visit::visit_stmt(&mut f, s);
+        }
+        f.found
+    }
+
+    fn kernel_var(&mut self, l: &syn::Local) -> syn::Result<TS> {
+        let Pat::Ident(pi) = &l.pat else { return err(l.pat.span(), "a kernel variable is one name") };
+        let Some(init) = &l.init else { return err(l.span(), "a kernel `let` needs a value") };
+        let v = self.val(&init.expr)?;
+        let id = &pi.ident;
+        let n = id.to_string();
+        let lc = loc(init.expr.span());
+        self.bind(&n, Kind::Val);
+        Ok(quote!(let #id = __kb.let_var(#n, #v, #lc);))
     }
 
     fn stmt(&mut self, s: &Stmt) -> syn::Result<TS> {

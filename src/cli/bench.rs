@@ -9,7 +9,8 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
         [] => None,
         [flag, f] if flag == "--json" => Some(f.clone()),
-        _ => return Err("usage: kda bench [--json FILE]".into()),
+        [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
+        _ => return Err("usage: kda bench [--json FILE] | --sweep-gemm".into()),
     };
     if !gpu_available() {
         println!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -31,6 +32,37 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{path}: {e}"))?;
         for l in &lines {
             writeln!(f, "{l}").map_err(|e| format!("{path}: {e}"))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ): how the shipped default was chosen.
+fn sweep_gemm() -> Result<i32, String> {
+    use kda_kernels::gemm::GemmConfig;
+    let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let kernels = Kernels::new();
+    let (m, n, k) = (8192usize, 8192usize, 8192usize);
+    for (bm, bn, bk, stages, threads) in [(128, 128, 32, 3, 256), (128, 128, 32, 4, 256), (128, 128, 64, 3, 256), (128, 256, 32, 3, 256), (256, 128, 32, 3, 256), (128, 256, 64, 3, 256), (128, 128, 32, 4, 128), (256, 128, 64, 3, 512), (128, 256, 32, 4, 256)] {
+        let cfg = GemmConfig { bm, bn, bk, stages, threads, ..GemmConfig::default() };
+        let v = kda_kernels::gemm_variant(cfg.clone());
+        let r = (|| -> Result<f32, kda_runtime::RuntimeError> {
+            let compiled = kernels.compiled(&v)?;
+            let s = gpu.default_stream();
+            let mut rng = Rng::new(7);
+            let gen = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+            let a = DeviceTensor::from_f32(&gpu, &s, &[m, k], DType::BF16, &gen(&mut rng, m * k))?;
+            let b = DeviceTensor::from_f32(&gpu, &s, &[n, k], DType::BF16, &gen(&mut rng, n * k))?;
+            let c = DeviceTensor::zeros(&gpu, &s, &[m, n], DType::F32)?;
+            use kda_runtime::KernelArg::Tensor as T;
+            let mut t = time_ms(&gpu, &s, 3, 10, || {
+                kda_runtime::launch(&gpu, &kernels.modules, &s, &compiled, &v.id(), &[("a", T(a.view())), ("b", T(b.view())), ("c", T(c.view()))])
+            })?;
+            Ok(median(&mut t))
+        })();
+        match r {
+            Ok(ms) => println!("{:<40} {ms:>8.3} ms {:>7.1} TFLOP/s", cfg.key(), 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12),
+            Err(e) => println!("{:<40} error: {e}", cfg.key()),
         }
     }
     Ok(0)

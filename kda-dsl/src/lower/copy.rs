@@ -438,21 +438,7 @@ impl Lower<'_> {
         self.plan_note(loc, if load { "element loads global -> fragment" } else { "column-pair stores fragment -> global" }, &if load || pair { None } else { gb.no_pair.clone() });
         let two_d = self.def().buffers[b].shape.len() == 2;
         // Replicated vector elements are stored once, by their owner lanes.
-        let owner = if load || l.kind == FragmentKind::Tile {
-            None
-        } else {
-            let (w, lane_part) = if l.kind == FragmentKind::Rows {
-                let wc = self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64);
-                (wc, self.th.t)
-            } else {
-                let wr = self.em.op32(BinKind::Div, self.th.warp, l.wn as i64);
-                (wr, self.th.g)
-            };
-            let p1 = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
-            let w = self.em.to_reg(w, RegClass::B32, Ty::U32);
-            let p2 = self.em.setp(Cmp::Eq, Ty::S32, w, Src::Imm(0));
-            self.em.and_pred(Some(p1), Some(p2))
-        };
+        let owner = if load { None } else { self.vector_owner(l) };
         let mut s = 0;
         while s < l.slots() {
             let (row, col) = self.frag_coords(l, s);
@@ -532,6 +518,7 @@ impl Lower<'_> {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
                 let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
                 // Replicated vector elements are written to shared once, by their owners.
+                let owner = if to_frag { None } else { self.vector_owner(l) };
                 for k in 0..l.slots() {
                     let (row, col) = self.frag_coords(l, k);
                     let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
@@ -542,11 +529,13 @@ impl Lower<'_> {
                         let v = self.round_for(v, ddt);
                         self.mov(fr_reg, v);
                     } else {
+                        let skip = self.em.label();
+                        if let Some(p) = owner {
+                            self.em.emit_if(p, false, Op::Bra { target: skip });
+                        }
                         self.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
+                        self.em.emit(Op::Label(skip));
                     }
-                }
-                if !to_frag && l.kind != FragmentKind::Tile {
-                    crate::passes::dump("copy_plan", &format!("{loc}: replicated vector stored by every holder (same values)"));
                 }
                 Ok(())
             }

@@ -82,7 +82,9 @@ impl Lower<'_> {
         if across > 1 {
             // Partials of each warp along the axis meet in scratch: [across][len].
             self.em.emit(Op::Bar { id: 0, count: None });
-            let owner = self.vector_owner(vl);
+            // Every warp along the axis writes its partial: one lane per row (column) of it.
+            let lane_part = if axis == 1 { self.th.t } else { self.th.g };
+            let owner = Some(self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0)));
             let wpos = if axis == 1 { self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64) } else { self.em.op32(BinKind::Div, self.th.warp, l.wn as i64) };
             let mut idx = vec![];
             for (vs, acc) in out.iter().enumerate() {

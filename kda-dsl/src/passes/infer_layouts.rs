@@ -28,6 +28,9 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             p.layouts[i] = BufLayout::Fragment(l);
         }
     }
+    // A gemm whose left operand comes from registers needs whole rows per warp in both that
+    // operand and the accumulator (the accumulator layout of one is the operand layout of the other).
+    pin_register_operands(&def.body, def, warps, &mut p.layouts)?;
     // Relations of 1-D fragments to 2-D ones.
     let mut relations = vec![];
     collect_relations(&def.body, &p.layouts, def, &mut relations);
@@ -68,6 +71,32 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     let mut stages = vec![1u32; def.buffers.len()];
     collect_stages(&def.body, def, &mut stages);
     p.stages = stages;
+    Ok(())
+}
+
+fn pin_register_operands(body: &[Stmt], def: &KernelDef, warps: u32, layouts: &mut [BufLayout]) -> Result<(), Diag> {
+    for s in body {
+        match &s.kind {
+            StmtKind::Gemm { a, c, .. } if def.buffers[a.buf].scope == Scope::Fragment => {
+                for b in [a.buf, *c] {
+                    let x = &def.buffers[b];
+                    if x.shape.len() != 2 {
+                        continue;
+                    }
+                    let l = FragmentLayout::rows_only(x.shape[0], x.shape[1], warps).ok_or_else(|| {
+                        Diag::new(s.loc, format!("gemm with `{}` from registers: `{}` [{} x {}] must split its rows over all {warps} warps (rows a multiple of {})", def.buffers[a.buf].name, x.name, x.shape[0], x.shape[1], 16 * warps))
+                    })?;
+                    layouts[b] = BufLayout::Fragment(l);
+                }
+            }
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => pin_register_operands(body, def, warps, layouts)?,
+            StmtKind::If(_, t, e) => {
+                pin_register_operands(t, def, warps, layouts)?;
+                pin_register_operands(e, def, warps, layouts)?;
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,256 @@
+//! Every tile primitive, in small kernels run through the simulator against Rust references.
+
+use kda_dsl::sim::SimArg;
+use kda_dsl::DType;
+use kda_kernels::check::{simulate, tensor_values};
+use kda_kernels::reference::{rel_err, round_to, to_bytes, Rng};
+use kda_macros::kernel;
+
+/// A test config: tile extents and threads.
+#[derive(Clone)]
+struct Cfg {
+    rows: usize,
+    cols: usize,
+    threads: usize,
+}
+
+fn t(name: &str, v: &[f64], d: DType) -> (String, SimArg) {
+    (name.to_string(), SimArg::Tensor(to_bytes(v, d)))
+}
+fn i(name: &str, v: usize) -> (String, SimArg) {
+    (name.to_string(), SimArg::I32(v as i32))
+}
+
+#[kernel]
+fn math(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    for (i, j) in parallel(f) {
+        let v = f[i][j];
+        let a = abs(v) + 1.0;
+        let w = select(i > j, exp(v), sigmoid(v)) + softplus(v) * rsqrt(a) + log(a) - exp2(v * 0.5);
+        let m = max(min(w, 4.0), -4.0);
+        f[i][j] = (m as bf16) + (i as f32) * 0.25 - (j as f32);
+    }
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+fn softplus(x: f64) -> f64 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+#[test]
+fn element_wise_math_select_and_casts() {
+    let cfg = Cfg { rows: 32, cols: 32, threads: 128 };
+    let (r, c) = (32, 32);
+    let x = Rng::new(1).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&math(&cfg).expect("builds"), &mut args).expect("runs");
+    let got = tensor_values(&args, "y", DType::F32);
+    let want: Vec<f64> = (0..r * c)
+        .map(|k| {
+            let (ii, jj, v) = (k / c, k % c, x[k]);
+            let a = v.abs() + 1.0;
+            let sel = if ii > jj { v.exp() } else { 1.0 / (1.0 + (-v).exp()) };
+            let w = sel + softplus(v) / a.sqrt() + a.ln() - (v * 0.5).exp2();
+            round_to(w.clamp(-4.0, 4.0), DType::BF16) + ii as f64 * 0.25 - jj as f64
+        })
+        .collect();
+    assert!(rel_err(&got, &want) < 1e-5, "rel err {}", rel_err(&got, &want));
+}
+
+#[kernel]
+fn row_col_stats(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>, sums: GlobalMut<(C,), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    let rmax = fragment([cfg.rows], F32);
+    let csum = fragment([cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    reduce_max(f, rmax, 1);
+    reduce_sum(f, csum, 0);
+    for (i, j) in parallel(f) {
+        f[i][j] = f[i][j] - rmax[i] + csum[j];
+    }
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+    copy(csum, sums.tile([0], [cfg.cols]));
+}
+
+#[test]
+fn reductions_along_both_axes_across_warps_and_broadcasts() {
+    // 8 warps over 64x64: the fragment splits rows and columns over warps, so both
+    // reductions combine warps through shared scratch.
+    let cfg = Cfg { rows: 64, cols: 64, threads: 256 };
+    let (r, c) = (64, 64);
+    let x = Rng::new(2).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32), t("sums", &vec![f64::NAN; c], DType::F32)];
+    simulate(&row_col_stats(&cfg).expect("builds"), &mut args).expect("runs");
+    let rmax: Vec<f64> = (0..r).map(|ii| (0..c).map(|jj| x[ii * c + jj]).fold(f64::MIN, f64::max)).collect();
+    let csum: Vec<f64> = (0..c).map(|jj| (0..r).map(|ii| x[ii * c + jj]).sum()).collect();
+    let want: Vec<f64> = (0..r * c).map(|k| x[k] - rmax[k / c] + csum[k % c]).collect();
+    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
+    assert!(rel_err(&tensor_values(&args, "sums", DType::F32), &csum) < 1e-6);
+}
+
+#[kernel]
+fn scans(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>, z: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    let s = shared([cfg.rows, cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), s);
+    cumsum(f, f, 1);
+    cumsum(s, s, 0);
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+    copy(s, z.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn cumsum_of_fragments_and_shared_tiles() {
+    let cfg = Cfg { rows: 32, cols: 16, threads: 64 };
+    let (r, c) = (32, 16);
+    let x = Rng::new(3).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32), t("z", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&scans(&cfg).expect("builds"), &mut args).expect("runs");
+    let mut rows = x.clone();
+    let mut cols = x.clone();
+    for ii in 0..r {
+        for jj in 1..c {
+            rows[ii * c + jj] += rows[ii * c + jj - 1];
+        }
+    }
+    for jj in 0..c {
+        for ii in 1..r {
+            cols[ii * c + jj] += cols[(ii - 1) * c + jj];
+        }
+    }
+    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &rows) < 1e-6);
+    assert!(rel_err(&tensor_values(&args, "z", DType::F32), &cols) < 1e-6);
+}
+
+#[kernel]
+fn gather_rows(cfg: &Cfg, idx: Global<(NB,), I32>, x: Global<(R, C), F32>, out: GlobalMut<(NB, C), F32>) {
+    let (n,) = launch(grid = [NB], threads = cfg.threads);
+    let s = shared([cfg.cols], F32);
+    clear(s);
+    let row = idx[n];
+    if row >= 0 {
+        // A run-time bound read from global memory.
+        for r in serial(0, row + 1) {
+            for (j,) in parallel(s) {
+                s[j] = s[j] + x[r][j];
+            }
+        }
+    }
+    copy(s, out.tile([n, 0], [1, cfg.cols]));
+}
+
+#[test]
+fn scalar_reads_runtime_if_and_runtime_loop_bounds() {
+    let cfg = Cfg { rows: 0, cols: 32, threads: 32 };
+    let (r, c) = (6, 32);
+    let x = Rng::new(4).normals(r * c, DType::F32);
+    let idx = [2.0, -1.0, 5.0, 0.0];
+    let nb = idx.len();
+    let mut args = vec![t("idx", &idx, DType::I32), i("NB", nb), t("x", &x, DType::F32), i("R", r), i("C", c), t("out", &vec![f64::NAN; nb * c], DType::F32)];
+    simulate(&gather_rows(&cfg).expect("builds"), &mut args).expect("runs");
+    let want: Vec<f64> = (0..nb * c)
+        .map(|k| {
+            let (n, j) = (k / c, k % c);
+            let row = idx[n] as i64;
+            (0..=row).map(|rr| x[rr as usize * c + j]).sum::<f64>()
+        })
+        .collect();
+    assert_eq!(tensor_values(&args, "out", DType::F32).iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>(), want.iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>());
+}
+
+#[kernel]
+fn locals_and_unroll(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let w = local([4], F32);
+    for u in unroll(4) {
+        w[u] = x[0][u] * 2.0;
+    }
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    let mut total = 0.0;
+    for u in unroll(4) {
+        total = total + w[u];
+    }
+    for (i, j) in parallel(f) {
+        f[i][j] = f[i][j] * w[3] + total;
+    }
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn local_tiles_unrolled_loops_and_mutable_scalars() {
+    let cfg = Cfg { rows: 16, cols: 16, threads: 32 };
+    let (r, c) = (16, 16);
+    let x = Rng::new(5).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&locals_and_unroll(&cfg).expect("builds"), &mut args).expect("runs");
+    let total: f64 = (0..4).map(|u| x[u] * 2.0).sum();
+    let want: Vec<f64> = x.iter().map(|v| v * x[3] * 2.0 + total).collect();
+    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
+}
+
+#[kernel]
+fn attention_like(cfg: &Cfg, q: Global<(R, D), BF16>, k: Global<(C, D), BF16>, v: Global<(C, D), BF16>, o: GlobalMut<(R, D), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let qs = shared([cfg.rows, 32], BF16);
+    let ks = shared([cfg.cols, 32], BF16);
+    let vs = shared([cfg.cols, 32], BF16);
+    copy(q.tile([0, 0], [cfg.rows, 32]), qs);
+    copy(k.tile([0, 0], [cfg.cols, 32]), ks);
+    copy(v.tile([0, 0], [cfg.cols, 32]), vs);
+    let p = fragment([cfg.rows, cfg.cols], F32);
+    clear(p);
+    gemm(qs, ks.t(), p);
+    // P stays in registers as the left operand of the next product.
+    let acc = fragment([cfg.rows, 32], F32);
+    clear(acc);
+    gemm(p, vs, acc);
+    copy(acc, o.tile([0, 0], [cfg.rows, 32]));
+}
+
+#[test]
+fn gemm_with_the_left_operand_from_registers() {
+    let cfg = Cfg { rows: 64, cols: 32, threads: 128 };
+    let (r, c, d) = (64, 32, 32);
+    let mut rng = Rng::new(6);
+    let q = rng.normals(r * d, DType::BF16);
+    let k = rng.normals(c * d, DType::BF16);
+    let v = rng.normals(c * d, DType::BF16);
+    let mut args = vec![t("q", &q, DType::BF16), i("R", r), i("D", d), t("k", &k, DType::BF16), i("C", c), t("v", &v, DType::BF16), t("o", &vec![f64::NAN; r * d], DType::F32)];
+    simulate(&attention_like(&cfg).expect("builds"), &mut args).expect("runs");
+    let p: Vec<f64> = (0..r * c).map(|x| round_to((0..d).map(|e| q[(x / c) * d + e] * k[(x % c) * d + e]).sum(), DType::BF16)).collect();
+    let want: Vec<f64> = (0..r * d).map(|x| (0..c).map(|e| p[(x / d) * c + e] * v[e * d + x % d]).sum()).collect();
+    let err = rel_err(&tensor_values(&args, "o", DType::F32), &want);
+    assert!(err < 1e-5, "rel err {err}");
+}
+
+#[kernel]
+fn show(cfg: &Cfg, x: Global<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    print(f);
+}
+
+#[test]
+fn print_shows_a_fragment_once_in_logical_order() {
+    let cfg = Cfg { rows: 16, cols: 8, threads: 32 };
+    let x: Vec<f64> = (0..128).map(|v| v as f64).collect();
+    let mut args = vec![t("x", &x, DType::F32), i("R", 16), i("C", 8)];
+    let rep = simulate(&show(&cfg).expect("builds"), &mut args).expect("runs");
+    assert_eq!(rep.prints.len(), 1);
+    let lines: Vec<&str> = rep.prints[0].lines().collect();
+    assert_eq!(lines.len(), 17, "{}", rep.prints[0]);
+    assert!(lines[1].contains("[0.000000, 1.000000, 2.000000"), "{}", lines[1]);
+    assert!(lines[16].contains("127.000000]"), "{}", lines[16]);
+}

@@ -1,0 +1,10 @@
+use kda_macros::kernel;
+struct Cfg;
+#[kernel]
+fn k(cfg: &Cfg, a: Global<(M, N), F32>) {
+    let (bx,) = launch(grid = [1], threads = 32);
+    let acc = fragment([16, 16], F32);
+    let s = shared([16, 16], F32);
+    copy(acc.tile([0, 0], [16, 16]), s);
+}
+fn main() {}

@@ -1,0 +1,9 @@
+use kda_macros::kernel;
+struct Cfg;
+#[kernel]
+fn k(cfg: &Cfg, a: Global<(M,), F32>) {
+    let (bx,) = launch(grid = [1], threads = 32);
+    let s = shared([32], F32);
+    s = a[bx];
+}
+fn main() {}

@@ -1,0 +1,8 @@
+use kda_macros::kernel;
+struct Cfg;
+#[kernel]
+fn k(cfg: &Cfg, a: Global<(M,), F32>) {
+    let (bx,) = launch(grid = [1], threads = 32);
+    let y = tanh(a[bx]);
+}
+fn main() {}

@@ -1,0 +1,8 @@
+use kda_macros::kernel;
+struct Cfg;
+#[kernel]
+fn k(cfg: &Cfg, a: Global<(M, N), F32>) {
+    let (bx,) = launch(grid = [1], threads = 32);
+    while bx < 3 {}
+}
+fn main() {}

@@ -1,0 +1,53 @@
+//! The `kda` tool's commands, run as a user would.
+
+use std::process::Command;
+
+fn kda(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("runs");
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+#[test]
+fn list_names_every_variant_and_one_default_per_family() {
+    let (code, out, _) = kda(&["list"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), kda_kernels::variants().len());
+    assert_eq!(out.lines().filter(|l| l.starts_with("gemm") && l.ends_with("(default)")).count(), 1);
+}
+
+#[test]
+fn emit_without_a_config_prints_the_default_variant() {
+    let (code, out, _) = kda(&["emit", "gemm"]);
+    assert_eq!(code, 0);
+    let v = kda_kernels::variants().into_iter().find(|v| v.default).expect("a default");
+    let (code2, out2, _) = kda(&["emit", "gemm", &v.name, "--target", "sm_80"]);
+    assert_eq!(code2, 0);
+    assert_eq!(out, out2);
+    assert!(out.contains(".entry gemm(") && out.contains("mma.sync.aligned.m16n8k16") && out.contains("ldmatrix") && out.contains("cp.async"));
+    let (_, sm90, _) = kda(&["emit", "gemm", "--target", "sm_90"]);
+    assert!(sm90.contains(".target sm_90"));
+}
+
+#[test]
+fn emit_and_unknown_commands_fail_with_a_clear_message() {
+    let (code, _, err) = kda(&["emit", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no kernel family `nope`"), "{err}");
+    let (code, _, err) = kda(&["emit", "gemm", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has no config `nope`"), "{err}");
+    let (code, _, err) = kda(&["emit", "gemm", "--target", "sm_70"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown target `sm_70`"), "{err}");
+    let (code, _, err) = kda(&["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown command"), "{err}");
+}
+
+#[test]
+fn check_runs_every_family_in_the_simulator() {
+    let (code, out, _) = kda(&["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("all checks passed"));
+    assert!(out.lines().filter(|l| l.starts_with("gemm/")).count() >= kda_kernels::gemm_configs().len());
+}

@@ -4,7 +4,11 @@ use std::process::Command;
 
 fn kda(args: &[&str]) -> (i32, String, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("runs");
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -23,7 +27,12 @@ fn emit_without_a_config_prints_the_default_variant() {
     let (code2, out2, _) = kda(&["emit", "gemm", &v.name, "--target", "sm_80"]);
     assert_eq!(code2, 0);
     assert_eq!(out, out2);
-    assert!(out.contains(".entry gemm(") && out.contains("mma.sync.aligned.m16n8k16") && out.contains("ldmatrix") && out.contains("cp.async"));
+    assert!(
+        out.contains(".entry gemm(")
+            && out.contains("mma.sync.aligned.m16n8k16")
+            && out.contains("ldmatrix")
+            && out.contains("cp.async")
+    );
     let (_, sm90, _) = kda(&["emit", "gemm", "--target", "sm_90"]);
     assert!(sm90.contains(".target sm_90"));
 }

@@ -33,11 +33,21 @@ fn every_variant_assembles_without_spills() {
             let k = kda_dsl::compile(v.build().expect("builds"), t).expect("compiles");
             let src = dir.join(format!("{}_{}.ptx", v.id().replace('/', "_"), t));
             std::fs::write(&src, &k.ptx).expect("write ptx");
-            let out = Command::new(&ptxas).arg(format!("-arch={t}")).arg("-v").arg(&src).arg("-o").arg(src.with_extension("cubin")).output().expect("run ptxas");
+            let out = Command::new(&ptxas)
+                .arg(format!("-arch={t}"))
+                .arg("-v")
+                .arg(&src)
+                .arg("-o")
+                .arg(src.with_extension("cubin"))
+                .output()
+                .expect("run ptxas");
             let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
             if !out.status.success() {
                 failures.push(format!("{} {t}: ptxas failed:\n{log}", v.id()));
-            } else if log.lines().any(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads")) {
+            } else if log
+                .lines()
+                .any(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads"))
+            {
                 failures.push(format!("{} {t}: register spills:\n{log}", v.id()));
             }
         }

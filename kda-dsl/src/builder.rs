@@ -80,25 +80,34 @@ impl Host {
     pub fn int(v: impl HostInt) -> Host {
         Host(HostExpr::Const(v.to_i64()))
     }
-    /// `a + b`.
-    pub fn add(a: Host, b: Host) -> Host {
-        Host(HostExpr::Add(Box::new(a.0), Box::new(b.0)))
-    }
-    /// `a - b` (as `a + (-1) * b`).
-    pub fn sub(a: Host, b: Host) -> Host {
-        Host::add(a, Host(HostExpr::Mul(Box::new(HostExpr::Const(-1)), Box::new(b.0))))
-    }
-    /// `a * b`.
-    pub fn mul(a: Host, b: Host) -> Host {
-        Host(HostExpr::Mul(Box::new(a.0), Box::new(b.0)))
-    }
-    /// `a / b`.
-    pub fn div(a: Host, b: Host) -> Host {
-        Host(HostExpr::Div(Box::new(a.0), Box::new(b.0)))
-    }
     /// `ceil(a / b)`.
     pub fn ceil_div(a: Host, b: Host) -> Host {
         Host(HostExpr::CeilDiv(Box::new(a.0), Box::new(b.0)))
+    }
+}
+
+impl std::ops::Add for Host {
+    type Output = Host;
+    fn add(self, b: Host) -> Host {
+        Host(HostExpr::Add(Box::new(self.0), Box::new(b.0)))
+    }
+}
+impl std::ops::Sub for Host {
+    type Output = Host;
+    fn sub(self, b: Host) -> Host {
+        self + Host(HostExpr::Mul(Box::new(HostExpr::Const(-1)), Box::new(b.0)))
+    }
+}
+impl std::ops::Mul for Host {
+    type Output = Host;
+    fn mul(self, b: Host) -> Host {
+        Host(HostExpr::Mul(Box::new(self.0), Box::new(b.0)))
+    }
+}
+impl std::ops::Div for Host {
+    type Output = Host;
+    fn div(self, b: Host) -> Host {
+        Host(HostExpr::Div(Box::new(self.0), Box::new(b.0)))
     }
 }
 
@@ -219,7 +228,13 @@ impl KernelBuilder {
             loc,
         };
         KernelBuilder {
-            st: RefCell::new(State { def, frames: vec![(Frame::Root, vec![])], errors: vec![], launched: false, parallel_depth: 0 }),
+            st: RefCell::new(State {
+                def,
+                frames: vec![(Frame::Root, vec![])],
+                errors: vec![],
+                launched: false,
+                parallel_depth: 0,
+            }),
         }
     }
 
@@ -356,7 +371,15 @@ impl KernelBuilder {
 
     fn region(&self, t: &Tensor, offset: Vec<Expr>, shape: &[i64], loc: SrcLoc) -> Region {
         if offset.len() != t.rank || shape.len() != t.rank {
-            self.error(loc, format!("the tensor has {} axes; the box gives {} offsets and {} extents", t.rank, offset.len(), shape.len()));
+            self.error(
+                loc,
+                format!(
+                    "the tensor has {} axes; the box gives {} offsets and {} extents",
+                    t.rank,
+                    offset.len(),
+                    shape.len()
+                ),
+            );
         }
         let mut dims = vec![];
         for &s in shape {
@@ -482,7 +505,14 @@ impl KernelBuilder {
     }
 
     /// Opens `for var in kind(start..end)`; returns the counter. Close with [`Self::end`].
-    pub fn begin_for(&self, name: &str, kind: LoopKind, start: impl Into<Val>, end: impl Into<Val>, loc: SrcLoc) -> Val {
+    pub fn begin_for(
+        &self,
+        name: &str,
+        kind: LoopKind,
+        start: impl Into<Val>,
+        end: impl Into<Val>,
+        loc: SrcLoc,
+    ) -> Val {
         let var = self.new_var(name, DType::I32);
         if let LoopKind::Pipelined { stages } = kind {
             if !(2..=8).contains(&stages) {

@@ -35,7 +35,7 @@ impl SharedLayout {
     /// a power-of-two number (at least 2) of 16-byte chunks, row-major otherwise.
     pub fn choose(rows: u32, cols: u32, elem_bytes: u32) -> SharedLayout {
         let chunk = 16 / elem_bytes.max(1);
-        let row_chunks = if cols % chunk == 0 { cols / chunk } else { 0 };
+        let row_chunks = if cols.is_multiple_of(chunk) { cols / chunk } else { 0 };
         if elem_bytes == 2 && row_chunks >= 2 && row_chunks.is_power_of_two() {
             SharedLayout::Swizzled { rows, cols, chunk }
         } else {
@@ -137,7 +137,7 @@ impl FragmentLayout {
         let mut wm = 1;
         while wm <= warps {
             let wn = warps / wm;
-            if warps % wm == 0 && rows % (16 * wm) == 0 && cols % (8 * wn) == 0 {
+            if warps.is_multiple_of(wm) && rows.is_multiple_of(16 * wm) && cols.is_multiple_of(8 * wn) {
                 let mi = rows / (16 * wm);
                 let ni = cols / (8 * wn);
                 let cost = 2 * mi + ni;
@@ -153,15 +153,27 @@ impl FragmentLayout {
 
     /// The layout with every warp along rows (`wn = 1`), if the shape fits it.
     pub fn rows_only(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
-        (rows % (16 * warps) == 0 && cols % 8 == 0).then_some(FragmentLayout { rows, cols, wm: warps, wn: 1, kind: FragmentKind::Tile })
+        (rows.is_multiple_of(16 * warps) && cols.is_multiple_of(8)).then_some(FragmentLayout {
+            rows,
+            cols,
+            wm: warps,
+            wn: 1,
+            kind: FragmentKind::Tile,
+        })
     }
 
     /// A standalone 1-D vector of `len` elements along rows.
     pub fn for_vector(len: u32, warps: u32) -> Option<FragmentLayout> {
         let mut wm = warps;
         while wm >= 1 {
-            if len % (16 * wm) == 0 {
-                return Some(FragmentLayout { rows: len, cols: 8 * (warps / wm), wm, wn: warps / wm, kind: FragmentKind::Rows });
+            if len.is_multiple_of(16 * wm) {
+                return Some(FragmentLayout {
+                    rows: len,
+                    cols: 8 * (warps / wm),
+                    wm,
+                    wn: warps / wm,
+                    kind: FragmentKind::Rows,
+                });
             }
             wm /= 2;
         }
@@ -241,7 +253,16 @@ impl FragmentLayout {
 
 impl fmt::Display for FragmentLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}[{}x{} over {}x{} warps, {} slots]", self.kind, self.rows, self.cols, self.wm, self.wn, self.slots())
+        write!(
+            f,
+            "{:?}[{}x{} over {}x{} warps, {} slots]",
+            self.kind,
+            self.rows,
+            self.cols,
+            self.wm,
+            self.wn,
+            self.slots()
+        )
     }
 }
 
@@ -252,7 +273,9 @@ mod tests {
 
     #[test]
     fn swizzles_are_permutations() {
-        for (rows, cols, eb) in [(64, 32, 2), (128, 64, 2), (32, 16, 2), (16, 128, 2), (64, 24, 2), (8, 8, 4), (128, 256, 2)] {
+        for (rows, cols, eb) in
+            [(64, 32, 2), (128, 64, 2), (32, 16, 2), (16, 128, 2), (64, 24, 2), (8, 8, 4), (128, 256, 2)]
+        {
             let l = SharedLayout::choose(rows, cols, eb);
             let mut seen = HashSet::new();
             for r in 0..rows {
@@ -291,7 +314,9 @@ mod tests {
 
     #[test]
     fn fragments_are_bijections_onto_lane_and_slot() {
-        for (rows, cols, warps) in [(16, 8, 1), (64, 64, 4), (128, 128, 8), (128, 128, 4), (64, 32, 4), (32, 128, 4), (16, 64, 4)] {
+        for (rows, cols, warps) in
+            [(16, 8, 1), (64, 64, 4), (128, 128, 8), (128, 128, 4), (64, 32, 4), (32, 128, 4), (16, 64, 4)]
+        {
             let l = FragmentLayout::for_tile(rows, cols, warps).expect("fits");
             assert_eq!(l.wm * l.wn, warps);
             let mut seen = HashSet::new();
@@ -323,7 +348,9 @@ mod tests {
         }
         // Each row index is held (replicated) by someone.
         let v = FragmentLayout::for_vector(64, 4).expect("fits");
-        let held: HashSet<u32> = (0..4).flat_map(|w| (0..32).flat_map(move |ln| (0..v.slots()).map(move |s| v.coords(w, ln, s).0))).collect();
+        let held: HashSet<u32> = (0..4)
+            .flat_map(|w| (0..32).flat_map(move |ln| (0..v.slots()).map(move |s| v.coords(w, ln, s).0)))
+            .collect();
         assert_eq!(held.len(), 64);
     }
 

@@ -50,7 +50,10 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
             // bf16 -> f32 is exact as a 16-bit shift, which every PTX version has.
             Op::Cvt { dty: Ty::F32, sty: Ty::BF16, d, a } => {
                 let g = guard(inst);
-                let _ = writeln!(out, "    {{ .reg .b32 %t; {g}cvt.u32.u16 %t, {a}; {g}shl.b32 %t, %t, 16; {g}mov.b32 {d}, %t; }}");
+                let _ = writeln!(
+                    out,
+                    "    {{ .reg .b32 %t; {g}cvt.u32.u16 %t, {a}; {g}shl.b32 %t, %t, 16; {g}mov.b32 {d}, %t; }}"
+                );
             }
             _ => {
                 let _ = writeln!(out, "    {inst}");

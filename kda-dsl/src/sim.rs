@@ -78,6 +78,9 @@ struct Shadow {
     read_epoch: u32,
 }
 
+/// One executed `print`: the tile's name, shape and values by flat logical index.
+type Trace = (String, Vec<u32>, BTreeMap<i64, String>);
+
 const MANY: u32 = u32::MAX;
 const NONE: u32 = u32::MAX - 1;
 
@@ -93,7 +96,7 @@ struct Block<'a> {
     params: &'a HashMap<String, u64>,
     globals: &'a mut [Vec<u8>],
     global_names: &'a [String],
-    traces: BTreeMap<(usize, u32), (String, Vec<u32>, BTreeMap<i64, String>)>,
+    traces: BTreeMap<(usize, u32), Trace>,
     trace_counts: Vec<HashMap<usize, u32>>,
     executed: u64,
 }
@@ -225,9 +228,13 @@ impl<'a> Block<'a> {
         }
         let len = self.globals[buf - 1].len();
         if off + n > len {
-            return Err(format!("global access out of bounds: tensor `{}` byte {off}..{} of {len}", self.global_names[buf - 1], off + n));
+            return Err(format!(
+                "global access out of bounds: tensor `{}` byte {off}..{} of {len}",
+                self.global_names[buf - 1],
+                off + n
+            ));
         }
-        if off % n.min(16) != 0 {
+        if !off.is_multiple_of(n.min(16)) {
             return Err(format!("misaligned {n}-byte global access at byte {off} of `{}`", self.global_names[buf - 1]));
         }
         Ok((buf - 1, off))
@@ -249,7 +256,7 @@ impl<'a> Block<'a> {
         if addr > u32::MAX as u64 || a + n > self.shared.len() {
             return Err(format!("shared access out of bounds: bytes {a}..{} of {}", a + n, self.shared.len()));
         }
-        if a % n.min(16) != 0 {
+        if !a.is_multiple_of(n.min(16)) {
             return Err(format!("misaligned {n}-byte shared access at {a}"));
         }
         Ok(a)
@@ -264,7 +271,10 @@ impl<'a> Block<'a> {
                 return Err(format!("read of shared byte {i}, which nothing wrote"));
             }
             if s.write_epoch == self.epoch && s.writer != me {
-                return Err(format!("race: shared byte {i} written by thread {} and read by thread {me} with no barrier between", s.writer));
+                return Err(format!(
+                    "race: shared byte {i} written by thread {} and read by thread {me} with no barrier between",
+                    s.writer
+                ));
             }
             if s.read_epoch != self.epoch || s.reader == NONE {
                 s.read_epoch = self.epoch;
@@ -282,13 +292,24 @@ impl<'a> Block<'a> {
         for i in a..a + bytes.len() {
             let s = &mut self.shadow[i];
             if s.written && s.write_epoch == self.epoch && s.writer != me {
-                return Err(format!("race: shared byte {i} written by threads {} and {me} with no barrier between", s.writer));
+                return Err(format!(
+                    "race: shared byte {i} written by threads {} and {me} with no barrier between",
+                    s.writer
+                ));
             }
             if s.read_epoch == self.epoch && s.reader != NONE && s.reader != me {
                 let who = if s.reader == MANY { "other threads".to_string() } else { format!("thread {}", s.reader) };
-                return Err(format!("race: shared byte {i} read by {who} and written by thread {me} with no barrier between"));
+                return Err(format!(
+                    "race: shared byte {i} read by {who} and written by thread {me} with no barrier between"
+                ));
             }
-            *s = Shadow { written: true, writer: me, write_epoch: self.epoch, reader: s.reader, read_epoch: s.read_epoch };
+            *s = Shadow {
+                written: true,
+                writer: me,
+                write_epoch: self.epoch,
+                reader: s.reader,
+                read_epoch: s.read_epoch,
+            };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);
         Ok(())
@@ -374,7 +395,8 @@ impl<'a> Block<'a> {
                     Ty::S64 | Ty::U64 => (x as i64).wrapping_mul(y as i64).wrapping_add(z as i64) as u64,
                     _ => {
                         let (x, y, z) = (x as u32 as i32, y as u32 as i32, z as u32 as i32);
-                        x.checked_mul(y).and_then(|p| p.checked_add(z)).ok_or("32-bit signed overflow in mad")? as u32 as u64
+                        x.checked_mul(y).and_then(|p| p.checked_add(z)).ok_or("32-bit signed overflow in mad")? as u32
+                            as u64
                     }
                 };
                 self.set(t, *d, v);
@@ -542,7 +564,9 @@ impl<'a> Block<'a> {
                     e.2.entry(i).or_insert(s);
                 }
             }
-            Op::Ldmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. } => unreachable!("collectives run in step_warp"),
+            Op::Ldmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. } => {
+                unreachable!("collectives run in step_warp")
+            }
         }
         if !self.threads[t].done {
             self.threads[t].pc = next;
@@ -563,10 +587,15 @@ impl<'a> Block<'a> {
         }
         if lanes.iter().any(|t| self.threads[*t].pc != pc) {
             let pcs: Vec<usize> = lanes.iter().map(|t| self.threads[*t].pc).collect();
-            if pcs.iter().all(|p| matches!(self.prog.body[*p].op, Op::Bar { .. }) || *p == pc) && pcs.iter().any(|p| *p != pc) && matches!(self.prog.body[pc].op, Op::Bar { .. }) {
+            if pcs.iter().all(|p| matches!(self.prog.body[*p].op, Op::Bar { .. }) || *p == pc)
+                && pcs.iter().any(|p| *p != pc)
+                && matches!(self.prog.body[pc].op, Op::Bar { .. })
+            {
                 return Ok(false);
             }
-            if pcs.iter().any(|p| matches!(self.prog.body[*p].op, Op::Bar { .. })) && !pcs.iter().all(|p| matches!(self.prog.body[*p].op, Op::Bar { .. })) {
+            if pcs.iter().any(|p| matches!(self.prog.body[*p].op, Op::Bar { .. }))
+                && !pcs.iter().all(|p| matches!(self.prog.body[*p].op, Op::Bar { .. }))
+            {
                 return Err(format!("warp {w}: some lanes wait at a barrier while others wait at a warp collective"));
             }
             return Err(format!("warp {w}: lanes reach different collectives (divergent `{}`)", self.prog.body[pc].op));
@@ -604,12 +633,12 @@ impl<'a> Block<'a> {
             Op::Ldmatrix { trans, d, addr } => {
                 // Row addresses from lanes 8q..8q+7 for matrix q; each row is 8 b16.
                 let mut m = [[[0u16; 8]; 8]; 4];
-                for q in 0..4 {
-                    for r in 0..8 {
+                for (q, mat) in m.iter_mut().enumerate() {
+                    for (r, row) in mat.iter_mut().enumerate() {
                         let a = self.get(base + q * 8 + r, &Src::Reg(addr));
                         let bytes = self.read_shared(base + q * 8 + r, a, 16)?;
-                        for c in 0..8 {
-                            m[q][r][c] = u16::from_le_bytes([bytes[2 * c], bytes[2 * c + 1]]);
+                        for (c, x) in row.iter_mut().enumerate() {
+                            *x = u16::from_le_bytes([bytes[2 * c], bytes[2 * c + 1]]);
                         }
                     }
                 }
@@ -634,7 +663,9 @@ impl<'a> Block<'a> {
                     let av: Vec<u64> = a.iter().map(|r| self.get(base + l, &Src::Reg(*r))).collect();
                     let bv: Vec<u64> = b.iter().map(|r| self.get(base + l, &Src::Reg(*r))).collect();
                     let cv: Vec<u64> = c.iter().map(|r| self.get(base + l, &Src::Reg(*r))).collect();
-                    for (k, (row, col)) in [(g, 2 * tq), (g + 8, 2 * tq), (g, 2 * tq + 8), (g + 8, 2 * tq + 8)].into_iter().enumerate() {
+                    for (k, (row, col)) in
+                        [(g, 2 * tq), (g + 8, 2 * tq), (g, 2 * tq + 8), (g + 8, 2 * tq + 8)].into_iter().enumerate()
+                    {
                         am[row][col] = h(av[k], false);
                         am[row][col + 1] = h(av[k], true);
                     }
@@ -847,7 +878,12 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
     }
     for (pname, _) in &prog.params {
         if !params.contains_key(pname) {
-            return Err(SimError { message: format!("no argument for parameter `{pname}`"), loc: SrcLoc::default(), block: [0; 3], thread: 0 });
+            return Err(SimError {
+                message: format!("no argument for parameter `{pname}`"),
+                loc: SrcLoc::default(),
+                block: [0; 3],
+                thread: 0,
+            });
         }
     }
     let mut labels = HashMap::new();
@@ -858,9 +894,9 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
     }
     let mut reg_base = [0usize; 5];
     let mut total = 0usize;
-    for k in 0..5 {
-        reg_base[k] = total;
-        total += prog.reg_counts[k] as usize;
+    for (base, count) in reg_base.iter_mut().zip(prog.reg_counts) {
+        *base = total;
+        total += count as usize;
     }
     let mut report = SimReport::default();
     let mut result = Ok(());
@@ -872,7 +908,14 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     labels: labels.clone(),
                     reg_base,
                     threads: (0..prog.threads)
-                        .map(|_| Thread { pc: 0, regs: vec![0; total], done: false, blocked: false, groups: vec![], open_group: vec![] })
+                        .map(|_| Thread {
+                            pc: 0,
+                            regs: vec![0; total],
+                            done: false,
+                            blocked: false,
+                            groups: vec![],
+                            open_group: vec![],
+                        })
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],
                     shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
@@ -941,7 +984,11 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
         }
         if !progress {
             let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);
-            return Err(fail(blk, t, "deadlock: threads wait at barriers or collectives that can never complete".into()));
+            return Err(fail(
+                blk,
+                t,
+                "deadlock: threads wait at barriers or collectives that can never complete".into(),
+            ));
         }
     }
 }
@@ -951,7 +998,8 @@ fn format_print(name: &str, shape: &[u32], block: [u32; 3], vals: &BTreeMap<i64,
     let cols = *shape.last().unwrap_or(&1) as i64;
     let rows = if shape.len() == 2 { shape[0] as i64 } else { 1 };
     for r in 0..rows {
-        let line: Vec<String> = (0..cols).map(|c| vals.get(&(r * cols + c)).cloned().unwrap_or_else(|| "?".into())).collect();
+        let line: Vec<String> =
+            (0..cols).map(|c| vals.get(&(r * cols + c)).cloned().unwrap_or_else(|| "?".into())).collect();
         s += &format!("  [{}]\n", line.join(", "));
     }
     s
@@ -973,7 +1021,7 @@ mod tests {
 
     #[test]
     fn half_rounding_matches_ieee() {
-        for x in [0.0f32, 1.0, -2.5, 65504.0, 1e-5, 3.14159, 1e-8, 70000.0] {
+        for x in [0.0f32, 1.0, -2.5, 65504.0, 1e-5, 2.71, 1e-8, 70000.0] {
             let h = f16_bits(x);
             let back = f16_f32(h);
             if x.abs() < 65520.0 {

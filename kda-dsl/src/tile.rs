@@ -378,7 +378,14 @@ impl fmt::Display for KernelDef {
                 Param::Scalar { name, dtype } => write!(f, "{name}: {dtype}")?,
             }
         }
-        writeln!(f, ") threads={} grid=[{}, {}, {}] {{", self.threads, host(&self.grid[0]), host(&self.grid[1]), host(&self.grid[2]))?;
+        writeln!(
+            f,
+            ") threads={} grid=[{}, {}, {}] {{",
+            self.threads,
+            host(&self.grid[0]),
+            host(&self.grid[1]),
+            host(&self.grid[2])
+        )?;
         for (p, m) in &self.assumptions {
             writeln!(f, "  assume {} % {m} == 0", self.params[*p].name())?;
         }

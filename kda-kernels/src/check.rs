@@ -63,13 +63,22 @@ pub fn check_gemm(cfg: &GemmConfig, m: usize, n: usize, k: usize, seed: u64) -> 
     let report = run(&prog, grid, &mut args).map_err(|e| e.to_string())?;
     let SimArg::Tensor(cb) = &args[6].1 else { unreachable!() };
     let got = from_bytes(cb, cfg.out);
-    let want: Vec<f64> = gemm_f64(&a, &b, m, n, k, cfg.b_transposed).into_iter().map(|x| round_to(x, cfg.out)).collect();
-    Ok(CheckOutcome { case: format!("gemm/{} {m}x{n}x{k}", cfg.key()), rel_err: rel_err(&got, &want), bound: tol(cfg.out), instructions: report.instructions })
+    let want: Vec<f64> =
+        gemm_f64(&a, &b, m, n, k, cfg.b_transposed).into_iter().map(|x| round_to(x, cfg.out)).collect();
+    Ok(CheckOutcome {
+        case: format!("gemm/{} {m}x{n}x{k}", cfg.key()),
+        rel_err: rel_err(&got, &want),
+        bound: tol(cfg.out),
+        instructions: report.instructions,
+    })
 }
 
 /// Lowers `def` and runs its whole grid in the simulator; extents come from the `I32`
 /// arguments named after them. Tensors are updated in place in `args`.
-pub fn simulate(def: &kda_dsl::tile::KernelDef, args: &mut [(String, SimArg)]) -> Result<kda_dsl::sim::SimReport, String> {
+pub fn simulate(
+    def: &kda_dsl::tile::KernelDef,
+    args: &mut [(String, SimArg)],
+) -> Result<kda_dsl::sim::SimReport, String> {
     let (_, prog) = kda_dsl::lower_kernel(def.clone()).map_err(|e| e.to_string())?;
     let dims = |s: &str| {
         args.iter().find_map(|(n, a)| match a {

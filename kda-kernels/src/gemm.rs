@@ -34,7 +34,17 @@ pub struct GemmConfig {
 impl Default for GemmConfig {
     fn default() -> Self {
         // Chosen by `kda bench --sweep-gemm` on an H200 (see README).
-        GemmConfig { dtype: DType::BF16, out: DType::F32, b_transposed: true, bm: 128, bn: 128, bk: 32, stages: 4, threads: 128, aligned: true }
+        GemmConfig {
+            dtype: DType::BF16,
+            out: DType::F32,
+            b_transposed: true,
+            bm: 128,
+            bn: 128,
+            bk: 32,
+            stages: 4,
+            threads: 128,
+            aligned: true,
+        }
     }
 }
 
@@ -58,7 +68,12 @@ impl GemmConfig {
 
 /// `C = A·B` or `A·Bᵀ` on tensor cores with a multi-stage `cp.async` pipeline.
 #[kernel]
-pub fn gemm(cfg: &GemmConfig, a: Global<(M, K), { cfg.dtype }>, b: Global<(BR, BC), { cfg.dtype }>, c: GlobalMut<(M, N), { cfg.out }>) {
+pub fn gemm(
+    cfg: &GemmConfig,
+    a: Global<(M, K), { cfg.dtype }>,
+    b: Global<(BR, BC), { cfg.dtype }>,
+    c: GlobalMut<(M, N), { cfg.out }>,
+) {
     let (bx, by) = launch(grid = [ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)], threads = cfg.threads);
     if cfg.aligned {
         assume_multiple(K, 8);

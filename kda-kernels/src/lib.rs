@@ -47,7 +47,11 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
         for dtype in [BF16, F16] {
             for o in [F32, dtype] {
                 for b_transposed in [true, false] {
-                    let base = if aligned { G::default() } else { G { bm: 64, bn: 64, bk: 32, stages: 3, threads: 128, ..G::default() } };
+                    let base = if aligned {
+                        G::default()
+                    } else {
+                        G { bm: 64, bn: 64, bk: 32, stages: 3, threads: 128, ..G::default() }
+                    };
                     out.push(G { dtype, out: o, b_transposed, aligned, ..base });
                 }
             }

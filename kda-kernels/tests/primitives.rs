@@ -87,7 +87,13 @@ fn reductions_along_both_axes_across_warps_and_broadcasts() {
     let cfg = Cfg { rows: 64, cols: 64, threads: 256 };
     let (r, c) = (64, 64);
     let x = Rng::new(2).normals(r * c, DType::F32);
-    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32), t("sums", &vec![f64::NAN; c], DType::F32)];
+    let mut args = vec![
+        t("x", &x, DType::F32),
+        i("R", r),
+        i("C", c),
+        t("y", &vec![f64::NAN; r * c], DType::F32),
+        t("sums", &vec![f64::NAN; c], DType::F32),
+    ];
     simulate(&row_col_stats(&cfg).expect("builds"), &mut args).expect("runs");
     let rmax: Vec<f64> = (0..r).map(|ii| (0..c).map(|jj| x[ii * c + jj]).fold(f64::MIN, f64::max)).collect();
     let csum: Vec<f64> = (0..c).map(|jj| (0..r).map(|ii| x[ii * c + jj]).sum()).collect();
@@ -114,7 +120,13 @@ fn cumsum_of_fragments_and_shared_tiles() {
     let cfg = Cfg { rows: 32, cols: 16, threads: 64 };
     let (r, c) = (32, 16);
     let x = Rng::new(3).normals(r * c, DType::F32);
-    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32), t("z", &vec![f64::NAN; r * c], DType::F32)];
+    let mut args = vec![
+        t("x", &x, DType::F32),
+        i("R", r),
+        i("C", c),
+        t("y", &vec![f64::NAN; r * c], DType::F32),
+        t("z", &vec![f64::NAN; r * c], DType::F32),
+    ];
     simulate(&scans(&cfg).expect("builds"), &mut args).expect("runs");
     let mut rows = x.clone();
     let mut cols = x.clone();
@@ -156,7 +168,14 @@ fn scalar_reads_runtime_if_and_runtime_loop_bounds() {
     let x = Rng::new(4).normals(r * c, DType::F32);
     let idx = [2.0, -1.0, 5.0, 0.0];
     let nb = idx.len();
-    let mut args = vec![t("idx", &idx, DType::I32), i("NB", nb), t("x", &x, DType::F32), i("R", r), i("C", c), t("out", &vec![f64::NAN; nb * c], DType::F32)];
+    let mut args = vec![
+        t("idx", &idx, DType::I32),
+        i("NB", nb),
+        t("x", &x, DType::F32),
+        i("R", r),
+        i("C", c),
+        t("out", &vec![f64::NAN; nb * c], DType::F32),
+    ];
     simulate(&gather_rows(&cfg).expect("builds"), &mut args).expect("runs");
     let want: Vec<f64> = (0..nb * c)
         .map(|k| {
@@ -165,7 +184,10 @@ fn scalar_reads_runtime_if_and_runtime_loop_bounds() {
             (0..=row).map(|rr| x[rr as usize * c + j]).sum::<f64>()
         })
         .collect();
-    assert_eq!(tensor_values(&args, "out", DType::F32).iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>(), want.iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>());
+    assert_eq!(
+        tensor_values(&args, "out", DType::F32).iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>(),
+        want.iter().map(|v| (v * 1e4).round()).collect::<Vec<_>>()
+    );
 }
 
 #[kernel]
@@ -200,7 +222,13 @@ fn local_tiles_unrolled_loops_and_mutable_scalars() {
 }
 
 #[kernel]
-fn attention_like(cfg: &Cfg, q: Global<(R, D), BF16>, k: Global<(C, D), BF16>, v: Global<(C, D), BF16>, o: GlobalMut<(R, D), F32>) {
+fn attention_like(
+    cfg: &Cfg,
+    q: Global<(R, D), BF16>,
+    k: Global<(C, D), BF16>,
+    v: Global<(C, D), BF16>,
+    o: GlobalMut<(R, D), F32>,
+) {
     let (_bx,) = launch(grid = [1], threads = cfg.threads);
     let qs = shared([cfg.rows, 32], BF16);
     let ks = shared([cfg.cols, 32], BF16);
@@ -226,9 +254,19 @@ fn gemm_with_the_left_operand_from_registers() {
     let q = rng.normals(r * d, DType::BF16);
     let k = rng.normals(c * d, DType::BF16);
     let v = rng.normals(c * d, DType::BF16);
-    let mut args = vec![t("q", &q, DType::BF16), i("R", r), i("D", d), t("k", &k, DType::BF16), i("C", c), t("v", &v, DType::BF16), t("o", &vec![f64::NAN; r * d], DType::F32)];
+    let mut args = vec![
+        t("q", &q, DType::BF16),
+        i("R", r),
+        i("D", d),
+        t("k", &k, DType::BF16),
+        i("C", c),
+        t("v", &v, DType::BF16),
+        t("o", &vec![f64::NAN; r * d], DType::F32),
+    ];
     simulate(&attention_like(&cfg).expect("builds"), &mut args).expect("runs");
-    let p: Vec<f64> = (0..r * c).map(|x| round_to((0..d).map(|e| q[(x / c) * d + e] * k[(x % c) * d + e]).sum(), DType::BF16)).collect();
+    let p: Vec<f64> = (0..r * c)
+        .map(|x| round_to((0..d).map(|e| q[(x / c) * d + e] * k[(x % c) * d + e]).sum(), DType::BF16))
+        .collect();
     let want: Vec<f64> = (0..r * d).map(|x| (0..c).map(|e| p[(x / d) * c + e] * v[e * d + x % d]).sum()).collect();
     let err = rel_err(&tensor_values(&args, "o", DType::F32), &want);
     assert!(err < 1e-5, "rel err {err}");

@@ -51,7 +51,8 @@ fn loc(span: Span) -> TS {
     quote_spanned!(span=> ::kda_dsl::diag::SrcLoc::new(::core::file!(), ::core::line!(), ::core::column!()))
 }
 
-const PRIMITIVES: &[&str] = &["copy", "gemm", "clear", "fill", "reduce_sum", "reduce_max", "cumsum", "print", "assume_multiple"];
+const PRIMITIVES: &[&str] =
+    &["copy", "gemm", "clear", "fill", "reduce_sum", "reduce_max", "cumsum", "print", "assume_multiple"];
 const MATH1: &[&str] = &["exp", "exp2", "log", "sigmoid", "softplus", "rsqrt", "sqrt", "abs"];
 const MATH2: &[&str] = &["max", "min"];
 
@@ -81,7 +82,10 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
         let l = loc(pt.span());
         let _ = l;
         match &*pt.ty {
-            Type::Path(tp) if tp.path.segments.len() == 1 && matches!(tp.path.segments[0].ident.to_string().as_str(), "f32" | "i32" | "i64") => {
+            Type::Path(tp)
+                if tp.path.segments.len() == 1
+                    && matches!(tp.path.segments[0].ident.to_string().as_str(), "f32" | "i32" | "i64") =>
+            {
                 let d = match tp.path.segments[0].ident.to_string().as_str() {
                     "f32" => quote!(::kda_dsl::DType::F32),
                     "i32" => quote!(::kda_dsl::DType::I32),
@@ -90,17 +94,25 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
                 prelude.push(quote!(let #ident = __kb.scalar(#pname, #d);));
                 cx.bind(&pname, Kind::Val);
             }
-            Type::Path(tp) if tp.path.segments.len() == 1 && matches!(tp.path.segments[0].ident.to_string().as_str(), "Global" | "GlobalMut") => {
+            Type::Path(tp)
+                if tp.path.segments.len() == 1
+                    && matches!(tp.path.segments[0].ident.to_string().as_str(), "Global" | "GlobalMut") =>
+            {
                 let seg = &tp.path.segments[0];
                 let writes = seg.ident == "GlobalMut";
                 let PathArguments::AngleBracketed(ab) = &seg.arguments else {
                     return err(seg.span(), "expected `Global<(D0, D1, ..), {dtype}>`");
                 };
                 if ab.args.len() != 2 {
-                    return err(ab.span(), "expected two arguments: the extents `(D0, D1, ..)` and the element type `{dtype}`");
+                    return err(
+                        ab.span(),
+                        "expected two arguments: the extents `(D0, D1, ..)` and the element type `{dtype}`",
+                    );
                 }
                 let dims: Vec<syn::Ident> = match &ab.args[0] {
-                    GenericArgument::Type(Type::Tuple(t)) => t.elems.iter().map(dim_ident).collect::<syn::Result<_>>()?,
+                    GenericArgument::Type(Type::Tuple(t)) => {
+                        t.elems.iter().map(dim_ident).collect::<syn::Result<_>>()?
+                    }
                     GenericArgument::Type(Type::Paren(p)) => vec![dim_ident(&p.elem)?],
                     other => return err(other.span(), "the extents are a tuple of symbols, as `(M, K)`"),
                 };
@@ -124,7 +136,10 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
                 cx.bind(&pname, Kind::Tensor);
             }
             other => {
-                return err(other.span(), "a kernel parameter is `Global<(..), {dtype}>`, `GlobalMut<(..), {dtype}>`, `f32`, `i32` or `i64`");
+                return err(
+                    other.span(),
+                    "a kernel parameter is `Global<(..), {dtype}>`, `GlobalMut<(..), {dtype}>`, `f32`, `i32` or `i64`",
+                );
             }
         }
     }
@@ -147,7 +162,9 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
 
 fn dim_ident(t: &Type) -> syn::Result<syn::Ident> {
     match t {
-        Type::Path(p) if p.path.segments.len() == 1 && p.path.segments[0].arguments.is_empty() => Ok(p.path.segments[0].ident.clone()),
+        Type::Path(p) if p.path.segments.len() == 1 && p.path.segments[0].arguments.is_empty() => {
+            Ok(p.path.segments[0].ident.clone())
+        }
         other => err(other.span(), "an extent is a symbol such as `M`"),
     }
 }
@@ -170,7 +187,9 @@ fn kwargs(args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>) -> (Vec<&
     for a in args {
         match a {
             Expr::Assign(asg) => match &*asg.left {
-                Expr::Path(p) if p.path.segments.len() == 1 => kw.push((p.path.segments[0].ident.to_string(), &*asg.right, asg.left.span())),
+                Expr::Path(p) if p.path.segments.len() == 1 => {
+                    kw.push((p.path.segments[0].ident.to_string(), &*asg.right, asg.left.span()))
+                }
                 _ => pos.push(a),
             },
             _ => pos.push(a),
@@ -298,7 +317,12 @@ impl Cx {
                 let tokens = m.mac.tokens.to_string();
                 for (name, k) in self.scopes.iter().flat_map(|s| s.iter()) {
                     if *k != Kind::Host && tokens.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == name) {
-                        return err(m.span(), format!("macros cannot see kernel values such as `{name}`; use `print(tile)` to look at a tile"));
+                        return err(
+                            m.span(),
+                            format!(
+                                "macros cannot see kernel values such as `{name}`; use `print(tile)` to look at a tile"
+                            ),
+                        );
                     }
                 }
                 Ok(quote!(#m))
@@ -320,7 +344,9 @@ impl Cx {
             match name.as_str() {
                 "launch" => return self.launch(&l.pat, args, fspan),
                 "shared" | "fragment" | "local" => {
-                    let Pat::Ident(pi) = &l.pat else { return err(l.pat.span(), "name the tile: `let x = shared(..)`") };
+                    let Pat::Ident(pi) = &l.pat else {
+                        return err(l.pat.span(), "name the tile: `let x = shared(..)`");
+                    };
                     let id = &pi.ident;
                     let (pos, kw) = kwargs(args);
                     if !kw.is_empty() || pos.len() != 2 {
@@ -332,7 +358,10 @@ impl Cx {
                     let mut ext = vec![];
                     for x in &arr.elems {
                         if self.is_dsl(x) {
-                            return err(x.span(), "tile extents must be known when the kernel is specialized; this uses a kernel value");
+                            return err(
+                                x.span(),
+                                "tile extents must be known when the kernel is specialized; this uses a kernel value",
+                            );
                         }
                         ext.push(quote!((#x) as i64));
                     }
@@ -378,7 +407,12 @@ impl Cx {
         }
     }
 
-    fn launch(&mut self, pat: &Pat, args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>, span: Span) -> syn::Result<TS> {
+    fn launch(
+        &mut self,
+        pat: &Pat,
+        args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>,
+        span: Span,
+    ) -> syn::Result<TS> {
         let (pos, kw) = kwargs(args);
         if let Some(p) = pos.first() {
             return err(p.span(), "`launch` takes `grid = [..]` and `threads = n`");
@@ -434,21 +468,24 @@ impl Cx {
     /// A grid term: extents, config values, `+ - * /` and `ceil_div`.
     fn host_expr(&self, e: &Expr) -> syn::Result<TS> {
         match e {
-            Expr::Path(p) if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) && self.kind(&p.path.segments[0].ident.to_string()) == Some(Kind::Val) => {
+            Expr::Path(p)
+                if p.path.segments.len() == 1
+                    && self.dims.contains(&p.path.segments[0].ident.to_string())
+                    && self.kind(&p.path.segments[0].ident.to_string()) == Some(Kind::Val) =>
+            {
                 let n = p.path.segments[0].ident.to_string();
                 Ok(quote!(__kb.host_dim(#n)))
             }
             Expr::Paren(p) => self.host_expr(&p.expr),
             Expr::Binary(b) if self.is_dsl(e) => {
                 let (l, r) = (self.host_expr(&b.left)?, self.host_expr(&b.right)?);
-                let f = match b.op {
-                    syn::BinOp::Add(_) => quote!(add),
-                    syn::BinOp::Sub(_) => quote!(sub),
-                    syn::BinOp::Mul(_) => quote!(mul),
-                    syn::BinOp::Div(_) => quote!(div),
-                    _ => return err(b.op.span(), "the grid uses + - * / and ceil_div only"),
-                };
-                Ok(quote!(::kda_dsl::builder::Host::#f(#l, #r)))
+                let op = &b.op;
+                match b.op {
+                    syn::BinOp::Add(_) | syn::BinOp::Sub(_) | syn::BinOp::Mul(_) | syn::BinOp::Div(_) => {
+                        Ok(quote!((#l #op #r)))
+                    }
+                    _ => err(b.op.span(), "the grid uses + - * / and ceil_div only"),
+                }
             }
             Expr::Call(_) if self.is_dsl(e) => {
                 let Some((name, args, sp)) = call_name(e) else { return err(e.span(), "unsupported grid term") };
@@ -484,14 +521,18 @@ impl Cx {
             }
             Expr::Assign(a) => self.assign(&a.left, &a.right, None, lc),
             Expr::Binary(b) if is_compound(&b.op) => self.assign(&b.left, &b.right, Some(&b.op), lc),
-            Expr::While(w) => err(w.while_token.span, "`while` is not supported in a kernel; use `for i in serial(a, b)`"),
+            Expr::While(w) => {
+                err(w.while_token.span, "`while` is not supported in a kernel; use `for i in serial(a, b)`")
+            }
             Expr::Loop(l) => err(l.loop_token.span, "`loop` is not supported in a kernel; use `for i in serial(a, b)`"),
             Expr::Match(m) => err(m.match_token.span, "`match` is not supported in a kernel; use `if`"),
             Expr::Return(r) => err(r.return_token.span, "`return` is not supported in a kernel; branch with `if`"),
             Expr::Break(b) => err(b.break_token.span, "`break` is not supported in a kernel"),
             Expr::Continue(c) => err(c.continue_token.span, "`continue` is not supported in a kernel"),
             Expr::Closure(c) => err(c.span(), "closures are not supported in a kernel"),
-            Expr::MethodCall(m) if self.is_dsl(e) => err(m.method.span(), format!("`.{}()` does nothing as a statement in a kernel", m.method)),
+            Expr::MethodCall(m) if self.is_dsl(e) => {
+                err(m.method.span(), format!("`.{}()` does nothing as a statement in a kernel", m.method))
+            }
             _ if self.is_dsl(e) => err(span, "this kernel expression does nothing as a statement"),
             Expr::Macro(m) => Ok(quote!(#m;)),
             _ => Ok(quote!(#e;)),
@@ -501,7 +542,9 @@ impl Cx {
     fn tile_arg(&self, e: &Expr, what: &str) -> syn::Result<TS> {
         match self.ident_kind(e) {
             Some((Kind::Tile, id)) => Ok(quote!(&#id)),
-            Some((Kind::Tensor, id)) => err(id.span(), format!("`{id}` is a global tensor; {what} needs a tile (shared, fragment or local)")),
+            Some((Kind::Tensor, id)) => {
+                err(id.span(), format!("`{id}` is a global tensor; {what} needs a tile (shared, fragment or local)"))
+            }
             Some((_, id)) => err(id.span(), format!("`{id}` is a scalar; {what} needs a tile")),
             None => err(e.span(), format!("{what} needs a tile name here")),
         }
@@ -517,9 +560,17 @@ impl Cx {
                         let Some((Kind::Tensor, id)) = self.ident_kind(&m.receiver) else {
                             if let Some((k, id)) = self.ident_kind(&m.receiver) {
                                 let kind = if k == Kind::Tile { "a tile" } else { "a scalar" };
-                                return err(id.span(), format!("`{id}` is {kind}, not a global tensor; `.{name}(..)` boxes a global tensor"));
+                                return err(
+                                    id.span(),
+                                    format!(
+                                        "`{id}` is {kind}, not a global tensor; `.{name}(..)` boxes a global tensor"
+                                    ),
+                                );
                             }
-                            return err(m.receiver.span(), format!("`.{name}(..)` applies to a global tensor parameter"));
+                            return err(
+                                m.receiver.span(),
+                                format!("`.{name}(..)` applies to a global tensor parameter"),
+                            );
                         };
                         if m.args.len() != 2 {
                             return err(m.method.span(), format!("`.{name}([index..], [extent..])` takes two arrays"));
@@ -546,7 +597,10 @@ impl Cx {
                         let b: Vec<TS> = b.elems.iter().map(|x| self.val(x)).collect::<syn::Result<_>>()?;
                         Ok(quote!(__kb.bounded(#inner, vec![#(#b),*], #lc)))
                     }
-                    _ => err(m.method.span(), format!("unknown region method `.{name}`; expected `.tile`, `.tile_at` or `.bounded`")),
+                    _ => err(
+                        m.method.span(),
+                        format!("unknown region method `.{name}`; expected `.tile`, `.tile_at` or `.bounded`"),
+                    ),
                 }
             }
             _ => self.tile_arg(e, "`copy`"),
@@ -564,10 +618,19 @@ impl Cx {
         self.tile_arg(e, "`gemm`")
     }
 
-    fn primitive(&mut self, name: &str, args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>, span: Span, lc: TS) -> syn::Result<TS> {
+    fn primitive(
+        &mut self,
+        name: &str,
+        args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>,
+        span: Span,
+        lc: TS,
+    ) -> syn::Result<TS> {
         let arity = |n: usize| -> syn::Result<()> {
             if args.len() != n {
-                return err(span, format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()));
+                return err(
+                    span,
+                    format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()),
+                );
             }
             Ok(())
         };
@@ -621,7 +684,11 @@ impl Cx {
             "assume_multiple" => {
                 arity(2)?;
                 let d = match &args[0] {
-                    Expr::Path(p) if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) => &args[0],
+                    Expr::Path(p)
+                        if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) =>
+                    {
+                        &args[0]
+                    }
                     other => return err(other.span(), "`assume_multiple` takes an extent symbol first"),
                 };
                 let m = &args[1];
@@ -630,12 +697,19 @@ impl Cx {
                 }
                 Ok(quote!(__kb.assume_multiple(&#d, #m, #lc);))
             }
-            "launch" => err(span, "`launch` binds the block indices: `let (bx, by) = launch(grid = [..], threads = n);`"),
+            "launch" => {
+                err(span, "`launch` binds the block indices: `let (bx, by) = launch(grid = [..], threads = n);`")
+            }
             "shared" | "fragment" | "local" => err(span, format!("bind the tile to a name: `let x = {name}(..);`")),
-            _ if MATH1.contains(&name) || MATH2.contains(&name) || name == "select" => err(span, format!("`{name}(..)` computes a value; bind or store it")),
+            _ if MATH1.contains(&name) || MATH2.contains(&name) || name == "select" => {
+                err(span, format!("`{name}(..)` computes a value; bind or store it"))
+            }
             _ => {
                 if args.iter().any(|a| self.is_dsl(a)) {
-                    return err(span, format!("unknown primitive `{name}`; the tile primitives are {}", PRIMITIVES.join(", ")));
+                    return err(
+                        span,
+                        format!("unknown primitive `{name}`; the tile primitives are {}", PRIMITIVES.join(", ")),
+                    );
                 }
                 let f = syn::Ident::new(name, span);
                 Ok(quote!(#f(#args);))
@@ -663,7 +737,9 @@ impl Cx {
         if let Some((k, id)) = self.ident_kind(left) {
             return match k {
                 Kind::Val => Ok(quote!(__kb.assign(&#id, #rhs, #lc);)),
-                Kind::Tile => err(id.span(), format!("`{id}` is a tile; assign its elements (`{id}[i][j] = ..`) or `fill` it")),
+                Kind::Tile => {
+                    err(id.span(), format!("`{id}` is a tile; assign its elements (`{id}[i][j] = ..`) or `fill` it"))
+                }
                 _ => err(id.span(), format!("`{id}` is a global tensor; write it with `copy` or element stores")),
             };
         }
@@ -700,7 +776,9 @@ impl Cx {
 
     fn for_loop(&mut self, f: &syn::ExprForLoop) -> syn::Result<TS> {
         let it = &*f.expr;
-        let Some((name, args, sp)) = call_name(it).filter(|(n, _, _)| matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel")) else {
+        let Some((name, args, sp)) =
+            call_name(it).filter(|(n, _, _)| matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel"))
+        else {
             if self.is_dsl(it) {
                 return err(it.span(), "a kernel loop runs over `serial(..)`, `unroll(..)`, `pipelined(.., stages = s)` or `parallel(tile)`");
             }
@@ -745,7 +823,8 @@ impl Cx {
                 let body = self.block_stmts(&f.body.stmts);
                 self.in_parallel -= 1;
                 let body = body?;
-                let binds: Vec<TS> = names.iter().enumerate().map(|(i, n)| quote!(let #n = __idx[#i].clone();)).collect();
+                let binds: Vec<TS> =
+                    names.iter().enumerate().map(|(i, n)| quote!(let #n = __idx[#i].clone();)).collect();
                 return Ok(quote!({
                     let __idx = __kb.begin_parallel(#t, &[#(#strs),*], #lc);
                     #(#binds)*
@@ -844,7 +923,11 @@ impl Cx {
                 return Ok(quote!(::kda_dsl::builder::Val::from(#e)));
             }
             if let Some((name, _, sp)) = call_name(e) {
-                if MATH1.contains(&name.as_str()) || MATH2.contains(&name.as_str()) || name == "select" || name == "ceil_div" {
+                if MATH1.contains(&name.as_str())
+                    || MATH2.contains(&name.as_str())
+                    || name == "select"
+                    || name == "ceil_div"
+                {
                     let _ = sp;
                     return self.val_call(e);
                 }
@@ -855,8 +938,13 @@ impl Cx {
         match e {
             Expr::Path(_) => match self.ident_kind(e) {
                 Some((Kind::Val, id)) => Ok(quote!(#vt::from(&#id))),
-                Some((Kind::Tensor, id)) => err(id.span(), format!("`{id}` is a global tensor; read an element as `{id}[i]` or a box with `copy`")),
-                Some((_, id)) => err(id.span(), format!("`{id}` is a tile; read an element as `{id}[i][j]` inside `parallel`")),
+                Some((Kind::Tensor, id)) => err(
+                    id.span(),
+                    format!("`{id}` is a global tensor; read an element as `{id}[i]` or a box with `copy`"),
+                ),
+                Some((_, id)) => {
+                    err(id.span(), format!("`{id}` is a tile; read an element as `{id}[i][j]` inside `parallel`"))
+                }
                 None => Ok(quote!(#vt::from(#e))),
             },
             Expr::Paren(p) => self.val(&p.expr),
@@ -901,7 +989,12 @@ impl Cx {
                     "bf16" => quote!(BF16),
                     "i32" => quote!(I32),
                     "i64" => quote!(I64),
-                    _ => return err(c.ty.span(), format!("cannot cast a kernel value to `{t}`; use f32, f16, bf16, i32 or i64")),
+                    _ => {
+                        return err(
+                            c.ty.span(),
+                            format!("cannot cast a kernel value to `{t}`; use f32, f16, bf16, i32 or i64"),
+                        )
+                    }
                 };
                 Ok(quote!(#vt::cast(#x, ::kda_dsl::DType::#d)))
             }
@@ -950,7 +1043,10 @@ impl Cx {
         };
         let arity = |n: usize| -> syn::Result<()> {
             if args.len() != n {
-                return err(sp, format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()));
+                return err(
+                    sp,
+                    format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()),
+                );
             }
             Ok(())
         };
@@ -992,7 +1088,14 @@ impl Cx {
         if PRIMITIVES.contains(&name.as_str()) {
             return err(sp, format!("`{name}` is a tile operation, not a value"));
         }
-        err(sp, format!("unknown function `{name}` on kernel values; math functions are {}, {}, select", MATH1.join(", "), MATH2.join(", ")))
+        err(
+            sp,
+            format!(
+                "unknown function `{name}` on kernel values; math functions are {}, {}, select",
+                MATH1.join(", "),
+                MATH2.join(", ")
+            ),
+        )
     }
 }
 
@@ -1006,6 +1109,10 @@ fn block_value(b: &syn::Block) -> syn::Result<&Expr> {
 fn is_compound(op: &syn::BinOp) -> bool {
     matches!(
         op,
-        syn::BinOp::AddAssign(_) | syn::BinOp::SubAssign(_) | syn::BinOp::MulAssign(_) | syn::BinOp::DivAssign(_) | syn::BinOp::RemAssign(_)
+        syn::BinOp::AddAssign(_)
+            | syn::BinOp::SubAssign(_)
+            | syn::BinOp::MulAssign(_)
+            | syn::BinOp::DivAssign(_)
+            | syn::BinOp::RemAssign(_)
     )
 }

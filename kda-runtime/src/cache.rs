@@ -102,9 +102,7 @@ impl ModuleCache {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<LoadedKernel>>> {
         // A panic while holding the lock cannot leave the map half-updated.
-        self.loaded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -117,23 +115,16 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
             format!("a NUL byte at offset {}", e.nul_position()),
         )
     })?;
-    let entry = CString::new(kernel.entry.as_str()).map_err(|_| {
-        RuntimeError::bad_argument("entry", "a name without NUL bytes", kernel.entry.clone())
-    })?;
+    let entry = CString::new(kernel.entry.as_str())
+        .map_err(|_| RuntimeError::bad_argument("entry", "a name without NUL bytes", kernel.entry.clone()))?;
     ctx.bind_to_thread().op("cuCtxSetCurrent")?;
     let module = load_ptx(&ptx)?;
-    let mut loaded = LoadedKernel {
-        ctx: ctx.clone(),
-        module,
-        function: std::ptr::null_mut(),
-    };
+    let mut loaded = LoadedKernel { ctx: ctx.clone(), module, function: std::ptr::null_mut() };
     // SAFETY: the module is loaded and current; `loaded` unloads it on the error paths.
-    let function =
-        unsafe { result::module::get_function(module, entry) }.op("cuModuleGetFunction")?;
+    let function = unsafe { result::module::get_function(module, entry) }.op("cuModuleGetFunction")?;
     if kernel.shared_bytes > DEFAULT_SHARED_LIMIT {
-        let bytes = i32::try_from(kernel.shared_bytes).map_err(|_| {
-            RuntimeError::Unsupported(format!("{} bytes of shared memory", kernel.shared_bytes))
-        })?;
+        let bytes = i32::try_from(kernel.shared_bytes)
+            .map_err(|_| RuntimeError::Unsupported(format!("{} bytes of shared memory", kernel.shared_bytes)))?;
         let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         // SAFETY: the function handle is valid while the module is loaded.
         unsafe { result::function::set_function_attribute(function, attr, bytes) }
@@ -147,15 +138,10 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
 /// the error on failure.
 fn load_ptx(ptx: &CString) -> Result<sys::CUmodule, RuntimeError> {
     let mut log = vec![0u8; JIT_LOG_BYTES];
-    let mut options = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-    ];
+    let mut options =
+        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
     // Option values are passed in pointer-sized slots; the size is a value, not an address.
-    let mut values: [*mut c_void; 2] = [
-        log.as_mut_ptr().cast(),
-        std::ptr::without_provenance_mut(JIT_LOG_BYTES),
-    ];
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), std::ptr::without_provenance_mut(JIT_LOG_BYTES)];
     let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: `ptx` is NUL-terminated; the log buffer outlives the call and its size is given.
     let rc = unsafe {

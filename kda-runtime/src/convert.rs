@@ -9,15 +9,9 @@ use crate::error::RuntimeError;
 pub(crate) fn encode_f32(values: &[f32], dtype: DType) -> Result<Vec<u8>, RuntimeError> {
     let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
     match dtype {
-        DType::F32 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::BF16 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
-        DType::F16 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
+        DType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::BF16 => values.iter().for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
+        DType::F16 => values.iter().for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
         other => return Err(not_float("dtype", other)),
     }
     Ok(out)
@@ -27,17 +21,11 @@ pub(crate) fn encode_f32(values: &[f32], dtype: DType) -> Result<Vec<u8>, Runtim
 pub(crate) fn encode_i64(values: &[i64], dtype: DType) -> Result<Vec<u8>, RuntimeError> {
     let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
     match dtype {
-        DType::I64 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::I64 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         DType::I32 => {
             for (i, v) in values.iter().enumerate() {
                 let v = i32::try_from(*v).map_err(|_| {
-                    RuntimeError::bad_argument(
-                        "data",
-                        "values that fit in i32",
-                        format!("{v} at index {i}"),
-                    )
+                    RuntimeError::bad_argument("data", "values that fit in i32", format!("{v} at index {i}"))
                 })?;
                 out.extend_from_slice(&v.to_le_bytes());
             }
@@ -51,18 +39,10 @@ pub(crate) fn encode_i64(values: &[i64], dtype: DType) -> Result<Vec<u8>, Runtim
 pub(crate) fn decode_f32(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, RuntimeError> {
     Ok(match dtype {
         DType::F32 => chunks::<4>(bytes).map(f32::from_le_bytes).collect(),
-        DType::BF16 => chunks::<2>(bytes)
-            .map(|b| bf16::from_le_bytes(b).to_f32())
-            .collect(),
-        DType::F16 => chunks::<2>(bytes)
-            .map(|b| f16::from_le_bytes(b).to_f32())
-            .collect(),
-        DType::I32 => chunks::<4>(bytes)
-            .map(|b| i32::from_le_bytes(b) as f32)
-            .collect(),
-        DType::I64 => chunks::<8>(bytes)
-            .map(|b| i64::from_le_bytes(b) as f32)
-            .collect(),
+        DType::BF16 => chunks::<2>(bytes).map(|b| bf16::from_le_bytes(b).to_f32()).collect(),
+        DType::F16 => chunks::<2>(bytes).map(|b| f16::from_le_bytes(b).to_f32()).collect(),
+        DType::I32 => chunks::<4>(bytes).map(|b| i32::from_le_bytes(b) as f32).collect(),
+        DType::I64 => chunks::<8>(bytes).map(|b| i64::from_le_bytes(b) as f32).collect(),
         DType::Bool => return Err(unstorable()),
     })
 }
@@ -70,18 +50,14 @@ pub(crate) fn decode_f32(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, Runtime
 /// Decodes `bytes` of an integer `dtype` to `i64`.
 pub(crate) fn decode_i64(bytes: &[u8], dtype: DType) -> Result<Vec<i64>, RuntimeError> {
     Ok(match dtype {
-        DType::I32 => chunks::<4>(bytes)
-            .map(|b| i64::from(i32::from_le_bytes(b)))
-            .collect(),
+        DType::I32 => chunks::<4>(bytes).map(|b| i64::from(i32::from_le_bytes(b))).collect(),
         DType::I64 => chunks::<8>(bytes).map(i64::from_le_bytes).collect(),
         other => return Err(not_int("tensor", other)),
     })
 }
 
 fn chunks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
-    bytes
-        .chunks_exact(N)
-        .filter_map(|c| <[u8; N]>::try_from(c).ok())
+    bytes.chunks_exact(N).filter_map(|c| <[u8; N]>::try_from(c).ok())
 }
 
 fn not_float(name: &str, got: DType) -> RuntimeError {

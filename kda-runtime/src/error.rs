@@ -42,31 +42,19 @@ impl RuntimeError {
     }
 
     /// Builds a [`RuntimeError::BadArgument`].
-    pub fn bad_argument(
-        name: impl Into<String>,
-        expected: impl Into<String>,
-        got: impl Into<String>,
-    ) -> Self {
-        RuntimeError::BadArgument {
-            name: name.into(),
-            expected: expected.into(),
-            got: got.into(),
-        }
+    pub fn bad_argument(name: impl Into<String>, expected: impl Into<String>, got: impl Into<String>) -> Self {
+        RuntimeError::BadArgument { name: name.into(), expected: expected.into(), got: got.into() }
     }
 }
 
 impl fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RuntimeError::NoGpu => f.write_str(
-                "no CUDA GPU: expected the CUDA driver (libcuda) to load and report a device",
-            ),
+            RuntimeError::NoGpu => {
+                f.write_str("no CUDA GPU: expected the CUDA driver (libcuda) to load and report a device")
+            }
             RuntimeError::Driver { op, message } => write!(f, "CUDA call {op} failed: {message}"),
-            RuntimeError::BadArgument {
-                name,
-                expected,
-                got,
-            } => {
+            RuntimeError::BadArgument { name, expected, got } => {
                 write!(f, "bad argument `{name}`: expected {expected}, got {got}")
             }
             RuntimeError::Unsupported(what) => write!(f, "unsupported: {what}"),

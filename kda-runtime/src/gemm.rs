@@ -15,18 +15,38 @@ fn bad(name: &str, expected: impl Into<String>, got: impl Into<String>) -> Runti
 }
 
 /// Picks the shipped GEMM variant for these operand types and shapes.
-pub fn gemm_variant(dtype: DType, out: DType, b_transposed: bool, k: usize, n: usize) -> Result<kda_kernels::Variant, RuntimeError> {
-    let aligned = k % 8 == 0 && n % 8 == 0;
+pub fn gemm_variant(
+    dtype: DType,
+    out: DType,
+    b_transposed: bool,
+    k: usize,
+    n: usize,
+) -> Result<kda_kernels::Variant, RuntimeError> {
+    let aligned = k.is_multiple_of(8) && n.is_multiple_of(8);
     kda_kernels::gemm_configs()
         .into_iter()
-        .find(|c: &GemmConfig| c.dtype == dtype && c.out == out && c.b_transposed == b_transposed && c.aligned == aligned)
+        .find(|c: &GemmConfig| {
+            c.dtype == dtype && c.out == out && c.b_transposed == b_transposed && c.aligned == aligned
+        })
         .map(kda_kernels::gemm_variant)
-        .ok_or_else(|| RuntimeError::Unsupported(format!("no shipped gemm variant for {dtype} inputs, {out} output, b_transposed = {b_transposed}")))
+        .ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "no shipped gemm variant for {dtype} inputs, {out} output, b_transposed = {b_transposed}"
+            ))
+        })
 }
 
 /// `c = a · b` (`b` is `[K, N]`) or `a · bᵀ` (`b_transposed`, `b` is `[N, K]`) on `stream`.
 /// `a`, `b`: bf16 or f16 (the same); `c`: f32 or the input type. Allocates nothing.
-pub fn gemm(gpu: &Gpu, kernels: &Kernels, stream: &CudaStream, a: &TensorView, b: &TensorView, c: &TensorView, b_transposed: bool) -> Result<(), RuntimeError> {
+pub fn gemm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    a: &TensorView,
+    b: &TensorView,
+    c: &TensorView,
+    b_transposed: bool,
+) -> Result<(), RuntimeError> {
     for (name, t) in [("a", a), ("b", b), ("c", c)] {
         if t.shape().len() != 2 {
             return Err(bad(name, "a 2-D tensor", format!("shape {:?}", t.shape())));
@@ -60,5 +80,12 @@ pub fn gemm(gpu: &Gpu, kernels: &Kernels, stream: &CudaStream, a: &TensorView, b
     }
     let variant = gemm_variant(a.dtype(), c.dtype(), b_transposed, k, n)?;
     let compiled = kernels.compiled(&variant)?;
-    launch(gpu, &kernels.modules, stream, &compiled, &variant.id(), &[("a", KernelArg::Tensor(*a)), ("b", KernelArg::Tensor(*b)), ("c", KernelArg::Tensor(*c))])
+    launch(
+        gpu,
+        &kernels.modules,
+        stream,
+        &compiled,
+        &variant.id(),
+        &[("a", KernelArg::Tensor(*a)), ("b", KernelArg::Tensor(*b)), ("c", KernelArg::Tensor(*c))],
+    )
 }

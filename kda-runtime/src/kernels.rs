@@ -33,7 +33,10 @@ impl Kernels {
             return Ok(k.clone());
         }
         let def = variant.build().map_err(|e| RuntimeError::Unsupported(format!("building {id}: {e}")))?;
-        let k = Arc::new(kda_dsl::compile(def, Target::Sm80).map_err(|e| RuntimeError::Unsupported(format!("compiling {id}: {e}")))?);
+        let k = Arc::new(
+            kda_dsl::compile(def, Target::Sm80)
+                .map_err(|e| RuntimeError::Unsupported(format!("compiling {id}: {e}")))?,
+        );
         map.insert(id, k.clone());
         Ok(k)
     }

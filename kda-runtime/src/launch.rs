@@ -100,18 +100,12 @@ struct Extent {
 /// its value from the first tensor whose dims name it (all such tensors must agree), else from
 /// an `I32` argument of that name. Scalars need an argument of their type. The kernel's
 /// divisibility assumptions are checked and its grid evaluated.
-pub fn bind_args(
-    kernel: &CompiledKernel,
-    args: &[(&str, KernelArg)],
-) -> Result<BoundArgs, RuntimeError> {
+pub fn bind_args(kernel: &CompiledKernel, args: &[(&str, KernelArg)]) -> Result<BoundArgs, RuntimeError> {
     let given = index_args(kernel, args)?;
     let mut extents: HashMap<&str, Extent> = HashMap::new();
     let mut devices = Vec::new();
     for p in &kernel.params {
-        if let ParamSig::Tensor {
-            name, dtype, dims, ..
-        } = p
-        {
+        if let ParamSig::Tensor { name, dtype, dims, .. } = p {
             let view = tensor_arg(name, *dtype, dims, given.get(name.as_str()))?;
             bind_extents(name, dims, &view, &mut extents)?;
             devices.push((name.clone(), view.device()));
@@ -132,18 +126,9 @@ pub fn bind_args(
     check_assumptions(kernel, &extents)?;
     let grid = eval_grid(kernel, &extents)?;
     if kernel.threads == 0 {
-        return Err(RuntimeError::Unsupported(format!(
-            "`{}` has 0 threads",
-            kernel.entry
-        )));
+        return Err(RuntimeError::Unsupported(format!("`{}` has 0 threads", kernel.entry)));
     }
-    Ok(BoundArgs {
-        grid,
-        block: [kernel.threads, 1, 1],
-        shared_bytes: kernel.shared_bytes,
-        values,
-        devices,
-    })
+    Ok(BoundArgs { grid, block: [kernel.threads, 1, 1], shared_bytes: kernel.shared_bytes, values, devices })
 }
 
 /// Validates and launches `kernel` on `stream` with the raw driver call (no per-buffer events
@@ -198,11 +183,7 @@ fn index_args<'a>(
             let names: Vec<&str> = kernel.params.iter().map(ParamSig::name).collect();
             return Err(RuntimeError::bad_argument(
                 *name,
-                format!(
-                    "one of the parameters of `{}`: {}",
-                    kernel.entry,
-                    names.join(", ")
-                ),
+                format!("one of the parameters of `{}`: {}", kernel.entry, names.join(", ")),
                 "an argument the kernel does not take",
             ));
         }
@@ -214,30 +195,15 @@ fn index_args<'a>(
 }
 
 /// The tensor for a `Tensor` parameter, checked for dtype, rank and alignment.
-fn tensor_arg(
-    name: &str,
-    dtype: DType,
-    dims: &[String],
-    arg: Option<&KernelArg>,
-) -> Result<TensorView, RuntimeError> {
-    let want = || {
-        format!(
-            "a {dtype} tensor of rank {} [{}]",
-            dims.len(),
-            dims.join(", ")
-        )
-    };
+fn tensor_arg(name: &str, dtype: DType, dims: &[String], arg: Option<&KernelArg>) -> Result<TensorView, RuntimeError> {
+    let want = || format!("a {dtype} tensor of rank {} [{}]", dims.len(), dims.join(", "));
     let view = match arg {
         Some(KernelArg::Tensor(v)) => *v,
         Some(other) => return Err(RuntimeError::bad_argument(name, want(), describe(other))),
         None => return Err(missing(name, &want())),
     };
     if view.dtype() != dtype || view.shape().len() != dims.len() {
-        return Err(RuntimeError::bad_argument(
-            name,
-            want(),
-            describe(&KernelArg::Tensor(view)),
-        ));
+        return Err(RuntimeError::bad_argument(name, want(), describe(&KernelArg::Tensor(view))));
     }
     if view.ptr() % POINTER_ALIGN != 0 {
         return Err(RuntimeError::bad_argument(
@@ -247,11 +213,7 @@ fn tensor_arg(
         ));
     }
     if view.ptr() == 0 && view.numel() != 0 {
-        return Err(RuntimeError::bad_argument(
-            name,
-            "a non-null address",
-            "null",
-        ));
+        return Err(RuntimeError::bad_argument(name, "a non-null address", "null"));
     }
     Ok(view)
 }
@@ -279,21 +241,12 @@ fn bind_extents<'k>(
         }
         match extents.get(sym.as_str()) {
             Some(e) if e.value != value => {
-                let want = format!(
-                    "{sym} = {} at axis {axis} (as given by `{}`)",
-                    e.value, e.from
-                );
+                let want = format!("{sym} = {} at axis {axis} (as given by `{}`)", e.value, e.from);
                 return Err(RuntimeError::bad_argument(name, want, got()));
             }
             Some(_) => {}
             None => {
-                extents.insert(
-                    sym,
-                    Extent {
-                        value,
-                        from: name.to_owned(),
-                    },
-                );
+                extents.insert(sym, Extent { value, from: name.to_owned() });
             }
         }
     }
@@ -315,13 +268,7 @@ fn dim_arg<'k>(
             return Err(RuntimeError::bad_argument(name, want, describe(other)));
         }
         (None, Some(KernelArg::I32(v))) if *v >= 0 => {
-            extents.insert(
-                name,
-                Extent {
-                    value: i64::from(*v),
-                    from: name.to_owned(),
-                },
-            );
+            extents.insert(name, Extent { value: i64::from(*v), from: name.to_owned() });
             i64::from(*v)
         }
         (None, Some(other)) => return Err(RuntimeError::bad_argument(name, want, describe(other))),
@@ -337,25 +284,16 @@ fn scalar_arg(name: &str, dtype: DType, arg: Option<&KernelArg>) -> Result<RawAr
         (DType::I32, Some(KernelArg::I32(v))) => Ok(RawArg::I32(*v)),
         (DType::I64, Some(KernelArg::I64(v))) => Ok(RawArg::I64(*v)),
         (DType::F32, Some(KernelArg::F32(v))) => Ok(RawArg::F32(*v)),
-        (DType::I32 | DType::I64 | DType::F32, Some(other)) => Err(RuntimeError::bad_argument(
-            name,
-            format!("a {dtype} scalar"),
-            describe(other),
-        )),
-        (DType::I32 | DType::I64 | DType::F32, None) => {
-            Err(missing(name, &format!("a {dtype} scalar")))
+        (DType::I32 | DType::I64 | DType::F32, Some(other)) => {
+            Err(RuntimeError::bad_argument(name, format!("a {dtype} scalar"), describe(other)))
         }
-        (other, _) => Err(RuntimeError::Unsupported(format!(
-            "scalar parameter `{name}` of type {other}"
-        ))),
+        (DType::I32 | DType::I64 | DType::F32, None) => Err(missing(name, &format!("a {dtype} scalar"))),
+        (other, _) => Err(RuntimeError::Unsupported(format!("scalar parameter `{name}` of type {other}"))),
     }
 }
 
 /// Checks the extents the kernel assumes are multiples of some factor.
-fn check_assumptions(
-    kernel: &CompiledKernel,
-    extents: &HashMap<&str, Extent>,
-) -> Result<(), RuntimeError> {
+fn check_assumptions(kernel: &CompiledKernel, extents: &HashMap<&str, Extent>) -> Result<(), RuntimeError> {
     for (sym, m) in &kernel.assumptions {
         let Some(e) = extents.get(sym.as_str()) else {
             return Err(RuntimeError::Unsupported(format!(
@@ -364,18 +302,12 @@ fn check_assumptions(
             )));
         };
         if *m == 0 {
-            return Err(RuntimeError::Unsupported(format!(
-                "`{}` assumes {sym} is a multiple of 0",
-                kernel.entry
-            )));
+            return Err(RuntimeError::Unsupported(format!("`{}` assumes {sym} is a multiple of 0", kernel.entry)));
         }
         if e.value % i64::from(*m) != 0 {
             return Err(RuntimeError::bad_argument(
                 &e.from,
-                format!(
-                    "{sym} to be a multiple of {m} (`{}` assumes it)",
-                    kernel.entry
-                ),
+                format!("{sym} to be a multiple of {m} (`{}` assumes it)", kernel.entry),
                 format!("{sym} = {}", e.value),
             ));
         }
@@ -384,10 +316,7 @@ fn check_assumptions(
 }
 
 /// Evaluates the grid expressions over the bound extents.
-fn eval_grid(
-    kernel: &CompiledKernel,
-    extents: &HashMap<&str, Extent>,
-) -> Result<[u32; 3], RuntimeError> {
+fn eval_grid(kernel: &CompiledKernel, extents: &HashMap<&str, Extent>) -> Result<[u32; 3], RuntimeError> {
     let lookup = |n: &str| extents.get(n).map(|e| e.value);
     let mut grid = [0u32; 3];
     for (axis, expr) in kernel.grid.iter().enumerate() {

@@ -9,6 +9,7 @@
 
 pub mod cache;
 mod convert;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod gemm;

@@ -28,12 +28,7 @@ pub struct TensorView {
 impl TensorView {
     /// Describes `shape` elements of `dtype` at device address `ptr` on device `device`;
     /// fails for ranks above [`MAX_RANK`], `bool` or a size that overflows `usize`.
-    pub fn new(
-        ptr: u64,
-        shape: &[usize],
-        dtype: DType,
-        device: usize,
-    ) -> Result<Self, RuntimeError> {
+    pub fn new(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Self, RuntimeError> {
         if dtype == DType::Bool {
             return Err(convert::unstorable());
         }
@@ -44,9 +39,7 @@ impl TensorView {
                 format!("{shape:?}"),
             ));
         }
-        let bytes = shape
-            .iter()
-            .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
+        let bytes = shape.iter().try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
         if bytes.is_none() {
             return Err(RuntimeError::bad_argument(
                 "shape",
@@ -56,13 +49,7 @@ impl TensorView {
         }
         let mut dims = [0; MAX_RANK];
         dims[..shape.len()].copy_from_slice(shape);
-        Ok(TensorView {
-            ptr,
-            dims,
-            rank: shape.len(),
-            dtype,
-            device,
-        })
+        Ok(TensorView { ptr, dims, rank: shape.len(), dtype, device })
     }
 
     /// Device address of the first element.
@@ -118,19 +105,11 @@ impl DeviceTensor {
             // SAFETY: the context is current; the size is non-zero.
             unsafe { result::malloc_sync(probe.size_bytes()) }.op("cuMemAlloc")?
         };
-        Ok(DeviceTensor {
-            ctx,
-            view: TensorView { ptr, ..probe },
-        })
+        Ok(DeviceTensor { ctx, view: TensorView { ptr, ..probe } })
     }
 
     /// A tensor of zeros, cleared asynchronously on `stream`.
-    pub fn zeros(
-        gpu: &Gpu,
-        stream: &CudaStream,
-        shape: &[usize],
-        dtype: DType,
-    ) -> Result<Self, RuntimeError> {
+    pub fn zeros(gpu: &Gpu, stream: &CudaStream, shape: &[usize], dtype: DType) -> Result<Self, RuntimeError> {
         let mut t = Self::alloc(gpu, shape, dtype)?;
         t.fill_bytes(stream, 0)?;
         Ok(t)
@@ -156,8 +135,7 @@ impl DeviceTensor {
         if !bytes.is_empty() {
             // SAFETY: the destination holds exactly `bytes.len()` bytes; the stream is
             // synchronized before `bytes` can be released.
-            unsafe { result::memcpy_htod_async(t.view.ptr, bytes, stream.cu_stream()) }
-                .op("cuMemcpyHtoDAsync")?;
+            unsafe { result::memcpy_htod_async(t.view.ptr, bytes, stream.cu_stream()) }.op("cuMemcpyHtoDAsync")?;
             stream.synchronize().op("cuStreamSynchronize")?;
         }
         Ok(t)
@@ -172,13 +150,7 @@ impl DeviceTensor {
         data: &[f32],
     ) -> Result<Self, RuntimeError> {
         check_len(shape, data.len())?;
-        Self::from_bytes(
-            gpu,
-            stream,
-            shape,
-            dtype,
-            &convert::encode_f32(data, dtype)?,
-        )
+        Self::from_bytes(gpu, stream, shape, dtype, &convert::encode_f32(data, dtype)?)
     }
 
     /// Uploads `data` as an integer `dtype` (`i32` or `i64`); values must fit the dtype.
@@ -190,13 +162,7 @@ impl DeviceTensor {
         data: &[i64],
     ) -> Result<Self, RuntimeError> {
         check_len(shape, data.len())?;
-        Self::from_bytes(
-            gpu,
-            stream,
-            shape,
-            dtype,
-            &convert::encode_i64(data, dtype)?,
-        )
+        Self::from_bytes(gpu, stream, shape, dtype, &convert::encode_i64(data, dtype)?)
     }
 
     /// The copyable descriptor kernels are launched with.
@@ -236,10 +202,8 @@ impl DeviceTensor {
             return Ok(());
         }
         // SAFETY: writes exactly the allocation; the context is current (check_stream).
-        unsafe {
-            result::memset_d8_async(self.view.ptr, byte, self.size_bytes(), stream.cu_stream())
-        }
-        .op("cuMemsetD8Async")
+        unsafe { result::memset_d8_async(self.view.ptr, byte, self.size_bytes(), stream.cu_stream()) }
+            .op("cuMemsetD8Async")
     }
 
     /// Poisons the tensor with all-ones bytes, asynchronously on `stream`: NaN for the float
@@ -270,11 +234,7 @@ impl DeviceTensor {
     /// Downloads an integer tensor as `i64`; synchronous on `stream`.
     pub fn to_i64_vec(&self, stream: &CudaStream) -> Result<Vec<i64>, RuntimeError> {
         if !self.dtype().is_int() {
-            return Err(RuntimeError::bad_argument(
-                "tensor",
-                "an integer tensor (i32 or i64)",
-                self.dtype().name(),
-            ));
+            return Err(RuntimeError::bad_argument("tensor", "an integer tensor (i32 or i64)", self.dtype().name()));
         }
         convert::decode_i64(&self.to_bytes(stream)?, self.dtype())
     }

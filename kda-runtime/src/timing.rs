@@ -23,9 +23,7 @@ pub fn time_ms(
     for _ in 0..warmup {
         f()?;
     }
-    let events = (0..=iters)
-        .map(|_| timing_event(gpu))
-        .collect::<Result<Vec<_>, _>>()?;
+    let events = (0..=iters).map(|_| timing_event(gpu)).collect::<Result<Vec<_>, _>>()?;
     let Some((first, rest)) = events.split_first() else {
         return Ok(Vec::new());
     };
@@ -34,10 +32,7 @@ pub fn time_ms(
         f()?;
         e.record(stream).op("cuEventRecord")?;
     }
-    events
-        .windows(2)
-        .map(|w| w[0].elapsed_ms(&w[1]).op("cuEventElapsedTime"))
-        .collect()
+    events.windows(2).map(|w| w[0].elapsed_ms(&w[1]).op("cuEventElapsedTime")).collect()
 }
 
 /// The median of `samples` (mean of the middle two for an even count); NaN when empty.
@@ -87,9 +82,7 @@ pub fn time_graph_ms(
     captured?;
     let graph = graph
         .op("cuStreamEndCapture/cuGraphInstantiate")?
-        .ok_or_else(|| {
-            RuntimeError::Unsupported("the captured call enqueued no work on the stream".into())
-        })?;
+        .ok_or_else(|| RuntimeError::Unsupported("the captured call enqueued no work on the stream".into()))?;
 
     graph.upload().op("cuGraphUpload")?;
     for _ in 0..GRAPH_WARMUP {
@@ -107,9 +100,7 @@ pub fn time_graph_ms(
 
 /// An event that records timestamps.
 fn timing_event(gpu: &Gpu) -> Result<CudaEvent, RuntimeError> {
-    gpu.context()
-        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .op("cuEventCreate")
+    gpu.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).op("cuEventCreate")
 }
 
 #[cfg(test)]

@@ -6,12 +6,7 @@ use kda_runtime::{bind_args, KernelArg, RawArg, RuntimeError, TensorView};
 
 fn tensor(name: &str, dtype: DType, dims: &[&str]) -> ParamSig {
     let dims = dims.iter().map(|d| d.to_string()).collect();
-    ParamSig::Tensor {
-        name: name.into(),
-        dtype,
-        dims,
-        writes: name == "c",
-    }
+    ParamSig::Tensor { name: name.into(), dtype, dims, writes: name == "c" }
 }
 
 fn dim(name: &str) -> ParamSig {
@@ -19,10 +14,7 @@ fn dim(name: &str) -> ParamSig {
 }
 
 fn ceil_div(sym: &str, by: i64) -> HostExpr {
-    HostExpr::CeilDiv(
-        Box::new(HostExpr::Dim(sym.into())),
-        Box::new(HostExpr::Const(by)),
-    )
+    HostExpr::CeilDiv(Box::new(HostExpr::Dim(sym.into())), Box::new(HostExpr::Const(by)))
 }
 
 /// `c[M, N] = alpha * a[M, K] @ b[K, N]`, 64x64 tiles, K a multiple of 16.
@@ -37,10 +29,7 @@ fn gemm() -> CompiledKernel {
             dim("M"),
             dim("N"),
             dim("K"),
-            ParamSig::Scalar {
-                name: "alpha".into(),
-                dtype: DType::F32,
-            },
+            ParamSig::Scalar { name: "alpha".into(), dtype: DType::F32 },
         ],
         threads: 128,
         shared_bytes: 64 * 1024,
@@ -112,13 +101,7 @@ fn empty_grid_is_not_an_error() {
 
 #[test]
 fn rank_mismatch_names_the_tensor() {
-    assert_names(
-        bind_args(
-            &gemm(),
-            &with(args(64, 64, 16), "a", view(0x1000, &[64], DType::BF16)),
-        ),
-        "a",
-    );
+    assert_names(bind_args(&gemm(), &with(args(64, 64, 16), "a", view(0x1000, &[64], DType::BF16))), "a");
 }
 
 #[test]
@@ -147,17 +130,8 @@ fn missing_argument_is_named() {
 
 #[test]
 fn wrong_scalar_type_and_unknown_names_are_rejected() {
-    assert_names(
-        bind_args(&gemm(), &with(args(64, 64, 16), "alpha", KernelArg::I32(1))),
-        "alpha",
-    );
-    assert_names(
-        bind_args(
-            &gemm(),
-            &with(args(64, 64, 16), "beta", KernelArg::F32(1.0)),
-        ),
-        "beta",
-    );
+    assert_names(bind_args(&gemm(), &with(args(64, 64, 16), "alpha", KernelArg::I32(1))), "alpha");
+    assert_names(bind_args(&gemm(), &with(args(64, 64, 16), "beta", KernelArg::F32(1.0))), "beta");
     let mut twice = args(64, 64, 16);
     twice.push(("alpha", KernelArg::F32(2.0)));
     assert_names(bind_args(&gemm(), &twice), "alpha");
@@ -167,10 +141,7 @@ fn wrong_scalar_type_and_unknown_names_are_rejected() {
 fn assumption_violation_names_the_source_tensor() {
     let r = bind_args(&gemm(), &args(64, 64, 24));
     let msg = r.as_ref().map(|_| ()).expect_err("K % 16 != 0").to_string();
-    assert!(
-        msg.contains("multiple of 16") && msg.contains("K = 24"),
-        "{msg}"
-    );
+    assert!(msg.contains("multiple of 16") && msg.contains("K = 24"), "{msg}");
     assert_names(r, "a");
 }
 
@@ -189,29 +160,8 @@ fn explicit_dims_fill_extents_no_tensor_names() {
     let b = bind_args(&k, &with(args(64, 64, 16), "T", KernelArg::I32(5))).expect("T given");
     assert_eq!(b.grid, [1, 1, 5]);
     assert_eq!(b.values.last(), Some(&RawArg::I32(5)));
-    assert_names(
-        bind_args(&k, &with(args(64, 64, 16), "T", KernelArg::I32(-1))),
-        "T",
-    );
+    assert_names(bind_args(&k, &with(args(64, 64, 16), "T", KernelArg::I32(-1))), "T");
     // A dim a tensor already gives may be repeated only with the same value.
-    assert!(bind_args(
-        &k,
-        &with(
-            with(args(64, 64, 16), "T", KernelArg::I32(1)),
-            "M",
-            KernelArg::I32(64)
-        )
-    )
-    .is_ok());
-    assert_names(
-        bind_args(
-            &k,
-            &with(
-                with(args(64, 64, 16), "T", KernelArg::I32(1)),
-                "M",
-                KernelArg::I32(32),
-            ),
-        ),
-        "M",
-    );
+    assert!(bind_args(&k, &with(with(args(64, 64, 16), "T", KernelArg::I32(1)), "M", KernelArg::I32(64))).is_ok());
+    assert_names(bind_args(&k, &with(with(args(64, 64, 16), "T", KernelArg::I32(1)), "M", KernelArg::I32(32))), "M");
 }

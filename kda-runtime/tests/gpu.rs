@@ -2,9 +2,7 @@
 
 use kda_dsl::artifact::{CompiledKernel, HostExpr, ParamSig};
 use kda_dsl::dtype::DType;
-use kda_runtime::{
-    launch, median, time_graph_ms, time_ms, DeviceTensor, Gpu, KernelArg, ModuleCache, RuntimeError,
-};
+use kda_runtime::{launch, median, time_graph_ms, time_ms, DeviceTensor, Gpu, KernelArg, ModuleCache, RuntimeError};
 
 /// `x[i] += b` for `i < N`, 128 threads per block.
 ///
@@ -96,25 +94,13 @@ fn add_scalar() -> CompiledKernel {
         entry: "add_scalar".into(),
         ptx: ADD_SCALAR_PTX.into(),
         params: vec![
-            ParamSig::Tensor {
-                name: "x".into(),
-                dtype: DType::F32,
-                dims: vec!["N".into()],
-                writes: true,
-            },
+            ParamSig::Tensor { name: "x".into(), dtype: DType::F32, dims: vec!["N".into()], writes: true },
             ParamSig::Dim { name: "N".into() },
-            ParamSig::Scalar {
-                name: "b".into(),
-                dtype: DType::F32,
-            },
+            ParamSig::Scalar { name: "b".into(), dtype: DType::F32 },
         ],
         threads: 128,
         shared_bytes: 0,
-        grid: [
-            HostExpr::CeilDiv(n(), Box::new(HostExpr::Const(128))),
-            HostExpr::Const(1),
-            HostExpr::Const(1),
-        ],
+        grid: [HostExpr::CeilDiv(n(), Box::new(HostExpr::Const(128))), HostExpr::Const(1), HostExpr::Const(1)],
         assumptions: vec![],
     }
 }
@@ -129,10 +115,7 @@ fn round_trips_f32_bf16_and_ints_on_gpu() -> Result<(), RuntimeError> {
     let mut h = DeviceTensor::from_f32(&gpu, &stream, &[6], DType::BF16, &vals)?;
     assert_eq!(h.size_bytes(), 12);
     // 1 + 2^-9 is not a bf16: it rounds to even, 1.0.
-    assert_eq!(
-        h.to_f32_vec(&stream)?,
-        [0.0, 1.5, -3.25, 1024.0, 1.0, f32::INFINITY]
-    );
+    assert_eq!(h.to_f32_vec(&stream)?, [0.0, 1.5, -3.25, 1024.0, 1.0, f32::INFINITY]);
     h.fill_nan(&stream)?;
     assert!(h.to_f32_vec(&stream)?.iter().all(|v| v.is_nan()));
     let z = DeviceTensor::zeros(&gpu, &stream, &[4, 5], DType::F16)?;
@@ -153,10 +136,7 @@ fn launches_a_hand_written_kernel_on_gpu() -> Result<(), RuntimeError> {
     let kernel = add_scalar();
     let host: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     let x = DeviceTensor::from_f32(&gpu, &stream, &[1000], DType::F32, &host)?;
-    let args = [
-        ("x", KernelArg::Tensor(x.view())),
-        ("b", KernelArg::F32(1.0)),
-    ];
+    let args = [("x", KernelArg::Tensor(x.view())), ("b", KernelArg::F32(1.0))];
     launch(&gpu, &cache, &stream, &kernel, "test", &args)?;
     launch(&gpu, &cache, &stream, &kernel, "test", &args)?;
     assert_eq!(cache.len(), 1);
@@ -164,10 +144,7 @@ fn launches_a_hand_written_kernel_on_gpu() -> Result<(), RuntimeError> {
     assert_eq!(x.to_f32_vec(&stream)?, want);
 
     // More than 48 KiB of dynamic shared memory needs the opt-in attribute the cache sets.
-    let big = CompiledKernel {
-        shared_bytes: 100 * 1024,
-        ..kernel.clone()
-    };
+    let big = CompiledKernel { shared_bytes: 100 * 1024, ..kernel.clone() };
     launch(&gpu, &cache, &stream, &big, "test-100k-smem", &args)?;
     assert_eq!(cache.len(), 2);
     let want: Vec<f32> = host.iter().map(|v| v + 3.0).collect();
@@ -175,10 +152,7 @@ fn launches_a_hand_written_kernel_on_gpu() -> Result<(), RuntimeError> {
 
     // An empty tensor gives an empty grid: nothing is launched.
     let empty = DeviceTensor::zeros(&gpu, &stream, &[0], DType::F32)?;
-    let args = [
-        ("x", KernelArg::Tensor(empty.view())),
-        ("b", KernelArg::F32(1.0)),
-    ];
+    let args = [("x", KernelArg::Tensor(empty.view())), ("b", KernelArg::F32(1.0))];
     launch(&gpu, &cache, &stream, &kernel, "test", &args)?;
     Ok(())
 }
@@ -189,23 +163,10 @@ fn jit_errors_carry_the_driver_message_on_gpu() -> Result<(), RuntimeError> {
     let mut kernel = add_scalar();
     kernel.ptx = kernel.ptx.replace("add.f32", "add.bogus");
     let x = DeviceTensor::zeros(&gpu, &stream, &[4], DType::F32)?;
-    let args = [
-        ("x", KernelArg::Tensor(x.view())),
-        ("b", KernelArg::F32(1.0)),
-    ];
-    let err = launch(&gpu, &ModuleCache::new(), &stream, &kernel, "bad", &args)
-        .expect_err("broken PTX must not load");
+    let args = [("x", KernelArg::Tensor(x.view())), ("b", KernelArg::F32(1.0))];
+    let err = launch(&gpu, &ModuleCache::new(), &stream, &kernel, "bad", &args).expect_err("broken PTX must not load");
     eprintln!("{err}");
-    assert!(
-        matches!(
-            err,
-            RuntimeError::Driver {
-                op: "cuModuleLoadDataEx",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::Driver { op: "cuModuleLoadDataEx", .. }), "{err}");
     Ok(())
 }
 
@@ -215,10 +176,7 @@ fn times_launches_and_graph_replays_on_gpu() -> Result<(), RuntimeError> {
     let cache = ModuleCache::new();
     let kernel = add_scalar();
     let x = DeviceTensor::zeros(&gpu, &stream, &[1 << 20], DType::F32)?;
-    let args = [
-        ("x", KernelArg::Tensor(x.view())),
-        ("b", KernelArg::F32(1.0)),
-    ];
+    let args = [("x", KernelArg::Tensor(x.view())), ("b", KernelArg::F32(1.0))];
     let run = || launch(&gpu, &cache, &stream, &kernel, "test", &args);
 
     let mut ms = time_ms(&gpu, &stream, 2, 5, run)?;
@@ -227,9 +185,7 @@ fn times_launches_and_graph_replays_on_gpu() -> Result<(), RuntimeError> {
     let eager = median(&mut ms);
 
     let graph = time_graph_ms(&gpu, &stream, 10, run)?;
-    eprintln!(
-        "add_scalar on 2^20 f32: {eager:.4} ms eager (median), {graph:.4} ms per graph replay"
-    );
+    eprintln!("add_scalar on 2^20 f32: {eager:.4} ms eager (median), {graph:.4} ms per graph replay");
     assert!(graph.is_finite() && graph > 0.0);
     // 7 eager runs, 1 before capture, 3 warm-up replays and 10 timed ones; capture runs nothing.
     let out = x.to_f32_vec(&stream)?;

@@ -20,7 +20,8 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let kernels = Kernels::new();
     let mut lines = vec![];
     println!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
-    for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)] {
+    for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)]
+    {
         let ms = time_gemm(&gpu, &kernels, m, n, k, bt).map_err(|e| e.to_string())?;
         let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
         let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
@@ -43,7 +44,17 @@ fn sweep_gemm() -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let (m, n, k) = (8192usize, 8192usize, 8192usize);
-    for (bm, bn, bk, stages, threads) in [(128, 128, 32, 3, 256), (128, 128, 32, 4, 256), (128, 128, 64, 3, 256), (128, 256, 32, 3, 256), (256, 128, 32, 3, 256), (128, 256, 64, 3, 256), (128, 128, 32, 4, 128), (256, 128, 64, 3, 512), (128, 256, 32, 4, 256)] {
+    for (bm, bn, bk, stages, threads) in [
+        (128, 128, 32, 3, 256),
+        (128, 128, 32, 4, 256),
+        (128, 128, 64, 3, 256),
+        (128, 256, 32, 3, 256),
+        (256, 128, 32, 3, 256),
+        (128, 256, 64, 3, 256),
+        (128, 128, 32, 4, 128),
+        (256, 128, 64, 3, 512),
+        (128, 256, 32, 4, 256),
+    ] {
         let cfg = GemmConfig { bm, bn, bk, stages, threads, ..GemmConfig::default() };
         let v = kda_kernels::gemm_variant(cfg.clone());
         let r = (|| -> Result<f32, kda_runtime::RuntimeError> {
@@ -56,12 +67,23 @@ fn sweep_gemm() -> Result<i32, String> {
             let c = DeviceTensor::zeros(&gpu, &s, &[m, n], DType::F32)?;
             use kda_runtime::KernelArg::Tensor as T;
             let mut t = time_ms(&gpu, &s, 3, 10, || {
-                kda_runtime::launch(&gpu, &kernels.modules, &s, &compiled, &v.id(), &[("a", T(a.view())), ("b", T(b.view())), ("c", T(c.view()))])
+                kda_runtime::launch(
+                    &gpu,
+                    &kernels.modules,
+                    &s,
+                    &compiled,
+                    &v.id(),
+                    &[("a", T(a.view())), ("b", T(b.view())), ("c", T(c.view()))],
+                )
             })?;
             Ok(median(&mut t))
         })();
         match r {
-            Ok(ms) => println!("{:<40} {ms:>8.3} ms {:>7.1} TFLOP/s", cfg.key(), 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12),
+            Ok(ms) => println!(
+                "{:<40} {ms:>8.3} ms {:>7.1} TFLOP/s",
+                cfg.key(),
+                2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12
+            ),
             Err(e) => println!("{:<40} error: {e}", cfg.key()),
         }
     }
@@ -69,7 +91,14 @@ fn sweep_gemm() -> Result<i32, String> {
 }
 
 /// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs.
-pub fn time_gemm(gpu: &Gpu, kernels: &Kernels, m: usize, n: usize, k: usize, bt: bool) -> Result<f32, kda_runtime::RuntimeError> {
+pub fn time_gemm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    m: usize,
+    n: usize,
+    k: usize,
+    bt: bool,
+) -> Result<f32, kda_runtime::RuntimeError> {
     let s = gpu.default_stream();
     let mut rng = Rng::new(7);
     let gen = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();

@@ -21,7 +21,14 @@ pub fn simulate_all() -> usize {
                 Ok(o) => {
                     let ok = o.passed();
                     failures += usize::from(!ok);
-                    println!("{:<52} {:>10.2e} {:>10.0e} {:>12}  {}", o.case, o.rel_err, o.bound, o.instructions, if ok { "ok" } else { "FAIL" });
+                    println!(
+                        "{:<52} {:>10.2e} {:>10.0e} {:>12}  {}",
+                        o.case,
+                        o.rel_err,
+                        o.bound,
+                        o.instructions,
+                        if ok { "ok" } else { "FAIL" }
+                    );
                 }
                 Err(e) => {
                     failures += 1;

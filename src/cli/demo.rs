@@ -18,7 +18,9 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         println!("{}", if failures == 0 { "demo: all GPU checks passed" } else { "demo: GPU checks FAILED" });
         return Ok(i32::from(failures > 0));
     }
-    println!("no GPU here (no CUDA driver or device): compiling every variant and running the simulator checks instead");
+    println!(
+        "no GPU here (no CUDA driver or device): compiling every variant and running the simulator checks instead"
+    );
     let mut n = 0;
     for v in kda_kernels::variants() {
         let def = v.build().map_err(|e| format!("{}: {e}", v.id()))?;
@@ -30,6 +32,13 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     }
     println!("compiled {n} kernels ({} variants x {} targets)", n / Target::ALL.len(), Target::ALL.len());
     let failures = super::check::simulate_all();
-    println!("{}", if failures == 0 { "demo: all simulator checks passed".to_string() } else { format!("demo: {failures} check(s) FAILED") });
+    println!(
+        "{}",
+        if failures == 0 {
+            "demo: all simulator checks passed".to_string()
+        } else {
+            format!("demo: {failures} check(s) FAILED")
+        }
+    );
     Ok(i32::from(failures > 0))
 }

@@ -27,7 +27,10 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     }
     let v = match config {
         None => vs.iter().find(|v| v.default).unwrap_or(&vs[0]),
-        Some(c) => vs.iter().find(|v| v.name == c).ok_or_else(|| format!("`{family}` has no config `{c}`; `kda list` shows them"))?,
+        Some(c) => vs
+            .iter()
+            .find(|v| v.name == c)
+            .ok_or_else(|| format!("`{family}` has no config `{c}`; `kda list` shows them"))?,
     };
     let def = v.build().map_err(|e| e.to_string())?;
     let k = kda_dsl::compile(def, target).map_err(|e| e.to_string())?;

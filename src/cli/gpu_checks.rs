@@ -6,7 +6,17 @@ use kda_runtime::{gemm, gpu_available, DeviceTensor, Gpu, Kernels, RuntimeError}
 
 /// One GEMM on the GPU at (m, n, k): random inputs, NaN-poisoned output, compared with the f64
 /// reference on every element (or, past 2^27 multiply-adds, on 4096 sampled elements).
-pub fn gemm_on_gpu(gpu: &Gpu, kernels: &Kernels, m: usize, n: usize, k: usize, dtype: DType, out: DType, bt: bool, seed: u64) -> Result<f64, RuntimeError> {
+pub fn gemm_on_gpu(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    out: DType,
+    bt: bool,
+    seed: u64,
+) -> Result<f64, RuntimeError> {
     let s = gpu.default_stream();
     let mut rng = Rng::new(seed);
     let a = rng.normals(m * k, dtype);

@@ -58,7 +58,9 @@ impl Lower<'_> {
             Expr::Dim(p) => self.def().multiple_of(*p) as u64,
             Expr::Binary(BinOp::Mul, a, b) => (self.divisor(a).saturating_mul(self.divisor(b))).min(ANY),
             Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => gcd(self.divisor(a), self.divisor(b)),
-            Expr::Binary(BinOp::Min | BinOp::Max, a, b) | Expr::Select(_, a, b) => gcd(self.divisor(a), self.divisor(b)),
+            Expr::Binary(BinOp::Min | BinOp::Max, a, b) | Expr::Select(_, a, b) => {
+                gcd(self.divisor(a), self.divisor(b))
+            }
             _ => 1,
         }
     }
@@ -83,7 +85,10 @@ impl Lower<'_> {
         let tile_big: Vec<u32> = tile_shape.iter().copied().filter(|s| *s > 1).collect();
         let box_big: Vec<u32> = big.iter().map(|k| shape[*k]).collect();
         if box_big != tile_big {
-            return self.err(loc, format!("the box {shape:?} does not match tile `{}` {tile_shape:?}", self.def().buffers[b].name));
+            return self.err(
+                loc,
+                format!("the box {shape:?} does not match tile `{}` {tile_shape:?}", self.def().buffers[b].name),
+            );
         }
         // Which tensor axes carry the tile's rows and columns.
         let (row_axis, col_axis) = match (tile_shape.len(), big.len()) {
@@ -116,9 +121,9 @@ impl Lower<'_> {
             lims.push(lim);
         }
         let mut unit_ok = None;
-        for k in 0..shape.len() {
+        for (k, lim) in lims.iter().enumerate() {
             if Some(k) != row_axis && k != col_axis {
-                let lim = self.em.to_reg(lims[k], RegClass::B32, Ty::S32);
+                let lim = self.em.to_reg(*lim, RegClass::B32, Ty::S32);
                 let p = self.em.setp(Cmp::Gt, Ty::S32, lim, Src::Imm(0));
                 unit_ok = self.em.and_pred(unit_ok, Some(p));
             }
@@ -142,7 +147,10 @@ impl Lower<'_> {
         let stride_div = |lw: &Self, axis: usize| -> u64 {
             dims[axis + 1..].iter().fold(1u64, |acc, d| (acc * lw.def().multiple_of(*d) as u64).min(ANY))
         };
-        let base_div = offset.iter().enumerate().fold(ANY, |acc, (k, e)| gcd(acc, (self.divisor(e).saturating_mul(stride_div(self, k))).min(ANY)));
+        let base_div = offset
+            .iter()
+            .enumerate()
+            .fold(ANY, |acc, (k, e)| gcd(acc, (self.divisor(e).saturating_mul(stride_div(self, k))).min(ANY)));
         let col_bound_div = match bound {
             Some(bs) => self.divisor(&bs[col_axis]),
             None => self.def().multiple_of(dims[col_axis]) as u64,
@@ -152,7 +160,7 @@ impl Lower<'_> {
             if col_axis != dims.len() - 1 {
                 return Some("the tile's columns are not the tensor's innermost axis".into());
             }
-            if cols % m != 0 {
+            if !cols.is_multiple_of(m) {
                 return Some(format!("the tile's {cols} columns are not a multiple of {m}"));
             }
             if base_div % m != 0 {
@@ -160,7 +168,9 @@ impl Lower<'_> {
             }
             if let Some(a) = row_axis {
                 if stride_div(self, a) % m != 0 {
-                    return Some(format!("the row length is not known to be a multiple of {m} (add `assume_multiple`)"));
+                    return Some(format!(
+                        "the row length is not known to be a multiple of {m} (add `assume_multiple`)"
+                    ));
                 }
             }
             if col_bound_div % m != 0 {
@@ -252,19 +262,35 @@ impl Lower<'_> {
 
     /// `copy(src, dst)`; with `stage_live` (inside a pipeline) a global-to-shared copy uses
     /// `cp.async` and loads nothing when the predicate is false.
-    pub(crate) fn copy_async(&mut self, src: &Region, dst: &Region, stage_live: Option<Reg>, loc: SrcLoc) -> Result<(), Diag> {
+    pub(crate) fn copy_async(
+        &mut self,
+        src: &Region,
+        dst: &Region,
+        stage_live: Option<Reg>,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let layout = |r: &Region| match r {
             Region::Global { .. } => None,
             Region::Buf(b) => Some(self.p.layouts[*b]),
         };
         match (src, dst, layout(src), layout(dst)) {
-            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Shared(_))) => self.global_to_shared(src, *b, stage_live, loc),
-            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Shared(_)), _) => self.shared_to_global(*b, dst, loc),
-            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Fragment(_))) => self.global_frag(src, *b, true, loc),
-            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Fragment(_)), _) => self.global_frag(dst, *b, false, loc),
+            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Shared(_))) => {
+                self.global_to_shared(src, *b, stage_live, loc)
+            }
+            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Shared(_)), _) => {
+                self.shared_to_global(*b, dst, loc)
+            }
+            (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Fragment(_))) => {
+                self.global_frag(src, *b, true, loc)
+            }
+            (Region::Buf(b), Region::Global { .. }, Some(BufLayout::Fragment(_)), _) => {
+                self.global_frag(dst, *b, false, loc)
+            }
             (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Local)) => self.global_to_local(src, *b, loc),
             (Region::Buf(s), Region::Buf(d), Some(ls), Some(ld)) => self.tile_to_tile(*s, *d, ls, ld, loc),
-            (Region::Global { .. }, Region::Global { .. }, _, _) => self.err(loc, "copy between two global boxes: stage it through a tile"),
+            (Region::Global { .. }, Region::Global { .. }, _, _) => {
+                self.err(loc, "copy between two global boxes: stage it through a tile")
+            }
             _ => self.err(loc, "this copy direction is not supported (local tiles are written element by element)"),
         }
     }
@@ -272,7 +298,10 @@ impl Lower<'_> {
     fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
         let (x, y) = (&self.def().buffers[a], &self.def().buffers[b]);
         if x.shape != y.shape {
-            return self.err(loc, format!("copy from `{}` {:?} to `{}` {:?}: shapes differ", x.name, x.shape, y.name, y.shape));
+            return self.err(
+                loc,
+                format!("copy from `{}` {:?} to `{}` {:?}: shapes differ", x.name, x.shape, y.name, y.shape),
+            );
         }
         Ok(())
     }
@@ -293,7 +322,11 @@ impl Lower<'_> {
             let n = rows * vpr;
             for k in 0..n.div_ceil(threads) {
                 let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
-                let in_range = if (k + 1) * threads > n { Some(self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64))) } else { None };
+                let in_range = if (k + 1) * threads > n {
+                    Some(self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64)))
+                } else {
+                    None
+                };
                 let r = self.em.op32(BinKind::Div, v, vpr as i64);
                 let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
                 let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
@@ -332,7 +365,13 @@ impl Lower<'_> {
                     let n = self.em.reg(RegClass::B32);
                     self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
                     let safe = self.em.reg(RegClass::B64);
-                    self.em.emit(Op::Selp { ty: Ty::U64, d: safe, a: Src::Reg(addr), b: Src::Reg(self.ptrs[&tensor]), p });
+                    self.em.emit(Op::Selp {
+                        ty: Ty::U64,
+                        d: safe,
+                        a: Src::Reg(addr),
+                        b: Src::Reg(self.ptrs[&tensor]),
+                        p,
+                    });
                     self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
                 }
             }
@@ -347,7 +386,13 @@ impl Lower<'_> {
         } else {
             self.em.emit(Op::Ld { space: Space::Global, ty: Ty::B32, d: regs.clone(), addr, offset: 0 });
         }
-        self.em.emit(Op::St { space: Space::Shared, ty: Ty::B32, addr: saddr, offset: 0, vals: regs.into_iter().map(Src::Reg).collect() });
+        self.em.emit(Op::St {
+            space: Space::Shared,
+            ty: Ty::B32,
+            addr: saddr,
+            offset: 0,
+            vals: regs.into_iter().map(Src::Reg).collect(),
+        });
     }
 
     /// A load that yields 0 when `valid` is false.
@@ -414,7 +459,13 @@ impl Lower<'_> {
                 let saddr = self.shared_addr(b, r, c);
                 let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
                 self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
-                self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset: 0, vals: regs.into_iter().map(Src::Reg).collect() });
+                self.em.emit(Op::St {
+                    space: Space::Global,
+                    ty: Ty::B32,
+                    addr,
+                    offset: 0,
+                    vals: regs.into_iter().map(Src::Reg).collect(),
+                });
                 self.em.emit(Op::Label(skip));
             }
             return Ok(());
@@ -435,7 +486,11 @@ impl Lower<'_> {
         let l = self.p.frag(b);
         let dt = self.def().buffers[b].dtype;
         let pair = l.kind == FragmentKind::Tile && gb.no_pair.is_none() && !load;
-        self.plan_note(loc, if load { "element loads global -> fragment" } else { "column-pair stores fragment -> global" }, &if load || pair { None } else { gb.no_pair.clone() });
+        self.plan_note(
+            loc,
+            if load { "element loads global -> fragment" } else { "column-pair stores fragment -> global" },
+            &if load || pair { None } else { gb.no_pair.clone() },
+        );
         let two_d = self.def().buffers[b].shape.len() == 2;
         // Replicated vector elements are stored once, by their owner lanes.
         let owner = if load { None } else { self.vector_owner(l) };
@@ -462,15 +517,33 @@ impl Lower<'_> {
                     self.em.emit_if(p, false, Op::Bra { target: skip });
                 }
                 if gb.dtype == DType::F32 {
-                    self.em.emit(Op::St { space: Space::Global, ty: Ty::F32, addr, offset: 0, vals: vec![Src::Reg(r0), Src::Reg(r1)] });
+                    self.em.emit(Op::St {
+                        space: Space::Global,
+                        ty: Ty::F32,
+                        addr,
+                        offset: 0,
+                        vals: vec![Src::Reg(r0), Src::Reg(r1)],
+                    });
                 } else if gb.dtype.is_half() {
                     let d = self.em.reg(RegClass::B32);
                     let half = if gb.dtype == DType::BF16 { Ty::BF16 } else { Ty::F16 };
                     self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(r1), lo: Src::Reg(r0) });
-                    self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset: 0, vals: vec![Src::Reg(d)] });
+                    self.em.emit(Op::St {
+                        space: Space::Global,
+                        ty: Ty::B32,
+                        addr,
+                        offset: 0,
+                        vals: vec![Src::Reg(d)],
+                    });
                 } else {
                     let ty = super::mem_ty(gb.dtype);
-                    self.em.emit(Op::St { space: Space::Global, ty, addr, offset: 0, vals: vec![Src::Reg(r0), Src::Reg(r1)] });
+                    self.em.emit(Op::St {
+                        space: Space::Global,
+                        ty,
+                        addr,
+                        offset: 0,
+                        vals: vec![Src::Reg(r0), Src::Reg(r1)],
+                    });
                 }
                 self.em.emit(Op::Label(skip));
                 s += 2;
@@ -504,7 +577,10 @@ impl Lower<'_> {
         match (ls, ld) {
             (BufLayout::Fragment(a), BufLayout::Fragment(b)) => {
                 if a != b {
-                    return self.err(loc, format!("fragments with different layouts ({a} and {b}): copy through a shared tile"));
+                    return self.err(
+                        loc,
+                        format!("fragments with different layouts ({a} and {b}): copy through a shared tile"),
+                    );
                 }
                 for k in 0..a.slots() as usize {
                     let v = V { s: Src::Reg(self.regs[s][k]), ty: value_type(sdt) };
@@ -567,7 +643,10 @@ impl Lower<'_> {
                 }
                 Ok(())
             }
-            _ => self.err(loc, "this copy direction is not supported (write local tiles to shared element by element in `parallel`)"),
+            _ => self.err(
+                loc,
+                "this copy direction is not supported (write local tiles to shared element by element in `parallel`)",
+            ),
         }
     }
 }

@@ -53,7 +53,10 @@ impl Emitter {
     pub fn bin(&mut self, op: BinKind, ty: Ty, class: RegClass, a: impl Into<Src>, b: impl Into<Src>) -> Reg {
         let (mut a, mut b) = (a.into(), b.into());
         if !matches!(a, Src::Reg(_)) {
-            let commutes = matches!(op, BinKind::Add | BinKind::Mul | BinKind::Min | BinKind::Max | BinKind::And | BinKind::Or | BinKind::Xor);
+            let commutes = matches!(
+                op,
+                BinKind::Add | BinKind::Mul | BinKind::Min | BinKind::Max | BinKind::And | BinKind::Or | BinKind::Xor
+            );
             if commutes && matches!(b, Src::Reg(_)) {
                 std::mem::swap(&mut a, &mut b);
             } else {
@@ -100,7 +103,14 @@ impl Emitter {
                 _ => unreachable!("op32 {op:?}"),
             }),
             a => {
-                let ty = if matches!(op, BinKind::Shr | BinKind::Shl | BinKind::And | BinKind::Xor | BinKind::Div | BinKind::Rem) { Ty::U32 } else { Ty::S32 };
+                let ty = if matches!(
+                    op,
+                    BinKind::Shr | BinKind::Shl | BinKind::And | BinKind::Xor | BinKind::Div | BinKind::Rem
+                ) {
+                    Ty::U32
+                } else {
+                    Ty::S32
+                };
                 let ty = if matches!(op, BinKind::And | BinKind::Xor) { Ty::B32 } else { ty };
                 let ty = if op == BinKind::Shl { Ty::B32 } else { ty };
                 Src::Reg(self.bin(op, ty, RegClass::B32, a, Src::Imm(b)))

@@ -93,13 +93,25 @@ impl Lower<'_> {
                 let ty = match (self.ty(a, loc)?, self.ty(b, loc)?) {
                     (DType::I64, _) | (_, DType::I64) => DType::I64,
                     (t, _) if t != DType::I32 => t,
-                    (_, t) => if t == DType::I32 && want.is_int() { want } else { t },
+                    (_, t) => {
+                        if t == DType::I32 && want.is_int() {
+                            want
+                        } else {
+                            t
+                        }
+                    }
                 };
                 let c = self.expr(c, DType::Bool, loc)?;
                 let x = self.expr(a, ty, loc)?;
                 let y = self.expr(b, ty, loc)?;
                 match c.s {
-                    Src::Imm(v) => if v != 0 { x } else { y },
+                    Src::Imm(v) => {
+                        if v != 0 {
+                            x
+                        } else {
+                            y
+                        }
+                    }
                     Src::Reg(p) => {
                         let d = self.em.reg(class_of(ty));
                         if ty == DType::Bool {
@@ -249,7 +261,9 @@ impl Lower<'_> {
             };
             let (x, y) = if ty == DType::F32 { (Src::Reg(self.f32_reg(x)), y) } else { (x, y) };
             let (x, y) = match (x, y) {
-                (Src::Imm(_), Src::Reg(_)) | (Src::Imm(_), Src::Imm(_)) => (Src::Reg(self.em.to_reg(x, class_of(ty), pty)), y),
+                (Src::Imm(_), Src::Reg(_)) | (Src::Imm(_), Src::Imm(_)) => {
+                    (Src::Reg(self.em.to_reg(x, class_of(ty), pty)), y)
+                }
                 p => p,
             };
             return Ok(V { s: Src::Reg(self.em.setp(cmp, pty, x, y)), ty: DType::Bool });

@@ -33,7 +33,10 @@ impl Lower<'_> {
         let (m, k) = self.operand_shape(a);
         let (k2, n) = self.operand_shape(b);
         if k != k2 || m != lc.rows || n != lc.cols {
-            return self.err(loc, format!("gemm shapes: a is [{m} x {k}], b is [{k2} x {n}], c is [{} x {}]", lc.rows, lc.cols));
+            return self.err(
+                loc,
+                format!("gemm shapes: a is [{m} x {k}], b is [{k2} x {n}], c is [{} x {}]", lc.rows, lc.cols),
+            );
         }
         if k % 16 != 0 {
             return self.err(loc, format!("gemm: the reduction extent {k} must be a multiple of 16 (the mma k)"));
@@ -43,7 +46,9 @@ impl Lower<'_> {
             (_, DType::F16, BufLayout::Fragment(_)) => Ty::F16,
             (DType::BF16, DType::BF16, _) => Ty::BF16,
             (DType::F16, DType::F16, _) => Ty::F16,
-            (x, y, _) => return self.err(loc, format!("gemm operands must both be bf16 or both f16 tiles, found {x} and {y}")),
+            (x, y, _) => {
+                return self.err(loc, format!("gemm operands must both be bf16 or both f16 tiles, found {x} and {y}"))
+            }
         };
         if !matches!(self.p.layouts[b.buf], BufLayout::Shared(_)) {
             return self.err(loc, format!("gemm right operand `{}` must be a shared tile", bb.name));
@@ -62,7 +67,10 @@ impl Lower<'_> {
             _ => return self.err(loc, format!("gemm left operand `{}` must be a shared tile or a fragment", ab.name)),
         };
         if lc.ni() % 2 != 0 {
-            return self.err(loc, format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()));
+            return self.err(
+                loc,
+                format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
+            );
         }
         let th = self.th;
         let wr = self.em.op32(BinKind::Div, th.warp, lc.wn as i64);

@@ -325,7 +325,7 @@ impl Lower<'_> {
     }
 
     /// Rounds a value to 16 bits for storing as `dt`.
-    pub(crate) fn to_half(&mut self, v: V, dt: DType) -> Reg {
+    pub(crate) fn round_to_half(&mut self, v: V, dt: DType) -> Reg {
         let h = self.em.reg(RegClass::B16);
         let dty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
         let a = match v.s {
@@ -339,7 +339,7 @@ impl Lower<'_> {
     /// Stores a value as one element of memory type `dt`.
     pub(crate) fn store_mem(&mut self, space: Space, addr: Reg, dt: DType, v: V) {
         let val = match dt {
-            DType::F16 | DType::BF16 => Src::Reg(self.to_half(v, dt)),
+            DType::F16 | DType::BF16 => Src::Reg(self.round_to_half(v, dt)),
             DType::F32 => match v.s {
                 Src::Imm(x) => Src::F32(x as f32),
                 s => s,
@@ -464,7 +464,11 @@ impl Lower<'_> {
     }
 
     /// Runs `f(row, col)` for each element of shared tile `b` this thread owns (cyclic over threads).
-    pub(crate) fn for_each_shared_elem(&mut self, b: BufId, mut f: impl FnMut(&mut Self, Src, Src) -> Result<(), Diag>) -> Result<(), Diag> {
+    pub(crate) fn for_each_shared_elem(
+        &mut self,
+        b: BufId,
+        mut f: impl FnMut(&mut Self, Src, Src) -> Result<(), Diag>,
+    ) -> Result<(), Diag> {
         let (rows, cols) = self.p.shared(b).shape();
         let n = rows * cols;
         let threads = self.def().threads;
@@ -508,7 +512,8 @@ impl Lower<'_> {
                 let shape = self.def().buffers[over].shape.clone();
                 let cols = *shape.last().unwrap_or(&1);
                 for e in 0..shape.iter().product::<u32>() {
-                    let idx = if shape.len() == 2 { vec![(e / cols) as i64, (e % cols) as i64] } else { vec![e as i64] };
+                    let idx =
+                        if shape.len() == 2 { vec![(e / cols) as i64, (e % cols) as i64] } else { vec![e as i64] };
                     for (v, i) in vars.iter().zip(idx) {
                         self.consts.insert(*v, i);
                     }
@@ -554,11 +559,21 @@ impl Lower<'_> {
         let lo = self.p.frag(ctx.over);
         let lb = self.p.frag(b);
         let same = |e: &Expr, k: usize| vars.get(k).is_some_and(|v| *e == Expr::Var(*v));
-        let slot = if b == ctx.over || (lb == lo && idx.len() == vars.len() && idx.iter().enumerate().all(|(k, e)| same(e, k))) {
+        let slot = if b == ctx.over
+            || (lb == lo && idx.len() == vars.len() && idx.iter().enumerate().all(|(k, e)| same(e, k)))
+        {
             Some(ctx.slot)
-        } else if lo.kind == FragmentKind::Tile && idx.len() == 1 && lb == lo.vector(FragmentKind::Rows) && same(&idx[0], 0) {
+        } else if lo.kind == FragmentKind::Tile
+            && idx.len() == 1
+            && lb == lo.vector(FragmentKind::Rows)
+            && same(&idx[0], 0)
+        {
             Some(lo.row_slot_of(ctx.slot))
-        } else if lo.kind == FragmentKind::Tile && idx.len() == 1 && lb == lo.vector(FragmentKind::Cols) && same(&idx[0], 1) {
+        } else if lo.kind == FragmentKind::Tile
+            && idx.len() == 1
+            && lb == lo.vector(FragmentKind::Cols)
+            && same(&idx[0], 1)
+        {
             Some(lo.col_slot_of(ctx.slot))
         } else {
             None
@@ -625,7 +640,7 @@ impl Lower<'_> {
         if !dt.is_half() {
             return v;
         }
-        let h = self.to_half(v, dt);
+        let h = self.round_to_half(v, dt);
         let f = self.em.reg(RegClass::F32);
         let sty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
         self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(h) });
@@ -637,10 +652,19 @@ impl Lower<'_> {
         let mut lin = 0i64;
         for (k, e) in idx.iter().enumerate() {
             let Some(i) = self.const_of(e) else {
-                return self.err(loc, format!("local tile `{}` needs indices known when lowering (use `unroll` loops)", self.def().buffers[b].name));
+                return self.err(
+                    loc,
+                    format!(
+                        "local tile `{}` needs indices known when lowering (use `unroll` loops)",
+                        self.def().buffers[b].name
+                    ),
+                );
             };
             if i < 0 || i >= shape[k] as i64 {
-                return self.err(loc, format!("index {i} is outside local tile `{}` of extent {}", self.def().buffers[b].name, shape[k]));
+                return self.err(
+                    loc,
+                    format!("index {i} is outside local tile `{}` of extent {}", self.def().buffers[b].name, shape[k]),
+                );
             }
             lin = lin * shape[k] as i64 + i;
         }
@@ -655,11 +679,20 @@ impl Lower<'_> {
         Ok(if v.len() == 2 { (v[0], v[1]) } else { (Src::Imm(0), v[0]) })
     }
 
-    fn for_loop(&mut self, var: VarId, kind: LoopKind, start: &Expr, end: &Expr, body: &[Stmt], loc: SrcLoc) -> Result<(), Diag> {
+    fn for_loop(
+        &mut self,
+        var: VarId,
+        kind: LoopKind,
+        start: &Expr,
+        end: &Expr,
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         match kind {
             LoopKind::Unroll => {
                 let (Some(a), Some(b)) = (self.const_of(start), self.const_of(end)) else {
-                    return self.err(loc, "`unroll` needs bounds known when lowering; use `serial` for run-time bounds");
+                    return self
+                        .err(loc, "`unroll` needs bounds known when lowering; use `serial` for run-time bounds");
                 };
                 if b - a > 4096 {
                     return self.err(loc, format!("`unroll` of {} iterations; at most 4096", b - a));
@@ -697,7 +730,15 @@ impl Lower<'_> {
 
     /// A multi-stage `cp.async` pipeline: the stage-filling copies of iteration `i + stages - 1`
     /// are issued while iteration `i` computes.
-    fn pipelined(&mut self, var: VarId, stages: u32, start: &Expr, end: &Expr, body: &[Stmt], loc: SrcLoc) -> Result<(), Diag> {
+    fn pipelined(
+        &mut self,
+        var: VarId,
+        stages: u32,
+        start: &Expr,
+        end: &Expr,
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let is_fill = |s: &Stmt, p: &TileProgram| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_fill(s, self.p)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_fill(s, self.p)).cloned().collect();

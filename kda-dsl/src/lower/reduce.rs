@@ -38,13 +38,24 @@ impl Lower<'_> {
         self.em.and_pred(Some(p1), Some(p2))
     }
 
-    pub(crate) fn reduce(&mut self, op: ReduceOp, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {
+    pub(crate) fn reduce(
+        &mut self,
+        op: ReduceOp,
+        src: BufId,
+        dst: BufId,
+        axis: usize,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
         let BufLayout::Fragment(l) = self.p.layouts[src] else {
-            return self.err(loc, format!("reduce source `{}` must be a 2-D fragment (copy a shared tile into one first)", sb.name));
+            return self.err(
+                loc,
+                format!("reduce source `{}` must be a 2-D fragment (copy a shared tile into one first)", sb.name),
+            );
         };
         if l.kind != FragmentKind::Tile || axis > 1 {
-            return self.err(loc, format!("reduce needs a 2-D fragment and axis 0 or 1 (got `{}` with axis {axis})", sb.name));
+            return self
+                .err(loc, format!("reduce needs a 2-D fragment and axis 0 or 1 (got `{}` with axis {axis})", sb.name));
         }
         let vt = value_type(sb.dtype);
         if value_type(db.dtype) != vt {
@@ -54,7 +65,13 @@ impl Lower<'_> {
         let vl = l.vector(kind);
         let want_len = if axis == 1 { l.rows } else { l.cols };
         if db.shape != [want_len] {
-            return self.err(loc, format!("reduce of `{}` along axis {axis} gives {want_len} elements; `{}` has shape {:?}", sb.name, db.name, db.shape));
+            return self.err(
+                loc,
+                format!(
+                    "reduce of `{}` along axis {axis} gives {want_len} elements; `{}` has shape {:?}",
+                    sb.name, db.name, db.shape
+                ),
+            );
         }
         let (mi, ni) = (l.mi(), l.ni());
         let mut out = vec![];
@@ -85,7 +102,11 @@ impl Lower<'_> {
             // Every warp along the axis writes its partial: one lane per row (column) of it.
             let lane_part = if axis == 1 { self.th.t } else { self.th.g };
             let owner = Some(self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0)));
-            let wpos = if axis == 1 { self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64) } else { self.em.op32(BinKind::Div, self.th.warp, l.wn as i64) };
+            let wpos = if axis == 1 {
+                self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64)
+            } else {
+                self.em.op32(BinKind::Div, self.th.warp, l.wn as i64)
+            };
             let mut idx = vec![];
             for (vs, acc) in out.iter().enumerate() {
                 let (i, _) = self.frag_coords(vl, vs as u32);
@@ -97,7 +118,13 @@ impl Lower<'_> {
                 if let Some(p) = owner {
                     self.em.emit_if(p, false, Op::Bra { target: skip });
                 }
-                self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(*acc)] });
+                self.em.emit(Op::St {
+                    space: Space::Shared,
+                    ty: ty_of(vt),
+                    addr: a,
+                    offset: 0,
+                    vals: vec![Src::Reg(*acc)],
+                });
                 self.em.emit(Op::Label(skip));
             }
             self.em.emit(Op::Bar { id: 0, count: None });
@@ -138,25 +165,39 @@ impl Lower<'_> {
                 }
                 Ok(())
             }
-            _ => self.err(loc, format!("reduce destination `{}` must be a vector fragment paired with `{}` or a 1-D shared tile", db.name, sb.name)),
+            _ => self.err(
+                loc,
+                format!(
+                    "reduce destination `{}` must be a vector fragment paired with `{}` or a 1-D shared tile",
+                    db.name, sb.name
+                ),
+            ),
         }
     }
 
     pub(crate) fn cumsum(&mut self, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {
         let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
         if sb.shape != db.shape {
-            return self.err(loc, format!("cumsum from `{}` {:?} into `{}` {:?}: shapes differ", sb.name, sb.shape, db.name, db.shape));
+            return self.err(
+                loc,
+                format!("cumsum from `{}` {:?} into `{}` {:?}: shapes differ", sb.name, sb.shape, db.name, db.shape),
+            );
         }
         if axis >= sb.shape.len() {
             return self.err(loc, format!("cumsum axis {axis} of a {}-D tile", sb.shape.len()));
         }
         let vt = value_type(sb.dtype);
         if !matches!(vt, DType::F32 | DType::I32) || value_type(db.dtype) != vt {
-            return self.err(loc, format!("cumsum needs f32/bf16/f16 or i32 tiles of one kind, found {} and {}", sb.dtype, db.dtype));
+            return self.err(
+                loc,
+                format!("cumsum needs f32/bf16/f16 or i32 tiles of one kind, found {} and {}", sb.dtype, db.dtype),
+            );
         }
         let (rows, cols) = self.tile_rc(src);
-        let (lines, len, line_stride, step) = if sb.shape.len() == 1 || axis == 1 { (rows, cols, cols, 1) } else { (cols, rows, 1, cols) };
-        let shared = matches!(self.p.layouts[src], BufLayout::Shared(_)) && matches!(self.p.layouts[dst], BufLayout::Shared(_));
+        let (lines, len, line_stride, step) =
+            if sb.shape.len() == 1 || axis == 1 { (rows, cols, cols, 1) } else { (cols, rows, 1, cols) };
+        let shared =
+            matches!(self.p.layouts[src], BufLayout::Shared(_)) && matches!(self.p.layouts[dst], BufLayout::Shared(_));
         let threads = self.def().threads;
         let two_d = sb.shape.len() == 2;
         if shared {
@@ -189,7 +230,11 @@ impl Lower<'_> {
             self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: zero });
             for e in 0..len {
                 let (addr, dt) = if shared {
-                    let (r, c) = if sb.shape.len() == 1 || axis == 1 { (line, Src::Imm(e as i64)) } else { (Src::Imm(e as i64), line) };
+                    let (r, c) = if sb.shape.len() == 1 || axis == 1 {
+                        (line, Src::Imm(e as i64))
+                    } else {
+                        (Src::Imm(e as i64), line)
+                    };
                     (self.shared_addr(dst, r, c), db.dtype)
                 } else {
                     let base = self.em.mul32(line, Src::Imm(line_stride as i64));
@@ -230,7 +275,13 @@ impl Lower<'_> {
                         self.em.emit_if(p, false, Op::Bra { target: skip });
                     }
                     let v = self.regs[b][s as usize];
-                    self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(v)] });
+                    self.em.emit(Op::St {
+                        space: Space::Shared,
+                        ty: ty_of(vt),
+                        addr: a,
+                        offset: 0,
+                        vals: vec![Src::Reg(v)],
+                    });
                     self.em.emit(Op::Label(skip));
                 }
                 Ok(())

@@ -70,3 +70,40 @@ fn scratch_need(p: &TileProgram, body: &[Stmt], need: &mut u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::passes::{run_tile_passes, TileProgram};
+    use crate::tile::{LoopKind, ReduceOp};
+
+    #[test]
+    fn pipelined_tiles_get_one_copy_per_stage_and_scratch_comes_last() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        k.launch(vec![Host::int(1)], 256, loc(2));
+        let s = k.shared("a_s", &[64, 32], DType::BF16, loc(3));
+        let f = k.fragment("f", &[64, 64], DType::F32, loc(4));
+        let r = k.fragment("r", &[64], DType::F32, loc(5));
+        let ko = k.begin_for("ko", LoopKind::Pipelined { stages: 3 }, 0, k.dim("K"), loc(6));
+        k.copy(k.tile(&a, vec![Val::from(0), ko], &[64, 32], loc(7)), s, loc(7));
+        k.end();
+        k.reduce(ReduceOp::Sum, &f, &r, 1, loc(8));
+        let p: TileProgram = run_tile_passes(k.finish().expect("valid")).expect("passes");
+        assert_eq!(p.stages[s.id], 3);
+        assert_eq!(p.shared_offsets[s.id], 0);
+        assert_eq!(p.scratch.0, 3 * 64 * 32 * 2, "scratch after the three stages");
+        insta::assert_snapshot!(p.to_string());
+    }
+
+    #[test]
+    fn too_much_shared_memory_is_an_error_with_the_size() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        k.shared("big", &[512, 256], DType::F32, loc(3));
+        let e = run_tile_passes(k.finish().expect("valid")).expect_err("too big");
+        assert!(e.message.contains("524288 bytes of shared memory"), "{e}");
+    }
+}

@@ -98,7 +98,10 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
                 }
                 _ => {
                     if ta != Ty::Is(DType::F32) && ta != Ty::Literal {
-                        return Err(Diag::new(loc, format!("{} needs an f32, found {}", format!("{op:?}").to_lowercase(), ta.concrete())));
+                        return Err(Diag::new(
+                            loc,
+                            format!("{} needs an f32, found {}", format!("{op:?}").to_lowercase(), ta.concrete()),
+                        ));
                     }
                     Ty::Is(DType::F32)
                 }
@@ -224,4 +227,46 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::tile::BinOp;
+
+    #[test]
+    fn variables_take_the_type_of_their_first_value() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["N"], DType::BF16, false);
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let x = k.let_var("x", k.load(&a, vec![Val::from(0)], loc(3)), loc(3));
+        let n = k.let_var("n", Val::bin(BinOp::Add, k.dim("N"), 1), loc(4));
+        let def = k.finish().expect("valid");
+        let (Val(crate::tile::Expr::Var(xv)), Val(crate::tile::Expr::Var(nv))) = (x, n) else { panic!("vars") };
+        assert_eq!(def.vars[xv].dtype, DType::F32, "a bf16 element is read as f32");
+        assert_eq!(def.vars[nv].dtype, DType::I32);
+    }
+
+    #[test]
+    fn mixing_integers_and_floats_is_an_error_at_the_statement() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["N"], DType::F32, false);
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        k.let_var("x", Val::bin(BinOp::Add, k.load(&a, vec![Val::from(0)], loc(3)), k.dim("N")), loc(3));
+        let e = k.finish().expect_err("ill-typed");
+        assert_eq!(e.loc.line, 3);
+        assert!(e.message.contains("mixes f32 and i32"), "{e}");
+    }
+
+    #[test]
+    fn conditions_must_be_bools() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        k.begin_if(k.dim("N"), loc(3));
+        k.end();
+        let e = k.finish().expect_err("ill-typed");
+        assert!(e.message.contains("must be a bool"), "{e}");
+    }
 }

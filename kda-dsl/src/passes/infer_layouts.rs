@@ -38,7 +38,13 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
         let b = &def.buffers[vec_buf];
         let want_len = if layout.kind == FragmentKind::Rows { layout.rows } else { layout.cols };
         if b.shape[0] != want_len {
-            return Err(Diag::new(loc, format!("vector `{}` has {} elements; the tile it pairs with has {want_len} along that axis", b.name, b.shape[0])));
+            return Err(Diag::new(
+                loc,
+                format!(
+                    "vector `{}` has {} elements; the tile it pairs with has {want_len} along that axis",
+                    b.name, b.shape[0]
+                ),
+            ));
         }
         match rel[vec_buf] {
             None => rel[vec_buf] = Some((layout, loc)),
@@ -57,7 +63,10 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             (Scope::Fragment, _) => match rel[i] {
                 Some((l, _)) => BufLayout::Fragment(l),
                 None => BufLayout::Fragment(FragmentLayout::for_vector(b.shape[0], warps).ok_or_else(|| {
-                    Diag::new(b.loc, format!("vector fragment `{}` of {} elements: expected a multiple of 16", b.name, b.shape[0]))
+                    Diag::new(
+                        b.loc,
+                        format!("vector fragment `{}` of {} elements: expected a multiple of 16", b.name, b.shape[0]),
+                    )
                 })?),
             },
             (Scope::Local, _) => BufLayout::Local,
@@ -89,7 +98,9 @@ fn pin_register_operands(body: &[Stmt], def: &KernelDef, warps: u32, layouts: &m
                     layouts[b] = BufLayout::Fragment(l);
                 }
             }
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => pin_register_operands(body, def, warps, layouts)?,
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => {
+                pin_register_operands(body, def, warps, layouts)?
+            }
             StmtKind::If(_, t, e) => {
                 pin_register_operands(t, def, warps, layouts)?;
                 pin_register_operands(e, def, warps, layouts)?;
@@ -128,7 +139,12 @@ fn is_vec_frag(def: &KernelDef, b: BufId) -> bool {
     x.scope == Scope::Fragment && x.shape.len() == 1
 }
 
-fn collect_relations(body: &[Stmt], layouts: &[BufLayout], def: &KernelDef, out: &mut Vec<(BufId, FragmentLayout, SrcLoc)>) {
+fn collect_relations(
+    body: &[Stmt],
+    layouts: &[BufLayout],
+    def: &KernelDef,
+    out: &mut Vec<(BufId, FragmentLayout, SrcLoc)>,
+) {
     for s in body {
         match &s.kind {
             StmtKind::Reduce { src, dst, axis, .. } if is_vec_frag(def, *dst) => {
@@ -210,5 +226,43 @@ pub fn elems_in(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::passes::TileProgram;
+    use crate::tile::ReduceOp;
+
+    #[test]
+    fn vectors_take_the_layout_of_the_tile_they_reduce() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 256, loc(2));
+        let f = k.fragment("f", &[64, 64], DType::F32, loc(3));
+        let rows = k.fragment("rows", &[64], DType::F32, loc(4));
+        let cols = k.fragment("cols", &[64], DType::F32, loc(5));
+        let s = k.shared("s", &[64, 32], DType::BF16, loc(6));
+        let v = k.fragment("alone", &[32], DType::F32, loc(7));
+        k.fill(&f, 0.0, loc(8));
+        k.reduce(ReduceOp::Max, &f, &rows, 1, loc(9));
+        k.reduce(ReduceOp::Sum, &f, &cols, 0, loc(10));
+        let _ = (s, v);
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        super::infer_layouts(&mut p).expect("layouts");
+        insta::assert_snapshot!(p.to_string());
+    }
+
+    #[test]
+    fn a_fragment_that_does_not_fit_the_atoms_is_an_error_at_its_declaration() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        k.fragment("f", &[24, 8], DType::F32, loc(3));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let e = super::infer_layouts(&mut p).expect_err("does not fit");
+        assert_eq!(e.loc.line, 3);
+        assert!(e.message.contains("does not fit m16n8 atoms"), "{e}");
     }
 }

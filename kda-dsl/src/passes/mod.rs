@@ -45,7 +45,14 @@ impl TileProgram {
     /// Wraps a checked kernel definition.
     pub fn new(def: KernelDef) -> TileProgram {
         let n = def.buffers.len();
-        TileProgram { def, layouts: vec![BufLayout::Unknown; n], stages: vec![1; n], shared_offsets: vec![0; n], scratch: (0, 0), shared_bytes: 0 }
+        TileProgram {
+            def,
+            layouts: vec![BufLayout::Unknown; n],
+            stages: vec![1; n],
+            shared_offsets: vec![0; n],
+            scratch: (0, 0),
+            shared_bytes: 0,
+        }
     }
 
     /// Warps per block.
@@ -86,6 +93,57 @@ impl fmt::Display for TileProgram {
         }
         writeln!(f, "// shared bytes: {}", self.shared_bytes)?;
         write!(f, "{}", self.def)
+    }
+}
+
+/// Small kernels the pass tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::builder::*;
+    use crate::diag::SrcLoc;
+    use crate::dtype::DType;
+    use crate::tile::{KernelDef, LoopKind};
+
+    pub fn loc(line: u32) -> SrcLoc {
+        SrcLoc::new("test.rs", line, 1)
+    }
+
+    /// Global -> shared -> fragment -> global inside a run-time loop.
+    pub fn staged_copy_kernel() -> KernelDef {
+        let k = KernelBuilder::new("staged", loc(1));
+        let a = k.tensor("a", &["M", "N"], DType::F32, false);
+        let o = k.tensor("o", &["M", "N"], DType::F32, true);
+        let n = k.dim("N");
+        k.launch(vec![Host::int(1)], 64, loc(2));
+        let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+        let f = k.fragment("f", &[16, 16], DType::F32, loc(4));
+        let i = k.begin_for("i", LoopKind::Serial, 0, n, loc(5));
+        k.copy(k.tile(&a, vec![Val::from(0), i.clone()], &[16, 16], loc(6)), s, loc(6));
+        k.copy(s, f, loc(7));
+        k.copy(f, k.tile(&o, vec![Val::from(0), i], &[16, 16], loc(8)), loc(8));
+        k.end();
+        k.finish().expect("valid")
+    }
+
+    /// Two element-wise updates of a shared tile at their own index, then a copy out.
+    pub fn owned_updates_kernel() -> KernelDef {
+        let k = KernelBuilder::new("owned", loc(1));
+        let o = k.tensor("o", &["M", "N"], DType::BF16, true);
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.shared("s", &[16, 16], DType::BF16, loc(3));
+        k.fill(&s, 1.0, loc(4));
+        for line in [5, 6] {
+            let ij = k.begin_parallel(&s, &["i", "j"], loc(line));
+            let v = Val::bin(
+                crate::tile::BinOp::Add,
+                k.elem(&s, ij.clone(), loc(line)),
+                Val::cast(ij[0].clone(), DType::F32),
+            );
+            k.store(&s, ij, v, loc(line));
+            k.end();
+        }
+        k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 16], loc(7)), loc(7));
+        k.finish().expect("valid")
     }
 }
 

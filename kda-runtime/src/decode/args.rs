@@ -77,13 +77,7 @@ pub struct DecodeArgs<'a> {
 
 impl<'a> DecodeArgs<'a> {
     /// The required tensors, every other field at its default (`None` / `false`).
-    pub fn new(
-        q: &'a TensorView,
-        k: &'a TensorView,
-        v: &'a TensorView,
-        a: &'a TensorView,
-        b: &'a TensorView,
-    ) -> Self {
+    pub fn new(q: &'a TensorView, k: &'a TensorView, v: &'a TensorView, a: &'a TensorView, b: &'a TensorView) -> Self {
         DecodeArgs {
             q,
             k,

@@ -214,60 +214,10 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     let indices = state_indexing(args, varlen, n, t)?;
     let pool_slots = check_state(args, state_dtype, [n, hv, v, k], state_v_first)?;
 
-    // Checks beyond the reference (KDA-SPEC).
-    for (name, x) in [("k", args.k), ("v", args.v), ("a", args.a), ("b", args.b)] {
-        if x.dtype() != q.dtype() {
-            return Err(invalid(name, format!("{name} must have q's dtype {}, got {}.", q.dtype(), x.dtype())));
-        }
-    }
-    let beta_headwise = match *args.b.shape() {
-        [b0, b1, b2] if [b0, b1, b2] == [b, t, hv] => false,
-        [b0, b1, b2, b3] if [b0, b1, b2, b3] == [b, t, hv, v] => true,
-        _ => {
-            let msg = format!("b must have shape [B, T, HV] = {:?} or [B, T, HV, V] = {:?}", [b, t, hv], [b, t, hv, v]);
-            return Err(invalid("b", format!("{msg}, got {}.", shape(args.b))));
-        }
-    };
-    if k != HEAD_DIM {
-        return Err(unsupported("q", format!("head dim K = {k}: only {HEAD_DIM} is supported.")));
-    }
-    if v != HEAD_DIM {
-        return Err(unsupported("v", format!("head dim V = {v}: only {HEAD_DIM} is supported.")));
-    }
-    if varlen && b != 1 {
-        return Err(invalid(
-            "q",
-            format!(
-                "q.shape[0] must be 1 when cu_seqlens is provided; flatten variable-length input as \
-                 [1, S, H, 128], got q={}.",
-                shape(q)
-            ),
-        ));
-    }
+    let beta_headwise = check_beyond_reference(args, [b, t, k, hv, v], varlen)?;
     let cu_seqlens = args.cu_seqlens.filter(|_| varlen);
-    for (name, x) in [("cu_seqlens", cu_seqlens), ("num_accepted_tokens", args.num_accepted_tokens)] {
-        if let Some(x) = x.filter(|x| !x.dtype().is_int()) {
-            return Err(invalid(name, format!("{name} must have dtype i32 or i64, got {}.", x.dtype())));
-        }
-    }
     let apply_beta_sigmoid = args.apply_beta_sigmoid.unwrap_or(false);
     let allow_neg_eigval = args.allow_neg_eigval.unwrap_or(false);
-    if allow_neg_eigval && !apply_beta_sigmoid {
-        return Err(invalid(
-            "allow_neg_eigval",
-            "allow_neg_eigval requires apply_beta_sigmoid=True (beta = 2 * sigmoid(b)).".into(),
-        ));
-    }
-    let extra = [
-        ("state_indices", args.state_indices),
-        ("cu_seqlens", args.cu_seqlens),
-        ("num_accepted_tokens", args.num_accepted_tokens),
-        ("final_state", args.final_state),
-    ];
-    for (name, x) in extra {
-        x.map_or(Ok(()), |x| same_device(q, name, x))?;
-    }
-    check_alignment(args)?;
 
     let total_tokens = b.checked_mul(t).ok_or_else(|| invalid("q", format!("B * T overflows, got q={}.", shape(q))))?;
     let [d1, d2] = if state_v_first { [v, k] } else { [k, v] };
@@ -328,6 +278,67 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     })
 }
 
+/// The checks KDA-SPEC adds beyond the reference; `dims` is `[B, T, K, HV, V]`. Returns whether
+/// beta is headwise.
+fn check_beyond_reference(args: &DecodeArgs, dims: [usize; 5], varlen: bool) -> Result<bool, DecodeError> {
+    let q = args.q;
+    let [b, t, k, hv, v] = dims;
+    for (name, x) in [("k", args.k), ("v", args.v), ("a", args.a), ("b", args.b)] {
+        if x.dtype() != q.dtype() {
+            return Err(invalid(name, format!("{name} must have q's dtype {}, got {}.", q.dtype(), x.dtype())));
+        }
+    }
+    let beta_headwise = match *args.b.shape() {
+        [b0, b1, b2] if [b0, b1, b2] == [b, t, hv] => false,
+        [b0, b1, b2, b3] if [b0, b1, b2, b3] == [b, t, hv, v] => true,
+        _ => {
+            let msg = format!("b must have shape [B, T, HV] = {:?} or [B, T, HV, V] = {:?}", [b, t, hv], [b, t, hv, v]);
+            return Err(invalid("b", format!("{msg}, got {}.", shape(args.b))));
+        }
+    };
+    if k != HEAD_DIM {
+        return Err(unsupported("q", format!("head dim K = {k}: only {HEAD_DIM} is supported.")));
+    }
+    if v != HEAD_DIM {
+        return Err(unsupported("v", format!("head dim V = {v}: only {HEAD_DIM} is supported.")));
+    }
+    if varlen && b != 1 {
+        return Err(invalid(
+            "q",
+            format!(
+                "q.shape[0] must be 1 when cu_seqlens is provided; flatten variable-length input as \
+                 [1, S, H, 128], got q={}.",
+                shape(q)
+            ),
+        ));
+    }
+    let cu_seqlens = args.cu_seqlens.filter(|_| varlen);
+    for (name, x) in [("cu_seqlens", cu_seqlens), ("num_accepted_tokens", args.num_accepted_tokens)] {
+        if let Some(x) = x.filter(|x| !x.dtype().is_int()) {
+            return Err(invalid(name, format!("{name} must have dtype i32 or i64, got {}.", x.dtype())));
+        }
+    }
+    let apply_beta_sigmoid = args.apply_beta_sigmoid.unwrap_or(false);
+    let allow_neg_eigval = args.allow_neg_eigval.unwrap_or(false);
+    if allow_neg_eigval && !apply_beta_sigmoid {
+        return Err(invalid(
+            "allow_neg_eigval",
+            "allow_neg_eigval requires apply_beta_sigmoid=True (beta = 2 * sigmoid(b)).".into(),
+        ));
+    }
+    let extra = [
+        ("state_indices", args.state_indices),
+        ("cu_seqlens", args.cu_seqlens),
+        ("num_accepted_tokens", args.num_accepted_tokens),
+        ("final_state", args.final_state),
+    ];
+    for (name, x) in extra {
+        x.map_or(Ok(()), |x| same_device(q, name, x))?;
+    }
+    check_alignment(args)?;
+    Ok(beta_headwise)
+}
+
 /// The reference's `_validate_common_decode_inputs`; returns `[B, T, H, K, HV, V]`.
 fn validate_common(args: &DecodeArgs) -> Result<[usize; 6], DecodeError> {
     let (q, k, v, a) = (args.q, args.k, args.v, args.a);
@@ -363,7 +374,8 @@ fn validate_common(args: &DecodeArgs) -> Result<[usize; 6], DecodeError> {
     if let Some(x) = args.dt_bias {
         let flat_ok = x.shape().len() == 1 && hv.checked_mul(kd) == Some(x.numel());
         if x.shape() != [hv, kd] && !flat_ok {
-            let msg = format!("dt_bias must have shape {:?} (or flat [HV * K]) when provided, got {}.", [hv, kd], shape(x));
+            let msg =
+                format!("dt_bias must have shape {:?} (or flat [HV * K]) when provided, got {}.", [hv, kd], shape(x));
             return Err(invalid("dt_bias", msg));
         }
     }
@@ -402,9 +414,9 @@ fn logical_batch(args: &DecodeArgs, varlen: bool, b: usize) -> Result<usize, Dec
     }
     let cu = args.cu_seqlens.filter(|c| c.shape().len() == 1);
     let cu = cu.ok_or_else(|| invalid("cu_seqlens", "cu_seqlens must be a 1D tensor when is_varlen=True.".into()))?;
-    cu.numel().checked_sub(1).ok_or_else(|| {
-        invalid("cu_seqlens", "cu_seqlens must have N + 1 >= 1 entries for N sequences, got 0.".into())
-    })
+    cu.numel()
+        .checked_sub(1)
+        .ok_or_else(|| invalid("cu_seqlens", "cu_seqlens must have N + 1 >= 1 entries for N sequences, got 0.".into()))
 }
 
 /// The reference's `state_indices` checks.
@@ -521,11 +533,7 @@ fn check_alignment(args: &DecodeArgs) -> Result<(), DecodeError> {
 }
 
 /// The preallocated `final_state` must be exactly the state tensor the call returns.
-fn check_final_state(
-    fs: Option<&TensorView>,
-    returned: Option<[usize; 4]>,
-    dtype: DType,
-) -> Result<(), DecodeError> {
+fn check_final_state(fs: Option<&TensorView>, returned: Option<[usize; 4]>, dtype: DType) -> Result<(), DecodeError> {
     match (fs, returned) {
         (Some(_), None) => Err(invalid(
             "final_state",

@@ -1,0 +1,51 @@
+//! The lowered thread IR of small kernels (canonical register names), and what the lowering
+//! refuses, at the kernel line.
+
+use kda_dsl::builder::*;
+use kda_dsl::tile::LoopKind;
+use kda_dsl::{DType, SrcLoc};
+
+fn loc(line: u32) -> SrcLoc {
+    SrcLoc::new("k.rs", line, 5)
+}
+
+fn dump(p: &kda_dsl::thread_ir::ThreadProgram) -> String {
+    p.body.iter().map(|i| format!("{i}    // {}\n", i.loc.line)).collect()
+}
+
+#[test]
+fn a_masked_copy_through_shared_memory() {
+    let k = KernelBuilder::new("copy", loc(1));
+    let a = k.tensor("a", &["M", "N"], DType::BF16, false);
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
+    let b = k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16, 16], DType::BF16, loc(3));
+    k.copy(k.tile(&a, vec![b[0].clone(), Val::from(0)], &[16, 16], loc(4)), s, loc(4));
+    k.copy(s, k.tile(&o, vec![b[0].clone(), Val::from(0)], &[16, 16], loc(5)), loc(5));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    insta::assert_snapshot!(dump(&prog));
+}
+
+#[test]
+fn unroll_needs_constant_bounds_and_says_where() {
+    let k = KernelBuilder::new("bad", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    k.begin_for("i", LoopKind::Unroll, 0, k.dim("N"), loc(3));
+    k.end();
+    let e = kda_dsl::lower_kernel(k.finish().expect("valid")).expect_err("refused");
+    assert_eq!(e.loc.line, 3);
+    assert!(e.message.contains("`unroll` needs bounds known when lowering"), "{e}");
+}
+
+#[test]
+fn gemm_shapes_must_agree() {
+    let k = KernelBuilder::new("bad", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let a = k.shared("a", &[16, 32], DType::BF16, loc(3));
+    let b = k.shared("b", &[16, 16], DType::BF16, loc(4));
+    let c = k.fragment("c", &[16, 16], DType::F32, loc(5));
+    k.gemm(a, b.t(), &c, loc(6));
+    let e = kda_dsl::lower_kernel(k.finish().expect("valid")).expect_err("refused");
+    assert_eq!(e.loc.line, 6);
+    assert!(e.message.contains("gemm shapes"), "{e}");
+}

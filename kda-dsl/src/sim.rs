@@ -62,6 +62,8 @@ const GLOBAL_SHIFT: u32 = 40;
 struct Thread {
     pc: usize,
     regs: Vec<u64>,
+    /// Which registers have been written (reading another is an error).
+    written: Vec<bool>,
     done: bool,
     /// Waiting at a collective or barrier (pc points at it).
     blocked: bool,
@@ -99,6 +101,8 @@ struct Block<'a> {
     traces: BTreeMap<(usize, u32), Trace>,
     trace_counts: Vec<HashMap<usize, u32>>,
     executed: u64,
+    /// The first read of a register nothing wrote: (thread, register).
+    uninit: std::cell::Cell<Option<(usize, Reg)>>,
 }
 
 fn class_slot(c: RegClass) -> usize {
@@ -203,7 +207,13 @@ impl<'a> Block<'a> {
 
     fn get(&self, t: usize, s: &Src) -> u64 {
         match s {
-            Src::Reg(r) => self.threads[t].regs[self.reg_index(*r)],
+            Src::Reg(r) => {
+                let i = self.reg_index(*r);
+                if !self.threads[t].written[i] && self.uninit.get().is_none() {
+                    self.uninit.set(Some((t, *r)));
+                }
+                self.threads[t].regs[i]
+            }
             Src::Imm(v) => *v as u64,
             Src::F32(v) => v.to_bits() as u64,
         }
@@ -218,6 +228,7 @@ impl<'a> Block<'a> {
             RegClass::B64 => v,
         };
         self.threads[t].regs[i] = v;
+        self.threads[t].written[i] = true;
     }
 
     fn global_slice(&mut self, addr: u64, n: usize) -> R<(usize, usize)> {
@@ -315,6 +326,13 @@ impl<'a> Block<'a> {
         Ok(())
     }
 
+    fn check_uninit(&self) -> R<()> {
+        match self.uninit.get() {
+            None => Ok(()),
+            Some((t, r)) => Err(format!("thread {t} reads register {r}, which nothing wrote on its path")),
+        }
+    }
+
     fn is_collective(op: &Op) -> bool {
         matches!(op, Op::Ldmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. })
     }
@@ -349,6 +367,7 @@ impl<'a> Block<'a> {
             }
             self.executed += 1;
             self.exec(t, inst)?;
+            self.check_uninit()?;
         }
     }
 
@@ -698,6 +717,7 @@ impl<'a> Block<'a> {
             }
             _ => unreachable!("only collectives"),
         }
+        self.check_uninit()?;
         self.executed += 32;
         for l in lanes {
             self.threads[l].blocked = false;
@@ -911,6 +931,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         .map(|_| Thread {
                             pc: 0,
                             regs: vec![0; total],
+                            written: vec![false; total],
                             done: false,
                             blocked: false,
                             groups: vec![],
@@ -927,6 +948,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     traces: BTreeMap::new(),
                     trace_counts: vec![HashMap::new(); prog.threads as usize],
                     executed: 0,
+                    uninit: std::cell::Cell::new(None),
                 };
                 let r = run_block(&mut blk);
                 report.instructions += blk.executed;

@@ -102,3 +102,111 @@ pub fn tensor_values(args: &[(String, SimArg)], name: &str, dtype: DType) -> Vec
         })
         .unwrap_or_default()
 }
+
+/// How a simulated decode call compares with the f64 reference.
+#[derive(Clone, Debug)]
+pub struct DecodeCompare {
+    /// Relative error of the outputs.
+    pub out_err: f64,
+    /// Relative error of the pool after the call.
+    pub pool_err: f64,
+    /// Relative error of the returned states (0 when none).
+    pub final_err: f64,
+    /// Output rows the reference has as exactly zero (padding) that were not exactly zero.
+    pub nonzero_padding_rows: usize,
+    /// What the simulator produced.
+    pub got: crate::decode_ref::DecodeOutputs,
+}
+
+/// Runs one decode call in the simulator and compares it with [`crate::decode_ref::decode_ref`].
+pub fn check_decode(
+    cfg: &crate::decode::DecodeConfig,
+    x: &crate::decode_ref::DecodeInputs,
+) -> Result<DecodeCompare, String> {
+    let got = simulate_decode(cfg, x)?;
+    let want = crate::decode_ref::decode_ref(cfg, x);
+    let d = crate::decode_ref::D;
+    let nonzero_padding_rows = want
+        .out
+        .chunks(d)
+        .zip(got.out.chunks(d))
+        .filter(|(w, g)| w.iter().all(|v| *v == 0.0) && g.iter().any(|v| *v != 0.0))
+        .count();
+    Ok(DecodeCompare {
+        out_err: rel_err(&got.out, &want.out),
+        pool_err: rel_err(&got.pool, &want.pool),
+        final_err: if want.final_state.is_empty() { 0.0 } else { rel_err(&got.final_state, &want.final_state) },
+        nonzero_padding_rows,
+        got,
+    })
+}
+
+/// Runs one decode call in the simulator; outputs start as NaN.
+pub fn simulate_decode(
+    cfg: &crate::decode::DecodeConfig,
+    x: &crate::decode_ref::DecodeInputs,
+) -> Result<crate::decode_ref::DecodeOutputs, String> {
+    use crate::decode_ref::D;
+    let def = crate::decode::decode(cfg).map_err(|e| e.to_string())?;
+    let n_seq = x.sequences(cfg);
+    let fin_rows = x.final_rows(cfg);
+    let dt = cfg.dtype;
+    let st = cfg.state_dtype;
+    let t = |n: &str, v: &[f64], d: DType| (n.to_string(), SimArg::Tensor(to_bytes(v, d)));
+    let i = |n: &str, v: usize| (n.to_string(), SimArg::I32(v as i32));
+    let small = |n: &str, d: DType| (n.to_string(), SimArg::Tensor(to_bytes(&[0.0; 4], d)));
+    let mut args = vec![
+        t("q", &x.q, dt),
+        i("B", x.b),
+        i("T", x.t),
+        i("H", x.h),
+        i("KD", D),
+        t("k", &x.k, dt),
+        t("v", &x.v, dt),
+        i("HV", x.hv),
+        i("VD", D),
+        t("a", &x.a, dt),
+        t("b", &x.beta, dt),
+        i("BW", if cfg.beta_headwise { D } else { 1 }),
+        i("S1", D),
+        i("S2", D),
+        t("state", &x.pool, st),
+        i("P", x.slots),
+        t("out", &vec![f64::NAN; x.b * x.t * x.hv * D], cfg.out_dtype),
+        i("NSEQ", n_seq),
+        ("scale".into(), SimArg::F32(x.scale as f32)),
+        ("lower_bound".into(), SimArg::F32(x.lower_bound as f32)),
+    ];
+    args.push(if cfg.a_log { t("a_log", &x.a_log, DType::F32) } else { small("a_log", DType::F32) });
+    args.push(i("HVA", if cfg.a_log { x.hv } else { 1 }));
+    match cfg.dt_bias {
+        Some(d) => args.extend([t("dt_bias", &x.dt_bias, d), i("HVD", x.hv), i("KDB", D)]),
+        None => args.extend([small("dt_bias", DType::F32), i("HVD", 1), i("KDB", 1)]),
+    }
+    if fin_rows > 0 {
+        args.extend([t("final_state", &vec![f64::NAN; fin_rows * x.hv * D * D], st), i("F", fin_rows)]);
+    } else {
+        args.extend([small("final_state", st), i("F", 0)]);
+    }
+    let idx: Vec<f64> = x.indices.iter().map(|v| *v as f64).collect();
+    match cfg.indices {
+        Some(d) => args.extend([t("state_indices", &idx, d), i("NI", n_seq), i("IC", x.cols)]),
+        None => args.extend([small("state_indices", DType::I32), i("NI", 1), i("IC", 1)]),
+    }
+    let cu: Vec<f64> = x.cu_seqlens.iter().map(|v| *v as f64).collect();
+    match cfg.varlen {
+        Some(d) => args.extend([t("cu_seqlens", &cu, d), i("NC", cu.len())]),
+        None => args.extend([small("cu_seqlens", DType::I32), i("NC", 1)]),
+    }
+    let nat: Vec<f64> = x.accepted.iter().map(|v| *v as f64).collect();
+    match cfg.accepted {
+        Some(d) => args.extend([t("accepted", &nat, d), i("NA", n_seq)]),
+        None => args.extend([small("accepted", DType::I32), i("NA", 1)]),
+    }
+    simulate(&def, &mut args)?;
+    Ok(crate::decode_ref::DecodeOutputs {
+        out: tensor_values(&args, "out", cfg.out_dtype),
+        pool: tensor_values(&args, "state", st),
+        final_state: if fin_rows > 0 { tensor_values(&args, "final_state", st) } else { vec![] },
+    })
+}

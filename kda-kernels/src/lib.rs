@@ -2,6 +2,8 @@
 //! variants, and f64 CPU references.
 
 pub mod check;
+pub mod decode;
+pub mod decode_ref;
 pub mod gemm;
 pub mod reference;
 

@@ -94,6 +94,14 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
                 prelude.push(quote!(let #ident = __kb.scalar(#pname, #d);));
                 cx.bind(&pname, Kind::Val);
             }
+            // An extent no tensor carries (a count the launcher passes, sizing the grid).
+            Type::Path(tp) if tp.path.is_ident("Dim") => {
+                if !cx.dims.contains(&pname) {
+                    cx.dims.push(pname.clone());
+                    prelude.push(quote!(let #ident = __kb.dim(#pname);));
+                    cx.bind(&pname, Kind::Val);
+                }
+            }
             Type::Path(tp)
                 if tp.path.segments.len() == 1
                     && matches!(tp.path.segments[0].ident.to_string().as_str(), "Global" | "GlobalMut") =>
@@ -138,7 +146,7 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
             other => {
                 return err(
                     other.span(),
-                    "a kernel parameter is `Global<(..), {dtype}>`, `GlobalMut<(..), {dtype}>`, `f32`, `i32` or `i64`",
+                    "a kernel parameter is `Global<(..), {dtype}>`, `GlobalMut<(..), {dtype}>`, `Dim`, `f32`, `i32` or `i64`",
                 );
             }
         }
@@ -282,9 +290,26 @@ impl Cx {
             }
         }
         impl Find<'_> {
+            /// True when `e` names a lowercase variable bound only later (a kernel `let` in a
+            /// nested block, say); a host value would be in scope already.
+            fn later_name(&self, e: &Expr) -> bool {
+                struct Names(Vec<String>);
+                impl<'ast> syn::visit::Visit<'ast> for Names {
+                    fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
+                        if let Some(id) = p.path.get_ident() {
+                            self.0.push(id.to_string());
+                        }
+                    }
+                }
+                let mut n = Names(vec![]);
+                syn::visit::Visit::visit_expr(&mut n, e);
+                n.0.iter().any(|x| x.starts_with(|c: char| c.is_lowercase()) && self.cx.kind(x).is_none())
+            }
             fn check(&mut self, left: &Expr, right: &Expr) {
                 if let Expr::Path(p) = left {
-                    if p.path.is_ident(&self.name) && (self.cx.is_dsl(right) || matches!(right, Expr::Index(_))) {
+                    if p.path.is_ident(&self.name)
+                        && (self.cx.is_dsl(right) || matches!(right, Expr::Index(_)) || self.later_name(right))
+                    {
                         self.found = true;
                     }
                 }

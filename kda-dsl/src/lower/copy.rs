@@ -413,6 +413,34 @@ impl Lower<'_> {
         V { s: Src::Reg(d), ty: vt }
     }
 
+    /// Two adjacent elements into `dst` (0 when `valid` is false), rounded for a `dt` tile.
+    fn pair_load(&mut self, addr: Reg, src: DType, valid: Option<Reg>, dt: DType, dst: [Reg; 2]) {
+        let vals = [self.em.reg(RegClass::F32), self.em.reg(RegClass::F32)];
+        for v in vals {
+            self.em.emit(Op::Mov { ty: Ty::F32, d: v, a: Src::F32(0.0) });
+        }
+        let skip = self.em.label();
+        if let Some(p) = valid {
+            self.em.emit_if(p, false, Op::Bra { target: skip });
+        }
+        if src == DType::F32 {
+            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.to_vec(), addr, offset: 0 });
+        } else {
+            let w = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::B32, d: vec![w], addr, offset: 0 });
+            let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
+            self.em.emit(Op::Unpack2 { lo, hi, a: w });
+            let sty = if src == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+            self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[0], a: Src::Reg(lo) });
+            self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[1], a: Src::Reg(hi) });
+        }
+        self.em.emit(Op::Label(skip));
+        for (v, d) in vals.into_iter().zip(dst) {
+            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, dt);
+            self.mov(d, v);
+        }
+    }
+
     /// A store skipped when `valid` is false.
     fn masked_store(&mut self, addr: Reg, dt: DType, v: V, valid: Option<Reg>) {
         match valid {
@@ -485,11 +513,19 @@ impl Lower<'_> {
         let gb = self.global_box(r, b, loc)?;
         let l = self.p.frag(b);
         let dt = self.def().buffers[b].dtype;
-        let pair = l.kind == FragmentKind::Tile && gb.no_pair.is_none() && !load;
+        // Slots s, s+1 of a tile or column vector hold adjacent columns: one 2-element access.
+        let pair = l.kind != FragmentKind::Rows
+            && gb.no_pair.is_none()
+            && matches!(gb.dtype, DType::F32 | DType::BF16 | DType::F16);
+        let what = if load { "column-pair loads global -> fragment" } else { "column-pair stores fragment -> global" };
         self.plan_note(
             loc,
-            if load { "element loads global -> fragment" } else { "column-pair stores fragment -> global" },
-            &if load || pair { None } else { gb.no_pair.clone() },
+            what,
+            &if l.kind == FragmentKind::Rows {
+                Some("a row vector holds no adjacent columns".into())
+            } else {
+                gb.no_pair.clone()
+            },
         );
         let two_d = self.def().buffers[b].shape.len() == 2;
         // Replicated vector elements are stored once, by their owner lanes.
@@ -505,7 +541,11 @@ impl Lower<'_> {
             let (addr, valid) = self.box_elem(&gb, row, col);
             let valid = self.em.and_pred(valid, owner);
             let r0 = self.regs[b][s as usize];
-            if load {
+            if load && pair {
+                let (r0, r1) = (self.regs[b][s as usize], self.regs[b][s as usize + 1]);
+                self.pair_load(addr, gb.dtype, valid, dt, [r0, r1]);
+                s += 2;
+            } else if load {
                 let v = self.masked_load(addr, gb.dtype, valid);
                 let v = self.round_for(v, dt);
                 self.mov(r0, v);

@@ -70,6 +70,8 @@ pub(crate) struct ThreadRegs {
 pub(crate) struct ElemCtx {
     pub over: BufId,
     pub slot: u32,
+    /// The loop's index variables (at most 2).
+    pub vars: [Option<VarId>; 2],
 }
 
 /// Lowering state.
@@ -169,6 +171,8 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
             BufLayout::Fragment(l) => {
                 let class = class_of(crate::passes::check_types::value_type(b.dtype));
                 lw.regs[i] = (0..l.slots()).map(|_| lw.em.reg(class)).collect();
+                // Computed here, at entry, so the cached registers dominate every use.
+                lw.frag_base(l);
             }
             BufLayout::Local => {
                 let class = class_of(crate::passes::check_types::value_type(b.dtype));
@@ -501,7 +505,7 @@ impl Lower<'_> {
                 for s in 0..l.slots() {
                     let (row, col) = self.frag_coords(l, s);
                     self.bind_index(vars, &[row, col]);
-                    self.elem = Some(ElemCtx { over, slot: s });
+                    self.elem = Some(ElemCtx { over, slot: s, vars: [vars.first().copied(), vars.get(1).copied()] });
                     let r = self.block(body);
                     self.elem = None;
                     r?;
@@ -555,7 +559,7 @@ impl Lower<'_> {
         let Some(ctx) = self.elem else {
             return self.err(loc, format!("fragment `{name}` elements are reachable only inside `parallel`"));
         };
-        let (vars, _) = self.parallel_vars(ctx.over);
+        let vars: Vec<VarId> = ctx.vars.iter().flatten().copied().collect();
         let lo = self.p.frag(ctx.over);
         let lb = self.p.frag(b);
         let same = |e: &Expr, k: usize| vars.get(k).is_some_and(|v| *e == Expr::Var(*v));
@@ -585,29 +589,6 @@ impl Lower<'_> {
                 format!("fragment `{name}` can be indexed only at the `parallel` loop's own index (or a row/column vector at its row/column); copy it to a shared tile for other access"),
             ),
         }
-    }
-
-    fn parallel_vars(&self, over: BufId) -> (Vec<VarId>, ()) {
-        fn find(body: &[Stmt], over: BufId) -> Option<Vec<VarId>> {
-            for s in body {
-                match &s.kind {
-                    StmtKind::Parallel { over: o, vars, .. } if *o == over => return Some(vars.clone()),
-                    StmtKind::For { body, .. } => {
-                        if let Some(v) = find(body, over) {
-                            return Some(v);
-                        }
-                    }
-                    StmtKind::If(_, t, e) => {
-                        if let Some(v) = find(t, over).or_else(|| find(e, over)) {
-                            return Some(v);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            None
-        }
-        (find(&self.p.def.body, over).unwrap_or_default(), ())
     }
 
     fn store(&mut self, b: BufId, idx: &[Expr], e: &Expr, loc: SrcLoc) -> Result<(), Diag> {

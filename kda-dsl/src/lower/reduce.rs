@@ -47,6 +47,11 @@ impl Lower<'_> {
         loc: SrcLoc,
     ) -> Result<(), Diag> {
         let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
+        if let (BufLayout::Fragment(l), BufLayout::Local) = (self.p.layouts[src], self.p.layouts[dst]) {
+            if l.kind != FragmentKind::Tile {
+                return self.reduce_vector(op, src, dst, l, loc);
+            }
+        }
         let BufLayout::Fragment(l) = self.p.layouts[src] else {
             return self.err(
                 loc,
@@ -173,6 +178,86 @@ impl Lower<'_> {
                 ),
             ),
         }
+    }
+
+    /// A vector fragment reduced to one value every thread holds, kept in a local `[1]` tile.
+    fn reduce_vector(
+        &mut self,
+        op: ReduceOp,
+        src: BufId,
+        dst: BufId,
+        l: FragmentLayout,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let (sb, db) = (self.def().buffers[src].clone(), self.def().buffers[dst].clone());
+        if db.shape != [1] {
+            return self.err(
+                loc,
+                format!(
+                    "reducing vector `{}` to one value needs a local [1] tile; `{}` is {:?}",
+                    sb.name, db.name, db.shape
+                ),
+            );
+        }
+        let vt = value_type(sb.dtype);
+        if value_type(db.dtype) != vt {
+            return self.err(loc, format!("reduce from {} into {}: element types must agree", sb.dtype, db.dtype));
+        }
+        let acc = self.em.reg(class_of(vt));
+        self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: Src::Reg(self.regs[src][0]) });
+        for s in 1..l.slots() as usize {
+            let r = self.regs[src][s];
+            self.combine(op, vt, acc, acc, r);
+        }
+        // Rows are spread over g (lanes 4 apart), columns over t (adjacent lanes).
+        let lanes: &[i64] = if l.kind == FragmentKind::Rows { &[4, 8, 16] } else { &[1, 2] };
+        for m in lanes {
+            let o = self.em.reg(class_of(vt));
+            self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: acc, b: Src::Imm(*m), c: 31 });
+            self.combine(op, vt, acc, acc, o);
+        }
+        let across = if l.kind == FragmentKind::Rows { l.wm } else { l.wn };
+        if across > 1 {
+            let (wpos, other) = if l.kind == FragmentKind::Rows {
+                (
+                    self.em.op32(BinKind::Div, self.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64),
+                )
+            } else {
+                (
+                    self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Div, self.th.warp, l.wn as i64),
+                )
+            };
+            self.em.emit(Op::Bar { id: 0, count: None });
+            // Lane 0 of one warp per position along the vector writes that warp's partial.
+            let lane0 = self.em.setp(Cmp::Eq, Ty::S32, self.th.lane, Src::Imm(0));
+            let other = self.em.to_reg(other, RegClass::B32, Ty::U32);
+            let first = self.em.setp(Cmp::Eq, Ty::S32, other, Src::Imm(0));
+            let owner = self.em.and_pred(Some(lane0), Some(first));
+            let a = self.scratch_addr(wpos);
+            let skip = self.em.label();
+            if let Some(p) = owner {
+                self.em.emit_if(p, false, Op::Bra { target: skip });
+            }
+            self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(acc)] });
+            self.em.emit(Op::Label(skip));
+            self.em.emit(Op::Bar { id: 0, count: None });
+            for w in 0..across {
+                let a = self.scratch_addr(Src::Imm(w as i64));
+                let v = self.em.reg(class_of(vt));
+                self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr: a, offset: 0 });
+                if w == 0 {
+                    self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: Src::Reg(v) });
+                } else {
+                    self.combine(op, vt, acc, acc, v);
+                }
+            }
+        }
+        let v = self.round_for(V { s: Src::Reg(acc), ty: vt }, db.dtype);
+        let d = self.regs[dst][0];
+        self.mov(d, v);
+        Ok(())
     }
 
     pub(crate) fn cumsum(&mut self, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {

@@ -39,6 +39,14 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
 pub fn scratch_for(p: &TileProgram, s: &StmtKind) -> u32 {
     match s {
         StmtKind::Reduce { src, axis, .. } => match p.layouts[*src] {
+            BufLayout::Fragment(l) if l.kind != FragmentKind::Tile => {
+                let across = if l.kind == FragmentKind::Rows { l.wm } else { l.wn };
+                if across > 1 {
+                    across * 4
+                } else {
+                    0
+                }
+            }
             BufLayout::Fragment(l) if l.kind == FragmentKind::Tile => {
                 let (across, len) = if *axis == 1 { (l.wn, l.rows) } else { (l.wm, l.cols) };
                 if across > 1 {

@@ -57,6 +57,34 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             }
         }
     }
+    // Vectors used together element by element share a layout.
+    let mut pairs = vec![];
+    vector_pairs(&def.body, def, &mut pairs);
+    loop {
+        let mut changed = false;
+        for (x, y, loc) in &pairs {
+            match (rel[*x], rel[*y]) {
+                (Some(l), None) => {
+                    rel[*y] = Some((l.0, *loc));
+                    changed = true;
+                }
+                (None, Some(l)) => {
+                    rel[*x] = Some((l.0, *loc));
+                    changed = true;
+                }
+                (Some(a), Some(b)) if a.0 != b.0 => {
+                    return Err(Diag::new(
+                        *loc,
+                        format!("vectors `{}` ({}) and `{}` ({}) are used together but laid out differently; copy one through a shared tile", def.buffers[*x].name, a.0, def.buffers[*y].name, b.0),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
     for (i, b) in def.buffers.iter().enumerate() {
         p.layouts[i] = match (b.scope, b.shape.len()) {
             (Scope::Fragment, 2) => continue,
@@ -128,6 +156,32 @@ fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut [u32]) {
             StmtKind::If(_, t, e) => {
                 collect_stages(t, def, stages);
                 collect_stages(e, def, stages);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// (driver, other) for each `parallel` over a vector fragment that touches another vector
+/// fragment at the loop's index.
+fn vector_pairs(body: &[Stmt], def: &KernelDef, out: &mut Vec<(BufId, BufId, SrcLoc)>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Parallel { over, vars, body } => {
+                if is_vec_frag(def, *over) {
+                    let mut found = vec![];
+                    elems_in(body, &mut found);
+                    for (b, idx, loc) in found {
+                        if b != *over && is_vec_frag(def, b) && idx == [Expr::Var(vars[0])] {
+                            out.push((*over, b, loc));
+                        }
+                    }
+                }
+            }
+            StmtKind::For { body, .. } => vector_pairs(body, def, out),
+            StmtKind::If(_, t, e) => {
+                vector_pairs(t, def, out);
+                vector_pairs(e, def, out);
             }
             _ => {}
         }

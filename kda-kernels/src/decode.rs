@@ -1,0 +1,352 @@
+//! `gated_delta_rule_decode` in the DSL: the KDA recurrence one token at a time, on a state held
+//! in registers.
+//!
+//! A block owns `bv` rows of one value head's 128 x 128 state for one sequence: rows of the
+//! V-first state `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so
+//! the grid is sequences x value heads x `V / bv`. Per token: decay the state, `u = beta (v -
+//! S k)` (a row reduction), `S += u kᵀ`, `o = S q` (another). Every specialization below is a
+//! host-side `if` on the config: the branches not taken leave no code.
+
+use kda_dsl::DType;
+use kda_macros::kernel;
+
+/// The gate rule (KDA-SPEC "Gate rules").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gate {
+    /// `lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`.
+    LowerBound,
+    /// `-exp(A_log) * softplus(a + dt_bias)`.
+    Softplus,
+    /// `g = a`.
+    Precomputed,
+}
+
+/// How `b` becomes beta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Beta {
+    /// As given.
+    Raw,
+    /// `sigmoid(b)`.
+    Sigmoid,
+    /// `2 * sigmoid(b)` (`allow_neg_eigval`).
+    TwoSigmoid,
+}
+
+/// Where states are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Writes {
+    /// Nothing.
+    None,
+    /// The pool at `state_indices[n, t]`, after every token (in place).
+    PoolPerToken,
+    /// `final_state[token]`, one state per token.
+    FinalPerToken,
+    /// `state[n]` after the last token (in place, no indices).
+    PoolPerSequence,
+    /// `final_state[n]` after the last token.
+    FinalPerSequence,
+}
+
+/// What a decode variant is specialized for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeConfig {
+    /// q, k, v, a, b element type.
+    pub dtype: DType,
+    /// State element type (`F32` or `BF16`), rounded after every token.
+    pub state_dtype: DType,
+    /// Output element type.
+    pub out_dtype: DType,
+    /// State layout: `[V, K]` per head (true) or `[K, V]`.
+    pub v_first: bool,
+    /// Gate rule.
+    pub gate: Gate,
+    /// `A_log` given.
+    pub a_log: bool,
+    /// `dt_bias` given, and its type.
+    pub dt_bias: Option<DType>,
+    /// Beta rule.
+    pub beta: Beta,
+    /// `b` is `[B, T, HV, V]`.
+    pub beta_headwise: bool,
+    /// l2-normalize q and k.
+    pub l2norm: bool,
+    /// `cu_seqlens` given, and its type.
+    pub varlen: Option<DType>,
+    /// `state_indices` given, and its type.
+    pub indices: Option<DType>,
+    /// `num_accepted_tokens` given, and its type.
+    pub accepted: Option<DType>,
+    /// Read the initial state.
+    pub use_initial_state: bool,
+    /// Where states go.
+    pub writes: Writes,
+    /// State rows per block.
+    pub bv: usize,
+}
+
+impl Default for DecodeConfig {
+    /// The bench configuration: bf16 inputs, f32 V-first pool through `state_indices`, in place,
+    /// lower-bound gate, beta sigmoid, l2norm.
+    fn default() -> Self {
+        DecodeConfig {
+            dtype: DType::BF16,
+            state_dtype: DType::F32,
+            out_dtype: DType::BF16,
+            v_first: true,
+            gate: Gate::LowerBound,
+            a_log: true,
+            dt_bias: Some(DType::F32),
+            beta: Beta::Sigmoid,
+            beta_headwise: false,
+            l2norm: true,
+            varlen: None,
+            indices: Some(DType::I32),
+            accepted: None,
+            use_initial_state: true,
+            writes: Writes::PoolPerToken,
+            bv: 16,
+        }
+    }
+}
+
+impl DecodeConfig {
+    /// A short stable name.
+    pub fn key(&self) -> String {
+        let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
+        format!(
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}",
+            self.dtype,
+            self.state_dtype,
+            self.out_dtype,
+            if self.v_first { "vk" } else { "kv" },
+            self.gate,
+            if self.a_log { "_alog" } else { "" },
+            o(self.dt_bias),
+            self.beta,
+            if self.beta_headwise { "_hw" } else { "" },
+            if self.l2norm { "_l2" } else { "" },
+            o(self.varlen),
+            o(self.indices),
+            o(self.accepted),
+            if self.use_initial_state { "init_" } else { "" },
+            self.writes,
+            self.bv
+        )
+        .to_lowercase()
+    }
+}
+
+/// One decode step per token for `bv` state rows of one (sequence, value head).
+///
+/// Tensors a config does not use are still parameters; the launcher binds a placeholder the
+/// kernel never reads. `b` is `[B, T, HV, BW]` with `BW = 1` for a scalar beta.
+#[kernel]
+pub fn decode(
+    cfg: &DecodeConfig,
+    q: Global<(B, T, H, KD), { cfg.dtype }>,
+    k: Global<(B, T, H, KD), { cfg.dtype }>,
+    v: Global<(B, T, HV, VD), { cfg.dtype }>,
+    a: Global<(B, T, HV, KD), { cfg.dtype }>,
+    b: Global<(B, T, HV, BW), { cfg.dtype }>,
+    a_log: Global<(HVA,), F32>,
+    dt_bias: Global<(HVD, KDB), { cfg.dt_bias.unwrap_or(F32) }>,
+    state: GlobalMut<(P, HV, S1, S2), { cfg.state_dtype }>,
+    final_state: GlobalMut<(F, HV, S1, S2), { cfg.state_dtype }>,
+    state_indices: Global<(NI, IC), { cfg.indices.unwrap_or(I32) }>,
+    cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
+    accepted: Global<(NA,), { cfg.accepted.unwrap_or(I32) }>,
+    out: GlobalMut<(B, T, HV, VD), { cfg.out_dtype }>,
+    NSEQ: Dim,
+    scale: f32,
+    lower_bound: f32,
+) {
+    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32);
+    assume_multiple(KD, 8);
+    assume_multiple(VD, 8);
+    assume_multiple(S1, 8);
+    assume_multiple(S2, 8);
+    let h = hv / (HV / H);
+    let v0 = vb * cfg.bv;
+    // The sequence's tokens: rows `bos .. bos + tn` of batch row `bi`.
+    let mut bos = 0;
+    let mut tn = T;
+    let mut bi = n;
+    if cfg.varlen.is_some() {
+        let s0 = max(min(cu_seqlens[n] as i32, T), 0);
+        let s1 = max(min(cu_seqlens[n + 1] as i32, T), s0);
+        bos = s0;
+        tn = s1 - s0;
+        bi = 0;
+    }
+    // Where the state comes from.
+    let mut rs = n;
+    let mut live = true;
+    if cfg.indices.is_some() {
+        let mut col = 0;
+        if cfg.accepted.is_some() {
+            col = min(max(accepted[n] as i32, 1), IC) - 1;
+        }
+        let raw = state_indices[n][col];
+        live = raw >= 0 && raw < P;
+        rs = select(live, raw as i32, 0);
+    }
+    let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
+    let s = fragment([vr, kc], F32);
+    let tmp = fragment([vr, kc], F32);
+    let kf = fragment([128], F32);
+    let qf = fragment([128], F32);
+    let af = fragment([128], F32);
+    let sq = fragment([128], F32);
+    let uf = fragment([cfg.bv], F32);
+    let vf = fragment([cfg.bv], F32);
+    let of = fragment([cfg.bv], F32);
+    let bw = fragment([cfg.bv], F32);
+    let nrm = local([1], F32);
+    // This block's rows of the state box, in the pool's layout.
+    let r0 = if cfg.v_first { v0 } else { 0 };
+    let c0 = if cfg.v_first { 0 } else { v0 };
+    clear(s);
+    if cfg.use_initial_state {
+        if live {
+            copy(state.tile_at([rs, hv, r0, c0], [1, 1, vr, kc]), s);
+        }
+    }
+    // Flat token index of the sequence's first token (rows of a per-token `final_state`).
+    let tok0 = bos + bi * T;
+    let mut ea = 1.0;
+    if cfg.a_log && cfg.gate != Gate::Precomputed {
+        ea = exp(a_log[hv]);
+    }
+    if live {
+        for t in serial(0, tn) {
+            let ti = bos + t;
+            // Decay: alpha = exp(g) per key channel.
+            copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), af);
+            for (j,) in parallel(af) {
+                let mut x = af[j];
+                if cfg.gate != Gate::Precomputed {
+                    if cfg.dt_bias.is_some() {
+                        x = x + dt_bias[hv][j];
+                    }
+                    if cfg.gate == Gate::LowerBound {
+                        x = lower_bound * sigmoid(ea * x);
+                    } else {
+                        x = -ea * softplus(x);
+                    }
+                }
+                af[j] = exp(x);
+            }
+            // u = beta * (v - S k), with the decayed state.
+            copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
+            if cfg.l2norm {
+                for (j,) in parallel(sq) {
+                    sq[j] = kf[j] * kf[j];
+                }
+                reduce_sum(sq, nrm, 0);
+                let inv = rsqrt(nrm[0] + 1e-6);
+                for (j,) in parallel(kf) {
+                    kf[j] = kf[j] * inv;
+                }
+            }
+            if cfg.v_first {
+                for (i, j) in parallel(s) {
+                    s[i][j] = s[i][j] * af[j];
+                    tmp[i][j] = s[i][j] * kf[j];
+                }
+                reduce_sum(tmp, uf, 1);
+            } else {
+                for (i, j) in parallel(s) {
+                    s[i][j] = s[i][j] * af[i];
+                    tmp[i][j] = s[i][j] * kf[i];
+                }
+                reduce_sum(tmp, uf, 0);
+            }
+            copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
+            if cfg.beta_headwise {
+                copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
+                for (i,) in parallel(uf) {
+                    let mut bt = bw[i];
+                    if cfg.beta == Beta::Sigmoid {
+                        bt = sigmoid(bt);
+                    }
+                    if cfg.beta == Beta::TwoSigmoid {
+                        bt = 2.0 * sigmoid(bt);
+                    }
+                    uf[i] = bt * (vf[i] - uf[i]);
+                }
+            } else {
+                let mut beta = b[bi][ti][hv][0];
+                if cfg.beta == Beta::Sigmoid {
+                    beta = sigmoid(beta);
+                }
+                if cfg.beta == Beta::TwoSigmoid {
+                    beta = 2.0 * sigmoid(beta);
+                }
+                for (i,) in parallel(uf) {
+                    uf[i] = beta * (vf[i] - uf[i]);
+                }
+            }
+            // S += k u^T; o = S q (read after the update); then S is rounded to its dtype.
+            copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
+            if cfg.l2norm {
+                for (j,) in parallel(sq) {
+                    sq[j] = qf[j] * qf[j];
+                }
+                reduce_sum(sq, nrm, 0);
+                let inv = rsqrt(nrm[0] + 1e-6);
+                for (j,) in parallel(qf) {
+                    qf[j] = qf[j] * inv;
+                }
+            }
+            if cfg.v_first {
+                for (i, j) in parallel(s) {
+                    let ns = s[i][j] + kf[j] * uf[i];
+                    tmp[i][j] = ns * qf[j];
+                    s[i][j] = ns;
+                }
+                reduce_sum(tmp, of, 1);
+            } else {
+                for (i, j) in parallel(s) {
+                    let ns = s[i][j] + kf[i] * uf[j];
+                    tmp[i][j] = ns * qf[i];
+                    s[i][j] = ns;
+                }
+                reduce_sum(tmp, of, 0);
+            }
+            if cfg.state_dtype != F32 {
+                for (i, j) in parallel(s) {
+                    s[i][j] = s[i][j] as bf16;
+                }
+            }
+            for (i,) in parallel(of) {
+                of[i] = of[i] * scale;
+            }
+            copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+            if cfg.writes == Writes::PoolPerToken {
+                let w = state_indices[n][min(t, IC - 1)];
+                if w >= 0 && w < P {
+                    copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                }
+            }
+            if cfg.writes == Writes::FinalPerToken {
+                copy(s, final_state.tile_at([tok0 + t, hv, r0, c0], [1, 1, vr, kc]));
+            }
+        }
+    } else {
+        // Padding: zero output rows; per-token states of the sequence are zero too.
+        clear(of);
+        clear(s);
+        for t in serial(0, tn) {
+            copy(of, out.tile_at([bi, bos + t, hv, v0], [1, 1, 1, cfg.bv]));
+            if cfg.writes == Writes::FinalPerToken {
+                copy(s, final_state.tile_at([tok0 + t, hv, r0, c0], [1, 1, vr, kc]));
+            }
+        }
+    }
+    if cfg.writes == Writes::PoolPerSequence {
+        copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
+    }
+    if cfg.writes == Writes::FinalPerSequence {
+        copy(s, final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
+    }
+}

@@ -20,9 +20,8 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
     for (k, f) in files.iter().enumerate() {
         let _ = writeln!(out, ".file {} \"{}\"", k + 1, f.replace('\\', "/"));
     }
-    if prog.shared_bytes > 0 {
-        let _ = writeln!(out, "\n.extern .shared .align 16 .b8 smem[];");
-    }
+    // Declared even when unused: every kernel takes the base address at entry.
+    let _ = writeln!(out, "\n.extern .shared .align 16 .b8 smem[];");
     let _ = writeln!(out, "\n.visible .entry {}(", prog.name);
     for (k, (name, ty)) in prog.params.iter().enumerate() {
         let sep = if k + 1 < prog.params.len() { "," } else { "" };

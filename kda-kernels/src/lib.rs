@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod decode;
+pub mod decode_families;
 pub mod decode_ref;
 pub mod gemm;
 pub mod reference;
@@ -39,6 +40,24 @@ pub fn gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     Variant { family: "gemm", name: cfg.key(), default, build: std::sync::Arc::new(move || gemm::gemm(&cfg)) }
 }
 
+/// The variant of a decode config; shipped when it is one of [`decode_configs`], otherwise
+/// compiled on first use like any config.
+pub fn decode_variant(cfg: decode::DecodeConfig) -> Variant {
+    let default = cfg == decode::DecodeConfig::default();
+    Variant { family: "decode", name: cfg.key(), default, build: std::sync::Arc::new(move || decode::decode(&cfg)) }
+}
+
+/// The decode configs shipped: the bench cases' variants.
+pub fn decode_configs() -> Vec<decode::DecodeConfig> {
+    use decode::DecodeConfig as C;
+    let d = C::default();
+    vec![
+        d.clone(),
+        C { state_dtype: kda_dsl::DType::BF16, ..d.clone() },
+        C { accepted: Some(kda_dsl::DType::I32), ..d },
+    ]
+}
+
 /// The GEMM configs shipped (and covered by snapshots and ptxas).
 pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
@@ -64,5 +83,5 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
 
 /// Every shipped variant, in a stable order.
 pub fn variants() -> Vec<Variant> {
-    gemm_configs().into_iter().map(gemm_variant).collect()
+    gemm_configs().into_iter().map(gemm_variant).chain(decode_configs().into_iter().map(decode_variant)).collect()
 }

@@ -25,5 +25,5 @@ pub use error::RuntimeError;
 pub use gemm::gemm;
 pub use kernels::Kernels;
 pub use launch::{bind_args, launch, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
-pub use tensor::{DeviceTensor, TensorView, MAX_RANK};
+pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};
 pub use timing::{median, time_graph_ms, time_ms};

@@ -215,15 +215,7 @@ impl DeviceTensor {
     /// Downloads the raw bytes; waits for all work queued on `stream` first.
     pub fn to_bytes(&self, stream: &CudaStream) -> Result<Vec<u8>, RuntimeError> {
         self.check_stream(stream)?;
-        let mut out = vec![0u8; self.size_bytes()];
-        if !out.is_empty() {
-            // SAFETY: the source holds `out.len()` bytes; the stream is synchronized before
-            // `out` is read or released.
-            unsafe { result::memcpy_dtoh_async(&mut out, self.view.ptr, stream.cu_stream()) }
-                .op("cuMemcpyDtoHAsync")?;
-        }
-        stream.synchronize().op("cuStreamSynchronize")?;
-        Ok(out)
+        download(&self.view, stream)
     }
 
     /// Downloads and widens to `f32` (integers are converted); synchronous on `stream`.
@@ -279,4 +271,42 @@ fn check_len(shape: &[usize], len: usize) -> Result<(), RuntimeError> {
         },
         format!("{len} values"),
     ))
+}
+
+/// Downloads the bytes `view` covers, on `stream` (which must be on the view's device);
+/// synchronous. The caller vouches that the view describes live device memory.
+pub fn download(view: &TensorView, stream: &CudaStream) -> Result<Vec<u8>, RuntimeError> {
+    stream.context().bind_to_thread().op("cuCtxSetCurrent")?;
+    let mut out = vec![0u8; view.size_bytes()];
+    if !out.is_empty() {
+        // SAFETY: the source holds `out.len()` bytes (the view's contract); the stream is
+        // synchronized before `out` is read or released.
+        unsafe { result::memcpy_dtoh_async(&mut out, view.ptr, stream.cu_stream()) }.op("cuMemcpyDtoHAsync")?;
+    }
+    stream.synchronize().op("cuStreamSynchronize")?;
+    Ok(out)
+}
+
+/// Downloads an integer view (`i32`/`i64`) as `i64` values; synchronous.
+pub fn download_i64(view: &TensorView, stream: &CudaStream) -> Result<Vec<i64>, RuntimeError> {
+    convert::decode_i64(&download(view, stream)?, view.dtype)
+}
+
+/// Uploads `bytes` into the device memory `view` covers (exactly its size), on `stream`;
+/// synchronous. The caller vouches that the view describes live device memory.
+pub fn upload(view: &TensorView, bytes: &[u8], stream: &CudaStream) -> Result<(), RuntimeError> {
+    if bytes.len() != view.size_bytes() {
+        return Err(RuntimeError::bad_argument(
+            "bytes",
+            format!("{} bytes (the view's size)", view.size_bytes()),
+            format!("{} bytes", bytes.len()),
+        ));
+    }
+    stream.context().bind_to_thread().op("cuCtxSetCurrent")?;
+    if !bytes.is_empty() {
+        // SAFETY: the destination holds `bytes.len()` bytes (the view's contract); the stream is
+        // synchronized before `bytes` can be released.
+        unsafe { result::memcpy_htod_async(view.ptr, bytes, stream.cu_stream()) }.op("cuMemcpyHtoDAsync")?;
+    }
+    stream.synchronize().op("cuStreamSynchronize")
 }

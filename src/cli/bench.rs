@@ -28,7 +28,12 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         println!("{case:<36} {ms:>10.4} {tflops:>10.1}");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
     }
-    eprintln!("note: the KDA prefill and decode bench cases come with those kernels; none is built yet");
+    for (case, b, t, state, spec) in DECODE_CASES {
+        let (ms, gbps) = time_decode(&gpu, &kernels, *b, *t, *state, *spec).map_err(|e| format!("{case}: {e}"))?;
+        println!("{case:<36} {ms:>10.4} {:>10}   {gbps:.0} GB/s", "-");
+        lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"gbps\": {gbps:.1}, \"method\": \"cuda graph replay, mean of 100\"}}"));
+    }
+    eprintln!("note: the KDA prefill bench cases come with chunk_kda, which is not built yet");
     if let Some(path) = json {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{path}: {e}"))?;
         for l in &lines {
@@ -88,6 +93,62 @@ fn sweep_gemm() -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The standard decode cases (`../shared/bench/README.md`): name, B, tokens per sequence, state
+/// dtype, speculative.
+const DECODE_CASES: &[(&str, usize, usize, DType, bool)] = &[
+    ("decode_b1_h32", 1, 1, DType::F32, false),
+    ("decode_b32_h32", 32, 1, DType::F32, false),
+    ("decode_b256_h32", 256, 1, DType::F32, false),
+    ("decode_b1024_h32", 1024, 1, DType::F32, false),
+    ("decode_bf16state_b256_h32", 256, 1, DType::BF16, false),
+    ("decode_spec4_b256_h32", 256, 4, DType::F32, true),
+];
+
+/// One decode call as the peer's bench makes it (H = HV = 32, a pool of 2·B·T random states,
+/// random distinct `state_indices`, in place, lower-bound gate, beta sigmoid, l2norm), timed as
+/// the mean of 100 CUDA-graph replays; returns (ms, GB/s of the states that must move).
+pub fn time_decode(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    b: usize,
+    t: usize,
+    state: DType,
+    spec: bool,
+) -> Result<(f32, f64), String> {
+    use kda_kernels::decode::DecodeConfig;
+    use kda_kernels::decode_ref::{random_inputs, D};
+    let e = |e: kda_runtime::RuntimeError| e.to_string();
+    let cfg = DecodeConfig { state_dtype: state, accepted: spec.then_some(DType::I32), ..DecodeConfig::default() };
+    let (h, hv, slots) = (32, 32, 2 * b * t);
+    let mut rng = Rng::new(11);
+    let mut x = random_inputs(&cfg, b, t, h, hv, 1, &[], 5);
+    let mut all: Vec<i64> = (0..slots as i64).collect();
+    for i in (1..all.len()).rev() {
+        all.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    x.indices = all[..b * t].to_vec();
+    x.cols = t;
+    x.accepted = (0..b).map(|_| 1 + (rng.next_u64() % t as u64) as i64).collect();
+    let s = gpu.default_stream();
+    let tensors = super::decode_gpu::upload_case(gpu, &s, &cfg, &x, slots, None).map_err(e)?;
+    // Every slot holds random data (one random state, repeated).
+    let one: Vec<f64> = (0..hv * D * D).map(|_| rng.normal() * 0.1).collect();
+    let bytes = kda_kernels::reference::to_bytes(&one, state);
+    for slot in 0..slots {
+        kda_runtime::upload(&super::decode_gpu::slot_view(&tensors.pool, hv, slot, 1).map_err(e)?, &bytes, &s)
+            .map_err(e)?;
+    }
+    let views = tensors.views();
+    let args = super::decode_gpu::args_for(&cfg, &x, &views);
+    let stream = gpu.new_stream().map_err(e)?;
+    let ms = kda_runtime::time_graph_ms(gpu, &stream, 100, || {
+        kda_runtime::decode::gated_delta_rule_decode(gpu, kernels, &stream, &args).map(|_| ())
+    })
+    .map_err(e)?;
+    let bytes_moved = ((b + b * t) * hv * D * D * state.size_bytes()) as f64;
+    Ok((ms, bytes_moved / (ms as f64 * 1e-3) / 1e9))
 }
 
 /// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs.

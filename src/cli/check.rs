@@ -1,6 +1,7 @@
 //! `kda check [--gpu]`: every kernel family through the simulator against its reference.
 
-use kda_kernels::check::check_gemm;
+use kda_kernels::check::{check_decode, check_gemm};
+use kda_kernels::decode_families::{decode_families, tolerance};
 
 /// Small shapes per GEMM config: one full tile and one with ragged edges.
 pub fn gemm_shapes(cfg: &kda_kernels::gemm::GemmConfig) -> Vec<(usize, usize, usize)> {
@@ -34,6 +35,34 @@ pub fn simulate_all() -> usize {
                     failures += 1;
                     println!("{:<52} FAIL: {e}", format!("gemm/{} {m}x{n}x{k}", cfg.key()));
                 }
+            }
+        }
+    }
+    // Decode: one small call per config family (seeded like the decode_sim suite). The row's error
+    // is the worst of output and state errors, its bound the looser of their bounds; each must
+    // stay under its own, padding rows must be exactly zero.
+    for (i, f) in decode_families().iter().enumerate() {
+        let case = format!("decode/{}", f.name);
+        match check_decode(&f.cfg, &(f.inputs)(&f.cfg, i as u64)) {
+            Ok(c) => {
+                let ((to, ts), state_err) = (tolerance(&f.cfg), c.pool_err.max(c.final_err));
+                let ok = c.out_err <= to && state_err <= ts && c.nonzero_padding_rows == 0;
+                failures += usize::from(!ok);
+                let why = format!(
+                    " (out {:.2e}/{to:.0e}, state {state_err:.2e}/{ts:.0e}, nonzero padding rows {})",
+                    c.out_err, c.nonzero_padding_rows
+                );
+                println!(
+                    "{case:<52} {:>10.2e} {:>10.0e} {:>12}  {}",
+                    c.out_err.max(state_err),
+                    to.max(ts),
+                    "-",
+                    if ok { "ok".to_string() } else { format!("FAIL{why}") }
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                println!("{case:<52} FAIL: {e}");
             }
         }
     }

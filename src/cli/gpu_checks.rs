@@ -90,5 +90,114 @@ pub fn gpu_checks() -> Result<usize, String> {
             }
         }
     }
+    failures += decode_checks(&gpu, &kernels);
     Ok(failures)
+}
+
+/// Distinct random slots in `0..pool`.
+fn distinct_slots(rng: &mut Rng, n: usize, pool: usize) -> Vec<i64> {
+    let mut all: Vec<i64> = (0..pool as i64).collect();
+    for i in (1..all.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(n);
+    all
+}
+
+/// Relative error over the slots the reference changed (untouched slots would dilute it).
+fn touched_err(before: &[f64], want: &[f64], got: &[f64], slot: usize) -> f64 {
+    let (mut w, mut g) = (vec![], vec![]);
+    for i in 0..want.len() / slot {
+        let r = i * slot..(i + 1) * slot;
+        if want[r.clone()] != before[r.clone()] {
+            w.extend_from_slice(&want[r.clone()]);
+            g.extend_from_slice(&got[r]);
+        }
+    }
+    rel_err(&g, &w)
+}
+
+/// The decode conformance cases at real shapes; returns the number of failures.
+fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
+    use kda_kernels::decode::{DecodeConfig, Writes};
+    use kda_kernels::decode_ref::{decode_ref, random_inputs, D};
+    let d = DecodeConfig::default();
+    let mut cases: Vec<(String, DecodeConfig, kda_kernels::decode_ref::DecodeInputs, usize, Option<Vec<usize>>)> =
+        vec![];
+    let mut rng = Rng::new(99);
+    for (hv, state) in [(32, DType::F32), (64, DType::F32), (32, DType::BF16)] {
+        let cfg = DecodeConfig { state_dtype: state, ..d.clone() };
+        let mut x = random_inputs(&cfg, 64, 1, 32, hv, 128, &[], rng.next_u64());
+        x.indices = distinct_slots(&mut rng, 64, 128);
+        x.indices[3] = -1;
+        x.indices[10] = 1000;
+        cases.push((format!("decode B=64 H=32 HV={hv} {state} pool, 2 padding slots"), cfg, x, 128, None));
+    }
+    {
+        let cfg = DecodeConfig { accepted: Some(DType::I32), ..d.clone() };
+        let mut x = random_inputs(&cfg, 64, 4, 32, 32, 512, &[], rng.next_u64());
+        x.indices = distinct_slots(&mut rng, 256, 512);
+        x.cols = 4;
+        x.accepted = (0..64).map(|_| 1 + (rng.next_u64() % 4) as i64).collect();
+        cases.push(("decode spec T=4 B=64 H=32 HV=32, [B, 4] indices".into(), cfg, x, 512, None));
+    }
+    {
+        let cfg = DecodeConfig {
+            v_first: false,
+            varlen: Some(DType::I64),
+            indices: None,
+            writes: Writes::FinalPerSequence,
+            ..d.clone()
+        };
+        let lens: Vec<usize> = (0..16).map(|i| if i == 5 { 0 } else { 1 + (rng.next_u64() % 3) as usize }).collect();
+        let x = random_inputs(&cfg, 1, 0, 16, 32, 16, &lens, rng.next_u64());
+        cases.push(("decode varlen K-first 16 seqs (one empty), final states".into(), cfg, x, 16, None));
+    }
+    {
+        // Slots past 2^31 elements: slot stride is 8 * 128 * 128 = 2^17 elements.
+        let cfg = d.clone();
+        let mut x = random_inputs(&cfg, 4, 1, 4, 8, 8, &[], rng.next_u64());
+        x.indices = distinct_slots(&mut rng, 4, 8);
+        let map: Vec<usize> = (0..8).map(|i| 16_390 + 3 * i).collect();
+        cases.push(("decode pool offsets past 2^31 elements (16414 slots)".into(), cfg, x, 16_420, Some(map)));
+    }
+    let mut failures = 0;
+    let s = gpu.default_stream();
+    for (name, cfg, x, device_slots, map) in cases {
+        let (bo, bs) = if cfg.out_dtype == DType::F32 {
+            (1e-4, 1e-4)
+        } else {
+            (1e-2, if cfg.state_dtype == DType::F32 { 1e-4 } else { 1e-2 })
+        };
+        let r = super::decode_gpu::upload_case(gpu, &s, &cfg, &x, device_slots, map)
+            .map_err(|e| e.to_string())
+            .and_then(|t| super::decode_gpu::run_on_gpu(gpu, kernels, &s, &cfg, &x, &t));
+        match r {
+            Ok(got) => {
+                let want = decode_ref(&cfg, &x);
+                let oe = rel_err(&got.out, &want.out);
+                let pe = touched_err(&x.pool, &want.pool, &got.pool, x.hv * D * D);
+                let fe = if want.final_state.is_empty() { 0.0 } else { rel_err(&got.final_state, &want.final_state) };
+                let pad_ok = want
+                    .out
+                    .chunks(D)
+                    .zip(got.out.chunks(D))
+                    .all(|(w, g)| w.iter().any(|v| *v != 0.0) || g.iter().all(|v| *v == 0.0));
+                let ok = oe <= bo && pe <= bs && fe <= bs && pad_ok;
+                failures += usize::from(!ok);
+                println!(
+                    "{name:<52} {:>10.2e} {bo:>10.0e}  {}   (state {pe:.2e}, final {fe:.2e}{})",
+                    oe,
+                    if ok { "ok" } else { "FAIL" },
+                    if pad_ok { "" } else { ", padding rows not zero" }
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                println!("{name:<52} FAIL: {e}");
+            }
+        }
+    }
+    failures
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod check;
+mod decode_gpu;
 mod demo;
 mod emit;
 pub mod gpu_checks;

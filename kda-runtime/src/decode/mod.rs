@@ -10,8 +10,10 @@
 
 pub mod args;
 pub mod checked;
+pub mod launch;
 pub mod plan;
 
 pub use args::DecodeArgs;
 pub use checked::check_indices;
+pub use launch::{decode_config, gated_delta_rule_decode, DecodeResult};
 pub use plan::{plan_decode, BetaRule, DecodeError, DecodePlan, GateRule, StateIndexing};

@@ -1,0 +1,184 @@
+//! `gated_delta_rule_decode`: validate, pick the kernel variant, bind and launch.
+
+use cudarc::driver::CudaStream;
+use kda_dsl::DType;
+use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
+
+use super::args::DecodeArgs;
+use super::checked::check_indices;
+use super::plan::{plan_decode, BetaRule, DecodePlan, GateRule, StateIndexing};
+use crate::device::Gpu;
+use crate::error::RuntimeError;
+use crate::kernels::Kernels;
+use crate::launch::{launch, KernelArg};
+use crate::tensor::{download_i64, DeviceTensor, TensorView};
+
+/// State rows per block (the kernel's `bv`).
+const ROWS_PER_BLOCK: usize = 16;
+
+/// What a decode call returns beyond what it wrote into the caller's buffers.
+pub struct DecodeResult {
+    /// The output, when the call allocated it (`output` was not given).
+    pub output: Option<DeviceTensor>,
+    /// The returned state tensor, when the call produces one and allocated it (no `final_state`
+    /// buffer given). In place, the pool itself is the result and nothing is returned.
+    pub final_state: Option<DeviceTensor>,
+}
+
+/// The kernel variant a validated call needs.
+pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
+    let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
+        (StateIndexing::None, _, false) => Writes::None,
+        (StateIndexing::None, true, true) => Writes::PoolPerSequence,
+        (StateIndexing::None, false, true) => Writes::FinalPerSequence,
+        (_, true, _) => Writes::PoolPerToken,
+        (_, false, _) => Writes::FinalPerToken,
+    };
+    DecodeConfig {
+        dtype: plan.qkv_dtype,
+        state_dtype: plan.state_dtype,
+        out_dtype: plan.output_dtype,
+        v_first: plan.state_v_first,
+        gate: match plan.gate {
+            GateRule::LowerBound { .. } => Gate::LowerBound,
+            GateRule::Softplus => Gate::Softplus,
+            GateRule::Precomputed => Gate::Precomputed,
+        },
+        a_log: plan.has_a_log,
+        dt_bias: if plan.has_dt_bias { plan.dt_bias_dtype } else { None },
+        beta: match plan.beta {
+            BetaRule::Raw => Beta::Raw,
+            BetaRule::Sigmoid => Beta::Sigmoid,
+            BetaRule::TwoSigmoid => Beta::TwoSigmoid,
+        },
+        beta_headwise: plan.beta_headwise,
+        l2norm: plan.use_qk_l2norm,
+        varlen: plan.cu_seqlens_dtype,
+        indices: match plan.indices {
+            StateIndexing::None => None,
+            StateIndexing::PerSequence { dtype } | StateIndexing::PerToken { dtype, .. } => Some(dtype),
+        },
+        accepted: plan.num_accepted_dtype,
+        use_initial_state: plan.use_initial_state,
+        writes,
+        bv: ROWS_PER_BLOCK,
+    }
+}
+
+fn view(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<TensorView, RuntimeError> {
+    TensorView::new(ptr, shape, dtype, device)
+}
+
+/// Runs KDA decode on `stream`, mirroring the reference `gated_delta_rule_decode`.
+///
+/// Validates every argument first (typed errors, nothing launched on a bad call). Allocates only
+/// the outputs not given (`output`, and the returned state tensor when `final_state` is absent);
+/// with both given it allocates nothing, synchronizes nothing and can be captured in a CUDA graph
+/// (load the kernel once before capturing). `checked` reads the index tensors back and reports
+/// any value out of range before launching (not graph-safe).
+pub fn gated_delta_rule_decode(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &DecodeArgs,
+) -> Result<DecodeResult, RuntimeError> {
+    let plan = plan_decode(args)?;
+    if args.checked {
+        let get = |t: Option<&TensorView>| t.map(|v| download_i64(v, stream)).transpose();
+        let cu = if plan.varlen { get(args.cu_seqlens)? } else { None };
+        let idx = get(args.state_indices)?;
+        let nat = get(args.num_accepted_tokens)?;
+        check_indices(&plan, cu.as_deref(), idx.as_deref(), nat.as_deref())?;
+    }
+    let dev = args.q.device();
+    let output = match args.output {
+        Some(_) => None,
+        None => Some(DeviceTensor::zeros(gpu, stream, &plan.output_shape, plan.output_dtype)?),
+    };
+    let final_state = match (plan.returned_state, args.final_state) {
+        (Some(shape), None) => Some(DeviceTensor::zeros(gpu, stream, &shape, plan.state_dtype)?),
+        _ => None,
+    };
+    if plan.empty {
+        return Ok(DecodeResult { output, final_state });
+    }
+    let out_view = match (&output, args.output) {
+        (Some(t), _) => t.view(),
+        (None, Some(v)) => *v,
+        (None, None) => unreachable!("allocated above"),
+    };
+    let cfg = decode_config(&plan);
+    let variant = kda_kernels::decode_variant(cfg.clone());
+    let compiled = kernels.compiled(&variant)?;
+
+    // Tensors the config never reads still bind: a placeholder at q's address, with a shape
+    // that agrees with the symbols it shares. The kernel does not touch them.
+    let hold = args.q.ptr();
+    let (hv, d) = (plan.hv, plan.k);
+    let (s1, s2) = (d, d);
+    let state_view = match args.state {
+        Some(s) => *s,
+        None => view(hold, &[plan.pool_slots.max(1), hv, s1, s2], plan.state_dtype, dev)?,
+    };
+    let final_view = match (&final_state, args.final_state) {
+        (Some(t), _) => t.view(),
+        (None, Some(v)) => *v,
+        (None, None) => view(hold, &[1, hv, s1, s2], plan.state_dtype, dev)?,
+    };
+    let [bb, tt, _, _] = plan.output_shape;
+    let b_view = if plan.beta_headwise { *args.b } else { view(args.b.ptr(), &[bb, tt, hv, 1], args.b.dtype(), dev)? };
+    let a_log = match args.a_log.filter(|_| cfg.a_log) {
+        Some(t) => *t,
+        None => view(hold, &[1], DType::F32, dev)?,
+    };
+    let dt_bias = match (args.dt_bias, cfg.dt_bias) {
+        (Some(t), Some(_)) => view(t.ptr(), &[hv, d], t.dtype(), dev)?,
+        _ => view(hold, &[1, 1], DType::F32, dev)?,
+    };
+    let indices = match (args.state_indices, plan.indices) {
+        (Some(t), StateIndexing::PerSequence { .. }) => view(t.ptr(), &[plan.n, 1], t.dtype(), dev)?,
+        (Some(t), StateIndexing::PerToken { .. }) => *t,
+        _ => view(hold, &[1, 1], DType::I32, dev)?,
+    };
+    let cu = match (args.cu_seqlens, plan.varlen) {
+        (Some(t), true) => *t,
+        _ => view(hold, &[1], DType::I32, dev)?,
+    };
+    let nat = match args.num_accepted_tokens {
+        Some(t) => *t,
+        None => view(hold, &[1], DType::I32, dev)?,
+    };
+    let lower_bound = match plan.gate {
+        GateRule::LowerBound { lower_bound } => lower_bound,
+        _ => 0.0,
+    };
+    let nseq = i32::try_from(plan.n)
+        .map_err(|_| RuntimeError::bad_argument("q", "fewer than 2^31 sequences", plan.n.to_string()))?;
+    use KernelArg::{Tensor as T, F32, I32};
+    launch(
+        gpu,
+        &kernels.modules,
+        stream,
+        &compiled,
+        &variant.id(),
+        &[
+            ("q", T(*args.q)),
+            ("k", T(*args.k)),
+            ("v", T(*args.v)),
+            ("a", T(*args.a)),
+            ("b", T(b_view)),
+            ("a_log", T(a_log)),
+            ("dt_bias", T(dt_bias)),
+            ("state", T(state_view)),
+            ("final_state", T(final_view)),
+            ("state_indices", T(indices)),
+            ("cu_seqlens", T(cu)),
+            ("accepted", T(nat)),
+            ("out", T(out_view)),
+            ("NSEQ", I32(nseq)),
+            ("scale", F32(plan.scale)),
+            ("lower_bound", F32(lower_bound)),
+        ],
+    )?;
+    Ok(DecodeResult { output, final_state })
+}

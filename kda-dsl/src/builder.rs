@@ -219,6 +219,7 @@ impl KernelBuilder {
             name: name.to_string(),
             params: vec![],
             threads: 0,
+            min_blocks_per_sm: None,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
             buffers: vec![],
@@ -314,6 +315,15 @@ impl KernelBuilder {
         st.def.threads = threads.clamp(0, 1024) as u32;
         st.launched = true;
         out
+    }
+
+    /// `launch(.., min_blocks = n)`: at least `n` blocks must fit on one SM at once, so the
+    /// assembler keeps registers per thread low enough (occupancy for memory-bound kernels).
+    pub fn min_blocks_per_sm(&self, n: impl HostInt, loc: SrcLoc) {
+        match u32::try_from(n.to_i64()) {
+            Ok(v) if (1..=32).contains(&v) => self.st.borrow_mut().def.min_blocks_per_sm = Some(v),
+            _ => self.error(loc, format!("min_blocks = {}: expected 1 to 32", n.to_i64())),
+        }
     }
 
     /// Assumes extent `dim` is a multiple of `m`; launchers check it, copies use it to vectorize.

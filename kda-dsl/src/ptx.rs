@@ -27,7 +27,11 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
         let sep = if k + 1 < prog.params.len() { "," } else { "" };
         let _ = writeln!(out, "    .param .{} {name}{sep}", ty.name());
     }
-    let _ = writeln!(out, ")\n.maxntid {}, 1, 1\n{{", prog.threads);
+    let _ = writeln!(out, ")\n.maxntid {}, 1, 1", prog.threads);
+    if let Some(n) = prog.min_blocks_per_sm {
+        let _ = writeln!(out, ".minnctapersm {n}");
+    }
+    let _ = writeln!(out, "{{");
     for (k, class) in RegClass::ALL.iter().enumerate() {
         if prog.reg_counts[k] > 0 {
             let _ = writeln!(out, "    .reg {} {}<{}>;", class.decl(), class.prefix(), prog.reg_counts[k]);

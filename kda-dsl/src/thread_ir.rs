@@ -324,6 +324,8 @@ pub struct ThreadProgram {
     pub params: Vec<(String, Ty)>,
     /// Threads per block.
     pub threads: u32,
+    /// `.minnctapersm`, when the kernel asks for occupancy.
+    pub min_blocks_per_sm: Option<u32>,
     /// Dynamic shared memory, bytes.
     pub shared_bytes: u32,
     /// The body.

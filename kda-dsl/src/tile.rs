@@ -320,6 +320,16 @@ pub enum StmtKind {
         /// Scanned axis.
         axis: usize,
     },
+    /// Completes a reduction fused into a `parallel` (by `fuse_reductions`): `dst`, a row
+    /// (axis 1) or column (axis 0) vector, holds per-lane partials; afterwards, the totals.
+    ReduceLanes {
+        /// Operator.
+        op: ReduceOp,
+        /// The vector fragment.
+        dst: BufId,
+        /// Reduced axis of the parent tile.
+        axis: usize,
+    },
     /// Shows a tile in the simulator (no code on the GPU).
     Print(BufId),
     /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
@@ -335,6 +345,8 @@ pub struct KernelDef {
     pub params: Vec<Param>,
     /// Threads per block.
     pub threads: u32,
+    /// Blocks that must fit on one SM at once (`.minnctapersm`): caps registers per thread.
+    pub min_blocks_per_sm: Option<u32>,
     /// Grid extents.
     pub grid: [HostExpr; 3],
     /// Variables holding the block index per grid axis.
@@ -512,6 +524,9 @@ impl KernelDef {
             }
             StmtKind::Cumsum { src, dst, axis } => {
                 writeln!(f, "{pad}cumsum {} -> {} axis={axis}", name(src), name(dst))
+            }
+            StmtKind::ReduceLanes { op, dst, axis } => {
+                writeln!(f, "{pad}reduce_lanes_{:?} {} axis={axis}", op, name(dst))
             }
             StmtKind::Print(b) => writeln!(f, "{pad}print {}", name(b)),
             StmtKind::Barrier => writeln!(f, "{pad}barrier"),

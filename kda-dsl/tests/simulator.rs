@@ -32,6 +32,7 @@ impl P {
             name: "t".into(),
             params,
             threads,
+            min_blocks_per_sm: None,
             shared_bytes: shared,
             body: self.body,
             reg_counts: self.counts,

@@ -160,7 +160,8 @@ pub fn decode(
     scale: f32,
     lower_bound: f32,
 ) {
-    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32);
+    // Memory-bound: enough warps per SM to keep loads in flight (caps registers at 128).
+    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32, min_blocks = 16);
     assume_multiple(KD, 8);
     assume_multiple(VD, 8);
     assume_multiple(S1, 8);
@@ -172,8 +173,8 @@ pub fn decode(
     let mut tn = T;
     let mut bi = n;
     if cfg.varlen.is_some() {
-        let s0 = max(min(cu_seqlens[n] as i32, T), 0);
-        let s1 = max(min(cu_seqlens[n + 1] as i32, T), s0);
+        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
+        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
         bos = s0;
         tn = s1 - s0;
         bi = 0;
@@ -184,7 +185,8 @@ pub fn decode(
     if cfg.indices.is_some() {
         let mut col = 0;
         if cfg.accepted.is_some() {
-            col = min(max(accepted[n] as i32, 1), IC) - 1;
+            // Clamped in the index's own width, so a huge i64 count cannot wrap.
+            col = (min(max(accepted[n], 1), IC) - 1) as i32;
         }
         let raw = state_indices[n][col];
         live = raw >= 0 && raw < P;
@@ -286,7 +288,17 @@ pub fn decode(
                     uf[i] = beta * (vf[i] - uf[i]);
                 }
             }
-            // S += k u^T; o = S q (read after the update); then S is rounded to its dtype.
+            // S += k u^T (k is dead after this, which keeps q's registers free until now).
+            if cfg.v_first {
+                for (i, j) in parallel(s) {
+                    s[i][j] = s[i][j] + kf[j] * uf[i];
+                }
+            } else {
+                for (i, j) in parallel(s) {
+                    s[i][j] = s[i][j] + kf[i] * uf[j];
+                }
+            }
+            // o = S q, read after the update; then S is rounded to its dtype.
             copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
             if cfg.l2norm {
                 for (j,) in parallel(sq) {
@@ -300,16 +312,12 @@ pub fn decode(
             }
             if cfg.v_first {
                 for (i, j) in parallel(s) {
-                    let ns = s[i][j] + kf[j] * uf[i];
-                    tmp[i][j] = ns * qf[j];
-                    s[i][j] = ns;
+                    tmp[i][j] = s[i][j] * qf[j];
                 }
                 reduce_sum(tmp, of, 1);
             } else {
                 for (i, j) in parallel(s) {
-                    let ns = s[i][j] + kf[i] * uf[j];
-                    tmp[i][j] = ns * qf[i];
-                    s[i][j] = ns;
+                    tmp[i][j] = s[i][j] * qf[i];
                 }
                 reduce_sum(tmp, of, 0);
             }

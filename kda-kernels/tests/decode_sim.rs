@@ -210,25 +210,23 @@ fn out_of_range_cu_seqlens_are_clamped_like_the_reference() {
     }
 }
 
-// KNOWN KERNEL BUGS (fail until decode.rs is fixed; kept apart so they are easy to see).
-// decode.rs converts i64 counts and `cu_seqlens` with `as i32` before clamping, so a value
-// beyond 2^31 wraps to a small in-range value instead of clamping like the reference. Memory
-// stays in bounds (the clamp follows the cast), but the semantics differ: clamp in the index
-// type, then convert.
+// Regressions: decode.rs converted i64 counts and `cu_seqlens` with `as i32` before clamping,
+// so a value beyond 2^31 wrapped to a small in-range value instead of clamping like the
+// reference (memory stayed in bounds, the semantics did not). Clamp in the index type, then
+// convert.
 
-/// KNOWN KERNEL BUG: `num_accepted_tokens` (i64) = 2^32 + 1 must clamp to T (column T-1, a
-/// padding slot here); the kernel's `accepted[n] as i32` makes it 1 (column 0, a live slot).
+/// `num_accepted_tokens` (i64) = 2^32 + 1 clamps to T (column T-1, a padding slot here), not to
+/// 1 (column 0, a live slot) as a wrapping cast would.
 #[test]
-fn known_kernel_bug_i64_count_beyond_i32_is_clamped_like_the_reference() {
+fn i64_count_beyond_i32_is_clamped_like_the_reference() {
     let (cfg, x) = spec_call(I64, &[(11, -1)], [1, 2, 3, (1 << 32) + 1]);
     check("i64 count 2^32 + 1", &cfg, &x).unwrap();
 }
 
-/// KNOWN KERNEL BUG: i64 `cu_seqlens` beyond 2^31 must clamp to [0, S]; the kernel's
-/// `cu_seqlens[n] as i32` wraps 2^33 to 0 (the last sequence loses its tokens: unwritten
-/// output rows) and -2^32 + 3 to 3.
+/// i64 `cu_seqlens` beyond 2^31 clamp to [0, S]; a wrapping cast would turn 2^33 into 0 (the
+/// last sequence loses its tokens: unwritten output rows) and -2^32 + 3 into 3.
 #[test]
-fn known_kernel_bug_i64_cu_seqlens_beyond_i32_are_clamped_like_the_reference() {
+fn i64_cu_seqlens_beyond_i32_are_clamped_like_the_reference() {
     let cfg = DecodeConfig { varlen: Some(I64), ..base() };
     let mut x = call_inputs(&cfg, (0, 0, 1, 2), &[2, 0, 2], 24);
     x.cu_seqlens = vec![-(1 << 32) + 3, 2, 2, 1 << 33];

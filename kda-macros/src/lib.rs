@@ -444,11 +444,18 @@ impl Cx {
         }
         let mut grid = None;
         let mut threads = None;
+        let mut min_blocks = None;
         for (k, v, sp) in kw {
             match k.as_str() {
                 "grid" => grid = Some(v),
                 "threads" => threads = Some(v),
-                _ => return err(sp, format!("unknown `launch` argument `{k}`; expected `grid` or `threads`")),
+                "min_blocks" => min_blocks = Some(v),
+                _ => {
+                    return err(
+                        sp,
+                        format!("unknown `launch` argument `{k}`; expected `grid`, `threads` or `min_blocks`"),
+                    )
+                }
             }
         }
         let (Some(grid), Some(threads)) = (grid, threads) else {
@@ -484,8 +491,16 @@ impl Cx {
                 binds.push(quote!(let #n = __blk[#i].clone();));
             }
         }
+        let min_blocks = match min_blocks {
+            Some(m) if self.is_dsl(m) => {
+                return err(m.span(), "`min_blocks` must be known when the kernel is specialized")
+            }
+            Some(m) => quote!(__kb.min_blocks_per_sm(#m, #lc);),
+            None => quote!(),
+        };
         Ok(quote! {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
+            #min_blocks
             #(#binds)*
         })
     }

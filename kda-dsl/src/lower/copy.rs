@@ -2,7 +2,7 @@
 //! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
 //! not possible the reason is reported under `KDA_DUMP=copy_plan`.
 
-use super::{class_of, Lower, V};
+use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::layout::FragmentKind;
@@ -31,6 +31,96 @@ pub(crate) struct GlobalBox {
     no_vector: Option<String>,
     /// Why column pairs cannot be used, if they cannot.
     no_pair: Option<String>,
+}
+
+/// Addresses of a fragment's slots in a global box, shared between slots: one base address
+/// per distinct row, a constant byte offset per column, one predicate per distinct row and
+/// column (slot coordinates are per-thread bases plus constants).
+struct SlotAddressing {
+    rows: std::collections::HashMap<u32, (Reg, Option<Reg>)>,
+    cols: std::collections::HashMap<u32, Option<Reg>>,
+    base_valid: Option<Reg>,
+    row_base: Option<Src>,
+    col_base: Src,
+    thread_addr: Reg,
+    /// Bytes between columns, when a constant.
+    col_bytes: Option<i64>,
+}
+
+impl SlotAddressing {
+    fn new(lw: &mut Lower, gb: &GlobalBox, l: crate::layout::FragmentLayout, owner: Option<Reg>) -> SlotAddressing {
+        let (rb, cb) = lw.frag_base(l);
+        let (row_base, col_base) = match l.kind {
+            FragmentKind::Tile => (Some(Src::Reg(rb)), Src::Reg(cb)),
+            FragmentKind::Rows => (None, Src::Reg(rb)),
+            FragmentKind::Cols => (None, Src::Reg(cb)),
+        };
+        let mut addr = Src::Reg(gb.base);
+        if let (Some(rs), Some(r)) = (gb.row_stride, row_base) {
+            addr = lw.add_scaled(addr, r, Src::Reg(rs));
+        }
+        addr = lw.add_scaled(addr, col_base, gb.col_stride);
+        let thread_addr = lw.em.to_reg(addr, RegClass::B64, Ty::U64);
+        let base_valid = lw.em.and_pred(gb.unit_ok, owner);
+        let col_bytes = match gb.col_stride {
+            Src::Imm(b) => Some(b),
+            _ => None,
+        };
+        SlotAddressing {
+            rows: Default::default(),
+            cols: Default::default(),
+            base_valid,
+            row_base,
+            col_base,
+            thread_addr,
+            col_bytes,
+        }
+    }
+
+    /// (address register, constant byte offset, validity) of slot `s`.
+    fn slot(
+        &mut self,
+        lw: &mut Lower,
+        gb: &GlobalBox,
+        l: crate::layout::FragmentLayout,
+        s: u32,
+    ) -> (Reg, i64, Option<Reg>) {
+        let c = l.slot_coord(s);
+        let (row_off, col_off) = match l.kind {
+            FragmentKind::Tile => (c.row_off, c.col_off),
+            FragmentKind::Rows => (0, c.row_off),
+            FragmentKind::Cols => (0, c.col_off),
+        };
+        let (row_addr, row_valid) = *self.rows.entry(row_off).or_insert_with(|| {
+            let (addr, valid) = match (gb.row_stride, self.row_base) {
+                (Some(rs), Some(rb)) => {
+                    let a = if row_off == 0 {
+                        self.thread_addr
+                    } else {
+                        let step = lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, rs, Src::Imm(row_off as i64));
+                        lw.em.bin(BinKind::Add, Ty::S64, RegClass::B64, self.thread_addr, step)
+                    };
+                    let lim = gb.row_lim.map(|lim| lw.lt_minus(rb, lim, row_off as i64));
+                    (a, lim.flatten())
+                }
+                _ => (self.thread_addr, None),
+            };
+            (addr, valid)
+        });
+        let col_base = self.col_base;
+        let col_valid = *self.cols.entry(col_off).or_insert_with(|| lw.lt_minus(col_base, gb.col_lim, col_off as i64));
+        let valid = lw.em.and_pred(self.base_valid, row_valid);
+        let valid = lw.em.and_pred(valid, col_valid);
+        match self.col_bytes {
+            Some(b) => (row_addr, col_off as i64 * b, valid),
+            None => {
+                // A strided column axis: add the column's offset at run time.
+                let stride = lw.em.to_reg(gb.col_stride, RegClass::B64, Ty::S64);
+                let step = lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, stride, Src::Imm(col_off as i64));
+                (lw.em.bin(BinKind::Add, Ty::S64, RegClass::B64, row_addr, step), 0, valid)
+            }
+        }
+    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -213,6 +303,16 @@ impl Lower<'_> {
         (addr, valid)
     }
 
+    /// `base + off < lim` as a predicate, computed as `base < lim - off`.
+    fn lt_minus(&mut self, base: Src, lim: Src, off: i64) -> Option<Reg> {
+        let lim = match lim {
+            Src::Imm(v) => Src::Imm(v - off),
+            l if off == 0 => l,
+            l => Src::Reg(self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, l, Src::Imm(off))),
+        };
+        self.lt(base, lim)
+    }
+
     /// `x < lim` as a predicate (None when always true, folded when both are known).
     fn lt(&mut self, x: Src, lim: Src) -> Option<Reg> {
         match (x, lim) {
@@ -348,7 +448,7 @@ impl Lower<'_> {
             let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
             let (addr, valid) = lw.box_elem(&gb, r, c);
             let valid = lw.em.and_pred(valid, live);
-            let v = lw.masked_load(addr, gb.dtype, valid);
+            let v = lw.masked_load(addr, 0, gb.dtype, valid);
             let saddr = lw.shared_addr(b, r, c);
             lw.store_mem(Space::Shared, saddr, dt, v);
             Ok(())
@@ -395,63 +495,52 @@ impl Lower<'_> {
         });
     }
 
-    /// A load that yields 0 when `valid` is false.
-    fn masked_load(&mut self, addr: Reg, dt: DType, valid: Option<Reg>) -> V {
+    /// A load of `addr + offset` that yields 0 when `valid` is false (a guarded load).
+    fn masked_load(&mut self, addr: Reg, offset: i64, dt: DType, valid: Option<Reg>) -> V {
         let vt = value_type(dt);
         let Some(p) = valid else {
-            return self.load_mem(Space::Global, addr, dt);
+            return self.load_mem_at(Space::Global, addr, offset, dt, None);
         };
-        let d = self.em.reg(class_of(vt));
-        let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
-        self.em.emit(Op::Mov { ty: super::ty_of(vt), d, a: zero });
-        let (skip, end) = (self.em.label(), self.em.label());
-        self.em.emit_if(p, false, Op::Bra { target: skip });
-        let v = self.load_mem(Space::Global, addr, dt);
-        self.mov(d, v);
-        self.em.emit(Op::Label(skip));
-        let _ = end;
-        V { s: Src::Reg(d), ty: vt }
+        let v = self.load_mem_at(Space::Global, addr, offset, dt, Some(p));
+        V { s: v.s, ty: vt }
     }
 
-    /// Two adjacent elements into `dst` (0 when `valid` is false), rounded for a `dt` tile.
-    fn pair_load(&mut self, addr: Reg, src: DType, valid: Option<Reg>, dt: DType, dst: [Reg; 2]) {
+    /// Two adjacent elements at `addr + offset` into `dst` (0 when `valid` is false), rounded
+    /// for a `dt` tile.
+    fn pair_load(&mut self, addr: Reg, offset: i64, src: DType, valid: Option<Reg>, dt: DType, dst: [Reg; 2]) {
         let vals = [self.em.reg(RegClass::F32), self.em.reg(RegClass::F32)];
-        for v in vals {
-            self.em.emit(Op::Mov { ty: Ty::F32, d: v, a: Src::F32(0.0) });
-        }
-        let skip = self.em.label();
-        if let Some(p) = valid {
-            self.em.emit_if(p, false, Op::Bra { target: skip });
-        }
+        let guarded = |lw: &mut Self, op: Op| match valid {
+            Some(p) => lw.em.emit_if(p, true, op),
+            None => lw.em.emit(op),
+        };
         if src == DType::F32 {
-            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.to_vec(), addr, offset: 0 });
+            if valid.is_some() {
+                for v in vals {
+                    self.em.emit(Op::Mov { ty: Ty::F32, d: v, a: Src::F32(0.0) });
+                }
+            }
+            guarded(self, Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.to_vec(), addr, offset });
         } else {
             let w = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::B32, d: vec![w], addr, offset: 0 });
+            if valid.is_some() {
+                self.em.emit(Op::Mov { ty: Ty::B32, d: w, a: Src::Imm(0) });
+            }
+            guarded(self, Op::Ld { space: Space::Global, ty: Ty::B32, d: vec![w], addr, offset });
             let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
             self.em.emit(Op::Unpack2 { lo, hi, a: w });
             let sty = if src == DType::BF16 { Ty::BF16 } else { Ty::F16 };
             self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[0], a: Src::Reg(lo) });
             self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[1], a: Src::Reg(hi) });
         }
-        self.em.emit(Op::Label(skip));
         for (v, d) in vals.into_iter().zip(dst) {
             let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, dt);
             self.mov(d, v);
         }
     }
 
-    /// A store skipped when `valid` is false.
-    fn masked_store(&mut self, addr: Reg, dt: DType, v: V, valid: Option<Reg>) {
-        match valid {
-            None => self.store_mem(Space::Global, addr, dt, v),
-            Some(p) => {
-                let skip = self.em.label();
-                self.em.emit_if(p, false, Op::Bra { target: skip });
-                self.store_mem(Space::Global, addr, dt, v);
-                self.em.emit(Op::Label(skip));
-            }
-        }
+    /// A store to `addr + offset` skipped when `valid` is false (a guarded store).
+    fn masked_store(&mut self, addr: Reg, offset: i64, dt: DType, v: V, valid: Option<Reg>) {
+        self.store_mem_at(Space::Global, addr, offset, dt, v, valid);
     }
 
     fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
@@ -503,7 +592,7 @@ impl Lower<'_> {
             let (addr, valid) = lw.box_elem(&gb, r, c);
             let saddr = lw.shared_addr(b, r, c);
             let v = lw.load_mem(Space::Shared, saddr, dt);
-            lw.masked_store(addr, gb.dtype, v, valid);
+            lw.masked_store(addr, 0, gb.dtype, v, valid);
             Ok(())
         })
     }
@@ -528,25 +617,22 @@ impl Lower<'_> {
             },
         );
         let two_d = self.def().buffers[b].shape.len() == 2;
+        if two_d != (l.kind == FragmentKind::Tile) {
+            return self.err(loc, "a vector fragment is 1-D and a tile fragment 2-D");
+        }
         // Replicated vector elements are stored once, by their owner lanes.
         let owner = if load { None } else { self.vector_owner(l) };
+        let mut at = SlotAddressing::new(self, &gb, l, owner);
         let mut s = 0;
         while s < l.slots() {
-            let (row, col) = self.frag_coords(l, s);
-            let (row, col) = match (two_d, l.kind) {
-                (true, FragmentKind::Tile) => (row, col),
-                (false, _) => (Src::Imm(0), row),
-                (true, _) => return self.err(loc, "a vector fragment is 1-D"),
-            };
-            let (addr, valid) = self.box_elem(&gb, row, col);
-            let valid = self.em.and_pred(valid, owner);
+            let (addr, offset, valid) = at.slot(self, &gb, l, s);
             let r0 = self.regs[b][s as usize];
             if load && pair {
                 let (r0, r1) = (self.regs[b][s as usize], self.regs[b][s as usize + 1]);
-                self.pair_load(addr, gb.dtype, valid, dt, [r0, r1]);
+                self.pair_load(addr, offset, gb.dtype, valid, dt, [r0, r1]);
                 s += 2;
             } else if load {
-                let v = self.masked_load(addr, gb.dtype, valid);
+                let v = self.masked_load(addr, offset, gb.dtype, valid);
                 let v = self.round_for(v, dt);
                 self.mov(r0, v);
                 s += 1;
@@ -556,32 +642,27 @@ impl Lower<'_> {
                 if let Some(p) = valid {
                     self.em.emit_if(p, false, Op::Bra { target: skip });
                 }
+                // (a branch, not a guard: the packing before the store is skipped too)
                 if gb.dtype == DType::F32 {
                     self.em.emit(Op::St {
                         space: Space::Global,
                         ty: Ty::F32,
                         addr,
-                        offset: 0,
+                        offset,
                         vals: vec![Src::Reg(r0), Src::Reg(r1)],
                     });
                 } else if gb.dtype.is_half() {
                     let d = self.em.reg(RegClass::B32);
                     let half = if gb.dtype == DType::BF16 { Ty::BF16 } else { Ty::F16 };
                     self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(r1), lo: Src::Reg(r0) });
-                    self.em.emit(Op::St {
-                        space: Space::Global,
-                        ty: Ty::B32,
-                        addr,
-                        offset: 0,
-                        vals: vec![Src::Reg(d)],
-                    });
+                    self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset, vals: vec![Src::Reg(d)] });
                 } else {
                     let ty = super::mem_ty(gb.dtype);
                     self.em.emit(Op::St {
                         space: Space::Global,
                         ty,
                         addr,
-                        offset: 0,
+                        offset,
                         vals: vec![Src::Reg(r0), Src::Reg(r1)],
                     });
                 }
@@ -589,7 +670,7 @@ impl Lower<'_> {
                 s += 2;
             } else {
                 let vt = value_type(dt);
-                self.masked_store(addr, gb.dtype, V { s: Src::Reg(r0), ty: vt }, valid);
+                self.masked_store(addr, offset, gb.dtype, V { s: Src::Reg(r0), ty: vt }, valid);
                 s += 1;
             }
         }
@@ -603,7 +684,7 @@ impl Lower<'_> {
         for (i, reg) in self.regs[b].clone().into_iter().enumerate() {
             let (row, col) = ((i as u32 / cols) as i64, (i as u32 % cols) as i64);
             let (addr, valid) = self.box_elem(&gb, Src::Imm(row), Src::Imm(col));
-            let v = self.masked_load(addr, gb.dtype, valid);
+            let v = self.masked_load(addr, 0, gb.dtype, valid);
             let v = self.round_for(v, dt);
             self.mov(reg, v);
         }

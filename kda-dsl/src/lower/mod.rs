@@ -188,6 +188,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         name: p.def.name.clone(),
         params,
         threads: p.def.threads,
+        min_blocks_per_sm: p.def.min_blocks_per_sm,
         shared_bytes: p.shared_bytes,
         body: lw.em.body,
         reg_counts: lw.em.counts,
@@ -260,6 +261,7 @@ impl Lower<'_> {
             }
             StmtKind::Reduce { op, src, dst, axis } => self.reduce(*op, *src, *dst, *axis, loc),
             StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
+            StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
             StmtKind::Print(b) => self.print(*b, loc),
             StmtKind::Barrier => {
                 self.em.emit(Op::Bar { id: 0, count: None });
@@ -310,11 +312,27 @@ impl Lower<'_> {
 
     /// Loads one element of memory type `dt` at `addr` as a value.
     pub(crate) fn load_mem(&mut self, space: Space, addr: Reg, dt: DType) -> V {
+        self.load_mem_at(space, addr, 0, dt, None)
+    }
+
+    /// Loads one element at `addr + offset`; with a guard, only where it holds (else 0).
+    pub(crate) fn load_mem_at(&mut self, space: Space, addr: Reg, offset: i64, dt: DType, guard: Option<Reg>) -> V {
         let vt = crate::passes::check_types::value_type(dt);
+        let ld = |lw: &mut Self, d: Reg, ty: Ty| {
+            let op = Op::Ld { space, ty, d: vec![d], addr, offset };
+            match guard {
+                Some(p) => {
+                    let zero = if d.class == RegClass::F32 { Src::F32(0.0) } else { Src::Imm(0) };
+                    lw.em.emit(Op::Mov { ty: if d.class == RegClass::B16 { Ty::B16 } else { ty }, d, a: zero });
+                    lw.em.emit_if(p, true, op)
+                }
+                None => lw.em.emit(op),
+            }
+        };
         match dt {
             DType::F16 | DType::BF16 => {
                 let h = self.em.reg(RegClass::B16);
-                self.em.emit(Op::Ld { space, ty: Ty::B16, d: vec![h], addr, offset: 0 });
+                ld(self, h, Ty::B16);
                 let f = self.em.reg(RegClass::F32);
                 let sty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
                 self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(h) });
@@ -322,7 +340,7 @@ impl Lower<'_> {
             }
             _ => {
                 let d = self.em.reg(class_of(dt));
-                self.em.emit(Op::Ld { space, ty: mem_ty(dt), d: vec![d], addr, offset: 0 });
+                ld(self, d, mem_ty(dt));
                 V { s: Src::Reg(d), ty: vt }
             }
         }
@@ -342,6 +360,11 @@ impl Lower<'_> {
 
     /// Stores a value as one element of memory type `dt`.
     pub(crate) fn store_mem(&mut self, space: Space, addr: Reg, dt: DType, v: V) {
+        self.store_mem_at(space, addr, 0, dt, v, None)
+    }
+
+    /// Stores one element at `addr + offset`; with a guard, only where it holds.
+    pub(crate) fn store_mem_at(&mut self, space: Space, addr: Reg, offset: i64, dt: DType, v: V, guard: Option<Reg>) {
         let val = match dt {
             DType::F16 | DType::BF16 => Src::Reg(self.round_to_half(v, dt)),
             DType::F32 => match v.s {
@@ -350,7 +373,11 @@ impl Lower<'_> {
             },
             _ => v.s,
         };
-        self.em.emit(Op::St { space, ty: mem_ty(dt), addr, offset: 0, vals: vec![val] });
+        let op = Op::St { space, ty: mem_ty(dt), addr, offset, vals: vec![val] };
+        match guard {
+            Some(p) => self.em.emit_if(p, true, op),
+            None => self.em.emit(op),
+        }
     }
 
     /// The shared address of element (row, col) of shared buffer `b` (1-D tiles use col).

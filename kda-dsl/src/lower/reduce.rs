@@ -78,75 +78,21 @@ impl Lower<'_> {
                 ),
             );
         }
-        let (mi, ni) = (l.mi(), l.ni());
         let mut out = vec![];
         for vs in 0..vl.slots() {
             // The tile slots that share this vector slot.
             let members: Vec<u32> = (0..l.slots())
                 .filter(|s| if axis == 1 { l.row_slot_of(*s) == vs } else { l.col_slot_of(*s) == vs })
                 .collect();
-            let _ = (mi, ni);
             let acc = self.em.reg(class_of(vt));
             self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: Src::Reg(self.regs[src][members[0] as usize]) });
             for s in &members[1..] {
                 let r = self.regs[src][*s as usize];
                 self.combine(op, vt, acc, acc, r);
             }
-            let lanes: &[i64] = if axis == 1 { &[1, 2] } else { &[4, 8, 16] };
-            for m in lanes {
-                let o = self.em.reg(class_of(vt));
-                self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: acc, b: Src::Imm(*m), c: 31 });
-                self.combine(op, vt, acc, acc, o);
-            }
             out.push(acc);
         }
-        let across = if axis == 1 { l.wn } else { l.wm };
-        if across > 1 {
-            // Partials of each warp along the axis meet in scratch: [across][len].
-            self.em.emit(Op::Bar { id: 0, count: None });
-            // Every warp along the axis writes its partial: one lane per row (column) of it.
-            let lane_part = if axis == 1 { self.th.t } else { self.th.g };
-            let owner = Some(self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0)));
-            let wpos = if axis == 1 {
-                self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64)
-            } else {
-                self.em.op32(BinKind::Div, self.th.warp, l.wn as i64)
-            };
-            let mut idx = vec![];
-            for (vs, acc) in out.iter().enumerate() {
-                let (i, _) = self.frag_coords(vl, vs as u32);
-                idx.push(i);
-                let row = self.em.mul32(wpos, Src::Imm(want_len as i64));
-                let at = self.em.add32(row, i);
-                let a = self.scratch_addr(at);
-                let skip = self.em.label();
-                if let Some(p) = owner {
-                    self.em.emit_if(p, false, Op::Bra { target: skip });
-                }
-                self.em.emit(Op::St {
-                    space: Space::Shared,
-                    ty: ty_of(vt),
-                    addr: a,
-                    offset: 0,
-                    vals: vec![Src::Reg(*acc)],
-                });
-                self.em.emit(Op::Label(skip));
-            }
-            self.em.emit(Op::Bar { id: 0, count: None });
-            for (vs, acc) in out.iter().enumerate() {
-                for w in 0..across {
-                    let at = self.em.add32(idx[vs], Src::Imm((w * want_len) as i64));
-                    let a = self.scratch_addr(at);
-                    let v = self.em.reg(class_of(vt));
-                    self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr: a, offset: 0 });
-                    if w == 0 {
-                        self.em.emit(Op::Mov { ty: ty_of(vt), d: *acc, a: Src::Reg(v) });
-                    } else {
-                        self.combine(op, vt, *acc, *acc, v);
-                    }
-                }
-            }
-        }
+        self.combine_lanes(op, vt, l, axis, &out);
         match self.p.layouts[dst] {
             BufLayout::Fragment(dl) if dl == vl => {
                 for (vs, acc) in out.into_iter().enumerate() {
@@ -178,6 +124,71 @@ impl Lower<'_> {
                 ),
             ),
         }
+    }
+
+    /// Combines per-thread partials `acc` (one per slot of the row (axis 1) or column (axis 0)
+    /// vector of tile layout `l`) across the lanes, then the warps, that hold the same element.
+    pub(crate) fn combine_lanes(&mut self, op: ReduceOp, vt: DType, l: FragmentLayout, axis: usize, acc: &[Reg]) {
+        let lanes: &[i64] = if axis == 1 { &[1, 2] } else { &[4, 8, 16] };
+        for a in acc {
+            for m in lanes {
+                let o = self.em.reg(class_of(vt));
+                self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: *a, b: Src::Imm(*m), c: 31 });
+                self.combine(op, vt, *a, *a, o);
+            }
+        }
+        let across = if axis == 1 { l.wn } else { l.wm };
+        if across == 1 {
+            return;
+        }
+        let vl = l.vector(if axis == 1 { FragmentKind::Rows } else { FragmentKind::Cols });
+        let len = (if axis == 1 { l.rows } else { l.cols }) as i64;
+        // Partials of each warp along the axis meet in scratch: [across][len].
+        self.em.emit(Op::Bar { id: 0, count: None });
+        // Every warp along the axis writes its partial: one lane per row (column) of it.
+        let lane_part = if axis == 1 { self.th.t } else { self.th.g };
+        let owner = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
+        let wpos = if axis == 1 {
+            self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64)
+        } else {
+            self.em.op32(BinKind::Div, self.th.warp, l.wn as i64)
+        };
+        let mut idx = vec![];
+        for (vs, a) in acc.iter().enumerate() {
+            let (i, _) = self.frag_coords(vl, vs as u32);
+            idx.push(i);
+            let row = self.em.mul32(wpos, Src::Imm(len));
+            let at = self.em.add32(row, i);
+            let addr = self.scratch_addr(at);
+            let st = Op::St { space: Space::Shared, ty: ty_of(vt), addr, offset: 0, vals: vec![Src::Reg(*a)] };
+            self.em.emit_if(owner, true, st);
+        }
+        self.em.emit(Op::Bar { id: 0, count: None });
+        for (vs, a) in acc.iter().enumerate() {
+            for w in 0..across as i64 {
+                let at = self.em.add32(idx[vs], Src::Imm(w * len));
+                let addr = self.scratch_addr(at);
+                let v = self.em.reg(class_of(vt));
+                self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr, offset: 0 });
+                if w == 0 {
+                    self.em.emit(Op::Mov { ty: ty_of(vt), d: *a, a: Src::Reg(v) });
+                } else {
+                    self.combine(op, vt, *a, *a, v);
+                }
+            }
+        }
+    }
+
+    /// `reduce_lanes`: a row/column vector holding per-lane partials (from a fused reduction)
+    /// becomes the full reduction in every holder.
+    pub(crate) fn reduce_lanes(&mut self, op: ReduceOp, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {
+        let BufLayout::Fragment(vl) = self.p.layouts[dst] else {
+            return self.err(loc, "reduce_lanes needs a vector fragment");
+        };
+        let vt = value_type(self.def().buffers[dst].dtype);
+        let regs = self.regs[dst].clone();
+        self.combine_lanes(op, vt, vl.vector(FragmentKind::Tile), axis, &regs);
+        Ok(())
     }
 
     /// A vector fragment reduced to one value every thread holds, kept in a local `[1]` tile.

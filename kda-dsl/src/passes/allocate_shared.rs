@@ -57,6 +57,17 @@ pub fn scratch_for(p: &TileProgram, s: &StmtKind) -> u32 {
             }
             _ => 0,
         },
+        StmtKind::ReduceLanes { dst, axis, .. } => match p.layouts[*dst] {
+            BufLayout::Fragment(l) => {
+                let (across, len) = if *axis == 1 { (l.wn, l.rows) } else { (l.wm, l.cols) };
+                if across > 1 {
+                    across * len * 4
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        },
         StmtKind::Cumsum { src, .. } => match p.layouts[*src] {
             BufLayout::Fragment(_) | BufLayout::Local => p.def.buffers[*src].numel() * 4,
             _ => 0,

@@ -223,6 +223,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
             | StmtKind::Reduce { .. }
             | StmtKind::Cumsum { .. }
             | StmtKind::Print(_)
+            | StmtKind::ReduceLanes { .. }
             | StmtKind::Barrier => {}
         }
     }

@@ -132,7 +132,7 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
             expr_reads(p, start, &mut out);
             expr_reads(p, end, &mut out);
         }
-        StmtKind::Barrier => {}
+        StmtKind::Barrier | StmtKind::ReduceLanes { .. } => {}
     }
     out
 }

@@ -3,6 +3,7 @@
 
 pub mod allocate_shared;
 pub mod check_types;
+pub mod fuse_reductions;
 pub mod infer_layouts;
 pub mod insert_barriers;
 
@@ -162,6 +163,8 @@ pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
     dump("input", &p.def);
     infer_layouts::infer_layouts(&mut p)?;
     dump("infer_layouts", &p);
+    fuse_reductions::fuse_reductions(&mut p)?;
+    dump("fuse_reductions", &p);
     insert_barriers::insert_barriers(&mut p)?;
     dump("insert_barriers", &p);
     allocate_shared::allocate_shared(&mut p)?;

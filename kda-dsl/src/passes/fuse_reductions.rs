@@ -1,0 +1,210 @@
+//! `fuse_reductions`: a `parallel` over a fragment that fills a temporary tile, followed by a
+//! reduction of that tile into a row or column vector, becomes a `parallel` that accumulates
+//! straight into the vector, then a `reduce_lanes` across the lanes holding each element.
+//!
+//! The temporary then has no live range at all: for a 16 x 128 f32 state per warp that is 64
+//! registers per thread, which decides how many warps fit on an SM.
+
+use super::{BufLayout, TileProgram};
+use crate::diag::Diag;
+use crate::dtype::DType;
+use crate::layout::FragmentKind;
+use crate::tile::*;
+
+/// Fuses every eligible (parallel, reduce) pair.
+pub fn fuse_reductions(p: &mut TileProgram) -> Result<(), Diag> {
+    let body = std::mem::take(&mut p.def.body);
+    let mut reads = vec![0usize; p.def.buffers.len()];
+    count_other_uses(&body, &mut reads);
+    p.def.body = rewrite(p, body, &reads);
+    Ok(())
+}
+
+/// Per buffer: element reads plus uses by tile operations other than as a `reduce` source (a
+/// temporary with any is kept).
+fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
+    fn expr(e: &Expr, n: &mut [usize]) {
+        match e {
+            Expr::Elem(b, idx) => {
+                n[*b] += 1;
+                idx.iter().for_each(|i| expr(i, n));
+            }
+            Expr::Load(_, idx) => idx.iter().for_each(|i| expr(i, n)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, n),
+            Expr::Binary(_, a, b) => {
+                expr(a, n);
+                expr(b, n);
+            }
+            Expr::Select(c, a, b) => {
+                expr(c, n);
+                expr(a, n);
+                expr(b, n);
+            }
+            _ => {}
+        }
+    }
+    for s in body {
+        match &s.kind {
+            StmtKind::Assign(_, e) => expr(e, n),
+            StmtKind::Store(_, idx, e) | StmtKind::StoreGlobal(_, idx, e) => {
+                idx.iter().for_each(|i| expr(i, n));
+                expr(e, n);
+            }
+            StmtKind::Copy { src, dst } => {
+                for r in [src, dst] {
+                    match r {
+                        Region::Buf(b) => n[*b] += 1,
+                        Region::Global { offset, bound, .. } => {
+                            offset.iter().chain(bound.iter().flatten()).for_each(|e| expr(e, n))
+                        }
+                    }
+                }
+            }
+            StmtKind::Gemm { a, b, c } => {
+                n[a.buf] += 1;
+                n[b.buf] += 1;
+                n[*c] += 1;
+            }
+            StmtKind::Fill(b, e) => {
+                n[*b] += 1;
+                expr(e, n);
+            }
+            StmtKind::Print(b) => n[*b] += 1,
+            StmtKind::Cumsum { src, dst, .. } => {
+                n[*src] += 1;
+                n[*dst] += 1;
+            }
+            StmtKind::Reduce { dst, .. } | StmtKind::ReduceLanes { dst, .. } => n[*dst] += 1,
+            StmtKind::For { start, end, body, .. } => {
+                expr(start, n);
+                expr(end, n);
+                count_other_uses(body, n);
+            }
+            StmtKind::Parallel { body, .. } => count_other_uses(body, n),
+            StmtKind::If(c, t, e) => {
+                expr(c, n);
+                count_other_uses(t, n);
+                count_other_uses(e, n);
+            }
+            StmtKind::Barrier => {}
+        }
+    }
+}
+
+fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
+    let mut out: Vec<Stmt> = vec![];
+    let mut it = body.into_iter().peekable();
+    while let Some(s) = it.next() {
+        let s = match s.kind {
+            StmtKind::For { var, kind, start, end, body } => {
+                Stmt { kind: StmtKind::For { var, kind, start, end, body: rewrite(p, body, reads) }, loc: s.loc }
+            }
+            StmtKind::If(c, t, e) => {
+                Stmt { kind: StmtKind::If(c, rewrite(p, t, reads), rewrite(p, e, reads)), loc: s.loc }
+            }
+            kind => Stmt { kind, loc: s.loc },
+        };
+        if let (StmtKind::Parallel { over, vars, body }, Some(next)) = (&s.kind, it.peek()) {
+            if let StmtKind::Reduce { op, src, dst, axis } = &next.kind {
+                if let Some(fused) = fuse(p, *over, vars, body, *op, *src, *dst, *axis, reads) {
+                    let (op, dst, axis, loc) = (*op, *dst, *axis, next.loc);
+                    it.next();
+                    let identity = if op == ReduceOp::Sum { Expr::Float(0.0) } else { Expr::Float(f64::NEG_INFINITY) };
+                    out.push(Stmt { kind: StmtKind::Fill(dst, identity), loc });
+                    out.push(Stmt {
+                        kind: StmtKind::Parallel { over: *over, vars: vars.clone(), body: fused },
+                        loc: s.loc,
+                    });
+                    out.push(Stmt { kind: StmtKind::ReduceLanes { op, dst, axis }, loc });
+                    continue;
+                }
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fuse(
+    p: &TileProgram,
+    over: BufId,
+    vars: &[VarId],
+    body: &[Stmt],
+    op: ReduceOp,
+    src: BufId,
+    dst: BufId,
+    axis: usize,
+    reads: &[usize],
+) -> Option<Vec<Stmt>> {
+    let (BufLayout::Fragment(lo), BufLayout::Fragment(ls), BufLayout::Fragment(ld)) =
+        (p.layouts[over], p.layouts[src], p.layouts[dst])
+    else {
+        return None;
+    };
+    let kind = if axis == 1 { FragmentKind::Rows } else { FragmentKind::Cols };
+    let f32s = [src, dst].iter().all(|b| p.def.buffers[*b].dtype == DType::F32);
+    if lo.kind != FragmentKind::Tile || ls != lo || ld != lo.vector(kind) || !f32s || reads[src] != 0 || vars.len() != 2
+    {
+        return None;
+    }
+    let own: Vec<Expr> = vars.iter().map(|v| Expr::Var(*v)).collect();
+    // Exactly one store of the temporary, at the loop's own index, at the top of the body; the
+    // vector itself is not touched there.
+    let stores: Vec<usize> = body
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(&s.kind, StmtKind::Store(b, _, _) if *b == src))
+        .map(|(i, _)| i)
+        .collect();
+    let mut touched = vec![];
+    super::infer_layouts::elems_in(body, &mut touched);
+    if stores.len() != 1
+        || touched.iter().any(|(b, _, _)| *b == dst)
+        || touched.iter().filter(|(b, _, _)| *b == src).count() != 1
+    {
+        return None;
+    }
+    let mut fused = body.to_vec();
+    let StmtKind::Store(_, idx, e) = &body[stores[0]].kind else { return None };
+    if *idx != own {
+        return None;
+    }
+    let vi = vec![Expr::Var(if axis == 1 { vars[0] } else { vars[1] })];
+    let bop = if op == ReduceOp::Sum { BinOp::Add } else { BinOp::Max };
+    let acc = Expr::Binary(bop, Box::new(Expr::Elem(dst, vi.clone())), Box::new(e.clone()));
+    fused[stores[0]] = Stmt { kind: StmtKind::Store(dst, vi, acc), loc: body[stores[0]].loc };
+    Some(fused)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::passes::TileProgram;
+    use crate::tile::{BinOp, ReduceOp};
+
+    #[test]
+    fn a_product_reduced_along_rows_accumulates_in_the_vector() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.fragment("s", &[16, 128], DType::F32, loc(3));
+        let tmp = k.fragment("tmp", &[16, 128], DType::F32, loc(4));
+        let x = k.fragment("x", &[128], DType::F32, loc(5));
+        let u = k.fragment("u", &[16], DType::F32, loc(6));
+        k.fill(&s, 1.0, loc(7));
+        k.fill(&x, 2.0, loc(8));
+        let ij = k.begin_parallel(&s, &["i", "j"], loc(9));
+        let prod = Val::bin(BinOp::Mul, k.elem(&s, ij.clone(), loc(10)), k.elem(&x, vec![ij[1].clone()], loc(10)));
+        k.store(&tmp, ij, prod, loc(10));
+        k.end();
+        k.reduce(ReduceOp::Sum, &tmp, &u, 1, loc(11));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::fuse_reductions(&mut p).expect("fuses");
+        let text = p.def.to_string();
+        assert!(text.contains("reduce_lanes_Sum u axis=1") && !text.contains("tmp["), "{text}");
+        insta::assert_snapshot!(text);
+    }
+}

@@ -98,4 +98,6 @@ pub struct CompiledKernel {
     /// Divisibility the kernel assumes of extents (`(name, m)`: the extent is a multiple of m);
     /// a launcher must check these before launching.
     pub assumptions: Vec<(String, u32)>,
+    /// Extents the kernel assumes to be exactly a value (`(name, value)`); checked the same way.
+    pub exact_extents: Vec<(String, i64)>,
 }

@@ -225,6 +225,7 @@ impl KernelBuilder {
             buffers: vec![],
             vars: vec![],
             assumptions: vec![],
+            exact_extents: vec![],
             body: vec![],
             loc,
         };
@@ -323,6 +324,16 @@ impl KernelBuilder {
         match u32::try_from(n.to_i64()) {
             Ok(v) if (1..=32).contains(&v) => self.st.borrow_mut().def.min_blocks_per_sm = Some(v),
             _ => self.error(loc, format!("min_blocks = {}: expected 1 to 32", n.to_i64())),
+        }
+    }
+
+    /// Assumes extent `dim` is exactly `v`; launchers check it, copies drop the masks it makes
+    /// unnecessary.
+    pub fn assume_extent(&self, dim: &Val, v: impl HostInt, loc: SrcLoc) {
+        match &dim.0 {
+            Expr::Dim(p) if v.to_i64() > 0 => self.st.borrow_mut().def.exact_extents.push((*p, v.to_i64())),
+            Expr::Dim(_) => self.error(loc, format!("assume_extent: {} is not a positive extent", v.to_i64())),
+            _ => self.error(loc, "assume_extent: the first argument must be an extent symbol"),
         }
     }
 

@@ -45,6 +45,7 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
         .collect();
     let grid = def.grid.clone();
     let assumptions = def.assumptions.iter().map(|(p, m)| (def.params[*p].name().to_string(), *m)).collect();
+    let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
     let (tp, prog) = lower_kernel(def)?;
     let ptx = crate::ptx::print_module(&prog, target);
     dump("ptx", &ptx);
@@ -56,5 +57,6 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
         shared_bytes: tp.shared_bytes,
         grid,
         assumptions,
+        exact_extents,
     })
 }

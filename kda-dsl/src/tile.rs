@@ -357,6 +357,8 @@ pub struct KernelDef {
     pub vars: Vec<Var>,
     /// Extents assumed to be multiples of a number (param id, multiple).
     pub assumptions: Vec<(ParamId, u32)>,
+    /// Extents assumed to be exactly a value (param id, value).
+    pub exact_extents: Vec<(ParamId, i64)>,
     /// The body.
     pub body: Vec<Stmt>,
     /// Where the kernel was declared.
@@ -366,7 +368,13 @@ pub struct KernelDef {
 impl KernelDef {
     /// The largest multiple that extent `dim` is assumed to have (1 when none).
     pub fn multiple_of(&self, dim: ParamId) -> u32 {
-        self.assumptions.iter().filter(|(p, _)| *p == dim).map(|(_, m)| *m).max().unwrap_or(1)
+        let exact = self.exact_extent(dim).and_then(|v| u32::try_from(v).ok()).unwrap_or(1);
+        self.assumptions.iter().filter(|(p, _)| *p == dim).map(|(_, m)| *m).max().unwrap_or(1).max(exact)
+    }
+
+    /// The value extent `dim` is assumed to have, if any.
+    pub fn exact_extent(&self, dim: ParamId) -> Option<i64> {
+        self.exact_extents.iter().find(|(p, _)| *p == dim).map(|(_, v)| *v)
     }
 }
 
@@ -400,6 +408,9 @@ impl fmt::Display for KernelDef {
         )?;
         for (p, m) in &self.assumptions {
             writeln!(f, "  assume {} % {m} == 0", self.params[*p].name())?;
+        }
+        for (p, v) in &self.exact_extents {
+            writeln!(f, "  assume {} == {v}", self.params[*p].name())?;
         }
         for b in &self.buffers {
             let shape: Vec<_> = b.shape.iter().map(|s| s.to_string()).collect();

@@ -52,7 +52,7 @@ fn loc(span: Span) -> TS {
 }
 
 const PRIMITIVES: &[&str] =
-    &["copy", "gemm", "clear", "fill", "reduce_sum", "reduce_max", "cumsum", "print", "assume_multiple"];
+    &["copy", "gemm", "clear", "fill", "reduce_sum", "reduce_max", "cumsum", "print", "assume_multiple", "assume_extent"];
 const MATH1: &[&str] = &["exp", "exp2", "log", "sigmoid", "softplus", "rsqrt", "sqrt", "abs"];
 const MATH2: &[&str] = &["max", "min"];
 
@@ -720,6 +720,18 @@ impl Cx {
                 arity(1)?;
                 let t = self.tile_arg(&args[0], "`print`")?;
                 Ok(quote!(__kb.print(#t, #lc);))
+            }
+            "assume_extent" => {
+                arity(2)?;
+                let d = match &args[0] {
+                    Expr::Path(p) if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) => &args[0],
+                    other => return err(other.span(), "`assume_extent` takes an extent symbol first"),
+                };
+                let v = &args[1];
+                if self.is_dsl(v) {
+                    return err(v.span(), "the extent must be known when the kernel is specialized");
+                }
+                Ok(quote!(__kb.assume_extent(&#d, #v, #lc);))
             }
             "assume_multiple" => {
                 arity(2)?;

@@ -312,6 +312,21 @@ fn check_assumptions(kernel: &CompiledKernel, extents: &HashMap<&str, Extent>) -
             ));
         }
     }
+    for (sym, v) in &kernel.exact_extents {
+        match extents.get(sym.as_str()) {
+            Some(e) if e.value == *v => {}
+            Some(e) => {
+                return Err(RuntimeError::bad_argument(
+                    &e.from,
+                    format!("{sym} = {v} (`{}` assumes it)", kernel.entry),
+                    format!("{sym} = {}", e.value),
+                ))
+            }
+            None => {
+                return Err(RuntimeError::Unsupported(format!("`{}` assumes {sym} = {v}, but {sym} is not an extent", kernel.entry)))
+            }
+        }
+    }
     Ok(())
 }
 

@@ -35,6 +35,7 @@ fn gemm() -> CompiledKernel {
         shared_bytes: 64 * 1024,
         grid: [ceil_div("N", 64), ceil_div("M", 64), HostExpr::Const(1)],
         assumptions: vec![("K".into(), 16)],
+        exact_extents: vec![],
     }
 }
 

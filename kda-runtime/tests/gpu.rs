@@ -102,6 +102,7 @@ fn add_scalar() -> CompiledKernel {
         shared_bytes: 0,
         grid: [HostExpr::CeilDiv(n(), Box::new(HostExpr::Const(128))), HostExpr::Const(1), HostExpr::Const(1)],
         assumptions: vec![],
+        exact_extents: vec![],
     }
 }
 

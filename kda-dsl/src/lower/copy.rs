@@ -29,6 +29,8 @@ pub(crate) struct GlobalBox {
     dtype: DType,
     /// Why 16-byte vectors cannot be used, if they cannot.
     no_vector: Option<String>,
+    /// The tile's rows and columns (a bound known to reach past them needs no mask).
+    extent: (u32, u32),
     /// Why column pairs cannot be used, if they cannot.
     no_pair: Option<String>,
 }
@@ -100,7 +102,7 @@ impl SlotAddressing {
                         let step = lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, rs, Src::Imm(row_off as i64));
                         lw.em.bin(BinKind::Add, Ty::S64, RegClass::B64, self.thread_addr, step)
                     };
-                    let lim = gb.row_lim.map(|lim| lw.lt_minus(rb, lim, row_off as i64));
+                    let lim = gb.row_lim.filter(|l| !covers(*l, gb.extent.0)).map(|lim| lw.lt_minus(rb, lim, row_off as i64));
                     (a, lim.flatten())
                 }
                 _ => (self.thread_addr, None),
@@ -108,7 +110,10 @@ impl SlotAddressing {
             (addr, valid)
         });
         let col_base = self.col_base;
-        let col_valid = *self.cols.entry(col_off).or_insert_with(|| lw.lt_minus(col_base, gb.col_lim, col_off as i64));
+        let col_valid = *self
+            .cols
+            .entry(col_off)
+            .or_insert_with(|| if covers(gb.col_lim, gb.extent.1) { None } else { lw.lt_minus(col_base, gb.col_lim, col_off as i64) });
         let valid = lw.em.and_pred(self.base_valid, row_valid);
         let valid = lw.em.and_pred(valid, col_valid);
         match self.col_bytes {
@@ -121,6 +126,11 @@ impl SlotAddressing {
             }
         }
     }
+}
+
+/// True when a bound known when lowering reaches past every element of an axis of `n`.
+fn covers(lim: Src, n: u32) -> bool {
+    matches!(lim, Src::Imm(v) if v >= n as i64)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -197,9 +207,10 @@ impl Lower<'_> {
         let base = self.global_addr_of(t, &offs);
         let mut lims = vec![];
         for (k, e) in offs.iter().enumerate() {
-            let bnd = match bound {
-                Some(bs) => self.expr(&bs[k], DType::I32, loc)?.s,
-                None => Src::Reg(self.dims[&dims[k]]),
+            let bnd = match (bound, self.def().exact_extent(dims[k])) {
+                (Some(bs), _) => self.expr(&bs[k], DType::I32, loc)?.s,
+                (None, Some(e)) => Src::Imm(e),
+                (None, None) => Src::Reg(self.dims[&dims[k]]),
             };
             let lim = match (bnd, *e) {
                 (Src::Imm(a), Src::Imm(b)) => Src::Imm(a - b),
@@ -282,6 +293,7 @@ impl Lower<'_> {
             dtype,
             no_vector,
             no_pair,
+            extent: self.tile_rc(b),
         })
     }
 
@@ -294,12 +306,14 @@ impl Lower<'_> {
         addr = self.add_scaled(addr, col, gb.col_stride);
         let addr = self.em.to_reg(addr, RegClass::B64, Ty::U64);
         let mut valid = gb.unit_ok;
-        if let Some(rl) = gb.row_lim {
+        if let Some(rl) = gb.row_lim.filter(|l| !covers(*l, gb.extent.0)) {
             let p = self.lt(row, rl);
             valid = self.em.and_pred(valid, p);
         }
-        let p = self.lt(col, gb.col_lim);
-        valid = self.em.and_pred(valid, p);
+        if !covers(gb.col_lim, gb.extent.1) {
+            let p = self.lt(col, gb.col_lim);
+            valid = self.em.and_pred(valid, p);
+        }
         (addr, valid)
     }
 

@@ -17,7 +17,15 @@ impl Lower<'_> {
     pub(crate) fn const_of(&self, e: &Expr) -> Option<i64> {
         match e {
             Expr::Int(v, _) => Some(*v),
+            Expr::Bool(b) => Some(*b as i64),
             Expr::Var(v) => self.consts.get(v).copied(),
+            Expr::Select(c, a, b) => {
+                if self.const_of(c)? != 0 {
+                    self.const_of(a)
+                } else {
+                    self.const_of(b)
+                }
+            }
             Expr::Binary(op, a, b) => {
                 let (a, b) = (self.const_of(a)?, self.const_of(b)?);
                 Some(match op {

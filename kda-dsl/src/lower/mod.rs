@@ -92,6 +92,29 @@ pub(crate) struct Lower<'a> {
     pub scalars: HashMap<ParamId, Reg>,
     pub elem: Option<ElemCtx>,
     pub frag_bases: HashMap<(u32, u32, u32, u32), (Reg, Reg)>,
+    /// How many times each variable is assigned in the kernel.
+    pub assign_counts: HashMap<VarId, usize>,
+}
+
+fn count_assigns(body: &[Stmt], n: &mut HashMap<VarId, usize>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Assign(v, _) => *n.entry(*v).or_default() += 1,
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => {
+                // Inside loops an assignment runs many times: never a constant.
+                let mut inner = HashMap::new();
+                count_assigns(body, &mut inner);
+                for v in inner.into_keys() {
+                    *n.entry(v).or_default() += 2;
+                }
+            }
+            StmtKind::If(_, t, e) => {
+                count_assigns(t, n);
+                count_assigns(e, n);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// PTX parameter name of kernel parameter `name`.
@@ -125,7 +148,9 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         scalars: HashMap::new(),
         elem: None,
         frag_bases: HashMap::new(),
+        assign_counts: HashMap::new(),
     };
+    count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
     for (i, prm) in p.def.params.iter().enumerate() {
         let name = param_name(prm.name());
@@ -217,6 +242,12 @@ impl Lower<'_> {
         match &s.kind {
             StmtKind::Assign(v, e) => {
                 let ty = self.def().vars[*v].dtype;
+                // A variable set once to a value known now is a constant (masks and addresses fold).
+                if self.assign_counts.get(v) == Some(&1) {
+                    if let Some(c) = self.const_of(e) {
+                        self.consts.insert(*v, c);
+                    }
+                }
                 let val = self.expr(e, ty, loc)?;
                 let d = match self.var_regs.get(v) {
                     Some(r) => *r,

@@ -82,6 +82,10 @@ pub struct DecodeConfig {
     pub writes: Writes,
     /// State rows per block.
     pub bv: usize,
+    /// Warps per block (they split the 128 key columns of the block's rows).
+    pub warps: usize,
+    /// Blocks that must fit on an SM at once (caps registers per thread).
+    pub min_blocks: usize,
 }
 
 impl Default for DecodeConfig {
@@ -105,6 +109,8 @@ impl Default for DecodeConfig {
             use_initial_state: true,
             writes: Writes::PoolPerToken,
             bv: 16,
+            warps: 1,
+            min_blocks: 16,
         }
     }
 }
@@ -114,7 +120,7 @@ impl DecodeConfig {
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -130,7 +136,9 @@ impl DecodeConfig {
             o(self.accepted),
             if self.use_initial_state { "init_" } else { "" },
             self.writes,
-            self.bv
+            self.bv,
+            self.warps,
+            self.min_blocks
         )
         .to_lowercase()
     }
@@ -161,7 +169,7 @@ pub fn decode(
     lower_bound: f32,
 ) {
     // Memory-bound: enough warps per SM to keep loads in flight (caps registers at 128).
-    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32, min_blocks = 16);
+    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);

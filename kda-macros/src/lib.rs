@@ -51,8 +51,18 @@ fn loc(span: Span) -> TS {
     quote_spanned!(span=> ::kda_dsl::diag::SrcLoc::new(::core::file!(), ::core::line!(), ::core::column!()))
 }
 
-const PRIMITIVES: &[&str] =
-    &["copy", "gemm", "clear", "fill", "reduce_sum", "reduce_max", "cumsum", "print", "assume_multiple", "assume_extent"];
+const PRIMITIVES: &[&str] = &[
+    "copy",
+    "gemm",
+    "clear",
+    "fill",
+    "reduce_sum",
+    "reduce_max",
+    "cumsum",
+    "print",
+    "assume_multiple",
+    "assume_extent",
+];
 const MATH1: &[&str] = &["exp", "exp2", "log", "sigmoid", "softplus", "rsqrt", "sqrt", "abs"];
 const MATH2: &[&str] = &["max", "min"];
 
@@ -724,7 +734,11 @@ impl Cx {
             "assume_extent" => {
                 arity(2)?;
                 let d = match &args[0] {
-                    Expr::Path(p) if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) => &args[0],
+                    Expr::Path(p)
+                        if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) =>
+                    {
+                        &args[0]
+                    }
                     other => return err(other.span(), "`assume_extent` takes an extent symbol first"),
                 };
                 let v = &args[1];

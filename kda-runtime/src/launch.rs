@@ -323,7 +323,10 @@ fn check_assumptions(kernel: &CompiledKernel, extents: &HashMap<&str, Extent>) -
                 ))
             }
             None => {
-                return Err(RuntimeError::Unsupported(format!("`{}` assumes {sym} = {v}, but {sym} is not an extent", kernel.entry)))
+                return Err(RuntimeError::Unsupported(format!(
+                    "`{}` assumes {sym} = {v}, but {sym} is not an extent",
+                    kernel.entry
+                )))
             }
         }
     }

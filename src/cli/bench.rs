@@ -10,7 +10,8 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         [] => None,
         [flag, f] if flag == "--json" => Some(f.clone()),
         [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
-        _ => return Err("usage: kda bench [--json FILE] | --sweep-gemm".into()),
+        [flag] if flag == "--sweep-decode" => return sweep_decode(),
+        _ => return Err("usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode".into()),
     };
     if !gpu_available() {
         println!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -117,6 +118,43 @@ pub fn time_decode(
     state: DType,
     spec: bool,
 ) -> Result<(f32, f64), String> {
+    time_decode_tuned(gpu, kernels, b, t, state, spec, kda_runtime::decode::DecodeTuning::default())
+}
+
+/// Times decode launch shapes on the standard cases: how the default tuning was chosen.
+fn sweep_decode() -> Result<i32, String> {
+    use kda_runtime::decode::DecodeTuning as T;
+    let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let kernels = Kernels::new();
+    let shapes = [
+        T { rows: 16, warps: 1, min_blocks: 16 },
+        T { rows: 16, warps: 2, min_blocks: 12 },
+        T { rows: 16, warps: 2, min_blocks: 10 },
+        T { rows: 16, warps: 4, min_blocks: 6 },
+        T { rows: 32, warps: 2, min_blocks: 8 },
+        T { rows: 32, warps: 4, min_blocks: 5 },
+    ];
+    for tune in shapes {
+        for (case, b, t, state, spec) in &DECODE_CASES[1..] {
+            match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, tune) {
+                Ok((ms, gbps)) => println!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
+                Err(e) => println!("{case:<28} {tune:?} error: {e}"),
+            }
+        }
+    }
+    Ok(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn time_decode_tuned(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    b: usize,
+    t: usize,
+    state: DType,
+    spec: bool,
+    tune: kda_runtime::decode::DecodeTuning,
+) -> Result<(f32, f64), String> {
     use kda_kernels::decode::DecodeConfig;
     use kda_kernels::decode_ref::{random_inputs, D};
     let e = |e: kda_runtime::RuntimeError| e.to_string();
@@ -144,7 +182,7 @@ pub fn time_decode(
     let args = super::decode_gpu::args_for(&cfg, &x, &views);
     let stream = gpu.new_stream().map_err(e)?;
     let ms = kda_runtime::time_graph_ms(gpu, &stream, 100, || {
-        kda_runtime::decode::gated_delta_rule_decode(gpu, kernels, &stream, &args).map(|_| ())
+        kda_runtime::decode::gated_delta_rule_decode_tuned(gpu, kernels, &stream, &args, tune).map(|_| ())
     })
     .map_err(e)?;
     let bytes_moved = ((b + b * t) * hv * D * D * state.size_bytes()) as f64;

@@ -102,7 +102,8 @@ impl SlotAddressing {
                         let step = lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, rs, Src::Imm(row_off as i64));
                         lw.em.bin(BinKind::Add, Ty::S64, RegClass::B64, self.thread_addr, step)
                     };
-                    let lim = gb.row_lim.filter(|l| !covers(*l, gb.extent.0)).map(|lim| lw.lt_minus(rb, lim, row_off as i64));
+                    let lim =
+                        gb.row_lim.filter(|l| !covers(*l, gb.extent.0)).map(|lim| lw.lt_minus(rb, lim, row_off as i64));
                     (a, lim.flatten())
                 }
                 _ => (self.thread_addr, None),
@@ -110,10 +111,13 @@ impl SlotAddressing {
             (addr, valid)
         });
         let col_base = self.col_base;
-        let col_valid = *self
-            .cols
-            .entry(col_off)
-            .or_insert_with(|| if covers(gb.col_lim, gb.extent.1) { None } else { lw.lt_minus(col_base, gb.col_lim, col_off as i64) });
+        let col_valid = *self.cols.entry(col_off).or_insert_with(|| {
+            if covers(gb.col_lim, gb.extent.1) {
+                None
+            } else {
+                lw.lt_minus(col_base, gb.col_lim, col_off as i64)
+            }
+        });
         let valid = lw.em.and_pred(self.base_valid, row_valid);
         let valid = lw.em.and_pred(valid, col_valid);
         match self.col_bytes {

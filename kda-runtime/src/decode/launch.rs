@@ -13,8 +13,25 @@ use crate::kernels::Kernels;
 use crate::launch::{launch, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
-/// State rows per block (the kernel's `bv`).
-const ROWS_PER_BLOCK: usize = 16;
+/// How a decode launch is shaped: rows of the state per block, warps per block, and the blocks
+/// that must fit on an SM (which caps registers). [`DecodeTuning::default`] is what
+/// `gated_delta_rule_decode` uses (chosen by `kda bench --sweep-decode` on an H200).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTuning {
+    /// State rows per block.
+    pub rows: usize,
+    /// Warps per block.
+    pub warps: usize,
+    /// Blocks per SM the kernel must allow.
+    pub min_blocks: usize,
+}
+
+impl Default for DecodeTuning {
+    fn default() -> Self {
+        let d = DecodeConfig::default();
+        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks }
+    }
+}
 
 /// What a decode call returns beyond what it wrote into the caller's buffers.
 pub struct DecodeResult {
@@ -25,8 +42,12 @@ pub struct DecodeResult {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// The kernel variant a validated call needs.
+/// The kernel variant a validated call needs (with the default tuning).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
+    tuned_config(plan, DecodeTuning::default())
+}
+
+fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
     let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
         (StateIndexing::None, _, false) => Writes::None,
         (StateIndexing::None, true, true) => Writes::PoolPerSequence,
@@ -61,7 +82,9 @@ pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
         accepted: plan.num_accepted_dtype,
         use_initial_state: plan.use_initial_state,
         writes,
-        bv: ROWS_PER_BLOCK,
+        bv: tune.rows,
+        warps: tune.warps,
+        min_blocks: tune.min_blocks,
     }
 }
 
@@ -82,6 +105,26 @@ pub fn gated_delta_rule_decode(
     stream: &CudaStream,
     args: &DecodeArgs,
 ) -> Result<DecodeResult, RuntimeError> {
+    gated_delta_rule_decode_tuned(gpu, kernels, stream, args, DecodeTuning::default())
+}
+
+/// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
+/// 32, 64 or 128 and `warps` 1 to 4).
+pub fn gated_delta_rule_decode_tuned(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &DecodeArgs,
+    tune: DecodeTuning,
+) -> Result<DecodeResult, RuntimeError> {
+    if !matches!(tune.rows, 16 | 32 | 64 | 128)
+        || !(1..=4).contains(&tune.warps)
+        || !(1..=32).contains(&tune.min_blocks)
+    {
+        return Err(RuntimeError::Unsupported(format!(
+            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 4, min_blocks 1 to 32"
+        )));
+    }
     let plan = plan_decode(args)?;
     if args.checked {
         let get = |t: Option<&TensorView>| t.map(|v| download_i64(v, stream)).transpose();
@@ -107,7 +150,7 @@ pub fn gated_delta_rule_decode(
         (None, Some(v)) => *v,
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = decode_config(&plan);
+    let cfg = tuned_config(&plan, tune);
     let variant = kda_kernels::decode_variant(cfg.clone());
     let compiled = kernels.compiled(&variant)?;
 

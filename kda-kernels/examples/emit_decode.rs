@@ -1,0 +1,11 @@
+//! Prints the PTX of the default decode config with a launch shape: rows warps min_blocks.
+fn main() {
+    let a: Vec<usize> = std::env::args().skip(1).map(|x| x.parse().expect("numbers")).collect();
+    let mut cfg = kda_kernels::decode::DecodeConfig::default();
+    if a.len() == 3 {
+        (cfg.bv, cfg.warps, cfg.min_blocks) = (a[0], a[1], a[2]);
+    }
+    let k =
+        kda_dsl::compile(kda_kernels::decode::decode(&cfg).expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
+    print!("{}", k.ptx);
+}

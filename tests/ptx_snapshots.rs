@@ -22,3 +22,16 @@ fn ptx_header_per_target() {
         assert!(k.ptx.contains("\n    .loc 1 "), "instructions carry .loc");
     }
 }
+
+#[test]
+fn no_snapshot_outlives_its_variant() {
+    let ids: Vec<String> =
+        kda_kernels::variants().iter().map(|v| format!("ptx_snapshots__{}.snap", v.id().replace('/', "__"))).collect();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
+    for entry in std::fs::read_dir(dir).expect("snapshots folder") {
+        let name = entry.expect("entry").file_name().to_string_lossy().to_string();
+        if name.starts_with("ptx_snapshots__") && name.ends_with(".snap") && !name.starts_with("ptx_snapshots__ptx_") {
+            assert!(ids.contains(&name), "{name} belongs to no shipped variant: delete it");
+        }
+    }
+}

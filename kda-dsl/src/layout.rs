@@ -103,7 +103,9 @@ pub enum FragmentKind {
 }
 
 /// Register layout of a fragment: a `rows x cols` parent tile spread over a `wm x wn` grid of
-/// warps in m16n8 atoms.
+/// warps in atoms of 16 rows by `4 * vec` columns: lane `(g, t)` holds rows `g` and `g + 8` and
+/// `vec` adjacent columns from `vec * t`. With `vec = 2` that is the m16n8 accumulator of
+/// `mma.sync`; element-wise tiles take `vec = 4`, so each thread's columns are 16 bytes of f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FragmentLayout {
     /// Parent tile rows.
@@ -116,6 +118,8 @@ pub struct FragmentLayout {
     pub wn: u32,
     /// Tile or vector.
     pub kind: FragmentKind,
+    /// Adjacent columns per thread in one atom (2: the mma accumulator; 4: element-wise).
+    pub vec: u32,
 }
 
 /// The coordinates of one register slot, split into the parts known at compile time and the
@@ -124,7 +128,7 @@ pub struct FragmentLayout {
 pub struct SlotCoord {
     /// Constant row offset within the warp's sub-tile (add `wr * WM + g`).
     pub row_off: u32,
-    /// Constant column offset within the warp's sub-tile (add `wc * WN + 2t`).
+    /// Constant column offset within the warp's sub-tile (add `wc * WN + vec * t`).
     pub col_off: u32,
 }
 
@@ -141,7 +145,7 @@ impl FragmentLayout {
                 let mi = rows / (16 * wm);
                 let ni = cols / (8 * wn);
                 let cost = 2 * mi + ni;
-                let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile };
+                let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec: 2 };
                 if best.is_none_or(|(c, _)| cost <= c) {
                     best = Some((cost, l));
                 }
@@ -159,7 +163,27 @@ impl FragmentLayout {
             wm: warps,
             wn: 1,
             kind: FragmentKind::Tile,
+            vec: 2,
         })
+    }
+
+    /// The layout of a tile no `gemm` touches: as many warps along rows as fit (rows stay in
+    /// one warp, so row reductions need no shared memory), 4 adjacent columns per thread when
+    /// the columns allow (16-byte accesses), else 2.
+    pub fn for_elementwise(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
+        let mut wm = warps;
+        while wm >= 1 {
+            let wn = warps / wm;
+            if rows.is_multiple_of(16 * wm) {
+                for vec in [4, 2] {
+                    if cols.is_multiple_of(4 * vec * wn) {
+                        return Some(FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec });
+                    }
+                }
+            }
+            wm /= 2;
+        }
+        None
     }
 
     /// A standalone 1-D vector of `len` elements along rows.
@@ -173,6 +197,7 @@ impl FragmentLayout {
                     wm,
                     wn: warps / wm,
                     kind: FragmentKind::Rows,
+                    vec: 2,
                 });
             }
             wm /= 2;
@@ -197,17 +222,17 @@ impl FragmentLayout {
     pub fn mi(&self) -> u32 {
         self.warp_rows() / 16
     }
-    /// n8 atoms per warp along columns.
+    /// Atoms per warp along columns (each `4 * vec` wide).
     pub fn ni(&self) -> u32 {
-        self.warp_cols() / 8
+        self.warp_cols() / (4 * self.vec)
     }
 
     /// Register slots per thread.
     pub fn slots(&self) -> u32 {
         match self.kind {
-            FragmentKind::Tile => self.mi() * self.ni() * 4,
+            FragmentKind::Tile => self.mi() * self.ni() * 2 * self.vec,
             FragmentKind::Rows => self.mi() * 2,
-            FragmentKind::Cols => self.ni() * 2,
+            FragmentKind::Cols => self.ni() * self.vec,
         }
     }
 
@@ -215,12 +240,12 @@ impl FragmentLayout {
     pub fn slot_coord(&self, s: u32) -> SlotCoord {
         match self.kind {
             FragmentKind::Tile => {
-                let ni = self.ni();
-                let (i, j, h, c) = (s / (ni * 4), (s / 4) % ni, (s / 2) % 2, s % 2);
-                SlotCoord { row_off: i * 16 + h * 8, col_off: j * 8 + c }
+                let (ni, v) = (self.ni(), self.vec);
+                let (i, j, h, c) = (s / (ni * 2 * v), (s / (2 * v)) % ni, (s / v) % 2, s % v);
+                SlotCoord { row_off: i * 16 + h * 8, col_off: j * 4 * v + c }
             }
             FragmentKind::Rows => SlotCoord { row_off: (s / 2) * 16 + (s % 2) * 8, col_off: 0 },
-            FragmentKind::Cols => SlotCoord { row_off: 0, col_off: (s / 2) * 8 + s % 2 },
+            FragmentKind::Cols => SlotCoord { row_off: 0, col_off: (s / self.vec) * 4 * self.vec + s % self.vec },
         }
     }
 
@@ -230,7 +255,7 @@ impl FragmentLayout {
         let (g, t) = (lane >> 2, lane & 3);
         let c = self.slot_coord(s);
         let row = wr * self.warp_rows() + g + c.row_off;
-        let col = wc * self.warp_cols() + 2 * t + c.col_off;
+        let col = wc * self.warp_cols() + self.vec * t + c.col_off;
         match self.kind {
             FragmentKind::Tile => (row, col),
             FragmentKind::Rows => (row, 0),
@@ -240,14 +265,14 @@ impl FragmentLayout {
 
     /// The slot of a row vector holding the row of tile slot `s` (`Tile` slot to `Rows` slot).
     pub fn row_slot_of(&self, s: u32) -> u32 {
-        let ni = self.ni();
-        (s / (ni * 4)) * 2 + (s / 2) % 2
+        let (ni, v) = (self.ni(), self.vec);
+        (s / (ni * 2 * v)) * 2 + (s / v) % 2
     }
 
     /// The slot of a column vector holding the column of tile slot `s`.
     pub fn col_slot_of(&self, s: u32) -> u32 {
-        let ni = self.ni();
-        ((s / 4) % ni) * 2 + s % 2
+        let (ni, v) = (self.ni(), self.vec);
+        ((s / (2 * v)) % ni) * v + s % v
     }
 }
 
@@ -255,12 +280,13 @@ impl fmt::Display for FragmentLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?}[{}x{} over {}x{} warps, {} slots]",
+            "{:?}[{}x{} over {}x{} warps, {} cols/thread, {} slots]",
             self.kind,
             self.rows,
             self.cols,
             self.wm,
             self.wn,
+            self.vec,
             self.slots()
         )
     }
@@ -331,6 +357,28 @@ mod tests {
             }
             assert_eq!(seen.len() as u32, rows * cols, "{l} covers every element");
         }
+    }
+
+    #[test]
+    fn element_wise_layouts_are_bijections_too() {
+        for (rows, cols, warps) in [(16, 128, 1), (16, 128, 2), (32, 128, 2), (64, 64, 4), (16, 8, 1), (128, 16, 1)] {
+            let l = FragmentLayout::for_elementwise(rows, cols, warps).expect("fits");
+            let mut seen = HashSet::new();
+            for w in 0..warps {
+                for lane in 0..32 {
+                    for s in 0..l.slots() {
+                        let (r, c) = l.coords(w, lane, s);
+                        assert!(r < rows && c < cols, "{l}");
+                        assert!(seen.insert((r, c)), "{l}: ({r},{c}) twice");
+                        let (rv, cv) = (l.vector(FragmentKind::Rows), l.vector(FragmentKind::Cols));
+                        assert_eq!(rv.coords(w, lane, l.row_slot_of(s)).0, r);
+                        assert_eq!(cv.coords(w, lane, l.col_slot_of(s)).0, c);
+                    }
+                }
+            }
+            assert_eq!(seen.len() as u32, rows * cols, "{l}");
+        }
+        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1).map(|l| l.vec), Some(4));
     }
 
     #[test]

@@ -108,9 +108,10 @@ impl Default for DecodeConfig {
             accepted: None,
             use_initial_state: true,
             writes: Writes::PoolPerToken,
-            bv: 16,
-            warps: 1,
-            min_blocks: 16,
+            // Chosen by `kda bench --sweep-decode` on an H200 (README, "Performance").
+            bv: 32,
+            warps: 4,
+            min_blocks: 6,
         }
     }
 }
@@ -332,9 +333,13 @@ pub fn decode(
                 }
                 reduce_sum(tmp, of, 0);
             }
+            // Rounded to the state's dtype after every token. The per-token write rounds as it
+            // stores, so only a state that goes on to another token needs it in registers.
             if cfg.state_dtype != F32 {
-                for (i, j) in parallel(s) {
-                    s[i][j] = s[i][j] as bf16;
+                if t + 1 < tn || cfg.writes == Writes::PoolPerSequence || cfg.writes == Writes::FinalPerSequence {
+                    for (i, j) in parallel(s) {
+                        s[i][j] = s[i][j] as bf16;
+                    }
                 }
             }
             for (i,) in parallel(of) {

@@ -6,6 +6,7 @@ use kda_runtime::{gemm, gpu_available, DeviceTensor, Gpu, Kernels, RuntimeError}
 
 /// One GEMM on the GPU at (m, n, k): random inputs, NaN-poisoned output, compared with the f64
 /// reference on every element (or, past 2^27 multiply-adds, on 4096 sampled elements).
+#[allow(clippy::too_many_arguments)] // the case, spelled out
 pub fn gemm_on_gpu(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -118,13 +119,17 @@ fn touched_err(before: &[f64], want: &[f64], got: &[f64], slot: usize) -> f64 {
     rel_err(&g, &w)
 }
 
+/// A decode case on the GPU: name, config, inputs, device pool slots, device slot of each
+/// reference slot (identity when `None`).
+type DecodeCase =
+    (String, kda_kernels::decode::DecodeConfig, kda_kernels::decode_ref::DecodeInputs, usize, Option<Vec<usize>>);
+
 /// The decode conformance cases at real shapes; returns the number of failures.
 fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
     use kda_kernels::decode::{DecodeConfig, Writes};
     use kda_kernels::decode_ref::{decode_ref, random_inputs, D};
     let d = DecodeConfig::default();
-    let mut cases: Vec<(String, DecodeConfig, kda_kernels::decode_ref::DecodeInputs, usize, Option<Vec<usize>>)> =
-        vec![];
+    let mut cases: Vec<DecodeCase> = vec![];
     let mut rng = Rng::new(99);
     for (hv, state) in [(32, DType::F32), (64, DType::F32), (32, DType::BF16)] {
         let cfg = DecodeConfig { state_dtype: state, ..d.clone() };

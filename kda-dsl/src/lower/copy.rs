@@ -31,6 +31,8 @@ pub(crate) struct GlobalBox {
     no_vector: Option<String>,
     /// The tile's rows and columns (a bound known to reach past them needs no mask).
     extent: (u32, u32),
+    /// The most adjacent columns (1, 2, 4 or 8) one access may cover.
+    run_align: u32,
     /// Why column pairs cannot be used, if they cannot.
     no_pair: Option<String>,
 }
@@ -286,6 +288,7 @@ impl Lower<'_> {
         let chunk = (16 / esize) as u64;
         let no_vector = need(chunk);
         let no_pair = need(2);
+        let run_align = [8u32, 4, 2].into_iter().find(|m| need(*m as u64).is_none()).unwrap_or(1);
         Ok(GlobalBox {
             tensor: t,
             base,
@@ -298,6 +301,7 @@ impl Lower<'_> {
             no_vector,
             no_pair,
             extent: self.tile_rc(b),
+            run_align,
         })
     }
 
@@ -523,39 +527,6 @@ impl Lower<'_> {
         V { s: v.s, ty: vt }
     }
 
-    /// Two adjacent elements at `addr + offset` into `dst` (0 when `valid` is false), rounded
-    /// for a `dt` tile.
-    fn pair_load(&mut self, addr: Reg, offset: i64, src: DType, valid: Option<Reg>, dt: DType, dst: [Reg; 2]) {
-        let vals = [self.em.reg(RegClass::F32), self.em.reg(RegClass::F32)];
-        let guarded = |lw: &mut Self, op: Op| match valid {
-            Some(p) => lw.em.emit_if(p, true, op),
-            None => lw.em.emit(op),
-        };
-        if src == DType::F32 {
-            if valid.is_some() {
-                for v in vals {
-                    self.em.emit(Op::Mov { ty: Ty::F32, d: v, a: Src::F32(0.0) });
-                }
-            }
-            guarded(self, Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.to_vec(), addr, offset });
-        } else {
-            let w = self.em.reg(RegClass::B32);
-            if valid.is_some() {
-                self.em.emit(Op::Mov { ty: Ty::B32, d: w, a: Src::Imm(0) });
-            }
-            guarded(self, Op::Ld { space: Space::Global, ty: Ty::B32, d: vec![w], addr, offset });
-            let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
-            self.em.emit(Op::Unpack2 { lo, hi, a: w });
-            let sty = if src == DType::BF16 { Ty::BF16 } else { Ty::F16 };
-            self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[0], a: Src::Reg(lo) });
-            self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[1], a: Src::Reg(hi) });
-        }
-        for (v, d) in vals.into_iter().zip(dst) {
-            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, dt);
-            self.mov(d, v);
-        }
-    }
-
     /// A store to `addr + offset` skipped when `valid` is false (a guarded store).
     fn masked_store(&mut self, addr: Reg, offset: i64, dt: DType, v: V, valid: Option<Reg>) {
         self.store_mem_at(Space::Global, addr, offset, dt, v, valid);
@@ -620,20 +591,22 @@ impl Lower<'_> {
         let gb = self.global_box(r, b, loc)?;
         let l = self.p.frag(b);
         let dt = self.def().buffers[b].dtype;
-        // Slots s, s+1 of a tile or column vector hold adjacent columns: one 2-element access.
-        let pair = l.kind != FragmentKind::Rows
-            && gb.no_pair.is_none()
-            && matches!(gb.dtype, DType::F32 | DType::BF16 | DType::F16);
-        let what = if load { "column-pair loads global -> fragment" } else { "column-pair stores fragment -> global" };
-        self.plan_note(
-            loc,
-            what,
-            &if l.kind == FragmentKind::Rows {
-                Some("a row vector holds no adjacent columns".into())
-            } else {
-                gb.no_pair.clone()
-            },
-        );
+        // A tile or column vector holds `vec` adjacent columns in consecutive slots: one access
+        // covers as many as alignment allows (16 bytes of f32 at vec 4).
+        let floats = matches!(gb.dtype, DType::F32 | DType::BF16 | DType::F16);
+        let run = if l.kind == FragmentKind::Rows || !floats { 1 } else { l.vec.min(gb.run_align) };
+        let what = if load { "loads global -> fragment" } else { "stores fragment -> global" };
+        let reason = match (l.kind, run) {
+            (FragmentKind::Rows, _) => Some("a row vector holds no adjacent columns".to_string()),
+            (_, r) if r < l.vec => Some(format!(
+                "{} adjacent elements per access, not {}: {}",
+                r,
+                l.vec,
+                gb.no_pair.clone().unwrap_or_else(|| "alignment".into())
+            )),
+            _ => None,
+        };
+        self.plan_note(loc, &format!("{}-element {what}", l.vec), &reason);
         let two_d = self.def().buffers[b].shape.len() == 2;
         if two_d != (l.kind == FragmentKind::Tile) {
             return self.err(loc, "a vector fragment is 1-D and a tile fragment 2-D");
@@ -644,55 +617,86 @@ impl Lower<'_> {
         let mut s = 0;
         while s < l.slots() {
             let (addr, offset, valid) = at.slot(self, &gb, l, s);
-            let r0 = self.regs[b][s as usize];
-            if load && pair {
-                let (r0, r1) = (self.regs[b][s as usize], self.regs[b][s as usize + 1]);
-                self.pair_load(addr, offset, gb.dtype, valid, dt, [r0, r1]);
-                s += 2;
-            } else if load {
-                let v = self.masked_load(addr, offset, gb.dtype, valid);
-                let v = self.round_for(v, dt);
-                self.mov(r0, v);
-                s += 1;
-            } else if pair {
-                let r1 = self.regs[b][s as usize + 1];
-                let skip = self.em.label();
-                if let Some(p) = valid {
-                    self.em.emit_if(p, false, Op::Bra { target: skip });
-                }
-                // (a branch, not a guard: the packing before the store is skipped too)
-                if gb.dtype == DType::F32 {
-                    self.em.emit(Op::St {
-                        space: Space::Global,
-                        ty: Ty::F32,
-                        addr,
-                        offset,
-                        vals: vec![Src::Reg(r0), Src::Reg(r1)],
-                    });
-                } else if gb.dtype.is_half() {
-                    let d = self.em.reg(RegClass::B32);
-                    let half = if gb.dtype == DType::BF16 { Ty::BF16 } else { Ty::F16 };
-                    self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(r1), lo: Src::Reg(r0) });
-                    self.em.emit(Op::St { space: Space::Global, ty: Ty::B32, addr, offset, vals: vec![Src::Reg(d)] });
-                } else {
-                    let ty = super::mem_ty(gb.dtype);
-                    self.em.emit(Op::St {
-                        space: Space::Global,
-                        ty,
-                        addr,
-                        offset,
-                        vals: vec![Src::Reg(r0), Src::Reg(r1)],
-                    });
-                }
-                self.em.emit(Op::Label(skip));
-                s += 2;
+            let regs: Vec<Reg> = (s..s + run).map(|k| self.regs[b][k as usize]).collect();
+            if load {
+                self.run_load(addr, offset, gb.dtype, valid, dt, &regs);
             } else {
-                let vt = value_type(dt);
-                self.masked_store(addr, offset, gb.dtype, V { s: Src::Reg(r0), ty: vt }, valid);
-                s += 1;
+                self.run_store(addr, offset, gb.dtype, valid, dt, &regs);
             }
+            s += run;
         }
         Ok(())
+    }
+
+    /// `dst.len()` adjacent elements at `addr + offset` into `dst` (0 where `valid` is false),
+    /// rounded for a `dt` tile: one vector load.
+    fn run_load(&mut self, addr: Reg, offset: i64, src: DType, valid: Option<Reg>, dt: DType, dst: &[Reg]) {
+        if dst.len() == 1 {
+            let v = self.masked_load(addr, offset, src, valid);
+            let v = self.round_for(v, dt);
+            self.mov(dst[0], v);
+            return;
+        }
+        let n = dst.len();
+        let guarded = |lw: &mut Self, op: Op| match valid {
+            Some(p) => lw.em.emit_if(p, true, op),
+            None => lw.em.emit(op),
+        };
+        let vals: Vec<Reg> = (0..n).map(|_| self.em.reg(RegClass::F32)).collect();
+        if src == DType::F32 {
+            if valid.is_some() {
+                for v in &vals {
+                    self.em.emit(Op::Mov { ty: Ty::F32, d: *v, a: Src::F32(0.0) });
+                }
+            }
+            guarded(self, Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.clone(), addr, offset });
+        } else {
+            let words: Vec<Reg> = (0..n / 2).map(|_| self.em.reg(RegClass::B32)).collect();
+            if valid.is_some() {
+                for w in &words {
+                    self.em.emit(Op::Mov { ty: Ty::B32, d: *w, a: Src::Imm(0) });
+                }
+            }
+            guarded(self, Op::Ld { space: Space::Global, ty: Ty::B32, d: words.clone(), addr, offset });
+            let sty = if src == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+            for (k, w) in words.iter().enumerate() {
+                let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
+                self.em.emit(Op::Unpack2 { lo, hi, a: *w });
+                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[2 * k], a: Src::Reg(lo) });
+                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[2 * k + 1], a: Src::Reg(hi) });
+            }
+        }
+        for (v, d) in vals.into_iter().zip(dst) {
+            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, dt);
+            self.mov(*d, v);
+        }
+    }
+
+    /// `src.len()` adjacent elements of a `dt` tile to `addr + offset` (skipped where `valid` is
+    /// false): one vector store, 16-bit types packed in pairs.
+    fn run_store(&mut self, addr: Reg, offset: i64, to: DType, valid: Option<Reg>, dt: DType, src: &[Reg]) {
+        if src.len() == 1 {
+            let v = V { s: Src::Reg(src[0]), ty: value_type(dt) };
+            self.masked_store(addr, offset, to, v, valid);
+            return;
+        }
+        let (ty, vals) = if to == DType::F32 {
+            (Ty::F32, src.iter().map(|r| Src::Reg(*r)).collect::<Vec<_>>())
+        } else {
+            let half = if to == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+            let mut words = vec![];
+            for p in src.chunks(2) {
+                let d = self.em.reg(RegClass::B32);
+                self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(p[1]), lo: Src::Reg(p[0]) });
+                words.push(Src::Reg(d));
+            }
+            (Ty::B32, words)
+        };
+        let op = Op::St { space: Space::Global, ty, addr, offset, vals };
+        match valid {
+            Some(p) => self.em.emit_if(p, true, op),
+            None => self.em.emit(op),
+        }
     }
 
     fn global_to_local(&mut self, r: &Region, b: BufId, loc: SrcLoc) -> Result<(), Diag> {

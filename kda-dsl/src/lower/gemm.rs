@@ -27,7 +27,7 @@ impl Lower<'_> {
         let BufLayout::Fragment(lc) = self.p.layouts[c] else {
             return self.err(loc, format!("gemm accumulator `{}` must be a fragment", cb.name));
         };
-        if cb.dtype != DType::F32 || lc.kind != FragmentKind::Tile {
+        if cb.dtype != DType::F32 || lc.kind != FragmentKind::Tile || lc.vec != 2 {
             return self.err(loc, format!("gemm accumulator `{}` must be a 2-D f32 fragment", cb.name));
         }
         let (m, k) = self.operand_shape(a);

@@ -486,7 +486,7 @@ impl Lower<'_> {
         let rb = self.em.mul32(wr, Src::Imm(l.warp_rows() as i64));
         let rb = self.em.add32(rb, th.g);
         let cb = self.em.mul32(wc, Src::Imm(l.warp_cols() as i64));
-        let t2 = self.em.op32(BinKind::Shl, th.t, 1);
+        let t2 = self.em.mul32(th.t, Src::Imm(l.vec as i64));
         let cb = self.em.add32(cb, t2);
         let r = (self.em.to_reg(rb, RegClass::B32, Ty::U32), self.em.to_reg(cb, RegClass::B32, Ty::U32));
         self.frag_bases.insert(key, r);

@@ -14,9 +14,17 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     let warps = p.warps();
     let def = &p.def;
     let mut rel: Vec<Option<(FragmentLayout, SrcLoc)>> = vec![None; def.buffers.len()];
+    // Fragments a gemm reads or accumulates into take the mma accumulator layout.
+    let mut in_gemm = vec![];
+    gemm_fragments(&def.body, &mut in_gemm);
     for (i, b) in def.buffers.iter().enumerate() {
         if b.scope == Scope::Fragment && b.shape.len() == 2 {
-            let l = FragmentLayout::for_tile(b.shape[0], b.shape[1], warps).ok_or_else(|| {
+            let fits = if in_gemm.contains(&i) {
+                FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
+            } else {
+                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps)
+            };
+            let l = fits.ok_or_else(|| {
                 Diag::new(
                     b.loc,
                     format!(
@@ -111,6 +119,20 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     Ok(())
 }
 
+fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => gemm_fragments(body, out),
+            StmtKind::If(_, t, e) => {
+                gemm_fragments(t, out);
+                gemm_fragments(e, out);
+            }
+            _ => {}
+        }
+    }
+}
+
 fn pin_register_operands(body: &[Stmt], def: &KernelDef, warps: u32, layouts: &mut [BufLayout]) -> Result<(), Diag> {
     for s in body {
         match &s.kind {
@@ -167,14 +189,12 @@ fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut [u32]) {
 fn vector_pairs(body: &[Stmt], def: &KernelDef, out: &mut Vec<(BufId, BufId, SrcLoc)>) {
     for s in body {
         match &s.kind {
-            StmtKind::Parallel { over, vars, body } => {
-                if is_vec_frag(def, *over) {
-                    let mut found = vec![];
-                    elems_in(body, &mut found);
-                    for (b, idx, loc) in found {
-                        if b != *over && is_vec_frag(def, b) && idx == [Expr::Var(vars[0])] {
-                            out.push((*over, b, loc));
-                        }
+            StmtKind::Parallel { over, vars, body } if is_vec_frag(def, *over) => {
+                let mut found = vec![];
+                elems_in(body, &mut found);
+                for (b, idx, loc) in found {
+                    if b != *over && is_vec_frag(def, b) && idx == [Expr::Var(vars[0])] {
+                        out.push((*over, b, loc));
                     }
                 }
             }

@@ -97,6 +97,30 @@ impl fmt::Display for TileProgram {
     }
 }
 
+/// Prints `text` to stderr when `KDA_DUMP` names `pass` (comma-separated, or `all`).
+pub fn dump(pass: &str, text: &dyn fmt::Display) {
+    if let Ok(v) = std::env::var("KDA_DUMP") {
+        if v.split(',').any(|p| p.trim() == pass || p.trim() == "all") {
+            eprintln!("=== KDA_DUMP {pass} ===\n{text}");
+        }
+    }
+}
+
+/// Runs the tile passes in order.
+pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
+    let mut p = TileProgram::new(def);
+    dump("input", &p.def);
+    infer_layouts::infer_layouts(&mut p)?;
+    dump("infer_layouts", &p);
+    fuse_reductions::fuse_reductions(&mut p)?;
+    dump("fuse_reductions", &p);
+    insert_barriers::insert_barriers(&mut p)?;
+    dump("insert_barriers", &p);
+    allocate_shared::allocate_shared(&mut p)?;
+    dump("allocate_shared", &p);
+    Ok(p)
+}
+
 /// Small kernels the pass tests share.
 #[cfg(test)]
 pub(crate) mod testing {
@@ -146,28 +170,4 @@ pub(crate) mod testing {
         k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 16], loc(7)), loc(7));
         k.finish().expect("valid")
     }
-}
-
-/// Prints `text` to stderr when `KDA_DUMP` names `pass` (comma-separated, or `all`).
-pub fn dump(pass: &str, text: &dyn fmt::Display) {
-    if let Ok(v) = std::env::var("KDA_DUMP") {
-        if v.split(',').any(|p| p.trim() == pass || p.trim() == "all") {
-            eprintln!("=== KDA_DUMP {pass} ===\n{text}");
-        }
-    }
-}
-
-/// Runs the tile passes in order.
-pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
-    let mut p = TileProgram::new(def);
-    dump("input", &p.def);
-    infer_layouts::infer_layouts(&mut p)?;
-    dump("infer_layouts", &p);
-    fuse_reductions::fuse_reductions(&mut p)?;
-    dump("fuse_reductions", &p);
-    insert_barriers::insert_barriers(&mut p)?;
-    dump("insert_barriers", &p);
-    allocate_shared::allocate_shared(&mut p)?;
-    dump("allocate_shared", &p);
-    Ok(p)
 }

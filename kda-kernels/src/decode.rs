@@ -111,7 +111,7 @@ impl Default for DecodeConfig {
             // Chosen by `kda bench --sweep-decode` on an H200 (README, "Performance").
             bv: 32,
             warps: 4,
-            min_blocks: 6,
+            min_blocks: 5,
         }
     }
 }
@@ -189,19 +189,6 @@ pub fn decode(
         tn = s1 - s0;
         bi = 0;
     }
-    // Where the state comes from.
-    let mut rs = n;
-    let mut live = true;
-    if cfg.indices.is_some() {
-        let mut col = 0;
-        if cfg.accepted.is_some() {
-            // Clamped in the index's own width, so a huge i64 count cannot wrap.
-            col = (min(max(accepted[n], 1), IC) - 1) as i32;
-        }
-        let raw = state_indices[n][col];
-        live = raw >= 0 && raw < P;
-        rs = select(live, raw as i32, 0);
-    }
     let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
     let s = fragment([vr, kc], F32);
     let tmp = fragment([vr, kc], F32);
@@ -214,156 +201,181 @@ pub fn decode(
     let of = fragment([cfg.bv], F32);
     let bw = fragment([cfg.bv], F32);
     let nrm = local([1], F32);
+    let a_raw = shared([128], cfg.dtype);
+    let dt_sh = shared([128], cfg.dt_bias.unwrap_or(F32));
     let a_sh = shared([128], F32);
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
-    clear(s);
-    if cfg.use_initial_state {
-        if live {
-            copy(state.tile_at([rs, hv, r0, c0], [1, 1, vr, kc]), s);
-        }
-    }
     // Flat token index of the sequence's first token (rows of a per-token `final_state`).
     let tok0 = bos + bi * T;
     let mut ea = 1.0;
-    if cfg.a_log && cfg.gate != Gate::Precomputed {
-        ea = exp(a_log[hv]);
+    if cfg.gate != Gate::Precomputed {
+        if cfg.a_log {
+            ea = exp(a_log[hv]);
+        }
+        if cfg.dt_bias.is_some() {
+            copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
+        }
     }
-    if live {
-        for t in serial(0, tn) {
-            let ti = bos + t;
-            // Decay alpha = exp(g) per key channel, computed once per channel in shared memory
-            // (each lane takes 4 channels) rather than by every lane that holds the channel.
-            for (j,) in parallel(a_sh) {
-                let mut x = a[bi][ti][hv][j];
-                if cfg.gate != Gate::Precomputed {
-                    if cfg.dt_bias.is_some() {
-                        x = x + dt_bias[hv][j];
+    let mut rs = n;
+    let mut live = true;
+    let mut beta = 0.0;
+    clear(s);
+    // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
+    // token t: loads are in flight while the previous token computes, and the first token's
+    // loads are issued before the state's, which waits on `state_indices`.
+    for t in serial(0, tn + 1) {
+        if t > 0 {
+            let tp = t - 1;
+            let ti = bos + tp;
+            if live {
+                // Decay alpha = exp(g), one channel per thread, through shared memory.
+                for (j,) in parallel(a_sh) {
+                    let mut x = a_raw[j] as f32;
+                    if cfg.gate != Gate::Precomputed {
+                        if cfg.dt_bias.is_some() {
+                            x = x + dt_sh[j] as f32;
+                        }
+                        if cfg.gate == Gate::LowerBound {
+                            x = lower_bound * sigmoid(ea * x);
+                        } else {
+                            x = -ea * softplus(x);
+                        }
                     }
-                    if cfg.gate == Gate::LowerBound {
-                        x = lower_bound * sigmoid(ea * x);
-                    } else {
-                        x = -ea * softplus(x);
+                    a_sh[j] = exp(x);
+                }
+                copy(a_sh, af);
+                if cfg.l2norm {
+                    for (j,) in parallel(sq) {
+                        sq[j] = kf[j] * kf[j];
+                    }
+                    reduce_sum(sq, nrm, 0);
+                    let inv = rsqrt(nrm[0] + 1e-6);
+                    for (j,) in parallel(kf) {
+                        kf[j] = kf[j] * inv;
                     }
                 }
-                a_sh[j] = exp(x);
-            }
-            copy(a_sh, af);
-            // u = beta * (v - S k), with the decayed state.
-            copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
-            if cfg.l2norm {
-                for (j,) in parallel(sq) {
-                    sq[j] = kf[j] * kf[j];
+                // u = beta * (v - S k), with the decayed state.
+                if cfg.v_first {
+                    for (i, j) in parallel(s) {
+                        s[i][j] = s[i][j] * af[j];
+                        tmp[i][j] = s[i][j] * kf[j];
+                    }
+                    reduce_sum(tmp, uf, 1);
+                } else {
+                    for (i, j) in parallel(s) {
+                        s[i][j] = s[i][j] * af[i];
+                        tmp[i][j] = s[i][j] * kf[i];
+                    }
+                    reduce_sum(tmp, uf, 0);
                 }
-                reduce_sum(sq, nrm, 0);
-                let inv = rsqrt(nrm[0] + 1e-6);
-                for (j,) in parallel(kf) {
-                    kf[j] = kf[j] * inv;
-                }
-            }
-            if cfg.v_first {
-                for (i, j) in parallel(s) {
-                    s[i][j] = s[i][j] * af[j];
-                    tmp[i][j] = s[i][j] * kf[j];
-                }
-                reduce_sum(tmp, uf, 1);
-            } else {
-                for (i, j) in parallel(s) {
-                    s[i][j] = s[i][j] * af[i];
-                    tmp[i][j] = s[i][j] * kf[i];
-                }
-                reduce_sum(tmp, uf, 0);
-            }
-            copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
-            if cfg.beta_headwise {
-                copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
-                for (i,) in parallel(uf) {
-                    let mut bt = bw[i];
+                if cfg.beta_headwise {
+                    for (i,) in parallel(uf) {
+                        let mut bt = bw[i];
+                        if cfg.beta == Beta::Sigmoid {
+                            bt = sigmoid(bt);
+                        }
+                        if cfg.beta == Beta::TwoSigmoid {
+                            bt = 2.0 * sigmoid(bt);
+                        }
+                        uf[i] = bt * (vf[i] - uf[i]);
+                    }
+                } else {
+                    let mut bt = beta;
                     if cfg.beta == Beta::Sigmoid {
                         bt = sigmoid(bt);
                     }
                     if cfg.beta == Beta::TwoSigmoid {
                         bt = 2.0 * sigmoid(bt);
                     }
-                    uf[i] = bt * (vf[i] - uf[i]);
-                }
-            } else {
-                let mut beta = b[bi][ti][hv][0];
-                if cfg.beta == Beta::Sigmoid {
-                    beta = sigmoid(beta);
-                }
-                if cfg.beta == Beta::TwoSigmoid {
-                    beta = 2.0 * sigmoid(beta);
-                }
-                for (i,) in parallel(uf) {
-                    uf[i] = beta * (vf[i] - uf[i]);
-                }
-            }
-            // S += k u^T (k is dead after this, which keeps q's registers free until now).
-            if cfg.v_first {
-                for (i, j) in parallel(s) {
-                    s[i][j] = s[i][j] + kf[j] * uf[i];
-                }
-            } else {
-                for (i, j) in parallel(s) {
-                    s[i][j] = s[i][j] + kf[i] * uf[j];
-                }
-            }
-            // o = S q, read after the update; then S is rounded to its dtype.
-            copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
-            if cfg.l2norm {
-                for (j,) in parallel(sq) {
-                    sq[j] = qf[j] * qf[j];
-                }
-                reduce_sum(sq, nrm, 0);
-                let inv = rsqrt(nrm[0] + 1e-6);
-                for (j,) in parallel(qf) {
-                    qf[j] = qf[j] * inv;
-                }
-            }
-            if cfg.v_first {
-                for (i, j) in parallel(s) {
-                    tmp[i][j] = s[i][j] * qf[j];
-                }
-                reduce_sum(tmp, of, 1);
-            } else {
-                for (i, j) in parallel(s) {
-                    tmp[i][j] = s[i][j] * qf[i];
-                }
-                reduce_sum(tmp, of, 0);
-            }
-            // Rounded to the state's dtype after every token. The per-token write rounds as it
-            // stores, so only a state that goes on to another token needs it in registers.
-            if cfg.state_dtype != F32 {
-                if t + 1 < tn || cfg.writes == Writes::PoolPerSequence || cfg.writes == Writes::FinalPerSequence {
-                    for (i, j) in parallel(s) {
-                        s[i][j] = s[i][j] as bf16;
+                    for (i,) in parallel(uf) {
+                        uf[i] = bt * (vf[i] - uf[i]);
                     }
                 }
-            }
-            for (i,) in parallel(of) {
-                of[i] = of[i] * scale;
-            }
-            copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
-            if cfg.writes == Writes::PoolPerToken {
-                let w = state_indices[n][min(t, IC - 1)];
-                if w >= 0 && w < P {
-                    copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                // S += k u^T; o = S q, read after the update.
+                if cfg.l2norm {
+                    for (j,) in parallel(sq) {
+                        sq[j] = qf[j] * qf[j];
+                    }
+                    reduce_sum(sq, nrm, 0);
+                    let inv = rsqrt(nrm[0] + 1e-6);
+                    for (j,) in parallel(qf) {
+                        qf[j] = qf[j] * inv;
+                    }
+                }
+                if cfg.v_first {
+                    for (i, j) in parallel(s) {
+                        s[i][j] = s[i][j] + kf[j] * uf[i];
+                        tmp[i][j] = s[i][j] * qf[j];
+                    }
+                    reduce_sum(tmp, of, 1);
+                } else {
+                    for (i, j) in parallel(s) {
+                        s[i][j] = s[i][j] + kf[i] * uf[j];
+                        tmp[i][j] = s[i][j] * qf[i];
+                    }
+                    reduce_sum(tmp, of, 0);
+                }
+                // Rounded to the state's dtype after every token. The per-token write rounds as
+                // it stores, so only a state that goes on to another token needs it in registers.
+                if cfg.state_dtype != F32 {
+                    if t < tn || cfg.writes == Writes::PoolPerSequence || cfg.writes == Writes::FinalPerSequence {
+                        for (i, j) in parallel(s) {
+                            s[i][j] = s[i][j] as bf16;
+                        }
+                    }
+                }
+                for (i,) in parallel(of) {
+                    of[i] = of[i] * scale;
+                }
+                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+                if cfg.writes == Writes::PoolPerToken {
+                    let w = state_indices[n][min(tp, IC - 1)];
+                    if w >= 0 && w < P {
+                        copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                    }
+                }
+                if cfg.writes == Writes::FinalPerToken {
+                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
+                }
+            } else {
+                // Padding: a zero output row; a per-token state of the sequence is zero too.
+                clear(of);
+                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+                if cfg.writes == Writes::FinalPerToken {
+                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
                 }
             }
-            if cfg.writes == Writes::FinalPerToken {
-                copy(s, final_state.tile_at([tok0 + t, hv, r0, c0], [1, 1, vr, kc]));
+        }
+        if t < tn {
+            let ti = bos + t;
+            copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
+            copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
+            copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
+            copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
+            if cfg.beta_headwise {
+                copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
+            } else {
+                beta = b[bi][ti][hv][0];
             }
         }
-    } else {
-        // Padding: zero output rows; per-token states of the sequence are zero too.
-        clear(of);
-        clear(s);
-        for t in serial(0, tn) {
-            copy(of, out.tile_at([bi, bos + t, hv, v0], [1, 1, 1, cfg.bv]));
-            if cfg.writes == Writes::FinalPerToken {
-                copy(s, final_state.tile_at([tok0 + t, hv, r0, c0], [1, 1, vr, kc]));
+        if t == 0 {
+            // Where the state comes from.
+            if cfg.indices.is_some() {
+                let mut col = 0;
+                if cfg.accepted.is_some() {
+                    // Clamped in the index's own width, so a huge i64 count cannot wrap.
+                    col = (min(max(accepted[n], 1), IC) - 1) as i32;
+                }
+                let raw = state_indices[n][col];
+                live = raw >= 0 && raw < P;
+                rs = select(live, raw as i32, 0);
+            }
+            if cfg.use_initial_state {
+                if live {
+                    copy(state.tile_at([rs, hv, r0, c0], [1, 1, vr, kc]), s);
+                }
             }
         }
     }

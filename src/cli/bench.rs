@@ -127,8 +127,10 @@ fn sweep_decode() -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let shapes = [
-        T { rows: 32, warps: 4, min_blocks: 6 },
-        T { rows: 64, warps: 8, min_blocks: 3 },
+        T { rows: 32, warps: 4, min_blocks: 5 },
+        T { rows: 32, warps: 4, min_blocks: 4 },
+        T { rows: 16, warps: 2, min_blocks: 10 },
+        T { rows: 16, warps: 2, min_blocks: 8 },
         T { rows: 64, warps: 8, min_blocks: 2 },
     ];
     for tune in shapes {

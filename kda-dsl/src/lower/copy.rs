@@ -439,6 +439,9 @@ impl Lower<'_> {
         let (rows, cols) = self.tile_rc(b);
         let threads = self.def().threads;
         if no_vec.is_none() {
+            // Outside pipelines the copy is asynchronous too: the warp goes on, and the barrier
+            // before the first read waits for it (the lowering of `Barrier`).
+            let use_async = live.is_some() || !self.in_pipeline;
             let chunk = 16 / dt.size_bytes() as u32;
             let vpr = cols / chunk;
             let n = rows * vpr;
@@ -458,11 +461,14 @@ impl Lower<'_> {
                 if let Some(skip) = in_range {
                     let l = self.em.label();
                     self.em.emit_if(skip, false, Op::Bra { target: l });
-                    self.vector_fill(addr, saddr, valid, live.is_some(), gb.tensor);
+                    self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
                     self.em.emit(Op::Label(l));
                 } else {
-                    self.vector_fill(addr, saddr, valid, live.is_some(), gb.tensor);
+                    self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
                 }
+            }
+            if live.is_none() && use_async {
+                self.em.emit(Op::CpAsyncCommit);
             }
             return Ok(());
         }

@@ -94,6 +94,20 @@ pub(crate) struct Lower<'a> {
     pub frag_bases: HashMap<(u32, u32, u32, u32), (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
+    /// Lowering the body of a `pipelined` loop (its copies keep the pipeline's groups).
+    pub in_pipeline: bool,
+    /// The kernel copies global to shared outside pipelines (barriers then wait for cp.async).
+    pub async_copies: bool,
+}
+
+fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
+    body.iter().any(|s| match &s.kind {
+        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } => matches!(p.layouts[*b], BufLayout::Shared(_)),
+        StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => false,
+        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => has_plain_global_to_shared(p, body),
+        StmtKind::If(_, t, e) => has_plain_global_to_shared(p, t) || has_plain_global_to_shared(p, e),
+        _ => false,
+    })
 }
 
 fn count_assigns(body: &[Stmt], n: &mut HashMap<VarId, usize>) {
@@ -149,6 +163,8 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         elem: None,
         frag_bases: HashMap::new(),
         assign_counts: HashMap::new(),
+        in_pipeline: false,
+        async_copies: has_plain_global_to_shared(p, &p.def.body),
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -295,6 +311,10 @@ impl Lower<'_> {
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
             StmtKind::Print(b) => self.print(*b, loc),
             StmtKind::Barrier => {
+                // Asynchronous copies outside pipelines land before the barrier releases anyone.
+                if self.async_copies {
+                    self.em.emit(Op::CpAsyncWait { n: 0 });
+                }
                 self.em.emit(Op::Bar { id: 0, count: None });
                 Ok(())
             }
@@ -855,7 +875,10 @@ impl Lower<'_> {
             let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        self.block(&rest)?;
+        self.in_pipeline = true;
+        let r = self.block(&rest);
+        self.in_pipeline = false;
+        r?;
         self.em.loc = loc;
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });

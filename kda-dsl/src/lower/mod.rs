@@ -102,7 +102,9 @@ pub(crate) struct Lower<'a> {
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
     body.iter().any(|s| match &s.kind {
-        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } => matches!(p.layouts[*b], BufLayout::Shared(_)),
+        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } => {
+            matches!(p.layouts[*b], BufLayout::Shared(_))
+        }
         StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => false,
         StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => has_plain_global_to_shared(p, body),
         StmtKind::If(_, t, e) => has_plain_global_to_shared(p, t) || has_plain_global_to_shared(p, e),

@@ -731,7 +731,7 @@ impl Cx {
                 let t = self.tile_arg(&args[0], "`print`")?;
                 Ok(quote!(__kb.print(#t, #lc);))
             }
-            "assume_extent" => {
+            "assume_extent" | "assume_multiple" => {
                 arity(2)?;
                 let d = match &args[0] {
                     Expr::Path(p)
@@ -739,29 +739,14 @@ impl Cx {
                     {
                         &args[0]
                     }
-                    other => return err(other.span(), "`assume_extent` takes an extent symbol first"),
+                    other => return err(other.span(), format!("`{name}` takes an extent symbol first")),
                 };
                 let v = &args[1];
                 if self.is_dsl(v) {
-                    return err(v.span(), "the extent must be known when the kernel is specialized");
+                    return err(v.span(), "the value must be known when the kernel is specialized");
                 }
-                Ok(quote!(__kb.assume_extent(&#d, #v, #lc);))
-            }
-            "assume_multiple" => {
-                arity(2)?;
-                let d = match &args[0] {
-                    Expr::Path(p)
-                        if p.path.segments.len() == 1 && self.dims.contains(&p.path.segments[0].ident.to_string()) =>
-                    {
-                        &args[0]
-                    }
-                    other => return err(other.span(), "`assume_multiple` takes an extent symbol first"),
-                };
-                let m = &args[1];
-                if self.is_dsl(m) {
-                    return err(m.span(), "the multiple must be known when the kernel is specialized");
-                }
-                Ok(quote!(__kb.assume_multiple(&#d, #m, #lc);))
+                let method = syn::Ident::new(name, span);
+                Ok(quote!(__kb.#method(&#d, #v, #lc);))
             }
             "launch" => {
                 err(span, "`launch` binds the block indices: `let (bx, by) = launch(grid = [..], threads = n);`")

@@ -358,14 +358,7 @@ impl Lower<'_> {
             BufLayout::Fragment(l) => {
                 let owner = self.vector_owner(l);
                 for s in 0..l.slots() {
-                    let (r, c) = self.frag_coords(l, s);
-                    let at = if l.kind == FragmentKind::Tile {
-                        let rc = self.em.mul32(r, Src::Imm(cols as i64));
-                        self.em.add32(rc, c)
-                    } else {
-                        r
-                    };
-                    let a = self.scratch_addr(at);
+                    let a = self.scratch_slot_addr(l, s, cols);
                     let skip = self.em.label();
                     if let Some(p) = owner {
                         self.em.emit_if(p, false, Op::Bra { target: skip });
@@ -386,6 +379,18 @@ impl Lower<'_> {
         }
     }
 
+    /// The scratch address of fragment slot `s`, the tile stored row-major with `cols` columns.
+    fn scratch_slot_addr(&mut self, l: FragmentLayout, s: u32, cols: u32) -> Reg {
+        let (r, c) = self.frag_coords(l, s);
+        let at = if l.kind == FragmentKind::Tile {
+            let rc = self.em.mul32(r, Src::Imm(cols as i64));
+            self.em.add32(rc, c)
+        } else {
+            r
+        };
+        self.scratch_addr(at)
+    }
+
     fn scratch_to_tile(&mut self, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
         let (_, cols) = self.tile_rc(b);
         let dt = self.def().buffers[b].dtype;
@@ -393,14 +398,7 @@ impl Lower<'_> {
         match self.p.layouts[b] {
             BufLayout::Fragment(l) => {
                 for s in 0..l.slots() {
-                    let (r, c) = self.frag_coords(l, s);
-                    let at = if l.kind == FragmentKind::Tile {
-                        let rc = self.em.mul32(r, Src::Imm(cols as i64));
-                        self.em.add32(rc, c)
-                    } else {
-                        r
-                    };
-                    let a = self.scratch_addr(at);
+                    let a = self.scratch_slot_addr(l, s, cols);
                     let v = self.em.reg(class_of(vt));
                     self.em.emit(Op::Ld { space: Space::Shared, ty: ty_of(vt), d: vec![v], addr: a, offset: 0 });
                     let v = self.round_for(V { s: Src::Reg(v), ty: vt }, dt);

@@ -170,3 +170,19 @@ fn signed_32_bit_overflow_in_index_arithmetic_is_reported() {
     let e = err_of(&p.prog(1, 0, vec![]), &mut []);
     assert!(e.contains("32-bit signed overflow"), "{e}");
 }
+
+#[test]
+fn reading_a_register_nothing_wrote_is_reported() {
+    // A value computed only on one path and read on another: the simulator names the register.
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let q = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(0) });
+    let x = p.reg(RegClass::B32);
+    p.guarded(q, Op::Mov { ty: Ty::U32, d: x, a: Src::Imm(7) });
+    let y = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: y, a: Src::Reg(x), b: Src::Imm(1) });
+    p.op(Op::Ret);
+    let e = err_of(&p.prog(32, 0, vec![]), &mut []);
+    assert!(e.contains("reads register %r1, which nothing wrote"), "{e}");
+}

@@ -89,8 +89,6 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
         let Pat::Ident(pi) = &*pt.pat else { return err(pt.pat.span(), "expected a parameter name") };
         let pname = pi.ident.to_string();
         let ident = &pi.ident;
-        let l = loc(pt.span());
-        let _ = l;
         match &*pt.ty {
             Type::Path(tp)
                 if tp.path.segments.len() == 1
@@ -973,13 +971,12 @@ impl Cx {
             if let Expr::Lit(syn::ExprLit { lit: syn::Lit::Float(_) | syn::Lit::Int(_) | syn::Lit::Bool(_), .. }) = e {
                 return Ok(quote!(::kda_dsl::builder::Val::from(#e)));
             }
-            if let Some((name, _, sp)) = call_name(e) {
+            if let Some((name, _, _)) = call_name(e) {
                 if MATH1.contains(&name.as_str())
                     || MATH2.contains(&name.as_str())
                     || name == "select"
                     || name == "ceil_div"
                 {
-                    let _ = sp;
                     return self.val_call(e);
                 }
             }

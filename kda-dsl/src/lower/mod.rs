@@ -311,7 +311,7 @@ impl Lower<'_> {
             StmtKind::Reduce { op, src, dst, axis } => self.reduce(*op, *src, *dst, *axis, loc),
             StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
-            StmtKind::Print(b) => self.print(*b, loc),
+            StmtKind::Print(b) => self.print(*b),
             StmtKind::Barrier => {
                 // Asynchronous copies outside pipelines land before the barrier releases anyone.
                 if self.async_copies {
@@ -896,7 +896,7 @@ impl Lower<'_> {
         Ok(())
     }
 
-    fn print(&mut self, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+    fn print(&mut self, b: BufId) -> Result<(), Diag> {
         let buf = self.def().buffers[b].clone();
         let cols = *buf.shape.last().unwrap_or(&1) as i64;
         let mut elems = vec![];
@@ -914,9 +914,7 @@ impl Lower<'_> {
                 }
             }
             BufLayout::Local => {
-                let tid = self.th.tid;
-                let only0 = self.em.setp(Cmp::Eq, Ty::S32, tid, Src::Imm(0));
-                let _ = only0;
+                // Every thread holds the whole tile; the simulator shows the first holder's.
                 for (i, r) in self.regs[b].clone().into_iter().enumerate() {
                     elems.push((Src::Imm(i as i64), r));
                 }
@@ -938,7 +936,6 @@ impl Lower<'_> {
             }
             BufLayout::Unknown => unreachable!(),
         }
-        let _ = loc;
         self.em.emit(Op::Trace { name: buf.name.clone(), shape: buf.shape.clone(), elems });
         Ok(())
     }

@@ -184,7 +184,6 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
                 let e2 = walk(p, e, &mut st_e);
                 *state = st_t;
                 merge(state, st_e);
-                let _ = c;
                 out.push(Stmt { kind: StmtKind::If(c.clone(), t2, e2), loc: s.loc });
             }
             StmtKind::For { var, kind: kind @ LoopKind::Pipelined { .. }, start, end, body } => {

@@ -742,6 +742,26 @@ impl Lower<'_> {
             (BufLayout::Shared(_), BufLayout::Fragment(l)) | (BufLayout::Fragment(l), BufLayout::Shared(_)) => {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
                 let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
+                let row_major = matches!(self.p.shared(sh), crate::layout::SharedLayout::RowMajor { .. });
+                if to_frag && sdt == DType::F32 && row_major && l.kind != FragmentKind::Rows {
+                    // A thread's `vec` adjacent columns are adjacent f32 in a row-major tile:
+                    // one aligned vector load each (columns start at multiples of `vec`).
+                    let mut k = 0;
+                    while k < l.slots() {
+                        let (row, col) = self.frag_coords(l, k);
+                        let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                        let a = self.shared_addr(sh, row, col);
+                        let vals: Vec<Reg> = (0..l.vec).map(|_| self.em.reg(RegClass::F32)).collect();
+                        self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::F32, d: vals.clone(), addr: a, offset: 0 });
+                        for (j, v) in vals.into_iter().enumerate() {
+                            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, ddt);
+                            let r = self.regs[fr][k as usize + j];
+                            self.mov(r, v);
+                        }
+                        k += l.vec;
+                    }
+                    return Ok(());
+                }
                 // Replicated vector elements are written to shared once, by their owners.
                 let owner = if to_frag { None } else { self.vector_owner(l) };
                 for k in 0..l.slots() {

@@ -130,11 +130,11 @@ fn sweep_decode() -> Result<i32, String> {
         T { rows: 32, warps: 4, min_blocks: 5 },
         T { rows: 32, warps: 4, min_blocks: 4 },
         T { rows: 16, warps: 2, min_blocks: 10 },
-        T { rows: 16, warps: 2, min_blocks: 8 },
         T { rows: 64, warps: 8, min_blocks: 2 },
+        T { rows: 128, warps: 16, min_blocks: 1 },
     ];
     for tune in shapes {
-        for (case, b, t, state, spec) in &DECODE_CASES[1..] {
+        for (case, b, t, state, spec) in DECODE_CASES {
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, tune) {
                 Ok((ms, gbps)) => println!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
                 Err(e) => println!("{case:<28} {tune:?} error: {e}"),

@@ -109,7 +109,7 @@ pub fn gated_delta_rule_decode(
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
-/// 32, 64 or 128 and `warps` 1 to 8).
+/// 32, 64 or 128 and `warps` 1 to 16).
 pub fn gated_delta_rule_decode_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -118,11 +118,11 @@ pub fn gated_delta_rule_decode_tuned(
     tune: DecodeTuning,
 ) -> Result<DecodeResult, RuntimeError> {
     if !matches!(tune.rows, 16 | 32 | 64 | 128)
-        || !(1..=8).contains(&tune.warps)
+        || !(1..=16).contains(&tune.warps)
         || !(1..=32).contains(&tune.min_blocks)
     {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 8, min_blocks 1 to 32"
+            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32"
         )));
     }
     let plan = plan_decode(args)?;

@@ -292,3 +292,30 @@ fn print_shows_a_fragment_once_in_logical_order() {
     assert!(lines[1].contains("[0.000000, 1.000000, 2.000000"), "{}", lines[1]);
     assert!(lines[16].contains("127.000000]"), "{}", lines[16]);
 }
+
+#[kernel]
+fn per_lane_prefix(cfg: &Cfg, x: Global<(C,), F32>, y: GlobalMut<(C,), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let xs = shared([cfg.cols], F32);
+    let ys = shared([cfg.cols], F32);
+    copy(x.tile([0], [cfg.cols]), xs);
+    // One lane per column, each running its own serial loop of a different length.
+    for (j,) in parallel(ys) {
+        let mut acc = 0.0;
+        for i in serial(0, j + 1) {
+            acc = acc + xs[i] * (i as f32 + 1.0);
+        }
+        ys[j] = acc;
+    }
+    copy(ys, y.tile([0], [cfg.cols]));
+}
+
+#[test]
+fn per_lane_serial_loops_with_lane_dependent_bounds() {
+    let cfg = Cfg { rows: 1, cols: 64, threads: 32 };
+    let x = Rng::new(8).normals(64, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("C", 64), t("y", &[f64::NAN; 64], DType::F32)];
+    simulate(&per_lane_prefix(&cfg).expect("builds"), &mut args).expect("runs");
+    let want: Vec<f64> = (0..64).map(|j| (0..=j).map(|i| x[i] * (i as f64 + 1.0)).sum()).collect();
+    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
+}

@@ -197,6 +197,7 @@ enum Frame {
     Parallel { over: BufId, vars: Vec<VarId>, loc: SrcLoc },
     Then { cond: Expr, loc: SrcLoc },
     Else { cond: Expr, then: Vec<Stmt>, loc: SrcLoc },
+    WarpGroup { first: u32, count: u32, id: u32, var: VarId, loc: SrcLoc },
 }
 
 struct State {
@@ -205,6 +206,7 @@ struct State {
     errors: Vec<Diag>,
     launched: bool,
     parallel_depth: usize,
+    warp_groups: u32,
 }
 
 /// Records a kernel definition; the `#[kernel]` expansion drives it.
@@ -236,6 +238,7 @@ impl KernelBuilder {
                 errors: vec![],
                 launched: false,
                 parallel_depth: 0,
+                warp_groups: 0,
             }),
         }
     }
@@ -555,6 +558,35 @@ impl KernelBuilder {
         vars.into_iter().map(|v| Val(Expr::Var(v))).collect()
     }
 
+    /// Opens `for w in warp_group(first, count) { .. }`: only warps `first .. first + count` run
+    /// the body; returns the warp index within the group. Close with [`Self::end`].
+    pub fn begin_warp_group(&self, name: &str, first: impl HostInt, count: impl HostInt, loc: SrcLoc) -> Val {
+        let (first, count) = (first.to_i64(), count.to_i64());
+        let nested = {
+            let st = self.st.borrow();
+            st.parallel_depth > 0 || st.frames.iter().any(|(f, _)| !matches!(f, Frame::Root))
+        };
+        if nested {
+            self.error(loc, "a warp group is a top-level statement of the kernel (not inside a loop, branch, parallel or another group)");
+        }
+        if first < 0 || count < 1 || first + count > 32 {
+            self.error(loc, format!("warp_group({first}, {count}): expected a first warp >= 0 and 1 or more warps"));
+        }
+        let var = self.new_var(name, DType::I32);
+        let mut st = self.st.borrow_mut();
+        st.warp_groups += 1;
+        let id = st.warp_groups;
+        if id > 15 {
+            drop(st);
+            self.error(loc, "at most 15 warp groups (named barriers 1 to 15)");
+            st = self.st.borrow_mut();
+        }
+        let frame =
+            Frame::WarpGroup { first: first.clamp(0, 32) as u32, count: count.clamp(1, 32) as u32, id, var, loc };
+        st.frames.push((frame, vec![]));
+        Val(Expr::Var(var))
+    }
+
     /// Opens `if cond { .. }`. Continue with [`Self::begin_else`] or close with [`Self::end`].
     pub fn begin_if(&self, cond: impl Into<Val>, loc: SrcLoc) {
         self.st.borrow_mut().frames.push((Frame::Then { cond: cond.into().0, loc }, vec![]));
@@ -582,6 +614,9 @@ impl KernelBuilder {
             }
             Frame::Then { cond, loc } => (StmtKind::If(cond, body, vec![]), loc),
             Frame::Else { cond, then, loc } => (StmtKind::If(cond, then, body), loc),
+            Frame::WarpGroup { first, count, id, var, loc } => {
+                (StmtKind::WarpGroup { first, count, id, var, body }, loc)
+            }
         };
         st.frames.last_mut().expect("frame stack is never empty").1.push(Stmt { kind, loc });
     }

@@ -300,6 +300,21 @@ pub enum StmtKind {
     },
     /// A run-time branch.
     If(Expr, Vec<Stmt>, Vec<Stmt>),
+    /// Warp specialization: only warps `first .. first + count` run `body`, concurrently with the
+    /// rest of the block; tiles used in it belong to the group (spread over its warps), and its
+    /// barriers are the named barrier `id` over the group's threads.
+    WarpGroup {
+        /// First warp.
+        first: u32,
+        /// Warps in the group.
+        count: u32,
+        /// Named barrier id (1-based; 0 is the block's).
+        id: u32,
+        /// Holds the warp index within the group.
+        var: VarId,
+        /// What the group runs.
+        body: Vec<Stmt>,
+    },
     /// Reduces `src` along `axis` into `dst` (one axis fewer).
     Reduce {
         /// Operator.
@@ -540,6 +555,11 @@ impl KernelDef {
                 writeln!(f, "{pad}reduce_lanes_{:?} {} axis={axis}", op, name(dst))
             }
             StmtKind::Print(b) => writeln!(f, "{pad}print {}", name(b)),
+            StmtKind::WarpGroup { first, count, id, var, body } => {
+                let v = &self.vars[*var].name;
+                writeln!(f, "{pad}warp_group#{id} warps {first}..{} ({v}#{var}) {{", first + count)?;
+                block(f, body)
+            }
             StmtKind::Barrier => writeln!(f, "{pad}barrier"),
         }
     }

@@ -319,3 +319,60 @@ fn per_lane_serial_loops_with_lane_dependent_bounds() {
     let want: Vec<f64> = (0..64).map(|j| (0..=j).map(|i| x[i] * (i as f64 + 1.0)).sum()).collect();
     assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
 }
+
+#[kernel]
+fn two_warp_groups(
+    cfg: &Cfg,
+    x: Global<(R, C), F32>,
+    sums: GlobalMut<(R,), F32>,
+    y: Global<(R2, C2), F32>,
+    z: GlobalMut<(R2, C2), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    // Warps 0-1 reduce rows of x while warps 2-3 scan the columns of y: each group's barriers
+    // are its own named barrier, so neither waits for the other.
+    for w in warp_group(0, 2) {
+        let f = fragment([16, 64], F32);
+        let r = fragment([16], F32);
+        copy(x.tile([0, 0], [16, 64]), f);
+        reduce_sum(f, r, 1);
+        copy(r, sums.tile([0], [16]));
+    }
+    for w in warp_group(2, 2) {
+        let s = shared([32, 16], F32);
+        copy(y.tile([0, 0], [32, 16]), s);
+        cumsum(s, s, 0);
+        copy(s, z.tile([0, 0], [32, 16]));
+    }
+}
+
+#[test]
+fn warp_groups_run_side_by_side_with_named_barriers() {
+    let cfg = Cfg { rows: 0, cols: 0, threads: 128 };
+    let def = two_warp_groups(&cfg).expect("builds");
+    let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
+    assert!(ptx.contains("bar.sync 1, 64;") && ptx.contains("bar.sync 2, 64;"), "named barriers per group");
+    let mut rng = Rng::new(9);
+    let x = rng.normals(16 * 64, DType::F32);
+    let y = rng.normals(32 * 16, DType::F32);
+    let mut args = vec![
+        t("x", &x, DType::F32),
+        i("R", 16),
+        i("C", 64),
+        t("sums", &[f64::NAN; 16], DType::F32),
+        t("y", &y, DType::F32),
+        i("R2", 32),
+        i("C2", 16),
+        t("z", &vec![f64::NAN; 32 * 16], DType::F32),
+    ];
+    simulate(&def, &mut args).expect("runs");
+    let sums: Vec<f64> = (0..16).map(|r| (0..64).map(|c| x[r * 64 + c]).sum()).collect();
+    let mut scan = y.clone();
+    for r in 1..32 {
+        for c in 0..16 {
+            scan[r * 16 + c] += scan[(r - 1) * 16 + c];
+        }
+    }
+    assert!(rel_err(&tensor_values(&args, "sums", DType::F32), &sums) < 1e-6);
+    assert!(rel_err(&tensor_values(&args, "z", DType::F32), &scan) < 1e-6);
+}

@@ -825,11 +825,11 @@ impl Cx {
 
     fn for_loop(&mut self, f: &syn::ExprForLoop) -> syn::Result<TS> {
         let it = &*f.expr;
-        let Some((name, args, sp)) =
-            call_name(it).filter(|(n, _, _)| matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel"))
+        let Some((name, args, sp)) = call_name(it)
+            .filter(|(n, _, _)| matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel" | "warp_group"))
         else {
             if self.is_dsl(it) {
-                return err(it.span(), "a kernel loop runs over `serial(..)`, `unroll(..)`, `pipelined(.., stages = s)` or `parallel(tile)`");
+                return err(it.span(), "a kernel loop runs over `serial(..)`, `unroll(..)`, `pipelined(.., stages = s)`, `parallel(tile)` or `warp_group(first, count)`");
             }
             // A host loop: unrolled while the kernel is specialized.
             self.scopes.push(HashMap::new());
@@ -844,6 +844,33 @@ impl Cx {
         let (pos, kw) = kwargs(args);
         self.scopes.push(HashMap::new());
         let out = (|| -> syn::Result<TS> {
+            if name == "warp_group" {
+                if pos.len() != 2 || !kw.is_empty() {
+                    return err(
+                        sp,
+                        "`warp_group` takes the first warp and the number of warps: `for w in warp_group(0, 2)`",
+                    );
+                }
+                for a in &pos {
+                    if self.is_dsl(a) {
+                        return err(a.span(), "warp group bounds must be known when the kernel is specialized");
+                    }
+                }
+                let var = match &*f.pat {
+                    Pat::Ident(i) => i.ident.clone(),
+                    Pat::Wild(w) => syn::Ident::new("_warp", w.span()),
+                    o => return err(o.span(), "name the warp index: `for w in warp_group(..)`"),
+                };
+                let vs = var.to_string();
+                self.bind(&vs, Kind::Val);
+                let (first, count) = (pos[0], pos[1]);
+                let body = self.block_stmts(&f.body.stmts)?;
+                return Ok(quote!({
+                    let #var = __kb.begin_warp_group(#vs, #first, #count, #lc);
+                    #body
+                    __kb.end();
+                }));
+            }
             if name == "parallel" {
                 if pos.len() != 1 || !kw.is_empty() {
                     return err(sp, "`parallel` takes one tile: `for (i, j) in parallel(t)`");

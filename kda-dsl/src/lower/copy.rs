@@ -437,7 +437,7 @@ impl Lower<'_> {
         }
         self.plan_note(loc, "16-byte vector copy global -> shared", &no_vec);
         let (rows, cols) = self.tile_rc(b);
-        let threads = self.def().threads;
+        let threads = self.threads;
         if no_vec.is_none() {
             // Outside pipelines the copy is asynchronous too: the warp goes on, and the barrier
             // before the first read waits for it (the lowering of `Barrier`).
@@ -547,7 +547,7 @@ impl Lower<'_> {
         }
         self.plan_note(loc, "16-byte vector copy shared -> global", &no_vec);
         let (rows, cols) = self.tile_rc(b);
-        let threads = self.def().threads;
+        let threads = self.threads;
         if no_vec.is_none() {
             let chunk = 16 / dt.size_bytes() as u32;
             let vpr = cols / chunk;

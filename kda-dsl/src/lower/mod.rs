@@ -98,6 +98,12 @@ pub(crate) struct Lower<'a> {
     pub in_pipeline: bool,
     /// The kernel copies global to shared outside pipelines (barriers then wait for cp.async).
     pub async_copies: bool,
+    /// Threads taking part in the tile operations being lowered (the block's, or a warp group's).
+    pub threads: u32,
+    /// The barrier they synchronize with (0: the block's; a warp group's named barrier).
+    pub bar_id: u32,
+    /// Byte offset of the scratch area reductions use here.
+    pub scratch_base: u32,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -106,7 +112,9 @@ fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
             matches!(p.layouts[*b], BufLayout::Shared(_))
         }
         StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => false,
-        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => has_plain_global_to_shared(p, body),
+        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+            has_plain_global_to_shared(p, body)
+        }
         StmtKind::If(_, t, e) => has_plain_global_to_shared(p, t) || has_plain_global_to_shared(p, e),
         _ => false,
     })
@@ -128,6 +136,7 @@ fn count_assigns(body: &[Stmt], n: &mut HashMap<VarId, usize>) {
                 count_assigns(t, n);
                 count_assigns(e, n);
             }
+            StmtKind::WarpGroup { body, .. } => count_assigns(body, n),
             _ => {}
         }
     }
@@ -167,6 +176,9 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         assign_counts: HashMap::new(),
         in_pipeline: false,
         async_copies: has_plain_global_to_shared(p, &p.def.body),
+        threads: p.def.threads,
+        bar_id: 0,
+        scratch_base: p.scratch.0,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -214,8 +226,11 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
             BufLayout::Fragment(l) => {
                 let class = class_of(crate::passes::check_types::value_type(b.dtype));
                 lw.regs[i] = (0..l.slots()).map(|_| lw.em.reg(class)).collect();
-                // Computed here, at entry, so the cached registers dominate every use.
-                lw.frag_base(l);
+                // Computed here, at entry, so the cached registers dominate every use (a warp
+                // group's at the group's entry).
+                if p.owner[i] == 0 {
+                    lw.frag_base(l);
+                }
             }
             BufLayout::Local => {
                 let class = class_of(crate::passes::check_types::value_type(b.dtype));
@@ -309,6 +324,7 @@ impl Lower<'_> {
                 }
             }
             StmtKind::Reduce { op, src, dst, axis } => self.reduce(*op, *src, *dst, *axis, loc),
+            StmtKind::WarpGroup { first, count, id, var, body } => self.warp_group(*first, *count, *id, *var, body),
             StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
             StmtKind::Print(b) => self.print(*b),
@@ -317,10 +333,45 @@ impl Lower<'_> {
                 if self.async_copies {
                     self.em.emit(Op::CpAsyncWait { n: 0 });
                 }
-                self.em.emit(Op::Bar { id: 0, count: None });
+                self.barrier();
                 Ok(())
             }
         }
+    }
+
+    /// A barrier over the threads of the current scope: `bar.sync 0` for the block, the group's
+    /// named barrier inside a warp group.
+    pub(crate) fn barrier(&mut self) {
+        let count = (self.bar_id != 0).then_some(self.threads);
+        self.em.emit(Op::Bar { id: self.bar_id, count });
+    }
+
+    /// Warps `first .. first + count` run `body`, with thread indices, tile distributions,
+    /// barriers and scratch of their own; the other warps skip it.
+    fn warp_group(&mut self, first: u32, count: u32, id: u32, var: VarId, body: &[Stmt]) -> Result<(), Diag> {
+        let th = self.th;
+        let lo = self.em.setp(Cmp::Ge, Ty::S32, th.warp, Src::Imm(first as i64));
+        let hi = self.em.setp(Cmp::Lt, Ty::S32, th.warp, Src::Imm((first + count) as i64));
+        let inside = self.em.and_pred(Some(lo), Some(hi)).expect("two predicates");
+        let end = self.em.label();
+        self.em.emit_if(inside, false, Op::Bra { target: end });
+        let saved = (self.th, self.threads, self.bar_id, self.scratch_base, std::mem::take(&mut self.frag_bases));
+        let tid = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, Src::Imm(first as i64 * 32));
+        let warp = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, Src::Imm(first as i64));
+        self.th = ThreadRegs { tid, warp, ..th };
+        self.threads = count * 32;
+        self.bar_id = id;
+        self.scratch_base = self.p.groups.get(&id).map(|g| g.1).unwrap_or(self.p.scratch.0);
+        self.var_regs.insert(var, warp);
+        for (i, l) in self.p.layouts.iter().enumerate() {
+            if let (BufLayout::Fragment(l), true) = (l, self.p.owner[i] == id) {
+                self.frag_base(*l);
+            }
+        }
+        let r = self.block(body);
+        (self.th, self.threads, self.bar_id, self.scratch_base, self.frag_bases) = saved;
+        self.em.emit(Op::Label(end));
+        r
     }
 
     pub(crate) fn tensor_dtype(&self, t: ParamId) -> DType {
@@ -555,7 +606,7 @@ impl Lower<'_> {
     ) -> Result<(), Diag> {
         let (rows, cols) = self.p.shared(b).shape();
         let n = rows * cols;
-        let threads = self.def().threads;
+        let threads = self.threads;
         for k in 0..n.div_ceil(threads) {
             let e = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
             let skip = if (k + 1) * threads > n {
@@ -850,7 +901,7 @@ impl Lower<'_> {
         let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
         self.em.emit_if(p, true, Op::Bra { target: exit });
         self.em.emit(Op::CpAsyncWait { n: stages - 2 });
-        self.em.emit(Op::Bar { id: 0, count: None });
+        self.barrier();
         // Issue iteration ko + stages - 1 into the stage read last iteration.
         let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
         self.mov(iter, V { s: it, ty: DType::I32 });
@@ -889,7 +940,7 @@ impl Lower<'_> {
         self.em.emit(Op::Bra { target: top });
         self.em.emit(Op::Label(exit));
         self.em.emit(Op::CpAsyncWait { n: 0 });
-        self.em.emit(Op::Bar { id: 0, count: None });
+        self.barrier();
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }

@@ -19,7 +19,7 @@ impl Lower<'_> {
     }
 
     fn scratch_addr(&mut self, index: Src) -> Reg {
-        let base = self.em.add32(self.smem, Src::Imm(self.p.scratch.0 as i64));
+        let base = self.em.add32(self.smem, Src::Imm(self.scratch_base as i64));
         let off = self.em.mul32(index, Src::Imm(4));
         let a = self.em.add32(base, off);
         self.em.to_reg(a, RegClass::B32, Ty::U32)
@@ -144,7 +144,7 @@ impl Lower<'_> {
         let vl = l.vector(if axis == 1 { FragmentKind::Rows } else { FragmentKind::Cols });
         let len = (if axis == 1 { l.rows } else { l.cols }) as i64;
         // Partials of each warp along the axis meet in scratch: [across][len].
-        self.em.emit(Op::Bar { id: 0, count: None });
+        self.barrier();
         // Every warp along the axis writes its partial: one lane per row (column) of it.
         let lane_part = if axis == 1 { self.th.t } else { self.th.g };
         let owner = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
@@ -163,7 +163,7 @@ impl Lower<'_> {
             let st = Op::St { space: Space::Shared, ty: ty_of(vt), addr, offset: 0, vals: vec![Src::Reg(*a)] };
             self.em.emit_if(owner, true, st);
         }
-        self.em.emit(Op::Bar { id: 0, count: None });
+        self.barrier();
         for (vs, a) in acc.iter().enumerate() {
             for w in 0..across as i64 {
                 let at = self.em.add32(idx[vs], Src::Imm(w * len));
@@ -240,7 +240,7 @@ impl Lower<'_> {
                     self.em.op32(BinKind::Div, self.th.warp, l.wn as i64),
                 )
             };
-            self.em.emit(Op::Bar { id: 0, count: None });
+            self.barrier();
             // Lane 0 of one warp per position along the vector writes that warp's partial.
             let lane0 = self.em.setp(Cmp::Eq, Ty::S32, self.th.lane, Src::Imm(0));
             let other = self.em.to_reg(other, RegClass::B32, Ty::U32);
@@ -253,7 +253,7 @@ impl Lower<'_> {
             }
             self.em.emit(Op::St { space: Space::Shared, ty: ty_of(vt), addr: a, offset: 0, vals: vec![Src::Reg(acc)] });
             self.em.emit(Op::Label(skip));
-            self.em.emit(Op::Bar { id: 0, count: None });
+            self.barrier();
             for w in 0..across {
                 let a = self.scratch_addr(Src::Imm(w as i64));
                 let v = self.em.reg(class_of(vt));
@@ -294,7 +294,7 @@ impl Lower<'_> {
             if sb.shape.len() == 1 || axis == 1 { (rows, cols, cols, 1) } else { (cols, rows, 1, cols) };
         let shared =
             matches!(self.p.layouts[src], BufLayout::Shared(_)) && matches!(self.p.layouts[dst], BufLayout::Shared(_));
-        let threads = self.def().threads;
+        let threads = self.threads;
         let two_d = sb.shape.len() == 2;
         if shared {
             if src != dst {
@@ -306,12 +306,12 @@ impl Lower<'_> {
                     lw.store_mem(Space::Shared, b, db.dtype, v);
                     Ok(())
                 })?;
-                self.em.emit(Op::Bar { id: 0, count: None });
+                self.barrier();
             }
         } else {
-            self.em.emit(Op::Bar { id: 0, count: None });
+            self.barrier();
             self.tile_to_scratch(src, loc)?;
-            self.em.emit(Op::Bar { id: 0, count: None });
+            self.barrier();
         }
         // One thread per line scans it serially.
         for k in 0..lines.div_ceil(threads) {
@@ -345,7 +345,7 @@ impl Lower<'_> {
             self.em.emit(Op::Label(skip));
         }
         if !shared {
-            self.em.emit(Op::Bar { id: 0, count: None });
+            self.barrier();
             self.scratch_to_tile(dst, loc)?;
         }
         Ok(())

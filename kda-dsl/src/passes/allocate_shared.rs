@@ -25,6 +25,24 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
     let mut need = 0u32;
     scratch_need(p, &p.def.body, &mut need);
     p.scratch = (off, need);
+    // Warp groups run at the same time: each reduces in a scratch area of its own.
+    let mut end = off + need;
+    let mut group_areas = vec![];
+    for s in &p.def.body {
+        if let StmtKind::WarpGroup { id, body, .. } = &s.kind {
+            let mut g = 0u32;
+            scratch_need(p, body, &mut g);
+            end = align(end, 16);
+            group_areas.push((*id, end));
+            end += g;
+        }
+    }
+    for (id, at) in group_areas {
+        if let Some(x) = p.groups.get_mut(&id) {
+            x.1 = at;
+        }
+    }
+    need = end - off;
     p.shared_bytes = align(off + need, 16);
     if p.shared_bytes > MAX_SHARED_BYTES {
         return Err(Diag::new(

@@ -212,6 +212,11 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
                 check_block(def, body, assigned)?;
             }
             StmtKind::Parallel { body, .. } => check_block(def, body, assigned)?,
+            StmtKind::WarpGroup { var, body, .. } => {
+                assigned[*var] = true;
+                def.vars[*var].dtype = DType::I32;
+                check_block(def, body, assigned)?;
+            }
             StmtKind::If(c, t, e) => {
                 if type_of(def, c, loc)? != Ty::Is(DType::Bool) {
                     return Err(Diag::new(loc, "an `if` condition must be a bool"));

@@ -80,7 +80,7 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
                 expr(end, n);
                 count_other_uses(body, n);
             }
-            StmtKind::Parallel { body, .. } => count_other_uses(body, n),
+            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => count_other_uses(body, n),
             StmtKind::If(c, t, e) => {
                 expr(c, n);
                 count_other_uses(t, n);
@@ -101,6 +101,9 @@ fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
             }
             StmtKind::If(c, t, e) => {
                 Stmt { kind: StmtKind::If(c, rewrite(p, t, reads), rewrite(p, e, reads)), loc: s.loc }
+            }
+            StmtKind::WarpGroup { first, count, id, var, body } => {
+                Stmt { kind: StmtKind::WarpGroup { first, count, id, var, body: rewrite(p, body, reads) }, loc: s.loc }
             }
             kind => Stmt { kind, loc: s.loc },
         };

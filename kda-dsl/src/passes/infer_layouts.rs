@@ -11,7 +11,8 @@ use crate::tile::*;
 
 /// Decides layouts and stage counts.
 pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
-    let warps = p.warps();
+    assign_warp_groups(p)?;
+    let wof: Vec<u32> = (0..p.def.buffers.len()).map(|b| p.warps_of(b)).collect();
     let def = &p.def;
     let mut rel: Vec<Option<(FragmentLayout, SrcLoc)>> = vec![None; def.buffers.len()];
     // Fragments a gemm reads or accumulates into take the mma accumulator layout.
@@ -19,6 +20,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     gemm_fragments(&def.body, &mut in_gemm);
     for (i, b) in def.buffers.iter().enumerate() {
         if b.scope == Scope::Fragment && b.shape.len() == 2 {
+            let warps = wof[i];
             let fits = if in_gemm.contains(&i) {
                 FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
             } else {
@@ -38,7 +40,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     }
     // A gemm whose left operand comes from registers needs whole rows per warp in both that
     // operand and the accumulator (the accumulator layout of one is the operand layout of the other).
-    pin_register_operands(&def.body, def, warps, &mut p.layouts)?;
+    pin_register_operands(&def.body, def, &wof, &mut p.layouts)?;
     // Relations of 1-D fragments to 2-D ones.
     let mut relations = vec![];
     collect_relations(&def.body, &p.layouts, def, &mut relations);
@@ -98,7 +100,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             (Scope::Fragment, 2) => continue,
             (Scope::Fragment, _) => match rel[i] {
                 Some((l, _)) => BufLayout::Fragment(l),
-                None => BufLayout::Fragment(FragmentLayout::for_vector(b.shape[0], warps).ok_or_else(|| {
+                None => BufLayout::Fragment(FragmentLayout::for_vector(b.shape[0], wof[i]).ok_or_else(|| {
                     Diag::new(
                         b.loc,
                         format!("vector fragment `{}` of {} elements: expected a multiple of 16", b.name, b.shape[0]),
@@ -119,11 +121,94 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     Ok(())
 }
 
+/// Gives each tile its owner: the warp group whose body uses it, or the block. A tile used by a
+/// group and by anything else is an error (a group's barriers cover only its own threads).
+fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
+    let warps = p.warps();
+    let mut owner: Vec<Option<(u32, SrcLoc)>> = vec![None; p.def.buffers.len()];
+    let mut claim = |b: BufId, g: u32, loc: SrcLoc, def: &KernelDef| -> Result<(), Diag> {
+        match owner[b] {
+            Some((h, _)) if h != g => {
+                let who = |x: u32| if x == 0 { "the whole block".to_string() } else { format!("warp group {x}") };
+                Err(Diag::new(
+                    loc,
+                    format!(
+                        "tile `{}` is used by {} and by {}; a tile belongs to one warp group (or to the block)",
+                        def.buffers[b].name,
+                        who(h),
+                        who(g)
+                    ),
+                ))
+            }
+            _ => {
+                owner[b] = Some((g, loc));
+                Ok(())
+            }
+        }
+    };
+    for s in &p.def.body {
+        let (g, body): (u32, &[Stmt]) = match &s.kind {
+            StmtKind::WarpGroup { first, count, id, body, .. } => {
+                if first + count > warps {
+                    return Err(Diag::new(
+                        s.loc,
+                        format!("warp group {id} takes warps {first}..{} of a block of {warps}", first + count),
+                    ));
+                }
+                p.groups.insert(*id, (*count, 0));
+                (*id, body.as_slice())
+            }
+            _ => (0, std::slice::from_ref(s)),
+        };
+        let mut used = vec![];
+        tiles_used(body, &mut used);
+        for b in used {
+            claim(b, g, s.loc, &p.def)?;
+        }
+    }
+    p.owner = owner.into_iter().map(|o| o.map(|x| x.0).unwrap_or(0)).collect();
+    Ok(())
+}
+
+/// Every tile a statement list touches (operands of tile operations and element accesses).
+fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
+    let mut elems = vec![];
+    elems_in(body, &mut elems);
+    out.extend(elems.into_iter().map(|(b, _, _)| b));
+    for s in body {
+        match &s.kind {
+            StmtKind::Copy { src, dst } => {
+                for r in [src, dst] {
+                    if let Region::Buf(b) = r {
+                        out.push(*b);
+                    }
+                }
+            }
+            StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
+            StmtKind::Fill(b, _) | StmtKind::Print(b) => out.push(*b),
+            StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => out.extend([*src, *dst]),
+            StmtKind::ReduceLanes { dst, .. } => out.push(*dst),
+            StmtKind::Parallel { over, body, .. } => {
+                out.push(*over);
+                tiles_used(body, out);
+            }
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => tiles_used(body, out),
+            StmtKind::If(_, t, e) => {
+                tiles_used(t, out);
+                tiles_used(e, out);
+            }
+            _ => {}
+        }
+    }
+}
+
 fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
     for s in body {
         match &s.kind {
             StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => gemm_fragments(body, out),
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                gemm_fragments(body, out)
+            }
             StmtKind::If(_, t, e) => {
                 gemm_fragments(t, out);
                 gemm_fragments(e, out);
@@ -133,7 +218,7 @@ fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
     }
 }
 
-fn pin_register_operands(body: &[Stmt], def: &KernelDef, warps: u32, layouts: &mut [BufLayout]) -> Result<(), Diag> {
+fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &mut [BufLayout]) -> Result<(), Diag> {
     for s in body {
         match &s.kind {
             StmtKind::Gemm { a, c, .. } if def.buffers[a.buf].scope == Scope::Fragment => {
@@ -142,18 +227,19 @@ fn pin_register_operands(body: &[Stmt], def: &KernelDef, warps: u32, layouts: &m
                     if x.shape.len() != 2 {
                         continue;
                     }
+                    let warps = wof[b];
                     let l = FragmentLayout::rows_only(x.shape[0], x.shape[1], warps).ok_or_else(|| {
                         Diag::new(s.loc, format!("gemm with `{}` from registers: `{}` [{} x {}] must split its rows over all {warps} warps (rows a multiple of {})", def.buffers[a.buf].name, x.name, x.shape[0], x.shape[1], 16 * warps))
                     })?;
                     layouts[b] = BufLayout::Fragment(l);
                 }
             }
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } => {
-                pin_register_operands(body, def, warps, layouts)?
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                pin_register_operands(body, def, wof, layouts)?
             }
             StmtKind::If(_, t, e) => {
-                pin_register_operands(t, def, warps, layouts)?;
-                pin_register_operands(e, def, warps, layouts)?;
+                pin_register_operands(t, def, wof, layouts)?;
+                pin_register_operands(e, def, wof, layouts)?;
             }
             _ => {}
         }
@@ -174,7 +260,7 @@ fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut [u32]) {
                 }
                 collect_stages(body, def, stages);
             }
-            StmtKind::For { body, .. } => collect_stages(body, def, stages),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_stages(body, def, stages),
             StmtKind::If(_, t, e) => {
                 collect_stages(t, def, stages);
                 collect_stages(e, def, stages);
@@ -198,7 +284,7 @@ fn vector_pairs(body: &[Stmt], def: &KernelDef, out: &mut Vec<(BufId, BufId, Src
                     }
                 }
             }
-            StmtKind::For { body, .. } => vector_pairs(body, def, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => vector_pairs(body, def, out),
             StmtKind::If(_, t, e) => {
                 vector_pairs(t, def, out);
                 vector_pairs(e, def, out);
@@ -245,7 +331,7 @@ fn collect_relations(
                 }
                 collect_relations(body, layouts, def, out);
             }
-            StmtKind::For { body, .. } => collect_relations(body, layouts, def, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_relations(body, layouts, def, out),
             StmtKind::If(_, t, e) => {
                 collect_relations(t, layouts, def, out);
                 collect_relations(e, layouts, def, out);
@@ -298,6 +384,7 @@ pub fn elems_in(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
                 expr(end, s.loc, out);
                 elems_in(body, out);
             }
+            StmtKind::WarpGroup { body, .. } => elems_in(body, out),
             _ => {}
         }
     }
@@ -338,5 +425,45 @@ mod tests {
         let e = super::infer_layouts(&mut p).expect_err("does not fit");
         assert_eq!(e.loc.line, 3);
         assert!(e.message.contains("does not fit m16n8 atoms"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod group_tests {
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::passes::TileProgram;
+
+    #[test]
+    fn a_tile_belongs_to_one_warp_group() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+        k.begin_warp_group("w", 0, 2, loc(4));
+        k.fill(&s, 1.0, loc(5));
+        k.end();
+        k.fill(&s, 2.0, loc(6));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let e = super::infer_layouts(&mut p).expect_err("shared by a group and the block");
+        assert!(e.message.contains("tile `s` is used by warp group 1 and by the whole block"), "{e}");
+    }
+
+    #[test]
+    fn group_tiles_spread_over_the_group_and_its_barriers_stay_inside() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "N"], DType::F32, false);
+        k.launch(vec![Host::int(1)], 256, loc(2));
+        let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+        let f = k.fragment("f", &[16, 16], DType::F32, loc(4));
+        k.begin_warp_group("w", 4, 2, loc(5));
+        k.copy(k.tile(&a, vec![Val::from(0), Val::from(0)], &[16, 16], loc(6)), s, loc(6));
+        k.copy(s, f, loc(7));
+        k.end();
+        let mut p = crate::passes::run_tile_passes(k.finish().expect("valid")).expect("passes");
+        assert_eq!(p.warps_of(f.id), 2);
+        assert_eq!(p.owner[s.id], 1);
+        super::infer_layouts(&mut p).expect("idempotent");
+        insta::assert_snapshot!(p.to_string());
     }
 }

@@ -132,7 +132,7 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
             expr_reads(p, start, &mut out);
             expr_reads(p, end, &mut out);
         }
-        StmtKind::Barrier | StmtKind::ReduceLanes { .. } => {}
+        StmtKind::Barrier | StmtKind::ReduceLanes { .. } | StmtKind::WarpGroup { .. } => {}
     }
     out
 }
@@ -145,7 +145,7 @@ fn collect_stores(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>)>) {
                 collect_stores(t, out);
                 collect_stores(e, out);
             }
-            StmtKind::For { body, .. } => collect_stores(body, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_stores(body, out),
             _ => {}
         }
     }
@@ -170,6 +170,14 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
             StmtKind::Barrier => {
                 state.clear();
                 out.push(s.clone());
+            }
+            StmtKind::WarpGroup { first, count, id, var, body } => {
+                // The group's tiles are its own (`infer_layouts` checks): its barriers start
+                // from nothing pending and are the group's named barrier.
+                let mut own = vec![];
+                let body = walk(p, body, &mut own);
+                let kind = StmtKind::WarpGroup { first: *first, count: *count, id: *id, var: *var, body };
+                out.push(Stmt { kind, loc: s.loc });
             }
             StmtKind::If(c, t, e) => {
                 let head = accesses(p, s);

@@ -40,6 +40,10 @@ pub struct TileProgram {
     pub scratch: (u32, u32),
     /// Total dynamic shared memory in bytes.
     pub shared_bytes: u32,
+    /// Per buffer: the warp group that owns it (0: the whole block).
+    pub owner: Vec<u32>,
+    /// Per warp group id: (warps, byte offset of its own scratch area).
+    pub groups: std::collections::BTreeMap<u32, (u32, u32)>,
 }
 
 impl TileProgram {
@@ -53,12 +57,22 @@ impl TileProgram {
             shared_offsets: vec![0; n],
             scratch: (0, 0),
             shared_bytes: 0,
+            owner: vec![0; n],
+            groups: Default::default(),
         }
     }
 
     /// Warps per block.
     pub fn warps(&self) -> u32 {
         self.def.threads / 32
+    }
+
+    /// Warps buffer `b` is spread over: its warp group's, or the block's.
+    pub fn warps_of(&self, b: usize) -> u32 {
+        match self.owner[b] {
+            0 => self.warps(),
+            g => self.groups.get(&g).map(|x| x.0).unwrap_or(1),
+        }
     }
 
     /// The fragment layout of buffer `b` (a bug if it has none).

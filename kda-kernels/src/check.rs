@@ -210,3 +210,35 @@ pub fn simulate_decode(
         final_state: if fin_rows > 0 { tensor_values(&args, "final_state", st) } else { vec![] },
     })
 }
+
+/// Runs a self-test in the simulator; returns its outputs (in `outputs` order).
+pub fn simulate_selftest(t: &crate::selftest::SelfTest) -> Result<Vec<Vec<f64>>, String> {
+    let mut args = vec![];
+    let mut dims = std::collections::BTreeMap::new();
+    for p in &t.def.params {
+        if let kda_dsl::tile::Param::Tensor { name, dims: d, .. } = p {
+            let shape = t
+                .inputs
+                .iter()
+                .map(|(n, s, _)| (n, s))
+                .chain(t.outputs.iter().map(|(n, s, _)| (n, s)))
+                .find(|(n, _)| **n == name.as_str())
+                .map(|(_, s)| s.clone())
+                .ok_or_else(|| format!("{}: no data for tensor `{name}`", t.name))?;
+            for (k, di) in d.iter().enumerate() {
+                dims.insert(t.def.params[*di].name().to_string(), shape[k]);
+            }
+        }
+    }
+    for (n, _, v) in &t.inputs {
+        args.push((n.to_string(), SimArg::Tensor(to_bytes(v, DType::F32))));
+    }
+    for (n, s, _) in &t.outputs {
+        args.push((n.to_string(), SimArg::Tensor(to_bytes(&vec![f64::NAN; s.iter().product()], DType::F32))));
+    }
+    for (n, v) in dims {
+        args.push((n, SimArg::I32(v as i32)));
+    }
+    simulate(&t.def, &mut args)?;
+    Ok(t.outputs.iter().map(|(n, _, _)| tensor_values(&args, n, DType::F32)).collect())
+}

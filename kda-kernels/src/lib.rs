@@ -7,6 +7,7 @@ pub mod decode_families;
 pub mod decode_ref;
 pub mod gemm;
 pub mod reference;
+pub mod selftest;
 
 use kda_dsl::tile::KernelDef;
 use kda_dsl::Diag;

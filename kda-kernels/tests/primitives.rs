@@ -65,44 +65,6 @@ fn element_wise_math_select_and_casts() {
 }
 
 #[kernel]
-fn row_col_stats(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>, sums: GlobalMut<(C,), F32>) {
-    let (_bx,) = launch(grid = [1], threads = cfg.threads);
-    let f = fragment([cfg.rows, cfg.cols], F32);
-    let rmax = fragment([cfg.rows], F32);
-    let csum = fragment([cfg.cols], F32);
-    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
-    reduce_max(f, rmax, 1);
-    reduce_sum(f, csum, 0);
-    for (i, j) in parallel(f) {
-        f[i][j] = f[i][j] - rmax[i] + csum[j];
-    }
-    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
-    copy(csum, sums.tile([0], [cfg.cols]));
-}
-
-#[test]
-fn reductions_along_both_axes_across_warps_and_broadcasts() {
-    // 8 warps over 64x64: the fragment splits rows and columns over warps, so both
-    // reductions combine warps through shared scratch.
-    let cfg = Cfg { rows: 64, cols: 64, threads: 256 };
-    let (r, c) = (64, 64);
-    let x = Rng::new(2).normals(r * c, DType::F32);
-    let mut args = vec![
-        t("x", &x, DType::F32),
-        i("R", r),
-        i("C", c),
-        t("y", &vec![f64::NAN; r * c], DType::F32),
-        t("sums", &vec![f64::NAN; c], DType::F32),
-    ];
-    simulate(&row_col_stats(&cfg).expect("builds"), &mut args).expect("runs");
-    let rmax: Vec<f64> = (0..r).map(|ii| (0..c).map(|jj| x[ii * c + jj]).fold(f64::MIN, f64::max)).collect();
-    let csum: Vec<f64> = (0..c).map(|jj| (0..r).map(|ii| x[ii * c + jj]).sum()).collect();
-    let want: Vec<f64> = (0..r * c).map(|k| x[k] - rmax[k / c] + csum[k % c]).collect();
-    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
-    assert!(rel_err(&tensor_values(&args, "sums", DType::F32), &csum) < 1e-6);
-}
-
-#[kernel]
 fn scans(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>, z: GlobalMut<(R, C), F32>) {
     let (_bx,) = launch(grid = [1], threads = cfg.threads);
     let f = fragment([cfg.rows, cfg.cols], F32);
@@ -293,86 +255,20 @@ fn print_shows_a_fragment_once_in_logical_order() {
     assert!(lines[16].contains("127.000000]"), "{}", lines[16]);
 }
 
-#[kernel]
-fn per_lane_prefix(cfg: &Cfg, x: Global<(C,), F32>, y: GlobalMut<(C,), F32>) {
-    let (_bx,) = launch(grid = [1], threads = cfg.threads);
-    let xs = shared([cfg.cols], F32);
-    let ys = shared([cfg.cols], F32);
-    copy(x.tile([0], [cfg.cols]), xs);
-    // One lane per column, each running its own serial loop of a different length.
-    for (j,) in parallel(ys) {
-        let mut acc = 0.0;
-        for i in serial(0, j + 1) {
-            acc = acc + xs[i] * (i as f32 + 1.0);
-        }
-        ys[j] = acc;
-    }
-    copy(ys, y.tile([0], [cfg.cols]));
-}
-
 #[test]
-fn per_lane_serial_loops_with_lane_dependent_bounds() {
-    let cfg = Cfg { rows: 1, cols: 64, threads: 32 };
-    let x = Rng::new(8).normals(64, DType::F32);
-    let mut args = vec![t("x", &x, DType::F32), i("C", 64), t("y", &[f64::NAN; 64], DType::F32)];
-    simulate(&per_lane_prefix(&cfg).expect("builds"), &mut args).expect("runs");
-    let want: Vec<f64> = (0..64).map(|j| (0..=j).map(|i| x[i] * (i as f64 + 1.0)).sum()).collect();
-    assert!(rel_err(&tensor_values(&args, "y", DType::F32), &want) < 1e-6);
-}
-
-#[kernel]
-fn two_warp_groups(
-    cfg: &Cfg,
-    x: Global<(R, C), F32>,
-    sums: GlobalMut<(R,), F32>,
-    y: Global<(R2, C2), F32>,
-    z: GlobalMut<(R2, C2), F32>,
-) {
-    let (_bx,) = launch(grid = [1], threads = cfg.threads);
-    // Warps 0-1 reduce rows of x while warps 2-3 scan the columns of y: each group's barriers
-    // are its own named barrier, so neither waits for the other.
-    for w in warp_group(0, 2) {
-        let f = fragment([16, 64], F32);
-        let r = fragment([16], F32);
-        copy(x.tile([0, 0], [16, 64]), f);
-        reduce_sum(f, r, 1);
-        copy(r, sums.tile([0], [16]));
-    }
-    for w in warp_group(2, 2) {
-        let s = shared([32, 16], F32);
-        copy(y.tile([0, 0], [32, 16]), s);
-        cumsum(s, s, 0);
-        copy(s, z.tile([0, 0], [32, 16]));
+fn reductions_across_warps_per_lane_loops_and_warp_groups() {
+    // The self-test kernels `kda check --gpu` also runs on the GPU.
+    for t in kda_kernels::selftest::selftests(2).expect("builds") {
+        let got = kda_kernels::check::simulate_selftest(&t).unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        assert!(t.error(&got) < 1e-6, "{}: rel err {}", t.name, t.error(&got));
     }
 }
 
 #[test]
-fn warp_groups_run_side_by_side_with_named_barriers() {
-    let cfg = Cfg { rows: 0, cols: 0, threads: 128 };
-    let def = two_warp_groups(&cfg).expect("builds");
-    let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
+fn warp_groups_synchronize_on_their_own_named_barriers() {
+    let def =
+        kda_kernels::selftest::two_warp_groups(&kda_kernels::selftest::TileCfg { rows: 0, cols: 0, threads: 128 })
+            .expect("builds");
+    let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect("compiles").ptx;
     assert!(ptx.contains("bar.sync 1, 64;") && ptx.contains("bar.sync 2, 64;"), "named barriers per group");
-    let mut rng = Rng::new(9);
-    let x = rng.normals(16 * 64, DType::F32);
-    let y = rng.normals(32 * 16, DType::F32);
-    let mut args = vec![
-        t("x", &x, DType::F32),
-        i("R", 16),
-        i("C", 64),
-        t("sums", &[f64::NAN; 16], DType::F32),
-        t("y", &y, DType::F32),
-        i("R2", 32),
-        i("C2", 16),
-        t("z", &vec![f64::NAN; 32 * 16], DType::F32),
-    ];
-    simulate(&def, &mut args).expect("runs");
-    let sums: Vec<f64> = (0..16).map(|r| (0..64).map(|c| x[r * 64 + c]).sum()).collect();
-    let mut scan = y.clone();
-    for r in 1..32 {
-        for c in 0..16 {
-            scan[r * 16 + c] += scan[(r - 1) * 16 + c];
-        }
-    }
-    assert!(rel_err(&tensor_values(&args, "sums", DType::F32), &sums) < 1e-6);
-    assert!(rel_err(&tensor_values(&args, "z", DType::F32), &scan) < 1e-6);
 }

@@ -66,6 +66,28 @@ pub fn simulate_all() -> usize {
             }
         }
     }
+    match kda_kernels::selftest::selftests(3) {
+        Ok(tests) => {
+            for t in tests {
+                let r = kda_kernels::check::simulate_selftest(&t).map(|got| t.error(&got));
+                failures += usize::from(!matches!(r, Ok(e) if e <= 1e-6));
+                match r {
+                    Ok(e) => println!(
+                        "{:<52} {e:>10.2e} {:>10.0e} {:>12}  {}",
+                        t.name,
+                        1e-6,
+                        "-",
+                        if e <= 1e-6 { "ok" } else { "FAIL" }
+                    ),
+                    Err(e) => println!("{:<52} FAIL: {e}", t.name),
+                }
+            }
+        }
+        Err(e) => {
+            failures += 1;
+            println!("dsl self-tests FAIL: {e}");
+        }
+    }
     failures
 }
 

@@ -92,6 +92,7 @@ pub fn gpu_checks() -> Result<usize, String> {
         }
     }
     failures += decode_checks(&gpu, &kernels);
+    failures += selftest_checks(&gpu, &kernels);
     Ok(failures)
 }
 
@@ -201,6 +202,56 @@ fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
             Err(e) => {
                 failures += 1;
                 println!("{name:<52} FAIL: {e}");
+            }
+        }
+    }
+    failures
+}
+
+/// The DSL self-test kernels on the GPU, against the same references as in the simulator.
+fn selftest_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
+    let tests = match kda_kernels::selftest::selftests(4) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("dsl self-tests FAIL: {e}");
+            return 1;
+        }
+    };
+    let mut failures = 0;
+    for t in tests {
+        let r = (|| -> Result<f64, RuntimeError> {
+            let s = gpu.default_stream();
+            let compiled = kda_dsl::compile(t.def.clone(), kda_dsl::Target::Sm80)
+                .map_err(|e| RuntimeError::Unsupported(format!("{}: {e}", t.name)))?;
+            let mut tensors = vec![];
+            for (n, shape, v) in &t.inputs {
+                let data: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+                tensors.push((*n, DeviceTensor::from_f32(gpu, &s, shape, DType::F32, &data)?));
+            }
+            for (n, shape, _) in &t.outputs {
+                let mut o = DeviceTensor::zeros(gpu, &s, shape, DType::F32)?;
+                o.fill_nan(&s)?;
+                tensors.push((*n, o));
+            }
+            let args: Vec<(&str, kda_runtime::KernelArg)> =
+                tensors.iter().map(|(n, d)| (*n, kda_runtime::KernelArg::Tensor(d.view()))).collect();
+            kda_runtime::launch(gpu, &kernels.modules, &s, &compiled, t.name, &args)?;
+            let mut got = vec![];
+            for (n, _, _) in &t.outputs {
+                let d = &tensors.iter().find(|(m, _)| m == n).expect("allocated above").1;
+                got.push(d.to_f32_vec(&s)?.into_iter().map(f64::from).collect::<Vec<_>>());
+            }
+            Ok(t.error(&got))
+        })();
+        match r {
+            Ok(e) => {
+                let ok = e <= 1e-5;
+                failures += usize::from(!ok);
+                println!("{:<52} {e:>10.2e} {:>10.0e}  {}", t.name, 1e-5, if ok { "ok" } else { "FAIL" });
+            }
+            Err(e) => {
+                failures += 1;
+                println!("{:<52} FAIL: {e}", t.name);
             }
         }
     }

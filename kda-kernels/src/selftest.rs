@@ -1,0 +1,147 @@
+//! Small DSL kernels that exercise the compiler's harder lowerings (reductions across warps,
+//! per-lane serial loops, warp groups with named barriers), with their references: run through
+//! the simulator in the tests and on the GPU by `kda check --gpu`, so both agree with hardware.
+
+use crate::reference::{rel_err, Rng};
+use kda_dsl::tile::KernelDef;
+use kda_dsl::DType;
+use kda_macros::kernel;
+
+/// Tile extents and threads of a self-test kernel.
+#[derive(Clone, Debug)]
+pub struct TileCfg {
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Threads per block.
+    pub threads: usize,
+}
+
+/// `y = x - rowmax(x) + colsum(x)` and `sums = colsum(x)` on one fragment.
+#[kernel]
+pub fn row_col_stats(cfg: &TileCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>, sums: GlobalMut<(C,), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    let rmax = fragment([cfg.rows], F32);
+    let csum = fragment([cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    reduce_max(f, rmax, 1);
+    reduce_sum(f, csum, 0);
+    for (i, j) in parallel(f) {
+        f[i][j] = f[i][j] - rmax[i] + csum[j];
+    }
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+    copy(csum, sums.tile([0], [cfg.cols]));
+}
+
+/// `y[j] = sum_{i <= j} x[i] * (i + 1)`, one lane per column with a loop of its own length.
+#[kernel]
+pub fn per_lane_prefix(cfg: &TileCfg, x: Global<(C,), F32>, y: GlobalMut<(C,), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let xs = shared([cfg.cols], F32);
+    let ys = shared([cfg.cols], F32);
+    copy(x.tile([0], [cfg.cols]), xs);
+    for (j,) in parallel(ys) {
+        let mut acc = 0.0;
+        for i in serial(0, j + 1) {
+            acc = acc + xs[i] * (i as f32 + 1.0);
+        }
+        ys[j] = acc;
+    }
+    copy(ys, y.tile([0], [cfg.cols]));
+}
+
+/// Warps 0-1 sum the rows of a 16 x 64 `x` while warps 2-3 scan the columns of a 32 x 16 `y`:
+/// each group synchronizes on its own named barrier, so neither waits for the other.
+#[kernel]
+pub fn two_warp_groups(
+    cfg: &TileCfg,
+    x: Global<(R, C), F32>,
+    sums: GlobalMut<(R,), F32>,
+    y: Global<(R2, C2), F32>,
+    z: GlobalMut<(R2, C2), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    for w in warp_group(0, 2) {
+        let f = fragment([16, 64], F32);
+        let r = fragment([16], F32);
+        copy(x.tile([0, 0], [16, 64]), f);
+        reduce_sum(f, r, 1);
+        copy(r, sums.tile([0], [16]));
+    }
+    for w in warp_group(2, 2) {
+        let s = shared([32, 16], F32);
+        copy(y.tile([0, 0], [32, 16]), s);
+        cumsum(s, s, 0);
+        copy(s, z.tile([0, 0], [32, 16]));
+    }
+}
+
+/// One self-test: a kernel, its f32 inputs, the outputs it writes and what they must hold.
+pub struct SelfTest {
+    /// Row name.
+    pub name: &'static str,
+    /// The kernel.
+    pub def: KernelDef,
+    /// (tensor name, shape, values).
+    pub inputs: Vec<(&'static str, Vec<usize>, Vec<f64>)>,
+    /// (tensor name, shape, expected values).
+    pub outputs: Vec<(&'static str, Vec<usize>, Vec<f64>)>,
+}
+
+impl SelfTest {
+    /// The worst relative error of `got` (in `outputs` order) against the expected values.
+    pub fn error(&self, got: &[Vec<f64>]) -> f64 {
+        self.outputs.iter().zip(got).map(|((_, _, want), g)| rel_err(g, want)).fold(0.0, f64::max)
+    }
+}
+
+/// The self-tests, on fresh random inputs from `seed`.
+pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
+    let mut rng = Rng::new(seed);
+    let mut out = vec![];
+    {
+        // 8 warps over 64 x 64: rows and columns both split over warps, so both reductions go
+        // through shared scratch.
+        let (r, c) = (64, 64);
+        let x = rng.normals(r * c, DType::F32);
+        let rmax: Vec<f64> = (0..r).map(|i| (0..c).map(|j| x[i * c + j]).fold(f64::MIN, f64::max)).collect();
+        let csum: Vec<f64> = (0..c).map(|j| (0..r).map(|i| x[i * c + j]).sum()).collect();
+        let y = (0..r * c).map(|k| x[k] - rmax[k / c] + csum[k % c]).collect();
+        out.push(SelfTest {
+            name: "dsl/reductions_across_warps",
+            def: row_col_stats(&TileCfg { rows: r, cols: c, threads: 256 })?,
+            inputs: vec![("x", vec![r, c], x)],
+            outputs: vec![("y", vec![r, c], y), ("sums", vec![c], csum)],
+        });
+    }
+    {
+        let x = rng.normals(64, DType::F32);
+        let y = (0..64).map(|j| (0..=j).map(|i| x[i] * (i as f64 + 1.0)).sum()).collect();
+        out.push(SelfTest {
+            name: "dsl/per_lane_serial_loops",
+            def: per_lane_prefix(&TileCfg { rows: 1, cols: 64, threads: 32 })?,
+            inputs: vec![("x", vec![64], x)],
+            outputs: vec![("y", vec![64], y)],
+        });
+    }
+    {
+        let x = rng.normals(16 * 64, DType::F32);
+        let y = rng.normals(32 * 16, DType::F32);
+        let sums = (0..16).map(|r| (0..64).map(|c| x[r * 64 + c]).sum()).collect();
+        let mut scan = y.clone();
+        for r in 1..32 {
+            for c in 0..16 {
+                scan[r * 16 + c] += scan[(r - 1) * 16 + c];
+            }
+        }
+        out.push(SelfTest {
+            name: "dsl/warp_groups_named_barriers",
+            def: two_warp_groups(&TileCfg { rows: 0, cols: 0, threads: 128 })?,
+            inputs: vec![("x", vec![16, 64], x), ("y", vec![32, 16], y)],
+            outputs: vec![("sums", vec![16], sums), ("z", vec![32, 16], scan)],
+        });
+    }
+    Ok(out)
+}

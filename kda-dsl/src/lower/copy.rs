@@ -664,12 +664,19 @@ impl Lower<'_> {
                 }
             }
             guarded(self, Op::Ld { space: Space::Global, ty: Ty::B32, d: words.clone(), addr, offset });
-            let sty = if src == DType::BF16 { Ty::BF16 } else { Ty::F16 };
             for (k, w) in words.iter().enumerate() {
-                let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
-                self.em.emit(Op::Unpack2 { lo, hi, a: *w });
-                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[2 * k], a: Src::Reg(lo) });
-                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: vals[2 * k + 1], a: Src::Reg(hi) });
+                if src == DType::BF16 {
+                    // bf16 is the upper half of an f32: a shift and a mask widen a packed pair.
+                    let (lo, hi) = (vals[2 * k], vals[2 * k + 1]);
+                    self.em.emit(Op::Bin { op: BinKind::Shl, ty: Ty::B32, d: lo, a: Src::Reg(*w), b: Src::Imm(16) });
+                    let mask = Src::Imm(0xffff_0000);
+                    self.em.emit(Op::Bin { op: BinKind::And, ty: Ty::B32, d: hi, a: Src::Reg(*w), b: mask });
+                } else {
+                    let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
+                    self.em.emit(Op::Unpack2 { lo, hi, a: *w });
+                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k], a: Src::Reg(lo) });
+                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k + 1], a: Src::Reg(hi) });
+                }
             }
         }
         for (v, d) in vals.into_iter().zip(dst) {

@@ -673,15 +673,7 @@ impl Cx {
         span: Span,
         lc: TS,
     ) -> syn::Result<TS> {
-        let arity = |n: usize| -> syn::Result<()> {
-            if args.len() != n {
-                return err(
-                    span,
-                    format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()),
-                );
-            }
-            Ok(())
-        };
+        let arity = |n: usize| check_arity(name, args.len(), n, span);
         match name {
             "copy" => {
                 arity(2)?;
@@ -1116,15 +1108,7 @@ impl Cx {
             }
             _ => unreachable!(),
         };
-        let arity = |n: usize| -> syn::Result<()> {
-            if args.len() != n {
-                return err(
-                    sp,
-                    format!("`{name}` takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()),
-                );
-            }
-            Ok(())
-        };
+        let arity = |n: usize| check_arity(&name, args.len(), n, sp);
         if MATH1.contains(&name.as_str()) {
             arity(1)?;
             let x = self.val(args[0])?;
@@ -1172,6 +1156,14 @@ impl Cx {
             ),
         )
     }
+}
+
+/// An error at `span` unless `got` arguments were given to `name`, which takes `want`.
+fn check_arity(name: &str, got: usize, want: usize, span: Span) -> syn::Result<()> {
+    if got != want {
+        return err(span, format!("`{name}` takes {want} argument{}, found {got}", if want == 1 { "" } else { "s" }));
+    }
+    Ok(())
 }
 
 fn block_value(b: &syn::Block) -> syn::Result<&Expr> {

@@ -1,0 +1,167 @@
+//! Lowering of loops: `unroll` (at compile time), `serial` (a run-time loop) and `pipelined`
+//! (a multi-stage `cp.async` pipeline whose stage-filling copies run ahead of the compute).
+
+use super::{Lower, V};
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::passes::{BufLayout, TileProgram};
+use crate::thread_ir::*;
+use crate::tile::*;
+
+impl Lower<'_> {
+    pub(crate) fn for_loop(
+        &mut self,
+        var: VarId,
+        kind: LoopKind,
+        start: &Expr,
+        end: &Expr,
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        match kind {
+            LoopKind::Unroll => {
+                let (Some(a), Some(b)) = (self.const_of(start), self.const_of(end)) else {
+                    return self
+                        .err(loc, "`unroll` needs bounds known when lowering; use `serial` for run-time bounds");
+                };
+                if b - a > 4096 {
+                    return self.err(loc, format!("`unroll` of {} iterations; at most 4096", b - a));
+                }
+                for i in a..b {
+                    self.consts.insert(var, i);
+                    self.var_regs.remove(&var);
+                    self.block(body)?;
+                }
+                self.consts.remove(&var);
+                Ok(())
+            }
+            LoopKind::Serial => {
+                let s = self.expr(start, DType::I32, loc)?;
+                let e = self.expr(end, DType::I32, loc)?;
+                let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
+                let r = self.em.reg(RegClass::B32);
+                self.mov(r, s);
+                self.consts.remove(&var);
+                self.var_regs.insert(var, r);
+                let (top, exit) = (self.em.label(), self.em.label());
+                self.em.emit(Op::Label(top));
+                let p = self.em.setp(Cmp::Ge, Ty::S32, r, e);
+                self.em.emit_if(p, true, Op::Bra { target: exit });
+                self.block(body)?;
+                self.em.loc = loc;
+                self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: r, a: Src::Reg(r), b: Src::Imm(1) });
+                self.em.emit(Op::Bra { target: top });
+                self.em.emit(Op::Label(exit));
+                Ok(())
+            }
+            LoopKind::Pipelined { stages } => self.pipelined(var, stages, start, end, body, loc),
+        }
+    }
+
+    /// A multi-stage `cp.async` pipeline: the stage-filling copies of iteration `i + stages - 1`
+    /// are issued while iteration `i` computes.
+    fn pipelined(
+        &mut self,
+        var: VarId,
+        stages: u32,
+        start: &Expr,
+        end: &Expr,
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let is_fill = |s: &Stmt, p: &TileProgram| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
+        let fills: Vec<&Stmt> = body.iter().filter(|s| is_fill(s, self.p)).collect();
+        let rest: Vec<Stmt> = body.iter().filter(|s| !is_fill(s, self.p)).cloned().collect();
+        let staged: Vec<BufId> = fills
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
+                _ => None,
+            })
+            .collect();
+        let s0 = self.expr(start, DType::I32, loc)?;
+        let e = self.expr(end, DType::I32, loc)?;
+        let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
+        let s0 = self.em.to_reg(s0.s, RegClass::B32, Ty::S32);
+        let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        let stage_bytes: Vec<i64> = staged
+            .iter()
+            .map(|b| (self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes()) as i64)
+            .collect();
+        let iter = self.em.reg(RegClass::B32);
+        self.consts.remove(&var);
+        // Prologue: stages 0 .. stages-2.
+        for st in 0..stages - 1 {
+            self.em.loc = loc;
+            let it = self.em.add32(s0, Src::Imm(st as i64));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
+            self.var_regs.insert(var, iter);
+            for (k, b) in staged.iter().enumerate() {
+                self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
+            }
+            for f in &fills {
+                self.em.loc = f.loc;
+                if let StmtKind::Copy { src, dst } = &f.kind {
+                    self.copy_async(src, dst, Some(live), f.loc)?;
+                }
+            }
+            self.em.emit(Op::CpAsyncCommit);
+        }
+        // Main loop.
+        self.em.loc = loc;
+        let ko = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: ko, a: Src::Reg(s0) });
+        let rd = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
+        let (top, exit) = (self.em.label(), self.em.label());
+        self.em.emit(Op::Label(top));
+        let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
+        self.em.emit_if(p, true, Op::Bra { target: exit });
+        self.em.emit(Op::CpAsyncWait { n: stages - 2 });
+        self.barrier();
+        // Issue iteration ko + stages - 1 into the stage read last iteration.
+        let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
+        self.mov(iter, V { s: it, ty: DType::I32 });
+        let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
+        let wr = self.em.reg(RegClass::B32);
+        let wrap = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0));
+        self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(1) });
+        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
+        self.var_regs.insert(var, iter);
+        for (k, b) in staged.iter().enumerate() {
+            let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+        for f in &fills {
+            self.em.loc = f.loc;
+            if let StmtKind::Copy { src, dst } = &f.kind {
+                self.copy_async(src, dst, Some(live), f.loc)?;
+            }
+        }
+        self.em.emit(Op::CpAsyncCommit);
+        // Compute on the stage read this iteration.
+        self.var_regs.insert(var, ko);
+        for (k, b) in staged.iter().enumerate() {
+            let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+        self.in_pipeline = true;
+        let r = self.block(&rest);
+        self.in_pipeline = false;
+        r?;
+        self.em.loc = loc;
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });
+        let full = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(stages as i64));
+        self.em.emit_if(full, true, Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
+        self.em.emit(Op::Bra { target: top });
+        self.em.emit(Op::Label(exit));
+        self.em.emit(Op::CpAsyncWait { n: 0 });
+        self.barrier();
+        for (k, b) in staged.iter().enumerate() {
+            self.shared_base[*b] = Some(home[k]);
+        }
+        Ok(())
+    }
+}

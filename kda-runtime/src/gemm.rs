@@ -36,17 +36,14 @@ pub fn gemm_variant(
         })
 }
 
-/// `c = a · b` (`b` is `[K, N]`) or `a · bᵀ` (`b_transposed`, `b` is `[N, K]`) on `stream`.
-/// `a`, `b`: bf16 or f16 (the same); `c`: f32 or the input type. Allocates nothing.
-pub fn gemm(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    stream: &CudaStream,
+/// Checks `gemm`'s arguments and picks its variant; `None` when there is nothing to compute
+/// (M or N is 0). Pure host code: every rule is testable without a GPU.
+pub fn plan_gemm(
     a: &TensorView,
     b: &TensorView,
     c: &TensorView,
     b_transposed: bool,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<kda_kernels::Variant>, RuntimeError> {
     for (name, t) in [("a", a), ("b", b), ("c", c)] {
         if t.shape().len() != 2 {
             return Err(bad(name, "a 2-D tensor", format!("shape {:?}", t.shape())));
@@ -76,9 +73,25 @@ pub fn gemm(
         }
     }
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    let variant = gemm_variant(a.dtype(), c.dtype(), b_transposed, k, n)?;
+    gemm_variant(a.dtype(), c.dtype(), b_transposed, k, n).map(Some)
+}
+
+/// `c = a · b` (`b` is `[K, N]`) or `a · bᵀ` (`b_transposed`, `b` is `[N, K]`) on `stream`.
+/// `a`, `b`: bf16 or f16 (the same); `c`: f32 or the input type. Allocates nothing.
+pub fn gemm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    a: &TensorView,
+    b: &TensorView,
+    c: &TensorView,
+    b_transposed: bool,
+) -> Result<(), RuntimeError> {
+    let Some(variant) = plan_gemm(a, b, c, b_transposed)? else {
+        return Ok(());
+    };
     let compiled = kernels.compiled(&variant)?;
     launch(
         gpu,

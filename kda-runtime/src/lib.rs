@@ -22,7 +22,7 @@ pub use cache::{LoadedKernel, ModuleCache};
 pub use cudarc::driver::CudaStream;
 pub use device::{device_count, gpu_available, Gpu};
 pub use error::RuntimeError;
-pub use gemm::gemm;
+pub use gemm::{gemm, plan_gemm};
 pub use kernels::Kernels;
 pub use launch::{bind_args, launch, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
 pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};

@@ -5,6 +5,8 @@
 //! which is both what the PTX printer ([`ptx`]) prints and what the block simulator ([`sim`])
 //! runs on the CPU.
 
+#![warn(missing_docs)]
+
 pub mod artifact;
 pub mod builder;
 pub mod compile;

@@ -240,8 +240,11 @@ pub enum ShflMode {
     Idx,
 }
 
-/// A thread-IR operation.
+/// A thread-IR operation. Field names follow PTX operand order: `d` is the destination, `a`,
+/// `b`, `c` the sources, `ty` the instruction type, `addr` + `offset` an address; each variant's
+/// doc is the PTX it prints as.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)] // the fields are named by the convention above
 pub enum Op {
     /// `mov.ty d, a`
     Mov { ty: Ty, d: Reg, a: Src },

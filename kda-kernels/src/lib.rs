@@ -1,6 +1,8 @@
 //! The kernels of kda written in the tile DSL, their configs, the curated list of shipped
 //! variants, and f64 CPU references.
 
+#![warn(missing_docs)]
+
 pub mod check;
 pub mod decode;
 pub mod decode_families;

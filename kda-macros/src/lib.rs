@@ -8,6 +8,8 @@
 //! branches vanish); the rest become kernel IR. Every mistake the front end can see is a
 //! compile error at the user's token.
 
+#![warn(missing_docs)]
+
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TS};
 use quote::{quote, quote_spanned};

@@ -4,6 +4,8 @@
 //! (kernels in the DSL and their references), [`runtime`] (CUDA launches and the validated API)
 //! and the `#[kernel]` attribute through `kda_kernels`' dependency. [`cli`] is the `kda` tool.
 
+#![warn(missing_docs)]
+
 pub mod cli;
 
 pub use kda_dsl as dsl;

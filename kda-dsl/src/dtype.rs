@@ -56,19 +56,6 @@ impl DType {
             DType::Bool => "bool",
         }
     }
-
-    /// Parses the names [`DType::name`] prints.
-    pub fn parse(s: &str) -> Option<DType> {
-        Some(match s {
-            "f16" => DType::F16,
-            "bf16" => DType::BF16,
-            "f32" => DType::F32,
-            "i32" => DType::I32,
-            "i64" => DType::I64,
-            "bool" => DType::Bool,
-            _ => return None,
-        })
-    }
 }
 
 impl fmt::Display for DType {

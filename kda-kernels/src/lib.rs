@@ -39,7 +39,8 @@ impl Variant {
 
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
 pub fn gemm_variant(cfg: gemm::GemmConfig) -> Variant {
-    let default = cfg == gemm_configs()[0];
+    // The first of `gemm_configs()` is the default config.
+    let default = cfg == gemm::GemmConfig::default();
     Variant { family: "gemm", name: cfg.key(), default, build: std::sync::Arc::new(move || gemm::gemm(&cfg)) }
 }
 

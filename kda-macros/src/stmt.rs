@@ -699,11 +699,7 @@ impl Cx {
             let els = match &i.else_branch {
                 None => quote!(),
                 Some((_, e)) => {
-                    let inner = match &**e {
-                        Expr::Block(b) => self.block_stmts(&b.block.stmts)?,
-                        Expr::If(ei) => self.if_stmt(ei)?,
-                        o => return err(o.span(), "unexpected else branch"),
-                    };
+                    let inner = self.else_body(e)?;
                     quote!(else { #inner })
                 }
             };
@@ -715,14 +711,19 @@ impl Cx {
         let els = match &i.else_branch {
             None => quote!(),
             Some((_, e)) => {
-                let inner = match &**e {
-                    Expr::Block(b) => self.block_stmts(&b.block.stmts)?,
-                    Expr::If(ei) => self.if_stmt(ei)?,
-                    o => return err(o.span(), "unexpected else branch"),
-                };
+                let inner = self.else_body(e)?;
                 quote!(__kb.begin_else(); #inner)
             }
         };
         Ok(quote!({ __kb.begin_if(#c, #lc); #then #els __kb.end(); }))
+    }
+
+    /// The statements of an `else` (a block, or an `else if` chain).
+    fn else_body(&mut self, e: &Expr) -> syn::Result<TS> {
+        match e {
+            Expr::Block(b) => self.block_stmts(&b.block.stmts),
+            Expr::If(ei) => self.if_stmt(ei),
+            o => err(o.span(), "unexpected else branch"),
+        }
     }
 }

@@ -22,13 +22,17 @@ pub fn gemm_variant(
     k: usize,
     n: usize,
 ) -> Result<kda_kernels::Variant, RuntimeError> {
+    gemm_config(dtype, out, b_transposed, k, n).map(kda_kernels::gemm_variant)
+}
+
+/// The shipped GEMM config for these operand types and shapes.
+fn gemm_config(dtype: DType, out: DType, b_transposed: bool, k: usize, n: usize) -> Result<GemmConfig, RuntimeError> {
     let aligned = k.is_multiple_of(8) && n.is_multiple_of(8);
     kda_kernels::gemm_configs()
         .into_iter()
         .find(|c: &GemmConfig| {
             c.dtype == dtype && c.out == out && c.b_transposed == b_transposed && c.aligned == aligned
         })
-        .map(kda_kernels::gemm_variant)
         .ok_or_else(|| {
             RuntimeError::Unsupported(format!(
                 "no shipped gemm variant for {dtype} inputs, {out} output, b_transposed = {b_transposed}"
@@ -44,6 +48,16 @@ pub fn plan_gemm(
     c: &TensorView,
     b_transposed: bool,
 ) -> Result<Option<kda_kernels::Variant>, RuntimeError> {
+    Ok(check_gemm(a, b, c, b_transposed)?.map(kda_kernels::gemm_variant))
+}
+
+/// `plan_gemm`'s checks, giving the config (no variant name is formatted on the launch path).
+fn check_gemm(
+    a: &TensorView,
+    b: &TensorView,
+    c: &TensorView,
+    b_transposed: bool,
+) -> Result<Option<GemmConfig>, RuntimeError> {
     for (name, t) in [("a", a), ("b", b), ("c", c)] {
         if t.shape().len() != 2 {
             return Err(bad(name, "a 2-D tensor", format!("shape {:?}", t.shape())));
@@ -75,7 +89,7 @@ pub fn plan_gemm(
     if m == 0 || n == 0 {
         return Ok(None);
     }
-    gemm_variant(a.dtype(), c.dtype(), b_transposed, k, n).map(Some)
+    gemm_config(a.dtype(), c.dtype(), b_transposed, k, n).map(Some)
 }
 
 /// `c = a · b` (`b` is `[K, N]`) or `a · bᵀ` (`b_transposed`, `b` is `[N, K]`) on `stream`.
@@ -89,16 +103,16 @@ pub fn gemm(
     c: &TensorView,
     b_transposed: bool,
 ) -> Result<(), RuntimeError> {
-    let Some(variant) = plan_gemm(a, b, c, b_transposed)? else {
+    let Some(cfg) = check_gemm(a, b, c, b_transposed)? else {
         return Ok(());
     };
-    let compiled = kernels.compiled(&variant)?;
+    let ready = kernels.gemm(&cfg)?;
     launch(
         gpu,
         &kernels.modules,
         stream,
-        &compiled,
-        &variant.id(),
+        &ready.kernel,
+        &ready.id,
         &[("a", KernelArg::Tensor(*a)), ("b", KernelArg::Tensor(*b)), ("c", KernelArg::Tensor(*c))],
     )
 }

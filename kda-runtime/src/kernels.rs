@@ -6,15 +6,28 @@ use std::sync::{Arc, Mutex};
 
 use kda_dsl::artifact::CompiledKernel;
 use kda_dsl::Target;
+use kda_kernels::decode::DecodeConfig;
+use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
 
 use crate::cache::ModuleCache;
 use crate::error::RuntimeError;
 
+/// A compiled kernel and the id its module is cached under.
+pub struct Ready {
+    /// The compiled kernel.
+    pub kernel: Arc<CompiledKernel>,
+    /// `family/config`, the module cache's key.
+    pub id: String,
+}
+
 /// Compiles shipped variants on first use and keeps their modules loaded.
 #[derive(Default)]
 pub struct Kernels {
     compiled: Mutex<HashMap<String, Arc<CompiledKernel>>>,
+    // Per-call lookups by config, so a launch formats no variant name.
+    gemm: Mutex<HashMap<GemmConfig, Arc<Ready>>>,
+    decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
 }
@@ -39,5 +52,31 @@ impl Kernels {
         );
         map.insert(id, k.clone());
         Ok(k)
+    }
+
+    /// The compiled GEMM for `cfg` (compiled on first use).
+    pub fn gemm(&self, cfg: &GemmConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.gemm, cfg, || kda_kernels::gemm_variant(cfg.clone()))
+    }
+
+    /// The compiled decode kernel for `cfg` (compiled on first use).
+    pub fn decode(&self, cfg: &DecodeConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.decode, cfg, || kda_kernels::decode_variant(cfg.clone()))
+    }
+
+    fn ready<K: std::hash::Hash + Eq + Clone>(
+        &self,
+        map: &Mutex<HashMap<K, Arc<Ready>>>,
+        key: &K,
+        variant: impl FnOnce() -> Variant,
+    ) -> Result<Arc<Ready>, RuntimeError> {
+        let poisoned = || RuntimeError::Unsupported("kernel cache poisoned".into());
+        if let Some(r) = map.lock().map_err(|_| poisoned())?.get(key) {
+            return Ok(r.clone());
+        }
+        let v = variant();
+        let r = Arc::new(Ready { kernel: self.compiled(&v)?, id: v.id() });
+        map.lock().map_err(|_| poisoned())?.insert(key.clone(), r.clone());
+        Ok(r)
     }
 }

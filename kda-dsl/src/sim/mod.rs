@@ -17,7 +17,6 @@ use std::fmt;
 mod numeric;
 
 use numeric::*;
-pub use numeric::{f32_to_bf16_bits, f32_to_f16_bits};
 
 /// A value for one kernel parameter.
 #[derive(Clone, Debug)]

@@ -201,16 +201,6 @@ pub(super) fn cvt(dty: Ty, sty: Ty, x: u64) -> R<u64> {
     })
 }
 
-/// Rounds an f32 to bf16 bits (nearest even), as `cvt.rn.bf16.f32`.
-pub fn f32_to_bf16_bits(x: f32) -> u16 {
-    round_bf16(x)
-}
-
-/// Rounds an f32 to f16 bits (nearest even), as `cvt.rn.f16.f32`.
-pub fn f32_to_f16_bits(x: f32) -> u16 {
-    round_f16(x)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,8 +151,7 @@ pub fn gated_delta_rule_decode_tuned(
         (None, None) => unreachable!("allocated above"),
     };
     let cfg = tuned_config(&plan, tune);
-    let variant = kda_kernels::decode_variant(cfg.clone());
-    let compiled = kernels.compiled(&variant)?;
+    let ready = kernels.decode(&cfg)?;
 
     // Tensors the config never reads still bind: a placeholder at q's address, with a shape
     // that agrees with the symbols it shares. The kernel does not touch them.
@@ -202,8 +201,8 @@ pub fn gated_delta_rule_decode_tuned(
         gpu,
         &kernels.modules,
         stream,
-        &compiled,
-        &variant.id(),
+        &ready.kernel,
+        &ready.id,
         &[
             ("q", T(*args.q)),
             ("k", T(*args.k)),

@@ -2,7 +2,7 @@
 //! refuses, at the kernel line.
 
 use kda_dsl::builder::*;
-use kda_dsl::tile::LoopKind;
+use kda_dsl::tile::{BinOp, LoopKind};
 use kda_dsl::{DType, SrcLoc};
 
 fn loc(line: u32) -> SrcLoc {
@@ -48,4 +48,36 @@ fn gemm_shapes_must_agree() {
     let e = kda_dsl::lower_kernel(k.finish().expect("valid")).expect_err("refused");
     assert_eq!(e.loc.line, 6);
     assert!(e.message.contains("gemm shapes"), "{e}");
+}
+
+#[test]
+fn a_product_plus_a_value_is_one_fused_multiply_add() {
+    let k = KernelBuilder::new("fma", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let x = k.fragment("x", &[16, 16], DType::F32, loc(3));
+    let y = k.fragment("y", &[16, 16], DType::F32, loc(4));
+    k.fill(&x, 2.0, loc(5));
+    k.fill(&y, 3.0, loc(6));
+    let ij = k.begin_parallel(&x, &["i", "j"], loc(7));
+    let xy = Val::bin(BinOp::Mul, k.elem(&x, ij.clone(), loc(8)), k.elem(&y, ij.clone(), loc(8)));
+    k.store(&y, ij.clone(), Val::bin(BinOp::Add, k.elem(&y, ij.clone(), loc(8)), xy), loc(8));
+    k.end();
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line8: String = dump(&prog).lines().filter(|l| l.ends_with("// 8")).map(|l| format!("{l}\n")).collect();
+    assert!(line8.contains("fma.rn.f32") && !line8.contains("mul.rn.f32"), "{line8}");
+}
+
+#[test]
+fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
+    let k = KernelBuilder::new("widen", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
+    let f = k.fragment("f", &[16, 64], DType::F32, loc(4));
+    k.fill(&s, 1.0, loc(5));
+    k.copy(s, &f, loc(6));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    // 32 elements per thread in 8 runs of 4 adjacent bf16: one 8-byte load each.
+    assert_eq!(line6.matches("ld.shared.v2.b32").count(), 8, "{line6}");
+    assert!(!line6.contains("ld.shared.b16"), "{line6}");
 }

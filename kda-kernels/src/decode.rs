@@ -3,12 +3,24 @@
 //!
 //! A block owns `bv` rows of one value head's 128 x 128 state for one sequence: rows of the
 //! V-first state `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so
-//! the grid is sequences x value heads x `V / bv`. Per token: decay the state, `u = beta (v -
-//! S k)` (a row reduction), `S += u kᵀ`, `o = S q` (another). Every specialization below is a
-//! host-side `if` on the config: the branches not taken leave no code.
+//! the grid is sequences x value heads x `V / bv`. Per token: decay the state, reduce it
+//! against k and q in one pass (`S k` and `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)`
+//! (the output of the updated state without a second pass), then `S += k uᵀ`. Every
+//! specialization below is a host-side `if` on the config: the branches not taken leave no code.
 
 use kda_dsl::DType;
 use kda_macros::kernel;
+
+/// Sequences one block takes at most (`ITEMS`); the launcher picks `ITEMS` to fill the GPU once.
+pub const MAX_ITEMS: usize = 256;
+
+/// Sequences per block (`ITEMS`): the fewest that keep the grid (`ceil(nseq / ITEMS)` x
+/// `blocks_per_sequence`) within `resident` blocks, so the whole call is one wave of blocks that
+/// each pipeline across their sequences; at most [`MAX_ITEMS`].
+pub fn items_per_block(nseq: usize, blocks_per_sequence: usize, resident: usize) -> usize {
+    let columns = (resident / blocks_per_sequence.max(1)).max(1);
+    nseq.div_ceil(columns).clamp(1, MAX_ITEMS)
+}
 
 /// The gate rule (KDA-SPEC "Gate rules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +98,9 @@ pub struct DecodeConfig {
     pub warps: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
     pub min_blocks: usize,
+    /// Pipeline stages of initial states in shared memory (2: the next sequence's state loads
+    /// while this one computes).
+    pub stages: usize,
 }
 
 impl Default for DecodeConfig {
@@ -110,8 +125,9 @@ impl Default for DecodeConfig {
             writes: Writes::PoolPerToken,
             // Chosen by `kda bench --sweep-decode` on an H200 (README, "Performance").
             bv: 32,
-            warps: 4,
-            min_blocks: 5,
+            warps: 2,
+            min_blocks: 6,
+            stages: 2,
         }
     }
 }
@@ -121,7 +137,7 @@ impl DecodeConfig {
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -139,7 +155,8 @@ impl DecodeConfig {
             self.writes,
             self.bv,
             self.warps,
-            self.min_blocks
+            self.min_blocks,
+            self.stages
         )
         .to_lowercase()
     }
@@ -166,11 +183,15 @@ pub fn decode(
     accepted: Global<(NA,), { cfg.accepted.unwrap_or(I32) }>,
     out: GlobalMut<(B, T, HV, VD), { cfg.out_dtype }>,
     NSEQ: Dim,
+    ITEMS: Dim,
     scale: f32,
     lower_bound: f32,
 ) {
-    // Memory-bound: enough warps per SM to keep loads in flight (caps registers at 128).
-    let (n, hv, vb) = launch(grid = [NSEQ, HV, VD / cfg.bv], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
+    // Memory-bound: enough warps per SM to keep loads in flight (caps registers). A block
+    // takes `ITEMS` sequences in turn for one head and row range; the pipeline loads the next
+    // sequence's state while this one computes, so memory stays busy however long a token takes.
+    let (blk, hv, vb) =
+        launch(grid = [ceil_div(NSEQ, ITEMS), HV, VD / cfg.bv], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);
@@ -178,20 +199,12 @@ pub fn decode(
     assume_extent(S2, 128);
     let h = hv / (HV / H);
     let v0 = vb * cfg.bv;
-    // The sequence's tokens: rows `bos .. bos + tn` of batch row `bi`.
-    let mut bos = 0;
-    let mut tn = T;
-    let mut bi = n;
-    if cfg.varlen.is_some() {
-        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
-        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
-        bos = s0;
-        tn = s1 - s0;
-        bi = 0;
-    }
+    let n0 = blk * ITEMS;
+    let items = min(ITEMS, NSEQ - n0);
     let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
     let s = fragment([vr, kc], F32);
     let tmp = fragment([vr, kc], F32);
+    let tmq = fragment([vr, kc], F32);
     let kf = fragment([128], F32);
     let qf = fragment([128], F32);
     let af = fragment([128], F32);
@@ -204,11 +217,11 @@ pub fn decode(
     let a_raw = shared([128], cfg.dtype);
     let dt_sh = shared([128], cfg.dt_bias.unwrap_or(F32));
     let a_sh = shared([128], F32);
+    let st_sh = shared([vr, kc], cfg.state_dtype);
+    let slot_sh = shared([MAX_ITEMS], I32);
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
-    // Flat token index of the sequence's first token (rows of a per-token `final_state`).
-    let tok0 = bos + bi * T;
     let mut ea = 1.0;
     if cfg.gate != Gate::Precomputed {
         if cfg.a_log {
@@ -218,171 +231,219 @@ pub fn decode(
             copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
         }
     }
-    let mut rs = n;
-    let mut live = true;
-    let mut beta = 0.0;
-    clear(s);
-    // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
-    // token t: loads are in flight while the previous token computes, and the first token's
-    // loads are issued before the state's, which waits on `state_indices`.
-    for t in serial(0, tn + 1) {
-        if t > 0 {
-            let tp = t - 1;
-            let ti = bos + tp;
+    // The pool slot each of the block's sequences starts from (-1: padding), all read at once
+    // rather than one dependent load per sequence.
+    for (i,) in parallel(slot_sh) {
+        let ni = min(n0 + i, NSEQ - 1);
+        let mut slot = ni;
+        if cfg.indices.is_some() {
+            let mut col = 0;
+            if cfg.accepted.is_some() {
+                // Clamped in the index's own width, so a huge i64 count cannot wrap.
+                col = (min(max(accepted[ni], 1), IC) - 1) as i32;
+            }
+            let raw = state_indices[ni][col];
+            slot = select(raw >= 0 && raw < P, raw as i32, -1);
+        }
+        slot_sh[i] = slot;
+    }
+    for it in pipelined(0, items, stages = cfg.stages) {
+        if cfg.use_initial_state {
+            // A padding sequence's stage reads slot 0 and is never used.
+            copy(state.tile_at([max(slot_sh[min(it, MAX_ITEMS - 1)], 0), hv, r0, c0], [1, 1, vr, kc]), st_sh);
+        }
+        let n = n0 + it;
+        let live = slot_sh[it] >= 0;
+        // The sequence's tokens: rows `bos .. bos + tn` of batch row `bi`.
+        let mut bos = 0;
+        let mut tn = T;
+        let mut bi = n;
+        if cfg.varlen.is_some() {
+            let s0 = max(min(cu_seqlens[n], T), 0) as i32;
+            let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
+            bos = s0;
+            tn = s1 - s0;
+            bi = 0;
+        }
+        // Flat token index of the sequence's first token (rows of a per-token `final_state`).
+        let tok0 = bos + bi * T;
+        let mut beta = 0.0;
+        clear(s);
+        if cfg.use_initial_state {
             if live {
-                // Decay alpha = exp(g), one channel per thread, through shared memory.
-                for (j,) in parallel(a_sh) {
-                    let mut x = a_raw[j] as f32;
-                    if cfg.gate != Gate::Precomputed {
-                        if cfg.dt_bias.is_some() {
-                            x = x + dt_sh[j] as f32;
+                copy(st_sh, s);
+            }
+        }
+        // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
+        // token t: loads are in flight while the previous token computes.
+        for t in serial(0, tn + 1) {
+            if t > 0 {
+                let tp = t - 1;
+                let ti = bos + tp;
+                if live {
+                    // Decay alpha = exp(g), one channel per thread, through shared memory.
+                    for (j,) in parallel(a_sh) {
+                        let mut x = a_raw[j] as f32;
+                        if cfg.gate != Gate::Precomputed {
+                            if cfg.dt_bias.is_some() {
+                                x = x + dt_sh[j] as f32;
+                            }
+                            if cfg.gate == Gate::LowerBound {
+                                x = lower_bound * sigmoid(ea * x);
+                            } else {
+                                x = -ea * softplus(x);
+                            }
                         }
-                        if cfg.gate == Gate::LowerBound {
-                            x = lower_bound * sigmoid(ea * x);
-                        } else {
-                            x = -ea * softplus(x);
-                        }
+                        a_sh[j] = exp(x);
                     }
-                    a_sh[j] = exp(x);
-                }
-                copy(a_sh, af);
-                if cfg.l2norm {
+                    copy(a_sh, af);
+                    // One pass over the decayed state gives both `S k` and `S q`: with `S' = S + k̂ uᵀ`,
+                    // `S' q̂ = S q̂ + u (k̂ · q̂)`, so the output needs no second reduction after the
+                    // update. The norms scale the reduced vectors instead of k and q.
+                    let mut rk = 1.0;
+                    let mut rq = 1.0;
+                    if cfg.l2norm {
+                        for (j,) in parallel(sq) {
+                            sq[j] = kf[j] * kf[j];
+                        }
+                        reduce_sum(sq, nrm, 0);
+                        rk = rsqrt(nrm[0] + 1e-6);
+                        for (j,) in parallel(sq) {
+                            sq[j] = qf[j] * qf[j];
+                        }
+                        reduce_sum(sq, nrm, 0);
+                        rq = rsqrt(nrm[0] + 1e-6);
+                    }
                     for (j,) in parallel(sq) {
-                        sq[j] = kf[j] * kf[j];
+                        sq[j] = kf[j] * qf[j];
                     }
                     reduce_sum(sq, nrm, 0);
-                    let inv = rsqrt(nrm[0] + 1e-6);
-                    for (j,) in parallel(kf) {
-                        kf[j] = kf[j] * inv;
+                    let kq = nrm[0] * rk * rq;
+                    if cfg.v_first {
+                        for (i, j) in parallel(s) {
+                            s[i][j] = s[i][j] * af[j];
+                            tmp[i][j] = s[i][j] * kf[j];
+                            tmq[i][j] = s[i][j] * qf[j];
+                        }
+                        reduce_sum(tmp, uf, 1);
+                        reduce_sum(tmq, of, 1);
+                    } else {
+                        for (i, j) in parallel(s) {
+                            s[i][j] = s[i][j] * af[i];
+                            tmp[i][j] = s[i][j] * kf[i];
+                            tmq[i][j] = s[i][j] * qf[i];
+                        }
+                        reduce_sum(tmp, uf, 0);
+                        reduce_sum(tmq, of, 0);
                     }
-                }
-                // u = beta * (v - S k), with the decayed state.
-                if cfg.v_first {
-                    for (i, j) in parallel(s) {
-                        s[i][j] = s[i][j] * af[j];
-                        tmp[i][j] = s[i][j] * kf[j];
-                    }
-                    reduce_sum(tmp, uf, 1);
-                } else {
-                    for (i, j) in parallel(s) {
-                        s[i][j] = s[i][j] * af[i];
-                        tmp[i][j] = s[i][j] * kf[i];
-                    }
-                    reduce_sum(tmp, uf, 0);
-                }
-                if cfg.beta_headwise {
-                    for (i,) in parallel(uf) {
-                        let mut bt = bw[i];
+                    // u = beta * (v - S k̂), with the decayed state.
+                    if cfg.beta_headwise {
+                        for (i,) in parallel(uf) {
+                            let mut bt = bw[i];
+                            if cfg.beta == Beta::Sigmoid {
+                                bt = sigmoid(bt);
+                            }
+                            if cfg.beta == Beta::TwoSigmoid {
+                                bt = 2.0 * sigmoid(bt);
+                            }
+                            uf[i] = bt * (vf[i] - uf[i] * rk);
+                        }
+                    } else {
+                        let mut bt = beta;
                         if cfg.beta == Beta::Sigmoid {
                             bt = sigmoid(bt);
                         }
                         if cfg.beta == Beta::TwoSigmoid {
                             bt = 2.0 * sigmoid(bt);
                         }
-                        uf[i] = bt * (vf[i] - uf[i]);
-                    }
-                } else {
-                    let mut bt = beta;
-                    if cfg.beta == Beta::Sigmoid {
-                        bt = sigmoid(bt);
-                    }
-                    if cfg.beta == Beta::TwoSigmoid {
-                        bt = 2.0 * sigmoid(bt);
-                    }
-                    for (i,) in parallel(uf) {
-                        uf[i] = bt * (vf[i] - uf[i]);
-                    }
-                }
-                // S += k u^T; o = S q, read after the update.
-                if cfg.l2norm {
-                    for (j,) in parallel(sq) {
-                        sq[j] = qf[j] * qf[j];
-                    }
-                    reduce_sum(sq, nrm, 0);
-                    let inv = rsqrt(nrm[0] + 1e-6);
-                    for (j,) in parallel(qf) {
-                        qf[j] = qf[j] * inv;
-                    }
-                }
-                if cfg.v_first {
-                    for (i, j) in parallel(s) {
-                        s[i][j] = s[i][j] + kf[j] * uf[i];
-                        tmp[i][j] = s[i][j] * qf[j];
-                    }
-                    reduce_sum(tmp, of, 1);
-                } else {
-                    for (i, j) in parallel(s) {
-                        s[i][j] = s[i][j] + kf[i] * uf[j];
-                        tmp[i][j] = s[i][j] * qf[i];
-                    }
-                    reduce_sum(tmp, of, 0);
-                }
-                // Rounded to the state's dtype after every token. The per-token write rounds as
-                // it stores, so only a state that goes on to another token needs it in registers.
-                if cfg.state_dtype != F32 {
-                    if t < tn || cfg.writes == Writes::PoolPerSequence || cfg.writes == Writes::FinalPerSequence {
-                        for (i, j) in parallel(s) {
-                            s[i][j] = s[i][j] as bf16;
+                        for (i,) in parallel(uf) {
+                            uf[i] = bt * (vf[i] - uf[i] * rk);
                         }
                     }
-                }
-                for (i,) in parallel(of) {
-                    of[i] = of[i] * scale;
-                }
-                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
-                if cfg.writes == Writes::PoolPerToken {
-                    let w = state_indices[n][min(tp, IC - 1)];
-                    if w >= 0 && w < P {
-                        copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                    for (i,) in parallel(of) {
+                        of[i] = (of[i] * rq + uf[i] * kq) * scale;
+                    }
+                    // S += k̂ uᵀ.
+                    if cfg.l2norm {
+                        for (j,) in parallel(kf) {
+                            kf[j] = kf[j] * rk;
+                        }
+                    }
+                    if cfg.v_first {
+                        for (i, j) in parallel(s) {
+                            s[i][j] = s[i][j] + kf[j] * uf[i];
+                        }
+                    } else {
+                        for (i, j) in parallel(s) {
+                            s[i][j] = s[i][j] + kf[i] * uf[j];
+                        }
+                    }
+                    // Rounded to the state's dtype after every token. The per-token write rounds as
+                    // it stores, so only a state that goes on to another token needs it in registers.
+                    if cfg.state_dtype != F32 {
+                        if t < tn || cfg.writes == Writes::PoolPerSequence || cfg.writes == Writes::FinalPerSequence {
+                            for (i, j) in parallel(s) {
+                                s[i][j] = s[i][j] as bf16;
+                            }
+                        }
+                    }
+                    copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+                    if cfg.writes == Writes::PoolPerToken {
+                        let w = state_indices[n][min(tp, IC - 1)];
+                        if w >= 0 && w < P {
+                            copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                        }
+                    }
+                    if cfg.writes == Writes::FinalPerToken {
+                        copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
+                    }
+                } else {
+                    // Padding: a zero output row; a per-token state of the sequence is zero too.
+                    clear(of);
+                    copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+                    if cfg.writes == Writes::FinalPerToken {
+                        copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
                     }
                 }
-                if cfg.writes == Writes::FinalPerToken {
-                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
-                }
-            } else {
-                // Padding: a zero output row; a per-token state of the sequence is zero too.
-                clear(of);
-                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
-                if cfg.writes == Writes::FinalPerToken {
-                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
+            }
+            if t < tn {
+                let ti = bos + t;
+                copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
+                copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
+                copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
+                copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
+                if cfg.beta_headwise {
+                    copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
+                } else {
+                    beta = b[bi][ti][hv][0];
                 }
             }
         }
-        if t < tn {
-            let ti = bos + t;
-            copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
-            copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
-            copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
-            copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
-            if cfg.beta_headwise {
-                copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
-            } else {
-                beta = b[bi][ti][hv][0];
-            }
+        if cfg.writes == Writes::PoolPerSequence {
+            copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
         }
-        if t == 0 {
-            // Where the state comes from.
-            if cfg.indices.is_some() {
-                let mut col = 0;
-                if cfg.accepted.is_some() {
-                    // Clamped in the index's own width, so a huge i64 count cannot wrap.
-                    col = (min(max(accepted[n], 1), IC) - 1) as i32;
-                }
-                let raw = state_indices[n][col];
-                live = raw >= 0 && raw < P;
-                rs = select(live, raw as i32, 0);
-            }
-            if cfg.use_initial_state {
-                if live {
-                    copy(state.tile_at([rs, hv, r0, c0], [1, 1, vr, kc]), s);
-                }
-            }
+        if cfg.writes == Writes::FinalPerSequence {
+            copy(s, final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
         }
     }
-    if cfg.writes == Writes::PoolPerSequence {
-        copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
-    }
-    if cfg.writes == Writes::FinalPerSequence {
-        copy(s, final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_per_block_fills_one_wave() {
+        // 132 SMs x 6 blocks, 32 heads x 4 row blocks per sequence.
+        let (per_seq, resident) = (128, 792);
+        for (nseq, want) in [(1, 1), (6, 1), (7, 2), (32, 6), (256, 43), (1024, 171), (100_000, MAX_ITEMS)] {
+            let items = items_per_block(nseq, per_seq, resident);
+            assert_eq!(items, want, "nseq {nseq}");
+            if items < MAX_ITEMS {
+                assert!(nseq.div_ceil(items) * per_seq <= resident.max(per_seq), "nseq {nseq}");
+            }
+        }
+        // More blocks per sequence than fit at once: one sequence per column.
+        assert_eq!(items_per_block(5, 4096, 792), 5);
     }
 }

@@ -23,6 +23,9 @@ pub struct LoadedKernel {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     function: sys::CUfunction,
+    /// Blocks of this kernel that fit on the whole device at once (resident blocks per SM, as
+    /// the driver's occupancy calculator says, times the SM count).
+    resident_blocks: u32,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable from any thread once
@@ -40,6 +43,11 @@ impl LoadedKernel {
     /// The context the module was loaded into.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Blocks of this kernel the device holds at once (at least 1).
+    pub fn resident_blocks(&self) -> u32 {
+        self.resident_blocks
     }
 }
 
@@ -119,7 +127,7 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
         .map_err(|_| RuntimeError::bad_argument("entry", "a name without NUL bytes", kernel.entry.clone()))?;
     ctx.bind_to_thread().op("cuCtxSetCurrent")?;
     let module = load_ptx(&ptx)?;
-    let mut loaded = LoadedKernel { ctx: ctx.clone(), module, function: std::ptr::null_mut() };
+    let mut loaded = LoadedKernel { ctx: ctx.clone(), module, function: std::ptr::null_mut(), resident_blocks: 1 };
     // SAFETY: the module is loaded and current; `loaded` unloads it on the error paths.
     let function = unsafe { result::module::get_function(module, entry) }.op("cuModuleGetFunction")?;
     if kernel.shared_bytes > DEFAULT_SHARED_LIMIT {
@@ -131,6 +139,15 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
             .op("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
     }
     loaded.function = function;
+    let threads = i32::try_from(kernel.threads)
+        .map_err(|_| RuntimeError::Unsupported(format!("{} threads per block", kernel.threads)))?;
+    // SAFETY: the function handle is valid while the module is loaded.
+    let per_sm = unsafe {
+        result::occupancy::max_active_block_per_multiprocessor(function, threads, kernel.shared_bytes as usize)
+    }
+    .op("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).op("cuDeviceGetAttribute")?;
+    loaded.resident_blocks = (per_sm.max(1) as u32).saturating_mul(sms.max(1) as u32);
     Ok(loaded)
 }
 

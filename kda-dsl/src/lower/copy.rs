@@ -625,7 +625,7 @@ impl Lower<'_> {
             let (addr, offset, valid) = at.slot(self, &gb, l, s);
             let regs: Vec<Reg> = (s..s + run).map(|k| self.regs[b][k as usize]).collect();
             if load {
-                self.run_load(addr, offset, gb.dtype, valid, dt, &regs);
+                self.run_load(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
             } else {
                 self.run_store(addr, offset, gb.dtype, valid, dt, &regs);
             }
@@ -634,10 +634,20 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// `dst.len()` adjacent elements at `addr + offset` into `dst` (0 where `valid` is false),
-    /// rounded for a `dt` tile: one vector load.
-    fn run_load(&mut self, addr: Reg, offset: i64, src: DType, valid: Option<Reg>, dt: DType, dst: &[Reg]) {
-        if dst.len() == 1 {
+    /// `dst.len()` adjacent elements at `addr + offset` in `space` into `dst` (0 where `valid`
+    /// is false), rounded for a `dt` tile: one vector load.
+    #[allow(clippy::too_many_arguments)]
+    fn run_load(
+        &mut self,
+        space: Space,
+        addr: Reg,
+        offset: i64,
+        src: DType,
+        valid: Option<Reg>,
+        dt: DType,
+        dst: &[Reg],
+    ) {
+        if dst.len() == 1 && space == Space::Global {
             let v = self.masked_load(addr, offset, src, valid);
             let v = self.round_for(v, dt);
             self.mov(dst[0], v);
@@ -655,7 +665,7 @@ impl Lower<'_> {
                     self.em.emit(Op::Mov { ty: Ty::F32, d: *v, a: Src::F32(0.0) });
                 }
             }
-            guarded(self, Op::Ld { space: Space::Global, ty: Ty::F32, d: vals.clone(), addr, offset });
+            guarded(self, Op::Ld { space, ty: Ty::F32, d: vals.clone(), addr, offset });
         } else {
             let words: Vec<Reg> = (0..n / 2).map(|_| self.em.reg(RegClass::B32)).collect();
             if valid.is_some() {
@@ -663,7 +673,7 @@ impl Lower<'_> {
                     self.em.emit(Op::Mov { ty: Ty::B32, d: *w, a: Src::Imm(0) });
                 }
             }
-            guarded(self, Op::Ld { space: Space::Global, ty: Ty::B32, d: words.clone(), addr, offset });
+            guarded(self, Op::Ld { space, ty: Ty::B32, d: words.clone(), addr, offset });
             for (k, w) in words.iter().enumerate() {
                 if src == DType::BF16 {
                     // bf16 is the upper half of an f32: a shift and a mask widen a packed pair.
@@ -750,21 +760,20 @@ impl Lower<'_> {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
                 let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
                 let row_major = matches!(self.p.shared(sh), crate::layout::SharedLayout::RowMajor { .. });
-                if to_frag && sdt == DType::F32 && row_major && l.kind != FragmentKind::Rows {
-                    // A thread's `vec` adjacent columns are adjacent f32 in a row-major tile:
-                    // one aligned vector load each (columns start at multiples of `vec`).
+                // A thread's `vec` adjacent columns start at a multiple of `vec`; they stay
+                // adjacent in a row-major tile, and in a swizzled one when they fit in a chunk.
+                let esize = sdt.size_bytes() as u32;
+                let contiguous = row_major || l.vec * esize <= 16;
+                let floats = matches!(sdt, DType::F32 | DType::BF16 | DType::F16);
+                if to_frag && floats && contiguous && l.vec >= 2 && l.kind != FragmentKind::Rows {
+                    // One aligned vector load per run (16-bit pairs widen in registers).
                     let mut k = 0;
                     while k < l.slots() {
                         let (row, col) = self.frag_coords(l, k);
                         let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
                         let a = self.shared_addr(sh, row, col);
-                        let vals: Vec<Reg> = (0..l.vec).map(|_| self.em.reg(RegClass::F32)).collect();
-                        self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::F32, d: vals.clone(), addr: a, offset: 0 });
-                        for (j, v) in vals.into_iter().enumerate() {
-                            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, ddt);
-                            let r = self.regs[fr][k as usize + j];
-                            self.mov(r, v);
-                        }
+                        let regs: Vec<Reg> = (k..k + l.vec).map(|j| self.regs[fr][j as usize]).collect();
+                        self.run_load(Space::Shared, a, 0, sdt, None, ddt, &regs);
                         k += l.vec;
                     }
                     return Ok(());

@@ -255,6 +255,11 @@ impl Lower<'_> {
             self.em.emit(Op::PredLogic { op: k, d, a: xr, b: yr });
             return Ok(V { s: Src::Reg(d), ty: DType::Bool });
         }
+        if ty == DType::F32 && op == BinOp::Add {
+            if let Some(v) = self.fused_multiply_add(a, b, loc)? {
+                return Ok(v);
+            }
+        }
         let x = self.expr(a, ty, loc)?.s;
         let y = self.expr(b, ty, loc)?.s;
         let pty = ty_of(ty);
@@ -296,6 +301,31 @@ impl Lower<'_> {
         };
         let d = self.em.bin(kind, pty, class_of(ty), x, y);
         Ok(V { s: Src::Reg(d), ty })
+    }
+
+    /// `m * n + c` (either order) of f32 values as one `fma.rn.f32`: a single rounding, as CUDA
+    /// C++ contracts by default. `None` when neither side is an f32 product.
+    fn fused_multiply_add(&mut self, a: &Expr, b: &Expr, loc: SrcLoc) -> Result<Option<V>, Diag> {
+        use crate::passes::check_types::Ty as T;
+        let is_f32_product = |lw: &Self, e: &Expr| {
+            matches!(e, Expr::Binary(BinOp::Mul, ..))
+                && matches!(type_of(&lw.p.def, e, loc), Ok(T::Is(DType::F32)))
+        };
+        let (prod, c) = if is_f32_product(self, a) {
+            (a, b)
+        } else if is_f32_product(self, b) {
+            (b, a)
+        } else {
+            return Ok(None);
+        };
+        let Expr::Binary(_, m, n) = prod else { return Ok(None) };
+        let m = self.expr(m, DType::F32, loc)?.s;
+        let n = self.expr(n, DType::F32, loc)?.s;
+        let c = self.expr(c, DType::F32, loc)?.s;
+        let m = Src::Reg(self.f32_reg(m));
+        let d = self.em.reg(RegClass::F32);
+        self.em.emit(Op::Mad { ty: Ty::F32, d, a: m, b: n, c });
+        Ok(Some(V { s: Src::Reg(d), ty: DType::F32 }))
     }
 
     fn cast(&mut self, to: DType, a: &Expr, loc: SrcLoc) -> Result<V, Diag> {

@@ -2,6 +2,8 @@
 //! reduction of that tile into a row or column vector, becomes a `parallel` that accumulates
 //! straight into the vector, then a `reduce_lanes` across the lanes holding each element.
 //!
+//! Several reductions right after one loop all fold into it (one pass over the tile).
+//!
 //! The temporary then has no live range at all: for a 16 x 128 f32 state per warp that is 64
 //! registers per thread, which decides how many warps fit on an SM.
 
@@ -107,20 +109,25 @@ fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
             }
             kind => Stmt { kind, loc: s.loc },
         };
-        if let (StmtKind::Parallel { over, vars, body }, Some(next)) = (&s.kind, it.peek()) {
-            if let StmtKind::Reduce { op, src, dst, axis } = &next.kind {
-                if let Some(fused) = fuse(p, *over, vars, body, *op, *src, *dst, *axis, reads) {
-                    let (op, dst, axis, loc) = (*op, *dst, *axis, next.loc);
-                    it.next();
-                    let identity = if op == ReduceOp::Sum { Expr::Float(0.0) } else { Expr::Float(f64::NEG_INFINITY) };
-                    out.push(Stmt { kind: StmtKind::Fill(dst, identity), loc });
-                    out.push(Stmt {
-                        kind: StmtKind::Parallel { over: *over, vars: vars.clone(), body: fused },
-                        loc: s.loc,
-                    });
-                    out.push(Stmt { kind: StmtKind::ReduceLanes { op, dst, axis }, loc });
-                    continue;
-                }
+        if let StmtKind::Parallel { over, vars, body } = &s.kind {
+            // Every reduction right after the loop whose temporary it fills folds into it: one
+            // pass over the tile feeds several vectors.
+            let mut body = body.clone();
+            let (mut fills, mut lanes) = (vec![], vec![]);
+            while let Some(StmtKind::Reduce { op, src, dst, axis }) = it.peek().map(|n| &n.kind) {
+                let Some(fused) = fuse(p, *over, vars, &body, *op, *src, *dst, *axis, reads) else { break };
+                let (op, dst, axis) = (*op, *dst, *axis);
+                let loc = it.next().map_or(s.loc, |n| n.loc);
+                body = fused;
+                let identity = if op == ReduceOp::Sum { Expr::Float(0.0) } else { Expr::Float(f64::NEG_INFINITY) };
+                fills.push(Stmt { kind: StmtKind::Fill(dst, identity), loc });
+                lanes.push(Stmt { kind: StmtKind::ReduceLanes { op, dst, axis }, loc });
+            }
+            if !fills.is_empty() {
+                out.extend(fills);
+                out.push(Stmt { kind: StmtKind::Parallel { over: *over, vars: vars.clone(), body }, loc: s.loc });
+                out.extend(lanes);
+                continue;
             }
         }
         out.push(s);
@@ -208,6 +215,38 @@ mod tests {
         super::fuse_reductions(&mut p).expect("fuses");
         let text = p.def.to_string();
         assert!(text.contains("reduce_lanes_Sum u axis=1") && !text.contains("tmp["), "{text}");
+        insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn two_products_reduced_after_one_loop_share_the_pass() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.fragment("s", &[16, 128], DType::F32, loc(3));
+        let t1 = k.fragment("t1", &[16, 128], DType::F32, loc(4));
+        let t2 = k.fragment("t2", &[16, 128], DType::F32, loc(5));
+        let x = k.fragment("x", &[128], DType::F32, loc(6));
+        let y = k.fragment("y", &[128], DType::F32, loc(7));
+        let u = k.fragment("u", &[16], DType::F32, loc(8));
+        let o = k.fragment("o", &[16], DType::F32, loc(9));
+        k.fill(&s, 1.0, loc(10));
+        k.fill(&x, 2.0, loc(11));
+        k.fill(&y, 3.0, loc(12));
+        let ij = k.begin_parallel(&s, &["i", "j"], loc(13));
+        let sx = Val::bin(BinOp::Mul, k.elem(&s, ij.clone(), loc(14)), k.elem(&x, vec![ij[1].clone()], loc(14)));
+        k.store(&t1, ij.clone(), sx, loc(14));
+        let sy = Val::bin(BinOp::Mul, k.elem(&s, ij.clone(), loc(15)), k.elem(&y, vec![ij[1].clone()], loc(15)));
+        k.store(&t2, ij, sy, loc(15));
+        k.end();
+        k.reduce(ReduceOp::Sum, &t1, &u, 1, loc(16));
+        k.reduce(ReduceOp::Sum, &t2, &o, 1, loc(17));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::fuse_reductions(&mut p).expect("fuses");
+        let text = p.def.to_string();
+        assert_eq!(text.matches("parallel").count(), 1, "{text}");
+        assert!(text.contains("reduce_lanes_Sum u axis=1") && text.contains("reduce_lanes_Sum o axis=1"), "{text}");
+        assert!(!text.contains("t1[") && !text.contains("t2["), "{text}");
         insta::assert_snapshot!(text);
     }
 }

@@ -195,15 +195,12 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
                 out.push(Stmt { kind: StmtKind::If(c.clone(), t2, e2), loc: s.loc });
             }
             StmtKind::For { var, kind: kind @ LoopKind::Pipelined { .. }, start, end, body } => {
-                // Writes into the stages happen in the prologue, before the first barrier.
+                // Writes into the stages happen in the prologue, before the first barrier, and
+                // so do the reads of shared tiles their coordinates make.
                 let staged: Vec<Access> = body
                     .iter()
-                    .filter_map(|x| match &x.kind {
-                        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b) => {
-                            Some(Access { buf: *b, write: true, owned: None })
-                        }
-                        _ => None,
-                    })
+                    .filter(|x| matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b)))
+                    .flat_map(|x| accesses(p, x))
                     .collect();
                 if conflicts(state, &staged) {
                     out.push(barrier(s.loc));

@@ -24,12 +24,14 @@ pub struct DecodeTuning {
     pub warps: usize,
     /// Blocks per SM the kernel must allow.
     pub min_blocks: usize,
+    /// Pipeline stages of initial states in shared memory.
+    pub stages: usize,
 }
 
 impl Default for DecodeTuning {
     fn default() -> Self {
         let d = DecodeConfig::default();
-        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks }
+        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks, stages: d.stages }
     }
 }
 
@@ -85,6 +87,7 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         bv: tune.rows,
         warps: tune.warps,
         min_blocks: tune.min_blocks,
+        stages: tune.stages,
     }
 }
 
@@ -109,7 +112,7 @@ pub fn gated_delta_rule_decode(
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
-/// 32, 64 or 128 and `warps` 1 to 16).
+/// 32, 64 or 128, `warps` 1 to 16, `min_blocks` 1 to 32 and `stages` 2 to 4).
 pub fn gated_delta_rule_decode_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -120,9 +123,10 @@ pub fn gated_delta_rule_decode_tuned(
     if !matches!(tune.rows, 16 | 32 | 64 | 128)
         || !(1..=16).contains(&tune.warps)
         || !(1..=32).contains(&tune.min_blocks)
+        || !(2..=4).contains(&tune.stages)
     {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32"
+            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4"
         )));
     }
     let plan = plan_decode(args)?;
@@ -196,6 +200,8 @@ pub fn gated_delta_rule_decode_tuned(
     };
     let nseq = i32::try_from(plan.n)
         .map_err(|_| RuntimeError::bad_argument("q", "fewer than 2^31 sequences", plan.n.to_string()))?;
+    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+    let items = kda_kernels::decode::items_per_block(plan.n, hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize);
     use KernelArg::{Tensor as T, F32, I32};
     launch(
         gpu,
@@ -218,6 +224,7 @@ pub fn gated_delta_rule_decode_tuned(
             ("accepted", T(nat)),
             ("out", T(out_view)),
             ("NSEQ", I32(nseq)),
+            ("ITEMS", I32(items as i32)),
             ("scale", F32(plan.scale)),
             ("lower_bound", F32(lower_bound)),
         ],

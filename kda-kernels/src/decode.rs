@@ -217,8 +217,15 @@ pub fn decode(
     let a_raw = shared([128], cfg.dtype);
     let dt_sh = shared([128], cfg.dt_bias.unwrap_or(F32));
     let a_sh = shared([128], F32);
+    // Pipeline stages: a sequence's initial state and its first token's inputs.
     let st_sh = shared([vr, kc], cfg.state_dtype);
+    let a0_sh = shared([128], cfg.dtype);
+    let k0_sh = shared([128], cfg.dtype);
+    let q0_sh = shared([128], cfg.dtype);
+    let v0_sh = shared([cfg.bv], cfg.dtype);
+    let b0_sh = shared([cfg.bv], cfg.dtype);
     let slot_sh = shared([MAX_ITEMS], I32);
+    let beta_sh = shared([MAX_ITEMS], F32);
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
@@ -246,11 +253,40 @@ pub fn decode(
             slot = select(raw >= 0 && raw < P, raw as i32, -1);
         }
         slot_sh[i] = slot;
+        if !cfg.beta_headwise {
+            // The first token's beta (a row inside `b` even for an empty sequence).
+            let mut bi0 = ni;
+            let mut ti0 = 0;
+            if cfg.varlen.is_some() {
+                bi0 = 0;
+                ti0 = max(min(cu_seqlens[ni], T - 1), 0) as i32;
+            }
+            beta_sh[i] = b[bi0][ti0][hv][0] as f32;
+        }
     }
     for it in pipelined(0, items, stages = cfg.stages) {
         if cfg.use_initial_state {
             // A padding sequence's stage reads slot 0 and is never used.
             copy(state.tile_at([max(slot_sh[min(it, MAX_ITEMS - 1)], 0), hv, r0, c0], [1, 1, vr, kc]), st_sh);
+        }
+        // The first token's inputs (batch row, token) = (sequence, 0), or (0, its first row) in
+        // varlen; an empty sequence's row may lie past the end, and the box masks it.
+        if cfg.varlen.is_some() {
+            copy(a.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, 0], [1, 1, 1, 128]), a0_sh);
+            copy(k.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), k0_sh);
+            copy(q.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), q0_sh);
+            copy(v.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, v0], [1, 1, 1, cfg.bv]), v0_sh);
+            if cfg.beta_headwise {
+                copy(b.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, v0], [1, 1, 1, cfg.bv]), b0_sh);
+            }
+        } else {
+            copy(a.tile_at([n0 + it, 0, hv, 0], [1, 1, 1, 128]), a0_sh);
+            copy(k.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]), k0_sh);
+            copy(q.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]), q0_sh);
+            copy(v.tile_at([n0 + it, 0, hv, v0], [1, 1, 1, cfg.bv]), v0_sh);
+            if cfg.beta_headwise {
+                copy(b.tile_at([n0 + it, 0, hv, v0], [1, 1, 1, cfg.bv]), b0_sh);
+            }
         }
         let n = n0 + it;
         let live = slot_sh[it] >= 0;
@@ -406,7 +442,19 @@ pub fn decode(
                     }
                 }
             }
-            if t < tn {
+            if t == 0 && tn > 0 {
+                // Staged by the pipeline with the state.
+                copy(a0_sh, a_raw);
+                copy(k0_sh, kf);
+                copy(q0_sh, qf);
+                copy(v0_sh, vf);
+                if cfg.beta_headwise {
+                    copy(b0_sh, bw);
+                } else {
+                    beta = beta_sh[it];
+                }
+            }
+            if t > 0 && t < tn {
                 let ti = bos + t;
                 copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
                 copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);

@@ -445,6 +445,20 @@ impl Lower<'_> {
             let chunk = 16 / dt.size_bytes() as u32;
             let vpr = cols / chunk;
             let n = rows * vpr;
+            let step = threads / vpr;
+            // Pass k's swizzle is pass 0's XOR a constant when `step` rows are whole groups of
+            // `rpl` rows, a power of two of them (pass 0's row groups stay below that bit).
+            let swizzle_ok = self.p.shared(b).swizzle_params().is_none_or(|(_, rpl, _)| {
+                step.is_multiple_of(rpl) && (step / rpl).is_power_of_two()
+            });
+            let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
+            if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
+                self.strided_fill(&gb, b, live, use_async, step, n / threads);
+                if live.is_none() && use_async {
+                    self.em.emit(Op::CpAsyncCommit);
+                }
+                return Ok(());
+            }
             for k in 0..n.div_ceil(threads) {
                 let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
                 let in_range = if (k + 1) * threads > n {
@@ -481,6 +495,73 @@ impl Lower<'_> {
             lw.store_mem(Space::Shared, saddr, dt, v);
             Ok(())
         })
+    }
+
+    /// A vector fill whose threads cover whole rows: pass `k` moves the chunks of pass 0 down
+    /// `k * step` rows, so one address of each kind is computed and the others are offsets
+    /// from it (a 64-bit add in global memory; in a swizzled tile, the chunk index changes by
+    /// a constant XOR, since the rows of pass 0 stay below `step`).
+    fn strided_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>, use_async: bool, step: u32, passes: u32) {
+        let dt = self.def().buffers[b].dtype;
+        let esize = dt.size_bytes() as i64;
+        let chunk = 16 / esize;
+        let l = self.p.shared(b);
+        let (_, cols) = l.shape();
+        let vpr = cols as i64 / chunk;
+        let r0 = self.em.op32(BinKind::Div, self.th.tid, vpr);
+        let cv = self.em.op32(BinKind::Rem, self.th.tid, vpr);
+        let c0 = self.em.op32(BinKind::Mul, cv, chunk);
+        // Global: the first chunk's address and the columns' mask; rows are masked per pass.
+        let mut addr = Src::Reg(gb.base);
+        let rs = gb.row_stride.expect("a 2-D box");
+        addr = self.add_scaled(addr, r0, Src::Reg(rs));
+        addr = self.add_scaled(addr, c0, gb.col_stride);
+        let mut addr = self.em.to_reg(addr, RegClass::B64, Ty::U64);
+        let mut col_valid = self.em.and_pred(gb.unit_ok, live);
+        if !covers(gb.col_lim, gb.extent.1) {
+            let p = self.lt(c0, gb.col_lim);
+            col_valid = self.em.and_pred(col_valid, p);
+        }
+        let step_bytes = self.em.reg(RegClass::B64);
+        self.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: step_bytes, a: Src::Reg(rs), b: Src::Imm(step as i64) });
+        // Shared: the row base and (swizzled) the physical chunk of pass 0.
+        let base = self.shared_base[b].expect("shared buffers have a base");
+        let row_bytes = cols as i64 * esize;
+        let rb = self.em.mul32(r0, Src::Imm(row_bytes));
+        let row_base = self.em.add32(base, rb);
+        let swizzle = l.swizzle_params().map(|(_, rpl, mask)| {
+            let x = self.em.op32(BinKind::Shr, r0, rpl.trailing_zeros() as i64);
+            let x = self.em.op32(BinKind::And, x, mask as i64);
+            let phys = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, cv, x));
+            (rpl, mask, phys)
+        });
+        for k in 0..passes as i64 {
+            if k > 0 {
+                addr = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, step_bytes);
+            }
+            let valid = match gb.row_lim.filter(|lim| !covers(*lim, gb.extent.0)) {
+                Some(lim) => {
+                    let p = self.lt_minus(r0, lim, k * step as i64);
+                    self.em.and_pred(col_valid, p)
+                }
+                None => col_valid,
+            };
+            let pass_base = self.em.add32(row_base, Src::Imm(k * step as i64 * row_bytes));
+            let saddr = match swizzle {
+                None => {
+                    let c = self.em.mul32(c0, Src::Imm(esize));
+                    self.em.add32(pass_base, c)
+                }
+                Some((rpl, mask, phys)) => {
+                    let ck = (k * step as i64 / rpl as i64) & mask as i64;
+                    let p = if ck == 0 { phys } else { self.em.op32(BinKind::Xor, phys, ck) };
+                    let off = self.em.op32(BinKind::Shl, p, 4);
+                    self.em.add32(pass_base, off)
+                }
+            };
+            let saddr = self.em.to_reg(saddr, RegClass::B32, Ty::U32);
+            self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
+        }
     }
 
     /// One 16-byte chunk from global to shared, zero when `valid` is false.

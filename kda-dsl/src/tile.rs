@@ -345,6 +345,17 @@ pub enum StmtKind {
         /// Reduced axis of the parent tile.
         axis: usize,
     },
+    /// Completes a vector-to-one-value reduction fused into a `parallel` over `vector` (by
+    /// `fuse_reductions`): `dst`, a local `[1]`, holds this thread's partial over the elements
+    /// it holds; afterwards, the total.
+    ReduceVectorLanes {
+        /// Operator.
+        op: ReduceOp,
+        /// The local `[1]` tile.
+        dst: BufId,
+        /// The vector fragment whose distribution the partials follow.
+        vector: BufId,
+    },
     /// Shows a tile in the simulator (no code on the GPU).
     Print(BufId),
     /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
@@ -553,6 +564,9 @@ impl KernelDef {
             }
             StmtKind::ReduceLanes { op, dst, axis } => {
                 writeln!(f, "{pad}reduce_lanes_{:?} {} axis={axis}", op, name(dst))
+            }
+            StmtKind::ReduceVectorLanes { op, dst, vector } => {
+                writeln!(f, "{pad}reduce_vector_lanes_{:?} {} over {}", op, name(dst), name(vector))
             }
             StmtKind::Print(b) => writeln!(f, "{pad}print {}", name(b)),
             StmtKind::WarpGroup { first, count, id, var, body } => {

@@ -275,17 +275,17 @@ pub fn decode(
             copy(a.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, 0], [1, 1, 1, 128]), a0_sh);
             copy(k.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), k0_sh);
             copy(q.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), q0_sh);
-            copy(v.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, v0], [1, 1, 1, cfg.bv]), v0_sh);
+            copy(v.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), v0_sh);
             if cfg.beta_headwise {
-                copy(b.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, v0], [1, 1, 1, cfg.bv]), b0_sh);
+                copy(b.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), b0_sh);
             }
         } else {
             copy(a.tile_at([n0 + it, 0, hv, 0], [1, 1, 1, 128]), a0_sh);
             copy(k.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]), k0_sh);
             copy(q.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]), q0_sh);
-            copy(v.tile_at([n0 + it, 0, hv, v0], [1, 1, 1, cfg.bv]), v0_sh);
+            copy(v.tile_at([n0 + it, 0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), v0_sh);
             if cfg.beta_headwise {
-                copy(b.tile_at([n0 + it, 0, hv, v0], [1, 1, 1, cfg.bv]), b0_sh);
+                copy(b.tile_at([n0 + it, 0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), b0_sh);
             }
         }
         let n = n0 + it;
@@ -399,10 +399,10 @@ pub fn decode(
                     for (i,) in parallel(of) {
                         of[i] = (of[i] * rq + uf[i] * kq) * scale;
                     }
-                    // S += k̂ uᵀ.
+                    // S += k̂ uᵀ = k (rk u)ᵀ: the norm scales the short vector.
                     if cfg.l2norm {
-                        for (j,) in parallel(kf) {
-                            kf[j] = kf[j] * rk;
+                        for (i,) in parallel(uf) {
+                            uf[i] = uf[i] * rk;
                         }
                     }
                     if cfg.v_first {

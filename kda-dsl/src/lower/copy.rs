@@ -417,6 +417,58 @@ impl Lower<'_> {
         }
     }
 
+    /// The address (register, constant offset) of each `vec`-run of a tile fragment in swizzled
+    /// shared tile `sh`, computing the swizzle once: when a warp's columns are one atom wide
+    /// (`wn = 1`) and slot rows differ by whole swizzle periods, a run's physical chunk is the
+    /// thread's first chunk XOR a constant (the run's chunk offset has no bits in common with
+    /// the thread's). `None` when that does not hold, or the tile is not swizzled.
+    fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
+        let (chunk, rpl, mask) = self.p.shared(sh).swizzle_params()?;
+        let period = rpl * (mask + 1);
+        let runs: Vec<crate::layout::SlotCoord> = (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
+        let granule: u32 = 4 * l.vec;
+        let fits = l.kind == FragmentKind::Tile
+            && l.wn == 1
+            && granule.is_multiple_of(chunk)
+            && (granule / chunk).is_power_of_two()
+            && runs.iter().all(|c| c.row_off.is_multiple_of(period) && c.col_off.is_multiple_of(granule));
+        if !fits {
+            return None;
+        }
+        let esize = self.def().buffers[sh].dtype.size_bytes() as i64;
+        let (_, cols) = self.p.shared(sh).shape();
+        let row_bytes = cols as i64 * esize;
+        let (rb, cb) = self.frag_base(l);
+        let base = self.shared_base[sh].expect("shared buffers have a base");
+        let rows = self.em.mul32(rb, Src::Imm(row_bytes));
+        let within = self.em.op32(BinKind::Rem, cb, chunk as i64);
+        let within = self.em.mul32(within, Src::Imm(esize));
+        let row_base = self.em.add32(base, rows);
+        let row_base = self.em.add32(row_base, within);
+        let ch = self.em.op32(BinKind::Div, cb, chunk as i64);
+        let r = self.em.op32(BinKind::Shr, rb, rpl.trailing_zeros() as i64);
+        let r = self.em.op32(BinKind::And, r, mask as i64);
+        let phys0 = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, ch, r));
+        let mut by_chunk: std::collections::HashMap<u32, Reg> = std::collections::HashMap::new();
+        let mut out = vec![];
+        for c in runs {
+            let k = c.col_off / chunk;
+            let a = match by_chunk.get(&k) {
+                Some(a) => *a,
+                None => {
+                    let p = if k == 0 { phys0 } else { self.em.op32(BinKind::Xor, phys0, k as i64) };
+                    let off = self.em.op32(BinKind::Shl, p, 4);
+                    let a = self.em.add32(row_base, off);
+                    let a = self.em.to_reg(a, RegClass::B32, Ty::U32);
+                    by_chunk.insert(k, a);
+                    a
+                }
+            };
+            out.push((a, c.row_off as i64 * row_bytes));
+        }
+        Some(out)
+    }
+
     fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
         let (x, y) = (&self.def().buffers[a], &self.def().buffers[b]);
         if x.shape != y.shape {
@@ -848,13 +900,19 @@ impl Lower<'_> {
                 let floats = matches!(sdt, DType::F32 | DType::BF16 | DType::F16);
                 if to_frag && floats && contiguous && l.vec >= 2 && l.kind != FragmentKind::Rows {
                     // One aligned vector load per run (16-bit pairs widen in registers).
+                    let fast = if two_d { self.swizzled_runs(sh, l) } else { None };
                     let mut k = 0;
                     while k < l.slots() {
-                        let (row, col) = self.frag_coords(l, k);
-                        let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
-                        let a = self.shared_addr(sh, row, col);
+                        let (a, off) = match &fast {
+                            Some(runs) => runs[(k / l.vec) as usize],
+                            None => {
+                                let (row, col) = self.frag_coords(l, k);
+                                let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                                (self.shared_addr(sh, row, col), 0)
+                            }
+                        };
                         let regs: Vec<Reg> = (k..k + l.vec).map(|j| self.regs[fr][j as usize]).collect();
-                        self.run_load(Space::Shared, a, 0, sdt, None, ddt, &regs);
+                        self.run_load(Space::Shared, a, off, sdt, None, ddt, &regs);
                         k += l.vec;
                     }
                     return Ok(());

@@ -38,6 +38,16 @@ impl Lower<'_> {
         let (rows, cols) = self.p.shared(b).shape();
         let n = rows * cols;
         let threads = self.threads;
+        if threads.is_multiple_of(cols) && n.is_multiple_of(threads) {
+            // Every pass covers whole rows: pass k is pass 0 moved down k * threads / cols rows.
+            let row0 = self.em.op32(BinKind::Div, self.th.tid, cols as i64);
+            let col = self.em.op32(BinKind::Rem, self.th.tid, cols as i64);
+            for k in 0..n / threads {
+                let row = self.em.add32(row0, Src::Imm((k * (threads / cols)) as i64));
+                f(self, row, col)?;
+            }
+            return Ok(());
+        }
         for k in 0..n.div_ceil(threads) {
             let e = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
             let skip = if (k + 1) * threads > n {

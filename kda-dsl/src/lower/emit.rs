@@ -102,6 +102,15 @@ impl Emitter {
                 BinKind::Mul => x * b,
                 _ => unreachable!("op32 {op:?}"),
             }),
+            // Unsigned division and remainder by a power of two are a shift and a mask.
+            a if op == BinKind::Div && b == 1 => a,
+            _ if op == BinKind::Rem && b == 1 => Src::Imm(0),
+            a if op == BinKind::Div && b > 0 && (b as u64).is_power_of_two() => {
+                Src::Reg(self.bin(BinKind::Shr, Ty::U32, RegClass::B32, a, Src::Imm(b.trailing_zeros() as i64)))
+            }
+            a if op == BinKind::Rem && b > 0 && (b as u64).is_power_of_two() => {
+                Src::Reg(self.bin(BinKind::And, Ty::B32, RegClass::B32, a, Src::Imm(b - 1)))
+            }
             a => {
                 let ty = if matches!(
                     op,

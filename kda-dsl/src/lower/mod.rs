@@ -329,6 +329,7 @@ impl Lower<'_> {
             StmtKind::WarpGroup { first, count, id, var, body } => self.warp_group(*first, *count, *id, *var, body),
             StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
+            StmtKind::ReduceVectorLanes { op, dst, vector } => self.reduce_vector_lanes(*op, *dst, *vector, loc),
             StmtKind::Print(b) => self.print(*b),
             StmtKind::Barrier => {
                 // Asynchronous copies outside pipelines land before the barrier releases anyone.

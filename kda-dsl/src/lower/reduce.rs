@@ -220,6 +220,28 @@ impl Lower<'_> {
             let r = self.regs[src][s];
             self.combine(op, vt, acc, acc, r);
         }
+        self.combine_vector_holders(op, vt, l, acc);
+        let v = self.round_for(V { s: Src::Reg(acc), ty: vt }, db.dtype);
+        let d = self.regs[dst][0];
+        self.mov(d, v);
+        Ok(())
+    }
+
+    /// `reduce_vector_lanes`: the local `[1]` `dst` holds this thread's partial over its
+    /// elements of `vector`; afterwards, the total in every thread.
+    pub(crate) fn reduce_vector_lanes(&mut self, op: ReduceOp, dst: BufId, vector: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let (BufLayout::Fragment(l), BufLayout::Local) = (self.p.layouts[vector], self.p.layouts[dst]) else {
+            return self.err(loc, "reduce_vector_lanes needs a vector fragment and a local [1] tile");
+        };
+        let vt = value_type(self.def().buffers[dst].dtype);
+        let acc = self.regs[dst][0];
+        self.combine_vector_holders(op, vt, l, acc);
+        Ok(())
+    }
+
+    /// Combines one partial per thread (over its elements of a vector with layout `l`) across
+    /// the lanes, then the warps, that hold different elements; every thread gets the total.
+    fn combine_vector_holders(&mut self, op: ReduceOp, vt: DType, l: FragmentLayout, acc: Reg) {
         // Rows are spread over g (lanes 4 apart), columns over t (adjacent lanes).
         let lanes: &[i64] = if l.kind == FragmentKind::Rows { &[4, 8, 16] } else { &[1, 2] };
         for m in lanes {
@@ -265,10 +287,6 @@ impl Lower<'_> {
                 }
             }
         }
-        let v = self.round_for(V { s: Src::Reg(acc), ty: vt }, db.dtype);
-        let d = self.regs[dst][0];
-        self.mov(d, v);
-        Ok(())
     }
 
     pub(crate) fn cumsum(&mut self, src: BufId, dst: BufId, axis: usize, loc: SrcLoc) -> Result<(), Diag> {

@@ -86,6 +86,17 @@ pub fn scratch_for(p: &TileProgram, s: &StmtKind) -> u32 {
             }
             _ => 0,
         },
+        StmtKind::ReduceVectorLanes { vector, .. } => match p.layouts[*vector] {
+            BufLayout::Fragment(l) => {
+                let across = if l.kind == FragmentKind::Rows { l.wm } else { l.wn };
+                if across > 1 {
+                    across * 4
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        },
         StmtKind::Cumsum { src, .. } => match p.layouts[*src] {
             BufLayout::Fragment(_) | BufLayout::Local => p.def.buffers[*src].numel() * 4,
             _ => 0,

@@ -229,6 +229,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
             | StmtKind::Cumsum { .. }
             | StmtKind::Print(_)
             | StmtKind::ReduceLanes { .. }
+            | StmtKind::ReduceVectorLanes { .. }
             | StmtKind::Barrier => {}
         }
     }

@@ -77,6 +77,10 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
                 n[*dst] += 1;
             }
             StmtKind::Reduce { dst, .. } | StmtKind::ReduceLanes { dst, .. } => n[*dst] += 1,
+            StmtKind::ReduceVectorLanes { dst, vector, .. } => {
+                n[*dst] += 1;
+                n[*vector] += 1;
+            }
             StmtKind::For { start, end, body, .. } => {
                 expr(start, n);
                 expr(end, n);
@@ -115,13 +119,19 @@ fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
             let mut body = body.clone();
             let (mut fills, mut lanes) = (vec![], vec![]);
             while let Some(StmtKind::Reduce { op, src, dst, axis }) = it.peek().map(|n| &n.kind) {
-                let Some(fused) = fuse(p, *over, vars, &body, *op, *src, *dst, *axis, reads) else { break };
-                let (op, dst, axis) = (*op, *dst, *axis);
+                let (op, src, dst, axis) = (*op, *src, *dst, *axis);
+                let (fused, finish) = if let Some(f) = fuse(p, *over, vars, &body, op, src, dst, axis, reads) {
+                    (f, StmtKind::ReduceLanes { op, dst, axis })
+                } else if let Some(f) = fuse_to_one(p, *over, vars, &body, op, src, dst, reads) {
+                    (f, StmtKind::ReduceVectorLanes { op, dst, vector: *over })
+                } else {
+                    break;
+                };
                 let loc = it.next().map_or(s.loc, |n| n.loc);
                 body = fused;
                 let identity = if op == ReduceOp::Sum { Expr::Float(0.0) } else { Expr::Float(f64::NEG_INFINITY) };
                 fills.push(Stmt { kind: StmtKind::Fill(dst, identity), loc });
-                lanes.push(Stmt { kind: StmtKind::ReduceLanes { op, dst, axis }, loc });
+                lanes.push(Stmt { kind: finish, loc });
             }
             if !fills.is_empty() {
                 out.extend(fills);
@@ -133,6 +143,61 @@ fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
         out.push(s);
     }
     out
+}
+
+/// A `parallel` over a vector fragment that fills a temporary, reduced to one value in a local
+/// `[1]`: the loop accumulates each thread's elements straight into the local.
+#[allow(clippy::too_many_arguments)]
+fn fuse_to_one(
+    p: &TileProgram,
+    over: BufId,
+    vars: &[VarId],
+    body: &[Stmt],
+    op: ReduceOp,
+    src: BufId,
+    dst: BufId,
+    reads: &[usize],
+) -> Option<Vec<Stmt>> {
+    let (BufLayout::Fragment(lo), BufLayout::Fragment(ls), BufLayout::Local) =
+        (p.layouts[over], p.layouts[src], p.layouts[dst])
+    else {
+        return None;
+    };
+    let f32s = [src, dst].iter().all(|b| p.def.buffers[*b].dtype == DType::F32);
+    if lo.kind == FragmentKind::Tile || ls != lo || p.def.buffers[dst].shape != [1] || !f32s || reads[src] != 0 {
+        return None;
+    }
+    let own: Vec<Expr> = vars.iter().map(|v| Expr::Var(*v)).collect();
+    let at_zero = vec![Expr::Int(0, None)];
+    accumulate_into(body, src, dst, &own, at_zero, op)
+}
+
+/// `body` with its one store of `src` (at `own`, at the top level, `dst` untouched) turned into
+/// `dst[at] = dst[at] op value`.
+fn accumulate_into(body: &[Stmt], src: BufId, dst: BufId, own: &[Expr], at: Vec<Expr>, op: ReduceOp) -> Option<Vec<Stmt>> {
+    let stores: Vec<usize> = body
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(&s.kind, StmtKind::Store(b, _, _) if *b == src))
+        .map(|(i, _)| i)
+        .collect();
+    let mut touched = vec![];
+    super::infer_layouts::elems_in(body, &mut touched);
+    if stores.len() != 1
+        || touched.iter().any(|(b, _, _)| *b == dst)
+        || touched.iter().filter(|(b, _, _)| *b == src).count() != 1
+    {
+        return None;
+    }
+    let StmtKind::Store(_, idx, e) = &body[stores[0]].kind else { return None };
+    if idx.as_slice() != own {
+        return None;
+    }
+    let bop = if op == ReduceOp::Sum { BinOp::Add } else { BinOp::Max };
+    let acc = Expr::Binary(bop, Box::new(Expr::Elem(dst, at.clone())), Box::new(e.clone()));
+    let mut fused = body.to_vec();
+    fused[stores[0]] = Stmt { kind: StmtKind::Store(dst, at, acc), loc: body[stores[0]].loc };
+    Some(fused)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -161,30 +226,8 @@ fn fuse(
     let own: Vec<Expr> = vars.iter().map(|v| Expr::Var(*v)).collect();
     // Exactly one store of the temporary, at the loop's own index, at the top of the body; the
     // vector itself is not touched there.
-    let stores: Vec<usize> = body
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| matches!(&s.kind, StmtKind::Store(b, _, _) if *b == src))
-        .map(|(i, _)| i)
-        .collect();
-    let mut touched = vec![];
-    super::infer_layouts::elems_in(body, &mut touched);
-    if stores.len() != 1
-        || touched.iter().any(|(b, _, _)| *b == dst)
-        || touched.iter().filter(|(b, _, _)| *b == src).count() != 1
-    {
-        return None;
-    }
-    let mut fused = body.to_vec();
-    let StmtKind::Store(_, idx, e) = &body[stores[0]].kind else { return None };
-    if *idx != own {
-        return None;
-    }
     let vi = vec![Expr::Var(if axis == 1 { vars[0] } else { vars[1] })];
-    let bop = if op == ReduceOp::Sum { BinOp::Add } else { BinOp::Max };
-    let acc = Expr::Binary(bop, Box::new(Expr::Elem(dst, vi.clone())), Box::new(e.clone()));
-    fused[stores[0]] = Stmt { kind: StmtKind::Store(dst, vi, acc), loc: body[stores[0]].loc };
-    Some(fused)
+    accumulate_into(body, src, dst, &own, vi, op)
 }
 
 #[cfg(test)]

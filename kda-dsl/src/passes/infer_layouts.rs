@@ -188,6 +188,7 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
             StmtKind::Fill(b, _) | StmtKind::Print(b) => out.push(*b),
             StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => out.extend([*src, *dst]),
             StmtKind::ReduceLanes { dst, .. } => out.push(*dst),
+            StmtKind::ReduceVectorLanes { dst, vector, .. } => out.extend([*dst, *vector]),
             StmtKind::Parallel { over, body, .. } => {
                 out.push(*over);
                 tiles_used(body, out);

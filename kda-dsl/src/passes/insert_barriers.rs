@@ -132,7 +132,10 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
             expr_reads(p, start, &mut out);
             expr_reads(p, end, &mut out);
         }
-        StmtKind::Barrier | StmtKind::ReduceLanes { .. } | StmtKind::WarpGroup { .. } => {}
+        StmtKind::Barrier
+        | StmtKind::ReduceLanes { .. }
+        | StmtKind::ReduceVectorLanes { .. }
+        | StmtKind::WarpGroup { .. } => {}
     }
     out
 }

@@ -333,7 +333,9 @@ impl Lower<'_> {
             StmtKind::Print(b) => self.print(*b),
             StmtKind::Barrier => {
                 // Asynchronous copies outside pipelines land before the barrier releases anyone.
-                if self.async_copies {
+                // Inside a pipeline's body none are pending but the stage fills (the loop's
+                // first wait covered the older ones), which must stay in flight.
+                if self.async_copies && !self.in_pipeline {
                     self.em.emit(Op::CpAsyncWait { n: 0 });
                 }
                 self.barrier();

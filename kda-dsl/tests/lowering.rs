@@ -81,29 +81,3 @@ fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
     assert_eq!(line6.matches("ld.shared.v2.b32").count(), 8, "{line6}");
     assert!(!line6.contains("ld.shared.b16"), "{line6}");
 }
-
-#[test]
-fn barriers_inside_a_pipeline_leave_its_stage_fills_in_flight() {
-    let k = KernelBuilder::new("pipe", loc(1));
-    let a = k.tensor("a", &["M", "N"], DType::F32, false);
-    let o = k.tensor("o", &["M", "N"], DType::F32, true);
-    let b = k.launch(vec![Host::int(1)], 64, loc(2));
-    let pre = k.shared("pre", &[4, 64], DType::F32, loc(3));
-    let st = k.shared("st", &[4, 64], DType::F32, loc(4));
-    let tmp = k.shared("tmp", &[4, 64], DType::F32, loc(5));
-    // An asynchronous copy before the loop: barriers outside the pipeline wait for it.
-    k.copy(k.tile(&a, vec![b[0].clone(), Val::from(0)], &[4, 64], loc(6)), pre.clone(), loc(6));
-    let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(7));
-    k.copy(k.tile(&a, vec![Val::bin(BinOp::Mul, it.clone(), Val::from(4)), Val::from(0)], &[4, 64], loc(8)), st.clone(), loc(8));
-    // Threads write and read other threads' elements: a barrier inside the body.
-    let ij = k.begin_parallel(&tmp, &["i", "j"], loc(9));
-    k.store(&tmp, ij.clone(), Val::bin(BinOp::Add, k.elem(&st, ij.clone(), loc(9)), k.elem(&pre, ij, loc(9))), loc(9));
-    k.end();
-    k.copy(tmp.clone(), k.tile(&o, vec![Val::bin(BinOp::Mul, it.clone(), Val::from(4)), Val::from(0)], &[4, 64], loc(10)), loc(10));
-    k.end();
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let text = dump(&prog);
-    let body: String = text.lines().filter(|l| l.ends_with("// 9") || l.ends_with("// 10")).collect();
-    assert!(!body.contains("cp.async.wait_group"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("cp.async.wait_group 0") && l.ends_with("// 7")), "{text}");
-}

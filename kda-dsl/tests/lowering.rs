@@ -74,7 +74,7 @@ fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
     let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
     let f = k.fragment("f", &[16, 64], DType::F32, loc(4));
     k.fill(&s, 1.0, loc(5));
-    k.copy(s, &f, loc(6));
+    k.copy(s, f, loc(6));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
     let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
     // 32 elements per thread in 8 runs of 4 adjacent bf16: one 8-byte load each.

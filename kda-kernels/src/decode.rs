@@ -272,12 +272,33 @@ pub fn decode(
         // The first token's inputs (batch row, token) = (sequence, 0), or (0, its first row) in
         // varlen; an empty sequence's row may lie past the end, and the box masks it.
         if cfg.varlen.is_some() {
-            copy(a.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, 0], [1, 1, 1, 128]), a0_sh);
-            copy(k.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), k0_sh);
-            copy(q.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]), q0_sh);
-            copy(v.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), v0_sh);
+            copy(
+                a.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, 0], [1, 1, 1, 128]),
+                a0_sh,
+            );
+            copy(
+                k.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]),
+                k0_sh,
+            );
+            copy(
+                q.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, h, 0], [1, 1, 1, 128]),
+                q0_sh,
+            );
+            copy(
+                v.tile_at(
+                    [0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv],
+                    [1, 1, 1, cfg.bv],
+                ),
+                v0_sh,
+            );
             if cfg.beta_headwise {
-                copy(b.tile_at([0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]), b0_sh);
+                copy(
+                    b.tile_at(
+                        [0, max(min(cu_seqlens[min(n0 + it, NSEQ - 1)], T), 0) as i32, hv, vb * cfg.bv],
+                        [1, 1, 1, cfg.bv],
+                    ),
+                    b0_sh,
+                );
             }
         } else {
             copy(a.tile_at([n0 + it, 0, hv, 0], [1, 1, 1, 128]), a0_sh);
@@ -456,10 +477,12 @@ pub fn decode(
             }
             if t > 0 && t < tn {
                 let ti = bos + t;
-                copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
+                // Register loads first: they stay in flight while the copy into shared memory
+                // waits for its data.
                 copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
                 copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
                 copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
+                copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
                 if cfg.beta_headwise {
                     copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
                 } else {

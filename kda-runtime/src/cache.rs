@@ -146,7 +146,8 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
         result::occupancy::max_active_block_per_multiprocessor(function, threads, kernel.shared_bytes as usize)
     }
     .op("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).op("cuDeviceGetAttribute")?;
+    let sms =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).op("cuDeviceGetAttribute")?;
     loaded.resident_blocks = (per_sm.max(1) as u32).saturating_mul(sms.max(1) as u32);
     Ok(loaded)
 }

@@ -425,7 +425,8 @@ impl Lower<'_> {
     fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
         let (chunk, rpl, mask) = self.p.shared(sh).swizzle_params()?;
         let period = rpl * (mask + 1);
-        let runs: Vec<crate::layout::SlotCoord> = (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
+        let runs: Vec<crate::layout::SlotCoord> =
+            (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
         let granule: u32 = 4 * l.vec;
         let fits = l.kind == FragmentKind::Tile
             && l.wn == 1
@@ -500,9 +501,11 @@ impl Lower<'_> {
             let step = threads / vpr;
             // Pass k's swizzle is pass 0's XOR a constant when `step` rows are whole groups of
             // `rpl` rows, a power of two of them (pass 0's row groups stay below that bit).
-            let swizzle_ok = self.p.shared(b).swizzle_params().is_none_or(|(_, rpl, _)| {
-                step.is_multiple_of(rpl) && (step / rpl).is_power_of_two()
-            });
+            let swizzle_ok = self
+                .p
+                .shared(b)
+                .swizzle_params()
+                .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
             let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
             if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
                 self.strided_fill(&gb, b, live, use_async, step, n / threads);
@@ -575,7 +578,13 @@ impl Lower<'_> {
             col_valid = self.em.and_pred(col_valid, p);
         }
         let step_bytes = self.em.reg(RegClass::B64);
-        self.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: step_bytes, a: Src::Reg(rs), b: Src::Imm(step as i64) });
+        self.em.emit(Op::Bin {
+            op: BinKind::Mul,
+            ty: Ty::S64,
+            d: step_bytes,
+            a: Src::Reg(rs),
+            b: Src::Imm(step as i64),
+        });
         // Shared: the row base and (swizzled) the physical chunk of pass 0.
         let base = self.shared_base[b].expect("shared buffers have a base");
         let row_bytes = cols as i64 * esize;

@@ -308,8 +308,7 @@ impl Lower<'_> {
     fn fused_multiply_add(&mut self, a: &Expr, b: &Expr, loc: SrcLoc) -> Result<Option<V>, Diag> {
         use crate::passes::check_types::Ty as T;
         let is_f32_product = |lw: &Self, e: &Expr| {
-            matches!(e, Expr::Binary(BinOp::Mul, ..))
-                && matches!(type_of(&lw.p.def, e, loc), Ok(T::Is(DType::F32)))
+            matches!(e, Expr::Binary(BinOp::Mul, ..)) && matches!(type_of(&lw.p.def, e, loc), Ok(T::Is(DType::F32)))
         };
         let (prod, c) = if is_f32_product(self, a) {
             (a, b)

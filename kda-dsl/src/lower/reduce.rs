@@ -229,7 +229,13 @@ impl Lower<'_> {
 
     /// `reduce_vector_lanes`: the local `[1]` `dst` holds this thread's partial over its
     /// elements of `vector`; afterwards, the total in every thread.
-    pub(crate) fn reduce_vector_lanes(&mut self, op: ReduceOp, dst: BufId, vector: BufId, loc: SrcLoc) -> Result<(), Diag> {
+    pub(crate) fn reduce_vector_lanes(
+        &mut self,
+        op: ReduceOp,
+        dst: BufId,
+        vector: BufId,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let (BufLayout::Fragment(l), BufLayout::Local) = (self.p.layouts[vector], self.p.layouts[dst]) else {
             return self.err(loc, "reduce_vector_lanes needs a vector fragment and a local [1] tile");
         };

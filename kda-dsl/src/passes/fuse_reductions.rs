@@ -174,7 +174,14 @@ fn fuse_to_one(
 
 /// `body` with its one store of `src` (at `own`, at the top level, `dst` untouched) turned into
 /// `dst[at] = dst[at] op value`.
-fn accumulate_into(body: &[Stmt], src: BufId, dst: BufId, own: &[Expr], at: Vec<Expr>, op: ReduceOp) -> Option<Vec<Stmt>> {
+fn accumulate_into(
+    body: &[Stmt],
+    src: BufId,
+    dst: BufId,
+    own: &[Expr],
+    at: Vec<Expr>,
+    op: ReduceOp,
+) -> Option<Vec<Stmt>> {
     let stores: Vec<usize> = body
         .iter()
         .enumerate()

@@ -492,9 +492,10 @@ impl Lower<'_> {
         let (rows, cols) = self.tile_rc(b);
         let threads = self.threads;
         if no_vec.is_none() {
-            // Outside pipelines the copy is asynchronous too: the warp goes on, and the barrier
-            // before the first read waits for it (the lowering of `Barrier`).
-            let use_async = live.is_some() || !self.in_pipeline;
+            // Every vector copy is asynchronous (`cp.async`): the warp goes on, and the barrier
+            // before the first read waits for it (the lowering of `Barrier`). Inside a pipeline's
+            // body its group is newer than the stage fills, which only makes the loop's waits
+            // stricter.
             let chunk = 16 / dt.size_bytes() as u32;
             let vpr = cols / chunk;
             let n = rows * vpr;
@@ -508,8 +509,8 @@ impl Lower<'_> {
                 .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
             let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
             if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
-                self.strided_fill(&gb, b, live, use_async, step, n / threads);
-                if live.is_none() && use_async {
+                self.strided_fill(&gb, b, live, step, n / threads);
+                if live.is_none() {
                     self.em.emit(Op::CpAsyncCommit);
                 }
                 return Ok(());
@@ -530,13 +531,13 @@ impl Lower<'_> {
                 if let Some(skip) = in_range {
                     let l = self.em.label();
                     self.em.emit_if(skip, false, Op::Bra { target: l });
-                    self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
+                    self.vector_fill(addr, saddr, valid, gb.tensor);
                     self.em.emit(Op::Label(l));
                 } else {
-                    self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
+                    self.vector_fill(addr, saddr, valid, gb.tensor);
                 }
             }
-            if live.is_none() && use_async {
+            if live.is_none() {
                 self.em.emit(Op::CpAsyncCommit);
             }
             return Ok(());
@@ -556,7 +557,7 @@ impl Lower<'_> {
     /// `k * step` rows, so one address of each kind is computed and the others are offsets
     /// from it (a 64-bit add in global memory; in a swizzled tile, the chunk index changes by
     /// a constant XOR, since the rows of pass 0 stay below `step`).
-    fn strided_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>, use_async: bool, step: u32, passes: u32) {
+    fn strided_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>, step: u32, passes: u32) {
         let dt = self.def().buffers[b].dtype;
         let esize = dt.size_bytes() as i64;
         let chunk = 16 / esize;
@@ -621,48 +622,23 @@ impl Lower<'_> {
                 }
             };
             let saddr = self.em.to_reg(saddr, RegClass::B32, Ty::U32);
-            self.vector_fill(addr, saddr, valid, use_async, gb.tensor);
+            self.vector_fill(addr, saddr, valid, gb.tensor);
         }
     }
 
     /// One 16-byte chunk from global to shared, zero when `valid` is false.
-    fn vector_fill(&mut self, addr: Reg, saddr: Reg, valid: Option<Reg>, use_async: bool, tensor: ParamId) {
-        if use_async {
-            match valid {
-                None => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Imm(16) }),
-                Some(p) => {
-                    // A masked chunk reads nothing (src size 0) from an address known to be valid.
-                    let n = self.em.reg(RegClass::B32);
-                    self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
-                    let safe = self.em.reg(RegClass::B64);
-                    self.em.emit(Op::Selp {
-                        ty: Ty::U64,
-                        d: safe,
-                        a: Src::Reg(addr),
-                        b: Src::Reg(self.ptrs[&tensor]),
-                        p,
-                    });
-                    self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
-                }
+    fn vector_fill(&mut self, addr: Reg, saddr: Reg, valid: Option<Reg>, tensor: ParamId) {
+        match valid {
+            None => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Imm(16) }),
+            Some(p) => {
+                // A masked chunk reads nothing (src size 0) from an address known to be valid.
+                let n = self.em.reg(RegClass::B32);
+                self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
+                let safe = self.em.reg(RegClass::B64);
+                self.em.emit(Op::Selp { ty: Ty::U64, d: safe, a: Src::Reg(addr), b: Src::Reg(self.ptrs[&tensor]), p });
+                self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
             }
-            return;
         }
-        let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
-        if let Some(p) = valid {
-            for r in &regs {
-                self.em.emit(Op::Mov { ty: Ty::B32, d: *r, a: Src::Imm(0) });
-            }
-            self.em.emit_if(p, true, Op::Ld { space: Space::Global, ty: Ty::B32, d: regs.clone(), addr, offset: 0 });
-        } else {
-            self.em.emit(Op::Ld { space: Space::Global, ty: Ty::B32, d: regs.clone(), addr, offset: 0 });
-        }
-        self.em.emit(Op::St {
-            space: Space::Shared,
-            ty: Ty::B32,
-            addr: saddr,
-            offset: 0,
-            vals: regs.into_iter().map(Src::Reg).collect(),
-        });
     }
 
     /// A load of `addr + offset` that yields 0 when `valid` is false (a guarded load).

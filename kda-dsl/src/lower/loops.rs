@@ -146,10 +146,7 @@ impl Lower<'_> {
             let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        self.in_pipeline = true;
-        let r = self.block(&rest);
-        self.in_pipeline = false;
-        r?;
+        self.block(&rest)?;
         self.em.loc = loc;
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });

@@ -96,9 +96,8 @@ pub(crate) struct Lower<'a> {
     pub frag_bases: HashMap<(u32, u32, u32, u32), (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
-    /// Lowering the body of a `pipelined` loop (its copies keep the pipeline's groups).
-    pub in_pipeline: bool,
-    /// The kernel copies global to shared outside pipelines (barriers then wait for cp.async).
+    /// The kernel copies global to shared other than as pipeline stage fills (barriers then
+    /// wait for cp.async).
     pub async_copies: bool,
     /// Threads taking part in the tile operations being lowered (the block's, or a warp group's).
     pub threads: u32,
@@ -113,7 +112,11 @@ fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
         StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } => {
             matches!(p.layouts[*b], BufLayout::Shared(_))
         }
-        StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => false,
+        // A pipeline's top-level fills are its own; copies nested deeper in its body are plain.
+        StmtKind::For { kind: LoopKind::Pipelined { .. }, body, .. } => body.iter().any(|x| {
+            let fill = matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
+            !fill && has_plain_global_to_shared(p, std::slice::from_ref(x))
+        }),
         StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
             has_plain_global_to_shared(p, body)
         }
@@ -176,7 +179,6 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         elem: None,
         frag_bases: HashMap::new(),
         assign_counts: HashMap::new(),
-        in_pipeline: false,
         async_copies: has_plain_global_to_shared(p, &p.def.body),
         threads: p.def.threads,
         bar_id: 0,

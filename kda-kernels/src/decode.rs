@@ -11,10 +11,6 @@
 use kda_dsl::DType;
 use kda_macros::kernel;
 
-/// The most blocks per SM a token-prefetching variant asks for: its second set of token inputs
-/// takes about 70 registers per thread (244 in all at 32 rows x 2 warps).
-pub const PREFETCH_MIN_BLOCKS: usize = 4;
-
 /// Sequences one block takes at most (`ITEMS`); the launcher picks `ITEMS` to fill the GPU once.
 pub const MAX_ITEMS: usize = 256;
 
@@ -105,9 +101,6 @@ pub struct DecodeConfig {
     /// Pipeline stages of initial states in shared memory (2: the next sequence's state loads
     /// while this one computes).
     pub stages: usize,
-    /// Load token `t + 1`'s inputs while token `t` computes (for `T > 1`; costs about 66
-    /// registers per thread for the second set).
-    pub prefetch_tokens: bool,
 }
 
 impl Default for DecodeConfig {
@@ -135,7 +128,6 @@ impl Default for DecodeConfig {
             warps: 2,
             min_blocks: 6,
             stages: 2,
-            prefetch_tokens: false,
         }
     }
 }
@@ -145,7 +137,7 @@ impl DecodeConfig {
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -164,8 +156,7 @@ impl DecodeConfig {
             self.bv,
             self.warps,
             self.min_blocks,
-            self.stages,
-            if self.prefetch_tokens { "_pf" } else { "" }
+            self.stages
         )
         .to_lowercase()
     }
@@ -222,11 +213,6 @@ pub fn decode(
     let vf = fragment([cfg.bv], F32);
     let of = fragment([cfg.bv], F32);
     let bw = fragment([cfg.bv], F32);
-    // The next token's inputs, when prefetching.
-    let kn = fragment([128], F32);
-    let qn = fragment([128], F32);
-    let vn = fragment([cfg.bv], F32);
-    let bwn = fragment([cfg.bv], F32);
     let nrm = local([1], F32);
     let a_raw = shared([128], cfg.dtype);
     let dt_sh = shared([128], cfg.dt_bias.unwrap_or(F32));
@@ -339,7 +325,6 @@ pub fn decode(
         // Flat token index of the sequence's first token (rows of a per-token `final_state`).
         let tok0 = bos + bi * T;
         let mut beta = 0.0;
-        let mut beta_n = 0.0;
         clear(s);
         if cfg.use_initial_state {
             if live {
@@ -353,22 +338,6 @@ pub fn decode(
                 let tp = t - 1;
                 let ti = bos + tp;
                 if live {
-                    if cfg.prefetch_tokens {
-                        if t > 1 {
-                            // Element-wise, so each `*n` takes its partner's layout.
-                            for (j,) in parallel(kf) {
-                                kf[j] = kn[j];
-                                qf[j] = qn[j];
-                            }
-                            for (i,) in parallel(vf) {
-                                vf[i] = vn[i];
-                                if cfg.beta_headwise {
-                                    bw[i] = bwn[i];
-                                }
-                            }
-                            beta = beta_n;
-                        }
-                    }
                     // Decay alpha = exp(g), one channel per thread, through shared memory.
                     for (j,) in parallel(a_sh) {
                         let mut x = a_raw[j] as f32;
@@ -385,22 +354,6 @@ pub fn decode(
                         a_sh[j] = exp(x);
                     }
                     copy(a_sh, af);
-                    if cfg.prefetch_tokens {
-                        if t < tn {
-                            // Token t's inputs load while token t - 1 computes (`a_raw` is free:
-                            // the gate above has read it).
-                            let tq = bos + t;
-                            copy(k.tile_at([bi, tq, h, 0], [1, 1, 1, 128]), kn);
-                            copy(q.tile_at([bi, tq, h, 0], [1, 1, 1, 128]), qn);
-                            copy(v.tile_at([bi, tq, hv, v0], [1, 1, 1, cfg.bv]), vn);
-                            copy(a.tile_at([bi, tq, hv, 0], [1, 1, 1, 128]), a_raw);
-                            if cfg.beta_headwise {
-                                copy(b.tile_at([bi, tq, hv, v0], [1, 1, 1, cfg.bv]), bwn);
-                            } else {
-                                beta_n = b[bi][tq][hv][0];
-                            }
-                        }
-                    }
                     // One pass over the decayed state gives both `S k` and `S q`: with `S' = S + k̂ uᵀ`,
                     // `S' q̂ = S q̂ + u (k̂ · q̂)`, so the output needs no second reduction after the
                     // update. The norms scale the reduced vectors instead of k and q.
@@ -522,7 +475,7 @@ pub fn decode(
                     beta = beta_sh[it];
                 }
             }
-            if !cfg.prefetch_tokens && t > 0 && t < tn {
+            if t > 0 && t < tn {
                 let ti = bos + t;
                 // Register loads first: they stay in flight while the copy into shared memory
                 // waits for its data.

@@ -162,26 +162,6 @@ pub fn decode_families() -> Vec<DecodeFamily> {
                 x
             },
         ),
-        // Token prefetching (`T > 1`): the next token's inputs load while this one computes.
-        fam("prefetch_spec_i32", DecodeConfig { accepted: Some(I32), prefetch_tokens: true, ..b.clone() }, |c, s| {
-            let mut x = call_inputs(c, (4, 4, 1, 2), &[], s);
-            x.accepted = vec![3, 1, 4, 2];
-            x
-        }),
-        fam(
-            "prefetch_bf16_state_headwise_padding",
-            DecodeConfig { state_dtype: BF16, beta_headwise: true, prefetch_tokens: true, ..b.clone() },
-            |c, s| {
-                let mut x = call_inputs(c, (3, 3, 1, 2), &[], s);
-                x.indices[3] = -1; // row 1 is padding
-                x
-            },
-        ),
-        fam(
-            "prefetch_k_first_varlen",
-            DecodeConfig { v_first: false, varlen: Some(I32), prefetch_tokens: true, ..b.clone() },
-            |c, s| call_inputs(c, (0, 0, 1, 2), &[3, 0, 2, 4], s),
-        ),
         // One state per token (not in place); rows of a padded sequence are zero.
         fam("final_per_token", DecodeConfig { writes: Writes::FinalPerToken, ..b.clone() }, |c, s| {
             let mut x = call_inputs(c, (3, 2, 1, 2), &[], s);

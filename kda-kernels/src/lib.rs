@@ -58,7 +58,7 @@ pub fn decode_configs() -> Vec<decode::DecodeConfig> {
     vec![
         d.clone(),
         C { state_dtype: kda_dsl::DType::BF16, ..d.clone() },
-        C { accepted: Some(kda_dsl::DType::I32), prefetch_tokens: true, min_blocks: decode::PREFETCH_MIN_BLOCKS, ..d },
+        C { accepted: Some(kda_dsl::DType::I32), ..d },
     ]
 }
 

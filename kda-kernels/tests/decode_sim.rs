@@ -110,12 +110,6 @@ fn t_tokens_in_one_call_equal_t_single_token_calls_f32_state() {
 }
 
 #[test]
-fn t_tokens_in_one_call_equal_t_single_token_calls_with_token_prefetch() {
-    one_call_equals_single_token_calls(DecodeConfig { prefetch_tokens: true, ..base() });
-    one_call_equals_single_token_calls(DecodeConfig { prefetch_tokens: true, state_dtype: BF16, ..base() });
-}
-
-#[test]
 fn t_tokens_in_one_call_equal_t_single_token_calls_bf16_state() {
     one_call_equals_single_token_calls(DecodeConfig { state_dtype: BF16, ..base() });
     one_call_equals_single_token_calls(DecodeConfig { state_dtype: BF16, v_first: false, ..DecodeConfig::default() });

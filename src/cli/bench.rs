@@ -127,12 +127,11 @@ fn sweep_decode() -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let shapes = [
-        T { rows: 32, warps: 2, min_blocks: 6, stages: 2, token_prefetch: true },
-        T { rows: 32, warps: 2, min_blocks: 6, stages: 2, token_prefetch: false },
-        T { rows: 32, warps: 2, min_blocks: 5, stages: 3, token_prefetch: true },
-        T { rows: 32, warps: 4, min_blocks: 5, stages: 2, token_prefetch: true },
-        T { rows: 64, warps: 4, min_blocks: 3, stages: 2, token_prefetch: true },
-        T { rows: 16, warps: 1, min_blocks: 12, stages: 2, token_prefetch: true },
+        T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
+        T { rows: 32, warps: 2, min_blocks: 5, stages: 3 },
+        T { rows: 32, warps: 4, min_blocks: 5, stages: 2 },
+        T { rows: 64, warps: 4, min_blocks: 3, stages: 2 },
+        T { rows: 16, warps: 1, min_blocks: 12, stages: 2 },
     ];
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES {

@@ -2,7 +2,7 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes, PREFETCH_MIN_BLOCKS};
+use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
 
 use super::args::DecodeArgs;
 use super::checked::check_indices;
@@ -26,15 +26,12 @@ pub struct DecodeTuning {
     pub min_blocks: usize,
     /// Pipeline stages of initial states in shared memory.
     pub stages: usize,
-    /// Calls with more than one token per sequence load the next token's inputs while one
-    /// computes (at most [`kda_kernels::decode::PREFETCH_MIN_BLOCKS`] blocks per SM then).
-    pub token_prefetch: bool,
 }
 
 impl Default for DecodeTuning {
     fn default() -> Self {
         let d = DecodeConfig::default();
-        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks, stages: d.stages, token_prefetch: true }
+        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks, stages: d.stages }
     }
 }
 
@@ -60,7 +57,6 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         (_, true, _) => Writes::PoolPerToken,
         (_, false, _) => Writes::FinalPerToken,
     };
-    let prefetch = tune.token_prefetch && plan.total_tokens > plan.n;
     DecodeConfig {
         dtype: plan.qkv_dtype,
         state_dtype: plan.state_dtype,
@@ -90,9 +86,8 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         writes,
         bv: tune.rows,
         warps: tune.warps,
-        min_blocks: if prefetch { tune.min_blocks.min(PREFETCH_MIN_BLOCKS) } else { tune.min_blocks },
+        min_blocks: tune.min_blocks,
         stages: tune.stages,
-        prefetch_tokens: prefetch,
     }
 }
 

@@ -1,9 +1,12 @@
 //! `gated_delta_rule_decode` in the DSL: the KDA recurrence one token at a time, on a state held
 //! in registers.
 //!
-//! A block owns `bv` rows of one value head's 128 x 128 state for one sequence: rows of the
-//! V-first state `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so
-//! the grid is sequences x value heads x `V / bv`. Per token: decay the state, reduce it
+//! A block owns `bv` rows of one value head's 128 x 128 state: rows of the V-first state
+//! `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so the grid is
+//! sequence groups x value heads x `V / bv`, each block taking its group's `ITEMS` sequences in
+//! turn through a `cp.async` pipeline (state and first-token inputs of the next sequence load
+//! while this one computes). Each warp holds 16 whole rows, so row reductions stay inside the
+//! warp. Per token: decay the state, reduce it
 //! against k and q in one pass (`S k` and `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)`
 //! (the output of the updated state without a second pass), then `S += k uᵀ`. Every
 //! specialization below is a host-side `if` on the config: the branches not taken leave no code.
@@ -187,9 +190,8 @@ pub fn decode(
     scale: f32,
     lower_bound: f32,
 ) {
-    // Memory-bound: enough warps per SM to keep loads in flight (caps registers). A block
-    // takes `ITEMS` sequences in turn for one head and row range; the pipeline loads the next
-    // sequence's state while this one computes, so memory stays busy however long a token takes.
+    // Memory-bound: `min_blocks` caps registers so enough warps fit. A block takes `ITEMS`
+    // sequences in turn for one head and row range (the launcher sizes the grid to one wave).
     let (blk, hv, vb) =
         launch(grid = [ceil_div(NSEQ, ITEMS), HV, VD / cfg.bv], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.

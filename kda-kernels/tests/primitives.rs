@@ -272,3 +272,70 @@ fn warp_groups_synchronize_on_their_own_named_barriers() {
     let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect("compiles").ptx;
     assert!(ptx.contains("bar.sync 1, 64;") && ptx.contains("bar.sync 2, 64;"), "named barriers per group");
 }
+
+/// A bf16 tile through a swizzled shared tile (one address per fill pass, one swizzle per
+/// thread for the register loads), then row sums of `x * w + x` (one fused multiply-add) and
+/// the vector's dot product with itself (fused into one loop accumulating into a local).
+#[kernel]
+fn staged_rows(
+    cfg: &Cfg,
+    x: Global<(R, C), BF16>,
+    w: Global<(C,), F32>,
+    y: GlobalMut<(R,), F32>,
+    z: GlobalMut<(R, C), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    assume_extent(C, 128);
+    let xs = shared([cfg.rows, 128], BF16);
+    let f = fragment([cfg.rows, 128], F32);
+    let tmp = fragment([cfg.rows, 128], F32);
+    let wf = fragment([128], F32);
+    let sq = fragment([128], F32);
+    let rs = fragment([cfg.rows], F32);
+    let nrm = local([1], F32);
+    copy(x.tile([0, 0], [cfg.rows, 128]), xs);
+    copy(w.tile([0], [128]), wf);
+    copy(xs, f);
+    for (i, j) in parallel(f) {
+        tmp[i][j] = f[i][j] * wf[j] + f[i][j];
+    }
+    reduce_sum(tmp, rs, 1);
+    for (j,) in parallel(sq) {
+        sq[j] = wf[j] * wf[j];
+    }
+    reduce_sum(sq, nrm, 0);
+    for (i,) in parallel(rs) {
+        rs[i] = rs[i] * nrm[0];
+    }
+    copy(rs, y.tile([0], [cfg.rows]));
+    copy(f, z.tile([0, 0], [cfg.rows, 128]));
+}
+
+#[test]
+fn swizzled_bf16_rows_fused_multiply_add_and_fused_dot() {
+    for threads in [32, 64] {
+        let cfg = Cfg { rows: 16 * threads / 32, cols: 128, threads };
+        let (r, c) = (cfg.rows, 128);
+        let x: Vec<f64> = Rng::new(3).normals(r * c, DType::BF16);
+        let w = Rng::new(4).normals(c, DType::F32);
+        let mut args = vec![
+            t("x", &x, DType::BF16),
+            i("R", r),
+            i("C", c),
+            t("w", &w, DType::F32),
+            t("y", &vec![f64::NAN; r], DType::F32),
+            t("z", &vec![f64::NAN; r * c], DType::F32),
+        ];
+        let def = staged_rows(&cfg).expect("builds");
+        simulate(&def, &mut args).expect("runs");
+        let ww: f64 = w.iter().map(|v| v * v).sum();
+        let want: Vec<f64> =
+            (0..r).map(|ii| (0..c).map(|jj| x[ii * c + jj] * (w[jj] + 1.0)).sum::<f64>() * ww).collect();
+        let got = tensor_values(&args, "y", DType::F32);
+        assert!(rel_err(&got, &want) < 1e-5, "{threads} threads: rel err {}", rel_err(&got, &want));
+        // The fragment holds the staged values exactly.
+        assert_eq!(tensor_values(&args, "z", DType::F32), x, "{threads} threads");
+        let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect("compiles").ptx;
+        assert!(ptx.contains("fma.rn.f32") && ptx.contains("ld.shared.v2.b32"), "{threads} threads");
+    }
+}

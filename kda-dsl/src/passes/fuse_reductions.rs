@@ -299,4 +299,31 @@ mod tests {
         assert!(!text.contains("t1[") && !text.contains("t2["), "{text}");
         insta::assert_snapshot!(text);
     }
+
+    #[test]
+    fn a_vector_reduced_to_one_value_accumulates_in_the_local() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 64, loc(2));
+        let s = k.fragment("s", &[32, 128], DType::F32, loc(3));
+        let x = k.fragment("x", &[128], DType::F32, loc(4));
+        let sq = k.fragment("sq", &[128], DType::F32, loc(5));
+        let n = k.local("n", &[1], DType::F32, loc(6));
+        k.fill(&s, 1.0, loc(7));
+        k.fill(&x, 2.0, loc(8));
+        let ij = k.begin_parallel(&s, &["i", "j"], loc(9));
+        let sx = Val::bin(BinOp::Mul, k.elem(&s, ij.clone(), loc(10)), k.elem(&x, vec![ij[1].clone()], loc(10)));
+        k.store(&s, ij, sx, loc(10));
+        k.end();
+        let j = k.begin_parallel(&sq, &["j"], loc(11));
+        let xx = Val::bin(BinOp::Mul, k.elem(&x, j.clone(), loc(12)), k.elem(&x, j.clone(), loc(12)));
+        k.store(&sq, j, xx, loc(12));
+        k.end();
+        k.reduce(ReduceOp::Sum, &sq, &n, 0, loc(13));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::fuse_reductions(&mut p).expect("fuses");
+        let text = p.def.to_string();
+        assert!(text.contains("reduce_vector_lanes_Sum n over sq") && !text.contains("sq[j"), "{text}");
+        insta::assert_snapshot!(text);
+    }
 }

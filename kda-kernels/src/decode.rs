@@ -202,7 +202,8 @@ pub fn decode(
     let h = hv / (HV / H);
     let v0 = vb * cfg.bv;
     let n0 = blk * ITEMS;
-    let items = min(ITEMS, NSEQ - n0);
+    // The launcher keeps ITEMS within the tables; the clamp keeps any other caller in bounds.
+    let items = min(min(ITEMS, MAX_ITEMS), NSEQ - n0);
     let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
     let s = fragment([vr, kc], F32);
     let tmp = fragment([vr, kc], F32);
@@ -256,14 +257,17 @@ pub fn decode(
         }
         slot_sh[i] = slot;
         if !cfg.beta_headwise {
-            // The first token's beta (a row inside `b` even for an empty sequence).
-            let mut bi0 = ni;
-            let mut ti0 = 0;
-            if cfg.varlen.is_some() {
-                bi0 = 0;
-                ti0 = max(min(cu_seqlens[ni], T - 1), 0) as i32;
+            // The first token's beta (a row inside `b` even for an empty sequence; `b` has no
+            // rows at all when T = 0, and then no token reads the table).
+            if T > 0 {
+                let mut bi0 = ni;
+                let mut ti0 = 0;
+                if cfg.varlen.is_some() {
+                    bi0 = 0;
+                    ti0 = max(min(cu_seqlens[ni], T - 1), 0) as i32;
+                }
+                beta_sh[i] = b[bi0][ti0][hv][0] as f32;
             }
-            beta_sh[i] = b[bi0][ti0][hv][0] as f32;
         }
     }
     for it in pipelined(0, items, stages = cfg.stages) {

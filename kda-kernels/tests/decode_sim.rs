@@ -232,3 +232,16 @@ fn i64_cu_seqlens_beyond_i32_are_clamped_like_the_reference() {
     x.cu_seqlens = vec![-(1 << 32) + 3, 2, 2, 1 << 33];
     check("i64 cu_seqlens beyond 2^31", &cfg, &x).unwrap();
 }
+
+/// T = 0 with a per-sequence final state: the launch still runs (the final state is the
+/// initial one) and reads nothing of the empty token tensors.
+#[test]
+fn zero_tokens_copy_the_initial_state_and_read_no_token() {
+    for cfg in [
+        DecodeConfig { indices: None, writes: Writes::FinalPerSequence, ..base() },
+        DecodeConfig { indices: None, writes: Writes::FinalPerSequence, beta_headwise: true, ..base() },
+    ] {
+        let x = call_inputs(&cfg, (3, 0, 1, 2), &[], 21);
+        check("T = 0", &cfg, &x).unwrap();
+    }
+}

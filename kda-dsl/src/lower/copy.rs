@@ -1,4 +1,4 @@
-//! Lowering of `copy`: picks 16-byte vectors (`cp.async` inside pipelines), pairs, or single
+//! Lowering of `copy`: picks 16-byte vectors (`cp.async` from global to shared), pairs, or single
 //! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
 //! not possible the reason is reported under `KDA_DUMP=copy_plan`.
 
@@ -377,13 +377,14 @@ impl Lower<'_> {
         crate::passes::dump("copy_plan", &msg);
     }
 
-    /// `copy(src, dst)` outside a pipeline.
+    /// `copy(src, dst)` that is not a pipeline's stage fill.
     pub(crate) fn copy(&mut self, src: &Region, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
         self.copy_async(src, dst, None, loc)
     }
 
-    /// `copy(src, dst)`; with `stage_live` (inside a pipeline) a global-to-shared copy uses
-    /// `cp.async` and loads nothing when the predicate is false.
+    /// `copy(src, dst)`; a vector global-to-shared copy uses `cp.async`. With `stage_live` (a
+    /// pipeline's stage fill) it loads nothing when the predicate is false and leaves the
+    /// commit to the pipeline.
     pub(crate) fn copy_async(
         &mut self,
         src: &Region,
@@ -765,8 +766,14 @@ impl Lower<'_> {
         dt: DType,
         dst: &[Reg],
     ) {
-        if dst.len() == 1 && space == Space::Global {
-            let v = self.masked_load(addr, offset, src, valid);
+        if dst.len() == 1 {
+            let v = if space == Space::Global {
+                self.masked_load(addr, offset, src, valid)
+            } else {
+                let a = self.em.add32(addr, Src::Imm(offset));
+                let a = self.em.to_reg(a, RegClass::B32, Ty::U32);
+                self.load_mem(Space::Shared, a, src)
+            };
             let v = self.round_for(v, dt);
             self.mov(dst[0], v);
             return;

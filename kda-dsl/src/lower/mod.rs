@@ -93,7 +93,7 @@ pub(crate) struct Lower<'a> {
     pub ptrs: HashMap<ParamId, Reg>,
     pub scalars: HashMap<ParamId, Reg>,
     pub elem: Option<ElemCtx>,
-    pub frag_bases: HashMap<(u32, u32, u32, u32), (Reg, Reg)>,
+    pub frag_bases: HashMap<(u32, u32, u32, u32, u32), (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
     /// The kernel copies global to shared other than as pipeline stage fills (barriers then
@@ -334,10 +334,11 @@ impl Lower<'_> {
             StmtKind::ReduceVectorLanes { op, dst, vector } => self.reduce_vector_lanes(*op, *dst, *vector, loc),
             StmtKind::Print(b) => self.print(*b),
             StmtKind::Barrier => {
-                // Asynchronous copies outside pipelines land before the barrier releases anyone.
-                // Inside a pipeline's body this also waits for the next stage's fill: leaving it
-                // in flight measured slower on the H200 (decode, A/B in one run: bf16 state
-                // 0.1745 vs 0.1624 ms, f32 B=256 0.303 vs 0.298 ms).
+                // Asynchronous copies (other than stage fills) land before the barrier releases
+                // anyone. In a kernel that has them, a barrier inside a pipeline's body also
+                // waits for the next stage's fill: leaving it in flight measured slower on the
+                // H200 (decode, A/B in one run: bf16 state 0.1745 vs 0.1624 ms, f32 B=256 0.303
+                // vs 0.298 ms).
                 if self.async_copies {
                     self.em.emit(Op::CpAsyncWait { n: 0 });
                 }
@@ -555,9 +556,9 @@ impl Lower<'_> {
         a
     }
 
-    /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + 2t`.
+    /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + vec*t`.
     pub(crate) fn frag_base(&mut self, l: FragmentLayout) -> (Reg, Reg) {
-        let key = (l.rows, l.cols, l.wm, l.wn);
+        let key = (l.rows, l.cols, l.wm, l.wn, l.vec);
         if let Some(r) = self.frag_bases.get(&key) {
             return *r;
         }

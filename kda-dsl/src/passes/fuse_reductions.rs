@@ -16,10 +16,51 @@ use crate::tile::*;
 /// Fuses every eligible (parallel, reduce) pair.
 pub fn fuse_reductions(p: &mut TileProgram) -> Result<(), Diag> {
     let body = std::mem::take(&mut p.def.body);
-    let mut reads = vec![0usize; p.def.buffers.len()];
+    let nb = p.def.buffers.len();
+    let mut reads = vec![0usize; nb];
     count_other_uses(&body, &mut reads);
+    // A reduction that does not directly follow the loop writing its source keeps that source
+    // alive (a temporary reduced twice from one write, or later on): it counts as a use.
+    let (mut reduced, mut paired) = (vec![0usize; nb], vec![0usize; nb]);
+    count_reductions(&body, &mut reduced, &mut paired);
+    for b in 0..nb {
+        reads[b] += reduced[b] - paired[b];
+    }
     p.def.body = rewrite(p, body, &reads);
     Ok(())
+}
+
+/// Per buffer: `reduce` statements reading it, and how many of them directly follow (in the
+/// run of reductions after a `parallel`) a loop that stores it, counting one per loop.
+fn count_reductions(body: &[Stmt], reduced: &mut [usize], paired: &mut [usize]) {
+    for (k, s) in body.iter().enumerate() {
+        match &s.kind {
+            StmtKind::Reduce { src, .. } => reduced[*src] += 1,
+            StmtKind::Parallel { body: pb, .. } => {
+                let stored: Vec<BufId> = pb
+                    .iter()
+                    .filter_map(|x| match &x.kind {
+                        StmtKind::Store(b, _, _) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                let mut seen = vec![];
+                for next in &body[k + 1..] {
+                    let StmtKind::Reduce { src, .. } = &next.kind else { break };
+                    if stored.contains(src) && !seen.contains(src) {
+                        seen.push(*src);
+                        paired[*src] += 1;
+                    }
+                }
+            }
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => count_reductions(body, reduced, paired),
+            StmtKind::If(_, t, e) => {
+                count_reductions(t, reduced, paired);
+                count_reductions(e, reduced, paired);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Per buffer: element reads plus uses by tile operations other than as a `reduce` source (a
@@ -298,6 +339,28 @@ mod tests {
         assert!(text.contains("reduce_lanes_Sum u axis=1") && text.contains("reduce_lanes_Sum o axis=1"), "{text}");
         assert!(!text.contains("t1[") && !text.contains("t2["), "{text}");
         insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn a_temporary_reduced_twice_keeps_its_stores() {
+        let k = KernelBuilder::new("t", loc(1));
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.fragment("s", &[16, 128], DType::F32, loc(3));
+        let tmp = k.fragment("tmp", &[16, 128], DType::F32, loc(4));
+        let u = k.fragment("u", &[16], DType::F32, loc(5));
+        let m = k.fragment("m", &[16], DType::F32, loc(6));
+        k.fill(&s, 1.0, loc(7));
+        let ij = k.begin_parallel(&s, &["i", "j"], loc(8));
+        let v = Val::bin(BinOp::Mul, k.elem(&s, ij.clone(), loc(9)), k.elem(&s, ij.clone(), loc(9)));
+        k.store(&tmp, ij, v, loc(9));
+        k.end();
+        k.reduce(ReduceOp::Sum, &tmp, &u, 1, loc(10));
+        k.reduce(ReduceOp::Max, &tmp, &m, 1, loc(11));
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::fuse_reductions(&mut p).expect("fuses");
+        let text = p.def.to_string();
+        assert!(text.contains("tmp[i#1, j#2] =") && !text.contains("reduce_lanes"), "{text}");
     }
 
     #[test]

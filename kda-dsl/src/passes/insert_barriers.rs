@@ -214,7 +214,9 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
                     .filter(|x| !matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b)))
                     .cloned()
                     .collect();
-                let mut st = vec![];
+                // Each iteration issues the next fills after its top barrier: their reads of shared
+                // tables are pending when the body starts.
+                let mut st: Vec<Access> = staged.iter().filter(|a| !a.write).cloned().collect();
                 let mut inner2 = walk(p, &inner, &mut st);
                 // Put the stage-filling copies back first, where the lowering expects them.
                 let mut new_body: Vec<Stmt> = body.iter().filter(|x| !inner.contains(x)).cloned().collect();
@@ -283,5 +285,34 @@ mod tests {
         // One barrier: before the copy that reads what the element-wise loops wrote.
         assert_eq!(text.matches("barrier").count(), 1, "{text}");
         insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn a_table_read_by_stage_fills_is_not_rewritten_before_a_barrier() {
+        use crate::builder::*;
+        use crate::dtype::DType;
+        use crate::passes::testing::loc;
+        use crate::tile::LoopKind;
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "N"], DType::F32, false);
+        k.launch(vec![Host::int(1)], 64, loc(2));
+        let tab = k.shared("tab", &[64], DType::I32, loc(3));
+        let st = k.shared("st", &[4, 64], DType::F32, loc(4));
+        k.fill(&tab, 0, loc(5));
+        let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(6));
+        // The fill's row comes from the table; the body then rewrites the table.
+        let row = k.elem(&tab, vec![it.clone()], loc(7));
+        k.copy(k.tile_at(&a, vec![row, Val::from(0)], &[4, 64], loc(7)), st.clone(), loc(7));
+        let j = k.begin_parallel(&tab, &["j"], loc(8));
+        k.store(&tab, j.clone(), Val::bin(crate::tile::BinOp::Add, j[0].clone(), it), loc(8));
+        k.end();
+        k.end();
+        let mut p = crate::passes::TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::insert_barriers(&mut p).expect("barriers");
+        let text = p.def.to_string();
+        let body = &text[text.find("pipelined").expect("the loop")..];
+        let (fill, rest) = body.split_at(body.find("parallel").expect("the table update"));
+        assert!(fill.contains("barrier") && !rest.contains("barrier"), "{text}");
     }
 }

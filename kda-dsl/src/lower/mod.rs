@@ -93,7 +93,8 @@ pub(crate) struct Lower<'a> {
     pub ptrs: HashMap<ParamId, Reg>,
     pub scalars: HashMap<ParamId, Reg>,
     pub elem: Option<ElemCtx>,
-    pub frag_bases: HashMap<(u32, u32, u32, u32, u32), (Reg, Reg)>,
+    /// Per-thread fragment bases, by layout (its kind aside: vectors share their tile's).
+    pub frag_bases: HashMap<FragmentLayout, (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
     /// The kernel copies global to shared other than as pipeline stage fills (barriers then
@@ -558,7 +559,7 @@ impl Lower<'_> {
 
     /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + vec*t`.
     pub(crate) fn frag_base(&mut self, l: FragmentLayout) -> (Reg, Reg) {
-        let key = (l.rows, l.cols, l.wm, l.wn, l.vec);
+        let key = FragmentLayout { kind: crate::layout::FragmentKind::Tile, ..l };
         if let Some(r) = self.frag_bases.get(&key) {
             return *r;
         }

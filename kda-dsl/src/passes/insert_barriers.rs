@@ -302,7 +302,7 @@ mod tests {
         let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(6));
         // The fill's row comes from the table; the body then rewrites the table.
         let row = k.elem(&tab, vec![it.clone()], loc(7));
-        k.copy(k.tile_at(&a, vec![row, Val::from(0)], &[4, 64], loc(7)), st.clone(), loc(7));
+        k.copy(k.tile_at(&a, vec![row, Val::from(0)], &[4, 64], loc(7)), st, loc(7));
         let j = k.begin_parallel(&tab, &["j"], loc(8));
         k.store(&tab, j.clone(), Val::bin(crate::tile::BinOp::Add, j[0].clone(), it), loc(8));
         k.end();

@@ -60,3 +60,19 @@ fn check_runs_every_family_in_the_simulator() {
     assert!(out.contains("all checks passed"));
     assert!(out.lines().filter(|l| l.starts_with("gemm/")).count() >= kda_kernels::gemm_configs().len());
 }
+
+#[test]
+fn emit_into_a_reader_that_stops_early_exits_cleanly() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kda"))
+        .args(["emit", "decode"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let mut head = [0u8; 64];
+    child.stdout.take().expect("piped").read_exact(&mut head).expect("the first bytes");
+    // The pipe's read end is closed here, with most of the PTX not yet written.
+    let out = child.wait_with_output().expect("exits");
+    assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+}

@@ -14,24 +14,24 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         _ => return Err("usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode".into()),
     };
     if !gpu_available() {
-        println!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
+        out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
         return Ok(1);
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let mut lines = vec![];
-    println!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
+    out!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
     for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)]
     {
         let ms = time_gemm(&gpu, &kernels, m, n, k, bt).map_err(|e| e.to_string())?;
         let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
         let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
-        println!("{case:<36} {ms:>10.4} {tflops:>10.1}");
+        out!("{case:<36} {ms:>10.4} {tflops:>10.1}");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
     }
     for (case, b, t, state, spec) in DECODE_CASES {
         let (ms, gbps) = time_decode(&gpu, &kernels, *b, *t, *state, *spec).map_err(|e| format!("{case}: {e}"))?;
-        println!("{case:<36} {ms:>10.4} {:>10}   {gbps:.0} GB/s", "-");
+        out!("{case:<36} {ms:>10.4} {:>10}   {gbps:.0} GB/s", "-");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"gbps\": {gbps:.1}, \"method\": \"cuda graph replay, mean of 100\"}}"));
     }
     eprintln!("note: the KDA prefill bench cases come with chunk_kda, which is not built yet");
@@ -85,12 +85,12 @@ fn sweep_gemm() -> Result<i32, String> {
             Ok(median(&mut t))
         })();
         match r {
-            Ok(ms) => println!(
+            Ok(ms) => out!(
                 "{:<40} {ms:>8.3} ms {:>7.1} TFLOP/s",
                 cfg.key(),
                 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12
             ),
-            Err(e) => println!("{:<40} error: {e}", cfg.key()),
+            Err(e) => out!("{:<40} error: {e}", cfg.key()),
         }
     }
     Ok(0)
@@ -136,8 +136,8 @@ fn sweep_decode() -> Result<i32, String> {
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES {
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, tune) {
-                Ok((ms, gbps)) => println!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
-                Err(e) => println!("{case:<28} {tune:?} error: {e}"),
+                Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
+                Err(e) => out!("{case:<28} {tune:?} error: {e}"),
             }
         }
     }

@@ -14,7 +14,7 @@ pub fn gemm_shapes(cfg: &kda_kernels::gemm::GemmConfig) -> Vec<(usize, usize, us
 
 /// Runs the simulator checks and prints a table; returns the number of failures.
 pub fn simulate_all() -> usize {
-    println!("{:<52} {:>10} {:>10} {:>12}  result", "case (simulator)", "rel err", "bound", "instructions");
+    out!("{:<52} {:>10} {:>10} {:>12}  result", "case (simulator)", "rel err", "bound", "instructions");
     let mut failures = 0;
     for (i, cfg) in kda_kernels::gemm_configs().iter().enumerate() {
         for (j, (m, n, k)) in gemm_shapes(cfg).into_iter().enumerate() {
@@ -22,7 +22,7 @@ pub fn simulate_all() -> usize {
                 Ok(o) => {
                     let ok = o.passed();
                     failures += usize::from(!ok);
-                    println!(
+                    out!(
                         "{:<52} {:>10.2e} {:>10.0e} {:>12}  {}",
                         o.case,
                         o.rel_err,
@@ -33,7 +33,7 @@ pub fn simulate_all() -> usize {
                 }
                 Err(e) => {
                     failures += 1;
-                    println!("{:<52} FAIL: {e}", format!("gemm/{} {m}x{n}x{k}", cfg.key()));
+                    out!("{:<52} FAIL: {e}", format!("gemm/{} {m}x{n}x{k}", cfg.key()));
                 }
             }
         }
@@ -52,7 +52,7 @@ pub fn simulate_all() -> usize {
                     " (out {:.2e}/{to:.0e}, state {state_err:.2e}/{ts:.0e}, nonzero padding rows {})",
                     c.out_err, c.nonzero_padding_rows
                 );
-                println!(
+                out!(
                     "{case:<52} {:>10.2e} {:>10.0e} {:>12}  {}",
                     c.out_err.max(state_err),
                     to.max(ts),
@@ -62,7 +62,7 @@ pub fn simulate_all() -> usize {
             }
             Err(e) => {
                 failures += 1;
-                println!("{case:<52} FAIL: {e}");
+                out!("{case:<52} FAIL: {e}");
             }
         }
     }
@@ -72,20 +72,20 @@ pub fn simulate_all() -> usize {
                 let r = kda_kernels::check::simulate_selftest(&t).map(|got| t.error(&got));
                 failures += usize::from(!matches!(r, Ok(e) if e <= 1e-6));
                 match r {
-                    Ok(e) => println!(
+                    Ok(e) => out!(
                         "{:<52} {e:>10.2e} {:>10.0e} {:>12}  {}",
                         t.name,
                         1e-6,
                         "-",
                         if e <= 1e-6 { "ok" } else { "FAIL" }
                     ),
-                    Err(e) => println!("{:<52} FAIL: {e}", t.name),
+                    Err(e) => out!("{:<52} FAIL: {e}", t.name),
                 }
             }
         }
         Err(e) => {
             failures += 1;
-            println!("dsl self-tests FAIL: {e}");
+            out!("dsl self-tests FAIL: {e}");
         }
     }
     failures
@@ -101,6 +101,6 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     if gpu {
         failures += super::gpu_checks::gpu_checks()?;
     }
-    println!("{}", if failures == 0 { "all checks passed".to_string() } else { format!("{failures} check(s) FAILED") });
+    out!("{}", if failures == 0 { "all checks passed".to_string() } else { format!("{failures} check(s) FAILED") });
     Ok(i32::from(failures > 0))
 }

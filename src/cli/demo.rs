@@ -14,13 +14,11 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let kernels = kda_runtime::Kernels::new();
         let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true).map_err(|e| e.to_string())?;
         let tflops = 2.0 * 8192f64.powi(3) / (ms as f64 * 1e-3) / 1e12;
-        println!("gemm bf16 8192^3 A·Bᵀ: {ms:.3} ms, {tflops:.1} TFLOP/s");
-        println!("{}", if failures == 0 { "demo: all GPU checks passed" } else { "demo: GPU checks FAILED" });
+        out!("gemm bf16 8192^3 A·Bᵀ: {ms:.3} ms, {tflops:.1} TFLOP/s");
+        out!("{}", if failures == 0 { "demo: all GPU checks passed" } else { "demo: GPU checks FAILED" });
         return Ok(i32::from(failures > 0));
     }
-    println!(
-        "no GPU here (no CUDA driver or device): compiling every variant and running the simulator checks instead"
-    );
+    out!("no GPU here (no CUDA driver or device): compiling every variant and running the simulator checks instead");
     let mut n = 0;
     for v in kda_kernels::variants() {
         let def = v.build().map_err(|e| format!("{}: {e}", v.id()))?;
@@ -30,9 +28,9 @@ pub fn run(args: &[String]) -> Result<i32, String> {
             let _ = k;
         }
     }
-    println!("compiled {n} kernels ({} variants x {} targets)", n / Target::ALL.len(), Target::ALL.len());
+    out!("compiled {n} kernels ({} variants x {} targets)", n / Target::ALL.len(), Target::ALL.len());
     let failures = super::check::simulate_all();
-    println!(
+    out!(
         "{}",
         if failures == 0 {
             "demo: all simulator checks passed".to_string()

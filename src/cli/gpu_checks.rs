@@ -62,12 +62,12 @@ pub fn gemm_on_gpu(
 /// The GPU conformance table; returns the number of failures.
 pub fn gpu_checks() -> Result<usize, String> {
     if !gpu_available() {
-        println!("GPU checks skipped: no CUDA driver (libcuda) or no device on this machine");
+        out!("GPU checks skipped: no CUDA driver (libcuda) or no device on this machine");
         return Ok(0);
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
-    println!("{:<52} {:>10} {:>10}  result   ({})", "case (GPU)", "rel err", "bound", gpu.name());
+    out!("{:<52} {:>10} {:>10}  result   ({})", "case (GPU)", "rel err", "bound", gpu.name());
     let mut failures = 0;
     let cases = [
         (512, 384, 256, DType::BF16, DType::F32, true),
@@ -83,11 +83,11 @@ pub fn gpu_checks() -> Result<usize, String> {
             Ok(e) => {
                 let ok = e <= bound;
                 failures += usize::from(!ok);
-                println!("{case:<52} {e:>10.2e} {bound:>10.0e}  {}", if ok { "ok" } else { "FAIL" });
+                out!("{case:<52} {e:>10.2e} {bound:>10.0e}  {}", if ok { "ok" } else { "FAIL" });
             }
             Err(e) => {
                 failures += 1;
-                println!("{case:<52} FAIL: {e}");
+                out!("{case:<52} FAIL: {e}");
             }
         }
     }
@@ -192,7 +192,7 @@ fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
                     .all(|(w, g)| w.iter().any(|v| *v != 0.0) || g.iter().all(|v| *v == 0.0));
                 let ok = oe <= bo && pe <= bs && fe <= bs && pad_ok;
                 failures += usize::from(!ok);
-                println!(
+                out!(
                     "{name:<52} {:>10.2e} {bo:>10.0e}  {}   (state {pe:.2e}, final {fe:.2e}{})",
                     oe,
                     if ok { "ok" } else { "FAIL" },
@@ -201,7 +201,7 @@ fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
             }
             Err(e) => {
                 failures += 1;
-                println!("{name:<52} FAIL: {e}");
+                out!("{name:<52} FAIL: {e}");
             }
         }
     }
@@ -213,7 +213,7 @@ fn selftest_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
     let tests = match kda_kernels::selftest::selftests(4) {
         Ok(t) => t,
         Err(e) => {
-            println!("dsl self-tests FAIL: {e}");
+            out!("dsl self-tests FAIL: {e}");
             return 1;
         }
     };
@@ -247,11 +247,11 @@ fn selftest_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
             Ok(e) => {
                 let ok = e <= 1e-5;
                 failures += usize::from(!ok);
-                println!("{:<52} {e:>10.2e} {:>10.0e}  {}", t.name, 1e-5, if ok { "ok" } else { "FAIL" });
+                out!("{:<52} {e:>10.2e} {:>10.0e}  {}", t.name, 1e-5, if ok { "ok" } else { "FAIL" });
             }
             Err(e) => {
                 failures += 1;
-                println!("{:<52} FAIL: {e}", t.name);
+                out!("{:<52} FAIL: {e}", t.name);
             }
         }
     }

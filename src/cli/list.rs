@@ -5,7 +5,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         return Err(format!("`list` takes no arguments (got `{a}`)"));
     }
     for v in kda_kernels::variants() {
-        println!("{:<8} {}{}", v.family, v.name, if v.default { "  (default)" } else { "" });
+        out!("{:<8} {}{}", v.family, v.name, if v.default { "  (default)" } else { "" });
     }
     Ok(0)
 }

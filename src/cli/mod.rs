@@ -1,5 +1,19 @@
 //! The `kda` commands.
 
+/// `println!` for the commands' output: a reader that stops early (`kda check | head`) ends
+/// the command quietly instead of panicking on the closed pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            panic!("writing to stdout: {e}");
+        }
+    }};
+}
+
 mod bench;
 mod check;
 mod decode_gpu;
@@ -32,7 +46,7 @@ pub fn run(args: &[String]) -> i32 {
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
         "-h" | "--help" | "help" => {
-            println!("{USAGE}");
+            out!("{USAGE}");
             Ok(0)
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),

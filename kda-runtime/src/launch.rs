@@ -7,7 +7,7 @@ use cudarc::driver::{result, CudaStream};
 use kda_dsl::artifact::{CompiledKernel, ParamSig};
 use kda_dsl::dtype::DType;
 
-use crate::cache::ModuleCache;
+use crate::cache::{LoadedKernel, ModuleCache};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::tensor::TensorView;
@@ -144,13 +144,39 @@ pub fn launch(
     config_key: &str,
     args: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
+    let Some(bound) = checked_bind(gpu, stream, kernel, args)? else { return Ok(()) };
+    let loaded = cache.get_or_load(gpu, kernel, config_key)?;
+    launch_bound(gpu, &loaded, stream, bound)
+}
+
+/// [`launch`] of a kernel the caller has already loaded (through the same cache), for launchers
+/// that read the loaded module first (its resident-block count).
+pub fn launch_loaded(
+    gpu: &Gpu,
+    loaded: &LoadedKernel,
+    stream: &CudaStream,
+    kernel: &CompiledKernel,
+    args: &[(&str, KernelArg)],
+) -> Result<(), RuntimeError> {
+    let Some(bound) = checked_bind(gpu, stream, kernel, args)? else { return Ok(()) };
+    launch_bound(gpu, loaded, stream, bound)
+}
+
+/// `args` bound and checked against the stream's device; `None` when the grid is empty.
+fn checked_bind(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    kernel: &CompiledKernel,
+    args: &[(&str, KernelArg)],
+) -> Result<Option<BoundArgs>, RuntimeError> {
     let bound = bind_args(kernel, args)?;
     gpu.check_stream("stream", stream)?;
     bound.check_device(gpu.ordinal())?;
-    if bound.is_empty() {
-        return Ok(());
-    }
-    let loaded = cache.get_or_load(gpu, kernel, config_key)?;
+    Ok((!bound.is_empty()).then_some(bound))
+}
+
+/// The raw driver launch of checked arguments.
+fn launch_bound(gpu: &Gpu, loaded: &LoadedKernel, stream: &CudaStream, bound: BoundArgs) -> Result<(), RuntimeError> {
     gpu.context().bind_to_thread().op("cuCtxSetCurrent")?;
     let mut values = bound.values;
     let mut params: Vec<*mut c_void> = values.iter_mut().map(RawArg::as_param).collect();

@@ -24,6 +24,6 @@ pub use device::{device_count, gpu_available, Gpu};
 pub use error::RuntimeError;
 pub use gemm::{gemm, plan_gemm};
 pub use kernels::Kernels;
-pub use launch::{bind_args, launch, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
+pub use launch::{bind_args, launch, launch_loaded, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
 pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};
 pub use timing::{median, time_graph_ms, time_ms};

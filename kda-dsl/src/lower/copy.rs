@@ -307,22 +307,32 @@ impl Lower<'_> {
 
     /// Address and validity of element (row, col) of a box.
     fn box_elem(&mut self, gb: &GlobalBox, row: Src, col: Src) -> (Reg, Option<Reg>) {
-        let mut addr = Src::Reg(gb.base);
-        if let Some(rs) = gb.row_stride {
-            addr = self.add_scaled(addr, row, Src::Reg(rs));
-        }
-        addr = self.add_scaled(addr, col, gb.col_stride);
-        let addr = self.em.to_reg(addr, RegClass::B64, Ty::U64);
+        let addr = self.box_addr(gb, row, col);
         let mut valid = gb.unit_ok;
         if let Some(rl) = gb.row_lim.filter(|l| !covers(*l, gb.extent.0)) {
             let p = self.lt(row, rl);
             valid = self.em.and_pred(valid, p);
         }
-        if !covers(gb.col_lim, gb.extent.1) {
-            let p = self.lt(col, gb.col_lim);
-            valid = self.em.and_pred(valid, p);
+        (addr, self.and_col_mask(gb, col, valid))
+    }
+
+    /// The address of element (row, col) of a box.
+    fn box_addr(&mut self, gb: &GlobalBox, row: Src, col: Src) -> Reg {
+        let mut addr = Src::Reg(gb.base);
+        if let Some(rs) = gb.row_stride {
+            addr = self.add_scaled(addr, row, Src::Reg(rs));
         }
-        (addr, valid)
+        addr = self.add_scaled(addr, col, gb.col_stride);
+        self.em.to_reg(addr, RegClass::B64, Ty::U64)
+    }
+
+    /// `valid` and, where the box's columns can pass the bound, `col` inside it.
+    fn and_col_mask(&mut self, gb: &GlobalBox, col: Src, valid: Option<Reg>) -> Option<Reg> {
+        if covers(gb.col_lim, gb.extent.1) {
+            return valid;
+        }
+        let p = self.lt(col, gb.col_lim);
+        self.em.and_pred(valid, p)
     }
 
     /// `base + off < lim` as a predicate, computed as `base < lim - off`.
@@ -448,9 +458,7 @@ impl Lower<'_> {
         let row_base = self.em.add32(base, rows);
         let row_base = self.em.add32(row_base, within);
         let ch = self.em.op32(BinKind::Div, cb, chunk as i64);
-        let r = self.em.op32(BinKind::Shr, rb, rpl.trailing_zeros() as i64);
-        let r = self.em.op32(BinKind::And, r, mask as i64);
-        let phys0 = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, ch, r));
+        let phys0 = self.swizzled_chunk(rpl, mask, Src::Reg(rb), ch);
         let mut by_chunk: std::collections::HashMap<u32, Reg> = std::collections::HashMap::new();
         let mut out = vec![];
         for c in runs {
@@ -569,16 +577,10 @@ impl Lower<'_> {
         let cv = self.em.op32(BinKind::Rem, self.th.tid, vpr);
         let c0 = self.em.op32(BinKind::Mul, cv, chunk);
         // Global: the first chunk's address and the columns' mask; rows are masked per pass.
-        let mut addr = Src::Reg(gb.base);
         let rs = gb.row_stride.expect("a 2-D box");
-        addr = self.add_scaled(addr, r0, Src::Reg(rs));
-        addr = self.add_scaled(addr, c0, gb.col_stride);
-        let mut addr = self.em.to_reg(addr, RegClass::B64, Ty::U64);
-        let mut col_valid = self.em.and_pred(gb.unit_ok, live);
-        if !covers(gb.col_lim, gb.extent.1) {
-            let p = self.lt(c0, gb.col_lim);
-            col_valid = self.em.and_pred(col_valid, p);
-        }
+        let mut addr = self.box_addr(gb, r0, c0);
+        let valid = self.em.and_pred(gb.unit_ok, live);
+        let col_valid = self.and_col_mask(gb, c0, valid);
         let step_bytes = self.em.reg(RegClass::B64);
         self.em.emit(Op::Bin {
             op: BinKind::Mul,
@@ -592,12 +594,7 @@ impl Lower<'_> {
         let row_bytes = cols as i64 * esize;
         let rb = self.em.mul32(r0, Src::Imm(row_bytes));
         let row_base = self.em.add32(base, rb);
-        let swizzle = l.swizzle_params().map(|(_, rpl, mask)| {
-            let x = self.em.op32(BinKind::Shr, r0, rpl.trailing_zeros() as i64);
-            let x = self.em.op32(BinKind::And, x, mask as i64);
-            let phys = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, cv, x));
-            (rpl, mask, phys)
-        });
+        let swizzle = l.swizzle_params().map(|(_, rpl, mask)| (rpl, mask, self.swizzled_chunk(rpl, mask, r0, cv)));
         for k in 0..passes as i64 {
             if k > 0 {
                 addr = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, step_bytes);

@@ -510,12 +510,7 @@ impl Lower<'_> {
                     let lc = chunk.trailing_zeros() as i64;
                     let ch = self.em.op32(BinKind::Shr, col, lc);
                     let within = self.em.op32(BinKind::And, col, chunk as i64 - 1);
-                    let rs = self.em.op32(BinKind::Shr, row, rpl.trailing_zeros() as i64);
-                    let x = self.em.op32(BinKind::And, rs, mask as i64);
-                    let phys = match (ch, x) {
-                        (Src::Imm(a), Src::Imm(b)) => Src::Imm(a ^ b),
-                        (a, b) => Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, a, b)),
-                    };
+                    let phys = self.swizzled_chunk(rpl, mask, row, ch);
                     let pc = self.em.op32(BinKind::Shl, phys, lc);
                     let rc = self.em.mul32(row, Src::Imm(cols as i64));
                     let s = self.em.add32(rc, pc);
@@ -527,6 +522,17 @@ impl Lower<'_> {
         let bytes = self.em.mul32(off, Src::Imm(esize));
         let a = self.em.add32(base, bytes);
         self.em.to_reg(a, RegClass::B32, Ty::U32)
+    }
+
+    /// The physical 16-byte chunk of logical chunk `chunk` in row `row` of a swizzled tile
+    /// (`swizzle_params` `rpl`, `mask`): `chunk ^ ((row / rpl) & mask)`.
+    pub(crate) fn swizzled_chunk(&mut self, rpl: u32, mask: u32, row: Src, chunk: Src) -> Src {
+        let rs = self.em.op32(BinKind::Shr, row, rpl.trailing_zeros() as i64);
+        let x = self.em.op32(BinKind::And, rs, mask as i64);
+        match (chunk, x) {
+            (Src::Imm(a), Src::Imm(b)) => Src::Imm(a ^ b),
+            (a, b) => Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, a, b)),
+        }
     }
 
     /// The global address of `tensor[idx..]` (64-bit arithmetic throughout).

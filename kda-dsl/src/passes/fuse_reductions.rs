@@ -286,6 +286,14 @@ mod tests {
     use crate::passes::TileProgram;
     use crate::tile::{BinOp, ReduceOp};
 
+    /// The kernel after layout inference and this pass, as text.
+    fn fused(k: KernelBuilder) -> String {
+        let mut p = TileProgram::new(k.finish().expect("valid"));
+        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
+        super::fuse_reductions(&mut p).expect("fuses");
+        p.def.to_string()
+    }
+
     #[test]
     fn a_product_reduced_along_rows_accumulates_in_the_vector() {
         let k = KernelBuilder::new("t", loc(1));
@@ -301,10 +309,7 @@ mod tests {
         k.store(&tmp, ij, prod, loc(10));
         k.end();
         k.reduce(ReduceOp::Sum, &tmp, &u, 1, loc(11));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
-        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
-        super::fuse_reductions(&mut p).expect("fuses");
-        let text = p.def.to_string();
+        let text = fused(k);
         assert!(text.contains("reduce_lanes_Sum u axis=1") && !text.contains("tmp["), "{text}");
         insta::assert_snapshot!(text);
     }
@@ -331,10 +336,7 @@ mod tests {
         k.end();
         k.reduce(ReduceOp::Sum, &t1, &u, 1, loc(16));
         k.reduce(ReduceOp::Sum, &t2, &o, 1, loc(17));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
-        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
-        super::fuse_reductions(&mut p).expect("fuses");
-        let text = p.def.to_string();
+        let text = fused(k);
         assert_eq!(text.matches("parallel").count(), 1, "{text}");
         assert!(text.contains("reduce_lanes_Sum u axis=1") && text.contains("reduce_lanes_Sum o axis=1"), "{text}");
         assert!(!text.contains("t1[") && !text.contains("t2["), "{text}");
@@ -356,10 +358,7 @@ mod tests {
         k.end();
         k.reduce(ReduceOp::Sum, &tmp, &u, 1, loc(10));
         k.reduce(ReduceOp::Max, &tmp, &m, 1, loc(11));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
-        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
-        super::fuse_reductions(&mut p).expect("fuses");
-        let text = p.def.to_string();
+        let text = fused(k);
         assert!(text.contains("tmp[i#1, j#2] =") && !text.contains("reduce_lanes"), "{text}");
     }
 
@@ -382,10 +381,7 @@ mod tests {
         k.store(&sq, j, xx, loc(12));
         k.end();
         k.reduce(ReduceOp::Sum, &sq, &n, 0, loc(13));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
-        crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
-        super::fuse_reductions(&mut p).expect("fuses");
-        let text = p.def.to_string();
+        let text = fused(k);
         assert!(text.contains("reduce_vector_lanes_Sum n over sq") && !text.contains("sq[j"), "{text}");
         insta::assert_snapshot!(text);
     }

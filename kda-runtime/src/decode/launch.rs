@@ -10,7 +10,7 @@ use super::plan::{plan_decode, BetaRule, DecodePlan, GateRule, StateIndexing};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
-use crate::launch::{launch, KernelArg};
+use crate::launch::{launch_loaded, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
 /// How a decode launch is shaped: rows of the state per block, warps per block, and the blocks
@@ -203,12 +203,11 @@ pub fn gated_delta_rule_decode_tuned(
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
     let items = kda_kernels::decode::items_per_block(plan.n, hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize);
     use KernelArg::{Tensor as T, F32, I32};
-    launch(
+    launch_loaded(
         gpu,
-        &kernels.modules,
+        &loaded,
         stream,
         &ready.kernel,
-        &ready.id,
         &[
             ("q", T(*args.q)),
             ("k", T(*args.k)),

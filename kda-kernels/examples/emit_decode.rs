@@ -10,5 +10,6 @@ fn main() {
     }
     let k =
         kda_dsl::compile(kda_kernels::decode::decode(&cfg).expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
+    eprintln!("shared bytes: {}", k.shared_bytes);
     print!("{}", k.ptx);
 }

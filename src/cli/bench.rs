@@ -5,13 +5,16 @@ use kda_kernels::reference::Rng;
 use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
+const USAGE: &str =
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES ...] [--case NAME]";
+
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
         [] => None,
         [flag, f] if flag == "--json" => Some(f.clone()),
         [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
-        [flag] if flag == "--sweep-decode" => return sweep_decode(),
-        _ => return Err("usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode".into()),
+        [flag, rest @ ..] if flag == "--sweep-decode" => return sweep_decode(rest),
+        _ => return Err(USAGE.into()),
     };
     if !gpu_available() {
         out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -121,20 +124,36 @@ pub fn time_decode(
     time_decode_tuned(gpu, kernels, b, t, state, spec, kda_runtime::decode::DecodeTuning::default())
 }
 
-/// Times decode launch shapes on the standard cases: how the default tuning was chosen.
-fn sweep_decode() -> Result<i32, String> {
+/// Times decode launch shapes on the standard cases: how the default tuning was chosen. With
+/// `ROWSxWARPSxMIN_BLOCKSxSTAGES` arguments, those shapes instead of the built-in list; with
+/// `--case NAME`, only the cases whose name contains NAME.
+fn sweep_decode(args: &[String]) -> Result<i32, String> {
     use kda_runtime::decode::DecodeTuning as T;
+    let mut shapes = vec![];
+    let mut filter = String::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--case" {
+            filter = it.next().ok_or(USAGE)?.clone();
+            continue;
+        }
+        let n: Vec<usize> = a.split('x').map(|p| p.parse().map_err(|_| USAGE)).collect::<Result<_, _>>()?;
+        let [rows, warps, min_blocks, stages] = n[..] else { return Err(USAGE.into()) };
+        shapes.push(T { rows, warps, min_blocks, stages });
+    }
+    if shapes.is_empty() {
+        shapes = vec![
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
+            T { rows: 32, warps: 2, min_blocks: 5, stages: 3 },
+            T { rows: 32, warps: 4, min_blocks: 5, stages: 2 },
+            T { rows: 64, warps: 4, min_blocks: 3, stages: 2 },
+            T { rows: 16, warps: 1, min_blocks: 12, stages: 2 },
+        ];
+    }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
-    let shapes = [
-        T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
-        T { rows: 32, warps: 2, min_blocks: 5, stages: 3 },
-        T { rows: 32, warps: 4, min_blocks: 5, stages: 2 },
-        T { rows: 64, warps: 4, min_blocks: 3, stages: 2 },
-        T { rows: 16, warps: 1, min_blocks: 12, stages: 2 },
-    ];
     for tune in shapes {
-        for (case, b, t, state, spec) in DECODE_CASES {
+        for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, tune) {
                 Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
                 Err(e) => out!("{case:<28} {tune:?} error: {e}"),

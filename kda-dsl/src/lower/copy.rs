@@ -2,6 +2,7 @@
 //! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
 //! not possible the reason is reported under `KDA_DUMP=copy_plan`.
 
+use super::divisibility::{expr_divisor, gcd, ANY};
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -139,36 +140,15 @@ fn covers(lim: Src, n: u32) -> bool {
     matches!(lim, Src::Imm(v) if v >= n as i64)
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-const ANY: u64 = 1 << 40;
-
 impl Lower<'_> {
     /// A number every value of `e` is a multiple of.
     fn divisor(&self, e: &Expr) -> u64 {
-        match e {
-            Expr::Int(v, _) => {
-                if *v == 0 {
-                    ANY
-                } else {
-                    v.unsigned_abs()
-                }
-            }
-            Expr::Var(v) => self.consts.get(v).map(|c| if *c == 0 { ANY } else { c.unsigned_abs() }).unwrap_or(1),
-            Expr::Dim(p) => self.def().multiple_of(*p) as u64,
-            Expr::Binary(BinOp::Mul, a, b) => (self.divisor(a).saturating_mul(self.divisor(b))).min(ANY),
-            Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => gcd(self.divisor(a), self.divisor(b)),
-            Expr::Binary(BinOp::Min | BinOp::Max, a, b) | Expr::Select(_, a, b) => {
-                gcd(self.divisor(a), self.divisor(b))
-            }
-            _ => 1,
-        }
+        let var = |v: VarId| match self.consts.get(&v) {
+            Some(0) => ANY,
+            Some(c) => c.unsigned_abs(),
+            None => self.var_divisors.get(&v).copied().unwrap_or(1),
+        };
+        expr_divisor(e, &var, &|p| self.def().multiple_of(p) as u64)
     }
 
     /// Tile extents as (rows, cols); a 1-D tile is one row.

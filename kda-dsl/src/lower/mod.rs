@@ -3,6 +3,7 @@
 //! per-thread instructions; only `serial`/`pipelined` loops and `if`s stay run-time control flow.
 
 mod copy;
+mod divisibility;
 mod elementwise;
 pub mod emit;
 mod expr;
@@ -97,6 +98,8 @@ pub(crate) struct Lower<'a> {
     pub frag_bases: HashMap<FragmentLayout, (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
+    /// A divisor of every value each assigned variable takes (alignment of boxes it offsets).
+    pub var_divisors: HashMap<VarId, u64>,
     /// The kernel copies global to shared other than as pipeline stage fills (barriers then
     /// wait for cp.async).
     pub async_copies: bool,
@@ -180,6 +183,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         elem: None,
         frag_bases: HashMap::new(),
         assign_counts: HashMap::new(),
+        var_divisors: divisibility::var_divisors(&p.def),
         async_copies: has_plain_global_to_shared(p, &p.def.body),
         threads: p.def.threads,
         bar_id: 0,

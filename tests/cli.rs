@@ -51,6 +51,12 @@ fn emit_and_unknown_commands_fail_with_a_clear_message() {
     let (code, _, err) = kda(&["frobnicate"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown command"), "{err}");
+    // A malformed sweep shape is refused before any GPU work, naming the expected form.
+    for bad in [&["bench", "--sweep-decode", "32x2"][..], &["bench", "--sweep-decode", "--case"], &["bench", "-x"]] {
+        let (code, _, err) = kda(bad);
+        assert_eq!(code, 2, "{bad:?}");
+        assert!(err.contains("ROWSxWARPSxMIN_BLOCKSxSTAGES"), "{bad:?}: {err}");
+    }
 }
 
 #[test]

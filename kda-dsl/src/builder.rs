@@ -437,6 +437,12 @@ impl KernelBuilder {
         self.push(StmtKind::Copy { src: src.into_region(), dst: dst.into_region() }, loc);
     }
 
+    /// `prefetch(global_box)`: warm L2 with a box a later copy will read.
+    pub fn prefetch(&self, src: impl IntoRegion, loc: SrcLoc) {
+        self.tile_op(loc, "prefetch");
+        self.push(StmtKind::Prefetch(src.into_region()), loc);
+    }
+
     /// `gemm(a, b, c)`: `c += a · b`.
     pub fn gemm(&self, a: impl IntoOperand, b: impl IntoOperand, c: &Tile, loc: SrcLoc) {
         self.tile_op(loc, "gemm");

@@ -282,6 +282,8 @@ pub enum Op {
     St { space: Space, ty: Ty, addr: Reg, offset: i64, vals: Vec<Src> },
     /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes` (bytes past `src_bytes` are zero)
     CpAsync { dst: Reg, src: Reg, src_bytes: Src },
+    /// `prefetch.global.L2 [addr]`: a hint; the line containing `addr` moves into L2.
+    Prefetch { addr: Reg },
     /// `cp.async.commit_group`
     CpAsyncCommit,
     /// `cp.async.wait_group n`
@@ -451,6 +453,7 @@ impl fmt::Display for Op {
             Op::CpAsync { dst, src, src_bytes } => {
                 write!(f, "cp.async.cg.shared.global [{dst}], [{src}], 16, {src_bytes};")
             }
+            Op::Prefetch { addr } => write!(f, "prefetch.global.L2 [{addr}];"),
             Op::CpAsyncCommit => write!(f, "cp.async.commit_group;"),
             Op::CpAsyncWait { n } => write!(f, "cp.async.wait_group {n};"),
             Op::Ldmatrix { trans, d, addr: a } => {

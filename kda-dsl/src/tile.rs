@@ -358,6 +358,9 @@ pub enum StmtKind {
     },
     /// Shows a tile in the simulator (no code on the GPU).
     Print(BufId),
+    /// Asks L2 to fetch a global box ahead of its use (`prefetch.global.L2`, one per 128-byte
+    /// line; masked like a copy). No data moves into the block and nothing waits for it.
+    Prefetch(Region),
     /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
     Barrier,
 }
@@ -569,6 +572,7 @@ impl KernelDef {
                 writeln!(f, "{pad}reduce_vector_lanes_{:?} {} over {}", op, name(dst), name(vector))
             }
             StmtKind::Print(b) => writeln!(f, "{pad}print {}", name(b)),
+            StmtKind::Prefetch(r) => writeln!(f, "{pad}prefetch {}", self.region_str(r)),
             StmtKind::WarpGroup { first, count, id, var, body } => {
                 let v = &self.vars[*var].name;
                 writeln!(f, "{pad}warp_group#{id} warps {first}..{} ({v}#{var}) {{", first + count)?;

@@ -339,3 +339,65 @@ fn swizzled_bf16_rows_fused_multiply_add_and_fused_dot() {
         assert!(ptx.contains("fma.rn.f32") && ptx.contains("ld.shared.v2.b32"), "{threads} threads");
     }
 }
+
+/// Prefetches a box that runs past the tensor's rows, then copies the same rows.
+#[kernel]
+fn prefetched_rows(cfg: &Cfg, x: Global<(R, C), BF16>, y: GlobalMut<(R, C), F32>, R0: Dim) {
+    let (bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    prefetch(x.tile_at([R0, 0], [cfg.rows, cfg.cols]));
+    prefetch(x.tile_at([R0 + 1, 3], [1, 1]));
+    // A column of the tensor: one hint per element.
+    prefetch(x.tile_at([R0, 5], [cfg.rows, 1]));
+    copy(x.tile_at([R0, 0], [cfg.rows, cfg.cols]), f);
+    copy(f, y.tile_at([R0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn prefetch_issues_one_hint_per_line_and_masks_like_a_copy() {
+    // 16 rows of 200 bf16 (400 bytes: hints at elements 0, 64, 128, 192 and, for a row that does
+    // not start a line, 199), from row 8 of 20: the last 4 rows are past the tensor, and the
+    // simulator fails any hint outside it.
+    let cfg = Cfg { rows: 16, cols: 200, threads: 32 };
+    let (r, c, r0) = (20, 200, 8);
+    let x = Rng::new(3).normals(r * c, DType::BF16);
+    let k = prefetched_rows(&cfg).expect("builds");
+    let mut args =
+        vec![t("x", &x, DType::BF16), i("R", r), i("C", c), i("R0", r0), t("y", &vec![0.0; r * c], DType::F32)];
+    simulate(&k, &mut args).expect("runs");
+    let got = tensor_values(&args, "y", DType::F32);
+    for (e, (g, w)) in got.iter().zip(&x).enumerate() {
+        let want = if e / c >= r0 { *w } else { 0.0 };
+        assert_eq!(*g, want, "element {e}");
+    }
+    let ptx = kda_dsl::compile(k, kda_dsl::Target::Sm80).expect("compiles").ptx;
+    // 16 rows x 5 hints over 32 threads (3 rounds), one single-element hint, and a 16-element
+    // column (one round).
+    assert_eq!(ptx.matches("prefetch.global.L2").count(), 3 + 1 + 1, "{ptx}");
+    assert!(ptx.contains("@%p") && ptx.lines().filter(|l| l.contains("prefetch.global.L2")).all(|l| l.contains('@')));
+}
+
+#[kernel]
+fn prefetch_of_a_tile(cfg: &Cfg, x: Global<(R, C), F32>) {
+    let (bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    prefetch(f);
+}
+
+#[kernel]
+fn prefetch_of_a_cube(cfg: &Cfg, x: Global<(R, C, D), F32>) {
+    let (bx,) = launch(grid = [1], threads = cfg.threads);
+    prefetch(x.tile_at([0, 0, 0], [2, 2, 2]));
+}
+
+#[test]
+fn prefetch_takes_a_global_box_of_at_most_two_long_axes() {
+    let cfg = Cfg { rows: 16, cols: 16, threads: 32 };
+    // Both point at the user's `prefetch` line.
+    let line = |e: &kda_dsl::Diag| include_str!("primitives.rs").lines().nth(e.loc.line as usize - 1).unwrap_or("");
+    let e = prefetch_of_a_tile(&cfg).expect_err("a tile");
+    assert!(e.message.contains("`prefetch` takes a global box") && line(&e).contains("prefetch(f)"), "{e:?}");
+    let e = prefetch_of_a_cube(&cfg).expect_err("3 axes");
+    assert!(e.message.contains("at most two axes longer than 1") && line(&e).contains("[2, 2, 2]"), "{e:?}");
+}

@@ -58,6 +58,7 @@ fn loc(span: Span) -> TS {
 
 const PRIMITIVES: &[&str] = &[
     "copy",
+    "prefetch",
     "gemm",
     "clear",
     "fill",

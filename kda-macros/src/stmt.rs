@@ -422,6 +422,11 @@ impl Cx {
                 let (s, d) = (self.region(&args[0])?, self.region(&args[1])?);
                 Ok(quote!(__kb.copy(#s, #d, #lc);))
             }
+            "prefetch" => {
+                arity(1)?;
+                let r = self.region(&args[0])?;
+                Ok(quote!(__kb.prefetch(#r, #lc);))
+            }
             "gemm" => {
                 arity(3)?;
                 let (a, b) = (self.operand(&args[0])?, self.operand(&args[1])?);

@@ -136,6 +136,15 @@ impl SlotAddressing {
 }
 
 /// True when a bound known when lowering reaches past every element of an axis of `n`.
+/// A tile shape as (rows, cols); a 1-D shape is one row.
+fn rows_cols(s: &[u32]) -> (u32, u32) {
+    if s.len() == 2 {
+        (s[0], s[1])
+    } else {
+        (1, s[0])
+    }
+}
+
 fn covers(lim: Src, n: u32) -> bool {
     matches!(lim, Src::Imm(v) if v >= n as i64)
 }
@@ -153,29 +162,31 @@ impl Lower<'_> {
 
     /// Tile extents as (rows, cols); a 1-D tile is one row.
     pub(crate) fn tile_rc(&self, b: BufId) -> (u32, u32) {
-        let s = &self.def().buffers[b].shape;
-        if s.len() == 2 {
-            (s[0], s[1])
-        } else {
-            (1, s[0])
-        }
+        rows_cols(&self.def().buffers[b].shape)
     }
 
+    /// The box `r` as copied to or from tile `b` (their extents must agree).
     pub(crate) fn global_box(&mut self, r: &Region, b: BufId, loc: SrcLoc) -> Result<GlobalBox, Diag> {
-        let Region::Global { tensor, offset, shape, bound } = r else { unreachable!("a global region") };
-        let t = *tensor;
-        let dims = self.tensor_dims(t);
-        let dtype = self.tensor_dtype(t);
+        let Region::Global { shape, .. } = r else { unreachable!("a global region") };
         let tile_shape = self.def().buffers[b].shape.clone();
-        let big: Vec<usize> = (0..shape.len()).filter(|k| shape[*k] > 1).collect();
         let tile_big: Vec<u32> = tile_shape.iter().copied().filter(|s| *s > 1).collect();
-        let box_big: Vec<u32> = big.iter().map(|k| shape[*k]).collect();
+        let box_big: Vec<u32> = shape.iter().copied().filter(|s| *s > 1).collect();
         if box_big != tile_big {
             return self.err(
                 loc,
                 format!("the box {shape:?} does not match tile `{}` {tile_shape:?}", self.def().buffers[b].name),
             );
         }
+        self.box_as(r, &tile_shape, loc)
+    }
+
+    /// The box `r` laid out as a tile of `tile_shape` (1-D or 2-D, the box's axes longer than 1).
+    fn box_as(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
+        let Region::Global { tensor, offset, shape, bound } = r else { unreachable!("a global region") };
+        let t = *tensor;
+        let dims = self.tensor_dims(t);
+        let dtype = self.tensor_dtype(t);
+        let big: Vec<usize> = (0..shape.len()).filter(|k| shape[*k] > 1).collect();
         // Which tensor axes carry the tile's rows and columns.
         let (row_axis, col_axis) = match (tile_shape.len(), big.len()) {
             (2, 2) => (Some(big[0]), big[1]),
@@ -280,9 +291,45 @@ impl Lower<'_> {
             dtype,
             no_vector,
             no_pair,
-            extent: self.tile_rc(b),
+            extent: rows_cols(tile_shape),
             run_align,
         })
+    }
+
+    /// `prefetch(box)`: one `prefetch.global.L2` per 128-byte line of each box row (at every
+    /// 128 bytes from the row's first element, and at its last; every element when the box's
+    /// columns are not the tensor's innermost axis), spread over the threads; masked elements
+    /// prefetch nothing.
+    pub(crate) fn prefetch(&mut self, r: &Region, loc: SrcLoc) -> Result<(), Diag> {
+        let Region::Global { shape, .. } = r else { unreachable!("check_types: a global box") };
+        let mut tile_shape: Vec<u32> = shape.iter().copied().filter(|s| *s > 1).collect();
+        if tile_shape.is_empty() {
+            tile_shape.push(1);
+        }
+        let gb = self.box_as(r, &tile_shape, loc)?;
+        let (rows, cols) = gb.extent;
+        // Columns along the tensor's innermost axis share lines; along any other axis each
+        // element has its own.
+        let contiguous = matches!(gb.col_stride, Src::Imm(_));
+        let step = if contiguous { (128 / gb.dtype.size_bytes() as u32).max(1) } else { 1 };
+        // Columns step, 2 step, ... and the last one (an unaligned row ends in a line of its own).
+        let per_row = cols.div_ceil(step) + u32::from((cols - 1) % step != 0);
+        let n = rows * per_row;
+        let threads = self.threads;
+        for k in 0..n.div_ceil(threads) {
+            let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let in_range = ((k + 1) * threads > n).then(|| self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64)));
+            let row = self.em.op32(BinKind::Div, v, per_row as i64);
+            let line = self.em.op32(BinKind::Rem, v, per_row as i64);
+            let at = self.em.mul32(line, Src::Imm(step as i64));
+            let col = Src::Reg(self.em.bin(BinKind::Min, Ty::S32, RegClass::B32, at, Src::Imm(cols as i64 - 1)));
+            let (addr, valid) = self.box_elem(&gb, row, col);
+            match self.em.and_pred(valid, in_range) {
+                Some(p) => self.em.emit_if(p, true, Op::Prefetch { addr }),
+                None => self.em.emit(Op::Prefetch { addr }),
+            }
+        }
+        Ok(())
     }
 
     /// Address and validity of element (row, col) of a box.

@@ -338,6 +338,7 @@ impl Lower<'_> {
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
             StmtKind::ReduceVectorLanes { op, dst, vector } => self.reduce_vector_lanes(*op, *dst, *vector, loc),
             StmtKind::Print(b) => self.print(*b),
+            StmtKind::Prefetch(r) => self.prefetch(r, loc),
             StmtKind::Barrier => {
                 // Asynchronous copies (other than stage fills) land before the barrier releases
                 // anyone. In a kernel that has them, a barrier inside a pipeline's body also

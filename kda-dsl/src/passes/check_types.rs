@@ -206,6 +206,17 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
                     }
                 }
             }
+            StmtKind::Prefetch(r) => {
+                let Region::Global { offset, bound, shape, .. } = r else {
+                    return Err(Diag::new(loc, "`prefetch` takes a global box (`x.tile_at(..)`), not a tile"));
+                };
+                if shape.iter().filter(|s| **s > 1).count() > 2 {
+                    return Err(Diag::new(loc, "a prefetched box has at most two axes longer than 1"));
+                }
+                for e in offset.iter().chain(bound.iter().flatten()) {
+                    index_type(def, e, loc)?;
+                }
+            }
             StmtKind::For { start, end, body, .. } => {
                 index_type(def, start, loc)?;
                 index_type(def, end, loc)?;

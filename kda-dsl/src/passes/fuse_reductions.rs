@@ -103,6 +103,12 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
                     }
                 }
             }
+            StmtKind::Prefetch(r) => match r {
+                Region::Buf(b) => n[*b] += 1,
+                Region::Global { offset, bound, .. } => {
+                    offset.iter().chain(bound.iter().flatten()).for_each(|e| expr(e, n))
+                }
+            },
             StmtKind::Gemm { a, b, c } => {
                 n[a.buf] += 1;
                 n[b.buf] += 1;

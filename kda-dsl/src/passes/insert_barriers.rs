@@ -94,6 +94,13 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
             wr(*dst, &mut out);
         }
         StmtKind::Print(b) => rd(*b, &mut out),
+        StmtKind::Prefetch(r) => {
+            if let Region::Global { offset, bound, .. } = r {
+                for e in offset.iter().chain(bound.iter().flatten()) {
+                    expr_reads(p, e, &mut out);
+                }
+            }
+        }
         StmtKind::Assign(_, e) => expr_reads(p, e, &mut out),
         StmtKind::Parallel { over, vars, body } => {
             let own_shape = is_shared(p, *over).then(|| p.def.buffers[*over].shape.clone());

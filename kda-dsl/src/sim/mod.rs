@@ -449,6 +449,11 @@ impl<'a> Block<'a> {
                 }
                 self.threads[t].open_group.push((d as u32, data));
             }
+            Op::Prefetch { addr } => {
+                // Nothing moves; the address must still be one of the tensor's (masks hold).
+                let a = self.get(t, &Src::Reg(*addr));
+                self.global_slice(a, 1)?;
+            }
             Op::CpAsyncCommit => {
                 let g = std::mem::take(&mut self.threads[t].open_group);
                 self.threads[t].groups.push(g);

@@ -17,9 +17,10 @@ pub enum SharedLayout {
         /// Columns.
         cols: u32,
     },
-    /// Row-major in 16-byte chunks whose index is XORed with a function of the row, so that the
-    /// eight 16-byte rows an `ldmatrix` phase reads (down a column or along a row) hit eight
-    /// different bank groups.
+    /// Row-major in 16-byte chunks whose index is XORed with a function of the row
+    /// ([`row_xor`]), so that the eight 16-byte rows an `ldmatrix` phase reads (down a column or
+    /// along a row) hit eight different bank groups, and so do the row pairs (4-byte elements)
+    /// and row quads (2-byte) that element-wise fragment loads read in one phase.
     Swizzled {
         /// Rows.
         rows: u32,
@@ -30,13 +31,25 @@ pub enum SharedLayout {
     },
 }
 
+/// The chunk XOR of row group `x` (`row / rows_per_line`, masked) of a swizzled layout:
+/// `x ^ (x << 2)` within `mask`. A GF(2)-linear bijection, so eight consecutive groups get eight
+/// distinct values (`ldmatrix`) and group `x ^ y` gets `row_xor(x) ^ row_xor(y)` (passes and runs
+/// offset a thread's first chunk by a constant). With 8 chunks per line it also sends rows
+/// `2k, 2k + 1` to opposite 64-byte halves (a 16-byte-per-lane fragment load reads a row pair per
+/// phase) and rows `4k .. 4k + 3` to four different 32-byte quarters (8 bytes per lane).
+pub fn row_xor(x: u32, mask: u32) -> u32 {
+    (x ^ (x << 2)) & mask
+}
+
 impl SharedLayout {
     /// The layout for a `rows x cols` tile of `elem_bytes`-byte elements: swizzled when a row is
-    /// a power-of-two number (at least 2) of 16-byte chunks, row-major otherwise.
+    /// a power-of-two number (at least 2) of 16-byte chunks (and, for 4-byte elements, the tile
+    /// has several rows), row-major otherwise.
     pub fn choose(rows: u32, cols: u32, elem_bytes: u32) -> SharedLayout {
         let chunk = 16 / elem_bytes.max(1);
         let row_chunks = if cols.is_multiple_of(chunk) { cols / chunk } else { 0 };
-        if elem_bytes == 2 && row_chunks >= 2 && row_chunks.is_power_of_two() {
+        let swizzles = elem_bytes == 2 || (elem_bytes == 4 && rows > 1);
+        if swizzles && row_chunks >= 2 && row_chunks.is_power_of_two() {
             SharedLayout::Swizzled { rows, cols, chunk }
         } else {
             SharedLayout::RowMajor { rows, cols }
@@ -73,7 +86,7 @@ impl SharedLayout {
     pub fn offset(&self, row: u32, col: u32) -> u32 {
         match (*self, self.swizzle_params()) {
             (SharedLayout::Swizzled { cols, .. }, Some((chunk, rpl, mask))) => {
-                let phys = (col / chunk) ^ ((row / rpl) & mask);
+                let phys = (col / chunk) ^ row_xor((row / rpl) & mask, mask);
                 row * cols + phys * chunk + col % chunk
             }
             (SharedLayout::RowMajor { cols, .. }, _) | (SharedLayout::Swizzled { cols, .. }, None) => row * cols + col,
@@ -336,6 +349,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn element_wise_fragment_loads_are_conflict_free() {
+        // One phase of a 16-byte-per-lane load of a 4-byte tile reads 64 bytes from each of two
+        // adjacent rows; of an 8-byte-per-lane load of a 2-byte tile, 32 bytes from each of four.
+        for (eb, rows_per_phase) in [(4u32, 2u32), (2, 4)] {
+            let cols = 128;
+            let l = SharedLayout::choose(32, cols, eb);
+            assert!(matches!(l, SharedLayout::Swizzled { .. }), "{l}");
+            let bytes_per_row = 128 / rows_per_phase;
+            for r0 in (0..32).step_by(rows_per_phase as usize) {
+                for c in (0..cols).step_by((bytes_per_row / eb) as usize) {
+                    let mut groups = HashSet::new();
+                    for r in r0..r0 + rows_per_phase {
+                        for k in (0..bytes_per_row / eb).step_by((16 / eb) as usize) {
+                            groups.insert((l.offset(r, c + k) * eb / 16) % 8);
+                        }
+                    }
+                    assert_eq!(groups.len(), 8, "{eb}-byte rows {r0}.. col {c}");
+                }
+            }
+        }
+        // A one-row 4-byte tile stays row-major.
+        assert!(matches!(SharedLayout::choose(1, 128, 4), SharedLayout::RowMajor { .. }));
     }
 
     #[test]

@@ -640,7 +640,9 @@ impl Lower<'_> {
                     self.em.add32(pass_base, c)
                 }
                 Some((rpl, mask, phys)) => {
-                    let ck = (k * step as i64 / rpl as i64) & mask as i64;
+                    // Pass rows add to row r0 < step without carries: the XOR of the sum is
+                    // r0's XOR the pass's (`row_xor` is linear).
+                    let ck = crate::layout::row_xor(((k * step as i64 / rpl as i64) & mask as i64) as u32, mask) as i64;
                     let p = if ck == 0 { phys } else { self.em.op32(BinKind::Xor, phys, ck) };
                     let off = self.em.op32(BinKind::Shl, p, 4);
                     self.em.add32(pass_base, off)

@@ -530,10 +530,19 @@ impl Lower<'_> {
     }
 
     /// The physical 16-byte chunk of logical chunk `chunk` in row `row` of a swizzled tile
-    /// (`swizzle_params` `rpl`, `mask`): `chunk ^ ((row / rpl) & mask)`.
+    /// (`swizzle_params` `rpl`, `mask`): `chunk ^ row_xor((row / rpl) & mask)`.
     pub(crate) fn swizzled_chunk(&mut self, rpl: u32, mask: u32, row: Src, chunk: Src) -> Src {
         let rs = self.em.op32(BinKind::Shr, row, rpl.trailing_zeros() as i64);
-        let x = self.em.op32(BinKind::And, rs, mask as i64);
+        let x = match rs {
+            Src::Imm(v) => Src::Imm(crate::layout::row_xor((v as u32) & mask, mask) as i64),
+            // Below 8 chunks per line the map is the identity.
+            rs if mask < 4 => self.em.op32(BinKind::And, rs, mask as i64),
+            rs => {
+                let up = self.em.op32(BinKind::Shl, rs, 2);
+                let mixed = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, rs, up));
+                self.em.op32(BinKind::And, mixed, mask as i64)
+            }
+        };
         match (chunk, x) {
             (Src::Imm(a), Src::Imm(b)) => Src::Imm(a ^ b),
             (a, b) => Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, a, b)),

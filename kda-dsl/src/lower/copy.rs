@@ -21,6 +21,8 @@ pub(crate) struct GlobalBox {
     row_stride: Option<Reg>,
     /// Bytes between columns (the element size when the column axis is contiguous).
     col_stride: Src,
+    /// The columns run along the tensor's innermost axis (adjacent columns are adjacent bytes).
+    col_contiguous: bool,
     /// Rows (columns) from the box's start to the bound: elements at or past are masked.
     row_lim: Option<Src>,
     col_lim: Src,
@@ -285,6 +287,7 @@ impl Lower<'_> {
             base,
             row_stride,
             col_stride,
+            col_contiguous: col_axis == dims.len() - 1,
             row_lim: row_axis.map(|a| lims[a]),
             col_lim: lims[col_axis],
             unit_ok,
@@ -310,8 +313,7 @@ impl Lower<'_> {
         let (rows, cols) = gb.extent;
         // Columns along the tensor's innermost axis share lines; along any other axis each
         // element has its own.
-        let contiguous = matches!(gb.col_stride, Src::Imm(_));
-        let step = if contiguous { (128 / gb.dtype.size_bytes() as u32).max(1) } else { 1 };
+        let step = if gb.col_contiguous { (128 / gb.dtype.size_bytes() as u32).max(1) } else { 1 };
         // Columns step, 2 step, ... and the last one (an unaligned row ends in a line of its own).
         let per_row = cols.div_ceil(step) + u32::from((cols - 1) % step != 0);
         let n = rows * per_row;

@@ -208,6 +208,18 @@ pub enum Region {
     Buf(BufId),
 }
 
+impl Region {
+    /// The run-time expressions the region is indexed by: a box's offsets and bounds (none for
+    /// a whole tile).
+    pub fn index_exprs(&self) -> impl Iterator<Item = &Expr> {
+        let (offset, bound): (&[Expr], Option<&Vec<Expr>>) = match self {
+            Region::Global { offset, bound, .. } => (offset, bound.as_ref()),
+            Region::Buf(_) => (&[], None),
+        };
+        offset.iter().chain(bound.into_iter().flatten())
+    }
+}
+
 /// A `gemm` operand: a tile, possibly transposed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Operand {

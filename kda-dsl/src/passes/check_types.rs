@@ -198,22 +198,18 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> 
                 }
             }
             StmtKind::Copy { src, dst } => {
-                for r in [src, dst] {
-                    if let Region::Global { offset, bound, .. } = r {
-                        for e in offset.iter().chain(bound.iter().flatten()) {
-                            index_type(def, e, loc)?;
-                        }
-                    }
+                for e in src.index_exprs().chain(dst.index_exprs()) {
+                    index_type(def, e, loc)?;
                 }
             }
             StmtKind::Prefetch(r) => {
-                let Region::Global { offset, bound, shape, .. } = r else {
+                let Region::Global { shape, .. } = r else {
                     return Err(Diag::new(loc, "`prefetch` takes a global box (`x.tile_at(..)`), not a tile"));
                 };
                 if shape.iter().filter(|s| **s > 1).count() > 2 {
                     return Err(Diag::new(loc, "a prefetched box has at most two axes longer than 1"));
                 }
-                for e in offset.iter().chain(bound.iter().flatten()) {
+                for e in r.index_exprs() {
                     index_type(def, e, loc)?;
                 }
             }

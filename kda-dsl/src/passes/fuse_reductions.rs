@@ -86,6 +86,12 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
             _ => {}
         }
     }
+    fn region(r: &Region, n: &mut [usize]) {
+        if let Region::Buf(b) = r {
+            n[*b] += 1;
+        }
+        r.index_exprs().for_each(|e| expr(e, n));
+    }
     for s in body {
         match &s.kind {
             StmtKind::Assign(_, e) => expr(e, n),
@@ -95,20 +101,10 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
             }
             StmtKind::Copy { src, dst } => {
                 for r in [src, dst] {
-                    match r {
-                        Region::Buf(b) => n[*b] += 1,
-                        Region::Global { offset, bound, .. } => {
-                            offset.iter().chain(bound.iter().flatten()).for_each(|e| expr(e, n))
-                        }
-                    }
+                    region(r, n);
                 }
             }
-            StmtKind::Prefetch(r) => match r {
-                Region::Buf(b) => n[*b] += 1,
-                Region::Global { offset, bound, .. } => {
-                    offset.iter().chain(bound.iter().flatten()).for_each(|e| expr(e, n))
-                }
-            },
+            StmtKind::Prefetch(r) => region(r, n),
             StmtKind::Gemm { a, b, c } => {
                 n[a.buf] += 1;
                 n[b.buf] += 1;

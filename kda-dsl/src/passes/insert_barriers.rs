@@ -66,12 +66,8 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
     };
     match &s.kind {
         StmtKind::Copy { src, dst } => {
-            for r in [src, dst] {
-                if let Region::Global { offset, bound, .. } = r {
-                    for e in offset.iter().chain(bound.iter().flatten()) {
-                        expr_reads(p, e, &mut out);
-                    }
-                }
+            for e in src.index_exprs().chain(dst.index_exprs()) {
+                expr_reads(p, e, &mut out);
             }
             if let Region::Buf(b) = src {
                 rd(*b, &mut out);
@@ -95,10 +91,8 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
         }
         StmtKind::Print(b) => rd(*b, &mut out),
         StmtKind::Prefetch(r) => {
-            if let Region::Global { offset, bound, .. } = r {
-                for e in offset.iter().chain(bound.iter().flatten()) {
-                    expr_reads(p, e, &mut out);
-                }
+            for e in r.index_exprs() {
+                expr_reads(p, e, &mut out);
             }
         }
         StmtKind::Assign(_, e) => expr_reads(p, e, &mut out),

@@ -136,6 +136,20 @@ impl Default for DecodeConfig {
 }
 
 impl DecodeConfig {
+    /// This config with the launch shape measured fastest on an H200 for its kind of call
+    /// (`kda bench --sweep-decode`; README, "Performance"):
+    /// - one token per sequence: 32 rows x 2 warps, 6 blocks per SM; a third pipeline stage once
+    ///   the call has 8 or more sequences (a block then takes several in turn; with one sequence
+    ///   the extra stage only costs: B = 1 0.0046 ms with 2 stages against 0.0049 with 3);
+    /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM.
+    pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
+        if multi_token {
+            DecodeConfig { bv: 16, warps: 1, min_blocks: 8, stages: 2, ..self }
+        } else {
+            DecodeConfig { bv: 32, warps: 2, min_blocks: 6, stages: if nseq >= 8 { 3 } else { 2 }, ..self }
+        }
+    }
+
     /// A short stable name.
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
@@ -217,6 +231,9 @@ pub fn decode(
     let of = fragment([cfg.bv], F32);
     let bw = fragment([cfg.bv], F32);
     let nrm = local([1], F32);
+    // The pool slot a token's state goes to, with per-token indices (`IC` > 1): loaded with the
+    // token's inputs, so the store does not wait on it.
+    let wraw = local([1], cfg.indices.unwrap_or(I32));
     let a_raw = shared([128], cfg.dtype);
     let dt_sh = shared([128], cfg.dt_bias.unwrap_or(F32));
     let a_sh = shared([128], F32);
@@ -331,11 +348,15 @@ pub fn decode(
         // Flat token index of the sequence's first token (rows of a per-token `final_state`).
         let tok0 = bos + bi * T;
         let mut beta = 0.0;
-        clear(s);
+        // The initial state, or zeros (no initial state, or padding).
         if cfg.use_initial_state {
             if live {
                 copy(st_sh, s);
+            } else {
+                clear(s);
             }
+        } else {
+            clear(s);
         }
         // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
         // token t: loads are in flight while the previous token computes.
@@ -452,9 +473,15 @@ pub fn decode(
                     }
                     copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
                     if cfg.writes == Writes::PoolPerToken {
-                        let w = state_indices[n][min(tp, IC - 1)];
-                        if w >= 0 && w < P {
-                            copy(s, state.tile_at([w as i32, hv, r0, c0], [1, 1, vr, kc]));
+                        // One index per sequence (`IC` = 1): every token writes the slot the
+                        // sequence started from, already in the table (-1 for padding).
+                        let mut w = slot_sh[it];
+                        if IC > 1 {
+                            let raw = wraw[0];
+                            w = select(raw >= 0 && raw < P, raw as i32, -1);
+                        }
+                        if w >= 0 {
+                            copy(s, state.tile_at([w, hv, r0, c0], [1, 1, vr, kc]));
                         }
                     }
                     if cfg.writes == Writes::FinalPerToken {
@@ -480,6 +507,11 @@ pub fn decode(
                 } else {
                     beta = beta_sh[it];
                 }
+                if cfg.writes == Writes::PoolPerToken {
+                    if IC > 1 {
+                        wraw[0] = state_indices[n][0];
+                    }
+                }
             }
             if t > 0 && t < tn {
                 let ti = bos + t;
@@ -493,6 +525,11 @@ pub fn decode(
                     copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
                 } else {
                     beta = b[bi][ti][hv][0];
+                }
+                if cfg.writes == Writes::PoolPerToken {
+                    if IC > 1 {
+                        wraw[0] = state_indices[n][min(t, IC - 1)];
+                    }
                 }
             }
         }

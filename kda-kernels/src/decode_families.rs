@@ -162,6 +162,24 @@ pub fn decode_families() -> Vec<DecodeFamily> {
                 x
             },
         ),
+        // The launch shapes the API picks for many sequences and for several tokens each.
+        fam("many_sequences_shape", d.clone().with_launch_shape_for(false, 8), |c, s| {
+            call_inputs(c, (4, 1, 2, 2), &[], s)
+        }),
+        fam(
+            "many_sequences_shape_bf16_state",
+            DecodeConfig { state_dtype: BF16, ..d.clone() }.with_launch_shape_for(false, 8),
+            |c, s| call_inputs(c, (4, 1, 1, 2), &[], s),
+        ),
+        fam(
+            "multi_token_shape_spec",
+            DecodeConfig { accepted: Some(I32), ..d.clone() }.with_launch_shape_for(true, 4),
+            |c, s| {
+                let mut x = call_inputs(c, (4, 4, 1, 2), &[], s);
+                x.accepted = vec![3, 1, 4, 2];
+                x
+            },
+        ),
         // One state per token (not in place); rows of a padded sequence are zero.
         fam("final_per_token", DecodeConfig { writes: Writes::FinalPerToken, ..b.clone() }, |c, s| {
             let mut x = call_inputs(c, (3, 2, 1, 2), &[], s);

@@ -51,14 +51,16 @@ pub fn decode_variant(cfg: decode::DecodeConfig) -> Variant {
     Variant { family: "decode", name: cfg.key(), default, build: std::sync::Arc::new(move || decode::decode(&cfg)) }
 }
 
-/// The decode configs shipped: the bench cases' variants.
+/// The decode configs shipped: the bench cases' variants, each with the launch shape the API
+/// picks for it (B = 1; B >= 8 with an f32 or a bf16 state; several tokens per sequence).
 pub fn decode_configs() -> Vec<decode::DecodeConfig> {
     use decode::DecodeConfig as C;
     let d = C::default();
     vec![
         d.clone(),
-        C { state_dtype: kda_dsl::DType::BF16, ..d.clone() },
-        C { accepted: Some(kda_dsl::DType::I32), ..d },
+        d.clone().with_launch_shape_for(false, 8),
+        C { state_dtype: kda_dsl::DType::BF16, ..d.clone() }.with_launch_shape_for(false, 8),
+        C { accepted: Some(kda_dsl::DType::I32), ..d }.with_launch_shape_for(true, 8),
     ]
 }
 

@@ -592,3 +592,30 @@ fn checked_varlen_inplace_sequence_fits_columns() {
     check_indices(&p, Some(&[0, 3, 5]), Some(&[0, 1, 2, 3, 4, -1]), None).expect("valid");
     err(check_indices(&p, Some(&[0, 1, 5]), Some(&[0, 1, 2, 3, 4, 5]), None), "cu_seqlens", "sequence 1 has 4 tokens");
 }
+
+#[test]
+fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
+    use kda_runtime::decode::{decode_config, DecodeTuning};
+    let shape = |p: &DecodePlan| {
+        let t = DecodeTuning::for_call(p);
+        (t.rows, t.warps, t.min_blocks, t.stages)
+    };
+    // One token each: a third stage once a block takes several sequences.
+    assert_eq!(shape(&Case::new(1, 1).plan(|_| {})), (32, 2, 6, 2));
+    assert_eq!(shape(&Case::new(7, 1).plan(|_| {})), (32, 2, 6, 2));
+    assert_eq!(shape(&Case::new(8, 1).plan(|_| {})), (32, 2, 6, 3));
+    // Several tokens in some sequence, fixed length or varlen.
+    assert_eq!(shape(&Case::new(1, 2).plan(|_| {})), (16, 1, 8, 2));
+    let c = Case::new(1, 3).pool(4);
+    let cu = tv(9, &[3], I32);
+    let p = c.plan(|a| a.cu_seqlens = Some(&cu));
+    assert_eq!((p.n, p.total_tokens), (2, 3));
+    assert_eq!(shape(&p), (16, 1, 8, 2));
+    // Two sequences of one token each in varlen stay single-token.
+    let c = Case::new(1, 2).pool(4);
+    let p = c.plan(|a| a.cu_seqlens = Some(&cu));
+    assert_eq!(shape(&p), (32, 2, 6, 2));
+    // The config the call launches carries the shape.
+    let cfg = decode_config(&Case::new(8, 1).plan(|_| {}));
+    assert_eq!((cfg.bv, cfg.warps, cfg.min_blocks, cfg.stages), (32, 2, 6, 3));
+}

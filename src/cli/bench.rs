@@ -121,7 +121,7 @@ pub fn time_decode(
     state: DType,
     spec: bool,
 ) -> Result<(f32, f64), String> {
-    time_decode_tuned(gpu, kernels, b, t, state, spec, kda_runtime::decode::DecodeTuning::default())
+    time_decode_tuned(gpu, kernels, b, t, state, spec, None)
 }
 
 /// Times decode launch shapes on the standard cases: how the default tuning was chosen. With
@@ -144,17 +144,18 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
     if shapes.is_empty() {
         shapes = vec![
             T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
-            T { rows: 32, warps: 2, min_blocks: 5, stages: 3 },
-            T { rows: 32, warps: 4, min_blocks: 5, stages: 2 },
-            T { rows: 64, warps: 4, min_blocks: 3, stages: 2 },
-            T { rows: 16, warps: 1, min_blocks: 12, stages: 2 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 3 },
+            T { rows: 32, warps: 2, min_blocks: 4, stages: 2 },
+            T { rows: 16, warps: 1, min_blocks: 8, stages: 2 },
+            T { rows: 16, warps: 1, min_blocks: 12, stages: 3 },
+            T { rows: 64, warps: 4, min_blocks: 3, stages: 3 },
         ];
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
-            match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, tune) {
+            match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, Some(tune)) {
                 Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
                 Err(e) => out!("{case:<28} {tune:?} error: {e}"),
             }
@@ -163,6 +164,7 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
+/// [`time_decode`] with a given launch shape (`None`: the one the API picks).
 #[allow(clippy::too_many_arguments)]
 fn time_decode_tuned(
     gpu: &Gpu,
@@ -171,7 +173,7 @@ fn time_decode_tuned(
     t: usize,
     state: DType,
     spec: bool,
-    tune: kda_runtime::decode::DecodeTuning,
+    tune: Option<kda_runtime::decode::DecodeTuning>,
 ) -> Result<(f32, f64), String> {
     use kda_kernels::decode::DecodeConfig;
     use kda_kernels::decode_ref::{random_inputs, D};
@@ -200,7 +202,11 @@ fn time_decode_tuned(
     let args = super::decode_gpu::args_for(&cfg, &x, &views);
     let stream = gpu.new_stream().map_err(e)?;
     let ms = kda_runtime::time_graph_ms(gpu, &stream, 100, || {
-        kda_runtime::decode::gated_delta_rule_decode_tuned(gpu, kernels, &stream, &args, tune).map(|_| ())
+        match tune {
+            Some(tune) => kda_runtime::decode::gated_delta_rule_decode_tuned(gpu, kernels, &stream, &args, tune),
+            None => kda_runtime::decode::gated_delta_rule_decode(gpu, kernels, &stream, &args),
+        }
+        .map(|_| ())
     })
     .map_err(e)?;
     let bytes_moved = ((b + b * t) * hv * D * D * state.size_bytes()) as f64;

@@ -13,9 +13,10 @@ use crate::kernels::Kernels;
 use crate::launch::{launch_loaded, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
-/// How a decode launch is shaped: rows of the state per block, warps per block, and the blocks
-/// that must fit on an SM (which caps registers). [`DecodeTuning::default`] is what
-/// `gated_delta_rule_decode` uses (chosen by `kda bench --sweep-decode` on an H200).
+/// How a decode launch is shaped: rows of the state per block, warps per block, the blocks
+/// that must fit on an SM (which caps registers) and the pipeline's stages.
+/// [`DecodeTuning::for_call`] is what `gated_delta_rule_decode` uses (chosen by
+/// `kda bench --sweep-decode` on an H200).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTuning {
     /// State rows per block.
@@ -29,9 +30,23 @@ pub struct DecodeTuning {
 }
 
 impl Default for DecodeTuning {
+    /// The shape of [`DecodeConfig::default`]: a single-token call of a few sequences.
     fn default() -> Self {
-        let d = DecodeConfig::default();
-        DecodeTuning { rows: d.bv, warps: d.warps, min_blocks: d.min_blocks, stages: d.stages }
+        DecodeTuning::of(&DecodeConfig::default())
+    }
+}
+
+impl DecodeTuning {
+    /// The shape `gated_delta_rule_decode` picks for a validated call: by whether some sequence
+    /// has several tokens, and how many sequences there are
+    /// ([`DecodeConfig::with_launch_shape_for`]).
+    pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
+        let multi_token = plan.total_tokens > plan.n;
+        DecodeTuning::of(&DecodeConfig::default().with_launch_shape_for(multi_token, plan.n))
+    }
+
+    fn of(c: &DecodeConfig) -> DecodeTuning {
+        DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages }
     }
 }
 
@@ -44,9 +59,9 @@ pub struct DecodeResult {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// The kernel variant a validated call needs (with the default tuning).
+/// The kernel variant a validated call needs (with the shape [`DecodeTuning::for_call`] picks).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
-    tuned_config(plan, DecodeTuning::default())
+    tuned_config(plan, DecodeTuning::for_call(plan))
 }
 
 fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
@@ -108,7 +123,8 @@ pub fn gated_delta_rule_decode(
     stream: &CudaStream,
     args: &DecodeArgs,
 ) -> Result<DecodeResult, RuntimeError> {
-    gated_delta_rule_decode_tuned(gpu, kernels, stream, args, DecodeTuning::default())
+    let plan = plan_decode(args)?;
+    launch_plan(gpu, kernels, stream, args, &plan, DecodeTuning::for_call(&plan))
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
@@ -129,13 +145,24 @@ pub fn gated_delta_rule_decode_tuned(
             "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4"
         )));
     }
-    let plan = plan_decode(args)?;
+    launch_plan(gpu, kernels, stream, args, &plan_decode(args)?, tune)
+}
+
+/// Checks the index tensors (`checked`), allocates the outputs not given and launches.
+fn launch_plan(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &DecodeArgs,
+    plan: &DecodePlan,
+    tune: DecodeTuning,
+) -> Result<DecodeResult, RuntimeError> {
     if args.checked {
         let get = |t: Option<&TensorView>| t.map(|v| download_i64(v, stream)).transpose();
         let cu = if plan.varlen { get(args.cu_seqlens)? } else { None };
         let idx = get(args.state_indices)?;
         let nat = get(args.num_accepted_tokens)?;
-        check_indices(&plan, cu.as_deref(), idx.as_deref(), nat.as_deref())?;
+        check_indices(plan, cu.as_deref(), idx.as_deref(), nat.as_deref())?;
     }
     let dev = args.q.device();
     let output = match args.output {
@@ -154,7 +181,7 @@ pub fn gated_delta_rule_decode_tuned(
         (None, Some(v)) => *v,
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = tuned_config(&plan, tune);
+    let cfg = tuned_config(plan, tune);
     let ready = kernels.decode(&cfg)?;
 
     // Tensors the config never reads still bind: a placeholder at q's address, with a shape

@@ -126,7 +126,8 @@ impl Default for DecodeConfig {
             accepted: None,
             use_initial_state: true,
             writes: Writes::PoolPerToken,
-            // Chosen by `kda bench --sweep-decode` on an H200 (README, "Performance").
+            // The shape of a single-token call of a few sequences
+            // (`with_launch_shape_for`, chosen by `kda bench --sweep-decode` on an H200).
             bv: 32,
             warps: 2,
             min_blocks: 6,

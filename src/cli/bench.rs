@@ -124,7 +124,7 @@ pub fn time_decode(
     time_decode_tuned(gpu, kernels, b, t, state, spec, None)
 }
 
-/// Times decode launch shapes on the standard cases: how the default tuning was chosen. With
+/// Times decode launch shapes on the standard cases: how the API's shapes were chosen. With
 /// `ROWSxWARPSxMIN_BLOCKSxSTAGES` arguments, those shapes instead of the built-in list; with
 /// `--case NAME`, only the cases whose name contains NAME.
 fn sweep_decode(args: &[String]) -> Result<i32, String> {

@@ -100,13 +100,7 @@ impl Lower<'_> {
             for (k, b) in staged.iter().enumerate() {
                 self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
             }
-            for f in &fills {
-                self.em.loc = f.loc;
-                if let StmtKind::Copy { src, dst } = &f.kind {
-                    self.copy_async(src, dst, Some(live), f.loc)?;
-                }
-            }
-            self.em.emit(Op::CpAsyncCommit);
+            self.stage_fills(&fills, live)?;
         }
         // Main loop.
         self.em.loc = loc;
@@ -133,13 +127,7 @@ impl Lower<'_> {
             let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        for f in &fills {
-            self.em.loc = f.loc;
-            if let StmtKind::Copy { src, dst } = &f.kind {
-                self.copy_async(src, dst, Some(live), f.loc)?;
-            }
-        }
-        self.em.emit(Op::CpAsyncCommit);
+        self.stage_fills(&fills, live)?;
         // Compute on the stage read this iteration.
         self.var_regs.insert(var, ko);
         for (k, b) in staged.iter().enumerate() {
@@ -159,6 +147,23 @@ impl Lower<'_> {
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }
+        Ok(())
+    }
+
+    /// One stage's fills and their commit. Past the loop's end (`live` false) the block skips
+    /// the fills' address arithmetic altogether; the group is still committed (empty), so the
+    /// loop's `wait_group` counts stay right.
+    fn stage_fills(&mut self, fills: &[&Stmt], live: Reg) -> Result<(), Diag> {
+        let skip = self.em.label();
+        self.em.emit_if(live, false, Op::Bra { target: skip });
+        for f in fills {
+            self.em.loc = f.loc;
+            if let StmtKind::Copy { src, dst } = &f.kind {
+                self.copy_async(src, dst, Some(live), f.loc)?;
+            }
+        }
+        self.em.emit(Op::Label(skip));
+        self.em.emit(Op::CpAsyncCommit);
         Ok(())
     }
 }

@@ -139,16 +139,23 @@ impl Default for DecodeConfig {
 impl DecodeConfig {
     /// This config with the launch shape measured fastest on an H200 for its kind of call
     /// (`kda bench --sweep-decode`; README, "Performance"):
-    /// - one token per sequence: 32 rows x 2 warps, 6 blocks per SM; a third pipeline stage once
-    ///   the call has 8 or more sequences (a block then takes several in turn; with one sequence
-    ///   the extra stage only costs: B = 1 0.0046 ms with 2 stages against 0.0049 with 3);
+    /// - one token per sequence, fewer than 8 sequences: 32 rows x 2 warps, 6 blocks per SM, 2
+    ///   stages (a block takes one sequence, so a deeper pipeline only costs);
+    /// - one token per sequence, 8 or more: 32 rows per warp (the per-sequence work is spread
+    ///   over twice the state) and a third stage: 64 rows x 2 warps at 4 blocks per SM for an
+    ///   f32 state, 32 rows x 1 warp at 8 blocks per SM for a bf16 state;
     /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM.
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
-        if multi_token {
-            DecodeConfig { bv: 16, warps: 1, min_blocks: 8, stages: 2, ..self }
+        let (bv, warps, min_blocks, stages) = if multi_token {
+            (16, 1, 8, 2)
+        } else if nseq < 8 {
+            (32, 2, 6, 2)
+        } else if self.state_dtype == DType::F32 {
+            (64, 2, 4, 3)
         } else {
-            DecodeConfig { bv: 32, warps: 2, min_blocks: 6, stages: if nseq >= 8 { 3 } else { 2 }, ..self }
-        }
+            (32, 1, 8, 3)
+        };
+        DecodeConfig { bv, warps, min_blocks, stages, ..self }
     }
 
     /// A short stable name.

@@ -38,11 +38,12 @@ impl Default for DecodeTuning {
 
 impl DecodeTuning {
     /// The shape `gated_delta_rule_decode` picks for a validated call: by whether some sequence
-    /// has several tokens, and how many sequences there are
+    /// has several tokens, how many sequences there are and the state's dtype
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
         let multi_token = plan.total_tokens > plan.n;
-        DecodeTuning::of(&DecodeConfig::default().with_launch_shape_for(multi_token, plan.n))
+        let cfg = DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() };
+        DecodeTuning::of(&cfg.with_launch_shape_for(multi_token, plan.n))
     }
 
     fn of(c: &DecodeConfig) -> DecodeTuning {

@@ -120,9 +120,9 @@ pub enum StateIndexing {
 /// A validated decode call with every default resolved; all a launch needs besides pointers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodePlan {
-    /// Batch `B` (q.shape[0]; 1 for varlen).
+    /// Batch `B` (`q.shape[0]`; 1 for varlen).
     pub b: usize,
-    /// Tokens per sequence `T` (q.shape[1]; the total `S` for varlen).
+    /// Tokens per sequence `T` (`q.shape[1]`; the total `S` for varlen).
     pub t: usize,
     /// Query/key heads `H`.
     pub h: usize,

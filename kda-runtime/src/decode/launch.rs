@@ -117,8 +117,9 @@ fn view(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Tensor
 /// the outputs not given (`output`, and the returned state tensor when `final_state` is absent);
 /// with both given it allocates nothing, synchronizes nothing and can be captured in a CUDA graph
 /// (load the kernel once before capturing: a call of the same kind, since the variant depends on
-/// the dtypes, the flags and the launch shape [`DecodeTuning::for_call`] picks). `checked` reads the index tensors back and reports
-/// any value out of range before launching (not graph-safe).
+/// the dtypes, the flags and the launch shape [`DecodeTuning::for_call`] picks). `checked`
+/// reads the index tensors back and reports any value out of range before launching (not
+/// graph-safe).
 pub fn gated_delta_rule_decode(
     gpu: &Gpu,
     kernels: &Kernels,

@@ -208,6 +208,24 @@ pub enum Region {
     Buf(BufId),
 }
 
+/// Calls `f` on every statement of `body` and of the bodies nested in it (loops, `parallel`,
+/// warp groups, both arms of an `if`), each statement before the ones inside it.
+pub fn visit_stmts<'a>(body: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
+    for s in body {
+        f(s);
+        match &s.kind {
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                visit_stmts(body, f)
+            }
+            StmtKind::If(_, t, e) => {
+                visit_stmts(t, f);
+                visit_stmts(e, f);
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Region {
     /// The run-time expressions the region is indexed by: a box's offsets and bounds (none for
     /// a whole tile).

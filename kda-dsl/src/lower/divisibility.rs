@@ -59,19 +59,11 @@ pub(crate) fn var_divisors(def: &KernelDef) -> HashMap<VarId, u64> {
 }
 
 fn collect_assignments<'a>(body: &'a [Stmt], out: &mut Vec<(VarId, &'a Expr)>) {
-    for s in body {
-        match &s.kind {
-            StmtKind::Assign(v, e) => out.push((*v, e)),
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                collect_assignments(body, out)
-            }
-            StmtKind::If(_, t, e) => {
-                collect_assignments(t, out);
-                collect_assignments(e, out);
-            }
-            _ => {}
+    visit_stmts(body, &mut |s| {
+        if let StmtKind::Assign(v, e) = &s.kind {
+            out.push((*v, e));
         }
-    }
+    });
 }
 
 #[cfg(test)]

@@ -178,12 +178,7 @@ impl Lower<'_> {
 
 /// Whether `body` has a tensor-core `gemm` at any depth.
 fn contains_gemm(body: &[Stmt]) -> bool {
-    body.iter().any(|s| match &s.kind {
-        StmtKind::Gemm { .. } => true,
-        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-            contains_gemm(body)
-        }
-        StmtKind::If(_, t, e) => contains_gemm(t) || contains_gemm(e),
-        _ => false,
-    })
+    let mut found = false;
+    visit_stmts(body, &mut |s| found |= matches!(s.kind, StmtKind::Gemm { .. }));
+    found
 }

@@ -204,19 +204,11 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
 }
 
 fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
-    for s in body {
-        match &s.kind {
-            StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                gemm_fragments(body, out)
-            }
-            StmtKind::If(_, t, e) => {
-                gemm_fragments(t, out);
-                gemm_fragments(e, out);
-            }
-            _ => {}
+    visit_stmts(body, &mut |s| {
+        if let StmtKind::Gemm { a, b, c } = &s.kind {
+            out.extend([a.buf, b.buf, *c]);
         }
-    }
+    });
 }
 
 fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &mut [BufLayout]) -> Result<(), Diag> {

@@ -29,24 +29,14 @@ pub struct DecodeTuning {
     pub stages: usize,
 }
 
-impl Default for DecodeTuning {
-    /// The shape of [`DecodeConfig::default`]: a single-token call of a few sequences.
-    fn default() -> Self {
-        DecodeTuning::of(&DecodeConfig::default())
-    }
-}
-
 impl DecodeTuning {
     /// The shape `gated_delta_rule_decode` picks for a validated call: by whether some sequence
     /// has several tokens, how many sequences there are and the state's dtype
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
         let multi_token = plan.total_tokens > plan.n;
-        let cfg = DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() };
-        DecodeTuning::of(&cfg.with_launch_shape_for(multi_token, plan.n))
-    }
-
-    fn of(c: &DecodeConfig) -> DecodeTuning {
+        let c = DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() }
+            .with_launch_shape_for(multi_token, plan.n);
         DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages }
     }
 }

@@ -367,7 +367,7 @@ pub fn decode(
             clear(s);
         }
         // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
-        // token t: loads are in flight while the previous token computes.
+        // token t (waited on at once; fetching it earlier measured slower, README).
         for t in serial(0, tn + 1) {
             if t > 0 {
                 let tp = t - 1;

@@ -3,6 +3,8 @@
 //! not possible the reason is reported under `KDA_DUMP=copy_plan`.
 
 use super::divisibility::{expr_divisor, gcd, ANY};
+use super::ranges;
+use crate::artifact::HostExpr;
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -152,6 +154,23 @@ fn covers(lim: Src, n: u32) -> bool {
 }
 
 impl Lower<'_> {
+    /// A lower bound of `extent - off` for every value `off` of `e` on tensor axis `dim`, when
+    /// one is known and positive: the offset's range and an exact extent, or the offset is the
+    /// block index whose grid extent is that very `Dim`. Only a bound at least the box's extent
+    /// may stand in for the run-time limit (a smaller one would mask elements in range).
+    fn sure_limit(&self, e: &Expr, dim: ParamId) -> Option<i64> {
+        let var = |v: VarId| self.consts.get(&v).map(|c| (*c, *c)).or_else(|| self.var_ranges.get(&v).copied());
+        let exact = |p: ParamId| self.def().exact_extent(p);
+        if let (Some((lo, hi)), Some(n)) = (ranges::expr_range(e, &var, &exact), exact(dim)) {
+            return (lo >= 0 && hi < n).then_some(n - hi);
+        }
+        let def = self.def();
+        let Expr::Var(v) = e else { return None };
+        let axis = def.block_vars.iter().position(|b| *b == Some(*v))?;
+        let grid_is_dim = matches!(&def.grid[axis], HostExpr::Dim(name) if name == def.params[dim].name());
+        (grid_is_dim && !self.consts.contains_key(v)).then_some(1)
+    }
+
     /// A number every value of `e` is a multiple of.
     fn divisor(&self, e: &Expr) -> u64 {
         let var = |v: VarId| match self.consts.get(&v) {
@@ -206,6 +225,14 @@ impl Lower<'_> {
         let base = self.global_addr_of(t, &offs);
         let mut lims = vec![];
         for (k, e) in offs.iter().enumerate() {
+            // A box that provably lies inside its axis needs no check: its limit is a constant
+            // at least the box's extent.
+            if let (None, Some(sure)) = (bound, self.sure_limit(&offset[k], dims[k])) {
+                if sure >= shape[k] as i64 {
+                    lims.push(Src::Imm(sure));
+                    continue;
+                }
+            }
             let bnd = match (bound, self.def().exact_extent(dims[k])) {
                 (Some(bs), _) => self.expr(&bs[k], DType::I32, loc)?.s,
                 (None, Some(e)) => Src::Imm(e),
@@ -222,7 +249,7 @@ impl Lower<'_> {
         }
         let mut unit_ok = None;
         for (k, lim) in lims.iter().enumerate() {
-            if Some(k) != row_axis && k != col_axis {
+            if Some(k) != row_axis && k != col_axis && !matches!(lim, Src::Imm(v) if *v > 0) {
                 let lim = self.em.to_reg(*lim, RegClass::B32, Ty::S32);
                 let p = self.em.setp(Cmp::Gt, Ty::S32, lim, Src::Imm(0));
                 unit_ok = self.em.and_pred(unit_ok, Some(p));

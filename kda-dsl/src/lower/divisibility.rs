@@ -58,7 +58,7 @@ pub(crate) fn var_divisors(def: &KernelDef) -> HashMap<VarId, u64> {
     }
 }
 
-fn collect_assignments<'a>(body: &'a [Stmt], out: &mut Vec<(VarId, &'a Expr)>) {
+pub(crate) fn collect_assignments<'a>(body: &'a [Stmt], out: &mut Vec<(VarId, &'a Expr)>) {
     visit_stmts(body, &mut |s| {
         if let StmtKind::Assign(v, e) = &s.kind {
             out.push((*v, e));

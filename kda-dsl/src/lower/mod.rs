@@ -4,6 +4,7 @@
 
 mod copy;
 mod divisibility;
+mod ranges;
 mod elementwise;
 pub mod emit;
 mod expr;
@@ -100,6 +101,9 @@ pub(crate) struct Lower<'a> {
     pub assign_counts: HashMap<VarId, usize>,
     /// A divisor of every value each assigned variable takes (alignment of boxes it offsets).
     pub var_divisors: HashMap<VarId, u64>,
+    /// The values each variable can take, where known (block indices of a constant grid and
+    /// what is built from them): bound checks that cannot fail are dropped.
+    pub var_ranges: HashMap<VarId, ranges::Range>,
     /// The kernel copies global to shared other than as pipeline stage fills (barriers then
     /// wait for cp.async).
     pub async_copies: bool,
@@ -184,6 +188,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         frag_bases: HashMap::new(),
         assign_counts: HashMap::new(),
         var_divisors: divisibility::var_divisors(&p.def),
+        var_ranges: ranges::var_ranges(&p.def),
         async_copies: has_plain_global_to_shared(p, &p.def.body),
         threads: p.def.threads,
         bar_id: 0,

@@ -81,3 +81,31 @@ fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
     assert_eq!(line6.matches("ld.shared.v2.b32").count(), 8, "{line6}");
     assert!(!line6.contains("ld.shared.b16"), "{line6}");
 }
+
+/// A copy of 32 rows at row `32 * blockIdx.x + shift` of `a` `[R, 64]` into shared memory, with
+/// `R` assumed to be `rows` and a grid of `rows / 32` blocks; the number of row-mask compares
+/// its lowering emits.
+fn row_checks(rows: i64, shift: i64) -> usize {
+    let k = KernelBuilder::new("rows", loc(1));
+    let a = k.tensor("a", &["R", "C"], DType::F32, false);
+    let r = k.dim("R");
+    let c = k.dim("C");
+    k.assume_extent(&r, rows, loc(2));
+    k.assume_extent(&c, 64, loc(2));
+    let b = k.launch(vec![Host::ceil_div(k.host_dim("R"), Host::int(32))], 128, loc(3));
+    let s = k.shared("s", &[32, 64], DType::F32, loc(4));
+    let r0 = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, b[0].clone(), 32), shift);
+    k.copy(k.tile_at(&a, vec![r0, Val::from(0)], &[32, 64], loc(5)), s, loc(5));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    dump(&prog).lines().filter(|l| l.starts_with("setp.lt") && l.ends_with("// 5")).count()
+}
+
+#[test]
+fn a_box_that_provably_fits_its_axis_has_no_row_checks() {
+    // Rows 32 b .. 32 b + 32 with b < 128 / 32 stay below 128: no compare at all.
+    assert_eq!(row_checks(128, 0), 0);
+    // Shifted by 16 the last block's box would cross the end: every pass is checked.
+    assert!(row_checks(128, 16) > 0);
+    // 100 rows: ceil(100 / 32) = 4 blocks, and the last box crosses row 100.
+    assert!(row_checks(100, 0) > 0);
+}

@@ -4,8 +4,8 @@
 
 use super::divisibility::{expr_divisor, gcd, ANY};
 use super::ranges;
-use crate::artifact::HostExpr;
 use super::{Lower, V};
+use crate::artifact::HostExpr;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::layout::FragmentKind;

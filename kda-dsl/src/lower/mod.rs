@@ -4,12 +4,12 @@
 
 mod copy;
 mod divisibility;
-mod ranges;
 mod elementwise;
 pub mod emit;
 mod expr;
 mod gemm;
 mod loops;
+mod ranges;
 mod reduce;
 
 use crate::diag::{Diag, SrcLoc};

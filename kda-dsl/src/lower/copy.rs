@@ -484,6 +484,29 @@ impl Lower<'_> {
         }
     }
 
+    /// When shared tile `sh` maps a thread's fragment slots to addresses that differ from the
+    /// first slot's by constants (a row-major tile, or a one-row tile, whose swizzle is the
+    /// identity), the first slot's address and the bytes per fragment row: every run then loads
+    /// at a constant offset from one register. Row vectors are not handled (their slots are
+    /// rows of a 2-D tile or elements of a 1-D one, and neither is reached here).
+    fn affine_base(&mut self, sh: BufId, l: crate::layout::FragmentLayout, two_d: bool) -> Option<(Reg, i64)> {
+        let layout = self.p.shared(sh);
+        let (rows, cols) = layout.shape();
+        let row_major = matches!(layout, crate::layout::SharedLayout::RowMajor { .. });
+        let kind_fits = if two_d { l.kind == FragmentKind::Tile } else { l.kind == FragmentKind::Cols };
+        if !(row_major || rows == 1) || !kind_fits {
+            return None;
+        }
+        let esize = self.def().buffers[sh].dtype.size_bytes() as i64;
+        let (rb, cb) = self.frag_base(l);
+        let base = if two_d {
+            self.shared_addr(sh, Src::Reg(rb), Src::Reg(cb))
+        } else {
+            self.shared_addr(sh, Src::Imm(0), Src::Reg(cb))
+        };
+        Some((base, if two_d { cols as i64 * esize } else { 0 }))
+    }
+
     /// The address (register, constant offset) of each `vec`-run of a tile fragment in swizzled
     /// shared tile `sh`, computing the swizzle once: when a warp's columns are one atom wide
     /// (`wn = 1`) and slot rows differ by whole swizzle periods, a run's physical chunk is the
@@ -948,11 +971,17 @@ impl Lower<'_> {
                 if to_frag && floats && contiguous && l.vec >= 2 && l.kind != FragmentKind::Rows {
                     // One aligned vector load per run (16-bit pairs widen in registers).
                     let fast = if two_d { self.swizzled_runs(sh, l) } else { None };
+                    let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
                     let mut k = 0;
                     while k < l.slots() {
-                        let (a, off) = match &fast {
-                            Some(runs) => runs[(k / l.vec) as usize],
-                            None => {
+                        let (a, off) = match (&fast, affine) {
+                            (Some(runs), _) => runs[(k / l.vec) as usize],
+                            (None, Some((base, row_bytes))) => {
+                                let c = l.slot_coord(k);
+                                let off = c.row_off as i64 * row_bytes + (c.col_off * esize) as i64;
+                                (base, off)
+                            }
+                            (None, None) => {
                                 let (row, col) = self.frag_coords(l, k);
                                 let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
                                 (self.shared_addr(sh, row, col), 0)

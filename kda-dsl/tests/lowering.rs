@@ -2,6 +2,7 @@
 //! refuses, at the kernel line.
 
 use kda_dsl::builder::*;
+use kda_dsl::sim::{run, SimArg};
 use kda_dsl::tile::{BinOp, LoopKind};
 use kda_dsl::{DType, SrcLoc};
 
@@ -108,4 +109,66 @@ fn a_box_that_provably_fits_its_axis_has_no_row_checks() {
     assert!(row_checks(128, 16) > 0);
     // 100 rows: ceil(100 / 32) = 4 blocks, and the last box crosses row 100.
     assert!(row_checks(100, 0) > 0);
+}
+
+/// Fills a 64-entry shared table in a `parallel` loop, `a[i]` where `N > 0` and -1 elsewhere
+/// (`into_shared`), or through a register assigned under the `if` (`!into_shared`), then
+/// writes it to `o`.
+fn guarded_table(into_shared: bool) -> (kda_dsl::thread_ir::ThreadProgram, String) {
+    let k = KernelBuilder::new("table", loc(1));
+    let a = k.tensor("a", &["M"], DType::F32, false);
+    let o = k.tensor("o", &["M"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[64], DType::F32, loc(3));
+    let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    let positive = Val::bin(BinOp::Gt, k.dim("N"), 0);
+    if into_shared {
+        k.begin_if(positive, loc(5));
+        k.store(&s, vec![i.clone()], k.load(&a, vec![i.clone()], loc(6)), loc(6));
+        k.begin_else();
+        k.store(&s, vec![i], -1.0, loc(7));
+        k.end();
+    } else {
+        let x = k.let_var("x", -1.0, loc(5));
+        k.begin_if(positive, loc(6));
+        k.assign(&x, k.load(&a, vec![i.clone()], loc(6)), loc(6));
+        k.end();
+        k.store(&s, vec![i], x, loc(7));
+    }
+    k.end();
+    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(8)), loc(8));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let text = dump(&prog);
+    (prog, text)
+}
+
+#[test]
+fn a_short_if_that_stores_to_memory_runs_under_its_predicate_without_a_branch() {
+    let (prog, text) = guarded_table(true);
+    // Both arms' loads and stores are guarded, and nothing branches: the two passes' loads
+    // share one basic block (ptxas issues them together).
+    assert!(!text.contains("bra"), "{text}");
+    let guarded = |op: &str| text.lines().filter(|l| l.contains(op)).all(|l| l.starts_with('@'));
+    assert!(guarded("ld.global") && guarded("st.shared"), "{text}");
+    // Both arms are right, in the simulator, for either value of the condition.
+    for n in [0, 3] {
+        let a: Vec<f32> = (0..64).map(|x| x as f32 + 0.5).collect();
+        let mut args = vec![
+            ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
+            ("M".to_string(), SimArg::I32(64)),
+            ("o".to_string(), SimArg::Tensor(vec![0; 256])),
+            ("N".to_string(), SimArg::I32(n)),
+        ];
+        run(&prog, [1, 1, 1], &mut args).expect("runs");
+        let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
+        let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let want: Vec<f32> = if n > 0 { a } else { vec![-1.0; 64] };
+        assert_eq!(o, want, "N = {n}");
+    }
+}
+
+#[test]
+fn an_if_that_only_sets_registers_keeps_its_branch() {
+    let (_, text) = guarded_table(false);
+    assert!(text.contains("bra"), "{text}");
 }

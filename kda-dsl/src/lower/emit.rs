@@ -12,6 +12,9 @@ pub struct Emitter {
     pub counts: [u32; 5],
     /// The kernel line new instructions are attributed to.
     pub loc: SrcLoc,
+    /// The predicate every new instruction runs under, inside an `if` lowered without a branch
+    /// (`Lower::if_converted`); `None` outside one.
+    pub guard: Option<Reg>,
     labels: u32,
 }
 
@@ -39,14 +42,44 @@ impl Emitter {
         self.labels - 1
     }
 
-    /// Appends `op`.
+    /// Appends `op` (under the current guard, if any).
     pub fn emit(&mut self, op: Op) {
-        self.body.push(Inst { op, guard: None, loc: self.loc });
+        self.body.push(Inst { op, guard: self.guard.map(|g| (g, true)), loc: self.loc });
     }
 
-    /// Appends `op` guarded by `@p` (`pos`) or `@!p`.
+    /// Appends `op` guarded by `@p` (`pos`) or `@!p`; under a current guard `g`, by `g && p`
+    /// (or `g && !p`).
     pub fn emit_if(&mut self, p: Reg, pos: bool, op: Op) {
-        self.body.push(Inst { op, guard: Some((p, pos)), loc: self.loc });
+        let guard = match self.guard {
+            None => (p, pos),
+            Some(g) => {
+                let both = self.and_unguarded(g, p);
+                (if pos { both } else { self.xor_unguarded(g, both) }, true)
+            }
+        };
+        self.body.push(Inst { op, guard: Some(guard), loc: self.loc });
+    }
+
+    /// `a && b` as an unguarded instruction. `a` comes first: where it is false, `b` may be
+    /// a register only written under `a` (the simulator reads `b` only when `a` holds).
+    pub fn and_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
+        let d = self.reg(RegClass::Pred);
+        self.body.push(Inst { op: Op::PredLogic { op: BinKind::And, d, a, b }, guard: None, loc: self.loc });
+        d
+    }
+
+    /// `a != b` on predicates, as an unguarded instruction.
+    pub fn xor_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
+        let d = self.reg(RegClass::Pred);
+        self.body.push(Inst { op: Op::PredLogic { op: BinKind::Xor, d, a, b }, guard: None, loc: self.loc });
+        d
+    }
+
+    /// `!p` as unguarded instructions.
+    pub fn not_unguarded(&mut self, p: Reg) -> Reg {
+        let t = self.reg(RegClass::Pred);
+        self.body.push(Inst { op: Op::Mov { ty: Ty::Pred, d: t, a: Src::Imm(1) }, guard: None, loc: self.loc });
+        self.xor_unguarded(p, t)
     }
 
     /// `d = a op b` into a fresh register of `class`.

@@ -1,6 +1,7 @@
 //! Lowering: tile IR (after the tile passes) to the thread IR, one tile operation at a time.
 //! Element distribution is static (layouts are values), so every tile operation unrolls into
-//! per-thread instructions; only `serial`/`pipelined` loops and `if`s stay run-time control flow.
+//! per-thread instructions; only `serial`/`pipelined` loops and `if`s stay run-time control flow
+//! (short `if`s that store to memory run predicated instead: `if_conversion`).
 
 mod copy;
 mod divisibility;
@@ -8,6 +9,7 @@ mod elementwise;
 pub mod emit;
 mod expr;
 mod gemm;
+mod if_conversion;
 mod loops;
 mod ranges;
 mod reduce;
@@ -324,6 +326,7 @@ impl Lower<'_> {
                 let cond = self.expr(c, DType::Bool, loc)?;
                 match cond.s {
                     Src::Imm(v) => self.block(if v != 0 { t } else { e }),
+                    Src::Reg(p) if if_conversion::predicable(self.p, t, e) => self.if_converted(p, t, e),
                     Src::Reg(p) => {
                         let (l_else, l_end) = (self.em.label(), self.em.label());
                         self.em.emit_if(p, false, Op::Bra { target: l_else });
@@ -590,6 +593,8 @@ impl Lower<'_> {
         if let Some(r) = self.frag_bases.get(&key) {
             return *r;
         }
+        // Computed for every thread: the bases outlive an if-converted branch that first asks.
+        let guard = self.em.guard.take();
         let th = self.th;
         let wr = self.em.op32(BinKind::Div, th.warp, l.wn as i64);
         let wc = self.em.op32(BinKind::Rem, th.warp, l.wn as i64);
@@ -600,6 +605,7 @@ impl Lower<'_> {
         let cb = self.em.add32(cb, t2);
         let r = (self.em.to_reg(rb, RegClass::B32, Ty::U32), self.em.to_reg(cb, RegClass::B32, Ty::U32));
         self.frag_bases.insert(key, r);
+        self.em.guard = guard;
         r
     }
 

@@ -372,7 +372,10 @@ impl<'a> Block<'a> {
                 self.set(t, *d, v as u64);
             }
             Op::PredLogic { op, d, a, b } => {
-                let (x, y) = (self.get(t, &Src::Reg(*a)) != 0, self.get(t, &Src::Reg(*b)) != 0);
+                let x = self.get(t, &Src::Reg(*a)) != 0;
+                // `false && b` is false whatever `b` holds: an if-converted branch combines its
+                // guard with predicates written only under it.
+                let y = (*op != BinKind::And || x) && self.get(t, &Src::Reg(*b)) != 0;
                 let v = match op {
                     BinKind::And => x && y,
                     BinKind::Or => x || y,

@@ -131,7 +131,7 @@ pub struct FragmentLayout {
     pub wn: u32,
     /// Tile or vector.
     pub kind: FragmentKind,
-    /// Adjacent columns per thread in one atom (2: the mma accumulator; 4: element-wise).
+    /// Adjacent columns per thread in one atom (2: the mma accumulator; 4 or 8: element-wise).
     pub vec: u32,
 }
 
@@ -182,13 +182,15 @@ impl FragmentLayout {
 
     /// The layout of a tile no `gemm` touches: as many warps along rows as fit (rows stay in
     /// one warp, so row reductions need no shared memory), 4 adjacent columns per thread when
-    /// the columns allow (16-byte accesses), else 2.
-    pub fn for_elementwise(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
+    /// the columns allow (16-byte accesses of f32), else 2; 8 first when the tile only moves
+    /// to and from 16-bit memory (`half_memory`: 16-byte accesses of bf16 and f16).
+    pub fn for_elementwise(rows: u32, cols: u32, warps: u32, half_memory: bool) -> Option<FragmentLayout> {
+        let widths: &[u32] = if half_memory { &[8, 4, 2] } else { &[4, 2] };
         let mut wm = warps;
         while wm >= 1 {
             let wn = warps / wm;
             if rows.is_multiple_of(16 * wm) {
-                for vec in [4, 2] {
+                for &vec in widths {
                     if cols.is_multiple_of(4 * vec * wn) {
                         return Some(FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec });
                     }
@@ -400,23 +402,28 @@ mod tests {
     #[test]
     fn element_wise_layouts_are_bijections_too() {
         for (rows, cols, warps) in [(16, 128, 1), (16, 128, 2), (32, 128, 2), (64, 64, 4), (16, 8, 1), (128, 16, 1)] {
-            let l = FragmentLayout::for_elementwise(rows, cols, warps).expect("fits");
-            let mut seen = HashSet::new();
-            for w in 0..warps {
-                for lane in 0..32 {
-                    for s in 0..l.slots() {
-                        let (r, c) = l.coords(w, lane, s);
-                        assert!(r < rows && c < cols, "{l}");
-                        assert!(seen.insert((r, c)), "{l}: ({r},{c}) twice");
-                        let (rv, cv) = (l.vector(FragmentKind::Rows), l.vector(FragmentKind::Cols));
-                        assert_eq!(rv.coords(w, lane, l.row_slot_of(s)).0, r);
-                        assert_eq!(cv.coords(w, lane, l.col_slot_of(s)).0, c);
+            for half in [false, true] {
+                let l = FragmentLayout::for_elementwise(rows, cols, warps, half).expect("fits");
+                let mut seen = HashSet::new();
+                for w in 0..warps {
+                    for lane in 0..32 {
+                        for s in 0..l.slots() {
+                            let (r, c) = l.coords(w, lane, s);
+                            assert!(r < rows && c < cols, "{l}");
+                            assert!(seen.insert((r, c)), "{l}: ({r},{c}) twice");
+                            let (rv, cv) = (l.vector(FragmentKind::Rows), l.vector(FragmentKind::Cols));
+                            assert_eq!(rv.coords(w, lane, l.row_slot_of(s)).0, r);
+                            assert_eq!(cv.coords(w, lane, l.col_slot_of(s)).0, c);
+                        }
                     }
                 }
+                assert_eq!(seen.len() as u32, rows * cols, "{l}");
             }
-            assert_eq!(seen.len() as u32, rows * cols, "{l}");
         }
-        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1).map(|l| l.vec), Some(4));
+        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, false).map(|l| l.vec), Some(4));
+        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, true).map(|l| l.vec), Some(8));
+        // Too narrow for 8 columns per thread: 4.
+        assert_eq!(FragmentLayout::for_elementwise(16, 16, 1, true).map(|l| l.vec), Some(4));
     }
 
     #[test]

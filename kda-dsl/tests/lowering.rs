@@ -68,17 +68,32 @@ fn a_product_plus_a_value_is_one_fused_multiply_add() {
     assert!(line8.contains("fma.rn.f32") && !line8.contains("mul.rn.f32"), "{line8}");
 }
 
-#[test]
-fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
+/// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
+/// the fragment is also stored to an f32 tensor.
+fn bf16_rows_into_a_fragment(to_f32: bool) -> String {
     let k = KernelBuilder::new("widen", loc(1));
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
     k.launch(vec![Host::int(1)], 32, loc(2));
     let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
     let f = k.fragment("f", &[16, 64], DType::F32, loc(4));
     k.fill(&s, 1.0, loc(5));
-    k.copy(s, f, loc(6));
+    k.copy(s, &f, loc(6));
+    if to_f32 {
+        k.copy(&f, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(7)), loc(7));
+    }
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
-    // 32 elements per thread in 8 runs of 4 adjacent bf16: one 8-byte load each.
+    dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect()
+}
+
+#[test]
+fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
+    // A fragment that only meets 16-bit memory holds 8 adjacent columns per thread: its 32
+    // elements are 4 runs of 8 bf16, one 16-byte load each.
+    let line6 = bf16_rows_into_a_fragment(false);
+    assert_eq!(line6.matches("ld.shared.v4.b32").count(), 4, "{line6}");
+    assert!(!line6.contains("ld.shared.b16"), "{line6}");
+    // Stored as f32 too, it keeps 4 (16 bytes of f32): 8 runs of 4 bf16, 8 bytes each.
+    let line6 = bf16_rows_into_a_fragment(true);
     assert_eq!(line6.matches("ld.shared.v2.b32").count(), 8, "{line6}");
     assert!(!line6.contains("ld.shared.b16"), "{line6}");
 }

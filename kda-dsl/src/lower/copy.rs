@@ -795,16 +795,17 @@ impl Lower<'_> {
         let l = self.p.frag(b);
         let dt = self.def().buffers[b].dtype;
         // A tile or column vector holds `vec` adjacent columns in consecutive slots: one access
-        // covers as many as alignment allows (16 bytes of f32 at vec 4).
+        // covers as many as alignment allows, at most 16 bytes (4 f32 or 8 bf16).
         let floats = matches!(gb.dtype, DType::F32 | DType::BF16 | DType::F16);
-        let run = if l.kind == FragmentKind::Rows || !floats { 1 } else { l.vec.min(gb.run_align) };
+        let widest = l.vec.min(16 / gb.dtype.size_bytes() as u32);
+        let run = if l.kind == FragmentKind::Rows || !floats { 1 } else { widest.min(gb.run_align) };
         let what = if load { "loads global -> fragment" } else { "stores fragment -> global" };
         let reason = match (l.kind, run) {
             (FragmentKind::Rows, _) => Some("a row vector holds no adjacent columns".to_string()),
-            (_, r) if r < l.vec => Some(format!(
+            (_, r) if r < widest => Some(format!(
                 "{} adjacent elements per access, not {}: {}",
                 r,
-                l.vec,
+                widest,
                 gb.no_pair.clone().unwrap_or_else(|| "alignment".into())
             )),
             _ => None,
@@ -962,15 +963,14 @@ impl Lower<'_> {
             (BufLayout::Shared(_), BufLayout::Fragment(l)) | (BufLayout::Fragment(l), BufLayout::Shared(_)) => {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
                 let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
-                let row_major = matches!(self.p.shared(sh), crate::layout::SharedLayout::RowMajor { .. });
-                // A thread's `vec` adjacent columns start at a multiple of `vec`; they stay
-                // adjacent in a row-major tile, and in a swizzled one when they fit in a chunk.
+                // A thread's `vec` adjacent columns start at a multiple of `vec`; loaded in runs
+                // of at most 16 bytes, each run lies in one 16-byte chunk of a swizzled tile.
                 let esize = sdt.size_bytes() as u32;
-                let contiguous = row_major || l.vec * esize <= 16;
+                let run = l.vec.min(16 / esize);
                 let floats = matches!(sdt, DType::F32 | DType::BF16 | DType::F16);
-                if to_frag && floats && contiguous && l.vec >= 2 && l.kind != FragmentKind::Rows {
+                if to_frag && floats && run >= 2 && l.kind != FragmentKind::Rows {
                     // One aligned vector load per run (16-bit pairs widen in registers).
-                    let fast = if two_d { self.swizzled_runs(sh, l) } else { None };
+                    let fast = if two_d && run == l.vec { self.swizzled_runs(sh, l) } else { None };
                     let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
                     let mut k = 0;
                     while k < l.slots() {
@@ -987,9 +987,9 @@ impl Lower<'_> {
                                 (self.shared_addr(sh, row, col), 0)
                             }
                         };
-                        let regs: Vec<Reg> = (k..k + l.vec).map(|j| self.regs[fr][j as usize]).collect();
+                        let regs: Vec<Reg> = (k..k + run).map(|j| self.regs[fr][j as usize]).collect();
                         self.run_load(Space::Shared, a, off, sdt, None, ddt, &regs);
-                        k += l.vec;
+                        k += run;
                     }
                     return Ok(());
                 }

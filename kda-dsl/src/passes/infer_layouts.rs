@@ -8,6 +8,7 @@ use super::{BufLayout, TileProgram};
 use crate::diag::{Diag, SrcLoc};
 use crate::layout::{FragmentKind, FragmentLayout, SharedLayout};
 use crate::tile::*;
+use std::collections::{HashMap, HashSet};
 
 /// Decides layouts and stage counts.
 pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
@@ -18,13 +19,15 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     // Fragments a gemm reads or accumulates into take the mma accumulator layout.
     let mut in_gemm = vec![];
     gemm_fragments(&def.body, &mut in_gemm);
+    let half_shapes = half_memory_shapes(def, &wof, &in_gemm);
     for (i, b) in def.buffers.iter().enumerate() {
         if b.scope == Scope::Fragment && b.shape.len() == 2 {
             let warps = wof[i];
             let fits = if in_gemm.contains(&i) {
                 FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
             } else {
-                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps)
+                let half = half_shapes.contains(&(b.shape[0], b.shape[1], warps));
+                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half)
             };
             let l = fits.ok_or_else(|| {
                 Diag::new(
@@ -201,6 +204,41 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
             _ => {}
         }
     }
+}
+
+/// The (rows, cols, warps) shapes of 2-D element-wise fragments that move only to and from
+/// 16-bit memory: some copy moves such a fragment, and every copy between one of them and a
+/// shared tile or a global box moves bf16 or f16. Decided per shape, not per fragment: the
+/// fragments of one shape work together element by element, so they share one layout.
+fn half_memory_shapes(def: &KernelDef, wof: &[u32], in_gemm: &[BufId]) -> HashSet<(u32, u32, u32)> {
+    let elementwise = |b: BufId| {
+        let x = &def.buffers[b];
+        (x.scope == Scope::Fragment && x.shape.len() == 2 && !in_gemm.contains(&b))
+            .then(|| (x.shape[0], x.shape[1], wof[b]))
+    };
+    // Per shape: whether every copy so far moved 16-bit elements.
+    let mut all_half: HashMap<(u32, u32, u32), bool> = HashMap::new();
+    visit_stmts(&def.body, &mut |s| {
+        let StmtKind::Copy { src, dst } = &s.kind else { return };
+        let memory_dtype = |r: &Region| match r {
+            Region::Global { tensor, .. } => match &def.params[*tensor] {
+                Param::Tensor { dtype, .. } => Some(*dtype),
+                _ => None,
+            },
+            Region::Buf(b) if def.buffers[*b].scope == Scope::Shared => Some(def.buffers[*b].dtype),
+            Region::Buf(_) => None,
+        };
+        for (frag, other) in [(src, dst), (dst, src)] {
+            let Region::Buf(f) = frag else { continue };
+            let Some(shape) = elementwise(*f) else { continue };
+            let half = match other {
+                Region::Buf(o) if def.buffers[*o].scope == Scope::Fragment => continue,
+                o => memory_dtype(o).is_some_and(|d| d.is_half()),
+            };
+            *all_half.entry(shape).or_insert(true) &= half;
+        }
+    });
+    all_half.into_iter().filter(|(_, half)| *half).map(|(shape, _)| shape).collect()
 }
 
 fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {

@@ -77,9 +77,9 @@ fn bf16_rows_into_a_fragment(to_f32: bool) -> String {
     let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
     let f = k.fragment("f", &[16, 64], DType::F32, loc(4));
     k.fill(&s, 1.0, loc(5));
-    k.copy(s, &f, loc(6));
+    k.copy(s, f, loc(6));
     if to_f32 {
-        k.copy(&f, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(7)), loc(7));
+        k.copy(f, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(7)), loc(7));
     }
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
     dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect()

@@ -187,3 +187,35 @@ fn an_if_that_only_sets_registers_keeps_its_branch() {
     let (_, text) = guarded_table(false);
     assert!(text.contains("bra"), "{text}");
 }
+
+#[test]
+fn a_stage_fill_without_row_masks_chooses_its_source_once() {
+    // A 2-stage pipeline over the `N` matrices of `a` [N, 32, 64], whose inner extents are
+    // assumed: every row fits, and the only mask is `it < N`, the same for the fill's four
+    // passes (32 x 64 f32 in 16-byte chunks over 128 threads).
+    let k = KernelBuilder::new("fill", loc(1));
+    let a = k.tensor("a", &["N", "R", "C"], DType::F32, false);
+    let o = k.tensor("o", &["N", "R", "C"], DType::F32, true);
+    k.assume_extent(&k.dim("R"), 32, loc(2));
+    k.assume_extent(&k.dim("C"), 64, loc(2));
+    k.launch(vec![Host::int(1)], 128, loc(3));
+    let s = k.shared("s", &[32, 64], DType::F32, loc(4));
+    let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, k.dim("N"), loc(5));
+    let at = |t: &kda_dsl::builder::Tensor, l: u32| {
+        k.tile_at(t, vec![it.clone(), Val::from(0), Val::from(0)], &[1, 32, 64], loc(l))
+    };
+    k.copy(at(&a, 6), s, loc(6));
+    k.copy(s, at(&o, 7), loc(7));
+    k.end();
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: Vec<String> = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(String::from).collect();
+    let count = |op: &str| line6.iter().filter(|l| l.contains(op)).count();
+    // Two fills (the prologue's and the body's), four passes each; per fill, one choice of the
+    // first address and one of the step between passes, not one per pass.
+    assert_eq!(count("cp.async.cg"), 8, "{line6:#?}");
+    assert_eq!(count("selp.u64"), 4, "{line6:#?}");
+    // The assumed extents are constants in the address arithmetic.
+    for extent in [", 32, ", ", 64, "] {
+        assert!(line6.iter().any(|l| l.starts_with("mad.lo.s64") && l.contains(extent)), "{line6:#?}");
+    }
+}

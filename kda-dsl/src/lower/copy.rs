@@ -258,10 +258,15 @@ impl Lower<'_> {
         let stride_of = |lw: &mut Self, axis: usize| -> Src {
             let mut s: Src = Src::Imm(esize);
             for d in &dims[axis + 1..] {
-                let d64 = lw.dims64[d];
-                let r = lw.em.reg(RegClass::B64);
-                lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(d64), b: s });
-                s = Src::Reg(r);
+                s = match (lw.extent64(*d), s) {
+                    (Src::Imm(a), Src::Imm(b)) => Src::Imm(a * b),
+                    (Src::Reg(a), b) | (b, Src::Reg(a)) => {
+                        let r = lw.em.reg(RegClass::B64);
+                        lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(a), b });
+                        Src::Reg(r)
+                    }
+                    _ => unreachable!("extents are integers"),
+                };
             }
             s
         };
@@ -657,7 +662,8 @@ impl Lower<'_> {
         let c0 = self.em.op32(BinKind::Mul, cv, chunk);
         // Global: the first chunk's address and the columns' mask; rows are masked per pass.
         let rs = gb.row_stride.expect("a 2-D box");
-        let mut addr = self.box_addr(gb, r0, c0);
+        let first = self.box_addr(gb, r0, c0);
+        let mut addr = first;
         let valid = self.em.and_pred(gb.unit_ok, live);
         let col_valid = self.and_col_mask(gb, c0, valid);
         let step_bytes = self.em.reg(RegClass::B64);
@@ -674,11 +680,26 @@ impl Lower<'_> {
         let rb = self.em.mul32(r0, Src::Imm(row_bytes));
         let row_base = self.em.add32(base, rb);
         let swizzle = l.swizzle_params().map(|(_, rpl, mask)| (rpl, mask, self.swizzled_chunk(rpl, mask, r0, cv)));
+        let row_masks = gb.row_lim.filter(|lim| !covers(*lim, gb.extent.0));
+        // One mask for every pass: choose the source address and size once. A masked thread
+        // reads nothing from the tensor's base in every pass (its step is 0).
+        let mut uniform = None;
+        if let (None, Some(p)) = (row_masks, col_valid) {
+            let ptr = self.ptrs[&gb.tensor];
+            addr = self.em.reg(RegClass::B64);
+            self.em.emit(Op::Selp { ty: Ty::U64, d: addr, a: Src::Reg(first), b: Src::Reg(ptr), p });
+            let step = self.em.reg(RegClass::B64);
+            self.em.emit(Op::Selp { ty: Ty::U64, d: step, a: Src::Reg(step_bytes), b: Src::Imm(0), p });
+            let n = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
+            uniform = Some((step, n));
+        }
         for k in 0..passes as i64 {
             if k > 0 {
-                addr = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, step_bytes);
+                let step = uniform.map_or(step_bytes, |(s, _)| s);
+                addr = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, step);
             }
-            let valid = match gb.row_lim.filter(|lim| !covers(*lim, gb.extent.0)) {
+            let valid = match row_masks {
                 Some(lim) => {
                     let p = self.lt_minus(r0, lim, k * step as i64);
                     self.em.and_pred(col_valid, p)
@@ -701,7 +722,10 @@ impl Lower<'_> {
                 }
             };
             let saddr = self.em.to_reg(saddr, RegClass::B32, Ty::U32);
-            self.vector_fill(addr, saddr, valid, gb.tensor);
+            match uniform {
+                Some((_, n)) => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Reg(n) }),
+                None => self.vector_fill(addr, saddr, valid, gb.tensor),
+            }
         }
     }
 

@@ -559,6 +559,15 @@ impl Lower<'_> {
         }
     }
 
+    /// Extent `dim` as a 64-bit operand: the constant the kernel assumes it is (`assume_extent`,
+    /// checked at launch), so that addresses scale by shifts, else its register.
+    pub(crate) fn extent64(&self, dim: ParamId) -> Src {
+        match self.def().exact_extent(dim) {
+            Some(v) => Src::Imm(v),
+            None => Src::Reg(self.dims64[&dim]),
+        }
+    }
+
     /// The global address of `tensor[idx..]` (64-bit arithmetic throughout).
     pub(crate) fn global_addr(&mut self, t: ParamId, idx: &[Expr], loc: SrcLoc) -> Result<Reg, Diag> {
         let mut vals = vec![];
@@ -575,10 +584,10 @@ impl Lower<'_> {
         let first = self.em.wide(idx[0]);
         let mut lin = Src::Reg(self.em.to_reg(first, RegClass::B64, Ty::S64));
         for k in 1..dims.len() {
-            let d = self.dims64[&dims[k]];
+            let d = self.extent64(dims[k]);
             let i = self.em.wide(idx[k]);
             let r = self.em.reg(RegClass::B64);
-            self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: Src::Reg(d), c: i });
+            self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: d, c: i });
             lin = Src::Reg(r);
         }
         let base = self.ptrs[&t];

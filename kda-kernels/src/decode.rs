@@ -368,8 +368,8 @@ pub fn decode(
         }
         // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
         // token t (waited on at once; fetching it earlier measured slower, README).
-        // The pool slot token t - 1's state goes to (-1: none), stored after the live/padding
-        // branch rather than inside it (measured faster, README).
+        // The pool slot token t - 1's state goes to (-1: none). Token t - 1's stores follow the
+        // live/padding branch rather than sit in it (measured faster, README).
         let mut wst = -1;
         for t in serial(0, tn + 1) {
             if t > 0 {
@@ -482,7 +482,6 @@ pub fn decode(
                             }
                         }
                     }
-                    copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
                     if cfg.writes == Writes::PoolPerToken {
                         // One index per sequence (`IC` = 1): every token writes the slot the
                         // sequence started from, already in the table (-1 for padding).
@@ -493,16 +492,13 @@ pub fn decode(
                         }
                         wst = w;
                     }
-                    if cfg.writes == Writes::FinalPerToken {
-                        copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
-                    }
                 } else {
                     // Padding: a zero output row; a per-token state of the sequence is zero too.
                     clear(of);
-                    copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
-                    if cfg.writes == Writes::FinalPerToken {
-                        copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
-                    }
+                }
+                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]));
+                if cfg.writes == Writes::FinalPerToken {
+                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]));
                 }
                 if cfg.writes == Writes::PoolPerToken {
                     if wst >= 0 {

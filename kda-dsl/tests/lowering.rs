@@ -183,6 +183,49 @@ fn a_short_if_that_stores_to_memory_runs_under_its_predicate_without_a_branch() 
 }
 
 #[test]
+fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
+    // `if N > 0 { x = a[i]; if i < 40 { x = 2 } ; s[i] = x }`: the inner `if` only sets a
+    // register, yet inside the predicated arm it may not branch.
+    let k = KernelBuilder::new("nested", loc(1));
+    let a = k.tensor("a", &["M"], DType::F32, false);
+    let o = k.tensor("o", &["M"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[64], DType::F32, loc(3));
+    let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    let x = k.let_var("x", -1.0, loc(5));
+    k.begin_if(Val::bin(BinOp::Gt, k.dim("N"), 0), loc(6));
+    k.assign(&x, k.load(&a, vec![i.clone()], loc(7)), loc(7));
+    k.begin_if(Val::bin(BinOp::Lt, i.clone(), 40), loc(8));
+    k.assign(&x, 2.0, loc(8));
+    k.end();
+    k.store(&s, vec![i.clone()], x.clone(), loc(9));
+    k.end();
+    k.begin_if(Val::bin(BinOp::Le, k.dim("N"), 0), loc(10));
+    k.store(&s, vec![i], -1.0, loc(10));
+    k.end();
+    k.end();
+    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(11)), loc(11));
+    let (prog, text) = {
+        let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+        let text = dump(&prog);
+        (prog, text)
+    };
+    assert!(!text.contains("bra") && !text.lines().any(|l| l.starts_with('@') && l.contains(':')), "{text}");
+    let a: Vec<f32> = (0..64).map(|x| x as f32).collect();
+    let mut args = vec![
+        ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
+        ("M".to_string(), SimArg::I32(64)),
+        ("o".to_string(), SimArg::Tensor(vec![0; 256])),
+        ("N".to_string(), SimArg::I32(1)),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
+    let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let want: Vec<f32> = (0..64).map(|i| if i < 40 { 2.0 } else { i as f32 }).collect();
+    assert_eq!(o, want);
+}
+
+#[test]
 fn an_if_that_only_sets_registers_keeps_its_branch() {
     let (_, text) = guarded_table(false);
     assert!(text.contains("bra"), "{text}");

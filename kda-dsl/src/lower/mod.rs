@@ -326,7 +326,11 @@ impl Lower<'_> {
                 let cond = self.expr(c, DType::Bool, loc)?;
                 match cond.s {
                     Src::Imm(v) => self.block(if v != 0 { t } else { e }),
-                    Src::Reg(p) if if_conversion::predicable(self.p, t, e) => self.if_converted(p, t, e),
+                    // Inside an if-converted arm (whose nested `if`s are short by its check),
+                    // an `if` is predicated too: a branch there would put labels under a guard.
+                    Src::Reg(p) if self.em.guard.is_some() || if_conversion::predicable(self.p, t, e) => {
+                        self.if_converted(p, t, e)
+                    }
                     Src::Reg(p) => {
                         let (l_else, l_end) = (self.em.label(), self.em.label());
                         self.em.emit_if(p, false, Op::Bra { target: l_else });

@@ -141,9 +141,9 @@ impl DecodeConfig {
     /// (`kda bench --sweep-decode`; README, "Performance"):
     /// - one token per sequence, fewer than 8 sequences: 32 rows x 2 warps, 6 blocks per SM, 2
     ///   stages (a block takes one sequence, so a deeper pipeline only costs);
-    /// - one token per sequence, 8 or more: 32 rows per warp (the per-sequence work is spread
-    ///   over twice the state) and a third stage: 64 rows x 2 warps at 4 blocks per SM for an
-    ///   f32 state, 32 rows x 1 warp at 8 blocks per SM for a bf16 state;
+    /// - one token per sequence, 8 or more: 64 rows x 2 warps at 4 blocks per SM, so 32 rows
+    ///   per warp (the per-sequence work is spread over twice the state); 3 stages for an f32
+    ///   state, 2 for a bf16 one;
     /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM.
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
         let (bv, warps, min_blocks, stages) = if multi_token {
@@ -153,7 +153,7 @@ impl DecodeConfig {
         } else if self.state_dtype == DType::F32 {
             (64, 2, 4, 3)
         } else {
-            (32, 1, 8, 3)
+            (64, 2, 4, 2)
         };
         DecodeConfig { bv, warps, min_blocks, stages, ..self }
     }

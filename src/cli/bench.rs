@@ -146,6 +146,7 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
             // The API's shapes (`DecodeConfig::with_launch_shape_for`), then close runners-up.
             T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
             T { rows: 64, warps: 2, min_blocks: 4, stages: 3 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 2 },
             T { rows: 32, warps: 1, min_blocks: 8, stages: 3 },
             T { rows: 16, warps: 1, min_blocks: 8, stages: 2 },
             T { rows: 32, warps: 2, min_blocks: 6, stages: 3 },

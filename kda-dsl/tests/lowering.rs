@@ -102,6 +102,11 @@ fn bf16_shared_rows_load_into_a_fragment_as_vectors() {
 /// `R` assumed to be `rows` and a grid of `rows / 32` blocks; the number of row-mask compares
 /// its lowering emits.
 fn row_checks(rows: i64, shift: i64) -> usize {
+    row_checks_of(rows, shift, false)
+}
+
+/// [`row_checks`], with the block index first reassigned to itself plus one (`bump`).
+fn row_checks_of(rows: i64, shift: i64, bump: bool) -> usize {
     let k = KernelBuilder::new("rows", loc(1));
     let a = k.tensor("a", &["R", "C"], DType::F32, false);
     let r = k.dim("R");
@@ -109,6 +114,9 @@ fn row_checks(rows: i64, shift: i64) -> usize {
     k.assume_extent(&r, rows, loc(2));
     k.assume_extent(&c, 64, loc(2));
     let b = k.launch(vec![Host::ceil_div(k.host_dim("R"), Host::int(32))], 128, loc(3));
+    if bump {
+        k.assign(&b[0], Val::bin(BinOp::Add, b[0].clone(), 1), loc(3));
+    }
     let s = k.shared("s", &[32, 64], DType::F32, loc(4));
     let r0 = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, b[0].clone(), 32), shift);
     k.copy(k.tile_at(&a, vec![r0, Val::from(0)], &[32, 64], loc(5)), s, loc(5));
@@ -122,6 +130,8 @@ fn a_box_that_provably_fits_its_axis_has_no_row_checks() {
     assert_eq!(row_checks(128, 0), 0);
     // Shifted by 16 the last block's box would cross the end: every pass is checked.
     assert!(row_checks(128, 16) > 0);
+    // A block index the kernel reassigns has no grid range: the checks stay.
+    assert!(row_checks_of(128, 0, true) > 0);
     // 100 rows: ceil(100 / 32) = 4 blocks, and the last box crosses row 100.
     assert!(row_checks(100, 0) > 0);
 }
@@ -223,6 +233,42 @@ fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
     let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let want: Vec<f32> = (0..64).map(|i| if i < 40 { 2.0 } else { i as f32 }).collect();
     assert_eq!(o, want);
+}
+
+#[test]
+fn a_predicated_arm_that_assigns_its_own_condition_runs_once() {
+    // `let f = N > 0; if f { f = false; s[i] = a[i] } else { s[i] = -1 }`: the guards are fixed
+    // before either arm, so the then-arm's own stores still run and the else-arm does not.
+    let k = KernelBuilder::new("flag", loc(1));
+    let a = k.tensor("a", &["M"], DType::F32, false);
+    let o = k.tensor("o", &["M"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[64], DType::F32, loc(3));
+    let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    let f = k.let_var("f", Val::bin(BinOp::Gt, k.dim("N"), 0), loc(5));
+    k.begin_if(f.clone(), loc(6));
+    k.assign(&f, false, loc(6));
+    k.store(&s, vec![i.clone()], k.load(&a, vec![i.clone()], loc(7)), loc(7));
+    k.begin_else();
+    k.store(&s, vec![i], -1.0, loc(8));
+    k.end();
+    k.end();
+    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(9)), loc(9));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    assert!(!dump(&prog).contains("bra"), "{}", dump(&prog));
+    for n in [0, 2] {
+        let a: Vec<f32> = (0..64).map(|x| x as f32 + 0.25).collect();
+        let mut args = vec![
+            ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
+            ("M".to_string(), SimArg::I32(64)),
+            ("o".to_string(), SimArg::Tensor(vec![0; 256])),
+            ("N".to_string(), SimArg::I32(n)),
+        ];
+        run(&prog, [1, 1, 1], &mut args).expect("runs");
+        let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
+        let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        assert_eq!(o, if n > 0 { a } else { vec![-1.0; 64] }, "N = {n}");
+    }
 }
 
 #[test]

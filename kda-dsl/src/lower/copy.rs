@@ -168,7 +168,7 @@ impl Lower<'_> {
         let Expr::Var(v) = e else { return None };
         let axis = def.block_vars.iter().position(|b| *b == Some(*v))?;
         let grid_is_dim = matches!(&def.grid[axis], HostExpr::Dim(name) if name == def.params[dim].name());
-        (grid_is_dim && !self.consts.contains_key(v)).then_some(1)
+        (grid_is_dim && !self.consts.contains_key(v) && !self.assign_counts.contains_key(v)).then_some(1)
     }
 
     /// A number every value of `e` is a multiple of.
@@ -259,7 +259,13 @@ impl Lower<'_> {
             let mut s: Src = Src::Imm(esize);
             for d in &dims[axis + 1..] {
                 s = match (lw.extent64(*d), s) {
-                    (Src::Imm(a), Src::Imm(b)) => Src::Imm(a * b),
+                    (Src::Imm(a), Src::Imm(b)) if a.checked_mul(b).is_some() => Src::Imm(a * b),
+                    (Src::Imm(a), b) => {
+                        let a = lw.em.to_reg(Src::Imm(a), RegClass::B64, Ty::S64);
+                        let r = lw.em.reg(RegClass::B64);
+                        lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(a), b });
+                        Src::Reg(r)
+                    }
                     (Src::Reg(a), b) | (b, Src::Reg(a)) => {
                         let r = lw.em.reg(RegClass::B64);
                         lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(a), b });

@@ -75,6 +75,13 @@ impl Emitter {
         d
     }
 
+    /// A copy of predicate `p` in a fresh register, as an unguarded instruction.
+    pub fn copy_unguarded(&mut self, p: Reg) -> Reg {
+        let d = self.reg(RegClass::Pred);
+        self.body.push(Inst { op: Op::Mov { ty: Ty::Pred, d, a: Src::Reg(p) }, guard: None, loc: self.loc });
+        d
+    }
+
     /// `!p` as unguarded instructions.
     pub fn not_unguarded(&mut self, p: Reg) -> Reg {
         let t = self.reg(RegClass::Pred);

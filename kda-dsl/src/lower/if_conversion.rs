@@ -46,18 +46,20 @@ impl Lower<'_> {
     /// predicate (combined with the guard of an enclosing if-converted arm).
     pub(crate) fn if_converted(&mut self, p: Reg, then: &[Stmt], otherwise: &[Stmt]) -> Result<(), Diag> {
         let outer = self.em.guard;
+        // Both guards are fresh registers, fixed before either arm runs: the condition may be a
+        // variable that an arm assigns.
         let taken = match outer {
             Some(g) => self.em.and_unguarded(g, p),
-            None => p,
+            None => self.em.copy_unguarded(p),
         };
+        let other = (!otherwise.is_empty()).then(|| match outer {
+            // `outer && !p` is `outer != (outer && p)`.
+            Some(g) => self.em.xor_unguarded(g, taken),
+            None => self.em.not_unguarded(taken),
+        });
         self.em.guard = Some(taken);
         let mut lowered = self.block(then);
-        if lowered.is_ok() && !otherwise.is_empty() {
-            // `outer && !p` is `outer != (outer && p)`.
-            let other = match outer {
-                Some(g) => self.em.xor_unguarded(g, taken),
-                None => self.em.not_unguarded(p),
-            };
+        if let (Ok(()), Some(other)) = (&lowered, other) {
             self.em.guard = Some(other);
             lowered = self.block(otherwise);
         }

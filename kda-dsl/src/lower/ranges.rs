@@ -20,15 +20,17 @@ pub(crate) fn var_ranges(def: &KernelDef) -> HashMap<VarId, Range> {
         let p = def.params.iter().position(|p| matches!(p, Param::Dim { name: n } if n == name))?;
         def.exact_extent(p)
     };
+    let mut assigns: Vec<(VarId, &Expr)> = vec![];
+    collect_assignments(&def.body, &mut assigns);
     for (axis, v) in def.block_vars.iter().enumerate() {
-        if let (Some(v), Some(n)) = (v, def.grid[axis].eval(&exact)) {
+        // A block index the kernel reassigns leaves its grid range: it gets none.
+        let reassigned = |v: &VarId| assigns.iter().any(|(x, _)| x == v);
+        if let (Some(v), Some(n)) = (v.filter(|v| !reassigned(v)), def.grid[axis].eval(&exact)) {
             if n >= 1 {
-                out.insert(*v, (0, n - 1));
+                out.insert(v, (0, n - 1));
             }
         }
     }
-    let mut assigns: Vec<(VarId, &Expr)> = vec![];
-    collect_assignments(&def.body, &mut assigns);
     let dim = |p: ParamId| def.exact_extent(p);
     loop {
         let mut added = false;

@@ -136,6 +136,20 @@ fn a_box_that_provably_fits_its_axis_has_no_row_checks() {
     assert!(row_checks(100, 0) > 0);
 }
 
+/// Runs a table kernel (`a` and `o` of 64 f32, extent `M`, dimension `N = n`) in the
+/// simulator; `o` afterwards.
+fn run_table(prog: &kda_dsl::thread_ir::ThreadProgram, a: &[f32], n: i32) -> Vec<f32> {
+    let mut args = vec![
+        ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
+        ("M".to_string(), SimArg::I32(64)),
+        ("o".to_string(), SimArg::Tensor(vec![0; 256])),
+        ("N".to_string(), SimArg::I32(n)),
+    ];
+    run(prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
+    o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 /// Fills a 64-entry shared table in a `parallel` loop, `a[i]` where `N > 0` and -1 elsewhere
 /// (`into_shared`), or through a register assigned under the `if` (`!into_shared`), then
 /// writes it to `o`.
@@ -178,15 +192,7 @@ fn a_short_if_that_stores_to_memory_runs_under_its_predicate_without_a_branch() 
     // Both arms are right, in the simulator, for either value of the condition.
     for n in [0, 3] {
         let a: Vec<f32> = (0..64).map(|x| x as f32 + 0.5).collect();
-        let mut args = vec![
-            ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
-            ("M".to_string(), SimArg::I32(64)),
-            ("o".to_string(), SimArg::Tensor(vec![0; 256])),
-            ("N".to_string(), SimArg::I32(n)),
-        ];
-        run(&prog, [1, 1, 1], &mut args).expect("runs");
-        let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
-        let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let o = run_table(&prog, &a, n);
         let want: Vec<f32> = if n > 0 { a } else { vec![-1.0; 64] };
         assert_eq!(o, want, "N = {n}");
     }
@@ -222,15 +228,7 @@ fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
     };
     assert!(!text.contains("bra") && !text.lines().any(|l| l.starts_with('@') && l.contains(':')), "{text}");
     let a: Vec<f32> = (0..64).map(|x| x as f32).collect();
-    let mut args = vec![
-        ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
-        ("M".to_string(), SimArg::I32(64)),
-        ("o".to_string(), SimArg::Tensor(vec![0; 256])),
-        ("N".to_string(), SimArg::I32(1)),
-    ];
-    run(&prog, [1, 1, 1], &mut args).expect("runs");
-    let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
-    let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let o = run_table(&prog, &a, 1);
     let want: Vec<f32> = (0..64).map(|i| if i < 40 { 2.0 } else { i as f32 }).collect();
     assert_eq!(o, want);
 }
@@ -258,15 +256,7 @@ fn a_predicated_arm_that_assigns_its_own_condition_runs_once() {
     assert!(!dump(&prog).contains("bra"), "{}", dump(&prog));
     for n in [0, 2] {
         let a: Vec<f32> = (0..64).map(|x| x as f32 + 0.25).collect();
-        let mut args = vec![
-            ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
-            ("M".to_string(), SimArg::I32(64)),
-            ("o".to_string(), SimArg::Tensor(vec![0; 256])),
-            ("N".to_string(), SimArg::I32(n)),
-        ];
-        run(&prog, [1, 1, 1], &mut args).expect("runs");
-        let SimArg::Tensor(o) = &args[2].1 else { unreachable!() };
-        let o: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let o = run_table(&prog, &a, n);
         assert_eq!(o, if n > 0 { a } else { vec![-1.0; 64] }, "N = {n}");
     }
 }

@@ -5,8 +5,8 @@
 //! `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so the grid is
 //! sequence groups x value heads x `V / bv`, each block taking its group's `ITEMS` sequences in
 //! turn through a `cp.async` pipeline (state and first-token inputs of the next sequence load
-//! while this one computes). Each warp holds 16 whole rows, so row reductions stay inside the
-//! warp. Per token: decay the state, reduce it
+//! while this one computes). Each warp holds whole rows (`bv / warps` of them), so row reductions
+//! stay inside the warp. Per token: decay the state, reduce it
 //! against k and q in one pass (`S k` and `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)`
 //! (the output of the updated state without a second pass), then `S += k uᵀ`. Every
 //! specialization below is a host-side `if` on the config: the branches not taken leave no code.

@@ -34,10 +34,6 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     };
     let def = v.build().map_err(|e| e.to_string())?;
     let k = kda_dsl::compile(def, target).map_err(|e| e.to_string())?;
-    // A reader that stops early (`| head`) is not an error.
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(k.ptx.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing the PTX: {e}")),
-        _ => Ok(0),
-    }
+    super::write_stdout(&k.ptx).map_err(|e| format!("writing the PTX: {e}"))?;
+    Ok(0)
 }

@@ -4,14 +4,20 @@
 /// the command quietly instead of panicking on the closed pipe.
 macro_rules! out {
     ($($arg:tt)*) => {{
-        use std::io::Write;
-        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                std::process::exit(0);
-            }
+        if let Err(e) = $crate::cli::write_stdout(&format!("{}\n", format_args!($($arg)*))) {
             panic!("writing to stdout: {e}");
         }
     }};
+}
+
+/// Writes `text` to standard output. A reader that stops early (`| head`) ends the command
+/// quietly (exit status 0); any other write error is returned.
+pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => r,
+    }
 }
 
 mod bench;

@@ -139,7 +139,6 @@ impl SlotAddressing {
     }
 }
 
-/// True when a bound known when lowering reaches past every element of an axis of `n`.
 /// A tile shape as (rows, cols); a 1-D shape is one row.
 fn rows_cols(s: &[u32]) -> (u32, u32) {
     if s.len() == 2 {
@@ -149,6 +148,7 @@ fn rows_cols(s: &[u32]) -> (u32, u32) {
     }
 }
 
+/// True when a bound known when lowering reaches past every element of an axis of `n`.
 fn covers(lim: Src, n: u32) -> bool {
     matches!(lim, Src::Imm(v) if v >= n as i64)
 }
@@ -260,18 +260,10 @@ impl Lower<'_> {
             for d in &dims[axis + 1..] {
                 s = match (lw.extent64(*d), s) {
                     (Src::Imm(a), Src::Imm(b)) if a.checked_mul(b).is_some() => Src::Imm(a * b),
-                    (Src::Imm(a), b) => {
-                        let a = lw.em.to_reg(Src::Imm(a), RegClass::B64, Ty::S64);
-                        let r = lw.em.reg(RegClass::B64);
-                        lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(a), b });
-                        Src::Reg(r)
+                    (a, b) => {
+                        let a = lw.em.to_reg(a, RegClass::B64, Ty::S64);
+                        Src::Reg(lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, a, b))
                     }
-                    (Src::Reg(a), b) | (b, Src::Reg(a)) => {
-                        let r = lw.em.reg(RegClass::B64);
-                        lw.em.emit(Op::Bin { op: BinKind::Mul, ty: Ty::S64, d: r, a: Src::Reg(a), b });
-                        Src::Reg(r)
-                    }
-                    _ => unreachable!("extents are integers"),
                 };
             }
             s
@@ -876,13 +868,9 @@ impl Lower<'_> {
         dst: &[Reg],
     ) {
         if dst.len() == 1 {
-            let v = if space == Space::Global {
-                self.masked_load(addr, offset, src, valid)
-            } else {
-                let a = self.em.add32(addr, Src::Imm(offset));
-                let a = self.em.to_reg(a, RegClass::B32, Ty::U32);
-                self.load_mem(Space::Shared, a, src)
-            };
+            // Shared runs are at least two elements (`tile_to_tile`).
+            debug_assert_eq!(space, Space::Global, "a one-element run from shared memory");
+            let v = self.masked_load(addr, offset, src, valid);
             let v = self.round_for(v, dt);
             self.mov(dst[0], v);
             return;

@@ -412,20 +412,35 @@ impl KernelBuilder {
                 _ => self.error(loc, format!("box extent {s} is not a positive integer")),
             }
         }
-        Region::Global { tensor: t.id, offset, shape: dims, bound: None }
+        Region::Global { tensor: t.id, offset, shape: dims, bound: None, cache: CachePolicy::Normal }
     }
 
     /// `region.bounded([e0, e1, ..])`: masks elements at or past `e` per axis.
     pub fn bounded(&self, r: Region, bound: Vec<Val>, loc: SrcLoc) -> Region {
         match r {
-            Region::Global { tensor, offset, shape, .. } => {
+            Region::Global { tensor, offset, shape, cache, .. } => {
                 if bound.len() != offset.len() {
                     self.error(loc, format!("bounded: {} bounds for a box of {} axes", bound.len(), offset.len()));
                 }
-                Region::Global { tensor, offset, shape, bound: Some(bound.into_iter().map(|v| v.0).collect()) }
+                Region::Global { tensor, offset, shape, bound: Some(bound.into_iter().map(|v| v.0).collect()), cache }
             }
             r => {
                 self.error(loc, "bounded applies to a box of a global tensor");
+                r
+            }
+        }
+    }
+
+    /// `region.streaming()`: the box's data is read or written once, so its loads, stores and
+    /// `cp.async` copies ask L2 to evict their lines first (`CachePolicy::EvictFirst`), leaving
+    /// room for what other blocks still read.
+    pub fn streaming(&self, r: Region, loc: SrcLoc) -> Region {
+        match r {
+            Region::Global { tensor, offset, shape, bound, .. } => {
+                Region::Global { tensor, offset, shape, bound, cache: CachePolicy::EvictFirst }
+            }
+            r => {
+                self.error(loc, "streaming applies to a box of a global tensor");
                 r
             }
         }

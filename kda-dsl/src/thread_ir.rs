@@ -209,6 +209,21 @@ pub enum Cmp {
     Ne,
 }
 
+/// How long a global access's lines should stay in L2 (`Region::Global::cache`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CachePolicy {
+    /// The hardware's default.
+    #[default]
+    Normal,
+    /// Evicted first: data the kernel reads or writes once (a streamed state), so it does not
+    /// push out what other blocks still read. Loads and stores print as `.cs`; a `cp.async`
+    /// carries the L2 policy in [`EVICT_FIRST_POLICY`], which the printer creates at entry.
+    EvictFirst,
+}
+
+/// The register holding the `createpolicy` L2 evict-first policy of cache-hinted `cp.async`.
+pub const EVICT_FIRST_POLICY: &str = "%l2_evict_first";
+
 /// Memory spaces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Space {
@@ -318,6 +333,8 @@ pub struct Inst {
     pub guard: Option<(Reg, bool)>,
     /// The kernel source line.
     pub loc: SrcLoc,
+    /// L2 policy of a global load, store or `cp.async` (ignored by other instructions).
+    pub cache: CachePolicy,
 }
 
 /// A lowered kernel: its instructions plus what the printer and simulator need.
@@ -397,6 +414,35 @@ fn addr(a: &Reg, off: i64) -> String {
     }
 }
 
+/// A load, store or `cp.async` under L2 policy `cache` (which only global accesses carry): an
+/// evict-first load or store is `.cs` (cache streaming), an evict-first `cp.async` names the
+/// policy register.
+fn fmt_memory(f: &mut fmt::Formatter<'_>, op: &Op, cache: CachePolicy) -> fmt::Result {
+    let space = |s: &Space| match (s, cache) {
+        (Space::Global, CachePolicy::EvictFirst) => "global.cs",
+        (Space::Global, CachePolicy::Normal) => "global",
+        (Space::Shared, _) => "shared",
+    };
+    match op {
+        Op::Ld { space: sp, ty, d, addr: a, offset } => {
+            let dst = if d.len() == 1 { d[0].to_string() } else { format!("{{{}}}", list(d)) };
+            write!(f, "ld.{}{}.{} {dst}, {};", space(sp), vec_suffix(d.len()), ty.name(), addr(a, *offset))
+        }
+        Op::St { space: sp, ty, addr: a, offset, vals } => {
+            let v = if vals.len() == 1 { vals[0].to_string() } else { format!("{{{}}}", list(vals)) };
+            write!(f, "st.{}{}.{} {}, {v};", space(sp), vec_suffix(vals.len()), ty.name(), addr(a, *offset))
+        }
+        Op::CpAsync { dst, src, src_bytes } => match cache {
+            CachePolicy::Normal => write!(f, "cp.async.cg.shared.global [{dst}], [{src}], 16, {src_bytes};"),
+            CachePolicy::EvictFirst => write!(
+                f,
+                "cp.async.cg.shared.global.L2::cache_hint [{dst}], [{src}], 16, {src_bytes}, {EVICT_FIRST_POLICY};"
+            ),
+        },
+        _ => unreachable!("fmt_memory: not a memory instruction"),
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -440,19 +486,7 @@ impl fmt::Display for Op {
             }
             Op::PackHalf2 { half, d, hi, lo } => write!(f, "cvt.rn.{}x2.f32 {d}, {hi}, {lo};", half.name()),
             Op::Unpack2 { lo, hi, a } => write!(f, "mov.b32 {{{lo}, {hi}}}, {a};"),
-            Op::Ld { space, ty, d, addr: a, offset } => {
-                let sp = if *space == Space::Global { "global" } else { "shared" };
-                let dst = if d.len() == 1 { d[0].to_string() } else { format!("{{{}}}", list(d)) };
-                write!(f, "ld.{sp}{}.{} {dst}, {};", vec_suffix(d.len()), ty.name(), addr(a, *offset))
-            }
-            Op::St { space, ty, addr: a, offset, vals } => {
-                let sp = if *space == Space::Global { "global" } else { "shared" };
-                let v = if vals.len() == 1 { vals[0].to_string() } else { format!("{{{}}}", list(vals)) };
-                write!(f, "st.{sp}{}.{} {}, {v};", vec_suffix(vals.len()), ty.name(), addr(a, *offset))
-            }
-            Op::CpAsync { dst, src, src_bytes } => {
-                write!(f, "cp.async.cg.shared.global [{dst}], [{src}], 16, {src_bytes};")
-            }
+            Op::Ld { .. } | Op::St { .. } | Op::CpAsync { .. } => fmt_memory(f, self, CachePolicy::Normal),
             Op::Prefetch { addr } => write!(f, "prefetch.global.L2 [{addr}];"),
             Op::CpAsyncCommit => write!(f, "cp.async.commit_group;"),
             Op::CpAsyncWait { n } => write!(f, "cp.async.wait_group {n};"),
@@ -491,6 +525,16 @@ impl fmt::Display for Inst {
         if let Some((p, pos)) = self.guard {
             write!(f, "@{}{p} ", if pos { "" } else { "!" })?;
         }
-        write!(f, "{}", self.op)
+        match &self.op {
+            Op::Ld { .. } | Op::St { .. } | Op::CpAsync { .. } => fmt_memory(f, &self.op, self.cache),
+            op => write!(f, "{op}"),
+        }
+    }
+}
+
+impl Inst {
+    /// Whether this is a `cp.async` that reads the L2 policy register [`EVICT_FIRST_POLICY`].
+    pub fn uses_evict_first_policy(&self) -> bool {
+        self.cache == CachePolicy::EvictFirst && matches!(self.op, Op::CpAsync { .. })
     }
 }

@@ -4,6 +4,7 @@
 use crate::artifact::HostExpr;
 use crate::diag::SrcLoc;
 use crate::dtype::DType;
+pub use crate::thread_ir::CachePolicy;
 use std::fmt;
 
 /// Index of a kernel parameter in [`KernelDef::params`].
@@ -203,6 +204,8 @@ pub enum Region {
         shape: Vec<u32>,
         /// Exclusive upper bounds per axis, replacing the tensor's extents for masking.
         bound: Option<Vec<Expr>>,
+        /// L2 policy of the box's loads and stores (`.streaming()`: evict first).
+        cache: CachePolicy,
     },
     /// A whole tile.
     Buf(BufId),
@@ -518,13 +521,16 @@ impl KernelDef {
     fn region_str(&self, r: &Region) -> String {
         match r {
             Region::Buf(b) => self.buffers[*b].name.clone(),
-            Region::Global { tensor, offset, shape, bound } => {
+            Region::Global { tensor, offset, shape, bound, cache } => {
                 let off: Vec<_> = offset.iter().map(|e| self.expr_str(e)).collect();
                 let shp: Vec<_> = shape.iter().map(|s| s.to_string()).collect();
                 let mut s = format!("{}[{}; {}]", self.params[*tensor].name(), off.join(", "), shp.join("x"));
                 if let Some(b) = bound {
                     let b: Vec<_> = b.iter().map(|e| self.expr_str(e)).collect();
                     s += &format!(" bound [{}]", b.join(", "));
+                }
+                if *cache == CachePolicy::EvictFirst {
+                    s += " streaming";
                 }
                 s
             }

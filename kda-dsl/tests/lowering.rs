@@ -298,3 +298,58 @@ fn a_stage_fill_without_row_masks_chooses_its_source_once() {
         assert!(line6.iter().any(|l| l.starts_with("mad.lo.s64") && l.contains(extent)), "{line6:#?}");
     }
 }
+
+/// `o = a` through a shared stage (`cp.async`) and a fragment, plus register loads of `b` and
+/// `c`; `stream` marks the boxes of `a`, `c` and `o` `.streaming()`.
+fn copies_ptx(stream: bool) -> String {
+    let k = KernelBuilder::new("stream", loc(1));
+    let a = k.tensor("a", &["M", "N"], DType::F32, false);
+    let b = k.tensor("b", &["M", "N"], DType::F32, false);
+    let c = k.tensor("c", &["M", "N"], DType::F32, false);
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
+    k.assume_extent(&k.dim("N"), 64, loc(2));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16, 64], DType::F32, loc(3));
+    let f = k.fragment("f", &[16, 64], DType::F32, loc(4));
+    let g = k.fragment("g", &[16, 64], DType::F32, loc(4));
+    let at = |t: &kda_dsl::builder::Tensor, l: u32| k.tile_at(t, vec![Val::from(0), Val::from(0)], &[16, 64], loc(l));
+    let region = |r: kda_dsl::tile::Region, l: u32| if stream { k.streaming(r, loc(l)) } else { r };
+    k.copy(region(at(&a, 5), 5), s, loc(5));
+    k.copy(s, f, loc(6));
+    k.copy(at(&b, 7), g, loc(7));
+    k.copy(region(at(&c, 7), 7), g, loc(7));
+    k.copy(f, region(at(&o, 8), 8), loc(8));
+    kda_dsl::compile(k.finish().expect("valid"), kda_dsl::Target::Sm80).expect("compiles").ptx
+}
+
+#[test]
+fn a_streaming_box_asks_l2_to_evict_its_lines_first() {
+    let plain = copies_ptx(false);
+    assert!(!plain.contains("createpolicy") && !plain.contains(".cs.") && !plain.contains("cache_hint"), "{plain}");
+    let ptx = copies_ptx(true);
+    // One policy, made at entry, for the box's `cp.async` copies.
+    assert_eq!(ptx.matches("createpolicy.fractional.L2::evict_first.b64 %l2_evict_first, 1.0;").count(), 1, "{ptx}");
+    let fills = ptx.lines().filter(|l| l.contains("cp.async.cg")).collect::<Vec<_>>();
+    assert!(
+        !fills.is_empty() && fills.iter().all(|l| l.contains(".L2::cache_hint") && l.ends_with(", %l2_evict_first;")),
+        "{fills:#?}"
+    );
+    // Its loads and stores are `.cs`; the load of `b`, whose box is not streaming, is plain.
+    let stores = ptx.lines().filter(|l| l.contains("st.global")).collect::<Vec<_>>();
+    assert!(!stores.is_empty() && stores.iter().all(|l| l.contains("st.global.cs.")), "{stores:#?}");
+    let loads = |cop: &str| ptx.matches(&format!("ld.global{cop}.v4.f32")).count();
+    assert!(loads("") > 0 && loads("") == loads(".cs"), "{ptx}");
+    // The policy needs PTX 7.4: the header names it only then (sm_80's lowest is 7.0).
+    assert!(ptx.contains(".version 7.4\n.target sm_80"), "{}", &ptx[..200]);
+    assert!(plain.contains(".version 7.0\n.target sm_80"), "{}", &plain[..200]);
+}
+
+#[test]
+fn streaming_applies_to_global_boxes_only() {
+    let k = KernelBuilder::new("stream", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16, 64], DType::F32, loc(3));
+    let _ = k.streaming(kda_dsl::tile::Region::Buf(s.id), loc(4));
+    let err = k.finish().expect_err("a tile cannot stream").to_string();
+    assert!(err.contains("streaming applies to a box of a global tensor") && err.contains("k.rs:4"), "{err}");
+}

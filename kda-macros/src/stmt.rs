@@ -379,8 +379,15 @@ impl Cx {
                         let method = syn::Ident::new(&name, m.method.span());
                         Ok(quote!(__kb.#method(&#id, vec![#(#idx),*], &[#(#ex),*], #lc)))
                     }
+                    "streaming" => {
+                        let inner = self.boxed_region(&m.receiver, &name)?;
+                        if !m.args.is_empty() {
+                            return err(m.args.span(), "`.streaming()` takes no arguments");
+                        }
+                        Ok(quote!(__kb.streaming(#inner, #lc)))
+                    }
                     "bounded" => {
-                        let inner = self.region(&m.receiver)?;
+                        let inner = self.boxed_region(&m.receiver, &name)?;
                         let Some(Expr::Array(b)) = m.args.first() else {
                             return err(m.method.span(), "`.bounded([end..])` takes one array of bounds");
                         };
@@ -389,12 +396,26 @@ impl Cx {
                     }
                     _ => err(
                         m.method.span(),
-                        format!("unknown region method `.{name}`; expected `.tile`, `.tile_at` or `.bounded`"),
+                        format!(
+                            "unknown region method `.{name}`; expected `.tile`, `.tile_at`, `.bounded` or `.streaming`"
+                        ),
                     ),
                 }
             }
             _ => self.tile_arg(e, "`copy`"),
         }
+    }
+
+    /// The box `.{method}(..)` refines: a global box (`t.tile_at(..)` or an already refined one),
+    /// never a whole tile.
+    fn boxed_region(&self, receiver: &Expr, method: &str) -> syn::Result<TS> {
+        if !matches!(receiver, Expr::MethodCall(_)) {
+            return err(
+                receiver.span(),
+                format!("`.{method}(..)` applies to a box of a global tensor (`t.tile_at(..)`), not to a tile"),
+            );
+        }
+        self.region(receiver)
     }
 
     pub(crate) fn operand(&self, e: &Expr) -> syn::Result<TS> {

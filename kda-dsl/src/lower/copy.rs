@@ -203,7 +203,7 @@ impl Lower<'_> {
 
     /// The box `r` laid out as a tile of `tile_shape` (1-D or 2-D, the box's axes longer than 1).
     fn box_as(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
-        let Region::Global { tensor, offset, shape, bound } = r else { unreachable!("a global region") };
+        let Region::Global { tensor, offset, shape, bound, .. } = r else { unreachable!("a global region") };
         let t = *tensor;
         let dims = self.tensor_dims(t);
         let dtype = self.tensor_dtype(t);
@@ -465,7 +465,31 @@ impl Lower<'_> {
             Region::Global { .. } => None,
             Region::Buf(b) => Some(self.p.layouts[*b]),
         };
-        match (src, dst, layout(src), layout(dst)) {
+        // The global side's L2 policy goes on every instruction of the copy (the printer only
+        // shows it on global accesses).
+        let cache = [src, dst]
+            .into_iter()
+            .find_map(|r| match r {
+                Region::Global { cache, .. } => Some(*cache),
+                Region::Buf(_) => None,
+            })
+            .unwrap_or_default();
+        let outer = std::mem::replace(&mut self.em.cache, cache);
+        let done = self.copy_dispatch(src, dst, layout(src), layout(dst), stage_live, loc);
+        self.em.cache = outer;
+        done
+    }
+
+    fn copy_dispatch(
+        &mut self,
+        src: &Region,
+        dst: &Region,
+        src_layout: Option<BufLayout>,
+        dst_layout: Option<BufLayout>,
+        stage_live: Option<Reg>,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        match (src, dst, src_layout, dst_layout) {
             (Region::Global { .. }, Region::Buf(b), _, Some(BufLayout::Shared(_))) => {
                 self.global_to_shared(src, *b, stage_live, loc)
             }

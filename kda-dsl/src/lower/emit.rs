@@ -15,6 +15,8 @@ pub struct Emitter {
     /// The predicate every new instruction runs under, inside an `if` lowered without a branch
     /// (`Lower::if_converted`); `None` outside one.
     pub guard: Option<Reg>,
+    /// The L2 policy stamped on new instructions (a copy of a `.streaming()` box sets it).
+    pub cache: CachePolicy,
     labels: u32,
 }
 
@@ -44,7 +46,7 @@ impl Emitter {
 
     /// Appends `op` (under the current guard, if any).
     pub fn emit(&mut self, op: Op) {
-        self.body.push(Inst { op, guard: self.guard.map(|g| (g, true)), loc: self.loc });
+        self.body.push(Inst { op, guard: self.guard.map(|g| (g, true)), loc: self.loc, cache: self.cache });
     }
 
     /// Appends `op` guarded by `@p` (`pos`) or `@!p`; under a current guard `g`, by `g && p`
@@ -57,35 +59,55 @@ impl Emitter {
                 (if pos { both } else { self.xor_unguarded(g, both) }, true)
             }
         };
-        self.body.push(Inst { op, guard: Some(guard), loc: self.loc });
+        self.body.push(Inst { op, guard: Some(guard), loc: self.loc, cache: self.cache });
     }
 
     /// `a && b` as an unguarded instruction. `a` comes first: where it is false, `b` may be
     /// a register only written under `a` (the simulator reads `b` only when `a` holds).
     pub fn and_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst { op: Op::PredLogic { op: BinKind::And, d, a, b }, guard: None, loc: self.loc });
+        self.body.push(Inst {
+            op: Op::PredLogic { op: BinKind::And, d, a, b },
+            guard: None,
+            loc: self.loc,
+            cache: self.cache,
+        });
         d
     }
 
     /// `a != b` on predicates, as an unguarded instruction.
     pub fn xor_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst { op: Op::PredLogic { op: BinKind::Xor, d, a, b }, guard: None, loc: self.loc });
+        self.body.push(Inst {
+            op: Op::PredLogic { op: BinKind::Xor, d, a, b },
+            guard: None,
+            loc: self.loc,
+            cache: self.cache,
+        });
         d
     }
 
     /// A copy of predicate `p` in a fresh register, as an unguarded instruction.
     pub fn copy_unguarded(&mut self, p: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst { op: Op::Mov { ty: Ty::Pred, d, a: Src::Reg(p) }, guard: None, loc: self.loc });
+        self.body.push(Inst {
+            op: Op::Mov { ty: Ty::Pred, d, a: Src::Reg(p) },
+            guard: None,
+            loc: self.loc,
+            cache: self.cache,
+        });
         d
     }
 
     /// `!p` as unguarded instructions.
     pub fn not_unguarded(&mut self, p: Reg) -> Reg {
         let t = self.reg(RegClass::Pred);
-        self.body.push(Inst { op: Op::Mov { ty: Ty::Pred, d: t, a: Src::Imm(1) }, guard: None, loc: self.loc });
+        self.body.push(Inst {
+            op: Op::Mov { ty: Ty::Pred, d: t, a: Src::Imm(1) },
+            guard: None,
+            loc: self.loc,
+            cache: self.cache,
+        });
         self.xor_unguarded(p, t)
     }
 

@@ -25,7 +25,12 @@ impl P {
     }
     fn guarded(&mut self, p: Reg, op: Op) {
         let line = self.body.len() as u32 + 1;
-        self.body.push(Inst { op, guard: Some((p, true)), loc: SrcLoc::new("k.rs", line, 1), cache: CachePolicy::Normal });
+        self.body.push(Inst {
+            op,
+            guard: Some((p, true)),
+            loc: SrcLoc::new("k.rs", line, 1),
+            cache: CachePolicy::Normal,
+        });
     }
     fn prog(self, threads: u32, shared: u32, params: Vec<(String, Ty)>) -> ThreadProgram {
         ThreadProgram {

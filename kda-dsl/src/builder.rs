@@ -5,6 +5,7 @@
 use crate::artifact::HostExpr;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
+use crate::thread_ir::CachePolicy;
 use crate::tile::*;
 use std::cell::RefCell;
 
@@ -455,7 +456,12 @@ impl KernelBuilder {
     /// `prefetch(global_box)`: warm L2 with a box a later copy will read.
     pub fn prefetch(&self, src: impl IntoRegion, loc: SrcLoc) {
         self.tile_op(loc, "prefetch");
-        self.push(StmtKind::Prefetch(src.into_region()), loc);
+        let src = src.into_region();
+        // Asking L2 to bring in lines it should evict first contradicts itself.
+        if matches!(src, Region::Global { cache: CachePolicy::EvictFirst, .. }) {
+            self.error(loc, "prefetch of a `.streaming()` box: a streamed box is read once, by its copy");
+        }
+        self.push(StmtKind::Prefetch(src), loc);
     }
 
     /// `gemm(a, b, c)`: `c += a · b`.

@@ -4,7 +4,7 @@
 use crate::artifact::HostExpr;
 use crate::diag::SrcLoc;
 use crate::dtype::DType;
-pub use crate::thread_ir::CachePolicy;
+use crate::thread_ir::CachePolicy;
 use std::fmt;
 
 /// Index of a kernel parameter in [`KernelDef::params`].
@@ -204,7 +204,8 @@ pub enum Region {
         shape: Vec<u32>,
         /// Exclusive upper bounds per axis, replacing the tensor's extents for masking.
         bound: Option<Vec<Expr>>,
-        /// L2 policy of the box's loads and stores (`.streaming()`: evict first).
+        /// L2 policy of the box's loads, stores and `cp.async` copies (`.streaming()`: evict
+        /// first).
         cache: CachePolicy,
     },
     /// A whole tile.

@@ -306,6 +306,7 @@ fn copies_ptx(stream: bool) -> String {
     let a = k.tensor("a", &["M", "N"], DType::F32, false);
     let b = k.tensor("b", &["M", "N"], DType::F32, false);
     let c = k.tensor("c", &["M", "N"], DType::F32, false);
+    let row = k.tensor("row", &["R"], DType::I32, false);
     let o = k.tensor("o", &["M", "N"], DType::F32, true);
     k.assume_extent(&k.dim("N"), 64, loc(2));
     k.launch(vec![Host::int(1)], 32, loc(2));
@@ -317,7 +318,10 @@ fn copies_ptx(stream: bool) -> String {
     k.copy(region(at(&a, 5), 5), s, loc(5));
     k.copy(s, f, loc(6));
     k.copy(at(&b, 7), g, loc(7));
-    k.copy(region(at(&c, 7), 7), g, loc(7));
+    // A box whose row is read from memory: that scalar load is not the box's data.
+    let r0 = k.load(&row, vec![Val::from(0)], loc(7));
+    let c_box = k.tile_at(&c, vec![r0, Val::from(0)], &[16, 64], loc(7));
+    k.copy(region(c_box, 7), g, loc(7));
     k.copy(f, region(at(&o, 8), 8), loc(8));
     kda_dsl::compile(k.finish().expect("valid"), kda_dsl::Target::Sm80).expect("compiles").ptx
 }
@@ -339,6 +343,8 @@ fn a_streaming_box_asks_l2_to_evict_its_lines_first() {
     assert!(!stores.is_empty() && stores.iter().all(|l| l.contains("st.global.cs.")), "{stores:#?}");
     let loads = |cop: &str| ptx.matches(&format!("ld.global{cop}.v4.f32")).count();
     assert!(loads("") > 0 && loads("") == loads(".cs"), "{ptx}");
+    // The row index of `c`'s box is loaded without the hint.
+    assert!(ptx.contains("ld.global.s32") && !ptx.contains("ld.global.cs.s32"), "{ptx}");
     // The policy needs PTX 7.4: the header names it only then (sm_80's lowest is 7.0).
     assert!(ptx.contains(".version 7.4\n.target sm_80"), "{}", &ptx[..200]);
     assert!(plain.contains(".version 7.0\n.target sm_80"), "{}", &plain[..200]);
@@ -352,4 +358,12 @@ fn streaming_applies_to_global_boxes_only() {
     let _ = k.streaming(kda_dsl::tile::Region::Buf(s.id), loc(4));
     let err = k.finish().expect_err("a tile cannot stream").to_string();
     assert!(err.contains("streaming applies to a box of a global tensor") && err.contains("k.rs:4"), "{err}");
+    // Nor is a streamed box prefetched: L2 would be asked to keep lines it should drop.
+    let k = KernelBuilder::new("stream", loc(1));
+    let a = k.tensor("a", &["M", "N"], DType::F32, false);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let boxed = k.tile_at(&a, vec![Val::from(0), Val::from(0)], &[16, 64], loc(3));
+    k.prefetch(k.streaming(boxed, loc(3)), loc(3));
+    let err = k.finish().expect_err("no prefetch of a streamed box").to_string();
+    assert!(err.contains("prefetch of a `.streaming()` box") && err.contains("k.rs:3"), "{err}");
 }

@@ -536,8 +536,8 @@ pub fn decode(
             if t > 0 && t < tn {
                 let ti = bos + t;
                 // Register loads first: they stay in flight while the copy into shared memory
-                // waits for its data. Not streaming: a head's row blocks share k and q (marked
-                // evict-first, spec4 measured 0.4% slower).
+                // waits for its data. Not streaming: marked evict-first, spec4 measured 0.4%
+                // slower (README).
                 copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
                 copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
                 copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);

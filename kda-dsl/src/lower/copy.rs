@@ -202,7 +202,16 @@ impl Lower<'_> {
     }
 
     /// The box `r` laid out as a tile of `tile_shape` (1-D or 2-D, the box's axes longer than 1).
+    /// Its offsets and bounds may read global scalars (a varlen row); those are not the box's
+    /// data, so they are lowered without the copy's L2 policy.
     fn box_as(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
+        let policy = std::mem::take(&mut self.em.cache);
+        let gb = self.box_layout(r, tile_shape, loc);
+        self.em.cache = policy;
+        gb
+    }
+
+    fn box_layout(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
         let Region::Global { tensor, offset, shape, bound, .. } = r else { unreachable!("a global region") };
         let t = *tensor;
         let dims = self.tensor_dims(t);
@@ -480,6 +489,7 @@ impl Lower<'_> {
         done
     }
 
+    /// `copy_async` by direction, with the copy's L2 policy already on the emitter.
     fn copy_dispatch(
         &mut self,
         src: &Region,

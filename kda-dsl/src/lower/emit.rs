@@ -46,7 +46,12 @@ impl Emitter {
 
     /// Appends `op` (under the current guard, if any).
     pub fn emit(&mut self, op: Op) {
-        self.body.push(Inst { op, guard: self.guard.map(|g| (g, true)), loc: self.loc, cache: self.cache });
+        self.push(op, self.guard.map(|g| (g, true)));
+    }
+
+    /// Appends `op` under `guard` exactly, at the current line and L2 policy.
+    fn push(&mut self, op: Op, guard: Option<(Reg, bool)>) {
+        self.body.push(Inst { op, guard, loc: self.loc, cache: self.cache });
     }
 
     /// Appends `op` guarded by `@p` (`pos`) or `@!p`; under a current guard `g`, by `g && p`
@@ -59,55 +64,35 @@ impl Emitter {
                 (if pos { both } else { self.xor_unguarded(g, both) }, true)
             }
         };
-        self.body.push(Inst { op, guard: Some(guard), loc: self.loc, cache: self.cache });
+        self.push(op, Some(guard));
     }
 
     /// `a && b` as an unguarded instruction. `a` comes first: where it is false, `b` may be
     /// a register only written under `a` (the simulator reads `b` only when `a` holds).
     pub fn and_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst {
-            op: Op::PredLogic { op: BinKind::And, d, a, b },
-            guard: None,
-            loc: self.loc,
-            cache: self.cache,
-        });
+        self.push(Op::PredLogic { op: BinKind::And, d, a, b }, None);
         d
     }
 
     /// `a != b` on predicates, as an unguarded instruction.
     pub fn xor_unguarded(&mut self, a: Reg, b: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst {
-            op: Op::PredLogic { op: BinKind::Xor, d, a, b },
-            guard: None,
-            loc: self.loc,
-            cache: self.cache,
-        });
+        self.push(Op::PredLogic { op: BinKind::Xor, d, a, b }, None);
         d
     }
 
     /// A copy of predicate `p` in a fresh register, as an unguarded instruction.
     pub fn copy_unguarded(&mut self, p: Reg) -> Reg {
         let d = self.reg(RegClass::Pred);
-        self.body.push(Inst {
-            op: Op::Mov { ty: Ty::Pred, d, a: Src::Reg(p) },
-            guard: None,
-            loc: self.loc,
-            cache: self.cache,
-        });
+        self.push(Op::Mov { ty: Ty::Pred, d, a: Src::Reg(p) }, None);
         d
     }
 
     /// `!p` as unguarded instructions.
     pub fn not_unguarded(&mut self, p: Reg) -> Reg {
         let t = self.reg(RegClass::Pred);
-        self.body.push(Inst {
-            op: Op::Mov { ty: Ty::Pred, d: t, a: Src::Imm(1) },
-            guard: None,
-            loc: self.loc,
-            cache: self.cache,
-        });
+        self.push(Op::Mov { ty: Ty::Pred, d: t, a: Src::Imm(1) }, None);
         self.xor_unguarded(p, t)
     }
 

@@ -413,17 +413,25 @@ impl KernelBuilder {
                 _ => self.error(loc, format!("box extent {s} is not a positive integer")),
             }
         }
-        Region::Global { tensor: t.id, offset, shape: dims, bound: None, cache: CachePolicy::Normal }
+        Region::Global {
+            tensor: t.id,
+            offset,
+            shape: dims,
+            bound: None,
+            cache: CachePolicy::Normal,
+            whole_lines: false,
+        }
     }
 
     /// `region.bounded([e0, e1, ..])`: masks elements at or past `e` per axis.
     pub fn bounded(&self, r: Region, bound: Vec<Val>, loc: SrcLoc) -> Region {
         match r {
-            Region::Global { tensor, offset, shape, cache, .. } => {
+            Region::Global { tensor, offset, shape, cache, whole_lines, .. } => {
                 if bound.len() != offset.len() {
                     self.error(loc, format!("bounded: {} bounds for a box of {} axes", bound.len(), offset.len()));
                 }
-                Region::Global { tensor, offset, shape, bound: Some(bound.into_iter().map(|v| v.0).collect()), cache }
+                let bound = Some(bound.into_iter().map(|v| v.0).collect());
+                Region::Global { tensor, offset, shape, bound, cache, whole_lines }
             }
             r => {
                 self.error(loc, "bounded applies to a box of a global tensor");
@@ -437,11 +445,28 @@ impl KernelBuilder {
     /// room for what other blocks still read.
     pub fn streaming(&self, r: Region, loc: SrcLoc) -> Region {
         match r {
-            Region::Global { tensor, offset, shape, bound, .. } => {
-                Region::Global { tensor, offset, shape, bound, cache: CachePolicy::EvictFirst }
+            Region::Global { tensor, offset, shape, bound, whole_lines, .. } => {
+                Region::Global { tensor, offset, shape, bound, cache: CachePolicy::EvictFirst, whole_lines }
             }
             r => {
                 self.error(loc, "streaming applies to a box of a global tensor");
+                r
+            }
+        }
+    }
+
+    /// `region.whole_lines()` (or `.whole_lines(on)` with a host `bool`): a fragment stored
+    /// into the box writes whole 128-byte lines per warp instruction (neighbouring row groups
+    /// trade halves through `shfl` first) instead of half lines of twice as many rows. Where
+    /// the fragment's layout or the box's masks do not allow it, the store is the usual one (the
+    /// `copy_plan` dump says why).
+    pub fn whole_lines(&self, r: Region, on: bool, loc: SrcLoc) -> Region {
+        match r {
+            Region::Global { tensor, offset, shape, bound, cache, .. } => {
+                Region::Global { tensor, offset, shape, bound, cache, whole_lines: on }
+            }
+            r => {
+                self.error(loc, "whole_lines applies to a box of a global tensor");
                 r
             }
         }

@@ -207,6 +207,9 @@ pub enum Region {
         /// L2 policy of the box's loads, stores and `cp.async` copies (`.streaming()`: evict
         /// first).
         cache: CachePolicy,
+        /// Fragment stores into the box write whole 128-byte lines per warp instruction
+        /// (`.whole_lines()`).
+        whole_lines: bool,
     },
     /// A whole tile.
     Buf(BufId),
@@ -522,7 +525,7 @@ impl KernelDef {
     fn region_str(&self, r: &Region) -> String {
         match r {
             Region::Buf(b) => self.buffers[*b].name.clone(),
-            Region::Global { tensor, offset, shape, bound, cache } => {
+            Region::Global { tensor, offset, shape, bound, cache, whole_lines } => {
                 let off: Vec<_> = offset.iter().map(|e| self.expr_str(e)).collect();
                 let shp: Vec<_> = shape.iter().map(|s| s.to_string()).collect();
                 let mut s = format!("{}[{}; {}]", self.params[*tensor].name(), off.join(", "), shp.join("x"));
@@ -532,6 +535,9 @@ impl KernelDef {
                 }
                 if *cache == CachePolicy::EvictFirst {
                     s += " streaming";
+                }
+                if *whole_lines {
+                    s += " whole_lines";
                 }
                 s
             }

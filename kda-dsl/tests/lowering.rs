@@ -367,3 +367,60 @@ fn streaming_applies_to_global_boxes_only() {
     let err = k.finish().expect_err("no prefetch of a streamed box").to_string();
     assert!(err.contains("prefetch of a `.streaming()` box") && err.contains("k.rs:3"), "{err}");
 }
+
+/// `o = a` for `rows x 128` f32 through a fragment of `warps` warps, the store into `o`'s box
+/// marked `.whole_lines()`; `ragged` bounds the box (masks), which the whole-line store cannot
+/// take. Returns the simulated `o` and the PTX of the store line.
+fn whole_lines_copy(rows: i64, warps: u32, ragged: bool) -> (Vec<f32>, Vec<f32>, String) {
+    let k = KernelBuilder::new("lines", loc(1));
+    let a = k.tensor("a", &["M", "N"], DType::F32, false);
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
+    k.assume_extent(&k.dim("M"), rows, loc(2));
+    k.assume_extent(&k.dim("N"), 128, loc(2));
+    k.launch(vec![Host::int(1)], 32 * warps, loc(2));
+    let f = k.fragment("f", &[rows, 128], DType::F32, loc(3));
+    let at =
+        |t: &kda_dsl::builder::Tensor, l: u32| k.tile_at(t, vec![Val::from(0), Val::from(0)], &[rows, 128], loc(l));
+    k.copy(at(&a, 4), f, loc(4));
+    let mut dst = at(&o, 5);
+    if ragged {
+        dst = k.bounded(dst, vec![Val::from(rows - 1), Val::from(128)], loc(5));
+    }
+    k.copy(f, k.whole_lines(dst, true, loc(5)), loc(5));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let n = (rows * 128) as usize;
+    let input: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+    let mut args = vec![
+        ("a".to_string(), SimArg::Tensor(input.iter().flat_map(|x| x.to_le_bytes()).collect())),
+        ("M".to_string(), SimArg::I32(rows as i32)),
+        ("N".to_string(), SimArg::I32(128)),
+        ("o".to_string(), SimArg::Tensor(vec![0; 4 * n])),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[3].1 else { unreachable!() };
+    let out = out.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let line5 = dump(&prog).lines().filter(|l| l.ends_with("// 5")).map(|l| format!("{l}\n")).collect();
+    (input, out, line5)
+}
+
+#[test]
+fn whole_line_stores_write_the_same_bytes_four_lines_per_instruction() {
+    for (rows, warps) in [(16, 1), (32, 1), (64, 2)] {
+        let (input, out, line5) = whole_lines_copy(rows, warps, false);
+        assert_eq!(out, input, "{rows} rows, {warps} warps");
+        // As many 16-byte stores per lane as before (one per 4 of its values), each at a whole
+        // line's offset from one of the lane's row addresses, after two exchanges per store.
+        let stores: Vec<&str> = line5.lines().filter(|l| l.contains("st.global.v4.f32")).collect();
+        assert_eq!(stores.len() as i64, rows / warps as i64, "{line5}");
+        for st in &stores {
+            let off = st.split('+').nth(1).map_or(0, |o| o.split(']').next().unwrap().parse::<i64>().unwrap());
+            assert_eq!(off % 128, 0, "{st}");
+        }
+        assert_eq!(line5.matches("shfl.sync.bfly.b32").count(), stores.len() * 2, "{line5}");
+    }
+    // A masked box stores as usual, and correctly.
+    let (input, out, line5) = whole_lines_copy(16, 1, true);
+    assert!(!line5.contains("shfl"), "{line5}");
+    assert_eq!(&out[..15 * 128], &input[..15 * 128]);
+    assert!(out[15 * 128..].iter().all(|x| *x == 0.0));
+}

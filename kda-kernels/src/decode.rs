@@ -104,6 +104,8 @@ pub struct DecodeConfig {
     /// Pipeline stages of initial states in shared memory (2: the next sequence's state loads
     /// while this one computes).
     pub stages: usize,
+    /// State stores write whole 128-byte lines per warp instruction (`.whole_lines()`).
+    pub whole_line_stores: bool,
 }
 
 impl Default for DecodeConfig {
@@ -132,6 +134,7 @@ impl Default for DecodeConfig {
             warps: 2,
             min_blocks: 6,
             stages: 2,
+            whole_line_stores: false,
         }
     }
 }
@@ -144,7 +147,8 @@ impl DecodeConfig {
     /// - one token per sequence, 8 or more: 64 rows x 2 warps at 4 blocks per SM, so 32 rows
     ///   per warp (the per-sequence work is spread over twice the state); 3 stages for an f32
     ///   state, 2 for a bf16 one;
-    /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM.
+    /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM, and
+    ///   state stores in whole lines (they measured faster there, slower for one token).
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
         let (bv, warps, min_blocks, stages) = if multi_token {
             (16, 1, 8, 2)
@@ -155,14 +159,14 @@ impl DecodeConfig {
         } else {
             (64, 2, 4, 2)
         };
-        DecodeConfig { bv, warps, min_blocks, stages, ..self }
+        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, ..self }
     }
 
     /// A short stable name.
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -181,7 +185,8 @@ impl DecodeConfig {
             self.bv,
             self.warps,
             self.min_blocks,
-            self.stages
+            self.stages,
+            if self.whole_line_stores { "_wl" } else { "" }
         )
         .to_lowercase()
     }
@@ -508,11 +513,23 @@ pub fn decode(
                 }
                 copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]).streaming());
                 if cfg.writes == Writes::FinalPerToken {
-                    copy(s, final_state.tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc]).streaming());
+                    copy(
+                        s,
+                        final_state
+                            .tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc])
+                            .streaming()
+                            .whole_lines(cfg.whole_line_stores),
+                    );
                 }
                 if cfg.writes == Writes::PoolPerToken {
                     if wst >= 0 {
-                        copy(s, state.tile_at([wst, hv, r0, c0], [1, 1, vr, kc]).streaming());
+                        copy(
+                            s,
+                            state
+                                .tile_at([wst, hv, r0, c0], [1, 1, vr, kc])
+                                .streaming()
+                                .whole_lines(cfg.whole_line_stores),
+                        );
                     }
                 }
             }
@@ -555,10 +572,13 @@ pub fn decode(
             }
         }
         if cfg.writes == Writes::PoolPerSequence {
-            copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming());
+            copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming().whole_lines(cfg.whole_line_stores));
         }
         if cfg.writes == Writes::FinalPerSequence {
-            copy(s, final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming());
+            copy(
+                s,
+                final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming().whole_lines(cfg.whole_line_stores),
+            );
         }
     }
 }

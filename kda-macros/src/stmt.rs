@@ -386,6 +386,24 @@ impl Cx {
                         }
                         Ok(quote!(__kb.streaming(#inner, #lc)))
                     }
+                    "whole_lines" => {
+                        let inner = self.boxed_region(&m.receiver, &name)?;
+                        let on = match m.args.len() {
+                            0 => quote!(true),
+                            1 if !self.is_dsl(&m.args[0]) => {
+                                let a = &m.args[0];
+                                quote!((#a))
+                            }
+                            1 => {
+                                return err(
+                                    m.args[0].span(),
+                                    "`.whole_lines(on)` takes a host `bool`, known when the kernel is specialized",
+                                )
+                            }
+                            _ => return err(m.args.span(), "`.whole_lines()` takes at most one argument"),
+                        };
+                        Ok(quote!(__kb.whole_lines(#inner, #on, #lc)))
+                    }
                     "bounded" => {
                         let inner = self.boxed_region(&m.receiver, &name)?;
                         let Some(Expr::Array(b)) = m.args.first() else {
@@ -397,7 +415,7 @@ impl Cx {
                     _ => err(
                         m.method.span(),
                         format!(
-                            "unknown region method `.{name}`; expected `.tile`, `.tile_at`, `.bounded` or `.streaming`"
+                            "unknown region method `.{name}`; expected `.tile`, `.tile_at`, `.bounded`, `.streaming` or `.whole_lines`"
                         ),
                     ),
                 }

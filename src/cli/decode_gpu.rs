@@ -197,6 +197,7 @@ pub fn run_on_gpu(
         warps: chosen.warps,
         min_blocks: chosen.min_blocks,
         stages: chosen.stages,
+        whole_line_stores: chosen.whole_line_stores,
         ..cfg.clone()
     };
     if chosen != shaped {

@@ -20,26 +20,28 @@ pub(crate) struct GlobalBox {
     /// Address of the box's first element.
     base: Reg,
     /// Bytes between rows (None for a 1-D tile).
-    row_stride: Option<Reg>,
+    pub(super) row_stride: Option<Reg>,
     /// Bytes between columns (the element size when the column axis is contiguous).
-    col_stride: Src,
+    pub(super) col_stride: Src,
     /// The columns run along the tensor's innermost axis (adjacent columns are adjacent bytes).
     col_contiguous: bool,
     /// Rows (columns) from the box's start to the bound: elements at or past are masked.
-    row_lim: Option<Src>,
-    col_lim: Src,
+    pub(super) row_lim: Option<Src>,
+    pub(super) col_lim: Src,
     /// False when a unit axis of the box is outside the tensor.
     unit_ok: Option<Reg>,
     /// Element type.
-    dtype: DType,
+    pub(super) dtype: DType,
     /// Why 16-byte vectors cannot be used, if they cannot.
     no_vector: Option<String>,
     /// The tile's rows and columns (a bound known to reach past them needs no mask).
-    extent: (u32, u32),
+    pub(super) extent: (u32, u32),
     /// The most adjacent columns (1, 2, 4 or 8) one access may cover.
     run_align: u32,
     /// Why column pairs cannot be used, if they cannot.
     no_pair: Option<String>,
+    /// Fragment stores write whole 128-byte lines (`.whole_lines()`).
+    whole_lines: bool,
 }
 
 /// Addresses of a fragment's slots in a global box, shared between slots: one base address
@@ -149,7 +151,7 @@ fn rows_cols(s: &[u32]) -> (u32, u32) {
 }
 
 /// True when a bound known when lowering reaches past every element of an axis of `n`.
-fn covers(lim: Src, n: u32) -> bool {
+pub(super) fn covers(lim: Src, n: u32) -> bool {
     matches!(lim, Src::Imm(v) if v >= n as i64)
 }
 
@@ -212,7 +214,9 @@ impl Lower<'_> {
     }
 
     fn box_layout(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
-        let Region::Global { tensor, offset, shape, bound, .. } = r else { unreachable!("a global region") };
+        let Region::Global { tensor, offset, shape, bound, whole_lines, .. } = r else {
+            unreachable!("a global region")
+        };
         let t = *tensor;
         let dims = self.tensor_dims(t);
         let dtype = self.tensor_dtype(t);
@@ -335,6 +339,7 @@ impl Lower<'_> {
             no_pair,
             extent: rows_cols(tile_shape),
             run_align,
+            whole_lines: *whole_lines,
         })
     }
 
@@ -874,6 +879,17 @@ impl Lower<'_> {
         // Replicated vector elements are stored once, by their owner lanes.
         let owner = if load { None } else { self.vector_owner(l) };
         let mut at = SlotAddressing::new(self, &gb, l, owner);
+        if !load && gb.whole_lines {
+            match self.whole_line_obstacle(&gb, l, run) {
+                None => {
+                    self.plan_note(loc, "whole-line stores fragment -> global", &None);
+                    let regs = self.regs[b].clone();
+                    self.store_whole_lines(&gb, l, &regs, at.thread_addr, at.base_valid);
+                    return Ok(());
+                }
+                why => self.plan_note(loc, "whole-line stores fragment -> global", &why),
+            }
+        }
         let mut s = 0;
         while s < l.slots() {
             let (addr, offset, valid) = at.slot(self, &gb, l, s);

@@ -13,6 +13,7 @@ mod if_conversion;
 mod loops;
 mod ranges;
 mod reduce;
+mod whole_lines;
 
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;

@@ -34,9 +34,8 @@ impl DecodeTuning {
     /// has several tokens, how many sequences there are and the state's dtype
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
-        let multi_token = plan.total_tokens > plan.n;
         let c = DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() }
-            .with_launch_shape_for(multi_token, plan.n);
+            .with_launch_shape_for(multi_token(plan), plan.n);
         DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages }
     }
 }
@@ -53,6 +52,11 @@ pub struct DecodeResult {
 /// The kernel variant a validated call needs (with the shape [`DecodeTuning::for_call`] picks).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
     tuned_config(plan, DecodeTuning::for_call(plan))
+}
+
+/// Whether some sequence of the call has several tokens.
+fn multi_token(plan: &DecodePlan) -> bool {
+    plan.total_tokens > plan.n
 }
 
 fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
@@ -94,6 +98,8 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         warps: tune.warps,
         min_blocks: tune.min_blocks,
         stages: tune.stages,
+        // Chosen with the shape rule (`with_launch_shape_for`), by the kind of call.
+        whole_line_stores: multi_token(plan),
     }
 }
 

@@ -25,7 +25,7 @@ impl Lower<'_> {
         if gb.dtype != DType::F32 || run != 4 || gb.col_stride != Src::Imm(4) {
             return Some("the box is not contiguous f32 columns stored 16 bytes at a time".into());
         }
-        if gb.row_stride.is_none() || l.ni() % 2 != 0 {
+        if gb.row_stride.is_none() || !l.ni().is_multiple_of(2) {
             return Some("each warp row needs an even number of 16-column groups".into());
         }
         // Partner lanes store each other's rows: a mask per row would have to travel too.

@@ -459,7 +459,7 @@ impl KernelBuilder {
     /// into the box writes whole 128-byte lines per warp instruction (neighbouring row groups
     /// trade halves through `shfl` first) instead of half lines of twice as many rows. Where
     /// the fragment's layout or the box's masks do not allow it, the store is the usual one (the
-    /// `copy_plan` dump says why).
+    /// `copy_plan` dump says why); loads and copies from shared memory ignore it.
     pub fn whole_lines(&self, r: Region, on: bool, loc: SrcLoc) -> Region {
         match r {
             Region::Global { tensor, offset, shape, bound, cache, .. } => {

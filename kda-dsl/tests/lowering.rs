@@ -368,32 +368,43 @@ fn streaming_applies_to_global_boxes_only() {
     assert!(err.contains("prefetch of a `.streaming()` box") && err.contains("k.rs:3"), "{err}");
 }
 
-/// `o = a` for `rows x 128` f32 through a fragment of `warps` warps, the store into `o`'s box
-/// marked `.whole_lines()`; `ragged` bounds the box (masks), which the whole-line store cannot
-/// take. Returns the simulated `o` and the PTX of the store line.
-fn whole_lines_copy(rows: i64, warps: u32, ragged: bool) -> (Vec<f32>, Vec<f32>, String) {
+/// How `whole_lines_copy` stores: a `rows x cols` box at column `col0` of `width`-column f32
+/// tensors, through a fragment of `warps` warps; `ragged` bounds the box's rows (a mask).
+struct LinesCase {
+    rows: i64,
+    cols: i64,
+    col0: i64,
+    width: i64,
+    warps: u32,
+    ragged: bool,
+}
+
+/// `o[box] = a[box]` with the store into `o` marked `.whole_lines()`. Returns `a`, the
+/// simulated `o` and the lowered store line.
+fn whole_lines_copy(c: &LinesCase) -> (Vec<f32>, Vec<f32>, String) {
     let k = KernelBuilder::new("lines", loc(1));
     let a = k.tensor("a", &["M", "N"], DType::F32, false);
     let o = k.tensor("o", &["M", "N"], DType::F32, true);
-    k.assume_extent(&k.dim("M"), rows, loc(2));
-    k.assume_extent(&k.dim("N"), 128, loc(2));
-    k.launch(vec![Host::int(1)], 32 * warps, loc(2));
-    let f = k.fragment("f", &[rows, 128], DType::F32, loc(3));
-    let at =
-        |t: &kda_dsl::builder::Tensor, l: u32| k.tile_at(t, vec![Val::from(0), Val::from(0)], &[rows, 128], loc(l));
+    k.assume_extent(&k.dim("M"), c.rows, loc(2));
+    k.assume_extent(&k.dim("N"), c.width, loc(2));
+    k.launch(vec![Host::int(1)], 32 * c.warps, loc(2));
+    let f = k.fragment("f", &[c.rows, c.cols], DType::F32, loc(3));
+    let at = |t: &kda_dsl::builder::Tensor, l: u32| {
+        k.tile_at(t, vec![Val::from(0), Val::from(c.col0)], &[c.rows, c.cols], loc(l))
+    };
     k.copy(at(&a, 4), f, loc(4));
     let mut dst = at(&o, 5);
-    if ragged {
-        dst = k.bounded(dst, vec![Val::from(rows - 1), Val::from(128)], loc(5));
+    if c.ragged {
+        dst = k.bounded(dst, vec![Val::from(c.rows - 1), Val::from(c.width)], loc(5));
     }
     k.copy(f, k.whole_lines(dst, true, loc(5)), loc(5));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let n = (rows * 128) as usize;
+    let n = (c.rows * c.width) as usize;
     let input: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
     let mut args = vec![
         ("a".to_string(), SimArg::Tensor(input.iter().flat_map(|x| x.to_le_bytes()).collect())),
-        ("M".to_string(), SimArg::I32(rows as i32)),
-        ("N".to_string(), SimArg::I32(128)),
+        ("M".to_string(), SimArg::I32(c.rows as i32)),
+        ("N".to_string(), SimArg::I32(c.width as i32)),
         ("o".to_string(), SimArg::Tensor(vec![0; 4 * n])),
     ];
     run(&prog, [1, 1, 1], &mut args).expect("runs");
@@ -403,24 +414,45 @@ fn whole_lines_copy(rows: i64, warps: u32, ragged: bool) -> (Vec<f32>, Vec<f32>,
     (input, out, line5)
 }
 
+/// `input` where row `r < rows` and column `col0 <= j < col0 + cols`, else 0.
+fn boxed(c: &LinesCase, input: &[f32], rows: i64) -> Vec<f32> {
+    let w = c.width as usize;
+    let inside = |i: usize| (i / w) < rows as usize && (c.col0..c.col0 + c.cols).contains(&((i % w) as i64));
+    input.iter().enumerate().map(|(i, x)| if inside(i) { *x } else { 0.0 }).collect()
+}
+
 #[test]
 fn whole_line_stores_write_the_same_bytes_four_lines_per_instruction() {
-    for (rows, warps) in [(16, 1), (32, 1), (64, 2)] {
-        let (input, out, line5) = whole_lines_copy(rows, warps, false);
-        assert_eq!(out, input, "{rows} rows, {warps} warps");
+    let case = |rows, warps| LinesCase { rows, cols: 128, col0: 0, width: 128, warps, ragged: false };
+    // One warp; two atoms per warp; warps along rows; warps along columns (2 and 4 column
+    // groups per warp).
+    for c in [case(16, 1), case(32, 1), case(64, 2), case(16, 2), case(16, 4)] {
+        let (input, out, line5) = whole_lines_copy(&c);
+        assert_eq!(out, input, "{} rows, {} warps", c.rows, c.warps);
         // As many 16-byte stores per lane as before (one per 4 of its values), each at a whole
         // line's offset from one of the lane's row addresses, after two exchanges per store.
         let stores: Vec<&str> = line5.lines().filter(|l| l.contains("st.global.v4.f32")).collect();
-        assert_eq!(stores.len() as i64, rows / warps as i64, "{line5}");
+        assert_eq!(stores.len() as i64, c.rows * c.cols / 128 / c.warps as i64, "{line5}");
         for st in &stores {
             let off = st.split('+').nth(1).map_or(0, |o| o.split(']').next().unwrap().parse::<i64>().unwrap());
             assert_eq!(off % 128, 0, "{st}");
         }
         assert_eq!(line5.matches("shfl.sync.bfly.b32").count(), stores.len() * 2, "{line5}");
     }
-    // A masked box stores as usual, and correctly.
-    let (input, out, line5) = whole_lines_copy(16, 1, true);
-    assert!(!line5.contains("shfl"), "{line5}");
-    assert_eq!(&out[..15 * 128], &input[..15 * 128]);
-    assert!(out[15 * 128..].iter().all(|x| *x == 0.0));
+    // A box that starts off a line still lands right (each store then spans two lines).
+    let c = LinesCase { rows: 16, cols: 128, col0: 4, width: 136, warps: 1, ragged: false };
+    let (input, out, line5) = whole_lines_copy(&c);
+    assert!(line5.contains("shfl"), "{line5}");
+    assert_eq!(out, boxed(&c, &input, 16));
+    // Where the exchange cannot apply, the store is the usual one, and right: a masked box,
+    // and three 16-column groups per warp row.
+    for c in [
+        LinesCase { rows: 16, cols: 128, col0: 0, width: 128, warps: 1, ragged: true },
+        LinesCase { rows: 16, cols: 48, col0: 0, width: 48, warps: 1, ragged: false },
+    ] {
+        let (input, out, line5) = whole_lines_copy(&c);
+        assert!(!line5.contains("shfl"), "{line5}");
+        let rows = if c.ragged { c.rows - 1 } else { c.rows };
+        assert_eq!(out, boxed(&c, &input, rows));
+    }
 }

@@ -3,10 +3,10 @@
 //!
 //! In a tile fragment a row is spread over four lanes (`t`), 16 bytes each per 16-column group,
 //! so one `st.global.v4` covers 64 bytes of each of eight rows (`g`). Row groups `g` and `g ^ 1`
-//! (lanes `l` and `l ^ 4`) trade one of every two such groups through a `shfl`, after which an
-//! even group stores the lines of its pair's first row and an odd group those of its second:
-//! each instruction then writes four whole lines. Same bytes, half the line requests; a
-//! write-heavy decode (several tokens per sequence) measured faster with it.
+//! (lanes `l` and `l ^ 4`) trade one of every two such groups through a `shfl`; then for each
+//! row of the pair in turn, the even group stores the lower 64 bytes of a line and the odd
+//! group the upper 64, so each instruction writes four whole lines. Same bytes, half the line
+//! requests; a write-heavy decode (several tokens per sequence) measured faster with it.
 
 use super::copy::{covers, GlobalBox};
 use super::Lower;
@@ -22,10 +22,13 @@ impl Lower<'_> {
         if l.kind != FragmentKind::Tile {
             return Some("the fragment is a vector, not a tile".into());
         }
-        if gb.dtype != DType::F32 || run != 4 || gb.col_stride != Src::Imm(4) {
-            return Some("the box is not contiguous f32 columns stored 16 bytes at a time".into());
+        if gb.dtype != DType::F32 || l.vec != 4 || run != 4 || gb.col_stride != Src::Imm(4) {
+            return Some("the box is not contiguous f32 columns stored 16 bytes (4 columns) at a time".into());
         }
-        if gb.row_stride.is_none() || !l.ni().is_multiple_of(2) {
+        if gb.row_stride.is_none() {
+            return Some("the box has one row".into());
+        }
+        if !l.ni().is_multiple_of(2) {
             return Some("each warp row needs an even number of 16-column groups".into());
         }
         // Partner lanes store each other's rows: a mask per row would have to travel too.

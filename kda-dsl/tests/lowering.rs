@@ -150,16 +150,30 @@ fn run_table(prog: &kda_dsl::thread_ir::ThreadProgram, a: &[f32], n: i32) -> Vec
     o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
-/// Fills a 64-entry shared table in a `parallel` loop, `a[i]` where `N > 0` and -1 elsewhere
-/// (`into_shared`), or through a register assigned under the `if` (`!into_shared`), then
-/// writes it to `o`.
-fn guarded_table(into_shared: bool) -> (kda_dsl::thread_ir::ThreadProgram, String) {
-    let k = KernelBuilder::new("table", loc(1));
+/// The table kernels' start: f32 tensors `a` (read) and `o` (written) of extent `M`, 32
+/// threads, a 64-entry shared table `s` and an open `parallel` over it with index `i`.
+fn table_kernel(name: &str) -> (KernelBuilder, Tensor, Tensor, Tile, Val) {
+    let k = KernelBuilder::new(name, loc(1));
     let a = k.tensor("a", &["M"], DType::F32, false);
     let o = k.tensor("o", &["M"], DType::F32, true);
     k.launch(vec![Host::int(1)], 32, loc(2));
     let s = k.shared("s", &[64], DType::F32, loc(3));
     let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    (k, a, o, s, i)
+}
+
+/// Closes a table kernel's `parallel`, copies the table to `o` at kernel line `line` and lowers.
+fn finish_table(k: KernelBuilder, s: Tile, o: Tensor, line: u32) -> kda_dsl::thread_ir::ThreadProgram {
+    k.end();
+    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(line)), loc(line));
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// Fills a 64-entry shared table in a `parallel` loop, `a[i]` where `N > 0` and -1 elsewhere
+/// (`into_shared`), or through a register assigned under the `if` (`!into_shared`), then
+/// writes it to `o`.
+fn guarded_table(into_shared: bool) -> (kda_dsl::thread_ir::ThreadProgram, String) {
+    let (k, a, o, s, i) = table_kernel("table");
     let positive = Val::bin(BinOp::Gt, k.dim("N"), 0);
     if into_shared {
         k.begin_if(positive, loc(5));
@@ -174,9 +188,7 @@ fn guarded_table(into_shared: bool) -> (kda_dsl::thread_ir::ThreadProgram, Strin
         k.end();
         k.store(&s, vec![i], x, loc(7));
     }
-    k.end();
-    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(8)), loc(8));
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let prog = finish_table(k, s, o, 8);
     let text = dump(&prog);
     (prog, text)
 }
@@ -202,12 +214,7 @@ fn a_short_if_that_stores_to_memory_runs_under_its_predicate_without_a_branch() 
 fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
     // `if N > 0 { x = a[i]; if i < 40 { x = 2 } ; s[i] = x }`: the inner `if` only sets a
     // register, yet inside the predicated arm it may not branch.
-    let k = KernelBuilder::new("nested", loc(1));
-    let a = k.tensor("a", &["M"], DType::F32, false);
-    let o = k.tensor("o", &["M"], DType::F32, true);
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let s = k.shared("s", &[64], DType::F32, loc(3));
-    let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    let (k, a, o, s, i) = table_kernel("nested");
     let x = k.let_var("x", -1.0, loc(5));
     k.begin_if(Val::bin(BinOp::Gt, k.dim("N"), 0), loc(6));
     k.assign(&x, k.load(&a, vec![i.clone()], loc(7)), loc(7));
@@ -219,13 +226,8 @@ fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
     k.begin_if(Val::bin(BinOp::Le, k.dim("N"), 0), loc(10));
     k.store(&s, vec![i], -1.0, loc(10));
     k.end();
-    k.end();
-    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(11)), loc(11));
-    let (prog, text) = {
-        let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-        let text = dump(&prog);
-        (prog, text)
-    };
+    let prog = finish_table(k, s, o, 11);
+    let text = dump(&prog);
     assert!(!text.contains("bra") && !text.lines().any(|l| l.starts_with('@') && l.contains(':')), "{text}");
     let a: Vec<f32> = (0..64).map(|x| x as f32).collect();
     let o = run_table(&prog, &a, 1);
@@ -237,12 +239,7 @@ fn an_if_nested_in_a_predicated_arm_is_predicated_too() {
 fn a_predicated_arm_that_assigns_its_own_condition_runs_once() {
     // `let f = N > 0; if f { f = false; s[i] = a[i] } else { s[i] = -1 }`: the guards are fixed
     // before either arm, so the then-arm's own stores still run and the else-arm does not.
-    let k = KernelBuilder::new("flag", loc(1));
-    let a = k.tensor("a", &["M"], DType::F32, false);
-    let o = k.tensor("o", &["M"], DType::F32, true);
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let s = k.shared("s", &[64], DType::F32, loc(3));
-    let i = k.begin_parallel(&s, &["i"], loc(4)).remove(0);
+    let (k, a, o, s, i) = table_kernel("flag");
     let f = k.let_var("f", Val::bin(BinOp::Gt, k.dim("N"), 0), loc(5));
     k.begin_if(f.clone(), loc(6));
     k.assign(&f, false, loc(6));
@@ -250,9 +247,7 @@ fn a_predicated_arm_that_assigns_its_own_condition_runs_once() {
     k.begin_else();
     k.store(&s, vec![i], -1.0, loc(8));
     k.end();
-    k.end();
-    k.copy(s, k.tile(&o, vec![Val::from(0)], &[64], loc(9)), loc(9));
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let prog = finish_table(k, s, o, 9);
     assert!(!dump(&prog).contains("bra"), "{}", dump(&prog));
     for n in [0, 2] {
         let a: Vec<f32> = (0..64).map(|x| x as f32 + 0.25).collect();

@@ -969,7 +969,7 @@ impl Lower<'_> {
 
     /// `src.len()` adjacent elements of a `dt` tile to `addr + offset` (skipped where `valid` is
     /// false): one vector store, 16-bit types packed in pairs.
-    fn run_store(&mut self, addr: Reg, offset: i64, to: DType, valid: Option<Reg>, dt: DType, src: &[Reg]) {
+    pub(super) fn run_store(&mut self, addr: Reg, offset: i64, to: DType, valid: Option<Reg>, dt: DType, src: &[Reg]) {
         if src.len() == 1 {
             let v = V { s: Src::Reg(src[0]), ty: value_type(dt) };
             self.masked_store(addr, offset, to, v, valid);

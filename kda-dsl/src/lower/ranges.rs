@@ -34,11 +34,10 @@ pub(crate) fn var_ranges(def: &KernelDef) -> HashMap<VarId, Range> {
     let dim = |p: ParamId| def.exact_extent(p);
     loop {
         let mut added = false;
-        let pending: Vec<VarId> = assigns.iter().map(|(v, _)| *v).filter(|v| !out.contains_key(v)).collect();
+        let mut pending: Vec<VarId> = assigns.iter().map(|(v, _)| *v).filter(|v| !out.contains_key(v)).collect();
+        pending.sort_unstable();
+        pending.dedup();
         for v in pending {
-            if out.contains_key(&v) {
-                continue;
-            }
             let known = |x: VarId| out.get(&x).copied();
             let mut union: Option<Range> = None;
             let mut all = true;

@@ -100,16 +100,11 @@ impl Lower<'_> {
                         d
                     })
                     .collect();
-                let first: Vec<Src> = (0..4).map(|k| Src::Reg(pick(self, got[k], lo[k]))).collect();
-                let second: Vec<Src> = (0..4).map(|k| Src::Reg(pick(self, hi[k], got[k]))).collect();
-                let offset = 128 * m as i64;
+                let first: Vec<Reg> = (0..4).map(|k| pick(self, got[k], lo[k])).collect();
+                let second: Vec<Reg> = (0..4).map(|k| pick(self, hi[k], got[k])).collect();
                 for (row, vals) in [(r, first), (r + 1, second)] {
                     let addr = at_row(self, row);
-                    let op = Op::St { space: Space::Global, ty: Ty::F32, addr, offset, vals };
-                    match valid {
-                        Some(p) => self.em.emit_if(p, true, op),
-                        None => self.em.emit(op),
-                    }
+                    self.run_store(addr, 128 * m as i64, DType::F32, valid, DType::F32, &vals);
                 }
             }
         }

@@ -34,8 +34,7 @@ impl DecodeTuning {
     /// has several tokens, how many sequences there are and the state's dtype
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
-        let c = DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() }
-            .with_launch_shape_for(multi_token(plan), plan.n);
+        let c = shape_rule(plan);
         DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages }
     }
 }
@@ -54,9 +53,12 @@ pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
     tuned_config(plan, DecodeTuning::for_call(plan))
 }
 
-/// Whether some sequence of the call has several tokens.
-fn multi_token(plan: &DecodePlan) -> bool {
-    plan.total_tokens > plan.n
+/// The default config under the shape rule for this kind of call
+/// ([`DecodeConfig::with_launch_shape_for`]: by whether some sequence has several tokens, how
+/// many sequences there are and the state's dtype).
+fn shape_rule(plan: &DecodePlan) -> DecodeConfig {
+    let multi_token = plan.total_tokens > plan.n;
+    DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() }.with_launch_shape_for(multi_token, plan.n)
 }
 
 fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
@@ -98,8 +100,8 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         warps: tune.warps,
         min_blocks: tune.min_blocks,
         stages: tune.stages,
-        // Chosen with the shape rule (`with_launch_shape_for`), by the kind of call.
-        whole_line_stores: multi_token(plan),
+        // Chosen by the shape rule with the launch shape, whatever shape `tune` gives.
+        whole_line_stores: shape_rule(plan).whole_line_stores,
     }
 }
 

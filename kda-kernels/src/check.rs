@@ -174,8 +174,9 @@ pub fn simulate_decode(
         i("P", x.slots),
         t("out", &vec![f64::NAN; x.b * x.t * x.hv * D], cfg.out_dtype),
         i("NSEQ", n_seq),
-        // Several sequences per block, with a short last block when there are 4.
-        i("ITEMS", n_seq.clamp(1, 3)),
+        // Several sequences per block, with a short last block when there are 4 (one per block
+        // for configs whose tables hold one).
+        i("ITEMS", n_seq.clamp(1, 3).min(cfg.max_items)),
         ("scale".into(), SimArg::F32(x.scale as f32)),
         ("lower_bound".into(), SimArg::F32(x.lower_bound as f32)),
     ];

@@ -3,9 +3,11 @@
 //!
 //! A block owns `bv` rows of one value head's 128 x 128 state: rows of the V-first state
 //! `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so the grid is
-//! sequence groups x value heads x `V / bv`, each block taking its group's `ITEMS` sequences in
+//! `V / bv` x value heads x sequence groups, each block taking its group's `ITEMS` sequences in
 //! turn through a `cp.async` pipeline (state and first-token inputs of the next sequence load
-//! while this one computes). Each warp holds whole rows (`bv / warps` of them), so row reductions
+//! while this one computes). `ITEMS` is 1 or 2 for most calls: many more blocks than fit at once,
+//! started in grid order, so the blocks in flight cover a few sequences' states whole (measured
+//! 2-4% faster than one wave of blocks that each take many sequences, README). Each warp holds whole rows (`bv / warps` of them), so row reductions
 //! stay inside the warp. Per token: decay the state, reduce it
 //! against k and q in one pass (`S k` and `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)`
 //! (the output of the updated state without a second pass), then `S += k uᵀ`. Every
@@ -16,6 +18,10 @@ use kda_macros::kernel;
 
 /// Sequences one block takes at most (`ITEMS`); the launcher picks `ITEMS` to fill the GPU once.
 pub const MAX_ITEMS: usize = 256;
+
+/// The most blocks a grid may have along its y and z axes (CUDA's limit); decode's sequence
+/// groups run along z.
+pub const MAX_GRID_Z: usize = 65535;
 
 /// Sequences per block (`ITEMS`): the fewest that keep the grid (`ceil(nseq / ITEMS)` x
 /// `blocks_per_sequence`) within `resident` blocks, so the whole call is one wave of blocks that
@@ -106,6 +112,11 @@ pub struct DecodeConfig {
     pub stages: usize,
     /// State stores write whole 128-byte lines per warp instruction (`.whole_lines()`).
     pub whole_line_stores: bool,
+    /// Sequences a block takes, at most: its tables of pool slots and betas have this many
+    /// entries. [`MAX_ITEMS`] for one wave of blocks that each take many sequences in turn
+    /// ([`items_per_block`]); a few for a grid of many short blocks, which the hardware starts
+    /// in order as others finish.
+    pub max_items: usize,
 }
 
 impl Default for DecodeConfig {
@@ -135,6 +146,7 @@ impl Default for DecodeConfig {
             min_blocks: 6,
             stages: 2,
             whole_line_stores: false,
+            max_items: 1,
         }
     }
 }
@@ -142,31 +154,46 @@ impl Default for DecodeConfig {
 impl DecodeConfig {
     /// This config with the launch shape measured fastest on an H200 for its kind of call
     /// (`kda bench --sweep-decode`; README, "Performance"):
-    /// - one token per sequence, fewer than 8 sequences: 32 rows x 2 warps, 6 blocks per SM, 2
-    ///   stages (a block takes one sequence, so a deeper pipeline only costs);
-    /// - one token per sequence, 8 or more: 64 rows x 2 warps at 4 blocks per SM, so 32 rows
-    ///   per warp (the per-sequence work is spread over twice the state); 3 stages for an f32
-    ///   state, 2 for a bf16 one;
-    /// - several tokens per sequence (`multi_token`): 16 rows x 1 warp, 8 blocks per SM, and
-    ///   state stores in whole lines (they measured faster there, slower for one token).
+    /// - an f32 state (up to [`MAX_GRID_Z`] sequences): a block per (sequence, head, row block),
+    ///   far more blocks than fit at once, which the hardware starts in grid order (a head's row
+    ///   blocks, then the heads, then the sequences) as others finish; 64 rows x 2 warps at 4
+    ///   blocks per SM, 32 x 2 at 6 for fewer than 8 sequences;
+    /// - a bf16 state, one token per sequence, 8 sequences or more: the same grid with two
+    ///   sequences per block (the second's state loads while the first computes), 64 x 2 at 4,
+    ///   3 stages;
+    /// - otherwise one wave of blocks, each taking many sequences in turn through the pipeline:
+    ///   several tokens per sequence 16 rows x 1 warp at 8 blocks per SM, 2 stages; one token,
+    ///   fewer than 8 sequences 32 x 2 at 6, 2 stages; one token 64 x 2 at 4, 3 stages for an
+    ///   f32 state, 2 for bf16;
+    /// - state stores in whole lines for several tokens per sequence (measured faster there,
+    ///   slower for one token).
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
-        let (bv, warps, min_blocks, stages) = if multi_token {
-            (16, 1, 8, 2)
+        let f32_state = self.state_dtype == DType::F32;
+        let (bv, warps, min_blocks, stages, max_items) = if f32_state && nseq <= MAX_GRID_Z {
+            if nseq < 8 {
+                (32, 2, 6, 2, 1)
+            } else {
+                (64, 2, 4, 2, 1)
+            }
+        } else if !f32_state && !multi_token && (8..=2 * MAX_GRID_Z).contains(&nseq) {
+            (64, 2, 4, 3, 2)
+        } else if multi_token {
+            (16, 1, 8, 2, MAX_ITEMS)
         } else if nseq < 8 {
-            (32, 2, 6, 2)
-        } else if self.state_dtype == DType::F32 {
-            (64, 2, 4, 3)
+            (32, 2, 6, 2, MAX_ITEMS)
+        } else if f32_state {
+            (64, 2, 4, 3, MAX_ITEMS)
         } else {
-            (64, 2, 4, 2)
+            (64, 2, 4, 2, MAX_ITEMS)
         };
-        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, ..self }
+        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, max_items, ..self }
     }
 
     /// A short stable name.
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -186,7 +213,8 @@ impl DecodeConfig {
             self.warps,
             self.min_blocks,
             self.stages,
-            if self.whole_line_stores { "_wl" } else { "" }
+            if self.whole_line_stores { "_wl" } else { "" },
+            if self.max_items == MAX_ITEMS { String::new() } else { format!("_it{}", self.max_items) }
         )
         .to_lowercase()
     }
@@ -218,9 +246,10 @@ pub fn decode(
     lower_bound: f32,
 ) {
     // Memory-bound: `min_blocks` caps registers so enough warps fit. A block takes `ITEMS`
-    // sequences in turn for one head and row range (the launcher sizes the grid to one wave).
-    let (blk, hv, vb) =
-        launch(grid = [ceil_div(NSEQ, ITEMS), HV, VD / cfg.bv], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
+    // sequences in turn for one head and row range; a head's row blocks are adjacent in the
+    // grid, then the heads, so blocks started together write one state slot's neighbourhood.
+    let (vb, hv, blk) =
+        launch(grid = [VD / cfg.bv, HV, ceil_div(NSEQ, ITEMS)], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);
@@ -230,7 +259,7 @@ pub fn decode(
     let v0 = vb * cfg.bv;
     let n0 = blk * ITEMS;
     // The launcher keeps ITEMS within the tables; the clamp keeps any other caller in bounds.
-    let items = min(min(ITEMS, MAX_ITEMS), NSEQ - n0);
+    let items = min(min(ITEMS, cfg.max_items), NSEQ - n0);
     let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
     let s = fragment([vr, kc], F32);
     let tmp = fragment([vr, kc], F32);
@@ -257,8 +286,8 @@ pub fn decode(
     let q0_sh = shared([128], cfg.dtype);
     let v0_sh = shared([cfg.bv], cfg.dtype);
     let b0_sh = shared([cfg.bv], cfg.dtype);
-    let slot_sh = shared([MAX_ITEMS], I32);
-    let beta_sh = shared([MAX_ITEMS], F32);
+    let slot_sh = shared([cfg.max_items], I32);
+    let beta_sh = shared([cfg.max_items], F32);
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
@@ -304,7 +333,7 @@ pub fn decode(
         if cfg.use_initial_state {
             // A padding sequence's stage reads slot 0 and is never used.
             copy(
-                state.tile_at([max(slot_sh[min(it, MAX_ITEMS - 1)], 0), hv, r0, c0], [1, 1, vr, kc]).streaming(),
+                state.tile_at([max(slot_sh[min(it, cfg.max_items - 1)], 0), hv, r0, c0], [1, 1, vr, kc]).streaming(),
                 st_sh,
             );
         }

@@ -3,7 +3,7 @@
 //! tokens of a call write one slot, no sequence reads a slot another writes) unless the family is
 //! about padding, where out-of-range slots must be skipped.
 
-use crate::decode::{Beta, DecodeConfig, Gate, Writes};
+use crate::decode::{Beta, DecodeConfig, Gate, Writes, MAX_ITEMS};
 use crate::decode_ref::{random_inputs, DecodeInputs};
 use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 
@@ -54,9 +54,10 @@ fn small(cfg: &DecodeConfig, seed: u64) -> DecodeInputs {
 }
 
 /// The base of the feature families: the default config with an f32 output, so that both
-/// output and state are held to the f32 bound.
+/// output and state are held to the f32 bound, and blocks that take several sequences in turn
+/// (the one-wave grid, whose pipeline crosses sequences).
 fn base() -> DecodeConfig {
-    DecodeConfig { out_dtype: F32, ..DecodeConfig::default() }
+    DecodeConfig { out_dtype: F32, max_items: MAX_ITEMS, ..DecodeConfig::default() }
 }
 
 /// Every decode family, in a stable order.

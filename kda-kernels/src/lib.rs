@@ -52,10 +52,12 @@ pub fn decode_variant(cfg: decode::DecodeConfig) -> Variant {
 }
 
 /// The decode configs shipped: the bench cases' variants, each with the launch shape the API
-/// picks for it (B = 1; B >= 8 with an f32 or a bf16 state; several tokens per sequence).
+/// picks for it (B = 1, which is the default; B >= 8 with an f32 or a bf16 state; several
+/// tokens per sequence).
 pub fn decode_configs() -> Vec<decode::DecodeConfig> {
     use decode::DecodeConfig as C;
     let d = C::default();
+    debug_assert_eq!(d.clone().with_launch_shape_for(false, 1), d);
     vec![
         d.clone(),
         d.clone().with_launch_shape_for(false, 8),

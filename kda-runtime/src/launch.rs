@@ -377,6 +377,14 @@ fn eval_grid(kernel: &CompiledKernel, extents: &HashMap<&str, Extent>) -> Result
                 kernel.entry
             ))
         })?;
+        // CUDA's limits: 2^31 - 1 blocks along x, 65535 along y and z.
+        let limit = if axis == 0 { i32::MAX as u32 } else { 65535 };
+        if grid[axis] > limit {
+            return Err(RuntimeError::Unsupported(format!(
+                "grid axis {axis} of `{}` needs {} blocks; CUDA allows at most {limit}",
+                kernel.entry, grid[axis]
+            )));
+        }
     }
     Ok(grid)
 }

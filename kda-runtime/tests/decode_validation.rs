@@ -598,28 +598,36 @@ fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
     use kda_runtime::decode::{decode_config, DecodeTuning};
     let shape = |p: &DecodePlan| {
         let t = DecodeTuning::for_call(p);
-        (t.rows, t.warps, t.min_blocks, t.stages)
+        (t.rows, t.warps, t.min_blocks, t.stages, t.items)
     };
-    // One token each: 32 rows per warp once a block takes several sequences (and a third stage
-    // for an f32 state).
-    assert_eq!(shape(&Case::new(1, 1).plan(|_| {})), (32, 2, 6, 2));
-    assert_eq!(shape(&Case::new(7, 1).plan(|_| {})), (32, 2, 6, 2));
-    assert_eq!(shape(&Case::new(8, 1).plan(|_| {})), (64, 2, 4, 3));
-    let mut bf16 = Case::new(8, 1);
-    bf16.state = Some(tv(6, &[8, HV, D, D], BF16));
-    assert_eq!(shape(&bf16.plan(|_| {})), (64, 2, 4, 2));
-    // Several tokens in some sequence, fixed length or varlen.
-    assert_eq!(shape(&Case::new(1, 2).plan(|_| {})), (16, 1, 8, 2));
+    // An f32 state: a block per sequence, with any number of tokens.
+    assert_eq!(shape(&Case::new(1, 1).plan(|_| {})), (32, 2, 6, 2, 1));
+    assert_eq!(shape(&Case::new(7, 1).plan(|_| {})), (32, 2, 6, 2, 1));
+    assert_eq!(shape(&Case::new(8, 1).plan(|_| {})), (64, 2, 4, 2, 1));
+    assert_eq!(shape(&Case::new(1, 2).plan(|_| {})), (32, 2, 6, 2, 1));
+    assert_eq!(shape(&Case::new(8, 2).plan(|_| {})), (64, 2, 4, 2, 1));
+    // A bf16 state: two sequences per block for one token each, one wave of blocks that take
+    // many sequences otherwise.
+    let bf16 = |b, t| {
+        let mut c = Case::new(b, t);
+        c.state = Some(tv(6, &[b * t, HV, D, D], BF16));
+        c
+    };
+    assert_eq!(shape(&bf16(8, 1).plan(|_| {})), (64, 2, 4, 3, 2));
+    assert_eq!(shape(&bf16(7, 1).plan(|_| {})), (32, 2, 6, 2, 256));
+    assert_eq!(shape(&bf16(8, 2).plan(|_| {})), (16, 1, 8, 2, 256));
+    // Several tokens in some sequence of a varlen call; two sequences of one token each stay
+    // single-token.
     let c = Case::new(1, 3).pool(4);
     let cu = tv(9, &[3], I32);
     let p = c.plan(|a| a.cu_seqlens = Some(&cu));
     assert_eq!((p.n, p.total_tokens), (2, 3));
-    assert_eq!(shape(&p), (16, 1, 8, 2));
-    // Two sequences of one token each in varlen stay single-token.
+    let cfg = decode_config(&p);
+    assert!(cfg.whole_line_stores);
     let c = Case::new(1, 2).pool(4);
     let p = c.plan(|a| a.cu_seqlens = Some(&cu));
-    assert_eq!(shape(&p), (32, 2, 6, 2));
+    assert!(!decode_config(&p).whole_line_stores);
     // The config the call launches carries the shape.
     let cfg = decode_config(&Case::new(8, 1).plan(|_| {}));
-    assert_eq!((cfg.bv, cfg.warps, cfg.min_blocks, cfg.stages), (64, 2, 4, 3));
+    assert_eq!((cfg.bv, cfg.warps, cfg.min_blocks, cfg.stages, cfg.max_items), (64, 2, 4, 2, 1));
 }

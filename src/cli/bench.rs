@@ -1,12 +1,13 @@
 //! `kda bench [--json FILE]`: GPU timings, printed as a table and written as JSON lines.
 
 use kda_dsl::DType;
+use kda_kernels::decode::MAX_ITEMS;
 use kda_kernels::reference::Rng;
 use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -125,7 +126,8 @@ pub fn time_decode(
 }
 
 /// Times decode launch shapes on the standard cases: how the API's shapes were chosen. With
-/// `ROWSxWARPSxMIN_BLOCKSxSTAGES` arguments, those shapes instead of the built-in list; with
+/// `ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS]` arguments, those shapes instead of the built-in list
+/// (`ITEMS`: sequences per block at most, 256 when left out: one wave of blocks); with
 /// `--case NAME`, only the cases whose name contains NAME.
 fn sweep_decode(args: &[String]) -> Result<i32, String> {
     use kda_runtime::decode::DecodeTuning as T;
@@ -138,19 +140,24 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
             continue;
         }
         let n: Vec<usize> = a.split('x').map(|p| p.parse().map_err(|_| USAGE)).collect::<Result<_, _>>()?;
-        let [rows, warps, min_blocks, stages] = n[..] else { return Err(USAGE.into()) };
-        shapes.push(T { rows, warps, min_blocks, stages });
+        let (rows, warps, min_blocks, stages, items) = match n[..] {
+            [r, w, m, s] => (r, w, m, s, MAX_ITEMS),
+            [r, w, m, s, i] => (r, w, m, s, i),
+            _ => return Err(USAGE.into()),
+        };
+        shapes.push(T { rows, warps, min_blocks, stages, items });
     }
     if shapes.is_empty() {
         shapes = vec![
             // The API's shapes (`DecodeConfig::with_launch_shape_for`), then close runners-up.
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 3 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 2 },
-            T { rows: 32, warps: 1, min_blocks: 8, stages: 3 },
-            T { rows: 16, warps: 1, min_blocks: 8, stages: 2 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 3 },
-            T { rows: 32, warps: 2, min_blocks: 4, stages: 2 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: 1 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 1 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: MAX_ITEMS },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: MAX_ITEMS },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: MAX_ITEMS },
+            T { rows: 16, warps: 1, min_blocks: 8, stages: 2, items: MAX_ITEMS },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 2 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: 2 },
         ];
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;

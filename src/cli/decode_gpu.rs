@@ -198,6 +198,7 @@ pub fn run_on_gpu(
         min_blocks: chosen.min_blocks,
         stages: chosen.stages,
         whole_line_stores: chosen.whole_line_stores,
+        max_items: chosen.max_items,
         ..cfg.clone()
     };
     if chosen != shaped {

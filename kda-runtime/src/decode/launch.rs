@@ -2,7 +2,7 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
+use kda_kernels::decode::{items_per_block, Beta, DecodeConfig, Gate, Writes, MAX_GRID_Z, MAX_ITEMS};
 
 use super::args::DecodeArgs;
 use super::checked::check_indices;
@@ -27,6 +27,9 @@ pub struct DecodeTuning {
     pub min_blocks: usize,
     /// Pipeline stages of initial states in shared memory.
     pub stages: usize,
+    /// Sequences a block takes at most: [`MAX_ITEMS`] for one wave of blocks that each take
+    /// many in turn, fewer for more, shorter blocks.
+    pub items: usize,
 }
 
 impl DecodeTuning {
@@ -35,7 +38,7 @@ impl DecodeTuning {
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
         let c = shape_rule(plan);
-        DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages }
+        DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages, items: c.max_items }
     }
 }
 
@@ -102,6 +105,7 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         stages: tune.stages,
         // Chosen by the shape rule with the launch shape, whatever shape `tune` gives.
         whole_line_stores: shape_rule(plan).whole_line_stores,
+        max_items: tune.items,
     }
 }
 
@@ -129,7 +133,8 @@ pub fn gated_delta_rule_decode(
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
-/// 32, 64 or 128, `warps` 1 to 16, `min_blocks` 1 to 32 and `stages` 2 to 4).
+/// 32, 64 or 128, `warps` 1 to 16, `min_blocks` 1 to 32, `stages` 2 to 4 and `items` 1 to
+/// [`MAX_ITEMS`], with the sequences fitting [`MAX_GRID_Z`] blocks of `items`).
 pub fn gated_delta_rule_decode_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -141,12 +146,21 @@ pub fn gated_delta_rule_decode_tuned(
         || !(1..=16).contains(&tune.warps)
         || !(1..=32).contains(&tune.min_blocks)
         || !(2..=4).contains(&tune.stages)
+        || !(1..=MAX_ITEMS).contains(&tune.items)
     {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4"
+            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4, \
+             items 1 to {MAX_ITEMS}"
         )));
     }
-    launch_plan(gpu, kernels, stream, args, &plan_decode(args)?, tune)
+    let plan = plan_decode(args)?;
+    if tune.items < MAX_ITEMS && plan.n > tune.items * MAX_GRID_Z {
+        return Err(RuntimeError::Unsupported(format!(
+            "decode tuning {tune:?}: {} sequences need more than {MAX_GRID_Z} blocks of {} (use items = {MAX_ITEMS})",
+            plan.n, tune.items
+        )));
+    }
+    launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
 
 /// Checks the index tensors (`checked`), allocates the outputs not given and launches.
@@ -229,7 +243,13 @@ fn launch_plan(
     let nseq = i32::try_from(plan.n)
         .map_err(|_| RuntimeError::bad_argument("q", "fewer than 2^31 sequences", plan.n.to_string()))?;
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    let items = kda_kernels::decode::items_per_block(plan.n, hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize);
+    // One wave of blocks, each taking many sequences; or the config's few per block (the
+    // shape rule and the tuned entry keep the grid within `MAX_GRID_Z` then).
+    let items = if cfg.max_items == MAX_ITEMS {
+        items_per_block(plan.n, hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize)
+    } else {
+        cfg.max_items
+    };
     use KernelArg::{Tensor as T, F32, I32};
     launch_loaded(
         gpu,

@@ -291,12 +291,17 @@ pub fn decode(
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
-    let mut ea = 1.0;
+    // The head's gate constants load first and are not used before the slot table below is
+    // written, so neither load waits in front of the slot loads: `A_log` into a register, whose
+    // `exp` comes after the table, and `dt_bias` (a row of K = 128 the launcher checks, so whole
+    // 16-byte copies) through `cp.async`, which the first barrier waits for.
+    let mut al = 0.0;
     if cfg.gate != Gate::Precomputed {
         if cfg.a_log {
-            ea = exp(a_log[hv]);
+            al = a_log[hv];
         }
         if cfg.dt_bias.is_some() {
+            assume_extent(KDB, 128);
             copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
         }
     }
@@ -327,6 +332,12 @@ pub fn decode(
                 }
                 beta_sh[i] = b[bi0][ti0][hv][0] as f32;
             }
+        }
+    }
+    let mut ea = 1.0;
+    if cfg.gate != Gate::Precomputed {
+        if cfg.a_log {
+            ea = exp(al);
         }
     }
     for it in pipelined(0, items, stages = cfg.stages) {

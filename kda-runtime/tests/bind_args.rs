@@ -166,3 +166,16 @@ fn explicit_dims_fill_extents_no_tensor_names() {
     assert!(bind_args(&k, &with(with(args(64, 64, 16), "T", KernelArg::I32(1)), "M", KernelArg::I32(64))).is_ok());
     assert_names(bind_args(&k, &with(with(args(64, 64, 16), "T", KernelArg::I32(1)), "M", KernelArg::I32(32))), "M");
 }
+
+#[test]
+fn grids_past_cuda_limits_are_rejected() {
+    // 65536 row tiles along y: one more than CUDA launches.
+    let m = 64 * 65536;
+    bind_args(&gemm(), &args(64 * 65535, 64, 16)).expect("65535 blocks along y launch");
+    match bind_args(&gemm(), &args(m, 64, 16)) {
+        Err(RuntimeError::Unsupported(msg)) => {
+            assert!(msg.contains("grid axis 1") && msg.contains("65536") && msg.contains("65535"), "{msg}")
+        }
+        other => panic!("expected an unsupported-grid error, got {:?}", other.map(|b| b.grid)),
+    }
+}

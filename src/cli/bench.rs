@@ -165,7 +165,7 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, Some(tune)) {
-                Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.4} ms {gbps:>6.0} GB/s"),
+                Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.5} ms {gbps:>6.0} GB/s"),
                 Err(e) => out!("{case:<28} {tune:?} error: {e}"),
             }
         }

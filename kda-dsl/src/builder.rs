@@ -366,7 +366,7 @@ impl KernelBuilder {
             self.error(loc, format!("tile `{name}`: bool tiles are not supported"));
         }
         let mut st = self.st.borrow_mut();
-        st.def.buffers.push(Buffer { name: name.to_string(), scope, shape: dims, dtype, loc });
+        st.def.buffers.push(Buffer { name: name.to_string(), scope, shape: dims, dtype, loc, lanes_per_row: 4 });
         Tile { id: st.def.buffers.len() - 1, dtype }
     }
 
@@ -377,6 +377,21 @@ impl KernelBuilder {
     /// `fragment([r, c], dtype)`.
     pub fn fragment(&self, name: &str, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {
         self.alloc(name, Scope::Fragment, shape, dtype, loc)
+    }
+    /// `fragment([r, c], dtype, lanes_per_row = n)`: a 2-D fragment whose register layout puts
+    /// `n` lanes along each row: 4 (as `fragment`) or 32 (a row across the warp, 2-row atoms;
+    /// for element-wise tiles with few rows per warp).
+    pub fn fragment_lanes(&self, name: &str, shape: &[i64], dtype: DType, lanes_per_row: i64, loc: SrcLoc) -> Tile {
+        let t = self.alloc(name, Scope::Fragment, shape, dtype, loc);
+        if !matches!(lanes_per_row, 4 | 32) || shape.len() != 2 {
+            self.error(
+                loc,
+                format!("fragment `{name}`: lanes_per_row is 4 or 32, for a 2-D fragment (got {lanes_per_row})"),
+            );
+        } else {
+            self.st.borrow_mut().def.buffers[t.id].lanes_per_row = lanes_per_row as u32;
+        }
+        t
     }
     /// `local([n], dtype)`.
     pub fn local(&self, name: &str, shape: &[i64], dtype: DType, loc: SrcLoc) -> Tile {

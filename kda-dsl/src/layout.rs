@@ -116,9 +116,16 @@ pub enum FragmentKind {
 }
 
 /// Register layout of a fragment: a `rows x cols` parent tile spread over a `wm x wn` grid of
-/// warps in atoms of 16 rows by `4 * vec` columns: lane `(g, t)` holds rows `g` and `g + 8` and
-/// `vec` adjacent columns from `vec * t`. With `vec = 2` that is the m16n8 accumulator of
-/// `mma.sync`; element-wise tiles take `vec = 4`, so each thread's columns are 16 bytes of f32.
+/// warps in atoms. The lanes of a warp split into `32 / lanes_per_row` row groups `g` of
+/// `lanes_per_row` lanes `t`; an atom is `2 * 32 / lanes_per_row` rows by `lanes_per_row * vec`
+/// columns, and lane `(g, t)` holds its rows `g` and `g + 32 / lanes_per_row` and `vec` adjacent
+/// columns from `vec * t`.
+/// - `lanes_per_row = 4`: 16-row atoms; with `vec = 2` that is the m16n8 accumulator of
+///   `mma.sync`; element-wise tiles take `vec = 4`, so each thread's columns are 16 bytes of f32.
+/// - `lanes_per_row = 32`: a row lies across the whole warp (`32 * vec` columns per atom of 2
+///   rows): every thread holds every row of its warp, a column vector is `vec` registers per
+///   thread, and a warp-wide access covers `32 * vec` adjacent elements of one row. For
+///   element-wise tiles with few rows per warp and long rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FragmentLayout {
     /// Parent tile rows.
@@ -133,6 +140,8 @@ pub struct FragmentLayout {
     pub kind: FragmentKind,
     /// Adjacent columns per thread in one atom (2: the mma accumulator; 4 or 8: element-wise).
     pub vec: u32,
+    /// Lanes that share a row in an atom: 4 (the mma layouts) or 32 (a row across the warp).
+    pub lanes_per_row: u32,
 }
 
 /// The coordinates of one register slot, split into the parts known at compile time and the
@@ -158,7 +167,7 @@ impl FragmentLayout {
                 let mi = rows / (16 * wm);
                 let ni = cols / (8 * wn);
                 let cost = 2 * mi + ni;
-                let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec: 2 };
+                let l = FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec: 2, lanes_per_row: 4 };
                 if best.is_none_or(|(c, _)| cost <= c) {
                     best = Some((cost, l));
                 }
@@ -177,22 +186,42 @@ impl FragmentLayout {
             wn: 1,
             kind: FragmentKind::Tile,
             vec: 2,
+            lanes_per_row: 4,
         })
     }
 
-    /// The layout of a tile no `gemm` touches: as many warps along rows as fit (rows stay in
-    /// one warp, so row reductions need no shared memory), 4 adjacent columns per thread when
-    /// the columns allow (16-byte accesses of f32), else 2; 8 first when the tile only moves
-    /// to and from 16-bit memory (`half_memory`: 16-byte accesses of bf16 and f16).
-    pub fn for_elementwise(rows: u32, cols: u32, warps: u32, half_memory: bool) -> Option<FragmentLayout> {
+    /// The layout of a tile no `gemm` touches, with `lanes_per_row` lanes along each row (4 or
+    /// 32): as many warps along rows as fit (rows stay in one warp, so row reductions need no
+    /// shared memory), 4 adjacent columns per thread when the columns allow (16-byte accesses
+    /// of f32), else 2; 8 first when the tile only moves to and from 16-bit memory
+    /// (`half_memory`: 16-byte accesses of bf16 and f16).
+    pub fn for_elementwise(
+        rows: u32,
+        cols: u32,
+        warps: u32,
+        half_memory: bool,
+        lanes_per_row: u32,
+    ) -> Option<FragmentLayout> {
+        if !matches!(lanes_per_row, 4 | 32) {
+            return None;
+        }
         let widths: &[u32] = if half_memory { &[8, 4, 2] } else { &[4, 2] };
+        let atom_rows = 64 / lanes_per_row;
         let mut wm = warps;
         while wm >= 1 {
             let wn = warps / wm;
-            if rows.is_multiple_of(16 * wm) {
+            if rows.is_multiple_of(atom_rows * wm) {
                 for &vec in widths {
-                    if cols.is_multiple_of(4 * vec * wn) {
-                        return Some(FragmentLayout { rows, cols, wm, wn, kind: FragmentKind::Tile, vec });
+                    if cols.is_multiple_of(lanes_per_row * vec * wn) {
+                        return Some(FragmentLayout {
+                            rows,
+                            cols,
+                            wm,
+                            wn,
+                            kind: FragmentKind::Tile,
+                            vec,
+                            lanes_per_row,
+                        });
                     }
                 }
             }
@@ -213,6 +242,7 @@ impl FragmentLayout {
                     wn: warps / wm,
                     kind: FragmentKind::Rows,
                     vec: 2,
+                    lanes_per_row: 4,
                 });
             }
             wm /= 2;
@@ -233,13 +263,31 @@ impl FragmentLayout {
     pub fn warp_cols(&self) -> u32 {
         self.cols / self.wn
     }
-    /// m16 atoms per warp along rows.
-    pub fn mi(&self) -> u32 {
-        self.warp_rows() / 16
+    /// Row groups of a warp (`g` takes this many values): 8, or 1 when a row spans the warp.
+    pub fn row_groups(&self) -> u32 {
+        32 / self.lanes_per_row
     }
-    /// Atoms per warp along columns (each `4 * vec` wide).
+    /// Rows of one atom: 16, or 2 when a row spans the warp.
+    pub fn atom_rows(&self) -> u32 {
+        2 * self.row_groups()
+    }
+    /// Columns of one atom: `lanes_per_row * vec`.
+    pub fn atom_cols(&self) -> u32 {
+        self.lanes_per_row * self.vec
+    }
+    /// Atoms per warp along rows (m16 atoms in the mma layouts).
+    pub fn mi(&self) -> u32 {
+        self.warp_rows() / self.atom_rows()
+    }
+    /// Atoms per warp along columns (each [`Self::atom_cols`] wide).
     pub fn ni(&self) -> u32 {
-        self.warp_cols() / (4 * self.vec)
+        self.warp_cols() / self.atom_cols()
+    }
+    /// The XOR masks of the `shfl.bfly` steps that combine the lanes of one row (`t`, adjacent
+    /// lanes) or of one column (`g`, lanes `lanes_per_row` apart).
+    pub fn lane_masks(&self, along_row: bool) -> Vec<i64> {
+        let (from, to) = if along_row { (1, self.lanes_per_row) } else { (self.lanes_per_row, 32) };
+        std::iter::successors(Some(from), |m| Some(m * 2)).take_while(|m| *m < to).map(i64::from).collect()
     }
 
     /// Register slots per thread.
@@ -257,17 +305,19 @@ impl FragmentLayout {
             FragmentKind::Tile => {
                 let (ni, v) = (self.ni(), self.vec);
                 let (i, j, h, c) = (s / (ni * 2 * v), (s / (2 * v)) % ni, (s / v) % 2, s % v);
-                SlotCoord { row_off: i * 16 + h * 8, col_off: j * 4 * v + c }
+                SlotCoord { row_off: i * self.atom_rows() + h * self.row_groups(), col_off: j * self.atom_cols() + c }
             }
-            FragmentKind::Rows => SlotCoord { row_off: (s / 2) * 16 + (s % 2) * 8, col_off: 0 },
-            FragmentKind::Cols => SlotCoord { row_off: 0, col_off: (s / self.vec) * 4 * self.vec + s % self.vec },
+            FragmentKind::Rows => {
+                SlotCoord { row_off: (s / 2) * self.atom_rows() + (s % 2) * self.row_groups(), col_off: 0 }
+            }
+            FragmentKind::Cols => SlotCoord { row_off: 0, col_off: (s / self.vec) * self.atom_cols() + s % self.vec },
         }
     }
 
     /// The element slot `s` of `lane` in `warp` holds: (row, col) for a tile, (index, 0) for a vector.
     pub fn coords(&self, warp: u32, lane: u32, s: u32) -> (u32, u32) {
         let (wr, wc) = (warp / self.wn, warp % self.wn);
-        let (g, t) = (lane >> 2, lane & 3);
+        let (g, t) = (lane / self.lanes_per_row, lane % self.lanes_per_row);
         let c = self.slot_coord(s);
         let row = wr * self.warp_rows() + g + c.row_off;
         let col = wc * self.warp_cols() + self.vec * t + c.col_off;
@@ -295,14 +345,15 @@ impl fmt::Display for FragmentLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?}[{}x{} over {}x{} warps, {} cols/thread, {} slots]",
+            "{:?}[{}x{} over {}x{} warps, {} cols/thread, {} slots{}]",
             self.kind,
             self.rows,
             self.cols,
             self.wm,
             self.wn,
             self.vec,
-            self.slots()
+            self.slots(),
+            if self.lanes_per_row == 4 { String::new() } else { format!(", {} lanes per row", self.lanes_per_row) }
         )
     }
 }
@@ -401,9 +452,21 @@ mod tests {
 
     #[test]
     fn element_wise_layouts_are_bijections_too() {
-        for (rows, cols, warps) in [(16, 128, 1), (16, 128, 2), (32, 128, 2), (64, 64, 4), (16, 8, 1), (128, 16, 1)] {
+        for (rows, cols, warps, lanes) in [
+            (16, 128, 1, 4),
+            (16, 128, 2, 4),
+            (32, 128, 2, 4),
+            (64, 64, 4, 4),
+            (16, 8, 1, 4),
+            (128, 16, 1, 4),
+            (16, 128, 1, 32),
+            (8, 128, 2, 32),
+            (4, 256, 1, 32),
+            (64, 128, 4, 32),
+            (2, 64, 1, 32),
+        ] {
             for half in [false, true] {
-                let l = FragmentLayout::for_elementwise(rows, cols, warps, half).expect("fits");
+                let l = FragmentLayout::for_elementwise(rows, cols, warps, half, lanes).expect("fits");
                 let mut seen = HashSet::new();
                 for w in 0..warps {
                     for lane in 0..32 {
@@ -420,10 +483,25 @@ mod tests {
                 assert_eq!(seen.len() as u32, rows * cols, "{l}");
             }
         }
-        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, false).map(|l| l.vec), Some(4));
-        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, true).map(|l| l.vec), Some(8));
+        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, false, 4).map(|l| l.vec), Some(4));
+        assert_eq!(FragmentLayout::for_elementwise(16, 128, 1, true, 4).map(|l| l.vec), Some(8));
         // Too narrow for 8 columns per thread: 4.
-        assert_eq!(FragmentLayout::for_elementwise(16, 16, 1, true).map(|l| l.vec), Some(4));
+        assert_eq!(FragmentLayout::for_elementwise(16, 16, 1, true, 4).map(|l| l.vec), Some(4));
+        // A row across the warp: 2-row atoms, so 8 rows over 2 warps is 4 rows (2 atoms) each,
+        // 4 f32 per lane, and a column vector of 4 registers.
+        let l = FragmentLayout::for_elementwise(8, 128, 2, false, 32).expect("fits");
+        assert_eq!((l.wm, l.wn, l.vec, l.mi(), l.ni(), l.slots()), (2, 1, 4, 2, 1, 16));
+        assert_eq!(l.vector(FragmentKind::Cols).slots(), 4);
+        assert_eq!(l.vector(FragmentKind::Rows).slots(), 4);
+        assert_eq!((l.lane_masks(true), l.lane_masks(false)), (vec![1, 2, 4, 8, 16], vec![]));
+        let m = FragmentLayout::for_elementwise(16, 128, 1, false, 4).expect("fits");
+        assert_eq!((m.lane_masks(true), m.lane_masks(false)), (vec![1, 2], vec![4, 8, 16]));
+        // Lanes of one row hold adjacent 16-byte pieces of it: lane t, slot 0 is column 4t.
+        for lane in 0..32 {
+            assert_eq!(l.coords(1, lane, 0), (4, 4 * lane));
+        }
+        assert!(FragmentLayout::for_elementwise(16, 128, 1, false, 8).is_none());
+        assert!(FragmentLayout::for_elementwise(3, 128, 1, false, 32).is_none());
     }
 
     #[test]

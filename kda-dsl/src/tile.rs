@@ -75,6 +75,9 @@ pub struct Buffer {
     pub dtype: DType,
     /// Where it was declared.
     pub loc: SrcLoc,
+    /// For a 2-D fragment no `gemm` touches: the lanes along each row of its register layout
+    /// (4, the default, or 32; `FragmentLayout::lanes_per_row`). Other tiles ignore it.
+    pub lanes_per_row: u32,
 }
 
 impl Buffer {

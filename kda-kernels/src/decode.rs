@@ -117,6 +117,10 @@ pub struct DecodeConfig {
     /// ([`items_per_block`]); a few for a grid of many short blocks, which the hardware starts
     /// in order as others finish.
     pub max_items: usize,
+    /// Lanes along each state row in registers: 4 (16-row atoms, a row over 4 lanes) or 32 (a
+    /// row across the warp, so a warp may own as few as 2 rows and k, q and the gate take 4
+    /// registers per thread; V-first states only).
+    pub lanes_per_row: u32,
 }
 
 impl Default for DecodeConfig {
@@ -147,6 +151,7 @@ impl Default for DecodeConfig {
             stages: 2,
             whole_line_stores: false,
             max_items: 1,
+            lanes_per_row: 4,
         }
     }
 }
@@ -169,8 +174,12 @@ impl DecodeConfig {
     ///   slower for one token).
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
         let f32_state = self.state_dtype == DType::F32;
+        let mut lanes_per_row = 4;
         let (bv, warps, min_blocks, stages, max_items) = if f32_state && nseq <= MAX_GRID_Z {
-            if nseq < 8 {
+            if multi_token && self.v_first {
+                lanes_per_row = 32;
+                (32, 2, 6, 2, 1)
+            } else if nseq < 8 {
                 (32, 2, 6, 2, 1)
             } else {
                 (64, 2, 4, 2, 1)
@@ -186,14 +195,14 @@ impl DecodeConfig {
         } else {
             (64, 2, 4, 2, MAX_ITEMS)
         };
-        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, max_items, ..self }
+        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, max_items, lanes_per_row, ..self }
     }
 
     /// A short stable name.
     pub fn key(&self) -> String {
         let o = |d: Option<DType>| d.map(|d| d.name()).unwrap_or("none");
         format!(
-            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}{}",
+            "{}_s{}_o{}_{}_{:?}{}_dt{}_{:?}{}{}_cu{}_idx{}_nat{}_{}{:?}_bv{}_w{}_mb{}_st{}{}{}{}",
             self.dtype,
             self.state_dtype,
             self.out_dtype,
@@ -214,7 +223,8 @@ impl DecodeConfig {
             self.min_blocks,
             self.stages,
             if self.whole_line_stores { "_wl" } else { "" },
-            if self.max_items == MAX_ITEMS { String::new() } else { format!("_it{}", self.max_items) }
+            if self.max_items == MAX_ITEMS { String::new() } else { format!("_it{}", self.max_items) },
+            if self.lanes_per_row == 4 { String::new() } else { format!("_l{}", self.lanes_per_row) }
         )
         .to_lowercase()
     }
@@ -261,9 +271,9 @@ pub fn decode(
     // The launcher keeps ITEMS within the tables; the clamp keeps any other caller in bounds.
     let items = min(min(ITEMS, cfg.max_items), NSEQ - n0);
     let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
-    let s = fragment([vr, kc], F32);
-    let tmp = fragment([vr, kc], F32);
-    let tmq = fragment([vr, kc], F32);
+    let s = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
+    let tmp = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
+    let tmq = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
     let kf = fragment([128], F32);
     let qf = fragment([128], F32);
     let af = fragment([128], F32);
@@ -271,7 +281,8 @@ pub fn decode(
     let uf = fragment([cfg.bv], F32);
     let vf = fragment([cfg.bv], F32);
     let of = fragment([cfg.bv], F32);
-    let bw = fragment([cfg.bv], F32);
+    // Headwise betas (otherwise unused, and then 16 long, which a vector on its own needs).
+    let bw = fragment([if cfg.beta_headwise { cfg.bv } else { 16 }], F32);
     let nrm = local([1], F32);
     // The pool slot a token's state goes to, with per-token indices (`IC` > 1): loaded with the
     // token's inputs, so the store does not wait on it.
@@ -640,5 +651,25 @@ mod tests {
         }
         // More blocks per sequence than fit at once: one sequence per column.
         assert_eq!(items_per_block(5, 4096, 792), 5);
+    }
+
+    #[test]
+    fn every_launch_shape_builds_and_compiles() {
+        // The shape rule sees the state's layout and dtype: each of its choices must lay out
+        // (32 lanes per row fit V-first states only).
+        for v_first in [true, false] {
+            for state_dtype in [DType::F32, DType::BF16] {
+                for multi_token in [false, true] {
+                    for nseq in [1, 8, MAX_GRID_Z + 1] {
+                        let cfg = DecodeConfig { v_first, state_dtype, ..DecodeConfig::default() }
+                            .with_launch_shape_for(multi_token, nseq);
+                        let def = decode(&cfg).unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
+                        kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
+                        assert!(cfg.lanes_per_row == 4 || (v_first && multi_token), "{}", cfg.key());
+                        assert!(cfg.max_items == MAX_ITEMS || nseq <= cfg.max_items * MAX_GRID_Z, "{}", cfg.key());
+                    }
+                }
+            }
+        }
     }
 }

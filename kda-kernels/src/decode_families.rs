@@ -181,6 +181,22 @@ pub fn decode_families() -> Vec<DecodeFamily> {
                 x
             },
         ),
+        // State rows across whole warps: 16 rows on each of two warps, 8 on one, 4 on each of two.
+        fam("rows_across_lanes_32x2", DecodeConfig { lanes_per_row: 32, ..b.clone() }, |c, s| {
+            call_inputs(c, (3, 2, 1, 2), &[], s)
+        }),
+        fam("rows_across_lanes_8x1", DecodeConfig { lanes_per_row: 32, bv: 8, warps: 1, ..d.clone() }, |c, s| {
+            call_inputs(c, (2, 1, 2, 2), &[], s)
+        }),
+        fam(
+            "rows_across_lanes_8x2_spec",
+            DecodeConfig { lanes_per_row: 32, bv: 8, warps: 2, accepted: Some(I32), ..b.clone() },
+            |c, s| {
+                let mut x = call_inputs(c, (3, 3, 1, 2), &[], s);
+                x.accepted = vec![2, 3, 1];
+                x
+            },
+        ),
         // One state per token (not in place); rows of a padded sequence are zero.
         fam("final_per_token", DecodeConfig { writes: Writes::FinalPerToken, ..b.clone() }, |c, s| {
             let mut x = call_inputs(c, (3, 2, 1, 2), &[], s);

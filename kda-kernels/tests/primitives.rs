@@ -401,3 +401,84 @@ fn prefetch_takes_a_global_box_of_at_most_two_long_axes() {
     let e = prefetch_of_a_cube(&cfg).expect_err("3 axes");
     assert!(e.message.contains("at most two axes longer than 1") && line(&e).contains("[2, 2, 2]"), "{e:?}");
 }
+
+/// A fragment whose rows each lie across a whole warp (`lanes_per_row = 32`): filled through
+/// shared memory, scaled by a column vector, reduced along both axes, and stored back.
+#[kernel]
+fn rows_across_lanes(
+    cfg: &Cfg,
+    x: Global<(R, C), F32>,
+    w: Global<(C,), F32>,
+    rsum: GlobalMut<(R,), F32>,
+    csum: GlobalMut<(C,), F32>,
+    z: GlobalMut<(R, C), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    assume_extent(C, 128);
+    let xs = shared([cfg.rows, 128], F32);
+    let f = fragment([cfg.rows, 128], F32, lanes_per_row = 32);
+    let wf = fragment([128], F32);
+    let rs = fragment([cfg.rows], F32);
+    let cs = shared([128], F32);
+    copy(x.tile([0, 0], [cfg.rows, 128]), xs);
+    copy(w.tile([0], [128]), wf);
+    copy(xs, f);
+    for (i, j) in parallel(f) {
+        f[i][j] = f[i][j] * wf[j] + (i as f32);
+    }
+    reduce_sum(f, rs, 1);
+    reduce_sum(f, cs, 0);
+    copy(rs, rsum.tile([0], [cfg.rows]));
+    copy(cs, csum.tile([0], [128]));
+    copy(f, z.tile([0, 0], [cfg.rows, 128]));
+}
+
+#[test]
+fn fragments_with_rows_across_the_warp_reduce_both_ways() {
+    // 2 rows on one warp (one atom), 8 on one (four), 8 on two (four rows each).
+    for (rows, threads) in [(2, 32), (8, 32), (8, 64)] {
+        let cfg = Cfg { rows, cols: 128, threads };
+        let c = 128;
+        let x = Rng::new(5).normals(rows * c, DType::F32);
+        let w = Rng::new(6).normals(c, DType::F32);
+        let mut args = vec![
+            t("x", &x, DType::F32),
+            i("R", rows),
+            i("C", c),
+            t("w", &w, DType::F32),
+            t("rsum", &vec![f64::NAN; rows], DType::F32),
+            t("csum", &vec![f64::NAN; c], DType::F32),
+            t("z", &vec![f64::NAN; rows * c], DType::F32),
+        ];
+        let def = rows_across_lanes(&cfg).expect("builds");
+        simulate(&def, &mut args).expect("runs");
+        let zw: Vec<f64> = (0..rows * c).map(|k| x[k] * w[k % c] + (k / c) as f64).collect();
+        let rw: Vec<f64> = (0..rows).map(|r| zw[r * c..(r + 1) * c].iter().sum()).collect();
+        let cw: Vec<f64> = (0..c).map(|j| (0..rows).map(|r| zw[r * c + j]).sum()).collect();
+        let what = format!("{rows} rows, {threads} threads");
+        assert!(rel_err(&tensor_values(&args, "z", DType::F32), &zw) < 1e-6, "{what}");
+        assert!(rel_err(&tensor_values(&args, "rsum", DType::F32), &rw) < 1e-5, "{what}");
+        assert!(rel_err(&tensor_values(&args, "csum", DType::F32), &cw) < 1e-5, "{what}");
+        // A row reduction crosses all 32 lanes; 4 columns per lane, one 16-byte access each.
+        let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect("compiles").ptx;
+        assert!(ptx.contains("shfl.sync.bfly.b32") && ptx.contains(", 16, 31, -1;"), "{what}");
+        assert!(ptx.contains("st.global.v4.f32"), "{what}");
+    }
+}
+
+/// A fragment asking for `cfg.rows` lanes per row (only 4 and 32 exist).
+#[kernel]
+fn odd_lanes(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([16, 128], F32, lanes_per_row = cfg.rows);
+    copy(x.tile([0, 0], [16, 128]), f);
+    copy(f, y.tile([0, 0], [16, 128]));
+}
+
+#[test]
+fn lanes_per_row_other_than_4_or_32_is_an_error_at_the_fragment() {
+    let e = odd_lanes(&Cfg { rows: 8, cols: 128, threads: 32 }).map(|_| ()).expect_err("8 lanes per row");
+    let msg = e.to_string();
+    assert!(msg.contains("lanes_per_row is 4 or 32") && msg.contains("primitives.rs"), "{msg}");
+    odd_lanes(&Cfg { rows: 32, cols: 128, threads: 32 }).map(|_| ()).expect("32 lanes build");
+}

@@ -124,8 +124,22 @@ impl Cx {
                     };
                     let id = &pi.ident;
                     let (pos, kw) = kwargs(args);
-                    if !kw.is_empty() || pos.len() != 2 {
+                    if pos.len() != 2 {
                         return err(fspan, format!("`{name}` takes two arguments: `[extents]` and the element type"));
+                    }
+                    // `fragment(.., lanes_per_row = n)`: a host value, checked by the builder.
+                    let mut lanes = None;
+                    for (k, v, kspan) in kw {
+                        if name != "fragment" || k != "lanes_per_row" || lanes.is_some() {
+                            return err(
+                                kspan,
+                                format!("`{name}` takes no `{k}` here (fragments take `lanes_per_row = 4 or 32`)"),
+                            );
+                        }
+                        if self.is_dsl(v) {
+                            return err(v.span(), "lanes_per_row must be known when the kernel is specialized");
+                        }
+                        lanes = Some(v);
                     }
                     let Expr::Array(arr) = pos[0] else {
                         return err(pos[0].span(), "tile extents are an array such as `[cfg.bm, cfg.bk]`");
@@ -147,6 +161,9 @@ impl Cx {
                     let method = syn::Ident::new(&name, fspan);
                     let n = id.to_string();
                     self.bind(&n, Kind::Tile);
+                    if let Some(lanes) = lanes {
+                        return Ok(quote!(let #id = __kb.fragment_lanes(#n, &[#(#ext),*], #dt, (#lanes) as i64, #lc);));
+                    }
                     return Ok(quote!(let #id = __kb.#method(#n, &[#(#ext),*], #dt, #lc);));
                 }
                 _ => {}

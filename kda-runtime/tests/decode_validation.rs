@@ -598,14 +598,16 @@ fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
     use kda_runtime::decode::{decode_config, DecodeTuning};
     let shape = |p: &DecodePlan| {
         let t = DecodeTuning::for_call(p);
-        (t.rows, t.warps, t.min_blocks, t.stages, t.items)
+        (t.rows, t.warps, t.min_blocks, t.stages, t.items, t.lanes_per_row)
     };
-    // An f32 state: a block per sequence, with any number of tokens.
-    assert_eq!(shape(&Case::new(1, 1).plan(|_| {})), (32, 2, 6, 2, 1));
-    assert_eq!(shape(&Case::new(7, 1).plan(|_| {})), (32, 2, 6, 2, 1));
-    assert_eq!(shape(&Case::new(8, 1).plan(|_| {})), (64, 2, 4, 2, 1));
-    assert_eq!(shape(&Case::new(1, 2).plan(|_| {})), (32, 2, 6, 2, 1));
-    assert_eq!(shape(&Case::new(8, 2).plan(|_| {})), (64, 2, 4, 2, 1));
+    // An f32 state: a block per sequence; several tokens each put a state row across a warp
+    // (V-first only).
+    assert_eq!(shape(&Case::new(1, 1).plan(|_| {})), (32, 2, 6, 2, 1, 4));
+    assert_eq!(shape(&Case::new(7, 1).plan(|_| {})), (32, 2, 6, 2, 1, 4));
+    assert_eq!(shape(&Case::new(8, 1).plan(|_| {})), (64, 2, 4, 2, 1, 4));
+    assert_eq!(shape(&Case::new(1, 2).plan(|_| {})), (32, 2, 6, 2, 1, 32));
+    assert_eq!(shape(&Case::new(8, 2).plan(|_| {})), (32, 2, 6, 2, 1, 32));
+    assert_eq!(shape(&Case::new(8, 2).plan(|a| a.state_v_first = Some(false))), (64, 2, 4, 2, 1, 4));
     // A bf16 state: two sequences per block for one token each, one wave of blocks that take
     // many sequences otherwise.
     let bf16 = |b, t| {
@@ -613,9 +615,9 @@ fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
         c.state = Some(tv(6, &[b * t, HV, D, D], BF16));
         c
     };
-    assert_eq!(shape(&bf16(8, 1).plan(|_| {})), (64, 2, 4, 3, 2));
-    assert_eq!(shape(&bf16(7, 1).plan(|_| {})), (32, 2, 6, 2, 256));
-    assert_eq!(shape(&bf16(8, 2).plan(|_| {})), (16, 1, 8, 2, 256));
+    assert_eq!(shape(&bf16(8, 1).plan(|_| {})), (64, 2, 4, 3, 2, 4));
+    assert_eq!(shape(&bf16(7, 1).plan(|_| {})), (32, 2, 6, 2, 256, 4));
+    assert_eq!(shape(&bf16(8, 2).plan(|_| {})), (16, 1, 8, 2, 256, 4));
     // Several tokens in some sequence of a varlen call; two sequences of one token each stay
     // single-token.
     let c = Case::new(1, 3).pool(4);

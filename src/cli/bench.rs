@@ -7,7 +7,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -126,8 +126,9 @@ pub fn time_decode(
 }
 
 /// Times decode launch shapes on the standard cases: how the API's shapes were chosen. With
-/// `ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS]` arguments, those shapes instead of the built-in list
-/// (`ITEMS`: sequences per block at most, 256 when left out: one wave of blocks); with
+/// `ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]]` arguments, those shapes instead of the
+/// built-in list (`ITEMS`: sequences per block at most, 256 when left out: one wave of blocks;
+/// `LANES`: lanes along each state row, 4 when left out, or 32); with
 /// `--case NAME`, only the cases whose name contains NAME.
 fn sweep_decode(args: &[String]) -> Result<i32, String> {
     use kda_runtime::decode::DecodeTuning as T;
@@ -140,24 +141,26 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
             continue;
         }
         let n: Vec<usize> = a.split('x').map(|p| p.parse().map_err(|_| USAGE)).collect::<Result<_, _>>()?;
-        let (rows, warps, min_blocks, stages, items) = match n[..] {
-            [r, w, m, s] => (r, w, m, s, MAX_ITEMS),
-            [r, w, m, s, i] => (r, w, m, s, i),
+        let (rows, warps, min_blocks, stages, items, lanes) = match n[..] {
+            [r, w, m, s] => (r, w, m, s, MAX_ITEMS, 4),
+            [r, w, m, s, i] => (r, w, m, s, i, 4),
+            [r, w, m, s, i, l] => (r, w, m, s, i, l),
             _ => return Err(USAGE.into()),
         };
-        shapes.push(T { rows, warps, min_blocks, stages, items });
+        let lanes_per_row = u32::try_from(lanes).map_err(|_| USAGE)?;
+        shapes.push(T { rows, warps, min_blocks, stages, items, lanes_per_row });
     }
     if shapes.is_empty() {
         shapes = vec![
             // The API's shapes (`DecodeConfig::with_launch_shape_for`), then close runners-up.
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: 1 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 1 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: MAX_ITEMS },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: MAX_ITEMS },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: MAX_ITEMS },
-            T { rows: 16, warps: 1, min_blocks: 8, stages: 2, items: MAX_ITEMS },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 2 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: 2 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: 1, lanes_per_row: 4 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 1, lanes_per_row: 4 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: MAX_ITEMS, lanes_per_row: 4 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
+            T { rows: 16, warps: 1, min_blocks: 8, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
+            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 2, lanes_per_row: 4 },
+            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: 2, lanes_per_row: 4 },
         ];
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;

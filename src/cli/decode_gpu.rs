@@ -199,6 +199,7 @@ pub fn run_on_gpu(
         stages: chosen.stages,
         whole_line_stores: chosen.whole_line_stores,
         max_items: chosen.max_items,
+        lanes_per_row: chosen.lanes_per_row,
         ..cfg.clone()
     };
     if chosen != shaped {

@@ -559,7 +559,7 @@ impl Lower<'_> {
         let period = rpl * (mask + 1);
         let runs: Vec<crate::layout::SlotCoord> =
             (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
-        let granule: u32 = 4 * l.vec;
+        let granule: u32 = l.atom_cols();
         let fits = l.kind == FragmentKind::Tile
             && l.wn == 1
             && granule.is_multiple_of(chunk)

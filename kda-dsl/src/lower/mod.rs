@@ -613,15 +613,25 @@ impl Lower<'_> {
         let th = self.th;
         let wr = self.em.op32(BinKind::Div, th.warp, l.wn as i64);
         let wc = self.em.op32(BinKind::Rem, th.warp, l.wn as i64);
+        let (g, t) = self.lane_parts(l);
         let rb = self.em.mul32(wr, Src::Imm(l.warp_rows() as i64));
-        let rb = self.em.add32(rb, th.g);
+        let rb = self.em.add32(rb, g);
         let cb = self.em.mul32(wc, Src::Imm(l.warp_cols() as i64));
-        let t2 = self.em.mul32(th.t, Src::Imm(l.vec as i64));
+        let t2 = self.em.mul32(t, Src::Imm(l.vec as i64));
         let cb = self.em.add32(cb, t2);
         let r = (self.em.to_reg(rb, RegClass::B32, Ty::U32), self.em.to_reg(cb, RegClass::B32, Ty::U32));
         self.frag_bases.insert(key, r);
         self.em.guard = guard;
         r
+    }
+
+    /// This thread's row group `g` and lane along the row `t` in fragment layout `l`.
+    pub(crate) fn lane_parts(&mut self, l: FragmentLayout) -> (Src, Src) {
+        match l.lanes_per_row {
+            4 => (Src::Reg(self.th.g), Src::Reg(self.th.t)),
+            32 => (Src::Imm(0), Src::Reg(self.th.lane)),
+            n => unreachable!("layouts have 4 or 32 lanes per row, not {n}"),
+        }
     }
 
     /// (row, col) of slot `s` of a fragment (for a vector: (index, 0)).

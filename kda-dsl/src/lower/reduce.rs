@@ -27,15 +27,24 @@ impl Lower<'_> {
 
     /// A predicate true on the lanes that own (store) the elements of a replicated vector.
     pub(crate) fn vector_owner(&mut self, l: FragmentLayout) -> Option<Reg> {
+        let (g, t) = self.lane_parts(l);
         let (w, lane_part) = match l.kind {
             FragmentKind::Tile => return None,
-            FragmentKind::Rows => (self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64), self.th.t),
-            FragmentKind::Cols => (self.em.op32(BinKind::Div, self.th.warp, l.wn as i64), self.th.g),
+            FragmentKind::Rows => (self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64), t),
+            FragmentKind::Cols => (self.em.op32(BinKind::Div, self.th.warp, l.wn as i64), g),
         };
-        let p1 = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
+        let p1 = self.lane_is_first(lane_part);
         let w = self.em.to_reg(w, RegClass::B32, Ty::U32);
         let p2 = self.em.setp(Cmp::Eq, Ty::S32, w, Src::Imm(0));
-        self.em.and_pred(Some(p1), Some(p2))
+        self.em.and_pred(p1, Some(p2))
+    }
+
+    /// `part == 0` for a lane coordinate; `None` (always) when the layout makes it constant 0.
+    fn lane_is_first(&mut self, part: Src) -> Option<Reg> {
+        match part {
+            Src::Imm(0) => None,
+            p => Some(self.em.setp(Cmp::Eq, Ty::S32, p, Src::Imm(0))),
+        }
     }
 
     pub(crate) fn reduce(
@@ -129,9 +138,9 @@ impl Lower<'_> {
     /// Combines per-thread partials `acc` (one per slot of the row (axis 1) or column (axis 0)
     /// vector of tile layout `l`) across the lanes, then the warps, that hold the same element.
     pub(crate) fn combine_lanes(&mut self, op: ReduceOp, vt: DType, l: FragmentLayout, axis: usize, acc: &[Reg]) {
-        let lanes: &[i64] = if axis == 1 { &[1, 2] } else { &[4, 8, 16] };
+        let lanes = l.lane_masks(axis == 1);
         for a in acc {
-            for m in lanes {
+            for m in &lanes {
                 let o = self.em.reg(class_of(vt));
                 self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: *a, b: Src::Imm(*m), c: 31 });
                 self.combine(op, vt, *a, *a, o);
@@ -146,8 +155,8 @@ impl Lower<'_> {
         // Partials of each warp along the axis meet in scratch: [across][len].
         self.barrier();
         // Every warp along the axis writes its partial: one lane per row (column) of it.
-        let lane_part = if axis == 1 { self.th.t } else { self.th.g };
-        let owner = self.em.setp(Cmp::Eq, Ty::S32, lane_part, Src::Imm(0));
+        let (g, t) = self.lane_parts(l);
+        let owner = self.lane_is_first(if axis == 1 { t } else { g });
         let wpos = if axis == 1 {
             self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64)
         } else {
@@ -161,7 +170,10 @@ impl Lower<'_> {
             let at = self.em.add32(row, i);
             let addr = self.scratch_addr(at);
             let st = Op::St { space: Space::Shared, ty: ty_of(vt), addr, offset: 0, vals: vec![Src::Reg(*a)] };
-            self.em.emit_if(owner, true, st);
+            match owner {
+                Some(p) => self.em.emit_if(p, true, st),
+                None => self.em.emit(st),
+            }
         }
         self.barrier();
         for (vs, a) in acc.iter().enumerate() {
@@ -248,9 +260,9 @@ impl Lower<'_> {
     /// Combines one partial per thread (over its elements of a vector with layout `l`) across
     /// the lanes, then the warps, that hold different elements; every thread gets the total.
     fn combine_vector_holders(&mut self, op: ReduceOp, vt: DType, l: FragmentLayout, acc: Reg) {
-        // Rows are spread over g (lanes 4 apart), columns over t (adjacent lanes).
-        let lanes: &[i64] = if l.kind == FragmentKind::Rows { &[4, 8, 16] } else { &[1, 2] };
-        for m in lanes {
+        // Rows are spread over g (lanes `lanes_per_row` apart), columns over t (adjacent lanes).
+        let lanes = l.lane_masks(l.kind != FragmentKind::Rows);
+        for m in &lanes {
             let o = self.em.reg(class_of(vt));
             self.em.emit(Op::Shfl { mode: ShflMode::Bfly, d: o, a: acc, b: Src::Imm(*m), c: 31 });
             self.combine(op, vt, acc, acc, o);

@@ -22,6 +22,9 @@ impl Lower<'_> {
         if l.kind != FragmentKind::Tile {
             return Some("the fragment is a vector, not a tile".into());
         }
+        if l.lanes_per_row != 4 {
+            return Some("a row already lies across the warp: plain stores write whole lines".into());
+        }
         if gb.dtype != DType::F32 || l.vec != 4 || run != 4 || gb.col_stride != Src::Imm(4) {
             return Some("the box is not contiguous f32 columns stored 16 bytes (4 columns) at a time".into());
         }

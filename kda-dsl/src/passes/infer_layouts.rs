@@ -24,19 +24,33 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
         if b.scope == Scope::Fragment && b.shape.len() == 2 {
             let warps = wof[i];
             let fits = if in_gemm.contains(&i) {
+                if b.lanes_per_row != 4 {
+                    return Err(Diag::new(
+                        b.loc,
+                        format!(
+                            "fragment `{}` has {} lanes per row, but a gemm uses it, and mma fragments have 4",
+                            b.name, b.lanes_per_row
+                        ),
+                    ));
+                }
                 FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
             } else {
                 let half = half_shapes.contains(&(b.shape[0], b.shape[1], warps));
-                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half)
+                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half, b.lanes_per_row)
             };
             let l = fits.ok_or_else(|| {
-                Diag::new(
-                    b.loc,
+                let msg = if b.lanes_per_row == 4 {
                     format!(
                         "fragment `{}` [{} x {}] does not fit m16n8 atoms over {warps} warps: rows must be a multiple of 16·wm and columns of 8·wn for some wm·wn = {warps}",
                         b.name, b.shape[0], b.shape[1]
-                    ),
-                )
+                    )
+                } else {
+                    format!(
+                        "fragment `{}` [{} x {}] with a row across the warp does not fit {warps} warps: rows must be a multiple of 2·wm and columns of 64·wn for some wm·wn = {warps}",
+                        b.name, b.shape[0], b.shape[1]
+                    )
+                };
+                Diag::new(b.loc, msg)
             })?;
             p.layouts[i] = BufLayout::Fragment(l);
         }

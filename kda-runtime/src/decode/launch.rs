@@ -30,6 +30,8 @@ pub struct DecodeTuning {
     /// Sequences a block takes at most: [`MAX_ITEMS`] for one wave of blocks that each take
     /// many in turn, fewer for more, shorter blocks.
     pub items: usize,
+    /// Lanes along each state row: 4 or 32 ([`DecodeConfig::lanes_per_row`]).
+    pub lanes_per_row: u32,
 }
 
 impl DecodeTuning {
@@ -38,7 +40,14 @@ impl DecodeTuning {
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
         let c = shape_rule(plan);
-        DecodeTuning { rows: c.bv, warps: c.warps, min_blocks: c.min_blocks, stages: c.stages, items: c.max_items }
+        DecodeTuning {
+            rows: c.bv,
+            warps: c.warps,
+            min_blocks: c.min_blocks,
+            stages: c.stages,
+            items: c.max_items,
+            lanes_per_row: c.lanes_per_row,
+        }
     }
 }
 
@@ -61,7 +70,8 @@ pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
 /// many sequences there are and the state's dtype).
 fn shape_rule(plan: &DecodePlan) -> DecodeConfig {
     let multi_token = plan.total_tokens > plan.n;
-    DecodeConfig { state_dtype: plan.state_dtype, ..DecodeConfig::default() }.with_launch_shape_for(multi_token, plan.n)
+    DecodeConfig { state_dtype: plan.state_dtype, v_first: plan.state_v_first, ..DecodeConfig::default() }
+        .with_launch_shape_for(multi_token, plan.n)
 }
 
 fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
@@ -106,6 +116,7 @@ fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
         // Chosen by the shape rule with the launch shape, whatever shape `tune` gives.
         whole_line_stores: shape_rule(plan).whole_line_stores,
         max_items: tune.items,
+        lanes_per_row: tune.lanes_per_row,
     }
 }
 
@@ -133,8 +144,10 @@ pub fn gated_delta_rule_decode(
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
-/// 32, 64 or 128, `warps` 1 to 16, `min_blocks` 1 to 32, `stages` 2 to 4 and `items` 1 to
-/// [`MAX_ITEMS`], with the sequences fitting [`MAX_GRID_Z`] blocks of `items`).
+/// 32, 64 or 128 (or 2, 4 or 8 with 32 lanes per row), `warps` 1 to 16, `min_blocks` 1 to 32,
+/// `stages` 2 to 4, `items` 1 to [`MAX_ITEMS`], with the sequences fitting [`MAX_GRID_Z`]
+/// blocks of `items`, and `lanes_per_row` 4 or 32; a shape the kernel cannot lay out is an
+/// error from its compilation).
 pub fn gated_delta_rule_decode_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -142,15 +155,18 @@ pub fn gated_delta_rule_decode_tuned(
     args: &DecodeArgs,
     tune: DecodeTuning,
 ) -> Result<DecodeResult, RuntimeError> {
-    if !matches!(tune.rows, 16 | 32 | 64 | 128)
+    let rows_ok =
+        matches!(tune.rows, 16 | 32 | 64 | 128) || (tune.lanes_per_row == 32 && matches!(tune.rows, 2 | 4 | 8));
+    if !rows_ok
+        || !matches!(tune.lanes_per_row, 4 | 32)
         || !(1..=16).contains(&tune.warps)
         || !(1..=32).contains(&tune.min_blocks)
         || !(2..=4).contains(&tune.stages)
         || !(1..=MAX_ITEMS).contains(&tune.items)
     {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4, \
-             items 1 to {MAX_ITEMS}"
+            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128 (or 2, 4, 8 with 32 lanes per row), lanes_per_row 4 or \
+             32, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4, items 1 to {MAX_ITEMS}"
         )));
     }
     let plan = plan_decode(args)?;

@@ -3,15 +3,15 @@
 //!
 //! A block owns `bv` rows of one value head's 128 x 128 state: rows of the V-first state
 //! `[V, K]` are independent in the delta rule (`u[v]` reads only row `v`), so the grid is
-//! `V / bv` x value heads x sequence groups, each block taking its group's `ITEMS` sequences in
-//! turn through a `cp.async` pipeline (state and first-token inputs of the next sequence load
-//! while this one computes). `ITEMS` is 1 or 2 for most calls: many more blocks than fit at once,
-//! started in grid order, so the blocks in flight cover a few sequences' states whole (measured
-//! 2-4% faster than one wave of blocks that each take many sequences, README). Each warp holds whole rows (`bv / warps` of them), so row reductions
-//! stay inside the warp. Per token: decay the state, reduce it
-//! against k and q in one pass (`S k` and `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)`
-//! (the output of the updated state without a second pass), then `S += k uᵀ`. Every
-//! specialization below is a host-side `if` on the config: the branches not taken leave no code.
+//! `V / bv` x value heads x sequence groups, each block taking `ITEMS` sequences in turn through
+//! a `cp.async` pipeline (the next one's state and first-token inputs load while one computes).
+//! `ITEMS` is 1 or 2 for most calls: more blocks than fit, started in grid order, so the blocks
+//! in flight cover a few states whole (2-4% faster than one wave, README). A warp holds whole
+//! rows (`bv / warps`; with `lanes_per_row = 32` a row spans its 32 lanes), so row reductions
+//! stay inside the warp. Per token: decay the state, reduce it against k and q in one pass
+//! (`S k`, `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)` (the output of the updated state
+//! without a second pass), then `S += k uᵀ`. Every specialization below is a host-side `if` on
+//! the config: the branches not taken leave no code.
 
 use kda_dsl::DType;
 use kda_macros::kernel;

@@ -15,23 +15,7 @@ PyTorch, Triton and a GPU)
 """
 import statistics, sys
 import torch, triton, triton.language as tl
-
-
-def graph_ms(fn, iters=100):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay(); torch.cuda.synchronize()
-    a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        g.replay()
-    b.record(); torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
+from pool_bandwidth import graph_ms  # same folder: CUDA-graph replays, timed as the peer bench times
 
 
 @triton.jit

@@ -20,11 +20,17 @@ def graph_ms(fn, iters=100):
         g.replay()
     b.record(); torch.cuda.synchronize()
     return a.elapsed_time(b) / iters
-for name, n, dt in [("spec4 pool (1024 f32 states)", 1024, torch.float32), ("bf16 pool (256 bf16 states)", 256, torch.bfloat16)]:
-    x = torch.randn(n, 32, 128, 128, dtype=dt, device="cuda") * 0.1
-    by = x.numel() * x.element_size()
-    out = torch.empty((), dtype=torch.float32, device="cuda")
-    t_inplace = graph_ms(lambda: x.mul_(0.999))
-    t_write = graph_ms(lambda: x.fill_(0.5))
-    t_read = graph_ms(lambda: torch.sum(x, dim=(0, 1, 2, 3), dtype=torch.float32, out=out))
-    print(f"{name}: in-place {2*by/t_inplace/1e6:.0f} GB/s, write-only {by/t_write/1e6:.0f} GB/s, read-only {by/t_read/1e6:.0f} GB/s")
+
+def main():
+    for name, n, dt in [("spec4 pool (1024 f32 states)", 1024, torch.float32), ("bf16 pool (256 bf16 states)", 256, torch.bfloat16)]:
+        x = torch.randn(n, 32, 128, 128, dtype=dt, device="cuda") * 0.1
+        by = x.numel() * x.element_size()
+        out = torch.empty((), dtype=torch.float32, device="cuda")
+        t_inplace = graph_ms(lambda: x.mul_(0.999))
+        t_write = graph_ms(lambda: x.fill_(0.5))
+        t_read = graph_ms(lambda: torch.sum(x, dim=(0, 1, 2, 3), dtype=torch.float32, out=out))
+        print(f"{name}: in-place {2*by/t_inplace/1e6:.0f} GB/s, write-only {by/t_write/1e6:.0f} GB/s, read-only {by/t_read/1e6:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -210,7 +210,8 @@ impl FragmentLayout {
         let mut wm = warps;
         while wm >= 1 {
             let wn = warps / wm;
-            if rows.is_multiple_of(atom_rows * wm) {
+            // A `wm` that does not divide the warps would leave some outside the grid.
+            if warps.is_multiple_of(wm) && rows.is_multiple_of(atom_rows * wm) {
                 for &vec in widths {
                     if cols.is_multiple_of(lanes_per_row * vec * wn) {
                         return Some(FragmentLayout {
@@ -234,7 +235,7 @@ impl FragmentLayout {
     pub fn for_vector(len: u32, warps: u32) -> Option<FragmentLayout> {
         let mut wm = warps;
         while wm >= 1 {
-            if len.is_multiple_of(16 * wm) {
+            if warps.is_multiple_of(wm) && len.is_multiple_of(16 * wm) {
                 return Some(FragmentLayout {
                     rows: len,
                     cols: 8 * (warps / wm),
@@ -530,5 +531,14 @@ mod tests {
         assert!(FragmentLayout::for_tile(24, 8, 1).is_none());
         assert!(FragmentLayout::for_tile(16, 12, 1).is_none());
         assert!(FragmentLayout::for_vector(8, 4).is_none());
+        // Every warp lands in the warp grid: 5 warps have no 2 x 2 split.
+        for lanes in [4, 32] {
+            if let Some(l) = FragmentLayout::for_elementwise(640, 640, 5, false, lanes) {
+                assert_eq!(l.wm * l.wn, 5, "{l}");
+            }
+            assert!(FragmentLayout::for_elementwise(64, 128, 5, false, lanes).is_none());
+        }
+        assert_eq!(FragmentLayout::for_vector(160, 5).map(|l| l.wm * l.wn), Some(5));
+        assert_eq!(FragmentLayout::for_vector(32, 5).map(|l| (l.wm, l.wn)), Some((1, 5)));
     }
 }

@@ -483,7 +483,9 @@ impl fmt::Display for KernelDef {
         }
         for b in &self.buffers {
             let shape: Vec<_> = b.shape.iter().map(|s| s.to_string()).collect();
-            writeln!(f, "  {} = {:?}<{}>[{}]", b.name, b.scope, b.dtype, shape.join(", "))?;
+            let lanes =
+                if b.lanes_per_row == 4 { String::new() } else { format!(" lanes_per_row={}", b.lanes_per_row) };
+            writeln!(f, "  {} = {:?}<{}>[{}]{lanes}", b.name, b.scope, b.dtype, shape.join(", "))?;
         }
         for s in &self.body {
             self.fmt_stmt(f, s, 1)?;

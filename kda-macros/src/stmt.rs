@@ -130,7 +130,10 @@ impl Cx {
                     // `fragment(.., lanes_per_row = n)`: a host value, checked by the builder.
                     let mut lanes = None;
                     for (k, v, kspan) in kw {
-                        if name != "fragment" || k != "lanes_per_row" || lanes.is_some() {
+                        if lanes.is_some() && k == "lanes_per_row" {
+                            return err(kspan, "`lanes_per_row` is given twice");
+                        }
+                        if name != "fragment" || k != "lanes_per_row" {
                             return err(
                                 kspan,
                                 format!("`{name}` takes no `{k}` here (fragments take `lanes_per_row = 4 or 32`)"),

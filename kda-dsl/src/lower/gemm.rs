@@ -27,6 +27,7 @@ impl Lower<'_> {
         let BufLayout::Fragment(lc) = self.p.layouts[c] else {
             return self.err(loc, format!("gemm accumulator `{}` must be a fragment", cb.name));
         };
+        debug_assert_eq!(lc.lanes_per_row, 4, "infer_layouts gives gemm fragments the mma layout");
         if cb.dtype != DType::F32 || lc.kind != FragmentKind::Tile || lc.vec != 2 {
             return self.err(loc, format!("gemm accumulator `{}` must be a 2-D f32 fragment", cb.name));
         }

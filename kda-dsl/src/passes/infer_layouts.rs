@@ -35,7 +35,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
                 }
                 FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
             } else {
-                let half = half_shapes.contains(&(b.shape[0], b.shape[1], warps));
+                let half = half_shapes.contains(&(b.shape[0], b.shape[1], warps, b.lanes_per_row));
                 FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half, b.lanes_per_row)
             };
             let l = fits.ok_or_else(|| {
@@ -224,14 +224,14 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
 /// 16-bit memory: some copy moves such a fragment, and every copy between one of them and a
 /// shared tile or a global box moves bf16 or f16. Decided per shape, not per fragment: the
 /// fragments of one shape work together element by element, so they share one layout.
-fn half_memory_shapes(def: &KernelDef, wof: &[u32], in_gemm: &[BufId]) -> HashSet<(u32, u32, u32)> {
+fn half_memory_shapes(def: &KernelDef, wof: &[u32], in_gemm: &[BufId]) -> HashSet<(u32, u32, u32, u32)> {
     let elementwise = |b: BufId| {
         let x = &def.buffers[b];
         (x.scope == Scope::Fragment && x.shape.len() == 2 && !in_gemm.contains(&b))
-            .then(|| (x.shape[0], x.shape[1], wof[b]))
+            .then(|| (x.shape[0], x.shape[1], wof[b], x.lanes_per_row))
     };
-    // Per shape: whether every copy so far moved 16-bit elements.
-    let mut all_half: HashMap<(u32, u32, u32), bool> = HashMap::new();
+    // Per shape (and lanes per row): whether every copy so far moved 16-bit elements.
+    let mut all_half: HashMap<(u32, u32, u32, u32), bool> = HashMap::new();
     visit_stmts(&def.body, &mut |s| {
         let StmtKind::Copy { src, dst } = &s.kind else { return };
         let memory_dtype = |r: &Region| match r {

@@ -439,35 +439,28 @@ impl KernelBuilder {
     }
 
     /// `region.bounded([e0, e1, ..])`: masks elements at or past `e` per axis.
-    pub fn bounded(&self, r: Region, bound: Vec<Val>, loc: SrcLoc) -> Region {
-        match r {
-            Region::Global { tensor, offset, shape, cache, whole_lines, .. } => {
+    pub fn bounded(&self, mut r: Region, bound: Vec<Val>, loc: SrcLoc) -> Region {
+        match &mut r {
+            Region::Global { offset, bound: b, .. } => {
                 if bound.len() != offset.len() {
                     self.error(loc, format!("bounded: {} bounds for a box of {} axes", bound.len(), offset.len()));
                 }
-                let bound = Some(bound.into_iter().map(|v| v.0).collect());
-                Region::Global { tensor, offset, shape, bound, cache, whole_lines }
+                *b = Some(bound.into_iter().map(|v| v.0).collect());
             }
-            r => {
-                self.error(loc, "bounded applies to a box of a global tensor");
-                r
-            }
+            Region::Buf(_) => self.error(loc, "bounded applies to a box of a global tensor"),
         }
+        r
     }
 
     /// `region.streaming()`: the box's data is read or written once, so its loads, stores and
     /// `cp.async` copies ask L2 to evict their lines first (`CachePolicy::EvictFirst`), leaving
     /// room for what other blocks still read.
-    pub fn streaming(&self, r: Region, loc: SrcLoc) -> Region {
-        match r {
-            Region::Global { tensor, offset, shape, bound, whole_lines, .. } => {
-                Region::Global { tensor, offset, shape, bound, cache: CachePolicy::EvictFirst, whole_lines }
-            }
-            r => {
-                self.error(loc, "streaming applies to a box of a global tensor");
-                r
-            }
+    pub fn streaming(&self, mut r: Region, loc: SrcLoc) -> Region {
+        match &mut r {
+            Region::Global { cache, .. } => *cache = CachePolicy::EvictFirst,
+            Region::Buf(_) => self.error(loc, "streaming applies to a box of a global tensor"),
         }
+        r
     }
 
     /// `region.whole_lines()` (or `.whole_lines(on)` with a host `bool`): a fragment stored
@@ -475,16 +468,12 @@ impl KernelBuilder {
     /// trade halves through `shfl` first) instead of half lines of twice as many rows. Where
     /// the fragment's layout or the box's masks do not allow it, the store is the usual one (the
     /// `copy_plan` dump says why); loads and copies from shared memory ignore it.
-    pub fn whole_lines(&self, r: Region, on: bool, loc: SrcLoc) -> Region {
-        match r {
-            Region::Global { tensor, offset, shape, bound, cache, .. } => {
-                Region::Global { tensor, offset, shape, bound, cache, whole_lines: on }
-            }
-            r => {
-                self.error(loc, "whole_lines applies to a box of a global tensor");
-                r
-            }
+    pub fn whole_lines(&self, mut r: Region, on: bool, loc: SrcLoc) -> Region {
+        match &mut r {
+            Region::Global { whole_lines, .. } => *whole_lines = on,
+            Region::Buf(_) => self.error(loc, "whole_lines applies to a box of a global tensor"),
         }
+        r
     }
 
     /// `copy(src, dst)`.

@@ -16,7 +16,7 @@
 use kda_dsl::DType;
 use kda_macros::kernel;
 
-/// Sequences one block takes at most (`ITEMS`); the launcher picks `ITEMS` to fill the GPU once.
+/// Sequences one block takes at most (`ITEMS`; the one-wave grid picks up to this many, `max_items`).
 pub const MAX_ITEMS: usize = 256;
 
 /// The most blocks a grid may have along its y and z axes (CUDA's limit); decode's sequence

@@ -1,12 +1,13 @@
 //! Whole-line fragment stores (`.whole_lines()`): a warp writes four rows' whole 128-byte lines
 //! per store instruction instead of half lines of eight rows.
 //!
-//! In a tile fragment a row is spread over four lanes (`t`), 16 bytes each per 16-column group,
-//! so one `st.global.v4` covers 64 bytes of each of eight rows (`g`). Row groups `g` and `g ^ 1`
-//! (lanes `l` and `l ^ 4`) trade one of every two such groups through a `shfl`; then for each
-//! row of the pair in turn, the even group stores the lower 64 bytes of a line and the odd
-//! group the upper 64, so each instruction writes four whole lines. Same bytes, half the line
-//! requests; a write-heavy decode (several tokens per sequence) measured faster with it.
+//! In a tile fragment with 4 lanes per row, a row is spread over four lanes (`t`), 16 bytes each
+//! per 16-column group, so one `st.global.v4` covers 64 bytes of each of eight rows (`g`). Row
+//! groups `g` and `g ^ 1` (lanes `l` and `l ^ 4`) trade one of every two such groups through a
+//! `shfl`; then for each row of the pair in turn, the even group stores the lower 64 bytes of a
+//! line and the odd group the upper 64, so each instruction writes four whole lines. Same bytes,
+//! half the line requests; a write-heavy decode (several tokens per sequence) measured faster
+//! with it. (With 32 lanes per row, plain stores already write whole lines.)
 
 use super::copy::{covers, GlobalBox};
 use super::Lower;

@@ -220,10 +220,11 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
     }
 }
 
-/// The (rows, cols, warps) shapes of 2-D element-wise fragments that move only to and from
-/// 16-bit memory: some copy moves such a fragment, and every copy between one of them and a
-/// shared tile or a global box moves bf16 or f16. Decided per shape, not per fragment: the
-/// fragments of one shape work together element by element, so they share one layout.
+/// The (rows, cols, warps, lanes per row) shapes of 2-D element-wise fragments that move only
+/// to and from 16-bit memory: some copy moves such a fragment, and every copy between one of
+/// them and a shared tile or a global box moves bf16 or f16. Decided per shape, not per
+/// fragment: the fragments of one shape work together element by element, so they share one
+/// layout.
 fn half_memory_shapes(def: &KernelDef, wof: &[u32], in_gemm: &[BufId]) -> HashSet<(u32, u32, u32, u32)> {
     let elementwise = |b: BufId| {
         let x = &def.buffers[b];

@@ -1,7 +1,7 @@
 //! The f64 reference of `gated_delta_rule_decode` (KDA-SPEC), and random inputs for it.
 
 use crate::decode::{Beta, DecodeConfig, Gate, Writes};
-use crate::reference::{round_to, Rng};
+use crate::reference::{l2norm, round_to, sigmoid, softplus, token_step, Rng};
 use kda_dsl::DType;
 
 /// Head dimension (K = V).
@@ -79,23 +79,6 @@ impl DecodeInputs {
             _ => 0,
         }
     }
-}
-
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn softplus(x: f64) -> f64 {
-    if x > 20.0 {
-        x
-    } else {
-        (1.0 + x.exp()).ln()
-    }
-}
-
-fn l2norm(x: &[f64]) -> Vec<f64> {
-    let n = (x.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
-    x.iter().map(|v| v / n).collect()
 }
 
 /// Offset of element (k, v) of state `slot`, head `hv` in a pool of the config's layout.
@@ -179,20 +162,14 @@ pub fn decode_ref(cfg: &DecodeConfig, x: &DecodeInputs) -> DecodeOutputs {
                     Beta::TwoSigmoid => 2.0 * sigmoid(braw),
                 };
                 let bidx = (bi * t_all + ti) * hv_n + hv;
-                for kk in 0..D {
-                    for v2 in 0..D {
-                        s[kk * D + v2] *= alpha[kk];
-                    }
-                }
-                for v2 in 0..D {
-                    let sk: f64 = (0..D).map(|kk| s[kk * D + v2] * kv[kk]).sum();
-                    let beta = beta_of(if cfg.beta_headwise { x.beta[bidx * D + v2] } else { x.beta[bidx] });
-                    let u = beta * (vv[v2] - sk);
-                    for kk in 0..D {
-                        s[kk * D + v2] += kv[kk] * u;
-                    }
-                    let o: f64 = (0..D).map(|kk| s[kk * D + v2] * qv[kk]).sum();
-                    out[bidx * D + v2] = round_to(o, cfg.out_dtype);
+                let beta: Vec<f64> = if cfg.beta_headwise {
+                    x.beta[bidx * D..(bidx + 1) * D].iter().map(|&b| beta_of(b)).collect()
+                } else {
+                    vec![beta_of(x.beta[bidx])]
+                };
+                let o = token_step(&mut s, &alpha, &kv, &vv, &beta, &qv);
+                for (dst, o) in out[bidx * D..(bidx + 1) * D].iter_mut().zip(o) {
+                    *dst = round_to(o, cfg.out_dtype);
                 }
                 if cfg.state_dtype != DType::F32 {
                     s.iter_mut().for_each(|e| *e = round_to(*e, cfg.state_dtype));

@@ -4,6 +4,9 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod chunk;
+pub mod chunk_check;
+pub mod chunk_ref;
 pub mod decode;
 pub mod decode_families;
 pub mod decode_ref;
@@ -66,6 +69,30 @@ pub fn decode_configs() -> Vec<decode::DecodeConfig> {
     ]
 }
 
+/// The variant of a chunk config; shipped when it is one of [`chunk_configs`], otherwise
+/// compiled on first use like any config.
+pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
+    let default = cfg == chunk::ChunkConfig::default();
+    Variant { family: "chunk", name: cfg.key(), default, build: std::sync::Arc::new(move || chunk::chunk(&cfg)) }
+}
+
+/// The chunk configs shipped: the bench cases' variant (dense and varlen), the decode pool in
+/// place, and the precomputed gate.
+pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
+    use chunk::{ChunkConfig as C, ChunkGate, ChunkStates};
+    let d = C::default();
+    vec![
+        d.clone(),
+        C { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
+        C {
+            varlen: Some(kda_dsl::DType::I32),
+            states: ChunkStates::Pool { indices: kda_dsl::DType::I32, has_initial: Some(kda_dsl::DType::I32) },
+            ..d.clone()
+        },
+        C { gate: ChunkGate::Precomputed, ..d },
+    ]
+}
+
 /// The GEMM configs shipped (and covered by snapshots and ptxas).
 pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
@@ -91,5 +118,10 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
 
 /// Every shipped variant, in a stable order.
 pub fn variants() -> Vec<Variant> {
-    gemm_configs().into_iter().map(gemm_variant).chain(decode_configs().into_iter().map(decode_variant)).collect()
+    gemm_configs()
+        .into_iter()
+        .map(gemm_variant)
+        .chain(decode_configs().into_iter().map(decode_variant))
+        .chain(chunk_configs().into_iter().map(chunk_variant))
+        .collect()
 }

@@ -108,3 +108,56 @@ impl Rng {
         (0..n).map(|_| round_to(self.normal(), dtype)).collect()
     }
 }
+
+/// `1 / (1 + e^-x)`.
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// KDA-SPEC's softplus: `x` above 20 (where `ln(1 + e^x)` is `x` to f32 precision), else
+/// `ln(1 + e^x)`.
+pub fn softplus(x: f64) -> f64 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+/// KDA-SPEC's l2norm: `x / sqrt(sum(x^2) + 1e-6)` (the epsilon keeps a zero row at zero).
+pub fn l2norm(x: &[f64]) -> Vec<f64> {
+    let n = (x.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
+    x.iter().map(|v| v / n).collect()
+}
+
+/// One token of KDA-SPEC's recurrence, in place on a K x V state `s` (`s[k * V + v]` holds
+/// `S[k, v]`), shared by the decode and chunk references so the recurrence is written once:
+///
+/// ```text
+/// S = diag(alpha) * S;  u = beta * (v - S^T k);  S = S + k u^T;  o = S^T q
+/// ```
+///
+/// `alpha` (`exp(g)`), `k` and `q` have K entries (q already l2-normalized and scaled), `v` has
+/// V; `beta` holds one scalar, or V entries for a headwise beta. Returns `o` (V entries), read
+/// after the update.
+pub fn token_step(s: &mut [f64], alpha: &[f64], k: &[f64], v: &[f64], beta: &[f64], q: &[f64]) -> Vec<f64> {
+    let (kd, vd) = (k.len(), v.len());
+    debug_assert!(s.len() == kd * vd && alpha.len() == kd && q.len() == kd);
+    debug_assert!(beta.len() == 1 || beta.len() == vd);
+    for kk in 0..kd {
+        for e in &mut s[kk * vd..(kk + 1) * vd] {
+            *e *= alpha[kk];
+        }
+    }
+    // Value columns are independent: each takes its delta, its update and its output in turn.
+    (0..vd)
+        .map(|v2| {
+            let sk: f64 = (0..kd).map(|kk| s[kk * vd + v2] * k[kk]).sum();
+            let u = beta[if beta.len() == 1 { 0 } else { v2 }] * (v[v2] - sk);
+            for kk in 0..kd {
+                s[kk * vd + v2] += k[kk] * u;
+            }
+            (0..kd).map(|kk| s[kk * vd + v2] * q[kk]).sum()
+        })
+        .collect()
+}

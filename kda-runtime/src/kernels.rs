@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use kda_dsl::artifact::CompiledKernel;
 use kda_dsl::Target;
+use kda_kernels::chunk::ChunkConfig;
 use kda_kernels::decode::DecodeConfig;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
@@ -28,6 +29,7 @@ pub struct Kernels {
     // Per-call lookups by config, so a launch formats no variant name.
     gemm: Mutex<HashMap<GemmConfig, Arc<Ready>>>,
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
+    chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
 }
@@ -62,6 +64,11 @@ impl Kernels {
     /// The compiled decode kernel for `cfg` (compiled on first use).
     pub fn decode(&self, cfg: &DecodeConfig) -> Result<Arc<Ready>, RuntimeError> {
         self.ready(&self.decode, cfg, || kda_kernels::decode_variant(cfg.clone()))
+    }
+
+    /// The compiled chunk (prefill) kernel for `cfg` (compiled on first use).
+    pub fn chunk(&self, cfg: &ChunkConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk, cfg, || kda_kernels::chunk_variant(cfg.clone()))
     }
 
     fn ready<K: std::hash::Hash + Eq + Clone>(

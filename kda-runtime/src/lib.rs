@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod chunk;
 mod convert;
 pub mod decode;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod kernels;
 pub mod launch;
 pub mod tensor;
 pub mod timing;
+mod validate;
 
 pub use cache::{LoadedKernel, ModuleCache};
 pub use cudarc::driver::CudaStream;

@@ -92,6 +92,7 @@ pub fn gpu_checks() -> Result<usize, String> {
         }
     }
     failures += decode_checks(&gpu, &kernels);
+    failures += super::chunk_gpu::chunk_checks(&gpu, &kernels);
     failures += selftest_checks(&gpu, &kernels);
     Ok(failures)
 }

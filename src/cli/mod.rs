@@ -22,6 +22,7 @@ pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
 
 mod bench;
 mod check;
+mod chunk_gpu;
 mod decode_gpu;
 mod demo;
 mod emit;

@@ -10,11 +10,8 @@ use kda_dsl::dtype::DType;
 
 use super::args::DecodeArgs;
 use crate::error::RuntimeError;
-use crate::launch::POINTER_ALIGN;
 use crate::tensor::TensorView;
-
-/// The only head dimension (K and V) the kernels support.
-const HEAD_DIM: usize = 128;
+use crate::validate::{self, shape, ArgError, HEAD_DIM};
 
 /// Why [`plan_decode`] (or the checked mode) rejected a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +56,16 @@ impl fmt::Display for DecodeError {
 }
 
 impl std::error::Error for DecodeError {}
+
+impl ArgError for DecodeError {
+    fn invalid(arg: &'static str, message: String) -> Self {
+        DecodeError::InvalidArgument { arg, message }
+    }
+
+    fn unsupported(arg: &'static str, message: String) -> Self {
+        DecodeError::Unsupported { arg, message }
+    }
+}
 
 impl From<DecodeError> for RuntimeError {
     fn from(err: DecodeError) -> Self {
@@ -503,9 +510,9 @@ fn check_state(args: &DecodeArgs, state_dtype: DType, dims: [usize; 4], v_first:
     Ok(pool)
 }
 
-/// Every given tensor with elements must be [`POINTER_ALIGN`]-byte aligned.
+/// Every given tensor with elements must be 16-byte aligned (see [`validate::check_aligned`]).
 fn check_alignment(args: &DecodeArgs) -> Result<(), DecodeError> {
-    let tensors = [
+    validate::check_aligned(&[
         ("q", Some(args.q)),
         ("k", Some(args.k)),
         ("v", Some(args.v)),
@@ -519,17 +526,7 @@ fn check_alignment(args: &DecodeArgs) -> Result<(), DecodeError> {
         ("state_indices", args.state_indices),
         ("output", args.output),
         ("final_state", args.final_state),
-    ];
-    for (name, x) in tensors {
-        if let Some(x) = x.filter(|x| x.numel() > 0 && x.ptr() % POINTER_ALIGN != 0) {
-            let msg = format!(
-                "{name} must be {POINTER_ALIGN}-byte aligned (the kernels use vector loads), got address {:#x}.",
-                x.ptr()
-            );
-            return Err(unsupported(name, msg));
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// The preallocated `final_state` must be exactly the state tensor the call returns.
@@ -558,20 +555,13 @@ fn rank4(name: &'static str, x: &TensorView, msg: &str) -> Result<[usize; 4], De
 }
 
 fn same_device(q: &TensorView, name: &'static str, x: &TensorView) -> Result<(), DecodeError> {
-    if x.device() == q.device() {
-        return Ok(());
-    }
-    Err(invalid(name, format!("Expected {name} to be on device cuda:{}, got cuda:{}.", q.device(), x.device())))
-}
-
-fn shape(x: &TensorView) -> String {
-    format!("{:?}", x.shape())
+    validate::same_device(q, name, x)
 }
 
 pub(super) fn invalid(arg: &'static str, message: String) -> DecodeError {
-    DecodeError::InvalidArgument { arg, message }
+    DecodeError::invalid(arg, message)
 }
 
 fn unsupported(arg: &'static str, message: String) -> DecodeError {
-    DecodeError::Unsupported { arg, message }
+    DecodeError::unsupported(arg, message)
 }

@@ -1,0 +1,409 @@
+//! `chunk_kda` in the DSL: the KDA recurrence over 16-token chunks, the heavy products on
+//! tensor cores.
+//!
+//! A block is one warp and owns 16 value rows of one (sequence, value head)'s V-first state
+//! `S [V, K]`, held in registers as an f32 mma accumulator for the whole sequence. Value rows are
+//! independent in the delta rule, so the 8 blocks of a head need nothing from each other; each
+//! prepares the chunk's keys itself (repeated work, the price of this first form). Per chunk of
+//! `C = 16` tokens, with `G` the in-chunk inclusive cumulative gate in log2 units and
+//! `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
+//!
+//! ```text
+//! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        bf16, in shared memory
+//! A   = strict_lower(diag(beta) kd kiᵀ)   INV = (I + A)^-1 (f32 forward substitution)
+//! Mqk = lower_incl_diag(qd kiᵀ)
+//! Wᵀ  = S kdᵀ,  Vnᵀ = beta (vᵀ - Wᵀ),  Uᵀ = Vnᵀ INVᵀ                   the warp's transposed view
+//! Oᵀ  = S qdᵀ + Uᵀ Mqkᵀ,  S = S diag(2^Γ) + Uᵀ kr
+//! ```
+//!
+//! With the lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`,
+//! so `2^-G` fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and
+//! `Mqk` element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1), and needs no `ki`.
+//! Rows past the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so
+//! nothing of the next sequence leaks in.
+
+use kda_dsl::DType;
+use kda_macros::kernel;
+
+/// Tokens per chunk.
+pub const CHUNK: usize = 16;
+
+/// Value rows of the state one block (one warp) owns.
+pub const ROWS: usize = 16;
+
+/// The gate rule of `chunk_kda` (KDA-SPEC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkGate {
+    /// `g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`, with `lower_bound` in [-5, 0).
+    LowerBound,
+    /// `g` given as a natural-log decay (`g <= 0`, unbounded below).
+    Precomputed,
+}
+
+/// Where a sequence's state starts and where its final state goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkStates {
+    /// From zeros; the final state goes to `final_state[n]` when `store_final`.
+    Zeros {
+        /// Write `final_state[n]`.
+        store_final: bool,
+    },
+    /// From `state[n]`; the final state goes to `final_state[n]` when `store_final`.
+    PerSequence {
+        /// Write `final_state[n]`.
+        store_final: bool,
+    },
+    /// The decode pool in place: from `state[state_indices[n]]` (zeros where
+    /// `has_initial_state[n]` is 0), and back into that slot; a slot outside the pool is padding.
+    Pool {
+        /// `state_indices` dtype (i32 or i64).
+        indices: DType,
+        /// `has_initial_state` dtype, when given.
+        has_initial: Option<DType>,
+    },
+}
+
+/// What a chunk variant is specialized for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkConfig {
+    /// q, k, v, g, beta and output element type (`BF16` or `F16`).
+    pub dtype: DType,
+    /// State element type (`F32`, or the input type), carried in f32 and rounded once on store.
+    pub state_dtype: DType,
+    /// Gate rule.
+    pub gate: ChunkGate,
+    /// `dt_bias` element type (lower-bound gate only).
+    pub dt_bias: DType,
+    /// l2-normalize q and k.
+    pub l2norm: bool,
+    /// `cu_seqlens` given, and its type.
+    pub varlen: Option<DType>,
+    /// State sources and destinations.
+    pub states: ChunkStates,
+}
+
+impl Default for ChunkConfig {
+    /// The bench configuration: bf16 inputs, lower-bound gate, l2norm, an f32 initial state in
+    /// and the final state out.
+    fn default() -> Self {
+        ChunkConfig {
+            dtype: DType::BF16,
+            state_dtype: DType::F32,
+            gate: ChunkGate::LowerBound,
+            dt_bias: DType::F32,
+            l2norm: true,
+            varlen: None,
+            states: ChunkStates::PerSequence { store_final: true },
+        }
+    }
+}
+
+impl ChunkConfig {
+    /// A short stable name.
+    pub fn key(&self) -> String {
+        let states = match self.states {
+            ChunkStates::Zeros { store_final } => format!("zeros{}", if store_final { "_final" } else { "" }),
+            ChunkStates::PerSequence { store_final } => format!("init{}", if store_final { "_final" } else { "" }),
+            ChunkStates::Pool { indices, has_initial } => {
+                format!(
+                    "pool_{}{}",
+                    indices.name(),
+                    has_initial.map(|d| format!("_has{}", d.name())).unwrap_or_default()
+                )
+            }
+        };
+        let gate = match self.gate {
+            ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
+            ChunkGate::Precomputed => "pre".to_string(),
+        };
+        format!(
+            "{}_s{}_{}{}_cu{}_{}",
+            self.dtype,
+            self.state_dtype,
+            gate,
+            if self.l2norm { "_l2" } else { "" },
+            self.varlen.map(|d| d.name()).unwrap_or("none"),
+            states
+        )
+        .to_lowercase()
+    }
+
+    fn reads_state(&self) -> bool {
+        !matches!(self.states, ChunkStates::Zeros { .. })
+    }
+
+    fn pool(&self) -> bool {
+        matches!(self.states, ChunkStates::Pool { .. })
+    }
+
+    fn store_final(&self) -> bool {
+        matches!(self.states, ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true })
+    }
+
+    fn indices(&self) -> DType {
+        match self.states {
+            ChunkStates::Pool { indices, .. } => indices,
+            _ => DType::I32,
+        }
+    }
+
+    fn has_initial(&self) -> Option<DType> {
+        match self.states {
+            ChunkStates::Pool { has_initial, .. } => has_initial,
+            _ => None,
+        }
+    }
+}
+
+/// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// The chunked recurrence for 16 value rows of one (sequence, value head).
+///
+/// Tensors a config does not use are still parameters; the launcher binds a placeholder the
+/// kernel never reads. `state` is `initial_state` (or the pool, read and written in place),
+/// `final_state` the per-sequence output.
+#[kernel]
+pub fn chunk(
+    cfg: &ChunkConfig,
+    q: Global<(B, T, H, KD), { cfg.dtype }>,
+    k: Global<(B, T, H, KD), { cfg.dtype }>,
+    v: Global<(B, T, HV, VD), { cfg.dtype }>,
+    g: Global<(B, T, HV, KD), { cfg.dtype }>,
+    beta: Global<(B, T, HV), { cfg.dtype }>,
+    a_log: Global<(HVA,), F32>,
+    dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
+    state: GlobalMut<(P, HV, S1, S2), { cfg.state_dtype }>,
+    final_state: GlobalMut<(F, HV, S1, S2), { cfg.state_dtype }>,
+    state_indices: Global<(NI,), { cfg.indices() }>,
+    has_initial: Global<(NH,), { cfg.has_initial().unwrap_or(I32) }>,
+    cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
+    out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
+    NSEQ: Dim,
+    scale: f32,
+    lower_bound: f32,
+) {
+    let (vb, hv, n) = launch(grid = [VD / 16, HV, NSEQ], threads = 32);
+    // K = V = 128 (the launcher checks): boxes along these axes need no masks.
+    assume_extent(KD, 128);
+    assume_extent(VD, 128);
+    assume_extent(S1, 128);
+    assume_extent(S2, 128);
+    let h = hv / (HV / H);
+    let v0 = vb * 16;
+    // The sequence's tokens: rows `bos .. eos` of batch row `bi`.
+    let mut bos = 0;
+    let mut eos = T;
+    let mut bi = n;
+    if cfg.varlen.is_some() {
+        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
+        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
+        bos = s0;
+        eos = s1;
+        bi = 0;
+    }
+    // The state slot (-1: padding, which writes zero output rows and touches no state) and
+    // whether the sequence starts from it.
+    let mut slot = n;
+    let mut from_state = n >= 0;
+    if cfg.pool() {
+        let raw = state_indices[n];
+        slot = select(raw >= 0 && raw < P, raw as i32, -1);
+        from_state = slot >= 0;
+        if cfg.has_initial().is_some() {
+            from_state = slot >= 0 && has_initial[n] != 0;
+        }
+    }
+    let live = slot >= 0;
+
+    let s = fragment([16, 128], F32);
+    if cfg.reads_state() {
+        if from_state {
+            copy(state.tile_at([slot, hv, v0, 0], [1, 1, 16, 128]), s);
+        } else {
+            clear(s);
+        }
+    } else {
+        clear(s);
+    }
+
+    // The head's gate constants.
+    let dt_sh = shared([128], cfg.dt_bias);
+    let mut ea = 1.0;
+    if cfg.gate == ChunkGate::LowerBound {
+        ea = exp(a_log[hv]);
+        copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
+    }
+
+    // The chunk's inputs, staged by the pipeline.
+    let q_sh = shared([16, 128], cfg.dtype);
+    let k_sh = shared([16, 128], cfg.dtype);
+    let g_sh = shared([16, 128], cfg.dtype);
+    let v_sh = shared([16, 16], cfg.dtype);
+    let b_sh = shared([16], cfg.dtype);
+    // Key preparation.
+    let gl = shared([16, 128], F32);
+    let kf = fragment([16, 128], F32);
+    let qf = fragment([16, 128], F32);
+    let sq = fragment([16, 128], F32);
+    let rk = fragment([16], F32);
+    let rq = fragment([16], F32);
+    let kd_sh = shared([16, 128], BF16);
+    let qd_sh = shared([16, 128], BF16);
+    let ki_sh = shared([16, 128], BF16);
+    let kr_sh = shared([16, 128], BF16);
+    let kn_sh = shared([16, 128], F32);
+    let qn_sh = shared([16, 128], F32);
+    let la = fragment([16, 16], F32);
+    let ma = fragment([16, 16], F32);
+    let a_sh = shared([16, 16], F32);
+    let mq_sh = shared([16, 16], BF16);
+    let bt_sh = shared([16], F32);
+    let cols = shared([16], F32);
+    let x = local([16], F32);
+    let inv_sh = shared([16, 16], BF16);
+    // The state's products.
+    let wt = fragment([16, 16], F32);
+    let ot = fragment([16, 16], F32);
+    let vn = fragment([16, 16], F32);
+    let ut = fragment([16, 16], F32);
+    let o_sh = shared([16, 16], cfg.dtype);
+
+    for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
+        copy(q.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
+        copy(k.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
+        copy(g.tile_at([bi, bos + 16 * c, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+        copy(v.tile_at([bi, bos + 16 * c, hv, v0], [1, 16, 1, 16]).bounded([B, eos, HV, 128]), v_sh);
+        copy(beta.tile_at([bi, bos + 16 * c, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+        let t0 = bos + 16 * c;
+        // Valid rows of this chunk (16 but in the last).
+        let nv = min(eos - t0, 16);
+
+        // The gate in log2 units, 0 past the end, then its inclusive cumulative sum.
+        for (i, j) in parallel(gl) {
+            let mut gx = g_sh[i][j] as f32;
+            if cfg.gate == ChunkGate::LowerBound {
+                gx = lower_bound * sigmoid(ea * (gx + dt_sh[j] as f32));
+            }
+            gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
+        }
+        cumsum(gl, gl, 0);
+        for (i,) in parallel(bt_sh) {
+            bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
+        }
+
+        // Normalized keys and queries.
+        copy(k_sh, kf);
+        copy(q_sh, qf);
+        if cfg.l2norm {
+            for (i, j) in parallel(sq) {
+                sq[i][j] = kf[i][j] * kf[i][j];
+            }
+            reduce_sum(sq, rk, 1);
+            for (i, j) in parallel(sq) {
+                sq[i][j] = qf[i][j] * qf[i][j];
+            }
+            reduce_sum(sq, rq, 1);
+            for (i, j) in parallel(kf) {
+                kf[i][j] = kf[i][j] * rsqrt(rk[i] + 1e-6);
+                qf[i][j] = qf[i][j] * rsqrt(rq[i] + 1e-6);
+            }
+        }
+
+        // The prepared operands.
+        for (i, j) in parallel(kf) {
+            let gi = gl[i][j];
+            let kn = kf[i][j];
+            let qn = qf[i][j] * scale;
+            kd_sh[i][j] = kn * exp2(gi);
+            qd_sh[i][j] = qn * exp2(gi);
+            kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
+            if cfg.gate == ChunkGate::LowerBound {
+                ki_sh[i][j] = kn * exp2(-gi);
+            } else {
+                kn_sh[i][j] = kn;
+                qn_sh[i][j] = qn;
+            }
+        }
+
+        // A = strict_lower(diag(beta) kd kiᵀ) and Mqk = lower_incl_diag(qd kiᵀ).
+        if cfg.gate == ChunkGate::LowerBound {
+            clear(la);
+            clear(ma);
+            gemm(kd_sh, ki_sh.t(), la);
+            gemm(qd_sh, ki_sh.t(), ma);
+        } else {
+            // Element-wise: every exponent G_i - G_j with j <= i is at most 0, whatever the
+            // gate; the pairs above the diagonal are clamped (and discarded below).
+            for (i, j) in parallel(la) {
+                let mut acc_l = 0.0;
+                let mut acc_m = 0.0;
+                for cc in serial(0, 128) {
+                    let kj = kn_sh[j][cc] * exp2(min(gl[i][cc] - gl[j][cc], 0.0));
+                    acc_l = acc_l + kn_sh[i][cc] * kj;
+                    acc_m = acc_m + qn_sh[i][cc] * kj;
+                }
+                la[i][j] = acc_l;
+                ma[i][j] = acc_m;
+            }
+        }
+        for (i, j) in parallel(la) {
+            a_sh[i][j] = select(j < i, bt_sh[i] * la[i][j], 0.0);
+            mq_sh[i][j] = select(j <= i, ma[i][j], 0.0);
+        }
+
+        // INV = (I + A)^-1, one lane per column: x_i = e_i - sum_{m < i} A[i][m] x_m.
+        for (jc,) in parallel(cols) {
+            for i in 0..16 {
+                let mut acc = select(jc == i as i32, 1.0, 0.0);
+                for m in 0..i {
+                    acc = acc - a_sh[i][m] * x[m];
+                }
+                x[i] = acc;
+                inv_sh[i][jc] = acc;
+            }
+        }
+
+        // The state's products, in the transposed view (rows = the block's value rows).
+        clear(wt);
+        clear(ot);
+        gemm(s, kd_sh.t(), wt);
+        gemm(s, qd_sh.t(), ot);
+        for (a, b) in parallel(vn) {
+            vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
+        }
+        clear(ut);
+        gemm(vn, inv_sh.t(), ut);
+        gemm(ut, mq_sh.t(), ot);
+        // Output rows through shared memory (transposed back); padding writes zeros.
+        for (a, b) in parallel(ot) {
+            o_sh[b][a] = select(live, ot[a][b], 0.0);
+        }
+        copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, 16]).bounded([B, eos, HV, 128]));
+        // S = S diag(2^Γ) + Uᵀ kr.
+        for (a, j) in parallel(s) {
+            s[a][j] = s[a][j] * exp2(gl[nv - 1][j]);
+        }
+        gemm(ut, kr_sh, s);
+    }
+
+    if cfg.store_final() {
+        copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, 16, 128]));
+    }
+    if cfg.pool() {
+        if live {
+            copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, 16, 128]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_compiles() {
+        let def = chunk(&ChunkConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+        kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{e}"));
+    }
+}

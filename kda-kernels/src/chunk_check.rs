@@ -1,0 +1,181 @@
+//! `chunk` through the block simulator against the f64 reference of `chunk_kda`.
+
+use crate::check::{simulate, tensor_values};
+use crate::chunk::{chunk, ChunkConfig, ChunkStates};
+use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs};
+use crate::reference::{rel_err, to_bytes};
+use kda_dsl::sim::SimArg;
+use kda_dsl::DType;
+
+/// Head dimension (K = V).
+const D: usize = 128;
+
+/// How a simulated chunk call compares with the f64 reference.
+#[derive(Clone, Debug)]
+pub struct ChunkCompare {
+    /// Worst relative error of one (sequence, value head)'s output rows.
+    pub out_err: f64,
+    /// Worst relative error of one written (sequence, value head) state.
+    pub state_err: f64,
+    /// Output elements that are NaN (never written) or non-zero where the reference is exactly
+    /// zero (padding rows).
+    pub bad_elements: usize,
+    /// State elements that differ from the reference in slots the call must not write.
+    pub untouched_changed: usize,
+    /// What the simulator produced.
+    pub got: ChunkOutputs,
+}
+
+/// Error bounds `(output, state)` against the f64 reference (KDA-SPEC "Numerics to test
+/// against"): 16-bit inputs and outputs, and the state's products in bf16.
+pub fn tolerance(_cfg: &ChunkConfig) -> (f64, f64) {
+    (1e-2, 1e-2)
+}
+
+/// The token ranges `(batch row, first token, tokens)` of the call's sequences.
+fn sequences(x: &ChunkInputs) -> Vec<(usize, usize, usize)> {
+    match &x.cu_seqlens {
+        Some(cu) => cu.windows(2).map(|w| (0, w[0] as usize, (w[1] - w[0]) as usize)).collect(),
+        None => (0..x.b).map(|b| (b, 0, x.t)).collect(),
+    }
+}
+
+/// Runs one call in the simulator and compares it with [`chunk_reference`], per (sequence,
+/// value head).
+pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, String> {
+    let got = simulate_chunk(cfg, x)?;
+    Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
+}
+
+/// Compares what a call wrote (`got`, from the simulator or a GPU) with the reference's `want`,
+/// per (sequence, value head).
+pub fn compare_chunk(cfg: &ChunkConfig, x: &ChunkInputs, got: ChunkOutputs, want: &ChunkOutputs) -> ChunkCompare {
+    let mut out_err = 0.0f64;
+    let mut bad_elements = 0;
+    for (bi, t0, tn) in sequences(x) {
+        for hv in 0..x.hv {
+            let rows = |o: &[f64]| -> Vec<f64> {
+                (t0..t0 + tn).flat_map(|t| o[((bi * x.t + t) * x.hv + hv) * D..][..D].to_vec()).collect()
+            };
+            let (g, w) = (rows(&got.out), rows(&want.out));
+            if w.iter().all(|v| *v == 0.0) {
+                bad_elements += g.iter().filter(|v| **v != 0.0).count();
+            } else {
+                out_err = out_err.max(rel_err(&g, &w));
+            }
+        }
+    }
+    bad_elements += got.out.iter().filter(|v| v.is_nan()).count();
+    let state = |s: &[f64], slot: usize, hv: usize| s[(slot * x.hv + hv) * D * D..][..D * D].to_vec();
+    let mut state_err = 0.0f64;
+    let mut untouched_changed = 0;
+    let n = x.sequences();
+    match cfg.states {
+        ChunkStates::Pool { .. } => {
+            let idx = x.state_indices.as_deref().unwrap_or(&[]);
+            let slots = x.pool_slots();
+            for slot in 0..slots {
+                let written = idx.contains(&(slot as i64));
+                for hv in 0..x.hv {
+                    let (g, w) = (state(&got.final_state, slot, hv), state(&want.final_state, slot, hv));
+                    if written {
+                        state_err = state_err.max(rel_err(&g, &w));
+                    } else {
+                        untouched_changed += g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                    }
+                }
+            }
+        }
+        ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true } => {
+            for s in 0..n {
+                for hv in 0..x.hv {
+                    state_err =
+                        state_err.max(rel_err(&state(&got.final_state, s, hv), &state(&want.final_state, s, hv)));
+                }
+            }
+        }
+        _ => {}
+    }
+    ChunkCompare { out_err, state_err, bad_elements, untouched_changed, got }
+}
+
+/// Runs one call in the simulator; the output and final state start as NaN.
+pub fn simulate_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkOutputs, String> {
+    let def = chunk(cfg).map_err(|e| e.to_string())?;
+    let n = x.sequences();
+    let (dt, st) = (cfg.dtype, cfg.state_dtype);
+    let t = |n: &str, v: &[f64], d: DType| (n.to_string(), SimArg::Tensor(to_bytes(v, d)));
+    let i = |n: &str, v: usize| (n.to_string(), SimArg::I32(v as i32));
+    let small = |n: &str, d: DType| (n.to_string(), SimArg::Tensor(to_bytes(&[0.0; 4], d)));
+    let mut args = vec![
+        t("q", &x.q, dt),
+        t("k", &x.k, dt),
+        t("v", &x.v, dt),
+        t("g", &x.g, dt),
+        t("beta", &x.beta, dt),
+        i("B", x.b),
+        i("T", x.t),
+        i("H", x.h),
+        i("HV", x.hv),
+        i("KD", D),
+        i("VD", D),
+        i("S1", D),
+        i("S2", D),
+        t("out", &vec![f64::NAN; x.b * x.t * x.hv * D], dt),
+        i("NSEQ", n),
+        ("scale".into(), SimArg::F32(x.scale as f32)),
+        ("lower_bound".into(), SimArg::F32(x.lower_bound as f32)),
+    ];
+    match (&x.a_log, &x.dt_bias) {
+        (Some(al), Some(db)) => args.extend([
+            t("a_log", al, DType::F32),
+            i("HVA", x.hv),
+            t("dt_bias", db, cfg.dt_bias),
+            i("HVD", x.hv),
+            i("KDB", D),
+        ]),
+        _ => args.extend([
+            small("a_log", DType::F32),
+            i("HVA", 1),
+            small("dt_bias", cfg.dt_bias),
+            i("HVD", 1),
+            i("KDB", 1),
+        ]),
+    }
+    let state_len = |slots: usize| slots * x.hv * D * D;
+    match (cfg.states, &x.initial) {
+        (ChunkStates::Zeros { .. }, _) | (_, None) => args.extend([small("state", st), i("P", 1)]),
+        (_, Some(init)) => args.extend([t("state", init, st), i("P", init.len() / state_len(1))]),
+    }
+    let stores_final =
+        matches!(cfg.states, ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true });
+    if stores_final {
+        args.extend([t("final_state", &vec![f64::NAN; state_len(n)], st), i("F", n)]);
+    } else {
+        args.extend([small("final_state", st), i("F", 1)]);
+    }
+    let as_f64 = |v: &[i64]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
+    match (cfg.states, &x.state_indices) {
+        (ChunkStates::Pool { indices, .. }, Some(idx)) => {
+            args.extend([t("state_indices", &as_f64(idx), indices), i("NI", n)])
+        }
+        _ => args.extend([small("state_indices", DType::I32), i("NI", 1)]),
+    }
+    match (cfg.states, &x.has_initial) {
+        (ChunkStates::Pool { has_initial: Some(d), .. }, Some(h)) => {
+            args.extend([t("has_initial", &as_f64(h), d), i("NH", n)])
+        }
+        _ => args.extend([small("has_initial", DType::I32), i("NH", 1)]),
+    }
+    match (cfg.varlen, &x.cu_seqlens) {
+        (Some(d), Some(cu)) => args.extend([t("cu_seqlens", &as_f64(cu), d), i("NC", cu.len())]),
+        _ => args.extend([small("cu_seqlens", DType::I32), i("NC", 1)]),
+    }
+    simulate(&def, &mut args)?;
+    let final_state = match cfg.states {
+        ChunkStates::Pool { .. } => tensor_values(&args, "state", st),
+        _ if stores_final => tensor_values(&args, "final_state", st),
+        _ => vec![],
+    };
+    Ok(ChunkOutputs { out: tensor_values(&args, "out", dt), final_state })
+}

@@ -1,0 +1,107 @@
+//! The arguments of `chunk_kda`, one field per reference parameter.
+
+use crate::tensor::TensorView;
+
+/// Arguments of `chunk_kda` (prefill), named as the reference's parameters (in snake case:
+/// `A_log` is [`a_log`](Self::a_log)), plus the Rust extras `state_indices`,
+/// `has_initial_state`, `max_seqlen` and `checked`.
+///
+/// `None` (or `false`) means the reference's default, documented on each field. Build one with
+/// [`ChunkArgs::new`] and set the fields a call needs; [`crate::chunk::plan_chunk`] validates it
+/// and resolves the defaults. `H` is the query/key head count, `HV` the value head count (a
+/// multiple of `H`), `N` the number of sequences (`B`, or `cu_seqlens` entries - 1).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkArgs<'a> {
+    /// Query `[B, T, H, 128]`, or `[S, H, 128]` / `[1, S, H, 128]` for varlen; f16 or bf16.
+    /// Required.
+    pub q: &'a TensorView,
+    /// Key, q's shape (after the varlen `[S, ..]` form is widened to `[1, S, ..]`) and dtype.
+    /// Required.
+    pub k: &'a TensorView,
+    /// Value `[B, T, HV, 128]` or its varlen form, q's dtype. Required.
+    pub v: &'a TensorView,
+    /// Gate input, v's shape, q's dtype: the raw gate `a` of the lower-bound rule when `a_log`
+    /// and `dt_bias` are given, else a precomputed natural-log decay. Required.
+    pub g: &'a TensorView,
+    /// Beta logits `[B, T, HV]`, or `[S, HV]` / `[1, S, HV]` for varlen; q's dtype; the kernel
+    /// applies `sigmoid`. Required.
+    pub beta: &'a TensorView,
+    /// Query scale. Default `None`: `128^-0.5`.
+    pub scale: Option<f32>,
+    /// Initial state `[N, HV, 128, 128]` (V-first), f32 or q's dtype. With `state_indices` it is
+    /// the state pool `[pool, HV, 128, 128]` instead (f32, or bf16 with bf16 inputs), read and
+    /// written in place. Default `None`: zeros.
+    pub initial_state: Option<&'a TensorView>,
+    /// Produce the final states: into `final_state` when given, else into a new tensor
+    /// `[N, HV, 128, 128]` of `initial_state`'s dtype (q's without one). Must stay false with
+    /// `state_indices` (the final states then go to the pool). Default false.
+    pub output_final_state: bool,
+    /// Cumulative sequence lengths `[N + 1]`, i32 or i64, for varlen (sequence `n` owns tokens
+    /// `cu_seqlens[n] .. cu_seqlens[n + 1]`). Default `None`: dense, `N = B`.
+    pub cu_seqlens: Option<&'a TensorView>,
+    /// Log decay `[HV]` f32 (`A_log` in the reference); given together with `dt_bias`, it
+    /// selects the lower-bound gate rule. Default `None`: the precomputed rule.
+    pub a_log: Option<&'a TensorView>,
+    /// Decay bias `[HV, 128]` (or flat `[HV * 128]`), f32 or bf16; given together with `a_log`.
+    /// Default `None`.
+    pub dt_bias: Option<&'a TensorView>,
+    /// Lower bound of the lower-bound gate rule, in `[-5, 0)` when that rule runs. Default
+    /// `None`: -5.0.
+    pub lower_bound: Option<f32>,
+    /// L2-normalize q and k in the kernel. Default `None`: true.
+    pub use_qk_l2norm_in_kernel: Option<bool>,
+    /// Preallocated output, v's shape (`[S, HV, 128]` is accepted too when q is `[S, H, 128]`)
+    /// and q's dtype. Default `None`: the call allocates it.
+    pub output: Option<&'a TensorView>,
+    /// Preallocated final states `[N, HV, 128, 128]`, f32 or q's dtype (initial_state's when
+    /// both are given). Read only when `output_final_state` is true, else ignored as in the
+    /// reference; an error with `state_indices`. Default `None`.
+    pub final_state: Option<&'a TensorView>,
+    /// Rust extra: pool slot per sequence `[N]`, i32 or i64; makes `initial_state` the pool.
+    /// A slot outside `[0, pool)` is padding (zero output rows, no state touched). Default
+    /// `None`: `initial_state[n]` and `final_state[n]` as in the reference.
+    pub state_indices: Option<&'a TensorView>,
+    /// Rust extra: per sequence `[N]`, i32 or i64, nonzero when the pool slot holds an initial
+    /// state (zeros are used otherwise). Only with `state_indices`. Default `None`: every slot
+    /// holds one.
+    pub has_initial_state: Option<&'a TensorView>,
+    /// Rust extra: the longest sequence's token count, a hint for sizing a varlen launch (the
+    /// contents of `cu_seqlens` are not read on the host). Default `None`: unknown.
+    pub max_seqlen: Option<usize>,
+    /// Rust extra: opt-in checked mode, which reads the index tensors (`cu_seqlens`,
+    /// `state_indices`) back and reports values out of range (not graph-safe). Default false.
+    pub checked: bool,
+}
+
+impl<'a> ChunkArgs<'a> {
+    /// The required tensors, every other field at its default (`None` / `false`).
+    pub fn new(
+        q: &'a TensorView,
+        k: &'a TensorView,
+        v: &'a TensorView,
+        g: &'a TensorView,
+        beta: &'a TensorView,
+    ) -> Self {
+        ChunkArgs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale: None,
+            initial_state: None,
+            output_final_state: false,
+            cu_seqlens: None,
+            a_log: None,
+            dt_bias: None,
+            lower_bound: None,
+            use_qk_l2norm_in_kernel: None,
+            output: None,
+            final_state: None,
+            state_indices: None,
+            has_initial_state: None,
+            max_seqlen: None,
+            checked: false,
+        }
+    }
+}

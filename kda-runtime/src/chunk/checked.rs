@@ -1,0 +1,71 @@
+//! The opt-in checked mode of `chunk_kda`: index values and the caller's contract, over host
+//! copies.
+//!
+//! By default the kernel clamps `cu_seqlens` into `[0, S]` and treats a slot outside the pool as
+//! padding, and nothing is read back. With `checked`, the caller copies the index tensors to the
+//! host (so the call is not graph-safe) and [`check_chunk_indices`] reports what the kernel
+//! would silently clamp, skip or race on.
+
+use super::plan::{ChunkError, ChunkPlan, InitialState};
+
+fn invalid(arg: &'static str, message: String) -> ChunkError {
+    ChunkError::InvalidArgument { arg, message }
+}
+
+/// Checks host copies (widened to `i64`) of `cu_seqlens` (given exactly for varlen calls) and
+/// `state_indices` (given exactly with the pool): `cu_seqlens` rises monotonically from 0 to
+/// `S`; every slot is in `[0, pool)` or negative (padding); no two sequences name one slot (each
+/// writes its slot in place, so a shared slot is a race); and a `max_seqlen` hint is at least
+/// the longest sequence.
+pub fn check_chunk_indices(
+    plan: &ChunkPlan,
+    cu_seqlens: Option<&[i64]>,
+    state_indices: Option<&[i64]>,
+) -> Result<(), ChunkError> {
+    let mut longest = if plan.varlen.is_none() { plan.seq_len } else { 0 };
+    if let Some(cu) = cu_seqlens {
+        if cu.first() != Some(&0) {
+            return Err(invalid("cu_seqlens", format!("cu_seqlens[0] = {:?} must be 0.", cu.first())));
+        }
+        for (i, w) in cu.windows(2).enumerate() {
+            if w[1] < w[0] {
+                let msg = format!(
+                    "cu_seqlens must not decrease: cu_seqlens[{}] = {} < cu_seqlens[{i}] = {}.",
+                    i + 1,
+                    w[1],
+                    w[0]
+                );
+                return Err(invalid("cu_seqlens", msg));
+            }
+            longest = longest.max((w[1] - w[0]) as usize);
+        }
+        let last = cu.last().copied().unwrap_or(0);
+        if last != plan.seq_len as i64 {
+            let msg = format!("cu_seqlens[-1] = {last} must equal the {} tokens of q.", plan.seq_len);
+            return Err(invalid("cu_seqlens", msg));
+        }
+    }
+    if let (InitialState::Pool { pool, .. }, Some(idx)) = (plan.initial, state_indices) {
+        let mut owner = std::collections::HashMap::new();
+        for (n, &slot) in idx.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            if slot as u64 >= pool as u64 {
+                let msg = format!(
+                    "state_indices[{n}] = {slot} is outside the state pool [0, {pool}) (negative entries are padding)."
+                );
+                return Err(invalid("state_indices", msg));
+            }
+            if let Some(m) = owner.insert(slot, n) {
+                let msg = format!("state_indices[{m}] and state_indices[{n}] both name slot {slot}; each sequence writes its slot in place.");
+                return Err(invalid("state_indices", msg));
+            }
+        }
+    }
+    if let Some(hint) = plan.max_seqlen.filter(|&h| h < longest) {
+        let msg = format!("max_seqlen = {hint} is shorter than the longest sequence ({longest} tokens).");
+        return Err(invalid("max_seqlen", msg));
+    }
+    Ok(())
+}

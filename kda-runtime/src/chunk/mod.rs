@@ -1,0 +1,22 @@
+//! Validation and planning for `chunk_kda`, the KDA prefill entry point.
+//!
+//! The layer is pure host code and needs no GPU:
+//! - [`ChunkArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
+//!   `state_indices`, `has_initial_state`, `max_seqlen` and `checked`);
+//! - [`plan_chunk`] runs every validation branch of the reference, in its order and with its
+//!   messages, then the checks KDA-SPEC adds, and resolves the defaults into a [`ChunkPlan`].
+//!
+//! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
+//!   `state_indices`;
+//! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
+//!   caller's stream.
+
+pub mod args;
+pub mod checked;
+pub mod launch;
+pub mod plan;
+
+pub use args::ChunkArgs;
+pub use checked::check_chunk_indices;
+pub use launch::{chunk_config, chunk_kda, ChunkResult};
+pub use plan::{plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};

@@ -1,0 +1,391 @@
+//! Prefill (`chunk_kda`) on the GPU: uploading a case, the call through the validated API,
+//! comparing with the f64 reference, and the bench rows.
+
+use std::time::Instant;
+
+use kda_dsl::DType;
+use kda_kernels::chunk::{ChunkConfig, ChunkStates};
+use kda_kernels::chunk_check::{compare_chunk, tolerance};
+use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
+use kda_kernels::reference::{from_bytes, to_bytes, Rng};
+use kda_runtime::chunk::{chunk_config, chunk_kda, plan_chunk, ChunkArgs};
+use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
+
+const D: usize = 128;
+
+/// A chunk case's tensors on the device.
+pub struct ChunkTensors {
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    g: DeviceTensor,
+    beta: DeviceTensor,
+    a_log: Option<DeviceTensor>,
+    dt_bias: Option<DeviceTensor>,
+    initial: Option<DeviceTensor>,
+    indices: Option<DeviceTensor>,
+    has_initial: Option<DeviceTensor>,
+    cu: Option<DeviceTensor>,
+    out: DeviceTensor,
+    fin: Option<DeviceTensor>,
+}
+
+fn dev(gpu: &Gpu, s: &CudaStream, shape: &[usize], d: DType, v: &[f64]) -> Result<DeviceTensor, RuntimeError> {
+    DeviceTensor::from_bytes(gpu, s, shape, d, &to_bytes(v, d))
+}
+
+fn ints(v: &[i64]) -> Vec<f64> {
+    v.iter().map(|x| *x as f64).collect()
+}
+
+/// Uploads a case for `cfg`; the output and final states start as NaN.
+pub fn upload_chunk(
+    gpu: &Gpu,
+    s: &CudaStream,
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+) -> Result<ChunkTensors, RuntimeError> {
+    let dt = cfg.dtype;
+    let (b, t, h, hv, n) = (x.b, x.t, x.h, x.hv, x.sequences());
+    let opt =
+        |v: &Option<Vec<f64>>, shape: &[usize], d: DType| v.as_ref().map(|v| dev(gpu, s, shape, d, v)).transpose();
+    let opt_i = |v: &Option<Vec<i64>>, shape: &[usize], d: DType| {
+        v.as_ref().map(|v| dev(gpu, s, shape, d, &ints(v))).transpose()
+    };
+    let (idx_dt, has_dt) = match cfg.states {
+        ChunkStates::Pool { indices, has_initial } => (Some(indices), has_initial),
+        _ => (None, None),
+    };
+    let initial = match cfg.states {
+        ChunkStates::Zeros { .. } => None,
+        _ => opt(&x.initial, &[x.pool_slots(), hv, D, D], cfg.state_dtype)?,
+    };
+    let store_final =
+        matches!(cfg.states, ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true });
+    let fin = if store_final {
+        let mut f = DeviceTensor::zeros(gpu, s, &[n, hv, D, D], cfg.state_dtype)?;
+        f.fill_nan(s)?;
+        Some(f)
+    } else {
+        None
+    };
+    let mut out = DeviceTensor::zeros(gpu, s, &[b, t, hv, D], dt)?;
+    out.fill_nan(s)?;
+    Ok(ChunkTensors {
+        q: dev(gpu, s, &[b, t, h, D], dt, &x.q)?,
+        k: dev(gpu, s, &[b, t, h, D], dt, &x.k)?,
+        v: dev(gpu, s, &[b, t, hv, D], dt, &x.v)?,
+        g: dev(gpu, s, &[b, t, hv, D], dt, &x.g)?,
+        beta: dev(gpu, s, &[b, t, hv], dt, &x.beta)?,
+        a_log: opt(&x.a_log, &[hv], DType::F32)?,
+        dt_bias: opt(&x.dt_bias, &[hv * D], cfg.dt_bias)?,
+        initial,
+        indices: match idx_dt {
+            Some(d) => opt_i(&x.state_indices, &[n], d)?,
+            None => None,
+        },
+        has_initial: match has_dt {
+            Some(d) => opt_i(&x.has_initial, &[n], d)?,
+            None => None,
+        },
+        cu: match cfg.varlen {
+            Some(d) => opt_i(&x.cu_seqlens, &[n + 1], d)?,
+            None => None,
+        },
+        out,
+        fin,
+    })
+}
+
+/// The views a call borrows.
+pub struct ChunkViews {
+    q: TensorView,
+    k: TensorView,
+    v: TensorView,
+    g: TensorView,
+    beta: TensorView,
+    a_log: Option<TensorView>,
+    dt_bias: Option<TensorView>,
+    initial: Option<TensorView>,
+    indices: Option<TensorView>,
+    has_initial: Option<TensorView>,
+    cu: Option<TensorView>,
+    out: TensorView,
+    fin: Option<TensorView>,
+}
+
+impl ChunkTensors {
+    /// The views of every tensor.
+    pub fn views(&self) -> ChunkViews {
+        let v = |t: &Option<DeviceTensor>| t.as_ref().map(|t| t.view());
+        ChunkViews {
+            q: self.q.view(),
+            k: self.k.view(),
+            v: self.v.view(),
+            g: self.g.view(),
+            beta: self.beta.view(),
+            a_log: v(&self.a_log),
+            dt_bias: v(&self.dt_bias),
+            initial: v(&self.initial),
+            indices: v(&self.indices),
+            has_initial: v(&self.has_initial),
+            cu: v(&self.cu),
+            out: self.out.view(),
+            fin: v(&self.fin),
+        }
+    }
+}
+
+/// The API arguments of a case: every output preallocated, so nothing is allocated.
+pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
+    let mut a = ChunkArgs::new(&v.q, &v.k, &v.v, &v.g, &v.beta);
+    a.scale = Some(x.scale as f32);
+    a.initial_state = v.initial.as_ref();
+    a.output_final_state = v.fin.is_some();
+    a.final_state = v.fin.as_ref();
+    a.cu_seqlens = v.cu.as_ref();
+    a.a_log = v.a_log.as_ref();
+    a.dt_bias = v.dt_bias.as_ref();
+    a.lower_bound = Some(x.lower_bound as f32);
+    a.use_qk_l2norm_in_kernel = Some(x.l2norm);
+    a.output = Some(&v.out);
+    a.state_indices = v.indices.as_ref();
+    a.has_initial_state = v.has_initial.as_ref();
+    a
+}
+
+/// One call on the GPU, checking the API picks `cfg`; returns what it wrote.
+pub fn run_chunk_on_gpu(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    s: &CudaStream,
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    t: &ChunkTensors,
+) -> Result<ChunkOutputs, String> {
+    let views = t.views();
+    let args = chunk_args(x, &views);
+    let plan = plan_chunk(&args).map_err(|e| e.to_string())?;
+    let chosen = chunk_config(&plan);
+    if &chosen != cfg {
+        return Err(format!("the API chose {} for {}", chosen.key(), cfg.key()));
+    }
+    chunk_kda(gpu, kernels, s, &args).map_err(|e| e.to_string())?;
+    let bytes = |t: &DeviceTensor| t.to_bytes(s).map_err(|e| e.to_string());
+    let final_state = match (&t.fin, &t.initial, cfg.states) {
+        (Some(f), _, _) => from_bytes(&bytes(f)?, cfg.state_dtype),
+        (None, Some(p), ChunkStates::Pool { .. }) => from_bytes(&bytes(p)?, cfg.state_dtype),
+        _ => vec![],
+    };
+    Ok(ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state })
+}
+
+/// The prefill conformance cases at real shapes: (name, config, spec).
+fn chunk_cases() -> Vec<(String, ChunkConfig, ChunkSpec)> {
+    use kda_dsl::DType::{BF16, F16, F32, I32, I64};
+    use kda_kernels::chunk::ChunkGate;
+    let d = ChunkConfig::default();
+    let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
+    vec![
+        (
+            "chunk B=2 T=1024 H=16 bf16, f32 state in and out".into(),
+            d.clone(),
+            ChunkSpec { lengths: Lengths::Dense { b: 2, t: 1024 }, h: 16, hv: 16, ..init.clone() },
+        ),
+        (
+            "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16".into(),
+            ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },
+            ChunkSpec {
+                dtype: F16,
+                lengths: Lengths::Varlen(vec![1000, 1, 0, 333, 16, 2049, 15, 700]),
+                h: 4,
+                hv: 8,
+                ..init.clone()
+            },
+        ),
+        (
+            "chunk varlen pool in place, bf16 state, padding".into(),
+            ChunkConfig {
+                state_dtype: BF16,
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Varlen(vec![300, 17, 900, 64, 5, 1200]),
+                h: 4,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 9 },
+                state_dtype: BF16,
+                ..ChunkSpec::default()
+            },
+        ),
+        (
+            "chunk precomputed gate -20 per token, T=777".into(),
+            ChunkConfig { gate: ChunkGate::Precomputed, states: ChunkStates::Zeros { store_final: true }, ..d.clone() },
+            ChunkSpec {
+                lengths: Lengths::Dense { b: 1, t: 777 },
+                h: 2,
+                hv: 2,
+                gate: GateSpec::PrecomputedFixed(-20.0),
+                ..ChunkSpec::default()
+            },
+        ),
+        (
+            "chunk B=1 T=32768 H=2, final state".into(),
+            ChunkConfig { state_dtype: F32, ..d },
+            ChunkSpec { lengths: Lengths::Dense { b: 1, t: 32768 }, h: 2, hv: 2, ..init },
+        ),
+    ]
+}
+
+/// Runs the prefill conformance cases; returns the number of failures.
+pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
+    let s = gpu.default_stream();
+    let mut failures = 0;
+    for (i, (name, cfg, spec)) in chunk_cases().into_iter().enumerate() {
+        let x = ChunkInputs::random(&mut Rng::new(100 + i as u64), &spec);
+        let r = upload_chunk(gpu, &s, &cfg, &x)
+            .map_err(|e| e.to_string())
+            .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t));
+        match r {
+            Ok(got) => {
+                let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
+                let (to, ts) = tolerance(&cfg);
+                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+                failures += usize::from(!ok);
+                out!(
+                    "{name:<52} {:>10.2e} {:>10.0e}  {}  (state {:.2e}, bad elements {}, untouched slots changed {})",
+                    c.out_err,
+                    to,
+                    if ok { "ok" } else { "FAIL" },
+                    c.state_err,
+                    c.bad_elements,
+                    c.untouched_changed
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                out!("{name:<52} FAIL: {e}");
+            }
+        }
+    }
+    failures
+}
+
+/// One standard prefill bench case: name, batch rows, tokens per row, heads, value heads, and
+/// varlen lengths.
+pub struct PrefillCase {
+    /// The peer bench's case name.
+    pub name: &'static str,
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    lens: Option<Vec<usize>>,
+}
+
+const VARLEN16: [usize; 16] =
+    [512, 8192, 1000, 3000, 4096, 7000, 100, 2048, 6000, 5000, 1500, 9000, 300, 4000, 7500, 6284];
+const VARLEN_MIX64: [usize; 64] = [
+    300, 5000, 383, 700, 999, 255, 4000, 63, 257, 12000, 7, 16000, 8000, 1000, 33, 128, 256, 500, 1025, 1500, 7000,
+    6500, 1536, 3500, 1300, 1023, 1024, 511, 1777, 4097, 8191, 2049, 127, 129, 3, 17, 64, 15, 1, 8192, 6000, 7777,
+    4096, 777, 513, 16, 47, 2048, 3000, 65, 4095, 10000, 4500, 3333, 200, 100, 2, 2500, 1100, 512, 2000, 2047, 31,
+    9000,
+];
+
+/// The five prefill cases of the peer bench (`fla_ref.py`'s `PREFILL`).
+pub fn prefill_cases() -> Vec<PrefillCase> {
+    let s16: usize = VARLEN16.iter().sum();
+    let s64: usize = VARLEN_MIX64.iter().sum();
+    vec![
+        PrefillCase { name: "prefill_b1_t32768_h32", b: 1, t: 32768, h: 32, hv: 32, lens: None },
+        PrefillCase { name: "prefill_b8_t4096_h32", b: 8, t: 4096, h: 32, hv: 32, lens: None },
+        PrefillCase { name: "prefill_gva_b1_t32768_h16_hv32", b: 1, t: 32768, h: 16, hv: 32, lens: None },
+        PrefillCase { name: "prefill_varlen16_s65536_h32", b: 1, t: s16, h: 32, hv: 32, lens: Some(VARLEN16.to_vec()) },
+        PrefillCase {
+            name: "prefill_varlen_mix64_h32",
+            b: 1,
+            t: s64,
+            h: 32,
+            hv: 32,
+            lens: Some(VARLEN_MIX64.to_vec()),
+        },
+    ]
+}
+
+/// What a prefill bench row measured.
+pub struct PrefillTiming {
+    /// Median milliseconds of one call.
+    pub ms: f32,
+    /// Wall seconds of the first call (variant compile, module load and driver JIT included).
+    pub first_call_s: f64,
+    /// Tokens of the call.
+    pub tokens: usize,
+    /// The byte floor as the peer counts it: inputs read once, output and states written once.
+    pub min_bytes: usize,
+}
+
+/// `n` values drawn as `f` does, from a block of 1 Mi random draws repeated (timing does not
+/// depend on the values beyond their distribution, and drawing billions takes minutes).
+fn repeated(rng: &mut Rng, n: usize, f: impl Fn(&mut Rng) -> f64) -> Vec<f32> {
+    let block: Vec<f32> = (0..(1 << 20).min(n.max(1))).map(|_| f(rng) as f32).collect();
+    (0..n).map(|i| block[i % block.len()]).collect()
+}
+
+/// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
+/// `dt_bias`, l2norm, beta logits, an f32 initial state in and the final state out), through
+/// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
+/// 20 CUDA-event timings after 3 warm-up calls.
+pub fn time_prefill(gpu: &Gpu, kernels: &Kernels, c: &PrefillCase) -> Result<PrefillTiming, String> {
+    let e = |e: RuntimeError| e.to_string();
+    let s = gpu.new_stream().map_err(e)?;
+    let mut rng = Rng::new(7);
+    let (b, t, h, hv) = (c.b, c.t, c.h, c.hv);
+    let n = c.lens.as_ref().map_or(b, |l| l.len());
+    let tokens = b * t;
+    let bf = DType::BF16;
+    let normal = |r: &mut Rng| r.normal();
+    let up = |shape: &[usize], d: DType, v: Vec<f32>| DeviceTensor::from_f32(gpu, &s, shape, d, &v).map_err(e);
+    let q = up(&[b, t, h, D], bf, repeated(&mut rng, tokens * h * D, normal))?;
+    let k = up(&[b, t, h, D], bf, repeated(&mut rng, tokens * h * D, normal))?;
+    let v = up(&[b, t, hv, D], bf, repeated(&mut rng, tokens * hv * D, normal))?;
+    let g = up(&[b, t, hv, D], bf, repeated(&mut rng, tokens * hv * D, normal))?;
+    let beta = up(&[b, t, hv], bf, repeated(&mut rng, tokens * hv, normal))?;
+    let a_log = up(&[hv], DType::F32, repeated(&mut rng, hv, |r| 2.8 * r.uniform()))?;
+    let dt_bias = up(&[hv * D], DType::F32, repeated(&mut rng, hv * D, normal))?;
+    let h0 = up(&[n, hv, D, D], DType::F32, repeated(&mut rng, n * hv * D * D, |r| 0.1 * r.normal()))?;
+    let fin = DeviceTensor::zeros(gpu, &s, &[n, hv, D, D], DType::F32).map_err(e)?;
+    let out = DeviceTensor::zeros(gpu, &s, &[b, t, hv, D], bf).map_err(e)?;
+    let cu = match &c.lens {
+        Some(l) => {
+            let mut cu = vec![0i64];
+            for len in l {
+                cu.push(cu[cu.len() - 1] + *len as i64);
+            }
+            Some(
+                DeviceTensor::from_bytes(gpu, &s, &[n + 1], DType::I64, &to_bytes(&ints(&cu), DType::I64))
+                    .map_err(e)?,
+            )
+        }
+        None => None,
+    };
+    let views = (q.view(), k.view(), v.view(), g.view(), beta.view(), a_log.view(), dt_bias.view(), h0.view());
+    let (fin_v, out_v, cu_v) = (fin.view(), out.view(), cu.as_ref().map(|c| c.view()));
+    let mut args = ChunkArgs::new(&views.0, &views.1, &views.2, &views.3, &views.4);
+    args.a_log = Some(&views.5);
+    args.dt_bias = Some(&views.6);
+    args.initial_state = Some(&views.7);
+    args.output_final_state = true;
+    args.final_state = Some(&fin_v);
+    args.output = Some(&out_v);
+    args.cu_seqlens = cu_v.as_ref();
+    s.synchronize().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    chunk_kda(gpu, kernels, &s, &args).map_err(e)?;
+    s.synchronize().map_err(|e| e.to_string())?;
+    let first_call_s = t0.elapsed().as_secs_f64();
+    let mut samples = time_ms(gpu, &s, 3, 20, || chunk_kda(gpu, kernels, &s, &args).map(|_| ())).map_err(e)?;
+    let min_bytes = tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4;
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes })
+}

@@ -66,6 +66,32 @@ pub fn simulate_all() -> usize {
             }
         }
     }
+    // Prefill: one small call per config family, against the f64 token recurrence.
+    for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
+        let case = format!("chunk/{}", f.name);
+        match kda_kernels::chunk_check::check_chunk(&f.cfg, &f.inputs(i as u64)) {
+            Ok(c) => {
+                let (to, ts) = kda_kernels::chunk_check::tolerance(&f.cfg);
+                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+                failures += usize::from(!ok);
+                let why = format!(
+                    " (out {:.2e}/{to:.0e}, state {:.2e}/{ts:.0e}, bad elements {}, untouched changed {})",
+                    c.out_err, c.state_err, c.bad_elements, c.untouched_changed
+                );
+                out!(
+                    "{case:<52} {:>10.2e} {:>10.0e} {:>12}  {}",
+                    c.out_err.max(c.state_err),
+                    to.max(ts),
+                    "-",
+                    if ok { "ok".to_string() } else { format!("FAIL{why}") }
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                out!("{case:<52} FAIL: {e}");
+            }
+        }
+    }
     match kda_kernels::selftest::selftests(3) {
         Ok(tests) => {
             for t in tests {

@@ -1,0 +1,111 @@
+//! The chunk config families that `kda check` and the simulator suite run: one small call per
+//! family (K = V = 128, a few heads, T ≤ 64), covering the flags pairwise rather than as a full
+//! product so the suite stays fast.
+
+use crate::chunk::{ChunkConfig, ChunkGate, ChunkStates};
+use crate::chunk_ref::{ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
+use crate::reference::Rng;
+use kda_dsl::DType::{BF16, F16, I32, I64};
+
+/// One chunk config family: a config and the inputs of one small call for it.
+#[derive(Clone, Debug)]
+pub struct ChunkFamily {
+    /// Short name (`chunk/<name>` in `kda check`).
+    pub name: &'static str,
+    /// The config under test.
+    pub cfg: ChunkConfig,
+    /// What the call's random inputs are drawn from.
+    pub spec: ChunkSpec,
+}
+
+impl ChunkFamily {
+    /// Random inputs of the family's call from `seed`, as its config reads them: without
+    /// `has_initial_state` in the config, every pool slot is read (the spec's fresh slots are
+    /// dropped).
+    pub fn inputs(&self, seed: u64) -> ChunkInputs {
+        let mut x = ChunkInputs::random(&mut Rng::new(seed), &self.spec);
+        if !matches!(self.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. }) {
+            x.has_initial = None;
+        }
+        x
+    }
+}
+
+/// Every family.
+pub fn chunk_families() -> Vec<ChunkFamily> {
+    let d = ChunkConfig::default();
+    let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
+    let zeros = ChunkStates::Zeros { store_final: true };
+    let f = |name, cfg, spec| ChunkFamily { name, cfg, spec };
+    vec![
+        f("dense_t37_initial_state", d.clone(), init.clone()),
+        f(
+            "dense_b2_t17_no_initial",
+            ChunkConfig { states: zeros, ..d.clone() },
+            ChunkSpec { lengths: Lengths::Dense { b: 2, t: 17 }, ..ChunkSpec::default() },
+        ),
+        f(
+            "dense_t15_shorter_than_a_chunk",
+            ChunkConfig { states: zeros, ..d.clone() },
+            ChunkSpec { lengths: Lengths::Dense { b: 1, t: 15 }, ..ChunkSpec::default() },
+        ),
+        f(
+            "dense_t1_no_final_state",
+            ChunkConfig { states: ChunkStates::PerSequence { store_final: false }, ..d.clone() },
+            ChunkSpec { lengths: Lengths::Dense { b: 1, t: 1 }, ..init.clone() },
+        ),
+        f(
+            "varlen_i64_f16_gva2_empty_and_one_token",
+            ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },
+            ChunkSpec { dtype: F16, lengths: Lengths::Varlen(vec![5, 0, 1, 32, 19]), h: 1, hv: 2, ..init.clone() },
+        ),
+        f(
+            "varlen_i32_pool_bf16_state_gva4_padding",
+            ChunkConfig {
+                state_dtype: BF16,
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I64, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Varlen(vec![20, 7, 16, 3, 9]),
+                h: 1,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 8 },
+                state_dtype: BF16,
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
+            "dense_pool_without_has_initial_f16_state",
+            ChunkConfig {
+                dtype: F16,
+                state_dtype: F16,
+                states: ChunkStates::Pool { indices: I32, has_initial: None },
+                ..d.clone()
+            },
+            ChunkSpec {
+                dtype: F16,
+                lengths: Lengths::Dense { b: 3, t: 21 },
+                initial: InitialSpec::Pool { slots: 4 },
+                state_dtype: F16,
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
+            "precomputed_gate",
+            ChunkConfig { gate: ChunkGate::Precomputed, ..d.clone() },
+            ChunkSpec { gate: GateSpec::Precomputed, ..init.clone() },
+        ),
+        f(
+            "precomputed_gate_minus_20_per_token",
+            ChunkConfig { gate: ChunkGate::Precomputed, states: zeros, ..d.clone() },
+            ChunkSpec { gate: GateSpec::PrecomputedFixed(-20.0), ..ChunkSpec::default() },
+        ),
+        f(
+            "no_l2norm_t48",
+            ChunkConfig { l2norm: false, states: zeros, ..d },
+            ChunkSpec { l2norm: false, lengths: Lengths::Dense { b: 1, t: 48 }, ..ChunkSpec::default() },
+        ),
+    ]
+}

@@ -146,7 +146,13 @@ impl Tile {
     }
     /// This tile read as its transpose (a `gemm` operand).
     pub fn t(&self) -> Operand {
-        Operand { buf: self.id, transposed: true }
+        Operand { buf: self.id, transposed: true, replicated: false }
+    }
+    /// This shared tile as a `gemm` left operand that every warp reads whole: with an
+    /// accumulator split over rows only, each warp's rows are `tile · b` (see
+    /// [`Operand::replicated`]).
+    pub fn replicated(&self) -> Operand {
+        Operand { buf: self.id, transposed: false, replicated: true }
     }
 }
 
@@ -183,12 +189,12 @@ impl IntoOperand for Operand {
 }
 impl IntoOperand for &Tile {
     fn into_operand(self) -> Operand {
-        Operand { buf: self.id, transposed: false }
+        Operand { buf: self.id, transposed: false, replicated: false }
     }
 }
 impl IntoOperand for Tile {
     fn into_operand(self) -> Operand {
-        Operand { buf: self.id, transposed: false }
+        Operand { buf: self.id, transposed: false, replicated: false }
     }
 }
 

@@ -255,6 +255,10 @@ pub struct Operand {
     pub buf: BufId,
     /// Read as its transpose.
     pub transposed: bool,
+    /// A left operand every warp reads whole (`tile.replicated()`): a shared `[r, k]` tile
+    /// multiplies into each warp's `r` accumulator rows, so the warps of a block (split over
+    /// rows only) each compute the same `r x n` product, an mma operand without a copy per warp.
+    pub replicated: bool,
 }
 
 /// Loop kinds.
@@ -564,7 +568,14 @@ impl KernelDef {
                 writeln!(f, "{pad}copy {} -> {}", self.region_str(src), self.region_str(dst))
             }
             StmtKind::Gemm { a, b, c } => {
-                let t = |o: &Operand| format!("{}{}", name(&o.buf), if o.transposed { ".T" } else { "" });
+                let t = |o: &Operand| {
+                    format!(
+                        "{}{}{}",
+                        name(&o.buf),
+                        if o.transposed { ".T" } else { "" },
+                        if o.replicated { ".replicated" } else { "" }
+                    )
+                };
                 writeln!(f, "{pad}gemm {} x {} += {}", t(a), t(b), name(c))
             }
             StmtKind::Fill(b, e) => writeln!(f, "{pad}fill {} = {}", name(b), self.expr_str(e)),

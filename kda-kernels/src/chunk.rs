@@ -1,26 +1,28 @@
 //! `chunk_kda` in the DSL: the KDA recurrence over 16-token chunks, the heavy products on
 //! tensor cores.
 //!
-//! A block is one warp and owns 16 value rows of one (sequence, value head)'s V-first state
-//! `S [V, K]`, held in registers as an f32 mma accumulator for the whole sequence. Value rows are
-//! independent in the delta rule, so the 8 blocks of a head need nothing from each other; each
-//! prepares the chunk's keys itself (repeated work, the price of this first form). Per chunk of
-//! `C = 16` tokens, with `G` the in-chunk inclusive cumulative gate in log2 units and
-//! `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
+//! A block owns `16 · warps` value rows of one (sequence, value head)'s V-first state
+//! `S [V, K]`, each warp 16 of them, held in registers as an f32 mma accumulator for the whole
+//! sequence. Value rows are independent in the delta rule, so the `128 / (16 · warps)` blocks of
+//! a head need nothing from each other. The block's warps prepare each chunk's keys together,
+//! once for all their rows. Per chunk of `C = 16` tokens, with `G` the in-chunk inclusive
+//! cumulative gate in log2 units and `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
 //!
 //! ```text
 //! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        bf16, in shared memory
 //! A   = strict_lower(diag(beta) kd kiᵀ)   INV = (I + A)^-1 (f32 forward substitution)
 //! Mqk = lower_incl_diag(qd kiᵀ)
-//! Wᵀ  = S kdᵀ,  Vnᵀ = beta (vᵀ - Wᵀ),  Uᵀ = Vnᵀ INVᵀ                   the warp's transposed view
+//! Wᵀ  = S kdᵀ,  Vnᵀ = beta (vᵀ - Wᵀ),  Uᵀ = Vnᵀ INVᵀ                   the transposed view
 //! Oᵀ  = S qdᵀ + Uᵀ Mqkᵀ,  S = S diag(2^Γ) + Uᵀ kr
 //! ```
 //!
-//! With the lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`,
-//! so `2^-G` fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and
-//! `Mqk` element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1), and needs no `ki`.
-//! Rows past the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so
-//! nothing of the next sequence leaks in.
+//! `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes whole (`kd_sh.replicated()`,
+//! an mma operand no warp copies); the first warp's copy feeds the solve and `Mqk`. With the
+//! lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`, so `2^-G`
+//! fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
+//! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1), and needs no `ki`. Rows past
+//! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
+//! the next sequence leaks in.
 
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -28,8 +30,8 @@ use kda_macros::kernel;
 /// Tokens per chunk.
 pub const CHUNK: usize = 16;
 
-/// Value rows of the state one block (one warp) owns.
-pub const ROWS: usize = 16;
+/// Value rows of the state one warp owns.
+pub const ROWS_PER_WARP: usize = 16;
 
 /// The gate rule of `chunk_kda` (KDA-SPEC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,6 +82,11 @@ pub struct ChunkConfig {
     pub varlen: Option<DType>,
     /// State sources and destinations.
     pub states: ChunkStates,
+    /// Warps per block (1, 2, 4 or 8), each owning 16 value rows: a block holds
+    /// `16 · warps` rows of a head's state and prepares each chunk's keys once for them.
+    pub warps: usize,
+    /// Blocks that must fit on an SM at once (caps registers per thread).
+    pub min_blocks: usize,
 }
 
 impl Default for ChunkConfig {
@@ -94,6 +101,8 @@ impl Default for ChunkConfig {
             l2norm: true,
             varlen: None,
             states: ChunkStates::PerSequence { store_final: true },
+            warps: 8,
+            min_blocks: 2,
         }
     }
 }
@@ -117,13 +126,15 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}",
             self.dtype,
             self.state_dtype,
             gate,
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
-            states
+            states,
+            self.warps,
+            self.min_blocks
         )
         .to_lowercase()
     }
@@ -158,7 +169,7 @@ impl ChunkConfig {
 /// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// The chunked recurrence for 16 value rows of one (sequence, value head).
+/// The chunked recurrence for `16 · warps` value rows of one (sequence, value head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
 /// kernel never reads. `state` is `initial_state` (or the pool, read and written in place),
@@ -183,14 +194,16 @@ pub fn chunk(
     scale: f32,
     lower_bound: f32,
 ) {
-    let (vb, hv, n) = launch(grid = [VD / 16, HV, NSEQ], threads = 32);
+    let bv = ROWS_PER_WARP * cfg.warps;
+    let (vb, hv, n) = launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);
     assume_extent(S1, 128);
     assume_extent(S2, 128);
     let h = hv / (HV / H);
-    let v0 = vb * 16;
+    let v0 = vb * bv;
+    let lower = cfg.gate == ChunkGate::LowerBound;
     // The sequence's tokens: rows `bos .. eos` of batch row `bi`.
     let mut bos = 0;
     let mut eos = T;
@@ -216,10 +229,10 @@ pub fn chunk(
     }
     let live = slot >= 0;
 
-    let s = fragment([16, 128], F32);
+    let s = fragment([bv, 128], F32);
     if cfg.reads_state() {
         if from_state {
-            copy(state.tile_at([slot, hv, v0, 0], [1, 1, 16, 128]), s);
+            copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
         } else {
             clear(s);
         }
@@ -230,7 +243,7 @@ pub fn chunk(
     // The head's gate constants.
     let dt_sh = shared([128], cfg.dt_bias);
     let mut ea = 1.0;
-    if cfg.gate == ChunkGate::LowerBound {
+    if lower {
         ea = exp(a_log[hv]);
         copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
     }
@@ -239,9 +252,10 @@ pub fn chunk(
     let q_sh = shared([16, 128], cfg.dtype);
     let k_sh = shared([16, 128], cfg.dtype);
     let g_sh = shared([16, 128], cfg.dtype);
-    let v_sh = shared([16, 16], cfg.dtype);
+    let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
-    // Key preparation.
+    // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
+    // columns wide under the other.
     let gl = shared([16, 128], F32);
     let kf = fragment([16, 128], F32);
     let qf = fragment([16, 128], F32);
@@ -250,39 +264,42 @@ pub fn chunk(
     let rq = fragment([16], F32);
     let kd_sh = shared([16, 128], BF16);
     let qd_sh = shared([16, 128], BF16);
-    let ki_sh = shared([16, 128], BF16);
     let kr_sh = shared([16, 128], BF16);
-    let kn_sh = shared([16, 128], F32);
-    let qn_sh = shared([16, 128], F32);
-    let la = fragment([16, 16], F32);
-    let ma = fragment([16, 16], F32);
-    let a_sh = shared([16, 16], F32);
+    let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
+    let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let la = fragment([bv, 16], F32);
+    let ma = fragment([bv, 16], F32);
+    let l_sh = shared([bv, 16], F32);
+    let m_sh = shared([bv, 16], F32);
     let mq_sh = shared([16, 16], BF16);
     let bt_sh = shared([16], F32);
+    let eg_sh = shared([128], F32);
     let cols = shared([16], F32);
     let x = local([16], F32);
     let inv_sh = shared([16, 16], BF16);
     // The state's products.
-    let wt = fragment([16, 16], F32);
-    let ot = fragment([16, 16], F32);
-    let vn = fragment([16, 16], F32);
-    let ut = fragment([16, 16], F32);
-    let o_sh = shared([16, 16], cfg.dtype);
+    let wt = fragment([bv, 16], F32);
+    let ot = fragment([bv, 16], F32);
+    let vn = fragment([bv, 16], F32);
+    let ut = fragment([bv, 16], F32);
+    let o_sh = shared([16, bv], cfg.dtype);
 
     for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
         copy(q.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
         copy(k.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
         copy(g.tile_at([bi, bos + 16 * c, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
-        copy(v.tile_at([bi, bos + 16 * c, hv, v0], [1, 16, 1, 16]).bounded([B, eos, HV, 128]), v_sh);
+        copy(v.tile_at([bi, bos + 16 * c, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
         copy(beta.tile_at([bi, bos + 16 * c, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         let t0 = bos + 16 * c;
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
 
-        // The gate in log2 units, 0 past the end, then its inclusive cumulative sum.
+        // The gate in log2 units, 0 past the end, then its inclusive cumulative sum. (One
+        // thread per channel summing down the chunk instead measured slower: a longer chain.)
         for (i, j) in parallel(gl) {
             let mut gx = g_sh[i][j] as f32;
-            if cfg.gate == ChunkGate::LowerBound {
+            if lower {
                 gx = lower_bound * sigmoid(ea * (gx + dt_sh[j] as f32));
             }
             gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
@@ -290,6 +307,10 @@ pub fn chunk(
         cumsum(gl, gl, 0);
         for (i,) in parallel(bt_sh) {
             bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
+        }
+        // The chunk's decay of the state, 2^Γ per key channel.
+        for (j,) in parallel(eg_sh) {
+            eg_sh[j] = exp2(gl[nv - 1][j]);
         }
 
         // Normalized keys and queries.
@@ -318,7 +339,7 @@ pub fn chunk(
             kd_sh[i][j] = kn * exp2(gi);
             qd_sh[i][j] = qn * exp2(gi);
             kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
-            if cfg.gate == ChunkGate::LowerBound {
+            if lower {
                 ki_sh[i][j] = kn * exp2(-gi);
             } else {
                 kn_sh[i][j] = kn;
@@ -326,16 +347,21 @@ pub fn chunk(
             }
         }
 
-        // A = strict_lower(diag(beta) kd kiᵀ) and Mqk = lower_incl_diag(qd kiᵀ).
-        if cfg.gate == ChunkGate::LowerBound {
+        // kd kiᵀ and qd kiᵀ: every warp computes both whole and stores its copy in its own
+        // rows of `l_sh` and `m_sh` (so no two warps write one word); rows 0..16 are read.
+        if lower {
             clear(la);
             clear(ma);
-            gemm(kd_sh, ki_sh.t(), la);
-            gemm(qd_sh, ki_sh.t(), ma);
+            gemm(kd_sh.replicated(), ki_sh.t(), la);
+            gemm(qd_sh.replicated(), ki_sh.t(), ma);
+            for (i, j) in parallel(la) {
+                l_sh[i][j] = la[i][j];
+                m_sh[i][j] = ma[i][j];
+            }
         } else {
             // Element-wise: every exponent G_i - G_j with j <= i is at most 0, whatever the
-            // gate; the pairs above the diagonal are clamped (and discarded below).
-            for (i, j) in parallel(la) {
+            // gate; the pairs above the diagonal are clamped (and never read).
+            for (i, j) in parallel(mq_sh) {
                 let mut acc_l = 0.0;
                 let mut acc_m = 0.0;
                 for cc in serial(0, 128) {
@@ -343,24 +369,26 @@ pub fn chunk(
                     acc_l = acc_l + kn_sh[i][cc] * kj;
                     acc_m = acc_m + qn_sh[i][cc] * kj;
                 }
-                la[i][j] = acc_l;
-                ma[i][j] = acc_m;
+                l_sh[i][j] = acc_l;
+                m_sh[i][j] = acc_m;
             }
         }
-        for (i, j) in parallel(la) {
-            a_sh[i][j] = select(j < i, bt_sh[i] * la[i][j], 0.0);
-            mq_sh[i][j] = select(j <= i, ma[i][j], 0.0);
+        // Mqk = lower_incl_diag(qd kiᵀ), the operand of the output product.
+        for (i, j) in parallel(mq_sh) {
+            mq_sh[i][j] = select(j <= i, m_sh[i][j], 0.0);
         }
 
-        // INV = (I + A)^-1, one lane per column: x_i = e_i - sum_{m < i} A[i][m] x_m.
+        // INV = (I + A)^-1 with A = strict_lower(diag(beta) kd kiᵀ), one lane per column:
+        // x_i = e_i - beta_i sum_{m < i} (kd kiᵀ)[i][m] x_m (only m < i is read: no mask).
         for (jc,) in parallel(cols) {
             for i in 0..16 {
-                let mut acc = select(jc == i as i32, 1.0, 0.0);
+                let mut acc = 0.0;
                 for m in 0..i {
-                    acc = acc - a_sh[i][m] * x[m];
+                    acc = acc + l_sh[i][m] * x[m];
                 }
-                x[i] = acc;
-                inv_sh[i][jc] = acc;
+                let xi = select(jc == i as i32, 1.0, 0.0) - bt_sh[i] * acc;
+                x[i] = xi;
+                inv_sh[i][jc] = xi;
             }
         }
 
@@ -379,20 +407,20 @@ pub fn chunk(
         for (a, b) in parallel(ot) {
             o_sh[b][a] = select(live, ot[a][b], 0.0);
         }
-        copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, 16]).bounded([B, eos, HV, 128]));
+        copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
         // S = S diag(2^Γ) + Uᵀ kr.
         for (a, j) in parallel(s) {
-            s[a][j] = s[a][j] * exp2(gl[nv - 1][j]);
+            s[a][j] = s[a][j] * eg_sh[j];
         }
         gemm(ut, kr_sh, s);
     }
 
     if cfg.store_final() {
-        copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, 16, 128]));
+        copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, bv, 128]));
     }
     if cfg.pool() {
         if live {
-            copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, 16, 128]));
+            copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]));
         }
     }
 }

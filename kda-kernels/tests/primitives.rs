@@ -485,3 +485,61 @@ fn lanes_per_row_other_than_4_or_32_is_an_error_at_the_fragment() {
     assert!(msg.contains("lanes_per_row is 4 or 32") && msg.contains("primitives.rs"), "{msg}");
     odd_lanes(&Cfg { rows: 32, cols: 128, threads: 32 }).map(|_| ()).expect("32 lanes build");
 }
+
+/// `y[w*16 + i][j] = (a · b)[i][j] * (w + 1)`: every warp multiplies the whole replicated 16-row
+/// `a` into its own accumulator rows, then scales them by its warp number, so a warp that read
+/// another warp's rows (or none) gives the wrong block.
+#[kernel]
+fn replicated_gemm(cfg: &Cfg, a: Global<(R, K), BF16>, b: Global<(K, C), BF16>, y: GlobalMut<(RW, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let a_s = shared([16, 32], BF16);
+    let b_s = shared([32, cfg.cols], BF16);
+    copy(a.tile([0, 0], [16, 32]), a_s);
+    copy(b.tile([0, 0], [32, cfg.cols]), b_s);
+    let acc = fragment([cfg.rows, cfg.cols], F32);
+    clear(acc);
+    gemm(a_s.replicated(), b_s, acc);
+    for (i, j) in parallel(acc) {
+        acc[i][j] = acc[i][j] * ((i / 16) as f32 + 1.0);
+    }
+    copy(acc, y.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn a_replicated_left_operand_gives_every_warp_the_whole_product() {
+    for warps in [1, 2, 4, 8] {
+        let (r, k, c) = (16 * warps, 32, 16);
+        let cfg = Cfg { rows: r, cols: c, threads: 32 * warps };
+        let mut rng = Rng::new(7);
+        let a = rng.normals(16 * k, DType::BF16);
+        let b = rng.normals(k * c, DType::BF16);
+        let mut args = vec![
+            t("a", &a, DType::BF16),
+            i("R", 16),
+            i("K", k),
+            t("b", &b, DType::BF16),
+            i("C", c),
+            t("y", &vec![f64::NAN; r * c], DType::F32),
+            i("RW", r),
+        ];
+        simulate(&replicated_gemm(&cfg).expect("builds"), &mut args).expect("runs");
+        let got = tensor_values(&args, "y", DType::F32);
+        let want: Vec<f64> = (0..r * c)
+            .map(|e| {
+                let (row, j) = (e / c, e % c);
+                let dot: f64 = (0..k).map(|p| a[(row % 16) * k + p] * b[p * c + j]).sum();
+                dot * ((row / 16) as f64 + 1.0)
+            })
+            .collect();
+        assert!(rel_err(&got, &want) < 1e-5, "{warps} warps: {}", rel_err(&got, &want));
+    }
+}
+
+#[test]
+fn a_replicated_operand_needs_16_accumulator_rows_per_warp() {
+    // 4 warps over 32 rows: 8 rows a warp, not the tile's 16.
+    let cfg = Cfg { rows: 32, cols: 16, threads: 128 };
+    let def = replicated_gemm(&cfg).expect("builds");
+    let e = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("rejected").to_string();
+    assert!(e.contains("replicated"), "{e}");
+}

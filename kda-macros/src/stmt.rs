@@ -462,7 +462,11 @@ impl Cx {
                 let t = self.tile_arg(&m.receiver, "`gemm`")?;
                 return Ok(quote!((#t).t()));
             }
-            return err(m.method.span(), "a gemm operand is a tile or `tile.t()`");
+            if m.method == "replicated" && m.args.is_empty() {
+                let t = self.tile_arg(&m.receiver, "`gemm`")?;
+                return Ok(quote!((#t).replicated()));
+            }
+            return err(m.method.span(), "a gemm operand is a tile, `tile.t()` or `tile.replicated()`");
         }
         self.tile_arg(e, "`gemm`")
     }

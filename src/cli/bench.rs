@@ -7,7 +7,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -15,6 +15,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         [flag, f] if flag == "--json" => Some(f.clone()),
         [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
         [flag, rest @ ..] if flag == "--sweep-decode" => return sweep_decode(rest),
+        [flag, rest @ ..] if flag == "--sweep-chunk" => return sweep_chunk(rest),
         _ => return Err(USAGE.into()),
     };
     if !gpu_available() {
@@ -39,7 +40,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"gbps\": {gbps:.1}, \"method\": \"cuda graph replay, mean of 100\"}}"));
     }
     for c in super::chunk_gpu::prefill_cases() {
-        let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c).map_err(|e| format!("{}: {e}", c.name))?;
+        let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c, None).map_err(|e| format!("{}: {e}", c.name))?;
         let mtok = r.tokens as f64 / r.ms as f64 / 1e3;
         let floor = r.min_bytes as f64 / (r.ms as f64 * 1e-3) / 4.25e12 * 100.0;
         out!(
@@ -58,6 +59,42 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{path}: {e}"))?;
         for l in &lines {
             writeln!(f, "{l}").map_err(|e| format!("{path}: {e}"))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS`; 8x1, 8x2, 4x2 and 4x3
+/// when none is given), optionally only the cases whose name contains `--case NAME`: how the
+/// default was chosen.
+fn sweep_chunk(args: &[String]) -> Result<i32, String> {
+    let mut warps = vec![];
+    let mut filter = String::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--case" {
+            filter = it.next().ok_or(USAGE)?.clone();
+        } else {
+            let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS; {USAGE}");
+            let (w, m) = a.split_once('x').ok_or_else(bad)?;
+            warps.push((w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?));
+        }
+    }
+    if warps.is_empty() {
+        warps = vec![(8, 1), (8, 2), (4, 2), (4, 3)];
+    }
+    if !gpu_available() {
+        out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
+        return Ok(1);
+    }
+    let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let kernels = Kernels::new();
+    for c in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
+        for &(w, m) in &warps {
+            let tune = kda_runtime::chunk::ChunkTuning { warps: w, min_blocks: m };
+            let r = super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(tune))
+                .map_err(|e| format!("{}: {e}", c.name))?;
+            out!("{:<36} {w}x{m}  {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s);
         }
     }
     Ok(0)

@@ -8,7 +8,7 @@ use kda_kernels::chunk::{ChunkConfig, ChunkStates};
 use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
-use kda_runtime::chunk::{chunk_config, chunk_kda, plan_chunk, ChunkArgs};
+use kda_runtime::chunk::{chunk_config, chunk_kda, chunk_kda_tuned, plan_chunk, ChunkArgs, ChunkTuning};
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
 const D: usize = 128;
@@ -336,8 +336,13 @@ fn repeated(rng: &mut Rng, n: usize, f: impl Fn(&mut Rng) -> f64) -> Vec<f32> {
 /// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
 /// `dt_bias`, l2norm, beta logits, an f32 initial state in and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
-/// 20 CUDA-event timings after 3 warm-up calls.
-pub fn time_prefill(gpu: &Gpu, kernels: &Kernels, c: &PrefillCase) -> Result<PrefillTiming, String> {
+/// 20 CUDA-event timings after 3 warm-up calls. `tune` overrides the launch shape the API picks.
+pub fn time_prefill(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    c: &PrefillCase,
+    tune: Option<ChunkTuning>,
+) -> Result<PrefillTiming, String> {
     let e = |e: RuntimeError| e.to_string();
     let s = gpu.new_stream().map_err(e)?;
     let mut rng = Rng::new(7);
@@ -380,12 +385,16 @@ pub fn time_prefill(gpu: &Gpu, kernels: &Kernels, c: &PrefillCase) -> Result<Pre
     args.final_state = Some(&fin_v);
     args.output = Some(&out_v);
     args.cu_seqlens = cu_v.as_ref();
+    let call = || match tune {
+        Some(t) => chunk_kda_tuned(gpu, kernels, &s, &args, t),
+        None => chunk_kda(gpu, kernels, &s, &args),
+    };
     s.synchronize().map_err(|e| e.to_string())?;
     let t0 = Instant::now();
-    chunk_kda(gpu, kernels, &s, &args).map_err(e)?;
+    call().map_err(e)?;
     s.synchronize().map_err(|e| e.to_string())?;
     let first_call_s = t0.elapsed().as_secs_f64();
-    let mut samples = time_ms(gpu, &s, 3, 20, || chunk_kda(gpu, kernels, &s, &args).map(|_| ())).map_err(e)?;
+    let mut samples = time_ms(gpu, &s, 3, 20, || call().map(|_| ())).map_err(e)?;
     let min_bytes = tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4;
     Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes })
 }

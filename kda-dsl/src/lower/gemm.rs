@@ -33,6 +33,14 @@ impl Lower<'_> {
         }
         let (m, k) = self.operand_shape(a);
         let (k2, n) = self.operand_shape(b);
+        if a.replicated && (a.transposed || b.replicated || m != lc.warp_rows() || lc.wn != 1) {
+            return self.err(
+                loc,
+                format!("gemm: a replicated left operand must be an untransposed [{} x k] tile (the rows of one warp of {lc}) beside a plain right operand", lc.warp_rows()),
+            );
+        }
+        // Replicated: every warp row multiplies the same tile rows.
+        let m = if a.replicated { m * lc.wm } else { m };
         if k != k2 || m != lc.rows || n != lc.cols {
             return self.err(
                 loc,
@@ -56,6 +64,9 @@ impl Lower<'_> {
         }
         let a_frag = match self.p.layouts[a.buf] {
             BufLayout::Shared(_) => None,
+            BufLayout::Fragment(_) if a.replicated => {
+                return self.err(loc, format!("gemm: the replicated operand `{}` must be a shared tile", ab.name))
+            }
             BufLayout::Fragment(la) => {
                 if a.transposed || la.kind != FragmentKind::Tile || la.wn != 1 || la.wm != lc.wm {
                     return self.err(
@@ -109,7 +120,8 @@ impl Lower<'_> {
             let k0 = (kk * 16) as i64;
             let mut afr: Vec<[Reg; 4]> = vec![];
             for i in 0..mi {
-                let m0 = self.em.add32(m_base, Src::Imm((i * 16) as i64));
+                let a_base = if a.replicated { Src::Imm(0) } else { m_base };
+                let m0 = self.em.add32(a_base, Src::Imm((i * 16) as i64));
                 match a_frag {
                     None => {
                         let (row, col) = if a.transposed {

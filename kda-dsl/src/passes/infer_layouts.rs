@@ -267,6 +267,20 @@ fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
 fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &mut [BufLayout]) -> Result<(), Diag> {
     for s in body {
         match &s.kind {
+            // Every warp multiplies the whole replicated tile into its own rows: the
+            // accumulator's warps split rows only, each holding one copy of the tile's rows.
+            StmtKind::Gemm { a, c, .. } if a.replicated => {
+                let (x, tile) = (&def.buffers[*c], &def.buffers[a.buf]);
+                let warps = wof[*c];
+                let rows = tile.shape.first().copied().unwrap_or(0) * warps;
+                let l = (x.shape.len() == 2 && x.shape[0] == rows)
+                    .then(|| FragmentLayout::rows_only(x.shape[0], x.shape[1], warps))
+                    .flatten()
+                    .ok_or_else(|| {
+                        Diag::new(s.loc, format!("gemm with `{}` replicated over {warps} warps: the accumulator `{}` {:?} must have {warps} x {} rows, 16 per warp", tile.name, x.name, x.shape, tile.shape.first().copied().unwrap_or(0)))
+                    })?;
+                layouts[*c] = BufLayout::Fragment(l);
+            }
             StmtKind::Gemm { a, c, .. } if def.buffers[a.buf].scope == Scope::Fragment => {
                 for b in [a.buf, *c] {
                     let x = &def.buffers[b];

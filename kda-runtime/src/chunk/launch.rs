@@ -25,8 +25,30 @@ pub struct ChunkResult {
     pub final_state: Option<DeviceTensor>,
 }
 
+/// How a chunk launch is shaped. [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkTuning {
+    /// Warps per block (1, 2, 4 or 8), each owning 16 of a head's 128 value rows.
+    pub warps: usize,
+    /// Blocks that must fit on an SM at once (1 to 8; caps registers per thread).
+    pub min_blocks: usize,
+}
+
+impl ChunkTuning {
+    /// The shape [`chunk_kda`] picks: the config default, whatever the call
+    /// ([`ChunkConfig::default`]; chosen by `kda bench --sweep-chunk` on an H200).
+    pub fn for_call(_plan: &ChunkPlan) -> ChunkTuning {
+        let d = ChunkConfig::default();
+        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks }
+    }
+}
+
 /// The kernel variant a validated call needs.
 pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
+    tuned_config(plan, ChunkTuning::for_call(plan))
+}
+
+fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     let store_final = !matches!(plan.final_out, FinalState::None);
     let states = match plan.initial {
         InitialState::Zeros => ChunkStates::Zeros { store_final },
@@ -44,6 +66,8 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
         l2norm: plan.l2norm,
         varlen: plan.varlen,
         states,
+        warps: tune.warps,
+        min_blocks: tune.min_blocks,
     }
 }
 
@@ -66,6 +90,37 @@ pub fn chunk_kda(
     args: &ChunkArgs,
 ) -> Result<ChunkResult, RuntimeError> {
     let plan = plan_chunk(args)?;
+    launch_plan(gpu, kernels, stream, args, &plan, ChunkTuning::for_call(&plan))
+}
+
+/// [`chunk_kda`] with an explicit launch shape (for tuning; `warps` must be 1, 2, 4 or 8,
+/// `min_blocks` 1 to 8; a shape that does not fit the SM fails to load).
+pub fn chunk_kda_tuned(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &ChunkArgs,
+    tune: ChunkTuning,
+) -> Result<ChunkResult, RuntimeError> {
+    if !matches!(tune.warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&tune.min_blocks) {
+        return Err(RuntimeError::Unsupported(format!(
+            "chunk tuning {tune:?}: warps must be 1, 2, 4 or 8, min_blocks 1 to 8"
+        )));
+    }
+    let plan = plan_chunk(args)?;
+    launch_plan(gpu, kernels, stream, args, &plan, tune)
+}
+
+/// Checks the index tensors (`checked`), allocates the outputs not given and launches.
+fn launch_plan(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &ChunkArgs,
+    plan: &ChunkPlan,
+    tune: ChunkTuning,
+) -> Result<ChunkResult, RuntimeError> {
+    let plan = plan.clone();
     if args.checked {
         let cu = match (args.cu_seqlens, plan.varlen) {
             (Some(t), Some(_)) => Some(download_i64(t, stream)?),
@@ -96,7 +151,7 @@ pub fn chunk_kda(
         (None, Some(v)) => v.ptr(),
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = chunk_config(&plan);
+    let cfg = tuned_config(&plan, tune);
     let ready = kernels.chunk(&cfg)?;
 
     // Inputs as the kernel's 4-D (3-D for beta) tensors, varlen `[S, ..]` views included.

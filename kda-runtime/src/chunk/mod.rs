@@ -18,5 +18,5 @@ pub mod plan;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
-pub use launch::{chunk_config, chunk_kda, ChunkResult};
+pub use launch::{chunk_config, chunk_kda, chunk_kda_tuned, ChunkResult, ChunkTuning};
 pub use plan::{plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};

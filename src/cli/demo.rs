@@ -15,6 +15,15 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true).map_err(|e| e.to_string())?;
         let tflops = 2.0 * 8192f64.powi(3) / (ms as f64 * 1e-3) / 1e12;
         out!("gemm bf16 8192^3 A·Bᵀ: {ms:.3} ms, {tflops:.1} TFLOP/s");
+        for case in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name == "prefill_b8_t4096_h32") {
+            let r = super::chunk_gpu::time_prefill(&gpu, &kernels, case, None)?;
+            out!(
+                "chunk_kda B=8 T=4096 H=32 bf16: {:.3} ms, {:.1} M tokens/s (first call {:.2} s)",
+                r.ms,
+                r.tokens as f64 / r.ms as f64 / 1e3,
+                r.first_call_s
+            );
+        }
         out!("{}", if failures == 0 { "demo: all GPU checks passed" } else { "demo: GPU checks FAILED" });
         return Ok(i32::from(failures > 0));
     }

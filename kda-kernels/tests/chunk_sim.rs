@@ -2,10 +2,10 @@
 
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkStates};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkStates};
 use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, tolerance};
 use kda_kernels::chunk_families::chunk_families;
-use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, InitialSpec, Lengths};
+use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
 use kda_kernels::decode_ref::DecodeInputs;
 use kda_kernels::reference::{rel_err, Rng};
@@ -274,4 +274,48 @@ fn prefill_then_decode(state_dtype: kda_dsl::DType, bound_ab: f64, seed: u64) {
 fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     prefill_then_decode(F32, 1e-2, 31);
     prefill_then_decode(BF16, 1e-2, 32);
+}
+
+/// KDA-SPEC's edge cases through the kernel: identical keys with beta near 1 and no decay (the
+/// inverse's worst case: `A` is all ones below the diagonal, so INV has entries of ±1 and the
+/// Neumann product would blow up), and every gate at the lower bound (`G` reaches
+/// `-16 · 5 · log2(e) ≈ -115` in a chunk, so `2^-G` is near the top of bf16's range). Both stay
+/// finite and within the usual bounds.
+#[test]
+fn identical_keys_without_decay_and_every_gate_at_the_bound() {
+    // Identical keys, beta = sigmoid(8) ≈ 0.9997 and no decay, 37 tokens: a precomputed g = 0,
+    // and the lower-bound rule with a raw gate input of -30 (g ≈ -5e-13), which takes the
+    // tensor-core path for A.
+    for (gate, spec_gate, raw) in [
+        (ChunkGate::Precomputed, GateSpec::PrecomputedFixed(0.0), 0.0),
+        (ChunkGate::LowerBound, GateSpec::LowerBound, -30.0),
+    ] {
+        let spec = ChunkSpec { gate: spec_gate, initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
+        let mut x = ChunkInputs::random(&mut Rng::new(21), &spec);
+        let key = x.k[..128].to_vec();
+        for row in x.k.chunks_mut(128) {
+            row.copy_from_slice(&key);
+        }
+        x.beta.iter_mut().for_each(|b| *b = 8.0);
+        x.g.iter_mut().for_each(|g| *g = raw);
+        let cfg = ChunkConfig { gate, ..ChunkConfig::default() };
+        let r = check_chunk(&cfg, &x).expect("simulates");
+        let (to, ts) = tolerance(&cfg);
+        eprintln!("identical keys {gate:?}: out {:.2e} state {:.2e}", r.out_err, r.state_err);
+        assert!(r.got.out.iter().chain(&r.got.final_state).all(|v| v.is_finite()), "{gate:?}: Inf or NaN");
+        assert!(r.out_err <= to && r.state_err <= ts, "{gate:?}: {:.2e} {:.2e}", r.out_err, r.state_err);
+    }
+    // Every gate at the bound: a raw gate input of 30 saturates the sigmoid (g = lower_bound
+    // = -5 on every channel of every token).
+    let mut x = ChunkInputs::random(
+        &mut Rng::new(22),
+        &ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() },
+    );
+    x.g.iter_mut().for_each(|g| *g = 30.0);
+    let cfg = ChunkConfig::default();
+    let r = check_chunk(&cfg, &x).expect("simulates");
+    let (to, ts) = tolerance(&cfg);
+    eprintln!("gates at the bound: out {:.2e} state {:.2e}", r.out_err, r.state_err);
+    assert!(r.got.out.iter().chain(&r.got.final_state).all(|v| v.is_finite()), "gates at the bound: Inf or NaN");
+    assert!(r.out_err <= to && r.state_err <= ts, "gates at the bound: {:.2e} {:.2e}", r.out_err, r.state_err);
 }

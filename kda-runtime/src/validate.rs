@@ -18,6 +18,84 @@ pub(crate) trait ArgError: Sized {
     fn unsupported(arg: &'static str, message: String) -> Self;
 }
 
+/// Defines an entry point's error type: `InvalidArgument` (the reference's `ValueError`) and
+/// `Unsupported` (its `NotImplementedError`/`TypeError`, and the kernels' limits), each naming
+/// the offending field of the entry point's argument struct, with `arg()`, `message()`,
+/// `Display` (`arg: message`), [`ArgError`] and the conversion into [`crate::RuntimeError`].
+macro_rules! arg_error_type {
+    ($(#[$doc:meta])* $name:ident, $args:literal, $call:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum $name {
+            /// The arguments break the API's contract (the reference's `ValueError`).
+            InvalidArgument {
+                #[doc = concat!("The offending [`", $args, "`] field.")]
+                arg: &'static str,
+                /// What is wrong, in the reference's words where it has them.
+                message: String,
+            },
+            /// Well-formed, but not supported here (the reference's `NotImplementedError` or
+            /// `TypeError`, and the kernels' limits: head dim, dtypes, ranges, alignment).
+            Unsupported {
+                #[doc = concat!("The offending [`", $args, "`] field.")]
+                arg: &'static str,
+                /// What is not supported.
+                message: String,
+            },
+        }
+
+        impl $name {
+            #[doc = concat!("The offending [`", $args, "`] field.")]
+            pub fn arg(&self) -> &'static str {
+                match self {
+                    $name::InvalidArgument { arg, .. } | $name::Unsupported { arg, .. } => arg,
+                }
+            }
+
+            /// The message, without the argument name.
+            pub fn message(&self) -> &str {
+                match self {
+                    $name::InvalidArgument { message, .. } | $name::Unsupported { message, .. } => message,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}: {}", self.arg(), self.message())
+            }
+        }
+
+        impl std::error::Error for $name {}
+
+        impl $crate::validate::ArgError for $name {
+            fn invalid(arg: &'static str, message: String) -> Self {
+                $name::InvalidArgument { arg, message }
+            }
+
+            fn unsupported(arg: &'static str, message: String) -> Self {
+                $name::Unsupported { arg, message }
+            }
+        }
+
+        impl From<$name> for $crate::error::RuntimeError {
+            fn from(err: $name) -> Self {
+                match err {
+                    $name::InvalidArgument { arg, message } => $crate::error::RuntimeError::BadArgument {
+                        name: arg.into(),
+                        expected: concat!("a valid argument to ", $call).into(),
+                        got: format!("one that fails: {message}"),
+                    },
+                    $name::Unsupported { arg, message } => {
+                        $crate::error::RuntimeError::Unsupported(format!("{arg}: {message}"))
+                    }
+                }
+            }
+        }
+    };
+}
+pub(crate) use arg_error_type;
+
 /// A shape as the messages print it: `[2, 1, 4, 128]`.
 pub(crate) fn shape(x: &TensorView) -> String {
     format!("{:?}", x.shape())

@@ -12,84 +12,21 @@
 //! holds for every argument and is not checked separately. Like decode, outputs overlapping
 //! inputs are not checked: that is the caller's contract.
 
-use std::fmt;
-
 use kda_dsl::dtype::DType;
 
 use super::args::ChunkArgs;
-use crate::error::RuntimeError;
 use crate::tensor::TensorView;
 use crate::validate::{self, shape, ArgError, HEAD_DIM};
 
 /// The reference's default `lower_bound`.
 const DEFAULT_LOWER_BOUND: f32 = -5.0;
 
-/// Why [`plan_chunk`] rejected a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChunkError {
-    /// The arguments break the API's contract (the reference's `ValueError`).
-    InvalidArgument {
-        /// The offending [`ChunkArgs`] field.
-        arg: &'static str,
-        /// What is wrong, in the reference's words where it has them.
-        message: String,
-    },
-    /// Well-formed, but not supported here (the reference's `TypeError`, and the head-dim,
-    /// state-pool dtype, `lower_bound` range and alignment limits of the kernels).
-    Unsupported {
-        /// The offending [`ChunkArgs`] field.
-        arg: &'static str,
-        /// What is not supported.
-        message: String,
-    },
-}
-
-impl ChunkError {
-    /// The offending [`ChunkArgs`] field.
-    pub fn arg(&self) -> &'static str {
-        match self {
-            ChunkError::InvalidArgument { arg, .. } | ChunkError::Unsupported { arg, .. } => arg,
-        }
-    }
-
-    /// The message, without the argument name.
-    pub fn message(&self) -> &str {
-        match self {
-            ChunkError::InvalidArgument { message, .. } | ChunkError::Unsupported { message, .. } => message,
-        }
-    }
-}
-
-impl fmt::Display for ChunkError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.arg(), self.message())
-    }
-}
-
-impl std::error::Error for ChunkError {}
-
-impl ArgError for ChunkError {
-    fn invalid(arg: &'static str, message: String) -> Self {
-        ChunkError::InvalidArgument { arg, message }
-    }
-
-    fn unsupported(arg: &'static str, message: String) -> Self {
-        ChunkError::Unsupported { arg, message }
-    }
-}
-
-impl From<ChunkError> for RuntimeError {
-    fn from(err: ChunkError) -> Self {
-        match err {
-            ChunkError::InvalidArgument { arg, message } => RuntimeError::BadArgument {
-                name: arg.into(),
-                expected: "a valid argument to chunk_kda".into(),
-                got: format!("one that fails: {message}"),
-            },
-            ChunkError::Unsupported { arg, message } => RuntimeError::Unsupported(format!("{arg}: {message}")),
-        }
-    }
-}
+validate::arg_error_type!(
+    /// Why [`plan_chunk`] (or the checked mode) rejected a call.
+    ChunkError,
+    "ChunkArgs",
+    "chunk_kda"
+);
 
 /// How the per-channel log decay is obtained from the gate input `g`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -4,81 +4,18 @@
 //! messages (`torch.float32` reads `f32`, shapes print as `[..]`, devices as `cuda:N`), then the
 //! checks KDA-SPEC adds ("Checks beyond the reference"). Errors name the [`DecodeArgs`] field.
 
-use std::fmt;
-
 use kda_dsl::dtype::DType;
 
 use super::args::DecodeArgs;
-use crate::error::RuntimeError;
 use crate::tensor::TensorView;
 use crate::validate::{self, shape, ArgError, HEAD_DIM};
 
-/// Why [`plan_decode`] (or the checked mode) rejected a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DecodeError {
-    /// The arguments break the API's contract (the reference's `ValueError`).
-    InvalidArgument {
-        /// The offending [`DecodeArgs`] field.
-        arg: &'static str,
-        /// What is wrong, in the reference's words where it has them.
-        message: String,
-    },
-    /// Well-formed, but not supported here (the reference's `NotImplementedError`/`TypeError`,
-    /// and the head-dim and alignment limits of the kernels).
-    Unsupported {
-        /// The offending [`DecodeArgs`] field.
-        arg: &'static str,
-        /// What is not supported.
-        message: String,
-    },
-}
-
-impl DecodeError {
-    /// The offending [`DecodeArgs`] field.
-    pub fn arg(&self) -> &'static str {
-        match self {
-            DecodeError::InvalidArgument { arg, .. } | DecodeError::Unsupported { arg, .. } => arg,
-        }
-    }
-
-    /// The message, without the argument name.
-    pub fn message(&self) -> &str {
-        match self {
-            DecodeError::InvalidArgument { message, .. } | DecodeError::Unsupported { message, .. } => message,
-        }
-    }
-}
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.arg(), self.message())
-    }
-}
-
-impl std::error::Error for DecodeError {}
-
-impl ArgError for DecodeError {
-    fn invalid(arg: &'static str, message: String) -> Self {
-        DecodeError::InvalidArgument { arg, message }
-    }
-
-    fn unsupported(arg: &'static str, message: String) -> Self {
-        DecodeError::Unsupported { arg, message }
-    }
-}
-
-impl From<DecodeError> for RuntimeError {
-    fn from(err: DecodeError) -> Self {
-        match err {
-            DecodeError::InvalidArgument { arg, message } => RuntimeError::BadArgument {
-                name: arg.into(),
-                expected: "a valid argument to gated_delta_rule_decode".into(),
-                got: format!("one that fails: {message}"),
-            },
-            DecodeError::Unsupported { arg, message } => RuntimeError::Unsupported(format!("{arg}: {message}")),
-        }
-    }
-}
+validate::arg_error_type!(
+    /// Why [`plan_decode`] (or the checked mode) rejected a call.
+    DecodeError,
+    "DecodeArgs",
+    "gated_delta_rule_decode"
+);
 
 /// How the per-channel log decay `g` is obtained from the gate input `a`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -60,7 +60,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             ChunkSpec { dtype: F16, lengths: Lengths::Varlen(vec![5, 0, 1, 32, 19]), h: 1, hv: 2, ..init.clone() },
         ),
         f(
-            "varlen_i32_pool_bf16_state_gva4_padding",
+            "varlen_pool_bf16_state_gva4_padding_empty",
             ChunkConfig {
                 state_dtype: BF16,
                 varlen: Some(I32),
@@ -68,7 +68,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
                 ..d.clone()
             },
             ChunkSpec {
-                lengths: Lengths::Varlen(vec![20, 7, 16, 3, 9]),
+                lengths: Lengths::Varlen(vec![20, 7, 0, 16, 3, 9]),
                 h: 1,
                 hv: 4,
                 initial: InitialSpec::Pool { slots: 8 },

@@ -286,12 +286,13 @@ pub fn chunk(
     let o_sh = shared([16, bv], cfg.dtype);
 
     for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
-        copy(q.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
-        copy(k.tile_at([bi, bos + 16 * c, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
-        copy(g.tile_at([bi, bos + 16 * c, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
-        copy(v.tile_at([bi, bos + 16 * c, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
-        copy(beta.tile_at([bi, bos + 16 * c, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+        // The chunk's first token (the fills see it for the chunk they fetch).
         let t0 = bos + 16 * c;
+        copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
+        copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
+        copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+        copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
+        copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
 

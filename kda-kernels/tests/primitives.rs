@@ -543,3 +543,72 @@ fn a_replicated_operand_needs_16_accumulator_rows_per_warp() {
     let e = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("rejected").to_string();
     assert!(e.contains("replicated"), "{e}");
 }
+
+/// `y[8 i ..][..] = x[2 offs[i] + 1 ..][..]`: each fill's row comes from a `let` in the pipelined
+/// body, which the fill (running `stages - 1` iterations ahead) must see for its own iteration.
+#[kernel]
+fn gather_by_let(cfg: &Cfg, x: Global<(R, C), F32>, offs: Global<(NO,), I32>, y: GlobalMut<(RY, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let s = shared([8, 32], F32);
+    for i in pipelined(0, NO, stages = cfg.rows) {
+        let row = offs[i] * 2 + 1;
+        copy(x.tile_at([row, 0], [8, 32]), s);
+        copy(s, y.tile_at([8 * i, 0], [8, 32]));
+    }
+}
+
+#[test]
+fn a_let_in_a_pipelined_body_feeds_the_fills_of_its_own_iteration() {
+    let (r, c) = (64, 32);
+    let offs: Vec<f64> = vec![5.0, 0.0, 12.0, 3.0, 30.0, 7.0];
+    let x = Rng::new(3).normals(r * c, DType::F32);
+    for stages in [2, 3] {
+        let cfg = Cfg { rows: stages, cols: c, threads: 64 };
+        let ry = 8 * offs.len();
+        let mut args = vec![
+            t("x", &x, DType::F32),
+            i("R", r),
+            i("C", c),
+            t("offs", &offs, DType::I32),
+            i("NO", offs.len()),
+            t("y", &vec![f64::NAN; ry * c], DType::F32),
+            i("RY", ry),
+        ];
+        simulate(&gather_by_let(&cfg).expect("builds"), &mut args).expect("runs");
+        let got = tensor_values(&args, "y", DType::F32);
+        let want: Vec<f64> = (0..ry * c)
+            .map(|e| {
+                let (row, col) = (e / c, e % c);
+                let src = 2 * offs[row / 8] as usize + 1 + row % 8;
+                if src < r {
+                    x[src * c + col]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "{stages} stages");
+    }
+}
+
+/// A fill reading a value the body carries from one iteration to the next (it cannot be
+/// recomputed for the fill's iteration).
+#[kernel]
+fn carried_fill(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(RY, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let s = shared([8, 32], F32);
+    let mut row = 0;
+    for i in pipelined(0, 4, stages = 2) {
+        row = row + 8;
+        copy(x.tile_at([row, 0], [8, 32]), s);
+        copy(s, y.tile_at([8 * i, 0], [8, 32]));
+    }
+}
+
+#[test]
+fn a_fill_cannot_read_a_value_carried_across_iterations() {
+    let cfg = Cfg { rows: 0, cols: 32, threads: 64 };
+    let e =
+        kda_dsl::compile(carried_fill(&cfg).expect("builds"), kda_dsl::Target::Sm80).expect_err("rejected").to_string();
+    assert!(e.contains("`row`") && e.contains("ahead of the loop body"), "{e}");
+}

@@ -72,6 +72,8 @@ impl Lower<'_> {
         let is_fill = |s: &Stmt, p: &TileProgram| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_fill(s, self.p)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_fill(s, self.p)).cloned().collect();
+        // The body's `let`s that the fills read, evaluated again for the fills' iteration.
+        let prelude = super::fill_prelude::fill_prelude(self.def(), var, body, &fills)?;
         // Past the loop's end the fills branch around their address arithmetic, except in a
         // tensor-core loop: there the branch would split the block that interleaves the fills
         // with the MMAs (the GEMM measured slower with it), for a saving of a few iterations.
@@ -104,7 +106,7 @@ impl Lower<'_> {
             for (k, b) in staged.iter().enumerate() {
                 self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
             }
-            self.stage_fills(&fills, live, skip_dead_fills)?;
+            self.stage_fills(&prelude, &fills, live, skip_dead_fills)?;
         }
         // Main loop.
         self.em.loc = loc;
@@ -131,7 +133,7 @@ impl Lower<'_> {
             let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        self.stage_fills(&fills, live, skip_dead_fills)?;
+        self.stage_fills(&prelude, &fills, live, skip_dead_fills)?;
         // Compute on the stage read this iteration.
         self.var_regs.insert(var, ko);
         for (k, b) in staged.iter().enumerate() {
@@ -154,14 +156,16 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// One stage's fills and their commit. With `skip_dead`, past the loop's end (`live` false)
-    /// the block branches around the fills' address arithmetic; the group is still committed
-    /// (empty), so the loop's `wait_group` counts stay right.
-    fn stage_fills(&mut self, fills: &[&Stmt], live: Reg, skip_dead: bool) -> Result<(), Diag> {
+    /// One stage's fills (after the `prelude` they read, for the same iteration) and their
+    /// commit. With `skip_dead`, past the loop's end (`live` false) the block branches around
+    /// the fills' address arithmetic; the group is still committed (empty), so the loop's
+    /// `wait_group` counts stay right.
+    fn stage_fills(&mut self, prelude: &[Stmt], fills: &[&Stmt], live: Reg, skip_dead: bool) -> Result<(), Diag> {
         let skip = skip_dead.then(|| self.em.label());
         if let Some(skip) = skip {
             self.em.emit_if(live, false, Op::Bra { target: skip });
         }
+        self.block(prelude)?;
         for f in fills {
             self.em.loc = f.loc;
             if let StmtKind::Copy { src, dst } = &f.kind {

@@ -8,6 +8,7 @@ mod divisibility;
 mod elementwise;
 pub mod emit;
 mod expr;
+mod fill_prelude;
 mod gemm;
 mod if_conversion;
 mod loops;

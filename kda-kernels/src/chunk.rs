@@ -169,6 +169,205 @@ impl ChunkConfig {
 /// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
+/// The chunk's gate in log2 units (0 past its `nv` valid rows) and its inclusive cumulative sum
+/// down the chunk into `gl`; beta into `bt_sh` (0 past the end); the chunk's decay of the
+/// state, `2^Γ` per key channel, into `eg_sh`.
+#[kda_macros::kernel_fn]
+fn gate_and_beta(
+    lower: bool,
+    g_sh: Tile,
+    dt_sh: Tile,
+    b_sh: Tile,
+    gl: Tile,
+    bt_sh: Tile,
+    eg_sh: Tile,
+    nv: Val,
+    ea: Val,
+    lower_bound: Val,
+) {
+    // A scan through shared memory: one thread per channel summing down the chunk measured
+    // slower (a longer dependent chain).
+    for (i, j) in parallel(gl) {
+        let mut gx = g_sh[i][j] as f32;
+        if lower {
+            gx = lower_bound * sigmoid(ea * (gx + dt_sh[j] as f32));
+        }
+        gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
+    }
+    cumsum(gl, gl, 0);
+    for (i,) in parallel(bt_sh) {
+        bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
+    }
+    for (j,) in parallel(eg_sh) {
+        eg_sh[j] = exp2(gl[nv - 1][j]);
+    }
+}
+
+/// The chunk's keys and queries into `kf` and `qf`, l2-normalized per row when `l2norm`.
+#[kda_macros::kernel_fn]
+fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq: Tile, rk: Tile, rq: Tile) {
+    copy(k_sh, kf);
+    copy(q_sh, qf);
+    if l2norm {
+        for (i, j) in parallel(sq) {
+            sq[i][j] = kf[i][j] * kf[i][j];
+        }
+        reduce_sum(sq, rk, 1);
+        for (i, j) in parallel(sq) {
+            sq[i][j] = qf[i][j] * qf[i][j];
+        }
+        reduce_sum(sq, rq, 1);
+        for (i, j) in parallel(kf) {
+            kf[i][j] = kf[i][j] * rsqrt(rk[i] + 1e-6);
+            qf[i][j] = qf[i][j] * rsqrt(rq[i] + 1e-6);
+        }
+    }
+}
+
+/// The prepared operands in bf16: `kd = k̂ 2^G`, `qd = scale q̂ 2^G`, `kr = k̂ 2^(Γ - G)`, and
+/// `ki = k̂ 2^-G` for the lower-bound gate, or the plain f32 rows `kn_sh`, `qn_sh` for the
+/// element-wise products of a precomputed one.
+#[kda_macros::kernel_fn]
+fn prepare_operands(
+    lower: bool,
+    kf: Tile,
+    qf: Tile,
+    gl: Tile,
+    kd_sh: Tile,
+    qd_sh: Tile,
+    kr_sh: Tile,
+    ki_sh: Tile,
+    kn_sh: Tile,
+    qn_sh: Tile,
+    nv: Val,
+    scale: Val,
+) {
+    for (i, j) in parallel(kf) {
+        let gi = gl[i][j];
+        let kn = kf[i][j];
+        let qn = qf[i][j] * scale;
+        kd_sh[i][j] = kn * exp2(gi);
+        qd_sh[i][j] = qn * exp2(gi);
+        kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
+        if lower {
+            ki_sh[i][j] = kn * exp2(-gi);
+        } else {
+            kn_sh[i][j] = kn;
+            qn_sh[i][j] = qn;
+        }
+    }
+}
+
+/// `diag(beta) kd kiᵀ` into `l_sh` and `Mqk = lower_incl_diag(qd kiᵀ)` into `mq_sh`: on tensor
+/// cores for the lower-bound gate (every warp computes both whole and stores its copy in its own
+/// rows of `l_sh` and `m_sh`, so no two warps write one word; rows 0..16 are read), element-wise
+/// for a precomputed gate (every exponent `G_i - G_j` with `j <= i` is at most 0, whatever the
+/// gate; the pairs above the diagonal are clamped, and never read).
+#[kda_macros::kernel_fn]
+fn key_products(
+    lower: bool,
+    kd_sh: Tile,
+    qd_sh: Tile,
+    ki_sh: Tile,
+    kn_sh: Tile,
+    qn_sh: Tile,
+    gl: Tile,
+    bt_sh: Tile,
+    la: Tile,
+    ma: Tile,
+    l_sh: Tile,
+    m_sh: Tile,
+    mq_sh: Tile,
+) {
+    if lower {
+        clear(la);
+        clear(ma);
+        gemm(kd_sh.replicated(), ki_sh.t(), la);
+        gemm(qd_sh.replicated(), ki_sh.t(), ma);
+        for (i, j) in parallel(la) {
+            l_sh[i][j] = bt_sh[i % 16] * la[i][j];
+            m_sh[i][j] = ma[i][j];
+        }
+    } else {
+        for (i, j) in parallel(mq_sh) {
+            let mut acc_l = 0.0;
+            let mut acc_m = 0.0;
+            for cc in serial(0, 128) {
+                let kj = kn_sh[j][cc] * exp2(min(gl[i][cc] - gl[j][cc], 0.0));
+                acc_l = acc_l + kn_sh[i][cc] * kj;
+                acc_m = acc_m + qn_sh[i][cc] * kj;
+            }
+            l_sh[i][j] = bt_sh[i] * acc_l;
+            m_sh[i][j] = acc_m;
+        }
+    }
+    for (i, j) in parallel(mq_sh) {
+        mq_sh[i][j] = select(j <= i, m_sh[i][j], 0.0);
+    }
+}
+
+/// `inv = (I + strict_lower(l))^-1` for a 16 x 16 `l`, by f32 forward substitution with one lane
+/// per column, right-looking: once `x_m` is final it updates every later `x_i`, so the longest
+/// chain of dependent multiply-adds is 15 long instead of the 120 of summing each row in turn.
+/// `cols` is a `[16]` tile giving the lanes their columns; `x` a `local([16])`.
+#[kda_macros::kernel_fn]
+fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
+    for (jc,) in parallel(cols) {
+        for i in 0..16 {
+            x[i] = select(jc == i as i32, 1.0, 0.0);
+        }
+        for m in 0..16 {
+            inv_sh[m][jc] = x[m];
+            for i in m + 1..16 {
+                x[i] = x[i] - l_sh[i][m] * x[m];
+            }
+        }
+    }
+}
+
+/// The state's products for one chunk, in the transposed view (rows = the block's value rows):
+/// `Wᵀ = S kdᵀ`, `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`, and the output rows
+/// `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` transposed back into `o_sh` (zeros for padding, `live` false).
+#[kda_macros::kernel_fn]
+fn state_products(
+    s: Tile,
+    kd_sh: Tile,
+    qd_sh: Tile,
+    inv_sh: Tile,
+    mq_sh: Tile,
+    bt_sh: Tile,
+    v_sh: Tile,
+    wt: Tile,
+    ot: Tile,
+    vn: Tile,
+    ut: Tile,
+    o_sh: Tile,
+    live: Val,
+) {
+    clear(wt);
+    clear(ot);
+    gemm(s, kd_sh.t(), wt);
+    gemm(s, qd_sh.t(), ot);
+    for (a, b) in parallel(vn) {
+        vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
+    }
+    clear(ut);
+    gemm(vn, inv_sh.t(), ut);
+    gemm(ut, mq_sh.t(), ot);
+    for (a, b) in parallel(ot) {
+        o_sh[b][a] = select(live, ot[a][b], 0.0);
+    }
+}
+
+/// `S = S diag(2^Γ) + Uᵀ kr`.
+#[kda_macros::kernel_fn]
+fn decay_and_update(s: Tile, eg_sh: Tile, ut: Tile, kr_sh: Tile) {
+    for (a, j) in parallel(s) {
+        s[a][j] = s[a][j] * eg_sh[j];
+    }
+    gemm(ut, kr_sh, s);
+}
+
 /// The chunked recurrence for `16 · warps` value rows of one (sequence, value head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
@@ -296,126 +495,14 @@ pub fn chunk(
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
 
-        // The gate in log2 units, 0 past the end, then its inclusive cumulative sum. (One
-        // thread per channel summing down the chunk instead measured slower: a longer chain.)
-        for (i, j) in parallel(gl) {
-            let mut gx = g_sh[i][j] as f32;
-            if lower {
-                gx = lower_bound * sigmoid(ea * (gx + dt_sh[j] as f32));
-            }
-            gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
-        }
-        cumsum(gl, gl, 0);
-        for (i,) in parallel(bt_sh) {
-            bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
-        }
-        // The chunk's decay of the state, 2^Γ per key channel.
-        for (j,) in parallel(eg_sh) {
-            eg_sh[j] = exp2(gl[nv - 1][j]);
-        }
-
-        // Normalized keys and queries.
-        copy(k_sh, kf);
-        copy(q_sh, qf);
-        if cfg.l2norm {
-            for (i, j) in parallel(sq) {
-                sq[i][j] = kf[i][j] * kf[i][j];
-            }
-            reduce_sum(sq, rk, 1);
-            for (i, j) in parallel(sq) {
-                sq[i][j] = qf[i][j] * qf[i][j];
-            }
-            reduce_sum(sq, rq, 1);
-            for (i, j) in parallel(kf) {
-                kf[i][j] = kf[i][j] * rsqrt(rk[i] + 1e-6);
-                qf[i][j] = qf[i][j] * rsqrt(rq[i] + 1e-6);
-            }
-        }
-
-        // The prepared operands.
-        for (i, j) in parallel(kf) {
-            let gi = gl[i][j];
-            let kn = kf[i][j];
-            let qn = qf[i][j] * scale;
-            kd_sh[i][j] = kn * exp2(gi);
-            qd_sh[i][j] = qn * exp2(gi);
-            kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
-            if lower {
-                ki_sh[i][j] = kn * exp2(-gi);
-            } else {
-                kn_sh[i][j] = kn;
-                qn_sh[i][j] = qn;
-            }
-        }
-
-        // diag(beta) kd kiᵀ and qd kiᵀ: every warp computes both whole and stores its copy in
-        // its own rows of `l_sh` and `m_sh` (so no two warps write one word); rows 0..16 are
-        // read.
-        if lower {
-            clear(la);
-            clear(ma);
-            gemm(kd_sh.replicated(), ki_sh.t(), la);
-            gemm(qd_sh.replicated(), ki_sh.t(), ma);
-            for (i, j) in parallel(la) {
-                l_sh[i][j] = bt_sh[i % 16] * la[i][j];
-                m_sh[i][j] = ma[i][j];
-            }
-        } else {
-            // Element-wise: every exponent G_i - G_j with j <= i is at most 0, whatever the
-            // gate; the pairs above the diagonal are clamped (and never read).
-            for (i, j) in parallel(mq_sh) {
-                let mut acc_l = 0.0;
-                let mut acc_m = 0.0;
-                for cc in serial(0, 128) {
-                    let kj = kn_sh[j][cc] * exp2(min(gl[i][cc] - gl[j][cc], 0.0));
-                    acc_l = acc_l + kn_sh[i][cc] * kj;
-                    acc_m = acc_m + qn_sh[i][cc] * kj;
-                }
-                l_sh[i][j] = bt_sh[i] * acc_l;
-                m_sh[i][j] = acc_m;
-            }
-        }
-        // Mqk = lower_incl_diag(qd kiᵀ), the operand of the output product.
-        for (i, j) in parallel(mq_sh) {
-            mq_sh[i][j] = select(j <= i, m_sh[i][j], 0.0);
-        }
-
-        // INV = (I + A)^-1 with A = strict_lower(l_sh), one lane per column,
-        // right-looking: once x_m is final it updates every later x_i, so the longest chain of
-        // dependent multiply-adds is 15 long instead of the 120 of summing each row in turn.
-        for (jc,) in parallel(cols) {
-            for i in 0..16 {
-                x[i] = select(jc == i as i32, 1.0, 0.0);
-            }
-            for m in 0..16 {
-                inv_sh[m][jc] = x[m];
-                for i in m + 1..16 {
-                    x[i] = x[i] - l_sh[i][m] * x[m];
-                }
-            }
-        }
-
-        // The state's products, in the transposed view (rows = the block's value rows).
-        clear(wt);
-        clear(ot);
-        gemm(s, kd_sh.t(), wt);
-        gemm(s, qd_sh.t(), ot);
-        for (a, b) in parallel(vn) {
-            vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
-        }
-        clear(ut);
-        gemm(vn, inv_sh.t(), ut);
-        gemm(ut, mq_sh.t(), ot);
-        // Output rows through shared memory (transposed back); padding writes zeros.
-        for (a, b) in parallel(ot) {
-            o_sh[b][a] = select(live, ot[a][b], 0.0);
-        }
+        gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+        load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
+        prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
+        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+        invert_unit_lower(l_sh, cols, x, inv_sh);
+        state_products(s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
         copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
-        // S = S diag(2^Γ) + Uᵀ kr.
-        for (a, j) in parallel(s) {
-            s[a][j] = s[a][j] * eg_sh[j];
-        }
-        gemm(ut, kr_sh, s);
+        decay_and_update(s, eg_sh, ut, kr_sh);
     }
 
     if cfg.store_final() {

@@ -230,6 +230,19 @@ impl DecodeConfig {
     }
 }
 
+/// Beta from `b` by the config's rule.
+#[kda_macros::kernel_fn]
+fn beta_of(rule: Beta, b: Val) -> Val {
+    let mut bt = b;
+    if rule == Beta::Sigmoid {
+        bt = sigmoid(bt);
+    }
+    if rule == Beta::TwoSigmoid {
+        bt = 2.0 * sigmoid(bt);
+    }
+    bt
+}
+
 /// One decode step per token for `bv` state rows of one (sequence, value head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
@@ -475,23 +488,10 @@ pub fn decode(
                     // u = beta * (v - S k̂), with the decayed state.
                     if cfg.beta_headwise {
                         for (i,) in parallel(uf) {
-                            let mut bt = bw[i];
-                            if cfg.beta == Beta::Sigmoid {
-                                bt = sigmoid(bt);
-                            }
-                            if cfg.beta == Beta::TwoSigmoid {
-                                bt = 2.0 * sigmoid(bt);
-                            }
-                            uf[i] = bt * (vf[i] - uf[i] * rk);
+                            uf[i] = beta_of(cfg.beta, bw[i]) * (vf[i] - uf[i] * rk);
                         }
                     } else {
-                        let mut bt = beta;
-                        if cfg.beta == Beta::Sigmoid {
-                            bt = sigmoid(bt);
-                        }
-                        if cfg.beta == Beta::TwoSigmoid {
-                            bt = 2.0 * sigmoid(bt);
-                        }
+                        let bt = beta_of(cfg.beta, beta);
                         for (i,) in parallel(uf) {
                             uf[i] = bt * (vf[i] - uf[i] * rk);
                         }

@@ -612,3 +612,47 @@ fn a_fill_cannot_read_a_value_carried_across_iterations() {
         kda_dsl::compile(carried_fill(&cfg).expect("builds"), kda_dsl::Target::Sm80).expect_err("rejected").to_string();
     assert!(e.contains("`row`") && e.contains("ahead of the loop body"), "{e}");
 }
+
+/// `y = 2 x + rowsum(x)`: named steps through `#[kernel_fn]` helpers (one returns a value, one
+/// takes a host count and calls the other), inlined where the kernel calls them.
+#[kda_macros::kernel_fn]
+fn twice(v: Val) -> Val {
+    v * 2.0
+}
+
+#[kda_macros::kernel_fn]
+fn add_row_sums(f: Tile, sums: Tile, rounds: usize) {
+    reduce_sum(f, sums, 1);
+    for _ in 0..rounds {
+        for (i, j) in parallel(f) {
+            f[i][j] = twice(f[i][j]) + sums[i];
+        }
+    }
+}
+
+#[kernel]
+fn with_helpers(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    let sums = fragment([cfg.rows], F32);
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    add_row_sums(f, sums, 1);
+    copy(f, y.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn kernel_helpers_are_inlined_where_they_are_called() {
+    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
+    let (r, c) = (16, 32);
+    let x = Rng::new(5).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&with_helpers(&cfg).expect("builds"), &mut args).expect("runs");
+    let got = tensor_values(&args, "y", DType::F32);
+    let want: Vec<f64> = (0..r * c)
+        .map(|e| {
+            let row: f64 = x[(e / c) * c..(e / c + 1) * c].iter().sum();
+            2.0 * x[e] + row
+        })
+        .collect();
+    assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+}

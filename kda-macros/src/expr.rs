@@ -166,6 +166,14 @@ impl Cx {
         if PRIMITIVES.contains(&name.as_str()) {
             return err(sp, format!("`{name}` is a tile operation, not a value"));
         }
+        if let Expr::Call(c) = e {
+            // A `#[kernel_fn]` helper returning `Val`, unless the name is a math function the
+            // DSL does not have (where the list of those it has helps more than rustc's
+            // "cannot find function").
+            if !UNSUPPORTED_MATH.contains(&name.as_str()) {
+                return self.helper_call(&name, &c.args, sp);
+            }
+        }
         err(
             sp,
             format!(

@@ -6,7 +6,8 @@
 //! that records the kernel with `kda_dsl::builder`. Expressions that use no kernel value are
 //! ordinary Rust evaluated when the kernel is specialized (so config loops unroll and config
 //! branches vanish); the rest become kernel IR. Every mistake the front end can see is a
-//! compile error at the user's token.
+//! compile error at the user's token. `#[kernel_fn]` marks a helper written the same way, a
+//! named step a kernel calls and the macro inlines.
 
 #![warn(missing_docs)]
 
@@ -29,6 +30,25 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
     let f = parse_macro_input!(item as ItemFn);
     match expand(f) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Marks a function as a kernel helper: a named step of kernel bodies, inlined where a kernel
+/// (or another helper) calls it as a statement, `step(a, b, x)`, or as a value when it returns
+/// `Val`. Parameters typed `Tile`, `Tensor` and `Val` take the caller's tiles, global tensors
+/// and kernel values; any other type is a host value (a config, a count), as in a kernel.
+/// Its body is written as a kernel body (no `launch`, and no element stores to global tensors:
+/// those belong to the `parallel` of the caller).
+#[proc_macro_attribute]
+pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    if !attr.is_empty() {
+        let a: TS = attr.into();
+        return syn::Error::new(a.span(), "#[kernel_fn] takes no arguments").to_compile_error().into();
+    }
+    let f = parse_macro_input!(item as ItemFn);
+    match expand_fn(f) {
         Ok(t) => t.into(),
         Err(e) => e.to_compile_error().into(),
     }
@@ -71,6 +91,11 @@ const PRIMITIVES: &[&str] = &[
 ];
 const MATH1: &[&str] = &["exp", "exp2", "log", "sigmoid", "softplus", "rsqrt", "sqrt", "abs"];
 const MATH2: &[&str] = &["max", "min"];
+/// Math functions people reach for that the DSL lacks: a call of one is an error listing those
+/// it has, not a `#[kernel_fn]` helper call.
+const UNSUPPORTED_MATH: &[&str] = &[
+    "tanh", "sin", "cos", "tan", "pow", "powf", "powi", "ln", "log2", "log10", "exp10", "floor", "ceil", "round", "erf",
+];
 
 fn expand(f: ItemFn) -> syn::Result<TS> {
     let name = &f.sig.ident;
@@ -178,6 +203,67 @@ fn expand(f: ItemFn) -> syn::Result<TS> {
             #(#prelude)*
             #body
             __kb.finish()
+        }
+    })
+}
+
+/// `#[kernel_fn]`: the helper becomes `fn name(__kb: &KernelBuilder, params..) [-> Val]` whose
+/// body records into the caller's kernel.
+fn expand_fn(f: ItemFn) -> syn::Result<TS> {
+    let (name, vis, attrs) = (&f.sig.ident, &f.vis, &f.attrs);
+    if !f.sig.generics.params.is_empty() {
+        return err(f.sig.generics.span(), "a kernel helper takes no generic parameters");
+    }
+    let returns_val = match &f.sig.output {
+        syn::ReturnType::Default => false,
+        syn::ReturnType::Type(_, t) if matches!(&**t, Type::Path(p) if p.path.is_ident("Val")) => true,
+        syn::ReturnType::Type(_, t) => return err(t.span(), "a kernel helper returns nothing or a `Val`"),
+    };
+    let mut cx = Cx { scopes: vec![HashMap::new()], dims: vec![], in_parallel: 0 };
+    let mut params = vec![];
+    for a in &f.sig.inputs {
+        let FnArg::Typed(pt) = a else { return err(a.span(), "a kernel helper is a free function") };
+        let Pat::Ident(pi) = &*pt.pat else { return err(pt.pat.span(), "expected a parameter name") };
+        let ident = &pi.ident;
+        let kind = match &*pt.ty {
+            Type::Path(p) if p.path.is_ident("Tile") => Some((Kind::Tile, quote!(::kda_dsl::builder::Tile))),
+            Type::Path(p) if p.path.is_ident("Tensor") => Some((Kind::Tensor, quote!(::kda_dsl::builder::Tensor))),
+            Type::Path(p) if p.path.is_ident("Val") => Some((Kind::Val, quote!(::kda_dsl::builder::Val))),
+            _ => None,
+        };
+        match kind {
+            Some((k, ty)) => {
+                cx.bind(&ident.to_string(), k);
+                params.push(quote!(#ident: #ty));
+            }
+            None => {
+                let ty = &pt.ty;
+                params.push(quote!(#pi: #ty));
+            }
+        }
+    }
+    let stmts = &f.block.stmts;
+    let (body, ret) = match (returns_val, stmts.split_last()) {
+        (true, Some((Stmt::Expr(tail, None), head))) => {
+            let body = cx.block_stmts(head)?;
+            // The tail is read in the helper's scope, where its parameters are bound.
+            (body, Some(cx.val(tail)?))
+        }
+        (true, _) => return err(f.block.span(), "a kernel helper returning `Val` ends with the value's expression"),
+        (false, _) => (cx.block_stmts(stmts)?, None),
+    };
+    let (out, tail) = match ret {
+        Some(v) => (quote!(-> ::kda_dsl::builder::Val), quote!(#v)),
+        None => (quote!(), quote!()),
+    };
+    Ok(quote! {
+        #(#attrs)*
+        #[allow(non_snake_case, unused_variables, unused_mut, unused_braces, clippy::all)]
+        #vis fn #name(__kb: &::kda_dsl::builder::KernelBuilder, #(#params),*) #out {
+            #[allow(unused_imports)]
+            use ::kda_dsl::dtype::DType::{BF16, F16, F32, I32, I64};
+            #body
+            #tail
         }
     })
 }

@@ -349,6 +349,26 @@ impl Cx {
         }
     }
 
+    /// A call of the `#[kernel_fn]` helper `name`: the builder first, then tiles and tensors (both
+    /// `Copy` handles), kernel values as `Val`s and host values as they are.
+    pub(crate) fn helper_call(
+        &self,
+        name: &str,
+        args: &syn::punctuated::Punctuated<Expr, syn::token::Comma>,
+        span: Span,
+    ) -> syn::Result<TS> {
+        let f = syn::Ident::new(name, span);
+        let args = args
+            .iter()
+            .map(|a| match self.ident_kind(a) {
+                Some((Kind::Tile | Kind::Tensor, id)) => Ok(quote!(#id)),
+                _ if self.is_dsl(a) => self.val(a),
+                _ => Ok(quote!(#a)),
+            })
+            .collect::<syn::Result<Vec<TS>>>()?;
+        Ok(quote_spanned!(span=> #f(&__kb, #(#args),*)))
+    }
+
     pub(crate) fn tile_arg(&self, e: &Expr, what: &str) -> syn::Result<TS> {
         match self.ident_kind(e) {
             Some((Kind::Tile, id)) => Ok(quote!(&#id)),
@@ -557,10 +577,9 @@ impl Cx {
             }
             _ => {
                 if args.iter().any(|a| self.is_dsl(a)) {
-                    return err(
-                        span,
-                        format!("unknown primitive `{name}`; the tile primitives are {}", PRIMITIVES.join(", ")),
-                    );
+                    // A `#[kernel_fn]` helper (rustc says so at the name when there is none).
+                    let call = self.helper_call(name, args, span)?;
+                    return Ok(quote!(#call;));
                 }
                 let f = syn::Ident::new(name, span);
                 Ok(quote!(#f(#args);))

@@ -686,3 +686,17 @@ fn errors_display_and_convert() {
     assert_eq!(e.to_string(), "q: no.");
     assert_eq!(RuntimeError::from(e), RuntimeError::Unsupported("q: no.".into()));
 }
+
+#[test]
+fn calls_past_the_launch_limits_are_rejected_by_the_plan() {
+    // The grid holds one block row per sequence along z (at most 65535) and extents are 32-bit.
+    let e = err(Case::varlen(70_000, 65_536, I32, true).run(|_| {}), "cu_seqlens", "at most 65535 sequences");
+    assert!(is_unsupported(&e), "{e}");
+    let e = err(Case::new(65_536, 1).run(|_| {}), "q", "at most 65535 batch rows");
+    assert!(is_unsupported(&e), "{e}");
+    let e = err(Case::new(1, 1 << 31).run(|_| {}), "q", "fit in 32 bits");
+    assert!(is_unsupported(&e), "{e}");
+    // At the limits themselves, the plan is accepted.
+    Case::varlen(70_000, 65_535, I32, true).plan(|_| {});
+    Case::new(1, (1 << 31) - 1).plan(|_| {});
+}

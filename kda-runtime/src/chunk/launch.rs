@@ -71,6 +71,80 @@ fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     }
 }
 
+/// The kernel's arguments for a planned call: the inputs as the kernel's 4-D (3-D for beta)
+/// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
+/// allocated) when the plan writes one. Tensors the config never reads bind as empty
+/// placeholders at address 0, with shapes that agree with the symbols they share.
+fn kernel_args(
+    args: &ChunkArgs,
+    plan: &ChunkPlan,
+    cfg: &ChunkConfig,
+    out_ptr: u64,
+    final_state: Option<TensorView>,
+) -> Result<Vec<(&'static str, KernelArg)>, RuntimeError> {
+    let dev = args.q.device();
+    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
+    let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
+    let dt = plan.dtype;
+    let q = view(args.q.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
+    let k = view(args.k.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
+    let v = view(args.v.ptr(), &[bt[0], bt[1], hv, D], dt)?;
+    let g = view(args.g.ptr(), &[bt[0], bt[1], hv, D], dt)?;
+    let beta = view(args.beta.ptr(), &[bt[0], bt[1], hv], dt)?;
+    let out = view(out_ptr, &plan.output_shape, dt)?;
+    let st = plan.state_dtype;
+    let empty_state = || view(0, &[0, hv, D, D], st);
+    let state = match (plan.initial, args.initial_state) {
+        (InitialState::Zeros, _) | (_, None) => empty_state()?,
+        (_, Some(s)) => *s,
+    };
+    let final_view = match (plan.final_out, final_state) {
+        (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => t,
+        _ => empty_state()?,
+    };
+    let (a_log, dt_bias, lower_bound) = match (plan.gate, args.a_log, args.dt_bias) {
+        (ChunkGate::LowerBound { lower_bound }, Some(a), Some(d)) => {
+            (*a, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
+        }
+        _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?, 0.0),
+    };
+    let pool = matches!(plan.initial, InitialState::Pool { .. });
+    let empty_index = || view(0, &[0], DType::I32);
+    let indices = match (pool, args.state_indices) {
+        (true, Some(t)) => *t,
+        _ => empty_index()?,
+    };
+    let has_initial = match (pool, args.has_initial_state) {
+        (true, Some(t)) => *t,
+        _ => empty_index()?,
+    };
+    let cu = match (plan.varlen, args.cu_seqlens) {
+        (Some(_), Some(t)) => *t,
+        _ => empty_index()?,
+    };
+    let nseq = i32::try_from(plan.nseq)
+        .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
+    use KernelArg::{Tensor as T, F32, I32};
+    Ok(vec![
+        ("q", T(q)),
+        ("k", T(k)),
+        ("v", T(v)),
+        ("g", T(g)),
+        ("beta", T(beta)),
+        ("a_log", T(a_log)),
+        ("dt_bias", T(dt_bias)),
+        ("state", T(state)),
+        ("final_state", T(final_view)),
+        ("state_indices", T(indices)),
+        ("has_initial", T(has_initial)),
+        ("cu_seqlens", T(cu)),
+        ("out", T(out)),
+        ("NSEQ", I32(nseq)),
+        ("scale", F32(plan.scale)),
+        ("lower_bound", F32(lower_bound)),
+    ])
+}
+
 /// Runs KDA prefill on `stream`, mirroring the reference `chunk_kda`.
 ///
 /// Validates every argument first (typed errors, nothing launched on a bad call). Allocates only
@@ -132,7 +206,6 @@ fn launch_plan(
         };
         check_chunk_indices(&plan, cu.as_deref(), idx.as_deref())?;
     }
-    let dev = args.q.device();
     let output = match args.output {
         Some(_) => None,
         None => Some(DeviceTensor::zeros(gpu, stream, &plan.output_shape, plan.dtype)?),
@@ -141,87 +214,85 @@ fn launch_plan(
         (FinalState::Allocate { dtype, shape }, _) => Some(DeviceTensor::zeros(gpu, stream, &shape, dtype)?),
         _ => None,
     };
-    // No sequence (or no head): nothing to compute or write.
-    if plan.nseq == 0 || plan.value_heads == 0 {
+    // No sequence (or no head), or no token and no state to write: nothing to launch.
+    let writes_nothing = plan.total_tokens == 0 && matches!(plan.final_out, FinalState::None);
+    if plan.nseq == 0 || plan.value_heads == 0 || writes_nothing {
         return Ok(ChunkResult { output, final_state });
     }
-    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
     let out_ptr = match (&output, args.output) {
         (Some(t), _) => t.view().ptr(),
         (None, Some(v)) => v.ptr(),
         (None, None) => unreachable!("allocated above"),
     };
+    let final_view = match (&final_state, args.final_state) {
+        (Some(t), _) => Some(t.view()),
+        (None, given) => given.copied(),
+    };
     let cfg = tuned_config(&plan, tune);
     let ready = kernels.chunk(&cfg)?;
-
-    // Inputs as the kernel's 4-D (3-D for beta) tensors, varlen `[S, ..]` views included.
-    let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
-    let dt = plan.dtype;
-    let q = view(args.q.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
-    let k = view(args.k.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
-    let v = view(args.v.ptr(), &[bt[0], bt[1], hv, D], dt)?;
-    let g = view(args.g.ptr(), &[bt[0], bt[1], hv, D], dt)?;
-    let beta = view(args.beta.ptr(), &[bt[0], bt[1], hv], dt)?;
-    let out = view(out_ptr, &plan.output_shape, dt)?;
-    // Tensors the config never reads still bind: a placeholder at q's address, with a shape
-    // that agrees with the symbols it shares. The kernel does not touch them.
-    let hold = args.q.ptr();
-    let st = plan.state_dtype;
-    let state = match (plan.initial, args.initial_state) {
-        (InitialState::Zeros, _) | (_, None) => view(hold, &[1, hv, D, D], st)?,
-        (_, Some(s)) => *s,
-    };
-    let final_view = match (plan.final_out, &final_state, args.final_state) {
-        (FinalState::Allocate { .. }, Some(t), _) => t.view(),
-        (FinalState::Given { .. }, _, Some(t)) => *t,
-        _ => view(hold, &[1, hv, D, D], st)?,
-    };
-    let (a_log, dt_bias, lower_bound) = match (plan.gate, args.a_log, args.dt_bias) {
-        (ChunkGate::LowerBound { lower_bound }, Some(a), Some(d)) => {
-            (*a, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
-        }
-        _ => (view(hold, &[1], DType::F32)?, view(hold, &[1, 1], cfg.dt_bias)?, 0.0),
-    };
-    let pool = matches!(plan.initial, InitialState::Pool { .. });
-    let indices = match (pool, args.state_indices) {
-        (true, Some(t)) => *t,
-        _ => view(hold, &[1], DType::I32)?,
-    };
-    let has_initial = match (pool, args.has_initial_state) {
-        (true, Some(t)) => *t,
-        _ => view(hold, &[1], DType::I32)?,
-    };
-    let cu = match (plan.varlen, args.cu_seqlens) {
-        (Some(_), Some(t)) => *t,
-        _ => view(hold, &[1], DType::I32)?,
-    };
-    let nseq = i32::try_from(plan.nseq)
-        .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
+    let bound = kernel_args(args, &plan, &cfg, out_ptr, final_view)?;
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    use KernelArg::{Tensor as T, F32, I32};
-    launch_loaded(
-        gpu,
-        &loaded,
-        stream,
-        &ready.kernel,
-        &[
-            ("q", T(q)),
-            ("k", T(k)),
-            ("v", T(v)),
-            ("g", T(g)),
-            ("beta", T(beta)),
-            ("a_log", T(a_log)),
-            ("dt_bias", T(dt_bias)),
-            ("state", T(state)),
-            ("final_state", T(final_view)),
-            ("state_indices", T(indices)),
-            ("has_initial", T(has_initial)),
-            ("cu_seqlens", T(cu)),
-            ("out", T(out)),
-            ("NSEQ", I32(nseq)),
-            ("scale", F32(plan.scale)),
-            ("lower_bound", F32(lower_bound)),
-        ],
-    )?;
+    launch_loaded(gpu, &loaded, stream, &ready.kernel, &bound)?;
     Ok(ChunkResult { output, final_state })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::bind_args;
+
+    fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
+        TensorView::new(0x1000 * id, shape, dtype, 0).expect("a view")
+    }
+
+    /// Every accepted plan binds to its kernel: the inputs' shapes, the placeholders of what the
+    /// config never reads (empty, at address 0) and the outputs agree on every symbol, including
+    /// calls whose tensors are empty and at address 0 (T = 0).
+    #[test]
+    fn accepted_plans_bind_to_their_kernels() {
+        let (h, hv) = (2, 4);
+        for (t, varlen, pool, gate, final_state) in [
+            (37, false, false, true, true),
+            (37, true, false, true, false),
+            (37, true, true, true, false),
+            (37, false, false, false, true),
+            (0, false, false, true, true),
+        ] {
+            let n = 3;
+            let lead = if varlen { vec![1, t * n] } else { vec![n, t] };
+            // Empty tensors may sit at address 0.
+            let at = |id: u64| if t == 0 { 0 } else { id };
+            let shaped = |tail: &[usize]| [lead.as_slice(), tail].concat();
+            let mk = |id: u64, tail: &[usize], d: DType| {
+                TensorView::new(0x1000 * at(id), &shaped(tail), d, 0).expect("a view")
+            };
+            let (q, k) = (mk(1, &[h, D], DType::BF16), mk(2, &[h, D], DType::BF16));
+            let (v, g) = (mk(3, &[hv, D], DType::BF16), mk(4, &[hv, D], DType::BF16));
+            let beta = mk(5, &[hv], DType::BF16);
+            let out = mk(6, &[hv, D], DType::BF16);
+            let cu = tv(7, &[n + 1], DType::I64);
+            let a_log = tv(8, &[hv], DType::F32);
+            let dt_bias = tv(9, &[hv * D], DType::F32);
+            let init = tv(10, &[if pool { 8 } else { n }, hv, D, D], DType::F32);
+            let fin = tv(11, &[n, hv, D, D], DType::F32);
+            let slots = tv(12, &[n], DType::I32);
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.output = Some(&out);
+            args.cu_seqlens = varlen.then_some(&cu);
+            if gate {
+                args.a_log = Some(&a_log);
+                args.dt_bias = Some(&dt_bias);
+            }
+            args.initial_state = Some(&init);
+            args.state_indices = pool.then_some(&slots);
+            args.output_final_state = final_state;
+            args.final_state = final_state.then_some(&fin);
+            let plan = plan_chunk(&args).expect("a valid call");
+            let cfg = chunk_config(&plan);
+            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
+                .expect("compiles");
+            let bound = kernel_args(&args, &plan, &cfg, out.ptr(), args.final_state.copied()).expect("arguments");
+            bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("t {t} varlen {varlen} pool {pool}: {e}"));
+        }
+    }
 }

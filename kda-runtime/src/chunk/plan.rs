@@ -184,6 +184,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         x.map_or(Ok(()), |x| validate::same_device(q, name, x))?;
     }
     validate::check_aligned(&tensors)?;
+    check_launch_limits(args, n, b, t, hv)?;
 
     // ---- resolution ----
     // Cannot fail after the checks above (H >= 1 and D = 128, and q's size in bytes fits in
@@ -334,6 +335,37 @@ fn check_state_dtype(name: &'static str, x: &TensorView, value_dtype: DType) -> 
 
 /// `N`: `B`, or the number of sequences `cu_seqlens` describes (which must be 1-D, with at
 /// least the leading 0).
+/// The limits of the kernel's launch, so an accepted plan always launches: the grid is
+/// (value-row blocks, HV, N) and CUDA allows 65535 blocks along y and z; extents are passed
+/// as 32-bit integers.
+fn check_launch_limits(args: &ChunkArgs, n: usize, b: usize, t: usize, hv: usize) -> Result<(), ChunkError> {
+    const GRID_YZ: usize = 65535;
+    if n > GRID_YZ {
+        let (arg, what) = if args.cu_seqlens.is_some() { ("cu_seqlens", "sequences") } else { ("q", "batch rows") };
+        return Err(unsupported(
+            arg,
+            format!("chunk_kda takes at most {GRID_YZ} {what} per call, got {n}; split the call."),
+        ));
+    }
+    if hv > GRID_YZ {
+        return Err(unsupported("v", format!("chunk_kda takes at most {GRID_YZ} value heads, got {hv}.")));
+    }
+    let extent_limit = i32::MAX as usize;
+    let pool = match args.initial_state.filter(|_| args.state_indices.is_some()) {
+        Some(p) => p.shape().first().copied().unwrap_or(0),
+        None => 0,
+    };
+    for (arg, extent) in [("q", b), ("q", t), ("initial_state", pool)] {
+        if extent > extent_limit {
+            return Err(unsupported(
+                arg,
+                format!("extents must fit in 32 bits (at most {extent_limit}), got {extent}."),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn logical_batch(args: &ChunkArgs, b: usize) -> Result<usize, ChunkError> {
     let Some(cu) = args.cu_seqlens else {
         return Ok(b);

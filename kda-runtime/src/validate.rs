@@ -110,10 +110,14 @@ pub(crate) fn same_device<E: ArgError>(q: &TensorView, name: &'static str, x: &T
     Err(E::invalid(name, format!("Expected {name} to be on device cuda:{}, got cuda:{}.", q.device(), x.device())))
 }
 
-/// Every given tensor with elements must be [`POINTER_ALIGN`]-byte aligned; an empty tensor is
-/// never accessed, so its address (often 0) does not matter. Reports the first offender.
+/// Every given tensor with elements must have a non-null, [`POINTER_ALIGN`]-byte aligned address;
+/// an empty tensor is never accessed, so its address (often 0) does not matter. Reports the
+/// first offender.
 pub(crate) fn check_aligned<E: ArgError>(tensors: &[(&'static str, Option<&TensorView>)]) -> Result<(), E> {
     for &(name, x) in tensors {
+        if x.is_some_and(|x| x.numel() > 0 && x.ptr() == 0) {
+            return Err(E::invalid(name, format!("{name} has elements but a null address.")));
+        }
         if let Some(x) = x.filter(|x| x.numel() > 0 && x.ptr() % POINTER_ALIGN != 0) {
             let msg = format!(
                 "{name} must be {POINTER_ALIGN}-byte aligned (the kernels use vector loads), got address {:#x}.",

@@ -83,7 +83,13 @@ fn kernel_args(
     final_state: Option<TensorView>,
 ) -> Result<Vec<(&'static str, KernelArg)>, RuntimeError> {
     let dev = args.q.device();
-    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
+    // An empty tensor is never read, and the plan accepts any address for one (KDA-SPEC): it
+    // binds at address 0.
+    let view = |ptr: u64, shape: &[usize], dtype: DType| {
+        let ptr = if shape.contains(&0) { 0 } else { ptr };
+        TensorView::new(ptr, shape, dtype, dev)
+    };
+    let given = |t: &TensorView| view(t.ptr(), t.shape(), t.dtype());
     let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
     let dt = plan.dtype;
     let q = view(args.q.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
@@ -96,30 +102,30 @@ fn kernel_args(
     let empty_state = || view(0, &[0, hv, D, D], st);
     let state = match (plan.initial, args.initial_state) {
         (InitialState::Zeros, _) | (_, None) => empty_state()?,
-        (_, Some(s)) => *s,
+        (_, Some(s)) => given(s)?,
     };
     let final_view = match (plan.final_out, final_state) {
-        (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => t,
+        (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => given(&t)?,
         _ => empty_state()?,
     };
     let (a_log, dt_bias, lower_bound) = match (plan.gate, args.a_log, args.dt_bias) {
         (ChunkGate::LowerBound { lower_bound }, Some(a), Some(d)) => {
-            (*a, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
+            (given(a)?, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
         }
         _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?, 0.0),
     };
     let pool = matches!(plan.initial, InitialState::Pool { .. });
     let empty_index = || view(0, &[0], DType::I32);
     let indices = match (pool, args.state_indices) {
-        (true, Some(t)) => *t,
+        (true, Some(t)) => given(t)?,
         _ => empty_index()?,
     };
     let has_initial = match (pool, args.has_initial_state) {
-        (true, Some(t)) => *t,
+        (true, Some(t)) => given(t)?,
         _ => empty_index()?,
     };
     let cu = match (plan.varlen, args.cu_seqlens) {
-        (Some(_), Some(t)) => *t,
+        (Some(_), Some(t)) => given(t)?,
         _ => empty_index()?,
     };
     let nseq = i32::try_from(plan.nseq)
@@ -294,5 +300,148 @@ mod tests {
             let bound = kernel_args(&args, &plan, &cfg, out.ptr(), args.final_state.copied()).expect("arguments");
             bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("t {t} varlen {varlen} pool {pool}: {e}"));
         }
+    }
+
+    /// Draws of one random call: counts, dtypes and tensor descriptors.
+    struct Draw {
+        rng: kda_kernels::reference::Rng,
+        next: u64,
+    }
+
+    const DTYPES: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64];
+
+    impl Draw {
+        /// A number in `0..n`.
+        fn r(&mut self, n: usize) -> usize {
+            (self.rng.next_u64() % n as u64) as usize
+        }
+        /// One of `xs`.
+        fn of<T: Copy>(&mut self, xs: &[T]) -> T {
+            xs[self.r(xs.len())]
+        }
+        /// `d`, or now and then any dtype.
+        fn mostly(&mut self, d: DType) -> DType {
+            if self.r(15) == 0 {
+                self.of(&DTYPES)
+            } else {
+                d
+            }
+        }
+        /// A descriptor: mostly aligned at a fresh address; sometimes misaligned, null or on
+        /// device 1.
+        fn view(&mut self, shape: &[usize], dtype: DType) -> TensorView {
+            self.next += 1;
+            let ptr = match self.r(40) {
+                0 => 0x1000 * self.next + 2,
+                1 => 0,
+                _ => 0x1000 * self.next,
+            };
+            let device = usize::from(self.r(60) == 0);
+            TensorView::new(ptr, shape, dtype, device).expect("a descriptor")
+        }
+    }
+
+    /// Random calls, well-formed or not (shapes with 0, 1, 15..17, 127, 129 tokens; every dtype
+    /// in every slot; optional tensors present or absent, of the right or a wrong shape; NaN and
+    /// infinite scalars; misaligned, null and other-device pointers): planning never panics, and
+    /// every plan it accepts binds to its kernel.
+    #[test]
+    fn random_calls_plan_without_panicking_and_accepted_ones_bind() {
+        use std::collections::HashMap;
+        let mut x = Draw { rng: kda_kernels::reference::Rng::new(0x5eed), next: 0 };
+        let mut kernels: HashMap<ChunkConfig, kda_dsl::artifact::CompiledKernel> = HashMap::new();
+        let (mut accepted, mut rejected) = (0, 0);
+        for case in 0..20_000u64 {
+            let varlen = x.r(2) == 0;
+            let n = x.of(&[0, 1, 2, 3]);
+            let t = x.of(&[0, 1, 15, 16, 17, 127, 129]);
+            let h = x.of(&[1, 2]);
+            let hv = h * x.of(&[1, 2, 3]) + usize::from(x.r(10) == 0);
+            let d = if x.r(12) == 0 { 64 } else { D };
+            let dt = if x.r(8) == 0 { x.of(&DTYPES) } else { x.of(&[DType::BF16, DType::F16]) };
+            let lead: Vec<usize> = match (varlen, x.r(4)) {
+                (true, 0) => vec![t * n.max(1)],
+                (true, _) => vec![1, t * n.max(1)],
+                (false, _) => vec![n, t],
+            };
+            let with = |tail: &[usize]| [lead.as_slice(), tail].concat();
+            let q = x.view(&with(&[h, d]), dt);
+            let kd = if x.r(20) == 0 { 64 } else { d };
+            let k_dt = x.mostly(dt);
+            let k = x.view(&with(&[h, kd]), k_dt);
+            let (v_dt, g_dt, b_dt, o_dt) = (x.mostly(dt), x.mostly(dt), x.mostly(dt), x.mostly(dt));
+            let v = x.view(&with(&[hv, d]), v_dt);
+            let g = x.view(&with(&[hv, d]), g_dt);
+            let bh = hv + usize::from(x.r(20) == 0);
+            let beta = x.view(&with(&[bh]), b_dt);
+            let cu_len = n + 1 - usize::from(x.r(20) == 0 && n > 0);
+            let cu_dt = x.of(&[DType::I32, DType::I64, DType::F32]);
+            let cu = x.view(&[cu_len], cu_dt);
+            let (al_len, al_dt) = (hv + usize::from(x.r(20) == 0), x.mostly(DType::F32));
+            let a_log = x.view(&[al_len], al_dt);
+            let db_shape = if x.r(2) == 0 { vec![hv, D] } else { vec![hv * D] };
+            let db_dt = x.of(&[DType::F32, DType::BF16, DType::F16]);
+            let dt_bias = x.view(&db_shape, db_dt);
+            let pool = x.r(3) == 0;
+            let slots_n = if pool { x.of(&[1, 4, 8]) } else { n };
+            let state_dt = x.of(&[DType::F32, dt, DType::BF16, DType::F16]);
+            let init = x.view(&[slots_n, hv, D, D], state_dt);
+            let fin_dt = x.mostly(state_dt);
+            let fin = x.view(&[n, hv, D, D], fin_dt);
+            let (idx_len, idx_dt) = (n + usize::from(x.r(20) == 0), x.of(&[DType::I32, DType::I64, DType::F32]));
+            let slots = x.view(&[idx_len], idx_dt);
+            let has_dt = x.of(&[DType::I32, DType::I64]);
+            let has = x.view(&[n], has_dt);
+            let out = x.view(&with(&[hv, d]), o_dt);
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.cu_seqlens = (varlen || x.r(20) == 0).then_some(&cu);
+            args.a_log = (x.r(3) != 0).then_some(&a_log);
+            args.dt_bias = (x.r(3) != 0).then_some(&dt_bias);
+            args.initial_state = (pool || x.r(2) == 0).then_some(&init);
+            args.state_indices = (pool && x.r(10) != 0).then_some(&slots);
+            args.has_initial_state = (pool && x.r(2) == 0).then_some(&has);
+            args.output_final_state = x.r(2) == 0;
+            args.final_state = (x.r(2) == 0).then_some(&fin);
+            args.output = (x.r(3) != 0).then_some(&out);
+            let scale = x.of(&[0.1, -1.0, f32::NAN, f32::INFINITY, 0.0]);
+            args.scale = (x.r(3) == 0).then_some(scale);
+            let lower_bound = x.of(&[-5.0, -1.0, -0.0, 0.0, -6.0, f32::NAN]);
+            args.lower_bound = (x.r(2) == 0).then_some(lower_bound);
+            let l2 = x.r(2) == 0;
+            args.use_qk_l2norm_in_kernel = (x.r(2) == 0).then_some(l2);
+            let plan = match std::panic::catch_unwind(|| plan_chunk(&args)) {
+                Err(_) => panic!("case {case}: plan_chunk panicked"),
+                Ok(Err(_)) => {
+                    rejected += 1;
+                    continue;
+                }
+                Ok(Ok(plan)) => plan,
+            };
+            accepted += 1;
+            let cfg = chunk_config(&plan);
+            let kernel = kernels.entry(cfg.clone()).or_insert_with(|| {
+                kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
+                    .expect("compiles")
+            });
+            // The outputs the launch would allocate, where none was given.
+            let dev = q.device();
+            let out_view = match args.output {
+                Some(o) => *o,
+                None => TensorView::new(0x9000_0000, &plan.output_shape, plan.dtype, dev).expect("a view"),
+            };
+            let final_view = match plan.final_out {
+                FinalState::Allocate { dtype, shape } => {
+                    Some(TensorView::new(0xa000_0000, &shape, dtype, dev).expect("a view"))
+                }
+                _ => args.final_state.copied(),
+            };
+            let bound = kernel_args(&args, &plan, &cfg, out_view.ptr(), final_view)
+                .unwrap_or_else(|e| panic!("case {case}: an accepted plan gets no arguments: {e}"));
+            bind_args(kernel, &bound)
+                .unwrap_or_else(|e| panic!("case {case}: an accepted plan does not bind ({}): {e}", cfg.key()));
+        }
+        // Both outcomes are exercised.
+        eprintln!("accepted {accepted}, rejected {rejected}, {} kernel configs", kernels.len());
+        assert!(accepted > 500 && rejected > 5000, "accepted {accepted}, rejected {rejected}");
     }
 }

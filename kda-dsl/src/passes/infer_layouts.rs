@@ -272,12 +272,12 @@ fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &
             StmtKind::Gemm { a, c, .. } if a.replicated => {
                 let (x, tile) = (&def.buffers[*c], &def.buffers[a.buf]);
                 let warps = wof[*c];
-                let rows = tile.shape.first().copied().unwrap_or(0) * warps;
-                let l = (x.shape.len() == 2 && x.shape[0] == rows)
+                let per_warp = tile.shape.first().copied().unwrap_or(0);
+                let l = (x.shape.len() == 2 && x.shape[0] == per_warp * warps)
                     .then(|| FragmentLayout::rows_only(x.shape[0], x.shape[1], warps))
                     .flatten()
                     .ok_or_else(|| {
-                        Diag::new(s.loc, format!("gemm with `{}` replicated over {warps} warps: the accumulator `{}` {:?} must have {warps} x {} rows, 16 per warp", tile.name, x.name, x.shape, tile.shape.first().copied().unwrap_or(0)))
+                        Diag::new(s.loc, format!("gemm with `{}` replicated over {warps} warps: the accumulator `{}` {:?} must have {warps} x {per_warp} rows (the tile's rows for each warp, a multiple of 16)", tile.name, x.name, x.shape))
                     })?;
                 layouts[*c] = BufLayout::Fragment(l);
             }

@@ -20,7 +20,7 @@
 //! an mma operand no warp copies); the first warp's copy feeds the solve and `Mqk`. With the
 //! lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`, so `2^-G`
 //! fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
-//! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1), and needs no `ki`. Rows past
+//! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a decay), and needs no `ki`. Rows past
 //! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
 //! the next sequence leaks in.
 
@@ -261,8 +261,8 @@ fn prepare_operands(
 /// `diag(beta) kd kiᵀ` into `l_sh` and `Mqk = lower_incl_diag(qd kiᵀ)` into `mq_sh`: on tensor
 /// cores for the lower-bound gate (every warp computes both whole and stores its copy in its own
 /// rows of `l_sh` and `m_sh`, so no two warps write one word; rows 0..16 are read), element-wise
-/// for a precomputed gate (every exponent `G_i - G_j` with `j <= i` is at most 0, whatever the
-/// gate; the pairs above the diagonal are clamped, and never read).
+/// for a precomputed gate (each pair's own `2^(G_i - G_j)`, `j <= i`: at most 1 for a decay
+/// `g <= 0`, however strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
 fn key_products(
     lower: bool,
@@ -293,7 +293,7 @@ fn key_products(
             let mut acc_l = 0.0;
             let mut acc_m = 0.0;
             for cc in serial(0, 128) {
-                let kj = kn_sh[j][cc] * exp2(min(gl[i][cc] - gl[j][cc], 0.0));
+                let kj = kn_sh[j][cc] * exp2(select(j <= i, gl[i][cc] - gl[j][cc], 0.0));
                 acc_l = acc_l + kn_sh[i][cc] * kj;
                 acc_m = acc_m + qn_sh[i][cc] * kj;
             }
@@ -417,6 +417,7 @@ pub fn chunk(
     // The state slot (-1: padding, which writes zero output rows and touches no state) and
     // whether the sequence starts from it.
     let mut slot = n;
+    // A run-time bool (true here), which the pool's checks below may replace.
     let mut from_state = n >= 0;
     if cfg.pool() {
         let raw = state_indices[n];
@@ -454,7 +455,8 @@ pub fn chunk(
     let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
     // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
-    // columns wide under the other.
+    // columns wide under the other; the element-wise products need one copy of `l_sh` and
+    // `m_sh`, not one per warp.
     let gl = shared([16, 128], F32);
     let kf = fragment([16, 128], F32);
     let qf = fragment([16, 128], F32);
@@ -469,8 +471,8 @@ pub fn chunk(
     let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     let la = fragment([bv, 16], F32);
     let ma = fragment([bv, 16], F32);
-    let l_sh = shared([bv, 16], F32);
-    let m_sh = shared([bv, 16], F32);
+    let l_sh = shared([if lower { bv } else { 16 }, 16], F32);
+    let m_sh = shared([if lower { bv } else { 16 }, 16], F32);
     let mq_sh = shared([16, 16], BF16);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);

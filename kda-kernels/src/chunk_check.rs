@@ -7,8 +7,7 @@ use crate::reference::{rel_err, to_bytes};
 use kda_dsl::sim::SimArg;
 use kda_dsl::DType;
 
-/// Head dimension (K = V).
-const D: usize = 128;
+use crate::decode_ref::D;
 
 /// How a simulated chunk call compares with the f64 reference.
 #[derive(Clone, Debug)]
@@ -32,14 +31,6 @@ pub fn tolerance(_cfg: &ChunkConfig) -> (f64, f64) {
     (1e-2, 1e-2)
 }
 
-/// The token ranges `(batch row, first token, tokens)` of the call's sequences.
-fn sequences(x: &ChunkInputs) -> Vec<(usize, usize, usize)> {
-    match &x.cu_seqlens {
-        Some(cu) => cu.windows(2).map(|w| (0, w[0] as usize, (w[1] - w[0]) as usize)).collect(),
-        None => (0..x.b).map(|b| (b, 0, x.t)).collect(),
-    }
-}
-
 /// Runs one call in the simulator and compares it with [`chunk_reference`], per (sequence,
 /// value head).
 pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, String> {
@@ -52,10 +43,12 @@ pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, S
 pub fn compare_chunk(cfg: &ChunkConfig, x: &ChunkInputs, got: ChunkOutputs, want: &ChunkOutputs) -> ChunkCompare {
     let mut out_err = 0.0f64;
     let mut bad_elements = 0;
-    for (bi, t0, tn) in sequences(x) {
+    for n in 0..x.sequences() {
+        // The first token as a row of the flattened `[B * T]` tokens.
+        let (row0, tn) = x.span(n);
         for hv in 0..x.hv {
             let rows = |o: &[f64]| -> Vec<f64> {
-                (t0..t0 + tn).flat_map(|t| o[((bi * x.t + t) * x.hv + hv) * D..][..D].to_vec()).collect()
+                (row0..row0 + tn).flat_map(|r| o[(r * x.hv + hv) * D..][..D].to_vec()).collect()
             };
             let (g, w) = (rows(&got.out), rows(&want.out));
             if w.iter().all(|v| *v == 0.0) {

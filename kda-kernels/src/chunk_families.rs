@@ -77,20 +77,36 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             },
         ),
         f(
-            "dense_pool_without_has_initial_f16_state",
-            ChunkConfig {
-                dtype: F16,
-                state_dtype: F16,
-                states: ChunkStates::Pool { indices: I32, has_initial: None },
-                ..d.clone()
-            },
+            "dense_f16_f32_pool_without_has_initial",
+            ChunkConfig { dtype: F16, states: ChunkStates::Pool { indices: I32, has_initial: None }, ..d.clone() },
             ChunkSpec {
                 dtype: F16,
                 lengths: Lengths::Dense { b: 3, t: 21 },
                 initial: InitialSpec::Pool { slots: 4 },
-                state_dtype: F16,
                 ..ChunkSpec::default()
             },
+        ),
+        f(
+            // The shipped pool variant (`chunk_configs`).
+            "varlen_i32_f32_pool_has_initial_i32",
+            ChunkConfig {
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Varlen(vec![33, 1, 18, 0, 16]),
+                h: 2,
+                hv: 2,
+                initial: InitialSpec::Pool { slots: 6 },
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
+            // Not a decay, but the reference's math all the same (a small growth per token).
+            "precomputed_gate_positive",
+            ChunkConfig { gate: ChunkGate::Precomputed, ..d.clone() },
+            ChunkSpec { gate: GateSpec::PrecomputedFixed(0.05), ..init.clone() },
         ),
         f(
             "precomputed_gate",

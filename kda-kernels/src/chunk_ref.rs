@@ -296,8 +296,9 @@ impl ChunkInputs {
         }
     }
 
-    /// Sequence n's first token as a row of the flattened `[B * T]` tokens, and its length.
-    fn span(&self, n: usize) -> (usize, usize) {
+    /// Sequence n's first token as a row of the flattened `[B * T]` tokens, and its length
+    /// (`cu_seqlens` clamped into `[0, T]` as the kernel clamps it).
+    pub fn span(&self, n: usize) -> (usize, usize) {
         match &self.cu_seqlens {
             Some(cu) => {
                 let t = self.t as i64;

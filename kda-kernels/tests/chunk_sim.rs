@@ -65,10 +65,7 @@ fn pack(parts: &[&ChunkInputs], varlen: bool) -> ChunkInputs {
 
 /// Sequence `n`'s output rows and final state from a simulated call on `x`.
 fn sequence_of(x: &ChunkInputs, got: &ChunkOutputs, n: usize) -> (Vec<f64>, Vec<f64>) {
-    let (tok0, len) = match &x.cu_seqlens {
-        Some(cu) => (cu[n] as usize, (cu[n + 1] - cu[n]) as usize),
-        None => (n * x.t, x.t),
-    };
+    let (tok0, len) = x.span(n);
     let (row, st) = (x.hv * 128, x.hv * 128 * 128);
     (got.out[tok0 * row..(tok0 + len) * row].to_vec(), got.final_state[n * st..(n + 1) * st].to_vec())
 }

@@ -620,12 +620,19 @@ fn twice(v: Val) -> Val {
     v * 2.0
 }
 
+/// `a x + y`; a `Val` parameter takes a host number too (`a` below).
+#[kda_macros::kernel_fn]
+fn axpy(a: Val, x: Val, y: Val) -> Val {
+    a * x + y
+}
+
 #[kda_macros::kernel_fn]
 fn add_row_sums(f: Tile, sums: Tile, rounds: usize) {
     reduce_sum(f, sums, 1);
+    let half = 0.5 * rounds as f32;
     for _ in 0..rounds {
         for (i, j) in parallel(f) {
-            f[i][j] = twice(f[i][j]) + sums[i];
+            f[i][j] = axpy(0.5, twice(f[i][j]), sums[i]) + twice(f[i][j]) * half;
         }
     }
 }

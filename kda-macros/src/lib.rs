@@ -38,7 +38,9 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Marks a function as a kernel helper: a named step of kernel bodies, inlined where a kernel
 /// (or another helper) calls it as a statement, `step(a, b, x)`, or as a value when it returns
 /// `Val`. Parameters typed `Tile`, `Tensor` and `Val` take the caller's tiles, global tensors
-/// and kernel values; any other type is a host value (a config, a count), as in a kernel.
+/// and kernel values (a `Val` also takes a host number); any other type is a host value (a
+/// config, a count), as in a kernel. A call passes at least one tile, tensor or kernel value:
+/// a call of host values alone is host Rust.
 /// Its body is written as a kernel body (no `launch`, and no element stores to global tensors:
 /// those belong to the `parallel` of the caller).
 #[proc_macro_attribute]
@@ -221,6 +223,7 @@ fn expand_fn(f: ItemFn) -> syn::Result<TS> {
     };
     let mut cx = Cx { scopes: vec![HashMap::new()], dims: vec![], in_parallel: 0 };
     let mut params = vec![];
+    let mut vals = vec![];
     for a in &f.sig.inputs {
         let FnArg::Typed(pt) = a else { return err(a.span(), "a kernel helper is a free function") };
         let Pat::Ident(pi) = &*pt.pat else { return err(pt.pat.span(), "expected a parameter name") };
@@ -228,13 +231,19 @@ fn expand_fn(f: ItemFn) -> syn::Result<TS> {
         let kind = match &*pt.ty {
             Type::Path(p) if p.path.is_ident("Tile") => Some((Kind::Tile, quote!(::kda_dsl::builder::Tile))),
             Type::Path(p) if p.path.is_ident("Tensor") => Some((Kind::Tensor, quote!(::kda_dsl::builder::Tensor))),
-            Type::Path(p) if p.path.is_ident("Val") => Some((Kind::Val, quote!(::kda_dsl::builder::Val))),
+            // Kernel values, or host numbers the caller passes as they are.
+            Type::Path(p) if p.path.is_ident("Val") => {
+                Some((Kind::Val, quote!(impl ::core::convert::Into<::kda_dsl::builder::Val>)))
+            }
             _ => None,
         };
         match kind {
             Some((k, ty)) => {
                 cx.bind(&ident.to_string(), k);
                 params.push(quote!(#ident: #ty));
+                if k == Kind::Val {
+                    vals.push(quote!(let #ident: ::kda_dsl::builder::Val = #ident.into();));
+                }
             }
             None => {
                 let ty = &pt.ty;
@@ -262,6 +271,7 @@ fn expand_fn(f: ItemFn) -> syn::Result<TS> {
         #vis fn #name(__kb: &::kda_dsl::builder::KernelBuilder, #(#params),*) #out {
             #[allow(unused_imports)]
             use ::kda_dsl::dtype::DType::{BF16, F16, F32, I32, I64};
+            #(#vals)*
             #body
             #tail
         }

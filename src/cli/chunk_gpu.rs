@@ -11,7 +11,7 @@ use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{chunk_config, chunk_kda, chunk_kda_tuned, plan_chunk, ChunkArgs, ChunkTuning};
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
-const D: usize = 128;
+use kda_kernels::decode_ref::D;
 
 /// A chunk case's tensors on the device.
 pub struct ChunkTensors {

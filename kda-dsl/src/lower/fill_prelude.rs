@@ -13,40 +13,60 @@ use std::collections::HashSet;
 use crate::diag::{Diag, SrcLoc};
 use crate::tile::*;
 
-/// Variables and tiles an expression reads.
-fn reads(e: &Expr, vars: &mut Vec<VarId>, bufs: &mut Vec<BufId>) {
+/// What an expression reads: variables, tiles and global tensors.
+#[derive(Default)]
+struct Reads {
+    vars: Vec<VarId>,
+    bufs: Vec<BufId>,
+    tensors: Vec<ParamId>,
+}
+
+fn reads(e: &Expr, r: &mut Reads) {
     match e {
-        Expr::Var(v) => vars.push(*v),
+        Expr::Var(v) => r.vars.push(*v),
         Expr::Elem(b, idx) => {
-            bufs.push(*b);
-            idx.iter().for_each(|x| reads(x, vars, bufs));
+            r.bufs.push(*b);
+            idx.iter().for_each(|x| reads(x, r));
         }
-        Expr::Load(_, idx) => idx.iter().for_each(|x| reads(x, vars, bufs)),
-        Expr::Unary(_, a) | Expr::Cast(_, a) => reads(a, vars, bufs),
+        Expr::Load(t, idx) => {
+            r.tensors.push(*t);
+            idx.iter().for_each(|x| reads(x, r));
+        }
+        Expr::Unary(_, a) | Expr::Cast(_, a) => reads(a, r),
         Expr::Binary(_, a, b) => {
-            reads(a, vars, bufs);
-            reads(b, vars, bufs);
+            reads(a, r);
+            reads(b, r);
         }
         Expr::Select(c, a, b) => {
-            reads(c, vars, bufs);
-            reads(a, vars, bufs);
-            reads(b, vars, bufs);
+            reads(c, r);
+            reads(a, r);
+            reads(b, r);
         }
         Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
     }
 }
 
-/// Variables assigned and tiles written anywhere in `body`.
-fn writes(body: &[Stmt]) -> (HashSet<VarId>, HashSet<BufId>) {
-    let (mut vars, mut bufs) = (HashSet::new(), HashSet::new());
+/// What `body` writes anywhere in it: variables, tiles and global tensors.
+#[derive(Default)]
+struct Writes {
+    vars: HashSet<VarId>,
+    bufs: HashSet<BufId>,
+    tensors: HashSet<ParamId>,
+}
+
+fn writes(body: &[Stmt]) -> Writes {
+    let mut w = Writes::default();
     visit_stmts(body, &mut |s| match &s.kind {
         StmtKind::Assign(v, _) => {
-            vars.insert(*v);
+            w.vars.insert(*v);
         }
         StmtKind::For { var, .. } | StmtKind::WarpGroup { var, .. } => {
-            vars.insert(*var);
+            w.vars.insert(*var);
         }
-        StmtKind::Parallel { vars: vs, .. } => vars.extend(vs.iter().copied()),
+        StmtKind::Parallel { vars: vs, .. } => w.vars.extend(vs.iter().copied()),
+        StmtKind::Copy { dst: Region::Global { tensor, .. }, .. } | StmtKind::StoreGlobal(tensor, ..) => {
+            w.tensors.insert(*tensor);
+        }
         StmtKind::Copy { dst: Region::Buf(b), .. }
         | StmtKind::Gemm { c: b, .. }
         | StmtKind::Fill(b, _)
@@ -55,102 +75,75 @@ fn writes(body: &[Stmt]) -> (HashSet<VarId>, HashSet<BufId>) {
         | StmtKind::Cumsum { dst: b, .. }
         | StmtKind::ReduceLanes { dst: b, .. }
         | StmtKind::ReduceVectorLanes { dst: b, .. } => {
-            bufs.insert(*b);
+            w.bufs.insert(*b);
         }
         _ => {}
     });
-    (vars, bufs)
+    w
+}
+
+/// The first tile or global tensor in `r` that `w` says the body writes, by name.
+fn written_read(def: &KernelDef, r: &Reads, w: &Writes) -> Option<String> {
+    let buf = r.bufs.iter().find(|b| w.bufs.contains(b)).map(|b| def.buffers[*b].name.clone());
+    buf.or_else(|| r.tensors.iter().find(|t| w.tensors.contains(t)).map(|t| def.params[*t].name().to_string()))
 }
 
 /// The top-level assignments of `body` that must run before its fills (the statements `fills`
 /// picks out), for the fill's iteration, in body order; an error at the fill or the assignment
 /// when a fill reads a value the body computes in any other way.
 pub(crate) fn fill_prelude(def: &KernelDef, counter: VarId, body: &[Stmt], fills: &[&Stmt]) -> Result<Vec<Stmt>, Diag> {
-    let (assigned, written) = writes(body);
+    let written = writes(body);
     let name = |v: VarId| def.vars[v].name.clone();
-    // Candidates: the body's own `let`s, top level, assigned once. (Passes move the fills to the
-    // front of the body, so position says nothing; the macro's scoping already put each `let`
-    // before the fills that read it.)
-    let mut top = HashSet::new();
-    let mut once = HashSet::new();
-    for s in body {
-        if let StmtKind::Assign(v, _) = &s.kind {
-            if top.insert(*v) {
-                once.insert(*v);
-            } else {
-                once.remove(v);
-            }
-        }
-    }
-    let nested = {
-        let (mut all, _) = writes(body);
-        for s in body {
-            if let StmtKind::Assign(v, _) = &s.kind {
-                all.remove(v);
-            }
-        }
-        all
+    // Candidates: the body's own `let`s, each assigned exactly once in the whole kernel, at the
+    // body's top level. (Passes move the fills to the front of the body, so position says
+    // nothing; the macro's scoping already put each `let` before the fills that read it.)
+    let assigned_once_at_top = |v: VarId| {
+        let mut anywhere = 0;
+        visit_stmts(&def.body, &mut |s| anywhere += usize::from(matches!(&s.kind, StmtKind::Assign(x, _) if *x == v)));
+        let at_top = body.iter().filter(|s| matches!(&s.kind, StmtKind::Assign(x, _) if *x == v)).count();
+        anywhere == 1 && at_top == 1
     };
-    let carried = |v: &VarId| {
-        // Assigned outside this body too (before the loop, or in an enclosing loop).
-        let mut n = 0;
-        visit_stmts(&def.body, &mut |s| n += usize::from(matches!(&s.kind, StmtKind::Assign(x, _) if x == v)));
-        let inside = body.iter().filter(|s| matches!(&s.kind, StmtKind::Assign(x, _) if x == v)).count();
-        n > inside
-    };
-    let mut prelude: Vec<Stmt> = vec![];
     let mut ready: HashSet<VarId> = HashSet::new();
     // What the fills need, resolved backwards through the assignments they read.
     let mut need: Vec<(VarId, SrcLoc)> = vec![];
     for f in fills {
         if let StmtKind::Copy { src, .. } = &f.kind {
-            let (mut vs, mut bs) = (vec![], vec![]);
-            src.index_exprs().for_each(|e| reads(e, &mut vs, &mut bs));
-            if let Some(b) = bs.iter().find(|b| written.contains(b)) {
+            let mut r = Reads::default();
+            src.index_exprs().for_each(|e| reads(e, &mut r));
+            if let Some(x) = written_read(def, &r, &written) {
                 return Err(Diag::new(
                     f.loc,
                     format!(
-                        "this fill runs ahead of the loop body, so its box cannot read `{}`, which the body writes",
-                        def.buffers[*b].name
+                        "this fill runs ahead of the loop body, so its box cannot read `{x}`, which the body writes"
                     ),
                 ));
             }
-            need.extend(vs.into_iter().map(|v| (v, f.loc)));
+            need.extend(r.vars.into_iter().map(|v| (v, f.loc)));
         }
     }
     while let Some((v, at)) = need.pop() {
-        if v == counter || !assigned.contains(&v) || ready.contains(&v) {
+        if v == counter || !written.vars.contains(&v) || ready.contains(&v) {
             continue;
         }
         let stmt = body.iter().find(|s| matches!(&s.kind, StmtKind::Assign(x, _) if *x == v));
-        let eligible = once.contains(&v) && !nested.contains(&v) && !carried(&v);
-        let (Some(s), true) = (stmt, eligible) else {
+        let (Some(s), true) = (stmt, assigned_once_at_top(v)) else {
             return Err(Diag::new(
                 at,
                 format!("a fill runs stages - 1 iterations ahead of the loop body, so it can read `{}` only if a `let` of the body's own (at its top level, set once) computes it from the loop counter, values set before the loop, global scalars and shared tiles the loop does not write", name(v)),
             ));
         };
         let StmtKind::Assign(_, e) = &s.kind else { unreachable!("found as an assignment") };
-        let (mut vs, mut bs) = (vec![], vec![]);
-        reads(e, &mut vs, &mut bs);
-        if let Some(b) = bs.iter().find(|b| written.contains(b)) {
+        let mut r = Reads::default();
+        reads(e, &mut r);
+        if let Some(x) = written_read(def, &r, &written) {
             return Err(Diag::new(
                 s.loc,
-                format!(
-                    "`{}` feeds a fill of the pipeline, so it cannot read `{}`, which the body writes",
-                    name(v),
-                    def.buffers[*b].name
-                ),
+                format!("`{}` feeds a fill of the pipeline, so it cannot read `{x}`, which the body writes", name(v)),
             ));
         }
         ready.insert(v);
-        need.extend(vs.into_iter().map(|x| (x, s.loc)));
+        need.extend(r.vars.into_iter().map(|x| (x, s.loc)));
     }
     // Body order, so each assignment follows those it reads.
-    for s in body {
-        if matches!(&s.kind, StmtKind::Assign(v, _) if ready.contains(v)) {
-            prelude.push(s.clone());
-        }
-    }
-    Ok(prelude)
+    Ok(body.iter().filter(|s| matches!(&s.kind, StmtKind::Assign(v, _) if ready.contains(v))).cloned().collect())
 }

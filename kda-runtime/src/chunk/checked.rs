@@ -12,8 +12,8 @@ fn invalid(arg: &'static str, message: String) -> ChunkError {
     ChunkError::InvalidArgument { arg, message }
 }
 
-/// Checks host copies (widened to `i64`) of `cu_seqlens` (given exactly for varlen calls) and
-/// `state_indices` (given exactly with the pool): `cu_seqlens` rises monotonically from 0 to
+/// Checks host copies (widened to `i64`, one entry per element) of `cu_seqlens` (given for
+/// varlen calls) and `state_indices` (given with the pool): `cu_seqlens` rises monotonically from 0 to
 /// `S`; every slot is in `[0, pool)` or negative (padding); no two sequences name one slot (each
 /// writes its slot in place, so a shared slot is a race); and a `max_seqlen` hint is at least
 /// the longest sequence.
@@ -22,8 +22,15 @@ pub fn check_chunk_indices(
     cu_seqlens: Option<&[i64]>,
     state_indices: Option<&[i64]>,
 ) -> Result<(), ChunkError> {
+    let copy_len = |arg: &'static str, got: usize, want: usize| {
+        if got == want {
+            return Ok(());
+        }
+        Err(invalid(arg, format!("the host copy of {arg} has {got} entries; the call has {want}.")))
+    };
     let mut longest = if plan.varlen.is_none() { plan.seq_len } else { 0 };
     if let Some(cu) = cu_seqlens {
+        copy_len("cu_seqlens", cu.len(), plan.nseq + 1)?;
         if cu.first() != Some(&0) {
             return Err(invalid("cu_seqlens", format!("cu_seqlens[0] = {:?} must be 0.", cu.first())));
         }
@@ -46,6 +53,7 @@ pub fn check_chunk_indices(
         }
     }
     if let (InitialState::Pool { pool, .. }, Some(idx)) = (plan.initial, state_indices) {
+        copy_len("state_indices", idx.len(), plan.nseq)?;
         let mut owner = std::collections::HashMap::new();
         for (n, &slot) in idx.iter().enumerate() {
             if slot < 0 {

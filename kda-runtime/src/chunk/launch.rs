@@ -14,7 +14,7 @@ use crate::launch::{launch_loaded, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
 /// Head dimension (K = V).
-const D: usize = 128;
+const D: usize = crate::validate::HEAD_DIM;
 
 /// What a `chunk_kda` call returns beyond what it wrote into the caller's buffers.
 pub struct ChunkResult {
@@ -161,8 +161,8 @@ fn kernel_args(
 /// `cu_seqlens` is never read on the host; `checked` reads `cu_seqlens` and `state_indices`
 /// back and reports values the kernel would clamp or skip (not graph-safe).
 ///
-/// The grid is one block per (16 value rows, value head, sequence), sized from the shapes alone;
-/// `max_seqlen` does not change it (only the checked mode reads it).
+/// The grid is one block per (`16 · warps` value rows, value head, sequence), sized from the
+/// shapes alone; `max_seqlen` does not change it (only the checked mode reads it).
 pub fn chunk_kda(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -183,9 +183,11 @@ pub fn chunk_kda_tuned(
     tune: ChunkTuning,
 ) -> Result<ChunkResult, RuntimeError> {
     if !matches!(tune.warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&tune.min_blocks) {
-        return Err(RuntimeError::Unsupported(format!(
-            "chunk tuning {tune:?}: warps must be 1, 2, 4 or 8, min_blocks 1 to 8"
-        )));
+        return Err(RuntimeError::bad_argument(
+            "tune",
+            "warps 1, 2, 4 or 8 and min_blocks 1 to 8",
+            format!("{tune:?}"),
+        ));
     }
     let plan = plan_chunk(args)?;
     launch_plan(gpu, kernels, stream, args, &plan, tune)
@@ -200,8 +202,7 @@ fn launch_plan(
     plan: &ChunkPlan,
     tune: ChunkTuning,
 ) -> Result<ChunkResult, RuntimeError> {
-    let plan = plan.clone();
-    if args.checked {
+    if plan.checked {
         let cu = match (args.cu_seqlens, plan.varlen) {
             (Some(t), Some(_)) => Some(download_i64(t, stream)?),
             _ => None,
@@ -210,19 +211,27 @@ fn launch_plan(
             (Some(t), InitialState::Pool { .. }) => Some(download_i64(t, stream)?),
             _ => None,
         };
-        check_chunk_indices(&plan, cu.as_deref(), idx.as_deref())?;
+        check_chunk_indices(plan, cu.as_deref(), idx.as_deref())?;
     }
+    // Varlen `[S, H, 128]` inputs get an `[S, HV, 128]` output, as the reference returns it.
+    let [_, s, hv, d] = plan.output_shape;
     let output = match args.output {
         Some(_) => None,
+        None if plan.squeeze_varlen => Some(DeviceTensor::zeros(gpu, stream, &[s, hv, d], plan.dtype)?),
         None => Some(DeviceTensor::zeros(gpu, stream, &plan.output_shape, plan.dtype)?),
     };
-    let final_state = match (plan.final_out, args.final_state) {
-        (FinalState::Allocate { dtype, shape }, _) => Some(DeviceTensor::zeros(gpu, stream, &shape, dtype)?),
+    let final_state = match plan.final_out {
+        FinalState::Allocate { dtype, shape } => Some(DeviceTensor::zeros(gpu, stream, &shape, dtype)?),
         _ => None,
     };
-    // No sequence (or no head), or no token and no state to write: nothing to launch.
-    let writes_nothing = plan.total_tokens == 0 && matches!(plan.final_out, FinalState::None);
-    if plan.nseq == 0 || plan.value_heads == 0 || writes_nothing {
+    // Nothing to launch: no sequence or head, or no token and no state that changes (a pool
+    // slot is rewritten with itself unless `has_initial_state` may zero it).
+    let states_change = match (plan.final_out, plan.initial) {
+        (FinalState::None, _) => false,
+        (FinalState::Pool, InitialState::Pool { has_initial, .. }) => has_initial.is_some(),
+        _ => true,
+    };
+    if plan.nseq == 0 || plan.value_heads == 0 || (plan.empty && !states_change) {
         return Ok(ChunkResult { output, final_state });
     }
     let out_ptr = match (&output, args.output) {
@@ -230,13 +239,10 @@ fn launch_plan(
         (None, Some(v)) => v.ptr(),
         (None, None) => unreachable!("allocated above"),
     };
-    let final_view = match (&final_state, args.final_state) {
-        (Some(t), _) => Some(t.view()),
-        (None, given) => given.copied(),
-    };
-    let cfg = tuned_config(&plan, tune);
+    let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
+    let cfg = tuned_config(plan, tune);
     let ready = kernels.chunk(&cfg)?;
-    let bound = kernel_args(args, &plan, &cfg, out_ptr, final_view)?;
+    let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
     launch_loaded(gpu, &loaded, stream, &ready.kernel, &bound)?;
     Ok(ChunkResult { output, final_state })

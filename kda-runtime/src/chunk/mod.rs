@@ -1,11 +1,10 @@
-//! Validation and planning for `chunk_kda`, the KDA prefill entry point.
+//! `chunk_kda`, the KDA prefill entry point: validation, planning and the launch.
 //!
-//! The layer is pure host code and needs no GPU:
 //! - [`ChunkArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
 //!   `state_indices`, `has_initial_state`, `max_seqlen` and `checked`);
-//! - [`plan_chunk`] runs every validation branch of the reference, in its order and with its
-//!   messages, then the checks KDA-SPEC adds, and resolves the defaults into a [`ChunkPlan`].
-//!
+//! - [`plan_chunk`] (host code, no GPU) runs every validation branch of the reference, in its
+//!   order and with its messages, then the checks KDA-SPEC adds, and resolves the defaults into
+//!   a [`ChunkPlan`];
 //! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
 //!   `state_indices`;
 //! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the

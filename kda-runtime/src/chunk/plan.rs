@@ -132,8 +132,8 @@ pub struct ChunkPlan {
     pub state_dtype: DType,
     /// `dt_bias`' dtype (f32 or bf16) when the lower-bound gate reads it; `None` otherwise.
     pub dt_bias: Option<DType>,
-    /// The caller's `max_seqlen` hint, as given (not checked against `cu_seqlens`, whose
-    /// contents are not read on the host).
+    /// The caller's `max_seqlen` hint, as given: the launch does not depend on it; the checked
+    /// mode verifies it against `cu_seqlens` (whose contents are otherwise not read on the host).
     pub max_seqlen: Option<usize>,
     /// Whether the opt-in checked mode was requested (read the index tensors back first).
     pub checked: bool,
@@ -333,8 +333,6 @@ fn check_state_dtype(name: &'static str, x: &TensorView, value_dtype: DType) -> 
     Err(unsupported(name, format!("{name} must have dtype {value_dtype} or f32.")))
 }
 
-/// `N`: `B`, or the number of sequences `cu_seqlens` describes (which must be 1-D, with at
-/// least the leading 0).
 /// The limits of the kernel's launch, so an accepted plan always launches: the grid is
 /// (value-row blocks, HV, N) and CUDA allows 65535 blocks along y and z; extents are passed
 /// as 32-bit integers.
@@ -366,6 +364,8 @@ fn check_launch_limits(args: &ChunkArgs, n: usize, b: usize, t: usize, hv: usize
     Ok(())
 }
 
+/// `N`: `B`, or the number of sequences `cu_seqlens` describes (which must be 1-D, with at
+/// least the leading 0).
 fn logical_batch(args: &ChunkArgs, b: usize) -> Result<usize, ChunkError> {
     let Some(cu) = args.cu_seqlens else {
         return Ok(b);

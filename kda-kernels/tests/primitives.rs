@@ -663,3 +663,32 @@ fn kernel_helpers_are_inlined_where_they_are_called() {
         .collect();
     assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
 }
+
+/// A `let` feeding a fill from a global tensor the body writes (the fill would read it before
+/// the body's earlier iterations wrote it).
+#[kernel]
+fn fill_reads_written_global(
+    cfg: &Cfg,
+    x: Global<(R, C), F32>,
+    offs: GlobalMut<(NO,), I32>,
+    y: GlobalMut<(RY, C), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let s = shared([8, 32], F32);
+    let o = shared([8], I32);
+    for i in pipelined(0, NO, stages = 2) {
+        let row = offs[i];
+        copy(x.tile_at([row, 0], [8, 32]), s);
+        copy(s, y.tile_at([8 * i, 0], [8, 32]));
+        copy(o, offs.tile_at([0], [8]));
+    }
+}
+
+#[test]
+fn a_let_feeding_a_fill_cannot_read_a_global_the_body_writes() {
+    let cfg = Cfg { rows: 0, cols: 32, threads: 64 };
+    let e = kda_dsl::compile(fill_reads_written_global(&cfg).expect("builds"), kda_dsl::Target::Sm80)
+        .expect_err("rejected")
+        .to_string();
+    assert!(e.contains("`row` feeds a fill") && e.contains("`offs`"), "{e}");
+}

@@ -316,3 +316,35 @@ fn identical_keys_without_decay_and_every_gate_at_the_bound() {
     assert!(r.got.out.iter().chain(&r.got.final_state).all(|v| v.is_finite()), "gates at the bound: Inf or NaN");
     assert!(r.out_err <= to && r.state_err <= ts, "gates at the bound: {:.2e} {:.2e}", r.out_err, r.state_err);
 }
+
+/// The exact split of a long sequence rests on this (CHUNK-ALGORITHM.md): a segment's final
+/// state is affine in its initial one, `S_end = S_0 · M + H`, where `H` is the run from zeros
+/// and `M` (K x K) the run with `v = 0` from the identity (its state rows are those of `M`). The
+/// kernel's three runs, combined in f64, match its direct run from `S_0`.
+#[test]
+fn final_state_is_affine_in_the_initial_state() {
+    let d = 128;
+    let spec = ChunkSpec {
+        lengths: Lengths::Dense { b: 1, t: 37 },
+        initial: InitialSpec::PerSequence,
+        ..ChunkSpec::default()
+    };
+    let x = ChunkInputs::random(&mut Rng::new(41), &spec);
+    let cfg = ChunkConfig::default();
+    let run = |x: &ChunkInputs| simulate_chunk(&cfg, x).expect("simulates").final_state;
+    let direct = run(&x);
+    let from_zeros = run(&ChunkInputs { initial: Some(vec![0.0; d * d]), ..x.clone() });
+    let identity: Vec<f64> = (0..d * d).map(|e| if e / d == e % d { 1.0 } else { 0.0 }).collect();
+    let transition = run(&ChunkInputs { initial: Some(identity), v: vec![0.0; x.v.len()], ..x.clone() });
+    let s0 = x.initial.as_ref().expect("an initial state");
+    // (S_0 · M)[v][k] = sum_r S_0[v][r] M[r][k], V-first rows.
+    let combined: Vec<f64> = (0..d * d)
+        .map(|e| {
+            let (row, col) = (e / d, e % d);
+            (0..d).map(|r| s0[row * d + r] * transition[r * d + col]).sum::<f64>() + from_zeros[e]
+        })
+        .collect();
+    let err = rel_err(&combined, &direct);
+    eprintln!("S0 M + H against the direct run: {err:.2e}");
+    assert!(err < 1e-2, "{err:.3e}");
+}

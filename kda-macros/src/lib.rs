@@ -24,15 +24,7 @@ mod stmt;
 /// Marks a function as a tile kernel. See the crate docs for the accepted forms.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
-    if !attr.is_empty() {
-        let a: TS = attr.into();
-        return syn::Error::new(a.span(), "#[kernel] takes no arguments").to_compile_error().into();
-    }
-    let f = parse_macro_input!(item as ItemFn);
-    match expand(f) {
-        Ok(t) => t.into(),
-        Err(e) => e.to_compile_error().into(),
-    }
+    attribute("#[kernel]", attr, item, expand)
 }
 
 /// Marks a function as a kernel helper: a named step of kernel bodies, inlined where a kernel
@@ -45,12 +37,17 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// those belong to the `parallel` of the caller).
 #[proc_macro_attribute]
 pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    attribute("#[kernel_fn]", attr, item, expand_fn)
+}
+
+/// An attribute that takes no arguments and expands the function it marks with `expand`.
+fn attribute(name: &str, attr: TokenStream, item: TokenStream, expand: fn(ItemFn) -> syn::Result<TS>) -> TokenStream {
     if !attr.is_empty() {
         let a: TS = attr.into();
-        return syn::Error::new(a.span(), "#[kernel_fn] takes no arguments").to_compile_error().into();
+        return syn::Error::new(a.span(), format!("{name} takes no arguments")).to_compile_error().into();
     }
     let f = parse_macro_input!(item as ItemFn);
-    match expand_fn(f) {
+    match expand(f) {
         Ok(t) => t.into(),
         Err(e) => e.to_compile_error().into(),
     }

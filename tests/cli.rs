@@ -16,7 +16,31 @@ fn list_names_every_variant_and_one_default_per_family() {
     let (code, out, _) = kda(&["list"]);
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), kda_kernels::variants().len());
-    assert_eq!(out.lines().filter(|l| l.starts_with("gemm") && l.ends_with("(default)")).count(), 1);
+    for family in ["gemm", "decode", "chunk"] {
+        let defaults = out.lines().filter(|l| l.starts_with(family) && l.ends_with("(default)")).count();
+        assert_eq!(defaults, 1, "{family}: {out}");
+    }
+}
+
+/// `kda emit chunk` prints the default prefill variant: the state recurrence on tensor cores,
+/// with no atomics (its results are bit-identical across runs and batch compositions).
+#[test]
+fn emit_chunk_prints_the_default_prefill_variant() {
+    let (code, out, _) = kda(&["emit", "chunk"]);
+    assert_eq!(code, 0);
+    let v = kda_kernels::variants().into_iter().find(|v| v.family == "chunk" && v.default).expect("a default");
+    let (_, named, _) = kda(&["emit", "chunk", &v.name]);
+    assert_eq!(out, named);
+    assert!(out.contains(".entry chunk(") && out.contains("mma.sync.aligned.m16n8k16") && out.contains("cp.async"));
+    for v in kda_kernels::variants().into_iter().filter(|v| v.family == "chunk") {
+        let (_, ptx, _) = kda(&["emit", "chunk", &v.name]);
+        let atomic = ptx.lines().any(|l| {
+            // The opcode, after an optional guard (`@%p1 atom.add...`).
+            let op = l.split_whitespace().find(|w| !w.starts_with('@')).unwrap_or("");
+            op.starts_with("atom.") || op.starts_with("red.")
+        });
+        assert!(!atomic, "{}: an atomic", v.name);
+    }
 }
 
 #[test]

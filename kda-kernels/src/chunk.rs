@@ -87,6 +87,10 @@ pub struct ChunkConfig {
     pub warps: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
     pub min_blocks: usize,
+    /// The transition run of the exact long-sequence split: from the identity with `v = 0`,
+    /// so the final state is the segment's `K x K` transition `M` (`S_end = S_0 M + H` for any
+    /// start `S_0`; CHUNK-ALGORITHM.md); no output rows. With [`ChunkStates::Zeros`].
+    pub transition: bool,
 }
 
 impl Default for ChunkConfig {
@@ -103,6 +107,7 @@ impl Default for ChunkConfig {
             states: ChunkStates::PerSequence { store_final: true },
             warps: 8,
             min_blocks: 2,
+            transition: false,
         }
     }
 }
@@ -126,7 +131,7 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -134,7 +139,8 @@ impl ChunkConfig {
             self.varlen.map(|d| d.name()).unwrap_or("none"),
             states,
             self.warps,
-            self.min_blocks
+            self.min_blocks,
+            if self.transition { "_transition" } else { "" }
         )
         .to_lowercase()
     }
@@ -327,9 +333,11 @@ fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
 
 /// The state's products for one chunk, in the transposed view (rows = the block's value rows):
 /// `Wᵀ = S kdᵀ`, `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`, and the output rows
-/// `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` transposed back into `o_sh` (zeros for padding, `live` false).
+/// `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` transposed back into `o_sh` (zeros for padding, `live` false). A
+/// `transition` run has `v = 0` and no output.
 #[kda_macros::kernel_fn]
 fn state_products(
+    transition: bool,
     s: Tile,
     kd_sh: Tile,
     qd_sh: Tile,
@@ -345,17 +353,29 @@ fn state_products(
     live: Val,
 ) {
     clear(wt);
-    clear(ot);
+    if !transition {
+        clear(ot);
+    }
     gemm(s, kd_sh.t(), wt);
-    gemm(s, qd_sh.t(), ot);
-    for (a, b) in parallel(vn) {
-        vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
+    if !transition {
+        gemm(s, qd_sh.t(), ot);
+    }
+    if transition {
+        for (a, b) in parallel(vn) {
+            vn[a][b] = -bt_sh[b] * wt[a][b];
+        }
+    } else {
+        for (a, b) in parallel(vn) {
+            vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
+        }
     }
     clear(ut);
     gemm(vn, inv_sh.t(), ut);
-    gemm(ut, mq_sh.t(), ot);
-    for (a, b) in parallel(ot) {
-        o_sh[b][a] = select(live, ot[a][b], 0.0);
+    if !transition {
+        gemm(ut, mq_sh.t(), ot);
+        for (a, b) in parallel(ot) {
+            o_sh[b][a] = select(live, ot[a][b], 0.0);
+        }
     }
 }
 
@@ -430,7 +450,11 @@ pub fn chunk(
     let live = slot >= 0;
 
     let s = fragment([bv, 128], F32);
-    if cfg.reads_state() {
+    if cfg.transition {
+        for (a, j) in parallel(s) {
+            s[a][j] = select(v0 + a == j, 1.0, 0.0);
+        }
+    } else if cfg.reads_state() {
         if from_state {
             copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
         } else {
@@ -492,7 +516,9 @@ pub fn chunk(
         copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
         copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
         copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
-        copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
+        if !cfg.transition {
+            copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
+        }
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
@@ -502,8 +528,10 @@ pub fn chunk(
         prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
         key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
         invert_unit_lower(l_sh, cols, x, inv_sh);
-        state_products(s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
-        copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
+        state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
+        if !cfg.transition {
+            copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
+        }
         decay_and_update(s, eg_sh, ut, kr_sh);
     }
 

@@ -7,6 +7,7 @@ pub mod check;
 pub mod chunk;
 pub mod chunk_check;
 pub mod chunk_families;
+pub mod chunk_merge;
 pub mod chunk_ref;
 pub mod decode;
 pub mod decode_families;

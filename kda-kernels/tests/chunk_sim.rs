@@ -348,3 +348,113 @@ fn final_state_is_affine_in_the_initial_state() {
     eprintln!("S0 M + H against the direct run: {err:.2e}");
     assert!(err < 1e-2, "{err:.3e}");
 }
+
+/// The split's merge: every segment's start state and the final one match the f64 chain
+/// `S_{s+1} = S_s M_s + H_s`, to f32 accuracy (the bf16 hi/lo products).
+#[test]
+fn merge_chains_segment_states() {
+    use kda_dsl::sim::SimArg;
+    use kda_kernels::chunk_merge::{chunk_merge, MergeConfig};
+    use kda_kernels::reference::{rel_err, to_bytes};
+    let (n, hv, nseg, d) = (2usize, 1usize, 3usize, 128usize);
+    let mut rng = Rng::new(51);
+    let state = d * d;
+    let init: Vec<f64> = rng.normals(n * hv * state, F32).iter().map(|x| 0.1 * x).collect();
+    let h: Vec<f64> = rng.normals(n * nseg * hv * state, F32).iter().map(|x| 0.1 * x).collect();
+    let m: Vec<f64> = rng
+        .normals(n * nseg * hv * state, F32)
+        .iter()
+        .enumerate()
+        .map(|(e, x)| 0.05 * x + if (e % state) / d == e % d { 0.9 } else { 0.0 })
+        .collect();
+    let def = chunk_merge(&MergeConfig { state_dtype: F32, initial: true }).expect("builds");
+    let t = |name: &str, v: &[f64]| (name.to_string(), SimArg::Tensor(to_bytes(v, F32)));
+    let i = |name: &str, v: usize| (name.to_string(), SimArg::I32(v as i32));
+    let mut args = vec![
+        t("init", &init),
+        t("h", &h),
+        t("m", &m),
+        t("starts", &vec![f64::NAN; n * nseg * hv * state]),
+        t("fin", &vec![f64::NAN; n * hv * state]),
+        i("N", n),
+        i("HV", hv),
+        i("NS", n * nseg),
+        i("S1", d),
+        i("S2", d),
+        i("NSEG", nseg),
+    ];
+    kda_kernels::check::simulate(&def, &mut args).expect("simulates");
+    let got_starts = kda_kernels::check::tensor_values(&args, "starts", F32);
+    let got_fin = kda_kernels::check::tensor_values(&args, "fin", F32);
+    let (mut want_starts, mut want_fin) = (vec![], vec![]);
+    for seq in 0..n {
+        let mut s = init[seq * state..(seq + 1) * state].to_vec();
+        for sg in 0..nseg {
+            want_starts.extend_from_slice(&s);
+            let at = (seq * nseg + sg) * state;
+            s = (0..state)
+                .map(|e| {
+                    let (v, k) = (e / d, e % d);
+                    (0..d).map(|r| s[v * d + r] * m[at + r * d + k]).sum::<f64>() + h[at + e]
+                })
+                .collect();
+        }
+        want_fin.extend_from_slice(&s);
+    }
+    let (es, ef) = (rel_err(&got_starts, &want_starts), rel_err(&got_fin, &want_fin));
+    eprintln!("merge: starts {es:.2e}, final {ef:.2e}");
+    assert!(es < 1e-4 && ef < 1e-4, "starts {es:.3e}, final {ef:.3e}");
+}
+
+/// The exact long-sequence split, run through the simulator as the launcher would run it: a
+/// dense `[B, T]` call cut into `nseg` segments of `T / nseg` tokens is the dense batch
+/// `[B · nseg, T / nseg]` of the same tensors. Pass 1 runs it from zeros (each segment's `H`)
+/// and in transition mode (each segment's `M`); the merge chains the start states from the
+/// initial ones; pass 2 reruns every segment from its start. Outputs and final states match
+/// the unsplit kernel and the f64 recurrence.
+#[test]
+fn split_equals_unsplit() {
+    use kda_dsl::sim::SimArg;
+    use kda_kernels::check::{simulate, tensor_values};
+    use kda_kernels::chunk_merge::{chunk_merge, MergeConfig};
+    use kda_kernels::reference::to_bytes;
+    let (b, t, nseg, d) = (2usize, 64usize, 4usize, 128usize);
+    let spec =
+        ChunkSpec { lengths: Lengths::Dense { b, t }, initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
+    let x = ChunkInputs::random(&mut Rng::new(61), &spec);
+    let cfg = ChunkConfig::default();
+    let unsplit = simulate_chunk(&cfg, &x).expect("simulates");
+    // The segments as a dense batch: the same arrays, B · nseg rows of T / nseg tokens.
+    let segs = ChunkInputs { b: b * nseg, t: t / nseg, initial: None, ..x.clone() };
+    let zeros = ChunkConfig { states: ChunkStates::Zeros { store_final: true }, ..cfg.clone() };
+    let h = simulate_chunk(&zeros, &segs).expect("H pass").final_state;
+    let m = simulate_chunk(&ChunkConfig { transition: true, ..zeros.clone() }, &segs).expect("M pass").final_state;
+    let state = x.hv * d * d;
+    let def = chunk_merge(&MergeConfig { state_dtype: F32, initial: true }).expect("builds");
+    let tt = |name: &str, v: &[f64]| (name.to_string(), SimArg::Tensor(to_bytes(v, F32)));
+    let i = |name: &str, v: usize| (name.to_string(), SimArg::I32(v as i32));
+    let mut args = vec![
+        tt("init", x.initial.as_ref().expect("an initial state")),
+        tt("h", &h),
+        tt("m", &m),
+        tt("starts", &vec![f64::NAN; b * nseg * state]),
+        tt("fin", &vec![f64::NAN; b * state]),
+        i("N", b),
+        i("HV", x.hv),
+        i("NS", b * nseg),
+        i("S1", d),
+        i("S2", d),
+        i("NSEG", nseg),
+    ];
+    simulate(&def, &mut args).expect("merge");
+    let starts = tensor_values(&args, "starts", F32);
+    let fin = tensor_values(&args, "fin", F32);
+    let rerun = ChunkConfig { states: ChunkStates::PerSequence { store_final: false }, ..cfg.clone() };
+    let out = simulate_chunk(&rerun, &ChunkInputs { initial: Some(starts), ..segs }).expect("pass 2").out;
+    let want = chunk_reference(&x);
+    let (eo, ef) = (rel_err(&out, &unsplit.out), rel_err(&fin, &unsplit.final_state));
+    let (ro, rf) = (rel_err(&out, &want.out), rel_err(&fin, &want.final_state));
+    eprintln!("split against unsplit: out {eo:.2e}, final {ef:.2e}; against f64: out {ro:.2e}, final {rf:.2e}");
+    assert!(out.iter().all(|v| v.is_finite()) && fin.iter().all(|v| v.is_finite()));
+    assert!(eo < 1e-2 && ef < 1e-2 && ro < 1e-2 && rf < 1e-2, "{eo:.2e} {ef:.2e} {ro:.2e} {rf:.2e}");
+}

@@ -68,6 +68,7 @@ fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         states,
         warps: tune.warps,
         min_blocks: tune.min_blocks,
+        transition: false,
     }
 }
 

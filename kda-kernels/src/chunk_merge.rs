@@ -1,0 +1,90 @@
+//! The merge of the exact long-sequence split (CHUNK-ALGORITHM.md): a sequence cut into
+//! segments runs each segment from zeros (its `H`) and, in the chunk kernel's transition mode,
+//! from the identity with `v = 0` (its `M`); then, in order, each segment's start state is
+//! `S_{s+1} = S_s M_s + H_s` from the sequence's initial state. This kernel does that chain for
+//! one (sequence, value head) per block, writing every segment's start state and the final one.
+//!
+//! The products run on tensor cores with f32 accuracy kept: `S M ≈ S_hi M_hi + S_hi M_lo +
+//! S_lo M_hi`, each operand split into a bf16 value and the bf16 rounding of what remains.
+
+use kda_dsl::DType;
+use kda_macros::kernel;
+
+/// What a merge variant is specialized for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MergeConfig {
+    /// Element type of the initial and final states (`F32`, `BF16` or `F16`).
+    pub state_dtype: DType,
+    /// Start from `init[n]` (otherwise from zeros).
+    pub initial: bool,
+}
+
+/// `starts[n·NSEG + s] = S_s` and `fin[n] = S_NSEG`, with `S_0 = init[n]` (or zeros) and
+/// `S_{s+1} = S_s M_s + H_s`; states V-first `[V, K]`, `M_s` `[K, K]`.
+#[kernel]
+pub fn chunk_merge(
+    cfg: &MergeConfig,
+    init: Global<(N, HV, S1, S2), { cfg.state_dtype }>,
+    h: Global<(NS, HV, S1, S2), F32>,
+    m: Global<(NS, HV, S1, S2), F32>,
+    starts: GlobalMut<(NS, HV, S1, S2), F32>,
+    fin: GlobalMut<(N, HV, S1, S2), { cfg.state_dtype }>,
+    NSEG: Dim,
+) {
+    let (_x, hv, n) = launch(grid = [1, HV, N], threads = 256);
+    assume_extent(S1, 128);
+    assume_extent(S2, 128);
+    // The state lives in the accumulator from one segment to the next.
+    let acc = fragment([128, 128], F32);
+    let s_hi = shared([128, 128], BF16);
+    let s_lo = shared([128, 128], BF16);
+    let m_sh = shared([128, 128], F32);
+    let m_hi = shared([128, 128], BF16);
+    let m_lo = shared([128, 128], BF16);
+    if cfg.initial {
+        copy(init.tile_at([n, hv, 0, 0], [1, 1, 128, 128]), acc);
+    } else {
+        clear(acc);
+    }
+    for sg in serial(0, NSEG) {
+        let ns = n * NSEG + sg;
+        copy(acc, starts.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]));
+        for (i, j) in parallel(acc) {
+            let x = acc[i][j];
+            let hi = x as bf16;
+            s_hi[i][j] = hi;
+            s_lo[i][j] = x - hi;
+        }
+        copy(m.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), m_sh);
+        for (i, j) in parallel(m_sh) {
+            let x = m_sh[i][j];
+            let hi = x as bf16;
+            m_hi[i][j] = hi;
+            m_lo[i][j] = x - hi;
+        }
+        // S M + H, from H.
+        copy(h.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), acc);
+        gemm(s_hi, m_hi, acc);
+        gemm(s_hi, m_lo, acc);
+        gemm(s_lo, m_hi, acc);
+    }
+    copy(acc, fin.tile_at([n, hv, 0, 0], [1, 1, 128, 128]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_merge_variant_compiles() {
+        for state_dtype in [DType::F32, DType::BF16, DType::F16] {
+            for initial in [false, true] {
+                let def = chunk_merge(&MergeConfig { state_dtype, initial }).unwrap_or_else(|e| panic!("{e}"));
+                let k = kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{e}"));
+                if std::env::var("KDA_EMIT_MERGE").is_ok() && state_dtype == DType::F32 && initial {
+                    std::fs::write("/tmp/merge.ptx", &k.ptx).expect("writes");
+                }
+            }
+        }
+    }
+}

@@ -19,6 +19,13 @@ pub struct MergeConfig {
     pub initial: bool,
 }
 
+impl MergeConfig {
+    /// A short stable name.
+    pub fn key(&self) -> String {
+        format!("s{}{}", self.state_dtype, if self.initial { "_init" } else { "" }).to_lowercase()
+    }
+}
+
 /// `starts[n·NSEG + s] = S_s` and `fin[n] = S_NSEG`, with `S_0 = init[n]` (or zeros) and
 /// `S_{s+1} = S_s M_s + H_s`; states V-first `[V, K]`, `M_s` `[K, K]`.
 #[kernel]

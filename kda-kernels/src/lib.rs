@@ -78,6 +78,17 @@ pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
     Variant { family: "chunk", name: cfg.key(), default, build: std::sync::Arc::new(move || chunk::chunk(&cfg)) }
 }
 
+/// The variant of a split-merge config (compiled on first use; the split is opt-in and not
+/// shipped yet).
+pub fn chunk_merge_variant(cfg: chunk_merge::MergeConfig) -> Variant {
+    Variant {
+        family: "chunk_merge",
+        name: cfg.key(),
+        default: false,
+        build: std::sync::Arc::new(move || chunk_merge::chunk_merge(&cfg)),
+    }
+}
+
 /// The chunk configs shipped: the bench cases' variant (dense and varlen), the decode pool in
 /// place, and the precomputed gate.
 pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use kda_dsl::artifact::CompiledKernel;
 use kda_dsl::Target;
 use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk_merge::MergeConfig;
 use kda_kernels::decode::DecodeConfig;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
@@ -30,6 +31,7 @@ pub struct Kernels {
     gemm: Mutex<HashMap<GemmConfig, Arc<Ready>>>,
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
     chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
+    chunk_merge: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
 }
@@ -69,6 +71,11 @@ impl Kernels {
     /// The compiled chunk (prefill) kernel for `cfg` (compiled on first use).
     pub fn chunk(&self, cfg: &ChunkConfig) -> Result<Arc<Ready>, RuntimeError> {
         self.ready(&self.chunk, cfg, || kda_kernels::chunk_variant(cfg.clone()))
+    }
+
+    /// The compiled merge kernel of the long-sequence split for `cfg` (compiled on first use).
+    pub fn chunk_merge(&self, cfg: &MergeConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk_merge, cfg, || kda_kernels::chunk_merge_variant(cfg.clone()))
     }
 
     fn ready<K: std::hash::Hash + Eq + Clone>(

@@ -7,7 +7,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -64,24 +64,35 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS`; 8x1, 8x2, 4x2 and 4x3
-/// when none is given), optionally only the cases whose name contains `--case NAME`: how the
-/// default was chosen.
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS]`, the last
+/// part the exact split into that many segments per sequence; 8x1, 8x2, 4x2 and 4x3 when none
+/// is given), optionally only the cases whose name contains `--case NAME`: how the default was
+/// chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
-    let mut warps = vec![];
+    use kda_runtime::chunk::ChunkTuning;
+    let mut shapes = vec![];
     let mut filter = String::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--case" {
             filter = it.next().ok_or(USAGE)?.clone();
         } else {
-            let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS; {USAGE}");
-            let (w, m) = a.split_once('x').ok_or_else(bad)?;
-            warps.push((w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?));
+            let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS]; {USAGE}");
+            let (w, rest) = a.split_once('x').ok_or_else(bad)?;
+            let (m, split) = match rest.split_once('s') {
+                Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
+                None => (rest, None),
+            };
+            let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
+            shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split }));
         }
     }
-    if warps.is_empty() {
-        warps = vec![(8, 1), (8, 2), (4, 2), (4, 3)];
+    if shapes.is_empty() {
+        shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
+            .map(|(warps, min_blocks)| {
+                (format!("{warps}x{min_blocks}"), ChunkTuning { warps, min_blocks, split: None })
+            })
+            .to_vec();
     }
     if !gpu_available() {
         out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -90,11 +101,12 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     for c in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
-        for &(w, m) in &warps {
-            let tune = kda_runtime::chunk::ChunkTuning { warps: w, min_blocks: m };
-            let r = super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(tune))
-                .map_err(|e| format!("{}: {e}", c.name))?;
-            out!("{:<36} {w}x{m}  {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s);
+        for (name, tune) in &shapes {
+            match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune)) {
+                Ok(r) => out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s),
+                // A split the case cannot take (varlen, or T not a multiple) is skipped, saying so.
+                Err(e) => out!("{:<36} {name:<8} skipped: {e}", c.name),
+            }
         }
     }
     Ok(0)

@@ -7,6 +7,7 @@ use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates};
 use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
 use super::plan::{plan_chunk, ChunkGate, ChunkPlan, FinalState, InitialState};
+use super::split;
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
@@ -32,6 +33,13 @@ pub struct ChunkTuning {
     pub warps: usize,
     /// Blocks that must fit on an SM at once (1 to 8; caps registers per thread).
     pub min_blocks: usize,
+    /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
+    /// without `state_indices`, `T` a multiple of `16 · split`. It allocates its workspace
+    /// (three f32 tensors of `[B · split, HV, 128, 128]`, and scratch final states when the
+    /// call returns none) and frees it before returning, which waits for its kernels: not
+    /// graph-capturable. `None`: each sequence runs as one chain. Opt-in and not yet measured
+    /// on a GPU.
+    pub split: Option<usize>,
 }
 
 impl ChunkTuning {
@@ -39,7 +47,7 @@ impl ChunkTuning {
     /// ([`ChunkConfig::default`]; chosen by `kda bench --sweep-chunk` on an H200).
     pub fn for_call(_plan: &ChunkPlan) -> ChunkTuning {
         let d = ChunkConfig::default();
-        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks }
+        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None }
     }
 }
 
@@ -48,7 +56,7 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
     tuned_config(plan, ChunkTuning::for_call(plan))
 }
 
-fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
+pub(super) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     let store_final = !matches!(plan.final_out, FinalState::None);
     let states = match plan.initial {
         InitialState::Zeros => ChunkStates::Zeros { store_final },
@@ -76,7 +84,7 @@ fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
 /// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
 /// allocated) when the plan writes one. Tensors the config never reads bind as empty
 /// placeholders at address 0, with shapes that agree with the symbols they share.
-fn kernel_args(
+pub(super) fn kernel_args(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     cfg: &ChunkConfig,
@@ -191,6 +199,9 @@ pub fn chunk_kda_tuned(
         ));
     }
     let plan = plan_chunk(args)?;
+    if let Some(nseg) = tune.split {
+        split::check_split(&plan, nseg)?;
+    }
     launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
 
@@ -241,6 +252,38 @@ fn launch_plan(
         (None, None) => unreachable!("allocated above"),
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
+    if let Some(nseg) = tune.split {
+        let shape = split::workspace_shape(plan, nseg);
+        let ws_h = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+        let ws_m = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+        let ws_s = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+        let ws = split::SplitWorkspace { h: ws_h.view(), m: ws_m.view(), starts: ws_s.view() };
+        // The merge writes final states; scratch ones when the call returns none.
+        let scratch = match final_view.filter(|_| !matches!(plan.final_out, FinalState::None)) {
+            Some(_) => None,
+            None => {
+                let shape = [plan.nseq, plan.value_heads, D, D];
+                Some(DeviceTensor::zeros(gpu, stream, &shape, plan.state_dtype)?)
+            }
+        };
+        let fin = match (&scratch, final_view) {
+            (Some(t), _) => t.view(),
+            (None, Some(v)) => v,
+            (None, None) => unreachable!("a final view or scratch above"),
+        };
+        for step in split::split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
+            let (ready, bound) = match step {
+                split::SplitLaunch::Chunk(cfg, bound) => (kernels.chunk(&cfg)?, bound),
+                split::SplitLaunch::Merge(cfg, bound) => (kernels.chunk_merge(&cfg)?, bound),
+            };
+            let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+            launch_loaded(gpu, &loaded, stream, &ready.kernel, &bound)?;
+        }
+        // Freed here with cuMemFree, which waits for the work queued on them (so a split call
+        // returns once its kernels have run).
+        drop((ws_h, ws_m, ws_s, scratch));
+        return Ok(ChunkResult { output, final_state });
+    }
     let cfg = tuned_config(plan, tune);
     let ready = kernels.chunk(&cfg)?;
     let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;

@@ -14,6 +14,7 @@ pub mod args;
 pub mod checked;
 pub mod launch;
 pub mod plan;
+mod split;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;

@@ -26,6 +26,18 @@ impl MergeConfig {
     }
 }
 
+/// `x` as `hi + lo`: its bf16 rounding and the bf16 rounding of what remains (shared tiles of
+/// `x`'s shape).
+#[kda_macros::kernel_fn]
+fn split_hi_lo(x: Tile, hi: Tile, lo: Tile) {
+    for (i, j) in parallel(x) {
+        let v = x[i][j];
+        let h = v as bf16;
+        hi[i][j] = h;
+        lo[i][j] = v - h;
+    }
+}
+
 /// `starts[n·NSEG + s] = S_s` and `fin[n] = S_NSEG`, with `S_0 = init[n]` (or zeros) and
 /// `S_{s+1} = S_s M_s + H_s`; states V-first `[V, K]`, `M_s` `[K, K]`.
 #[kernel]
@@ -56,19 +68,9 @@ pub fn chunk_merge(
     for sg in serial(0, NSEG) {
         let ns = n * NSEG + sg;
         copy(acc, starts.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]));
-        for (i, j) in parallel(acc) {
-            let x = acc[i][j];
-            let hi = x as bf16;
-            s_hi[i][j] = hi;
-            s_lo[i][j] = x - hi;
-        }
+        split_hi_lo(acc, s_hi, s_lo);
         copy(m.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), m_sh);
-        for (i, j) in parallel(m_sh) {
-            let x = m_sh[i][j];
-            let hi = x as bf16;
-            m_hi[i][j] = hi;
-            m_lo[i][j] = x - hi;
-        }
+        split_hi_lo(m_sh, m_hi, m_lo);
         // S M + H, from H.
         copy(h.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), acc);
         gemm(s_hi, m_hi, acc);

@@ -27,9 +27,6 @@
 use kda_dsl::DType;
 use kda_macros::kernel;
 
-/// Tokens per chunk.
-pub const CHUNK: usize = 16;
-
 /// Value rows of the state one warp owns.
 pub const ROWS_PER_WARP: usize = 16;
 

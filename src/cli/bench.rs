@@ -64,28 +64,37 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
+/// A sweep's arguments: its shapes, and the `--case NAME` filter (empty: every case).
+fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> {
+    let (mut shapes, mut filter) = (vec![], String::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--case" {
+            filter = it.next().ok_or(USAGE)?.clone();
+        } else {
+            shapes.push(a);
+        }
+    }
+    Ok((shapes, filter))
+}
+
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS]`, the last
 /// part the exact split into that many segments per sequence; 8x1, 8x2, 4x2 and 4x3 when none
 /// is given), optionally only the cases whose name contains `--case NAME`: how the default was
 /// chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     use kda_runtime::chunk::ChunkTuning;
+    let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
-    let mut filter = String::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--case" {
-            filter = it.next().ok_or(USAGE)?.clone();
-        } else {
-            let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS]; {USAGE}");
-            let (w, rest) = a.split_once('x').ok_or_else(bad)?;
-            let (m, split) = match rest.split_once('s') {
-                Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
-                None => (rest, None),
-            };
-            let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-            shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split }));
-        }
+    for a in shape_args {
+        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS]; {USAGE}");
+        let (w, rest) = a.split_once('x').ok_or_else(bad)?;
+        let (m, split) = match rest.split_once('s') {
+            Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
+            None => (rest, None),
+        };
+        let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
+        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split }));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
@@ -196,14 +205,9 @@ pub fn time_decode(
 /// `--case NAME`, only the cases whose name contains NAME.
 fn sweep_decode(args: &[String]) -> Result<i32, String> {
     use kda_runtime::decode::DecodeTuning as T;
+    let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
-    let mut filter = String::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--case" {
-            filter = it.next().ok_or(USAGE)?.clone();
-            continue;
-        }
+    for a in shape_args {
         let n: Vec<usize> = a.split('x').map(|p| p.parse().map_err(|_| USAGE)).collect::<Result<_, _>>()?;
         let (rows, warps, min_blocks, stages, items, lanes) = match n[..] {
             [r, w, m, s] => (r, w, m, s, MAX_ITEMS, 4),

@@ -10,7 +10,7 @@ use super::plan::{plan_chunk, ChunkGate, ChunkPlan, FinalState, InitialState};
 use super::split;
 use crate::device::Gpu;
 use crate::error::RuntimeError;
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, Ready};
 use crate::launch::{launch_loaded, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
@@ -92,13 +92,7 @@ pub(super) fn kernel_args(
     final_state: Option<TensorView>,
 ) -> Result<Vec<(&'static str, KernelArg)>, RuntimeError> {
     let dev = args.q.device();
-    // An empty tensor is never read, and the plan accepts any address for one (KDA-SPEC): it
-    // binds at address 0.
-    let view = |ptr: u64, shape: &[usize], dtype: DType| {
-        let ptr = if shape.contains(&0) { 0 } else { ptr };
-        TensorView::new(ptr, shape, dtype, dev)
-    };
-    let given = |t: &TensorView| view(t.ptr(), t.shape(), t.dtype());
+    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
     let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
     let dt = plan.dtype;
     let q = view(args.q.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
@@ -111,30 +105,30 @@ pub(super) fn kernel_args(
     let empty_state = || view(0, &[0, hv, D, D], st);
     let state = match (plan.initial, args.initial_state) {
         (InitialState::Zeros, _) | (_, None) => empty_state()?,
-        (_, Some(s)) => given(s)?,
+        (_, Some(s)) => *s,
     };
     let final_view = match (plan.final_out, final_state) {
-        (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => given(&t)?,
+        (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => t,
         _ => empty_state()?,
     };
     let (a_log, dt_bias, lower_bound) = match (plan.gate, args.a_log, args.dt_bias) {
         (ChunkGate::LowerBound { lower_bound }, Some(a), Some(d)) => {
-            (given(a)?, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
+            (*a, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
         }
         _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?, 0.0),
     };
     let pool = matches!(plan.initial, InitialState::Pool { .. });
     let empty_index = || view(0, &[0], DType::I32);
     let indices = match (pool, args.state_indices) {
-        (true, Some(t)) => given(t)?,
+        (true, Some(t)) => *t,
         _ => empty_index()?,
     };
     let has_initial = match (pool, args.has_initial_state) {
-        (true, Some(t)) => given(t)?,
+        (true, Some(t)) => *t,
         _ => empty_index()?,
     };
     let cu = match (plan.varlen, args.cu_seqlens) {
-        (Some(_), Some(t)) => given(t)?,
+        (Some(_), Some(t)) => *t,
         _ => empty_index()?,
     };
     let nseq = i32::try_from(plan.nseq)
@@ -253,43 +247,25 @@ fn launch_plan(
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
     if let Some(nseg) = tune.split {
-        let shape = split::workspace_shape(plan, nseg);
-        let ws_h = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-        let ws_m = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-        let ws_s = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-        let ws = split::SplitWorkspace { h: ws_h.view(), m: ws_m.view(), starts: ws_s.view() };
-        // The merge writes final states; scratch ones when the call returns none.
-        let scratch = match final_view.filter(|_| !matches!(plan.final_out, FinalState::None)) {
-            Some(_) => None,
-            None => {
-                let shape = [plan.nseq, plan.value_heads, D, D];
-                Some(DeviceTensor::zeros(gpu, stream, &shape, plan.state_dtype)?)
-            }
-        };
-        let fin = match (&scratch, final_view) {
-            (Some(t), _) => t.view(),
-            (None, Some(v)) => v,
-            (None, None) => unreachable!("a final view or scratch above"),
-        };
-        for step in split::split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
-            let (ready, bound) = match step {
-                split::SplitLaunch::Chunk(cfg, bound) => (kernels.chunk(&cfg)?, bound),
-                split::SplitLaunch::Merge(cfg, bound) => (kernels.chunk_merge(&cfg)?, bound),
-            };
-            let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-            launch_loaded(gpu, &loaded, stream, &ready.kernel, &bound)?;
-        }
-        // Freed here with cuMemFree, which waits for the work queued on them (so a split call
-        // returns once its kernels have run).
-        drop((ws_h, ws_m, ws_s, scratch));
+        split::launch(gpu, kernels, stream, args, plan, tune, nseg, out_ptr, final_view)?;
         return Ok(ChunkResult { output, final_state });
     }
     let cfg = tuned_config(plan, tune);
-    let ready = kernels.chunk(&cfg)?;
     let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
-    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    launch_loaded(gpu, &loaded, stream, &ready.kernel, &bound)?;
+    launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?;
     Ok(ChunkResult { output, final_state })
+}
+
+/// Loads a compiled kernel on `gpu` (once) and launches it on `stream` with `bound`.
+pub(super) fn launch_ready(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    ready: &Ready,
+    bound: &[(&str, KernelArg)],
+) -> Result<(), RuntimeError> {
+    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+    launch_loaded(gpu, &loaded, stream, &ready.kernel, bound)
 }
 
 #[cfg(test)]

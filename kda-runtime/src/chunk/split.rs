@@ -16,11 +16,15 @@ use kda_kernels::chunk::ChunkConfig;
 use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
-use super::launch::{kernel_args, tuned_config, ChunkTuning};
+use super::launch::{kernel_args, launch_ready, tuned_config, ChunkTuning};
 use super::plan::{plan_chunk, ChunkGate, ChunkPlan, InitialState};
+use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::kernels::Kernels;
 use crate::launch::KernelArg;
-use crate::tensor::TensorView;
+use crate::tensor::{DeviceTensor, TensorView};
+use cudarc::driver::CudaStream;
+use kda_dsl::DType;
 
 /// Head dimension (K = V).
 const D: usize = crate::validate::HEAD_DIM;
@@ -140,6 +144,47 @@ pub(super) fn split_launches(
         SplitLaunch::Merge(merge_cfg, merge),
         pass(Some(&ws.starts), None, false)?,
     ])
+}
+
+/// Runs a split call on `stream`: allocates the workspace (and scratch final states when the
+/// call returns none), issues the four launches and frees the workspace, which waits for them.
+#[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
+pub(super) fn launch(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &ChunkArgs,
+    plan: &ChunkPlan,
+    tune: ChunkTuning,
+    nseg: usize,
+    out_ptr: u64,
+    final_view: Option<TensorView>,
+) -> Result<(), RuntimeError> {
+    let shape = workspace_shape(plan, nseg);
+    let ws_h = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+    let ws_m = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+    let ws_s = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
+    let ws = SplitWorkspace { h: ws_h.view(), m: ws_m.view(), starts: ws_s.view() };
+    // The merge writes final states; scratch ones when the call returns none.
+    let scratch = match final_view.filter(|_| !matches!(plan.final_out, super::plan::FinalState::None)) {
+        Some(_) => None,
+        None => Some(DeviceTensor::zeros(gpu, stream, &[plan.nseq, plan.value_heads, D, D], plan.state_dtype)?),
+    };
+    let fin = match (&scratch, final_view) {
+        (Some(t), _) => t.view(),
+        (None, Some(v)) => v,
+        (None, None) => unreachable!("a final view or scratch above"),
+    };
+    for step in split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
+        match step {
+            SplitLaunch::Chunk(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?,
+            SplitLaunch::Merge(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?,
+        }
+    }
+    // Freed here with cuMemFree, which waits for the work queued on them (so a split call
+    // returns once its kernels have run).
+    drop((ws_h, ws_m, ws_s, scratch));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -162,6 +162,7 @@ pub fn run_chunk_on_gpu(
     cfg: &ChunkConfig,
     x: &ChunkInputs,
     t: &ChunkTensors,
+    tune: Option<ChunkTuning>,
 ) -> Result<ChunkOutputs, String> {
     let views = t.views();
     let args = chunk_args(x, &views);
@@ -170,7 +171,11 @@ pub fn run_chunk_on_gpu(
     if &chosen != cfg {
         return Err(format!("the API chose {} for {}", chosen.key(), cfg.key()));
     }
-    chunk_kda(gpu, kernels, s, &args).map_err(|e| e.to_string())?;
+    match tune {
+        Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
+        None => chunk_kda(gpu, kernels, s, &args),
+    }
+    .map_err(|e| e.to_string())?;
     let bytes = |t: &DeviceTensor| t.to_bytes(s).map_err(|e| e.to_string());
     let final_state = match (&t.fin, &t.initial, cfg.states) {
         (Some(f), _, _) => from_bytes(&bytes(f)?, cfg.state_dtype),
@@ -180,38 +185,49 @@ pub fn run_chunk_on_gpu(
     Ok(ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state })
 }
 
-/// The prefill conformance cases at real shapes: (name, config, spec).
-fn chunk_cases() -> Vec<(String, ChunkConfig, ChunkSpec)> {
+/// One prefill conformance case: what the API must pick for the spec, and a launch shape that
+/// overrides its choice (the opt-in split).
+struct ChunkCase {
+    name: &'static str,
+    cfg: ChunkConfig,
+    spec: ChunkSpec,
+    tune: Option<ChunkTuning>,
+}
+
+/// The prefill conformance cases at real shapes.
+fn chunk_cases() -> Vec<ChunkCase> {
     use kda_dsl::DType::{BF16, F16, F32, I32, I64};
     use kda_kernels::chunk::ChunkGate;
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
     vec![
-        (
-            "chunk B=2 T=1024 H=16 bf16, f32 state in and out".into(),
-            d.clone(),
-            ChunkSpec { lengths: Lengths::Dense { b: 2, t: 1024 }, h: 16, hv: 16, ..init.clone() },
-        ),
-        (
-            "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16".into(),
-            ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },
-            ChunkSpec {
+        ChunkCase {
+            name: "chunk B=2 T=1024 H=16 bf16, f32 state in and out",
+            cfg: d.clone(),
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 1024 }, h: 16, hv: 16, ..init.clone() },
+            tune: None,
+        },
+        ChunkCase {
+            name: "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16",
+            cfg: ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },
+            spec: ChunkSpec {
                 dtype: F16,
                 lengths: Lengths::Varlen(vec![1000, 1, 0, 333, 16, 2049, 15, 700]),
                 h: 4,
                 hv: 8,
                 ..init.clone()
             },
-        ),
-        (
-            "chunk varlen pool in place, bf16 state, padding".into(),
-            ChunkConfig {
+            tune: None,
+        },
+        ChunkCase {
+            name: "chunk varlen pool in place, bf16 state, padding",
+            cfg: ChunkConfig {
                 state_dtype: BF16,
                 varlen: Some(I32),
                 states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
                 ..d.clone()
             },
-            ChunkSpec {
+            spec: ChunkSpec {
                 lengths: Lengths::Varlen(vec![300, 17, 900, 64, 5, 1200]),
                 h: 4,
                 hv: 4,
@@ -219,23 +235,32 @@ fn chunk_cases() -> Vec<(String, ChunkConfig, ChunkSpec)> {
                 state_dtype: BF16,
                 ..ChunkSpec::default()
             },
-        ),
-        (
-            "chunk precomputed gate -20 per token, T=777".into(),
-            ChunkConfig { gate: ChunkGate::Precomputed, states: ChunkStates::Zeros { store_final: true }, ..d.clone() },
-            ChunkSpec {
+            tune: None,
+        },
+        ChunkCase {
+            name: "chunk precomputed gate -20 per token, T=777",
+            cfg: ChunkConfig { gate: ChunkGate::Precomputed, states: ChunkStates::Zeros { store_final: true }, ..d.clone() },
+            spec: ChunkSpec {
                 lengths: Lengths::Dense { b: 1, t: 777 },
                 h: 2,
                 hv: 2,
                 gate: GateSpec::PrecomputedFixed(-20.0),
                 ..ChunkSpec::default()
             },
-        ),
-        (
-            "chunk B=1 T=32768 H=2, final state".into(),
-            ChunkConfig { state_dtype: F32, ..d },
-            ChunkSpec { lengths: Lengths::Dense { b: 1, t: 32768 }, h: 2, hv: 2, ..init },
-        ),
+            tune: None,
+        },
+        ChunkCase {
+            name: "chunk B=1 T=32768 H=2, final state",
+            cfg: ChunkConfig { state_dtype: F32, ..d.clone() },
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: 32768 }, h: 2, hv: 2, ..init.clone() },
+            tune: None,
+        },
+        ChunkCase {
+            name: "chunk split in 8 segments, B=2 T=4096 H=2 HV=4",
+            cfg: d,
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 4096 }, h: 2, hv: 4, ..init },
+            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8) }),
+        },
     ]
 }
 
@@ -243,11 +268,11 @@ fn chunk_cases() -> Vec<(String, ChunkConfig, ChunkSpec)> {
 pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
     let s = gpu.default_stream();
     let mut failures = 0;
-    for (i, (name, cfg, spec)) in chunk_cases().into_iter().enumerate() {
+    for (i, ChunkCase { name, cfg, spec, tune }) in chunk_cases().into_iter().enumerate() {
         let x = ChunkInputs::random(&mut Rng::new(100 + i as u64), &spec);
         let r = upload_chunk(gpu, &s, &cfg, &x)
             .map_err(|e| e.to_string())
-            .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t));
+            .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t, tune));
         match r {
             Ok(got) => {
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));

@@ -1,6 +1,7 @@
 //! Lowering of element-wise work: `fill`, `parallel` bodies (element reads and stores at the
 //! loop's own index), local tiles, and `print`.
 
+use super::element_addr::bits_below;
 use super::{class_of, ty_of, ElemCtx, Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -41,12 +42,17 @@ impl Lower<'_> {
         if threads.is_multiple_of(cols) && n.is_multiple_of(threads) {
             // Every pass covers whole rows: pass k is pass 0 moved down k * threads / cols rows.
             let row0 = self.em.op32(BinKind::Div, self.th.tid, cols as i64);
-            let col = self.em.op32(BinKind::Rem, self.th.tid, cols as i64);
-            for k in 0..n / threads {
-                let row = self.em.add32(row0, Src::Imm((k * (threads / cols)) as i64));
-                f(self, row, col)?;
-            }
-            return Ok(());
+            let col0 = self.em.op32(BinKind::Rem, self.th.tid, cols as i64);
+            return self.element_loop(|lw| {
+                let row0 = lw.em.to_reg(row0, RegClass::B32, Ty::U32);
+                let col0 = lw.em.to_reg(col0, RegClass::B32, Ty::U32);
+                let col = lw.split_index(col0, bits_below(cols), 0);
+                for k in 0..n / threads {
+                    let row = lw.split_index(row0, bits_below(threads / cols), k * (threads / cols));
+                    f(lw, row, col)?;
+                }
+                Ok(())
+            });
         }
         for k in 0..n.div_ceil(threads) {
             let e = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
@@ -73,17 +79,17 @@ impl Lower<'_> {
             return self.err(loc, "`parallel` loops do not nest");
         }
         match self.p.layouts[over] {
-            BufLayout::Fragment(l) => {
+            BufLayout::Fragment(l) => self.element_loop(|lw| {
                 for s in 0..l.slots() {
-                    let (row, col) = self.frag_coords(l, s);
-                    self.bind_index(vars, &[row, col]);
-                    self.elem = Some(ElemCtx { over, slot: s, vars: [vars.first().copied(), vars.get(1).copied()] });
-                    let r = self.block(body);
-                    self.elem = None;
+                    let (row, col) = lw.frag_coords(l, s);
+                    lw.bind_index(vars, &[row, col]);
+                    lw.elem = Some(ElemCtx { over, slot: s, vars: [vars.first().copied(), vars.get(1).copied()] });
+                    let r = lw.block(body);
+                    lw.elem = None;
                     r?;
                 }
                 Ok(())
-            }
+            }),
             BufLayout::Local => {
                 let shape = self.def().buffers[over].shape.clone();
                 let cols = *shape.last().unwrap_or(&1);

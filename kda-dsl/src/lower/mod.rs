@@ -5,6 +5,7 @@
 
 mod copy;
 mod divisibility;
+mod element_addr;
 mod elementwise;
 pub mod emit;
 mod expr;
@@ -117,6 +118,10 @@ pub(crate) struct Lower<'a> {
     pub bar_id: u32,
     /// Byte offset of the scratch area reductions use here.
     pub scratch_base: u32,
+    /// Index registers known as a per-thread base plus a constant (`element_addr`).
+    pub split_indices: HashMap<Reg, element_addr::SplitIndex>,
+    /// Inside an element loop: the thread parts of shared addresses computed so far.
+    pub thread_offsets: Option<element_addr::ThreadOffsets>,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -197,6 +202,8 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         threads: p.def.threads,
         bar_id: 0,
         scratch_base: p.scratch.0,
+        split_indices: HashMap::new(),
+        thread_offsets: None,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -308,6 +315,7 @@ impl Lower<'_> {
                         r
                     }
                 };
+                self.forget_split(d);
                 self.mov(d, val);
                 Ok(())
             }
@@ -323,7 +331,9 @@ impl Lower<'_> {
                 self.store_mem(Space::Global, addr, ty, val);
                 Ok(())
             }
-            StmtKind::For { var, kind, start, end, body } => self.for_loop(*var, *kind, start, end, body, loc),
+            StmtKind::For { var, kind, start, end, body } => {
+                self.scoped_addresses(|lw| lw.for_loop(*var, *kind, start, end, body, loc))
+            }
             StmtKind::If(c, t, e) => {
                 let cond = self.expr(c, DType::Bool, loc)?;
                 match cond.s {
@@ -336,10 +346,10 @@ impl Lower<'_> {
                     Src::Reg(p) => {
                         let (l_else, l_end) = (self.em.label(), self.em.label());
                         self.em.emit_if(p, false, Op::Bra { target: l_else });
-                        self.block(t)?;
+                        self.scoped_addresses(|lw| lw.block(t))?;
                         self.em.emit(Op::Bra { target: l_end });
                         self.em.emit(Op::Label(l_else));
-                        self.block(e)?;
+                        self.scoped_addresses(|lw| lw.block(e))?;
                         self.em.emit(Op::Label(l_end));
                         Ok(())
                     }
@@ -347,7 +357,9 @@ impl Lower<'_> {
                 }
             }
             StmtKind::Reduce { op, src, dst, axis } => self.reduce(*op, *src, *dst, *axis, loc),
-            StmtKind::WarpGroup { first, count, id, var, body } => self.warp_group(*first, *count, *id, *var, body),
+            StmtKind::WarpGroup { first, count, id, var, body } => {
+                self.scoped_addresses(|lw| lw.warp_group(*first, *count, *id, *var, body))
+            }
             StmtKind::Cumsum { src, dst, axis } => self.cumsum(*src, *dst, *axis, loc),
             StmtKind::ReduceLanes { op, dst, axis } => self.reduce_lanes(*op, *dst, *axis, loc),
             StmtKind::ReduceVectorLanes { op, dst, vector } => self.reduce_vector_lanes(*op, *dst, *vector, loc),
@@ -518,10 +530,22 @@ impl Lower<'_> {
 
     /// The shared address of element (row, col) of shared buffer `b` (1-D tiles use col).
     pub(crate) fn shared_addr(&mut self, b: BufId, row: Src, col: Src) -> Reg {
-        let l = self.p.shared(b);
+        if let Some(a) = self.split_shared_addr(b, row, col) {
+            return a;
+        }
+        let off = self.element_offset(b, row, col);
         let esize = self.def().buffers[b].dtype.size_bytes() as i64;
+        let base = self.shared_base[b].expect("shared buffers have a base");
+        let bytes = self.em.mul32(off, Src::Imm(esize));
+        let a = self.em.add32(base, bytes);
+        self.em.to_reg(a, RegClass::B32, Ty::U32)
+    }
+
+    /// The element offset of `(row, col)` in shared buffer `b`'s layout.
+    pub(crate) fn element_offset(&mut self, b: BufId, row: Src, col: Src) -> Src {
+        let l = self.p.shared(b);
         let (_, cols) = l.shape();
-        let off = match (row, col) {
+        match (row, col) {
             (Src::Imm(r), Src::Imm(c)) => Src::Imm(l.offset(r as u32, c as u32) as i64),
             _ => match l.swizzle_params() {
                 None => {
@@ -539,11 +563,7 @@ impl Lower<'_> {
                     self.em.add32(s, within)
                 }
             },
-        };
-        let base = self.shared_base[b].expect("shared buffers have a base");
-        let bytes = self.em.mul32(off, Src::Imm(esize));
-        let a = self.em.add32(base, bytes);
-        self.em.to_reg(a, RegClass::B32, Ty::U32)
+        }
     }
 
     /// The physical 16-byte chunk of logical chunk `chunk` in row `row` of a swizzled tile
@@ -639,8 +659,9 @@ impl Lower<'_> {
     pub(crate) fn frag_coords(&mut self, l: FragmentLayout, s: u32) -> (Src, Src) {
         let (rb, cb) = self.frag_base(l);
         let c = l.slot_coord(s);
-        let row = self.em.add32(rb, Src::Imm(c.row_off as i64));
-        let col = self.em.add32(cb, Src::Imm(c.col_off as i64));
+        let (row_bits, col_bits) = element_addr::fragment_base_bits(l, self.threads / 32);
+        let row = self.split_index(rb, row_bits, c.row_off);
+        let col = self.split_index(cb, col_bits, c.col_off);
         match l.kind {
             FragmentKind::Tile => (row, col),
             FragmentKind::Rows => (row, Src::Imm(0)),

@@ -1,0 +1,273 @@
+//! Shared-memory element addresses in unrolled element loops, split into a per-thread part
+//! computed once and a per-element constant.
+//!
+//! A `parallel` body (and a shared tile's element loop) is unrolled over the thread's elements,
+//! whose indices are a per-thread base plus a constant: a pass moved down whole rows, a fragment
+//! slot. Where the constant's bits are disjoint from every value the base can take, the sum is
+//! a bitwise or, and the swizzled offset splits because the chunk XOR is GF(2)-linear
+//! ([`row_xor`]): `offset(r0 | kr, c0 | kc) = (offset(r0, c0) ^ x) + k`, with `x` and `k` known
+//! when lowering. Each element then costs at most one XOR and an add that ptxas folds into the
+//! access's immediate offset, instead of recomputing the swizzle from its indices.
+//!
+//! The plan ([`split_offset`]) is a function of the layout and the constants alone, tested
+//! against [`SharedLayout::offset`]; the lowering caches each thread part where the register
+//! that holds it dominates every later use (see [`Lower::scoped_addresses`]).
+
+use super::Lower;
+use crate::layout::{row_xor, FragmentKind, FragmentLayout, SharedLayout};
+use crate::thread_ir::*;
+use crate::tile::BufId;
+use std::collections::HashMap;
+
+/// An index known as `base + off` with `off & base_bits == 0`, where `base_bits` has every bit
+/// any value of the base can have: the sum is then also `base | off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitIndex {
+    /// The per-thread part, written once (a fresh register that nothing reassigns).
+    base: Reg,
+    /// Every bit a value of `base` can have.
+    base_bits: u32,
+    /// The constant part.
+    off: u32,
+}
+
+/// The per-element constant of a split byte offset: `thread_part ^ xor + add`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConstantPart {
+    /// XORed into the thread part's 16-byte-chunk bits (0 in a row-major tile).
+    pub xor: u32,
+    /// Added after.
+    pub add: u32,
+}
+
+/// One side (row or column) of an element index, as the split needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IndexSide {
+    /// Known now.
+    Constant(u32),
+    /// `base | off`.
+    Split(SplitIndex),
+}
+
+impl IndexSide {
+    fn base(&self) -> Option<Reg> {
+        match self {
+            IndexSide::Constant(_) => None,
+            IndexSide::Split(s) => Some(s.base),
+        }
+    }
+
+    fn off(&self) -> u32 {
+        match self {
+            IndexSide::Constant(c) => *c,
+            IndexSide::Split(s) => s.off,
+        }
+    }
+}
+
+/// The constant part of the byte offset of element `(r0 | kr, c0 | kc)` of `layout`
+/// (`elem_bytes` per element) over the thread part `offset(r0, c0)`. The caller guarantees
+/// `r0 & kr == 0` and `c0 & kc == 0` for every base value.
+///
+/// A swizzled offset is `row · row_bytes + 16 · phys + elem_bytes · (col % chunk)`, three
+/// bit-disjoint terms, with `phys = (col / chunk) ^ row_xor((row / rpl) & mask)`. Shifts, masks
+/// and `row_xor` distribute over a disjoint or, so `phys = phys(r0, c0) ^ phys_k` where
+/// `phys_k = (kc / chunk) ^ row_xor((kr / rpl) & mask)`, and `16 · phys_k` touches only the
+/// middle term's bits.
+pub(crate) fn split_offset(layout: SharedLayout, elem_bytes: u32, kr: u32, kc: u32) -> ConstantPart {
+    let (_, cols) = layout.shape();
+    match layout.swizzle_params() {
+        None => ConstantPart { xor: 0, add: (kr * cols + kc) * elem_bytes },
+        Some((chunk, rpl, mask)) => {
+            let phys_k = (kc / chunk) ^ row_xor((kr / rpl) & mask, mask);
+            ConstantPart { xor: 16 * phys_k, add: kr * cols * elem_bytes + (kc % chunk) * elem_bytes }
+        }
+    }
+}
+
+/// Per-thread parts cached while their registers dominate the code being lowered.
+#[derive(Clone, Default)]
+pub(crate) struct ThreadOffsets {
+    /// `offset(r0, c0)` in bytes, by layout, element size and bases.
+    offsets: HashMap<(SharedLayout, u32, Option<Reg>, Option<Reg>), Reg>,
+    /// `shared_base + offset`, by base register and thread part.
+    addresses: HashMap<(Reg, Reg), Reg>,
+}
+
+/// Every bit the row and the column base of fragment layout `l` can have, over `warps` warps
+/// (the bases [`Lower::frag_base`] computes: a slot's coordinates less its constant part).
+pub(crate) fn fragment_base_bits(l: FragmentLayout, warps: u32) -> (u32, u32) {
+    let tile = FragmentLayout { kind: FragmentKind::Tile, ..l };
+    let c = tile.slot_coord(0);
+    let (mut rows, mut cols) = (0, 0);
+    for w in 0..warps {
+        for lane in 0..32 {
+            let (r, col) = tile.coords(w, lane, 0);
+            rows |= r - c.row_off;
+            cols |= col - c.col_off;
+        }
+    }
+    (rows, cols)
+}
+
+/// Every bit of the values `0 .. n`.
+pub(crate) fn bits_below(n: u32) -> u32 {
+    n.max(1).next_power_of_two() - 1
+}
+
+impl Lower<'_> {
+    /// `base + off` in a fresh register (even for `off == 0`, so that no variable is ever bound
+    /// to the base itself), recorded as a split when `off` is disjoint from `base_bits`.
+    pub(crate) fn split_index(&mut self, base: Reg, base_bits: u32, off: u32) -> Src {
+        let d = if off == 0 {
+            let d = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::U32, d, a: Src::Reg(base) });
+            d
+        } else {
+            self.em.bin(BinKind::Add, Ty::S32, RegClass::B32, base, Src::Imm(off as i64))
+        };
+        if off & base_bits == 0 {
+            self.split_indices.insert(d, SplitIndex { base, base_bits, off });
+        }
+        Src::Reg(d)
+    }
+
+    /// Forgets a split of `r` (a variable bound to it is assigned).
+    pub(crate) fn forget_split(&mut self, r: Reg) {
+        self.split_indices.remove(&r);
+    }
+
+    fn index_side(&self, s: Src) -> Option<IndexSide> {
+        match s {
+            Src::Imm(v) => u32::try_from(v).ok().map(IndexSide::Constant),
+            Src::Reg(r) => self.split_indices.get(&r).copied().map(IndexSide::Split),
+            Src::F32(_) => None,
+        }
+    }
+
+    /// The address of shared element `(row, col)` of buffer `b` from a cached thread part and a
+    /// constant, inside an element loop, when both indices are constants or recorded splits
+    /// (not both constants).
+    pub(crate) fn split_shared_addr(&mut self, b: BufId, row: Src, col: Src) -> Option<Reg> {
+        // Outside element loops thread parts are not cached: tile operations branch inside.
+        self.thread_offsets.as_ref()?;
+        let (rs, cs) = (self.index_side(row)?, self.index_side(col)?);
+        if rs.base().is_none() && cs.base().is_none() {
+            return None;
+        }
+        let Some(Src::Reg(base)) = self.shared_base[b] else { return None };
+        let layout = self.p.shared(b);
+        let esize = self.def().buffers[b].dtype.size_bytes() as u32;
+        let part = split_offset(layout, esize, rs.off(), cs.off());
+        // Computed for every thread, as fragment bases are: an if-converted arm may ask first.
+        let guard = self.em.guard.take();
+        let key = (layout, esize, rs.base(), cs.base());
+        let offset = match self.cached(|c| c.offsets.get(&key).copied()) {
+            Some(r) => r,
+            None => {
+                let to_src = |b: Option<Reg>| b.map(Src::Reg).unwrap_or(Src::Imm(0));
+                let elems = self.element_offset(b, to_src(rs.base()), to_src(cs.base()));
+                let bytes = self.em.mul32(elems, Src::Imm(esize as i64));
+                let r = self.em.to_reg(bytes, RegClass::B32, Ty::U32);
+                self.cache_mut().offsets.insert(key, r);
+                r
+            }
+        };
+        let at = if part.xor == 0 {
+            let at = match self.cached(|c| c.addresses.get(&(base, offset)).copied()) {
+                Some(r) => r,
+                None => {
+                    let a = self.em.add32(base, offset);
+                    let r = self.em.to_reg(a, RegClass::B32, Ty::U32);
+                    self.cache_mut().addresses.insert((base, offset), r);
+                    r
+                }
+            };
+            self.em.guard = guard;
+            Src::Reg(at)
+        } else {
+            self.em.guard = guard;
+            let x = self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, offset, Src::Imm(part.xor as i64));
+            self.em.add32(base, x)
+        };
+        let addr = self.em.add32(at, Src::Imm(part.add as i64));
+        Some(self.em.to_reg(addr, RegClass::B32, Ty::U32))
+    }
+
+    fn cached<T>(&self, f: impl FnOnce(&ThreadOffsets) -> T) -> T {
+        f(self.thread_offsets.as_ref().expect("inside an element loop"))
+    }
+
+    fn cache_mut(&mut self) -> &mut ThreadOffsets {
+        self.thread_offsets.as_mut().expect("inside an element loop")
+    }
+
+    /// Lowers the element loop `f` with thread parts cached across its elements, and forgets
+    /// them after: they need not dominate what follows.
+    pub(crate) fn element_loop<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved = self.thread_offsets.replace(ThreadOffsets::default());
+        let r = f(self);
+        self.thread_offsets = saved;
+        r
+    }
+
+    /// Lowers `f` with the thread parts cached so far, and forgets those it adds: they are
+    /// defined inside a branch arm, a loop body or an element loop, and need not dominate
+    /// what follows.
+    pub(crate) fn scoped_addresses<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        if self.thread_offsets.is_none() {
+            return f(self);
+        }
+        let saved = self.thread_offsets.clone();
+        let r = f(self);
+        self.thread_offsets = saved;
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every bit pattern `base` could have under `bits`.
+    fn values_under(bits: u32) -> Vec<u32> {
+        (0..=bits).filter(|v| v & !bits == 0).collect()
+    }
+
+    #[test]
+    fn split_offsets_match_the_layout() {
+        let layouts = [
+            (SharedLayout::choose(16, 128, 2), 2),
+            (SharedLayout::choose(16, 128, 4), 4),
+            (SharedLayout::choose(64, 32, 2), 2),
+            (SharedLayout::choose(32, 16, 2), 2),
+            (SharedLayout::choose(128, 16, 4), 4),
+            (SharedLayout::choose(16, 16, 2), 2),
+            (SharedLayout::choose(16, 8, 4), 4),
+            (SharedLayout::choose(1, 128, 4), 4),
+        ];
+        for (l, esize) in layouts {
+            let (rows, cols) = l.shape();
+            // Bases of every width, and every constant disjoint from them.
+            for (row_bits, col_bits) in [(0, 0), (1, 0), (1, 127), (7, 6), (15, 3), (0, 127), (3, 7)] {
+                let (row_bits, col_bits) = (row_bits & (rows - 1), col_bits & (cols - 1));
+                for kr in (0..rows).filter(|k| k & row_bits == 0) {
+                    for kc in (0..cols).filter(|k| k & col_bits == 0) {
+                        let part = split_offset(l, esize, kr, kc);
+                        for r0 in values_under(row_bits) {
+                            for c0 in values_under(col_bits) {
+                                let whole = l.offset(r0 | kr, c0 | kc) * esize;
+                                let thread = l.offset(r0, c0) * esize;
+                                assert_eq!(
+                                    (thread ^ part.xor) + part.add,
+                                    whole,
+                                    "{l} at ({r0} | {kr}, {c0} | {kc})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

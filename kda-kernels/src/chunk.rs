@@ -62,6 +62,30 @@ pub enum ChunkStates {
     },
 }
 
+/// Where a chunk's prepared operands come from: the gated keys `kd`, `qd`, `kr`, `INV`, `Mqk`
+/// and the chunk's decay `2^Γ`. They depend on the inputs alone, not on the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Preparation {
+    /// Computed by this kernel, chunk after chunk, inside the sequence's serial chain.
+    InKernel,
+    /// Read from the workspace [`crate::chunk_prep`] filled before, in parallel over chunks.
+    /// The same values in the same order: the results are bit-identical to [`Self::InKernel`].
+    Workspace,
+}
+
+/// Columns of one token's row of the prepared-operand workspace (bf16): `kd`, `qd`, `kr`
+/// (128 each), then the token's rows of `INV` and `Mqk` (16 each).
+pub const PREP_COLS: usize = 3 * 128 + 2 * 16;
+/// Where each prepared operand starts in a workspace row.
+pub(crate) const PREP_KD: usize = 0;
+pub(crate) const PREP_QD: usize = 128;
+pub(crate) const PREP_KR: usize = 256;
+pub(crate) const PREP_INV: usize = 384;
+pub(crate) const PREP_MQK: usize = 400;
+/// Columns of one token's row of the decay workspace (f32): row `i` of a chunk holds channels
+/// `8 i .. 8 i + 8` of its `2^Γ`.
+pub const PREP_DECAY_COLS: usize = 8;
+
 /// What a chunk variant is specialized for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ChunkConfig {
@@ -88,6 +112,8 @@ pub struct ChunkConfig {
     /// so the final state is the segment's `K x K` transition `M` (`S_end = S_0 M + H` for any
     /// start `S_0`; CHUNK-ALGORITHM.md); no output rows. With [`ChunkStates::Zeros`].
     pub transition: bool,
+    /// Where the prepared operands come from.
+    pub preparation: Preparation,
 }
 
 impl Default for ChunkConfig {
@@ -105,6 +131,7 @@ impl Default for ChunkConfig {
             warps: 8,
             min_blocks: 2,
             transition: false,
+            preparation: Preparation::InKernel,
         }
     }
 }
@@ -128,7 +155,7 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -137,7 +164,8 @@ impl ChunkConfig {
             states,
             self.warps,
             self.min_blocks,
-            if self.transition { "_transition" } else { "" }
+            if self.transition { "_transition" } else { "" },
+            if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
         .to_lowercase()
     }
@@ -172,11 +200,28 @@ impl ChunkConfig {
 /// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
+/// `beta = sigmoid(b)` into `bt_sh`, 0 past the chunk's `nv` valid rows.
+#[kda_macros::kernel_fn]
+fn beta_gate(b_sh: Tile, bt_sh: Tile, nv: Val) {
+    for (i,) in parallel(bt_sh) {
+        bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
+    }
+}
+
+/// The chunk's beta, and its decay `2^Γ` from the workspace's `[16, 8]` layout into `eg_sh`.
+#[kda_macros::kernel_fn]
+fn prepared_beta_and_decay(b_sh: Tile, bt_sh: Tile, eg16_sh: Tile, eg_sh: Tile, nv: Val) {
+    beta_gate(b_sh, bt_sh, nv);
+    for (j,) in parallel(eg_sh) {
+        eg_sh[j] = eg16_sh[j / 8][j % 8];
+    }
+}
+
 /// The chunk's gate in log2 units (0 past its `nv` valid rows) and its inclusive cumulative sum
 /// down the chunk into `gl`; beta into `bt_sh` (0 past the end); the chunk's decay of the
 /// state, `2^Γ` per key channel, into `eg_sh`.
 #[kda_macros::kernel_fn]
-fn gate_and_beta(
+pub(crate) fn gate_and_beta(
     lower: bool,
     g_sh: Tile,
     dt_sh: Tile,
@@ -198,9 +243,7 @@ fn gate_and_beta(
         gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
     }
     cumsum(gl, gl, 0);
-    for (i,) in parallel(bt_sh) {
-        bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
-    }
+    beta_gate(b_sh, bt_sh, nv);
     for (j,) in parallel(eg_sh) {
         eg_sh[j] = exp2(gl[nv - 1][j]);
     }
@@ -208,7 +251,7 @@ fn gate_and_beta(
 
 /// The chunk's keys and queries into `kf` and `qf`, l2-normalized per row when `l2norm`.
 #[kda_macros::kernel_fn]
-fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq: Tile, rk: Tile, rq: Tile) {
+pub(crate) fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq: Tile, rk: Tile, rq: Tile) {
     copy(k_sh, kf);
     copy(q_sh, qf);
     if l2norm {
@@ -231,7 +274,7 @@ fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq:
 /// `ki = k̂ 2^-G` for the lower-bound gate, or the plain f32 rows `kn_sh`, `qn_sh` for the
 /// element-wise products of a precomputed one.
 #[kda_macros::kernel_fn]
-fn prepare_operands(
+pub(crate) fn prepare_operands(
     lower: bool,
     kf: Tile,
     qf: Tile,
@@ -267,7 +310,7 @@ fn prepare_operands(
 /// for a precomputed gate (each pair's own `2^(G_i - G_j)`, `j <= i`: at most 1 for a decay
 /// `g <= 0`, however strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
-fn key_products(
+pub(crate) fn key_products(
     lower: bool,
     kd_sh: Tile,
     qd_sh: Tile,
@@ -314,7 +357,7 @@ fn key_products(
 /// chain of dependent multiply-adds is 15 long instead of the 120 of summing each row in turn.
 /// `cols` is a `[16]` tile giving the lanes their columns; `x` a `local([16])`.
 #[kda_macros::kernel_fn]
-fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
+pub(crate) fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
     for (jc,) in parallel(cols) {
         for i in 0..16 {
             x[i] = select(jc == i as i32, 1.0, 0.0);
@@ -405,12 +448,15 @@ pub fn chunk(
     state_indices: Global<(NI,), { cfg.indices() }>,
     has_initial: Global<(NH,), { cfg.has_initial().unwrap_or(I32) }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
+    prep: Global<(WB, TP, HV, PW), BF16>,
+    prep_decay: Global<(WB, TP, HV, DW), F32>,
     out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
     NSEQ: Dim,
     scale: f32,
     lower_bound: f32,
 ) {
     let bv = ROWS_PER_WARP * cfg.warps;
+    let prepared = cfg.preparation == Preparation::Workspace;
     let (vb, hv, n) = launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
@@ -420,16 +466,23 @@ pub fn chunk(
     let h = hv / (HV / H);
     let v0 = vb * bv;
     let lower = cfg.gate == ChunkGate::LowerBound;
-    // The sequence's tokens: rows `bos .. eos` of batch row `bi`.
+    if prepared {
+        assume_extent(PW, PREP_COLS);
+        assume_extent(DW, PREP_DECAY_COLS);
+    }
+    // The sequence's tokens: rows `bos .. eos` of batch row `bi`; its workspace rows are
+    // `pad` further down (a varlen sequence's last chunk has its 16 rows to itself).
     let mut bos = 0;
     let mut eos = T;
     let mut bi = n;
+    let mut pad = 0;
     if cfg.varlen.is_some() {
         let s0 = max(min(cu_seqlens[n], T), 0) as i32;
         let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
         bos = s0;
         eos = s1;
         bi = 0;
+        pad = 15 * n;
     }
     // The state slot (-1: padding, which writes zero output rows and touches no state) and
     // whether the sequence starts from it.
@@ -462,23 +515,26 @@ pub fn chunk(
     }
 
     // The head's gate constants.
-    let dt_sh = shared([128], cfg.dt_bias);
+    let dt_sh = shared([if prepared { 8 } else { 128 }], cfg.dt_bias);
     let mut ea = 1.0;
-    if lower {
+    if lower && !prepared {
         ea = exp(a_log[hv]);
         copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
     }
 
-    // The chunk's inputs, staged by the pipeline.
-    let q_sh = shared([16, 128], cfg.dtype);
-    let k_sh = shared([16, 128], cfg.dtype);
-    let g_sh = shared([16, 128], cfg.dtype);
+    // The chunk's inputs, staged by the pipeline. Tiles a config does not use are 8 columns
+    // wide.
+    let keys = if prepared { 8 } else { 128 };
+    let q_sh = shared([16, keys], cfg.dtype);
+    let k_sh = shared([16, keys], cfg.dtype);
+    let g_sh = shared([16, keys], cfg.dtype);
     let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
+    let eg16_sh = shared([16, if prepared { PREP_DECAY_COLS } else { 4 }], F32);
     // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
     // columns wide under the other; the element-wise products need one copy of `l_sh` and
     // `m_sh`, not one per warp.
-    let gl = shared([16, 128], F32);
+    let gl = shared([16, keys], F32);
     let kf = fragment([16, 128], F32);
     let qf = fragment([16, 128], F32);
     let sq = fragment([16, 128], F32);
@@ -487,13 +543,13 @@ pub fn chunk(
     let kd_sh = shared([16, 128], BF16);
     let qd_sh = shared([16, 128], BF16);
     let kr_sh = shared([16, 128], BF16);
-    let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
-    let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
-    let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let ki_sh = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
+    let kn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
+    let qn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
     let la = fragment([bv, 16], F32);
     let ma = fragment([bv, 16], F32);
-    let l_sh = shared([if lower { bv } else { 16 }, 16], F32);
-    let m_sh = shared([if lower { bv } else { 16 }, 16], F32);
+    let l_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
+    let m_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
     let mq_sh = shared([16, 16], BF16);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);
@@ -508,11 +564,22 @@ pub fn chunk(
     let o_sh = shared([16, bv], cfg.dtype);
 
     for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
-        // The chunk's first token (the fills see it for the chunk they fetch).
+        // The chunk's first token and its workspace row (the fills see them for the chunk
+        // they fetch).
         let t0 = bos + 16 * c;
-        copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
-        copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
-        copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+        let w0 = t0 + pad;
+        if prepared {
+            copy(prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]), kd_sh);
+            copy(prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]), qd_sh);
+            copy(prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]), kr_sh);
+            copy(prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]), inv_sh);
+            copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
+            copy(prep_decay.tile_at([bi, w0, hv, 0], [1, 16, 1, PREP_DECAY_COLS]), eg16_sh);
+        } else {
+            copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
+            copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
+            copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+        }
         if !cfg.transition {
             copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
         }
@@ -520,11 +587,15 @@ pub fn chunk(
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
 
-        gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
-        load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-        prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
-        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-        invert_unit_lower(l_sh, cols, x, inv_sh);
+        if prepared {
+            prepared_beta_and_decay(b_sh, bt_sh, eg16_sh, eg_sh, nv);
+        } else {
+            gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+            load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
+            prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
+            key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+            invert_unit_lower(l_sh, cols, x, inv_sh);
+        }
         state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
         if !cfg.transition {
             copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));

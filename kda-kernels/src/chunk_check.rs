@@ -1,7 +1,8 @@
 //! `chunk` through the block simulator against the f64 reference of `chunk_kda`.
 
 use crate::check::{simulate, tensor_values};
-use crate::chunk::{chunk, ChunkConfig, ChunkStates};
+use crate::chunk::{chunk, ChunkConfig, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
+use crate::chunk_prep::{chunk_prep, prep_rows, PrepConfig};
 use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs};
 use crate::reference::{rel_err, to_bytes};
 use kda_dsl::sim::SimArg;
@@ -94,6 +95,12 @@ pub fn compare_chunk(cfg: &ChunkConfig, x: &ChunkInputs, got: ChunkOutputs, want
 
 /// Runs one call in the simulator; the output and final state start as NaN.
 pub fn simulate_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkOutputs, String> {
+    simulate_chunk_with(cfg, x, 4)
+}
+
+/// [`simulate_chunk`], with a [`Preparation::Workspace`] config's preparation spread over
+/// `prep_blocks` blocks per (sequence, value head).
+pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usize) -> Result<ChunkOutputs, String> {
     let def = chunk(cfg).map_err(|e| e.to_string())?;
     let n = x.sequences();
     let (dt, st) = (cfg.dtype, cfg.state_dtype);
@@ -163,6 +170,32 @@ pub fn simulate_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkOutputs
     match (cfg.varlen, &x.cu_seqlens) {
         (Some(d), Some(cu)) => args.extend([t("cu_seqlens", &as_f64(cu), d), i("NC", cu.len())]),
         _ => args.extend([small("cu_seqlens", DType::I32), i("NC", 1)]),
+    }
+    match cfg.preparation {
+        Preparation::InKernel => args.extend([
+            small("prep", DType::BF16),
+            small("prep_decay", DType::F32),
+            i("WB", 1),
+            i("TP", 1),
+            i("PW", 1),
+            i("DW", 1),
+        ]),
+        Preparation::Workspace => {
+            // Poisoned, so that a row the preparation skips and the state pass reads shows.
+            let (wb, tp) = prep_rows(x.b, x.t, n, cfg.varlen.is_some());
+            let rows = wb * tp * x.hv;
+            args.extend([
+                t("prep", &vec![f64::NAN; rows * PREP_COLS], DType::BF16),
+                t("prep_decay", &vec![f64::NAN; rows * PREP_DECAY_COLS], DType::F32),
+                i("WB", wb),
+                i("TP", tp),
+                i("PW", PREP_COLS),
+                i("DW", PREP_DECAY_COLS),
+                i("NX", prep_blocks),
+            ]);
+            let prep = chunk_prep(&PrepConfig::of(cfg)).map_err(|e| e.to_string())?;
+            simulate(&prep, &mut args)?;
+        }
     }
     simulate(&def, &mut args)?;
     let final_state = match cfg.states {

@@ -8,6 +8,7 @@ pub mod chunk;
 pub mod chunk_check;
 pub mod chunk_families;
 pub mod chunk_merge;
+pub mod chunk_prep;
 pub mod chunk_ref;
 pub mod decode;
 pub mod decode_families;
@@ -76,6 +77,17 @@ pub fn decode_configs() -> Vec<decode::DecodeConfig> {
 pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
     let default = cfg == chunk::ChunkConfig::default();
     Variant { family: "chunk", name: cfg.key(), default, build: std::sync::Arc::new(move || chunk::chunk(&cfg)) }
+}
+
+/// The variant of a chunk-preparation config (compiled on first use, beside the `chunk`
+/// variant with [`chunk::Preparation::Workspace`] that reads its workspace).
+pub fn chunk_prep_variant(cfg: chunk_prep::PrepConfig) -> Variant {
+    Variant {
+        family: "chunk_prep",
+        name: cfg.key(),
+        default: false,
+        build: std::sync::Arc::new(move || chunk_prep::chunk_prep(&cfg)),
+    }
 }
 
 /// The variant of a split-merge config (compiled on first use; the split is opt-in and not

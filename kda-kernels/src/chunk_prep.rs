@@ -1,0 +1,206 @@
+//! `chunk_prep`: the state-independent half of `chunk_kda`'s chunk step, for every chunk at
+//! once.
+//!
+//! Each chunk's gated keys and queries, `INV = (I + A)^-1`, `Mqk` and decay `2^Γ` depend on
+//! the chunk's inputs alone (`chunk.rs` has the formulas). This kernel computes them with the
+//! same helpers, in the same order, as the fused kernel does inside its serial chain, and
+//! writes them to a workspace; the `chunk` kernel with [`Preparation::Workspace`] then reads
+//! them back and runs only the state's products. The two together are bit-identical to the
+//! fused kernel, and the preparation runs in parallel over chunks instead of once per chunk of
+//! each sequence in turn.
+//!
+//! Workspace rows: a token's row is its own (`[B, T]` rows of a dense call, rounded up to whole
+//! chunks), shifted down `15 n` rows for varlen sequence `n`, so that every chunk, the last
+//! partial one included, writes its 16 rows without touching the next sequence's.
+
+use crate::chunk::{
+    gate_and_beta, invert_unit_lower, key_products, load_normalized, prepare_operands, ChunkGate, Preparation,
+    PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+};
+use kda_dsl::DType;
+use kda_macros::kernel;
+
+/// What a preparation variant is specialized for (the fields of [`crate::chunk::ChunkConfig`]
+/// it shares).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PrepConfig {
+    /// q, k, g and beta element type (`BF16` or `F16`).
+    pub dtype: DType,
+    /// Gate rule.
+    pub gate: ChunkGate,
+    /// `dt_bias` element type (lower-bound gate only).
+    pub dt_bias: DType,
+    /// l2-normalize q and k.
+    pub l2norm: bool,
+    /// `cu_seqlens` given, and its type.
+    pub varlen: Option<DType>,
+    /// Warps per block. The row reductions (l2 norms, the gate's cumulative sum) add in an
+    /// order set by how a tile's elements are spread over the threads, so this must be the
+    /// reading `chunk` variant's warp count for the results to be bit-identical.
+    pub warps: usize,
+}
+
+impl Default for PrepConfig {
+    /// The bench configuration's preparation: bf16 inputs, lower-bound gate, l2norm.
+    fn default() -> Self {
+        PrepConfig {
+            dtype: DType::BF16,
+            gate: ChunkGate::LowerBound,
+            dt_bias: DType::F32,
+            l2norm: true,
+            varlen: None,
+            warps: 8,
+        }
+    }
+}
+
+impl PrepConfig {
+    /// The preparation a chunk config with [`Preparation::Workspace`] reads.
+    pub fn of(cfg: &crate::chunk::ChunkConfig) -> PrepConfig {
+        debug_assert_eq!(cfg.preparation, Preparation::Workspace);
+        PrepConfig {
+            dtype: cfg.dtype,
+            gate: cfg.gate,
+            dt_bias: cfg.dt_bias,
+            l2norm: cfg.l2norm,
+            varlen: cfg.varlen,
+            warps: cfg.warps,
+        }
+    }
+
+    /// A short stable name.
+    pub fn key(&self) -> String {
+        let gate = match self.gate {
+            ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
+            ChunkGate::Precomputed => "pre".to_string(),
+        };
+        format!(
+            "{}_{}{}_cu{}_w{}",
+            self.dtype,
+            gate,
+            if self.l2norm { "_l2" } else { "" },
+            self.varlen.map(|d| d.name()).unwrap_or("none"),
+            self.warps
+        )
+        .to_lowercase()
+    }
+}
+
+/// The workspace's leading extents `[WB, TP]` for a call of `nseq` sequences over `batch` rows
+/// of `seq_len` tokens (varlen: one row of all the tokens): whole chunks per dense row, and
+/// 15 rows more per varlen sequence.
+pub fn prep_rows(batch: usize, seq_len: usize, nseq: usize, varlen: bool) -> (usize, usize) {
+    if varlen {
+        (1, seq_len + 15 * nseq)
+    } else {
+        (batch, seq_len.div_ceil(16) * 16)
+    }
+}
+
+/// Prepares chunks `x, x + NX, ..` of one (sequence, value head).
+#[kernel]
+pub fn chunk_prep(
+    cfg: &PrepConfig,
+    q: Global<(B, T, H, KD), { cfg.dtype }>,
+    k: Global<(B, T, H, KD), { cfg.dtype }>,
+    g: Global<(B, T, HV, KD), { cfg.dtype }>,
+    beta: Global<(B, T, HV), { cfg.dtype }>,
+    a_log: Global<(HVA,), F32>,
+    dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
+    cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
+    prep: GlobalMut<(WB, TP, HV, PW), BF16>,
+    prep_decay: GlobalMut<(WB, TP, HV, DW), F32>,
+    NSEQ: Dim,
+    NX: Dim,
+    scale: f32,
+    lower_bound: f32,
+) {
+    let (x0, hv, n) = launch(grid = [NX, HV, NSEQ], threads = 32 * cfg.warps);
+    assume_extent(KD, 128);
+    assume_extent(PW, PREP_COLS);
+    assume_extent(DW, PREP_DECAY_COLS);
+    let h = hv / (HV / H);
+    let lower = cfg.gate == ChunkGate::LowerBound;
+    let rows = 16 * cfg.warps;
+    let mut bos = 0;
+    let mut eos = T;
+    let mut bi = n;
+    let mut pad = 0;
+    if cfg.varlen.is_some() {
+        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
+        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
+        bos = s0;
+        eos = s1;
+        bi = 0;
+        pad = 15 * n;
+    }
+    let dt_sh = shared([128], cfg.dt_bias);
+    let mut ea = 1.0;
+    if lower {
+        ea = exp(a_log[hv]);
+        copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
+    }
+    let q_sh = shared([16, 128], cfg.dtype);
+    let k_sh = shared([16, 128], cfg.dtype);
+    let g_sh = shared([16, 128], cfg.dtype);
+    let b_sh = shared([16], cfg.dtype);
+    let gl = shared([16, 128], F32);
+    let kf = fragment([16, 128], F32);
+    let qf = fragment([16, 128], F32);
+    let sq = fragment([16, 128], F32);
+    let rk = fragment([16], F32);
+    let rq = fragment([16], F32);
+    let kd_sh = shared([16, 128], BF16);
+    let qd_sh = shared([16, 128], BF16);
+    let kr_sh = shared([16, 128], BF16);
+    let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
+    let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let la = fragment([rows, 16], F32);
+    let ma = fragment([rows, 16], F32);
+    let l_sh = shared([if lower { rows } else { 16 }, 16], F32);
+    let m_sh = shared([if lower { rows } else { 16 }, 16], F32);
+    let mq_sh = shared([16, 16], BF16);
+    let bt_sh = shared([16], F32);
+    let eg_sh = shared([128], F32);
+    let cols = shared([16], F32);
+    let xs = local([16], F32);
+    let inv_sh = shared([16, 16], BF16);
+
+    let chunks = ceil_div(eos - bos, 16);
+    for it in pipelined(0, ceil_div(max(chunks - x0, 0), NX), stages = 2) {
+        let t0 = bos + 16 * (x0 + NX * it);
+        let w0 = t0 + pad;
+        copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
+        copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
+        copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+        copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+        let nv = min(eos - t0, 16);
+
+        gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+        load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
+        prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
+        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+        invert_unit_lower(l_sh, cols, xs, inv_sh);
+
+        copy(kd_sh, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
+        copy(qd_sh, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
+        copy(kr_sh, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
+        copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
+        copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));
+        for (j,) in parallel(eg_sh) {
+            prep_decay[bi][w0 + j / 8][hv][j % 8] = eg_sh[j];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_compiles() {
+        let def = chunk_prep(&PrepConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+        kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{e}"));
+    }
+}

@@ -8,6 +8,7 @@ use kda_dsl::artifact::CompiledKernel;
 use kda_dsl::Target;
 use kda_kernels::chunk::ChunkConfig;
 use kda_kernels::chunk_merge::MergeConfig;
+use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::DecodeConfig;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
@@ -32,6 +33,7 @@ pub struct Kernels {
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
     chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
     chunk_merge: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
+    chunk_prep: Mutex<HashMap<PrepConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
 }
@@ -71,6 +73,11 @@ impl Kernels {
     /// The compiled chunk (prefill) kernel for `cfg` (compiled on first use).
     pub fn chunk(&self, cfg: &ChunkConfig) -> Result<Arc<Ready>, RuntimeError> {
         self.ready(&self.chunk, cfg, || kda_kernels::chunk_variant(cfg.clone()))
+    }
+
+    /// The compiled chunk-preparation kernel for `cfg` (compiled on first use).
+    pub fn chunk_prep(&self, cfg: &PrepConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk_prep, cfg, || kda_kernels::chunk_prep_variant(cfg.clone()))
     }
 
     /// The compiled merge kernel of the long-sequence split for `cfg` (compiled on first use).

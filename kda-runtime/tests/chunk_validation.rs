@@ -700,3 +700,30 @@ fn calls_past_the_launch_limits_are_rejected_by_the_plan() {
     Case::varlen(70_000, 65_535, I32, true).plan(|_| {});
     Case::new(1, (1 << 31) - 1).plan(|_| {});
 }
+
+// ---- the workspace ----
+
+#[test]
+fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
+    use kda_runtime::chunk::chunk_workspace_bytes;
+    let c = Case::new(2, 37);
+    let plain = c.plan(|_| {});
+    assert!(!plain.workspace);
+    // Two rows of 48 tokens (whole chunks), HV = 4, 416 bf16 and 8 f32 per row.
+    let need = chunk_workspace_bytes(&plain);
+    assert_eq!(need, 2 * 48 * HV * (416 * 2 + 8 * 4));
+    let exact = tv(9, &[need / 4], F32);
+    assert!(c.plan(|a| a.workspace = Some(&exact)).workspace);
+    let bytes = tv(9, &[need / 2], BF16);
+    assert!(c.plan(|a| a.workspace = Some(&bytes)).workspace);
+    let short = tv(9, &[need / 4 - 1], F32);
+    err(c.run(|a| a.workspace = Some(&short)), "workspace", "at least chunk_workspace_bytes");
+    let misaligned = at(0x9008, exact);
+    err(c.run(|a| a.workspace = Some(&misaligned)), "workspace", "aligned");
+    let elsewhere = on(1, exact);
+    err(c.run(|a| a.workspace = Some(&elsewhere)), "workspace", "device");
+    // Varlen: 15 rows more per sequence for the last chunks.
+    let v = Case::varlen(100, 3, I32, true);
+    let vp = v.plan(|_| {});
+    assert_eq!(chunk_workspace_bytes(&vp), (100 + 15 * 3) * HV * (416 * 2 + 8 * 4));
+}

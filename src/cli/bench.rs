@@ -7,7 +7,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -87,19 +87,24 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
-        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS]; {USAGE}");
-        let (w, rest) = a.split_once('x').ok_or_else(bad)?;
+        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p]; {USAGE}");
+        // A trailing `p`: the two-kernel path (with a workspace).
+        let (a_shape, prepared) = match a.strip_suffix('p') {
+            Some(rest) => (rest, true),
+            None => (a.as_str(), false),
+        };
+        let (w, rest) = a_shape.split_once('x').ok_or_else(bad)?;
         let (m, split) = match rest.split_once('s') {
             Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
             None => (rest, None),
         };
         let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split }));
+        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split, prepared }));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
             .map(|(warps, min_blocks)| {
-                (format!("{warps}x{min_blocks}"), ChunkTuning { warps, min_blocks, split: None })
+                (format!("{warps}x{min_blocks}"), ChunkTuning { warps, min_blocks, split: None, prepared: false })
             })
             .to_vec();
     }

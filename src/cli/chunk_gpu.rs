@@ -8,7 +8,9 @@ use kda_kernels::chunk::{ChunkConfig, ChunkStates};
 use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
-use kda_runtime::chunk::{chunk_config, chunk_kda, chunk_kda_tuned, plan_chunk, ChunkArgs, ChunkTuning};
+use kda_runtime::chunk::{
+    chunk_config, chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning,
+};
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
 use kda_kernels::decode_ref::D;
@@ -154,7 +156,19 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a
 }
 
-/// One call on the GPU, checking the API picks `cfg`; returns what it wrote.
+/// A NaN-poisoned workspace for `args`' call (a row the preparation skips and the chain reads
+/// shows as NaN).
+pub fn poisoned_workspace(gpu: &Gpu, s: &CudaStream, args: &ChunkArgs) -> Result<DeviceTensor, String> {
+    let plan = plan_chunk(args).map_err(|e| e.to_string())?;
+    let words = chunk_workspace_bytes(&plan).div_ceil(4);
+    let mut ws = DeviceTensor::zeros(gpu, s, &[words.max(1)], DType::F32).map_err(|e| e.to_string())?;
+    ws.fill_nan(s).map_err(|e| e.to_string())?;
+    Ok(ws)
+}
+
+/// One call on the GPU, checking the API picks `cfg` (the fused kernel, or with `prepared` the
+/// two-kernel path over a poisoned workspace); returns what it wrote.
+#[allow(clippy::too_many_arguments)] // a case, its tensors and how to call
 pub fn run_chunk_on_gpu(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -163,14 +177,19 @@ pub fn run_chunk_on_gpu(
     x: &ChunkInputs,
     t: &ChunkTensors,
     tune: Option<ChunkTuning>,
+    prepared: bool,
 ) -> Result<ChunkOutputs, String> {
     let views = t.views();
-    let args = chunk_args(x, &views);
+    let mut args = chunk_args(x, &views);
     let plan = plan_chunk(&args).map_err(|e| e.to_string())?;
     let chosen = chunk_config(&plan);
     if &chosen != cfg {
         return Err(format!("the API chose {} for {}", chosen.key(), cfg.key()));
     }
+    let ws = if prepared { Some(poisoned_workspace(gpu, s, &args)?) } else { None };
+    let ws_view = ws.as_ref().map(|w| w.view());
+    args.workspace = ws_view.as_ref();
+    let tune = tune.map(|t| ChunkTuning { prepared, ..t });
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -259,7 +278,7 @@ fn chunk_cases() -> Vec<ChunkCase> {
             name: "chunk split in 8 segments, B=2 T=4096 H=2 HV=4",
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 4096 }, h: 2, hv: 4, ..init },
-            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8) }),
+            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8), prepared: false }),
         },
     ]
 }
@@ -270,23 +289,29 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
     let mut failures = 0;
     for (i, ChunkCase { name, cfg, spec, tune }) in chunk_cases().into_iter().enumerate() {
         let x = ChunkInputs::random(&mut Rng::new(100 + i as u64), &spec);
-        let r = upload_chunk(gpu, &s, &cfg, &x)
-            .map_err(|e| e.to_string())
-            .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t, tune));
-        match r {
-            Ok(got) => {
+        // Each path on fresh tensors: the pool is updated in place.
+        let run = |prepared: bool| {
+            upload_chunk(gpu, &s, &cfg, &x)
+                .map_err(|e| e.to_string())
+                .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t, tune, prepared))
+        };
+        match run(false).and_then(|fused| Ok((run(true)?, fused))) {
+            Ok((prepared, got)) => {
+                let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+                let same = bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
                 let (to, ts) = tolerance(&cfg);
-                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+                let ok = same && c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
                 failures += usize::from(!ok);
                 out!(
-                    "{name:<52} {:>10.2e} {:>10.0e}  {}  (state {:.2e}, bad elements {}, untouched slots changed {})",
+                    "{name:<52} {:>10.2e} {:>10.0e}  {}  (state {:.2e}, bad elements {}, untouched slots changed {}, two-kernel path {})",
                     c.out_err,
                     to,
                     if ok { "ok" } else { "FAIL" },
                     c.state_err,
                     c.bad_elements,
-                    c.untouched_changed
+                    c.untouched_changed,
+                    if same { "bit-identical" } else { "DIFFERS" }
                 );
             }
             Err(e) => {
@@ -361,7 +386,9 @@ fn repeated(rng: &mut Rng, n: usize, f: impl Fn(&mut Rng) -> f64) -> Vec<f32> {
 /// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
 /// `dt_bias`, l2norm, beta logits, an f32 initial state in and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
-/// 20 CUDA-event timings after 3 warm-up calls. `tune` overrides the launch shape the API picks.
+/// 20 CUDA-event timings after 3 warm-up calls, with a workspace given (the two-kernel path).
+/// `tune` overrides the launch shape the API picks (and gives the workspace only when its
+/// `prepared` is set).
 pub fn time_prefill(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -410,6 +437,12 @@ pub fn time_prefill(
     args.final_state = Some(&fin_v);
     args.output = Some(&out_v);
     args.cu_seqlens = cu_v.as_ref();
+    let ws = match tune.is_none_or(|t| t.prepared) {
+        true => Some(poisoned_workspace(gpu, &s, &args)?),
+        false => None,
+    };
+    let ws_view = ws.as_ref().map(|w| w.view());
+    args.workspace = ws_view.as_ref();
     let call = || match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, &s, &args, t),
         None => chunk_kda(gpu, kernels, &s, &args),

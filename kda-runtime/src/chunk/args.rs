@@ -72,6 +72,12 @@ pub struct ChunkArgs<'a> {
     /// Rust extra: opt-in checked mode, which reads the index tensors (`cu_seqlens`,
     /// `state_indices`) back and reports values out of range (not graph-safe). Default false.
     pub checked: bool,
+    /// Rust extra: scratch memory for the two-kernel path, any dtype and shape, of at least
+    /// [`chunk_workspace_bytes`](super::chunk_workspace_bytes) bytes, 16-byte aligned. With it
+    /// the call prepares every chunk's state-independent operands in parallel first, then runs
+    /// each sequence's chain on them: the same bits as without it (the fused kernel), in less
+    /// time for long sequences. Default `None`: the fused kernel, no scratch.
+    pub workspace: Option<&'a TensorView>,
 }
 
 impl<'a> ChunkArgs<'a> {
@@ -103,6 +109,7 @@ impl<'a> ChunkArgs<'a> {
             has_initial_state: None,
             max_seqlen: None,
             checked: false,
+            workspace: None,
         }
     }
 }

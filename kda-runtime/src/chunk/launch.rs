@@ -2,12 +2,15 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates};
+use kda_kernels::chunk::{
+    ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS,
+};
+use kda_kernels::chunk_prep::prep_rows;
 
 use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
-use super::plan::{plan_chunk, ChunkGate, ChunkPlan, FinalState, InitialState};
-use super::split;
+use super::plan::{plan_chunk, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState};
+use super::{prepared, split};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
@@ -40,14 +43,17 @@ pub struct ChunkTuning {
     /// graph-capturable. `None`: each sequence runs as one chain. Opt-in and not yet measured
     /// on a GPU.
     pub split: Option<usize>,
+    /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
+    /// `workspace`. [`ChunkTuning::for_call`] sets it when one is given.
+    pub prepared: bool,
 }
 
 impl ChunkTuning {
     /// The shape [`chunk_kda`] picks: the config default, whatever the call
     /// ([`ChunkConfig::default`]; chosen by `kda bench --sweep-chunk` on an H200).
-    pub fn for_call(_plan: &ChunkPlan) -> ChunkTuning {
+    pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         let d = ChunkConfig::default();
-        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None }
+        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared: plan.workspace }
     }
 }
 
@@ -77,6 +83,7 @@ pub(super) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         warps: tune.warps,
         min_blocks: tune.min_blocks,
         transition: false,
+        preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
     }
 }
 
@@ -133,6 +140,19 @@ pub(super) fn kernel_args(
     };
     let nseq = i32::try_from(plan.nseq)
         .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
+    // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (bf16), then the
+    // decay `[WB, TP, HV, PREP_DECAY_COLS]` (f32).
+    let (prep, prep_decay) = match (cfg.preparation, args.workspace) {
+        (Preparation::Workspace, Some(ws)) => {
+            let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+            let decay_at = ws.ptr() + workspace_prep_bytes(plan) as u64;
+            (
+                view(ws.ptr(), &[wb, tp, hv, PREP_COLS], DType::BF16)?,
+                view(decay_at, &[wb, tp, hv, PREP_DECAY_COLS], DType::F32)?,
+            )
+        }
+        _ => (view(0, &[0, 0, hv, 0], DType::BF16)?, view(0, &[0, 0, hv, 0], DType::F32)?),
+    };
     use KernelArg::{Tensor as T, F32, I32};
     Ok(vec![
         ("q", T(q)),
@@ -147,6 +167,8 @@ pub(super) fn kernel_args(
         ("state_indices", T(indices)),
         ("has_initial", T(has_initial)),
         ("cu_seqlens", T(cu)),
+        ("prep", T(prep)),
+        ("prep_decay", T(prep_decay)),
         ("out", T(out)),
         ("NSEQ", I32(nseq)),
         ("scale", F32(plan.scale)),
@@ -195,6 +217,9 @@ pub fn chunk_kda_tuned(
     let plan = plan_chunk(args)?;
     if let Some(nseg) = tune.split {
         split::check_split(&plan, nseg)?;
+    }
+    if tune.prepared && !plan.workspace {
+        return Err(RuntimeError::bad_argument("tune", "prepared only with a workspace", format!("{tune:?}")));
     }
     launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
@@ -252,6 +277,9 @@ fn launch_plan(
     }
     let cfg = tuned_config(plan, tune);
     let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
+    if cfg.preparation == Preparation::Workspace {
+        prepared::launch_preparation(gpu, kernels, stream, plan, &cfg, &bound)?;
+    }
     launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?;
     Ok(ChunkResult { output, final_state })
 }
@@ -283,13 +311,17 @@ mod tests {
     #[test]
     fn accepted_plans_bind_to_their_kernels() {
         let (h, hv) = (2, 4);
-        for (t, varlen, pool, gate, final_state) in [
+        let ws = tv(13, &[1 << 20], DType::F32);
+        for ((t, varlen, pool, gate, final_state), prepared) in [
             (37, false, false, true, true),
             (37, true, false, true, false),
             (37, true, true, true, false),
             (37, false, false, false, true),
             (0, false, false, true, true),
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|c| [(c, false), (c, true)])
+        {
             let n = 3;
             let lead = if varlen { vec![1, t * n] } else { vec![n, t] };
             // Empty tensors may sit at address 0.
@@ -319,12 +351,24 @@ mod tests {
             args.state_indices = pool.then_some(&slots);
             args.output_final_state = final_state;
             args.final_state = final_state.then_some(&fin);
+            args.workspace = prepared.then_some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");
             let cfg = chunk_config(&plan);
+            assert_eq!(cfg.preparation == Preparation::Workspace, prepared);
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
                 .expect("compiles");
             let bound = kernel_args(&args, &plan, &cfg, out.ptr(), args.final_state.copied()).expect("arguments");
             bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("t {t} varlen {varlen} pool {pool}: {e}"));
+            if prepared {
+                let prep_cfg = kda_kernels::chunk_prep::PrepConfig::of(&cfg);
+                let prep = kda_dsl::compile(
+                    kda_kernels::chunk_prep::chunk_prep(&prep_cfg).expect("builds"),
+                    kda_dsl::Target::Sm80,
+                )
+                .expect("compiles");
+                let prep_args = super::prepared::preparation_args(&prep, &plan, &bound);
+                bind_args(&prep, &prep_args).unwrap_or_else(|e| panic!("prep: t {t} varlen {varlen} pool {pool}: {e}"));
+            }
         }
     }
 

@@ -1,22 +1,24 @@
 //! `chunk_kda`, the KDA prefill entry point: validation, planning and the launch.
 //!
 //! - [`ChunkArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
-//!   `state_indices`, `has_initial_state`, `max_seqlen` and `checked`);
+//!   `state_indices`, `has_initial_state`, `max_seqlen`, `checked` and `workspace`);
 //! - [`plan_chunk`] (host code, no GPU) runs every validation branch of the reference, in its
 //!   order and with its messages, then the checks KDA-SPEC adds, and resolves the defaults into
 //!   a [`ChunkPlan`];
 //! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
 //!   `state_indices`;
 //! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
-//!   caller's stream.
+//!   caller's stream: the fused kernel, or with a `workspace` the preparation kernel and then
+//!   the chain over its output (`prepared.rs`), bit-identical to it.
 
 pub mod args;
 pub mod checked;
 pub mod launch;
 pub mod plan;
+mod prepared;
 mod split;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
 pub use launch::{chunk_config, chunk_kda, chunk_kda_tuned, ChunkResult, ChunkTuning};
-pub use plan::{plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};

@@ -15,6 +15,8 @@
 use kda_dsl::dtype::DType;
 
 use super::args::ChunkArgs;
+use kda_kernels::chunk::{PREP_COLS, PREP_DECAY_COLS};
+use kda_kernels::chunk_prep::prep_rows;
 use crate::tensor::TensorView;
 use crate::validate::{self, shape, ArgError, HEAD_DIM};
 
@@ -143,6 +145,24 @@ pub struct ChunkPlan {
     /// and with [`InitialState::Pool`] plus `has_initial_state`, slots of sequences without an
     /// initial state get zeros.
     pub empty: bool,
+    /// Whether a `workspace` (large enough) was given: the call takes the two-kernel path.
+    pub workspace: bool,
+}
+
+/// Bytes of scratch the two-kernel path needs for a call ([`ChunkArgs::workspace`]): per
+/// value head and workspace row ([`prep_rows`]: the tokens rounded up to whole chunks per dense
+/// row, plus 15 per varlen sequence), the prepared operands in bf16 and the chunk's decay in
+/// f32. Saturates at `usize::MAX` for shapes no device could hold.
+pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
+    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+    let per_row = PREP_COLS * 2 + PREP_DECAY_COLS * 4;
+    wb.saturating_mul(tp).saturating_mul(plan.value_heads).saturating_mul(per_row)
+}
+
+/// Bytes of the workspace's first part, the prepared operands; the decay follows.
+pub(crate) fn workspace_prep_bytes(plan: &ChunkPlan) -> usize {
+    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+    wb * tp * plan.value_heads * PREP_COLS * 2
 }
 
 /// Validates a `chunk_kda` call and resolves its defaults; pure host code, reads no device
@@ -179,6 +199,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         ("final_state", final_state),
         ("state_indices", args.state_indices),
         ("has_initial_state", args.has_initial_state),
+        ("workspace", args.workspace),
     ];
     for &(name, x) in &tensors[1..] {
         x.map_or(Ok(()), |x| validate::same_device(q, name, x))?;
@@ -219,7 +240,21 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         max_seqlen: args.max_seqlen,
         checked: args.checked,
         empty: n == 0 || total_tokens == 0,
+        workspace: false,
     })
+    .and_then(|plan| check_workspace(args, plan))
+}
+
+/// The workspace, when given, holds [`chunk_workspace_bytes`].
+fn check_workspace(args: &ChunkArgs, plan: ChunkPlan) -> Result<ChunkPlan, ChunkError> {
+    let Some(ws) = args.workspace else { return Ok(plan) };
+    let need = chunk_workspace_bytes(&plan);
+    let have = ws.size_bytes();
+    if have < need {
+        let msg = format!("workspace must hold at least chunk_workspace_bytes = {need} bytes, got {have} ({}).", shape(ws));
+        return Err(invalid("workspace", msg));
+    }
+    Ok(ChunkPlan { workspace: true, ..plan })
 }
 
 /// Shapes in the reference's 4-D form, after its reference checks.

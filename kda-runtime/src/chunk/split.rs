@@ -9,10 +9,13 @@
 //!    every segment's start and the final states;
 //! 4. from its start state, every segment's output rows.
 //!
+//! With a workspace ([`ChunkTuning::prepared`]) the segments' operands are prepared once
+//! first, and the three chunk passes read them.
+//!
 //! The split depends on `T` alone, so a sequence's result does not depend on the rest of the
 //! batch.
 
-use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
@@ -46,6 +49,9 @@ pub(super) fn workspace_shape(plan: &ChunkPlan, nseg: usize) -> [usize; 4] {
 
 /// One launch of the split: the kernel's config and its arguments.
 pub(super) enum SplitLaunch {
+    /// With a workspace, first: the segments' preparation (the segment call's plan, config and
+    /// chunk-kernel arguments, from which the preparation takes its own).
+    Prepare(ChunkPlan, ChunkConfig, Vec<(&'static str, KernelArg)>),
     /// A chunk-kernel pass.
     Chunk(ChunkConfig, Vec<(&'static str, KernelArg)>),
     /// The merge.
@@ -111,6 +117,8 @@ pub(super) fn split_launches(
         }
         a.use_qk_l2norm_in_kernel = Some(plan.l2norm);
         a.output = Some(&out);
+        // The segments' workspace rows are the call's, in the same order (whole chunks).
+        a.workspace = args.workspace.filter(|_| tune.prepared);
         a.initial_state = initial;
         a.output_final_state = final_state.is_some();
         a.final_state = final_state;
@@ -118,7 +126,7 @@ pub(super) fn split_launches(
         let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("the split's segment call: {e}")))?;
         let cfg = ChunkConfig { transition, ..tuned_config(&p, tune) };
         let bound = kernel_args(&a, &p, &cfg, out.ptr(), final_state.copied())?;
-        Ok::<_, RuntimeError>(SplitLaunch::Chunk(cfg, bound))
+        Ok::<_, RuntimeError>((p, cfg, bound))
     };
     let initial = !matches!(plan.initial, InitialState::Zeros);
     let merge_cfg = MergeConfig { state_dtype: plan.state_dtype, initial };
@@ -138,12 +146,20 @@ pub(super) fn split_launches(
         ("fin", T(fin)),
         ("NSEG", I32(nseg_arg)),
     ];
-    Ok(vec![
-        pass(None, Some(&ws.h), false)?,
-        pass(None, Some(&ws.m), true)?,
-        SplitLaunch::Merge(merge_cfg, merge),
-        pass(Some(&ws.starts), None, false)?,
-    ])
+    let chunk = |(_, cfg, bound): (ChunkPlan, ChunkConfig, _)| SplitLaunch::Chunk(cfg, bound);
+    let first = pass(None, Some(&ws.h), false)?;
+    // With a workspace, the segments' operands are prepared once for all three passes.
+    let prepare = (first.1.preparation == Preparation::Workspace)
+        .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2.clone()));
+    Ok(prepare
+        .into_iter()
+        .chain([
+            chunk(first),
+            chunk(pass(None, Some(&ws.m), true)?),
+            SplitLaunch::Merge(merge_cfg, merge),
+            chunk(pass(Some(&ws.starts), None, false)?),
+        ])
+        .collect())
 }
 
 /// Runs a split call on `stream`: allocates the workspace (and scratch final states when the
@@ -177,6 +193,9 @@ pub(super) fn launch(
     };
     for step in split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
         match step {
+            SplitLaunch::Prepare(p, cfg, bound) => {
+                super::prepared::launch_preparation(gpu, kernels, stream, &p, &cfg, &bound)?
+            }
             SplitLaunch::Chunk(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?,
             SplitLaunch::Merge(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?,
         }
@@ -202,7 +221,7 @@ mod tests {
     #[test]
     fn split_launches_bind_to_their_kernels() {
         let (b, t, h, hv, nseg) = (2, 64, 1, 2, 4);
-        let tune = ChunkTuning { warps: 8, min_blocks: 2, split: Some(nseg) };
+        let tune = ChunkTuning { warps: 8, min_blocks: 2, split: Some(nseg), prepared: false };
         let (q, k) = (tv(1, &[b, t, h, D], DType::BF16), tv(2, &[b, t, h, D], DType::BF16));
         let (v, g) = (tv(3, &[b, t, hv, D], DType::BF16), tv(4, &[b, t, hv, D], DType::BF16));
         let beta = tv(5, &[b, t, hv], DType::BF16);
@@ -229,6 +248,7 @@ mod tests {
             let plan = plan_chunk(&args).expect("a valid call");
             for step in split_launches(&args, &plan, tune, nseg, out.ptr(), &ws, fin).expect("launches") {
                 let (def, bound) = match step {
+                    SplitLaunch::Prepare(..) => unreachable!("no workspace"),
                     SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound),
                     SplitLaunch::Merge(cfg, bound) => (kda_kernels::chunk_merge::chunk_merge(&cfg), bound),
                 };

@@ -1,0 +1,60 @@
+//! The two-kernel path of `chunk_kda`: `chunk_prep` fills the caller's workspace with every
+//! chunk's state-independent operands, in parallel over chunks; the `chunk` variant with
+//! `Preparation::Workspace` then runs each sequence's chain over them (`chunk_prep.rs`).
+
+use cudarc::driver::CudaStream;
+use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk_prep::PrepConfig;
+
+use super::launch::launch_ready;
+use super::plan::ChunkPlan;
+use crate::device::Gpu;
+use crate::error::RuntimeError;
+use crate::kernels::Kernels;
+use crate::launch::KernelArg;
+use kda_dsl::artifact::CompiledKernel;
+
+/// Blocks of the preparation grid, per (sequence, value head), at most: enough blocks for
+/// every chunk of a long sequence, without launching millions that find no chunk.
+const PREP_BLOCKS: usize = 1 << 18;
+
+/// Chunk-preparation blocks per (sequence, value head): one per chunk of the longest sequence
+/// the shapes (or the `max_seqlen` hint) allow, capped so that the grid stays near
+/// [`PREP_BLOCKS`]. Each block strides over the chunks, so any value covers them all: a wrong
+/// hint costs time, never a chunk.
+pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
+    let longest = match (plan.varlen, plan.max_seqlen) {
+        (Some(_), Some(hint)) => hint.min(plan.seq_len),
+        _ => plan.seq_len,
+    };
+    let cap = (PREP_BLOCKS / (plan.nseq * plan.value_heads).max(1)).max(1);
+    longest.div_ceil(16).clamp(1, cap)
+}
+
+/// Launches `chunk_prep` for `cfg`'s call with the arguments `bound` for its `chunk` kernel
+/// (the preparation takes the ones it declares).
+pub(super) fn launch_preparation(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    plan: &ChunkPlan,
+    cfg: &ChunkConfig,
+    bound: &[(&'static str, KernelArg)],
+) -> Result<(), RuntimeError> {
+    let ready = kernels.chunk_prep(&PrepConfig::of(cfg))?;
+    launch_ready(gpu, kernels, stream, &ready, &preparation_args(&ready.kernel, plan, bound))
+}
+
+/// The arguments of the preparation `kernel`: those of `bound` (its `chunk` kernel's) it
+/// declares, and its grid's `NX`.
+pub(super) fn preparation_args<'a>(
+    kernel: &CompiledKernel,
+    plan: &ChunkPlan,
+    bound: &[(&'a str, KernelArg)],
+) -> Vec<(&'a str, KernelArg)> {
+    let takes = |name: &str| kernel.params.iter().any(|p| p.name() == name);
+    let mut args: Vec<(&str, KernelArg)> = bound.iter().filter(|(n, _)| takes(n)).copied().collect();
+    let nx = i32::try_from(prep_blocks(plan)).expect("capped at PREP_BLOCKS");
+    args.push(("NX", KernelArg::I32(nx)));
+    args
+}

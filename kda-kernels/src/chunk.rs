@@ -23,6 +23,11 @@
 //! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a decay), and needs no `ki`. Rows past
 //! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
 //! the next sequence leaks in.
+//!
+//! Everything above `Wᵀ` depends on the chunk's inputs alone. With [`Preparation::Workspace`]
+//! the kernel reads it from the workspace [`crate::chunk_prep`] filled, in parallel over
+//! chunks, and runs only the state's products: the same values in the same order, so the same
+//! bits.
 
 use kda_dsl::DType;
 use kda_macros::kernel;

@@ -20,6 +20,9 @@ use crate::chunk::{
 use kda_dsl::DType;
 use kda_macros::kernel;
 
+/// Warps of the preparation: the shipped fused kernel's ([`crate::chunk::ChunkConfig::default`]).
+pub const PREP_WARPS: usize = 8;
+
 /// What a preparation variant is specialized for (the fields of [`crate::chunk::ChunkConfig`]
 /// it shares).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,8 +38,10 @@ pub struct PrepConfig {
     /// `cu_seqlens` given, and its type.
     pub varlen: Option<DType>,
     /// Warps per block. The row reductions (l2 norms, the gate's cumulative sum) add in an
-    /// order set by how a tile's elements are spread over the threads, so this must be the
-    /// reading `chunk` variant's warp count for the results to be bit-identical.
+    /// order set by how a tile's elements are spread over the threads, so the results are
+    /// bit-identical to the fused kernel's at this warp count: [`PREP_WARPS`], the shipped
+    /// fused kernel's. The reading `chunk` variant's own warp count does not matter (each
+    /// warp's value rows see the same products).
     pub warps: usize,
 }
 
@@ -49,7 +54,7 @@ impl Default for PrepConfig {
             dt_bias: DType::F32,
             l2norm: true,
             varlen: None,
-            warps: 8,
+            warps: PREP_WARPS,
         }
     }
 }
@@ -64,7 +69,7 @@ impl PrepConfig {
             dt_bias: cfg.dt_bias,
             l2norm: cfg.l2norm,
             varlen: cfg.varlen,
-            warps: cfg.warps,
+            warps: PREP_WARPS,
         }
     }
 

@@ -28,8 +28,8 @@ fn every_family_matches_the_f64_reference() {
 
 /// The two-kernel path (`chunk_prep` into the workspace, then `chunk` reading it) gives the
 /// fused kernel's bits on every family, with the preparation spread over one block or several
-/// per (sequence, value head), and reads no workspace row the preparation did not write (they
-/// are NaN-poisoned).
+/// per (sequence, value head), with the chain's blocks of 8, 4 or 2 warps, and reads no
+/// workspace row the preparation did not write (they are NaN-poisoned).
 #[test]
 fn prepared_workspace_equals_fused_bit_for_bit() {
     use kda_kernels::chunk::Preparation;
@@ -37,7 +37,8 @@ fn prepared_workspace_equals_fused_bit_for_bit() {
     for (i, f) in chunk_families().iter().enumerate() {
         let x = f.inputs(i as u64);
         let fused = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let two = ChunkConfig { preparation: Preparation::Workspace, ..f.cfg.clone() };
+        let warps = [8, 4, 2][i % 3];
+        let two = ChunkConfig { preparation: Preparation::Workspace, warps, ..f.cfg.clone() };
         for prep_blocks in [1, 3] {
             let got = simulate_chunk_with(&two, &x, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
             assert!(bits(&got.out) == bits(&fused.out), "{}: outputs differ ({prep_blocks} blocks)", f.name);

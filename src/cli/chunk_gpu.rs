@@ -258,7 +258,11 @@ fn chunk_cases() -> Vec<ChunkCase> {
         },
         ChunkCase {
             name: "chunk precomputed gate -20 per token, T=777",
-            cfg: ChunkConfig { gate: ChunkGate::Precomputed, states: ChunkStates::Zeros { store_final: true }, ..d.clone() },
+            cfg: ChunkConfig {
+                gate: ChunkGate::Precomputed,
+                states: ChunkStates::Zeros { store_final: true },
+                ..d.clone()
+            },
             spec: ChunkSpec {
                 lengths: Lengths::Dense { b: 1, t: 777 },
                 h: 2,
@@ -298,10 +302,12 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
         match run(false).and_then(|fused| Ok((run(true)?, fused))) {
             Ok((prepared, got)) => {
                 let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-                let same = bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
+                let same =
+                    bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
                 let (to, ts) = tolerance(&cfg);
-                let ok = same && c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+                let ok =
+                    same && c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
                 failures += usize::from(!ok);
                 out!(
                     "{name:<52} {:>10.2e} {:>10.0e}  {}  (state {:.2e}, bad elements {}, untouched slots changed {}, two-kernel path {})",

@@ -258,11 +258,7 @@ mod tests {
                             for c0 in values_under(col_bits) {
                                 let whole = l.offset(r0 | kr, c0 | kc) * esize;
                                 let thread = l.offset(r0, c0) * esize;
-                                assert_eq!(
-                                    (thread ^ part.xor) + part.add,
-                                    whole,
-                                    "{l} at ({r0} | {kr}, {c0} | {kc})"
-                                );
+                                assert_eq!((thread ^ part.xor) + part.add, whole, "{l} at ({r0} | {kr}, {c0} | {kc})");
                             }
                         }
                     }

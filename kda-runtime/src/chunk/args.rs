@@ -65,9 +65,10 @@ pub struct ChunkArgs<'a> {
     /// state (zeros are used otherwise). Only with `state_indices`. Default `None`: every slot
     /// holds one.
     pub has_initial_state: Option<&'a TensorView>,
-    /// Rust extra: the longest sequence's token count. The launch does not need it (its grid
-    /// depends on the shapes alone); the checked mode reports a hint shorter than the longest
-    /// sequence. Default `None`: unknown.
+    /// Rust extra: the longest sequence's token count. The launch does not need it: only the
+    /// two-kernel path's preparation grid shrinks to it (a wrong hint costs time, never a
+    /// chunk), and the checked mode reports a hint shorter than the longest sequence. Default
+    /// `None`: unknown.
     pub max_seqlen: Option<usize>,
     /// Rust extra: opt-in checked mode, which reads the index tensors (`cu_seqlens`,
     /// `state_indices`) back and reports values out of range (not graph-safe). Default false.

@@ -2,9 +2,7 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::chunk::{
-    ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS,
-};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use kda_kernels::chunk_prep::prep_rows;
 
 use super::args::ChunkArgs;
@@ -44,16 +42,28 @@ pub struct ChunkTuning {
     /// on a GPU.
     pub split: Option<usize>,
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
-    /// `workspace`. [`ChunkTuning::for_call`] sets it when one is given.
+    /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
     pub prepared: bool,
 }
 
+/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
+/// when given a workspace: one fused block per SM of an H200 (132 SMs) or fewer. There the
+/// fused kernel leaves SMs idle and each chain's chunk step is the whole time, so preparing
+/// every chunk in parallel first pays (one sequence of 32768 tokens on 32 heads: 5.97 ms
+/// against 12.05); with two fused blocks per SM the fused kernel wins (8 x 4096 tokens:
+/// 1.90 ms against 2.31). Both paths give the same bits, so the choice cannot break batch
+/// invariance.
+pub const PREPARED_MAX_CHAINS: usize = 132;
+
 impl ChunkTuning {
-    /// The shape [`chunk_kda`] picks: the config default, whatever the call
-    /// ([`ChunkConfig::default`]; chosen by `kda bench --sweep-chunk` on an H200).
+    /// The shape [`chunk_kda`] picks: the config default ([`ChunkConfig::default`]; chosen by
+    /// `kda bench --sweep-chunk` on an H200), through the two-kernel path when a workspace is
+    /// given and the call has at most [`PREPARED_MAX_CHAINS`] chains.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         let d = ChunkConfig::default();
-        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared: plan.workspace }
+        let chains = plan.nseq.saturating_mul(plan.value_heads);
+        let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
+        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared }
     }
 }
 
@@ -186,8 +196,10 @@ pub(super) fn kernel_args(
 /// `cu_seqlens` is never read on the host; `checked` reads `cu_seqlens` and `state_indices`
 /// back and reports values the kernel would clamp or skip (not graph-safe).
 ///
-/// The grid is one block per (`16 · warps` value rows, value head, sequence), sized from the
-/// shapes alone; `max_seqlen` does not change it (only the checked mode reads it).
+/// The chain's grid is one block per (`16 · warps` value rows, value head, sequence), sized
+/// from the shapes alone. With a `workspace` and at most [`PREPARED_MAX_CHAINS`] chains the
+/// chunks are prepared first by `chunk_prep` (its grid may shrink to the `max_seqlen` hint),
+/// with the same bits as the fused kernel.
 pub fn chunk_kda(
     gpu: &Gpu,
     kernels: &Kernels,

@@ -20,5 +20,5 @@ mod split;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
-pub use launch::{chunk_config, chunk_kda, chunk_kda_tuned, ChunkResult, ChunkTuning};
+pub use launch::{chunk_config, chunk_kda, chunk_kda_tuned, ChunkResult, ChunkTuning, PREPARED_MAX_CHAINS};
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};

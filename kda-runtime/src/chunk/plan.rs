@@ -15,10 +15,10 @@
 use kda_dsl::dtype::DType;
 
 use super::args::ChunkArgs;
-use kda_kernels::chunk::{PREP_COLS, PREP_DECAY_COLS};
-use kda_kernels::chunk_prep::prep_rows;
 use crate::tensor::TensorView;
 use crate::validate::{self, shape, ArgError, HEAD_DIM};
+use kda_kernels::chunk::{PREP_COLS, PREP_DECAY_COLS};
+use kda_kernels::chunk_prep::prep_rows;
 
 /// The reference's default `lower_bound`.
 const DEFAULT_LOWER_BOUND: f32 = -5.0;
@@ -145,7 +145,8 @@ pub struct ChunkPlan {
     /// and with [`InitialState::Pool`] plus `has_initial_state`, slots of sequences without an
     /// initial state get zeros.
     pub empty: bool,
-    /// Whether a `workspace` (large enough) was given: the call takes the two-kernel path.
+    /// Whether a `workspace` (large enough) was given: calls with at most
+    /// [`PREPARED_MAX_CHAINS`](super::PREPARED_MAX_CHAINS) chains then take the two-kernel path.
     pub workspace: bool,
 }
 
@@ -251,7 +252,8 @@ fn check_workspace(args: &ChunkArgs, plan: ChunkPlan) -> Result<ChunkPlan, Chunk
     let need = chunk_workspace_bytes(&plan);
     let have = ws.size_bytes();
     if have < need {
-        let msg = format!("workspace must hold at least chunk_workspace_bytes = {need} bytes, got {have} ({}).", shape(ws));
+        let msg =
+            format!("workspace must hold at least chunk_workspace_bytes = {need} bytes, got {have} ({}).", shape(ws));
         return Err(invalid("workspace", msg));
     }
     Ok(ChunkPlan { workspace: true, ..plan })

@@ -14,14 +14,14 @@ use crate::kernels::Kernels;
 use crate::launch::KernelArg;
 use kda_dsl::artifact::CompiledKernel;
 
-/// Blocks of the preparation grid, per (sequence, value head), at most: enough blocks for
-/// every chunk of a long sequence, without launching millions that find no chunk.
+/// Blocks of the preparation grid, at most (before the per-sequence floor of one): enough for
+/// one block per chunk of a long sequence, without launching millions that find no chunk.
 const PREP_BLOCKS: usize = 1 << 18;
 
 /// Chunk-preparation blocks per (sequence, value head): one per chunk of the longest sequence
 /// the shapes (or the `max_seqlen` hint) allow, capped so that the grid stays near
-/// [`PREP_BLOCKS`]. Each block strides over the chunks, so any value covers them all: a wrong
-/// hint costs time, never a chunk.
+/// [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any value covers them
+/// all: a wrong hint costs time, never a chunk.
 pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
     let longest = match (plan.varlen, plan.max_seqlen) {
         (Some(_), Some(hint)) => hint.min(plan.seq_len),
@@ -54,7 +54,7 @@ pub(super) fn preparation_args<'a>(
 ) -> Vec<(&'a str, KernelArg)> {
     let takes = |name: &str| kernel.params.iter().any(|p| p.name() == name);
     let mut args: Vec<(&str, KernelArg)> = bound.iter().filter(|(n, _)| takes(n)).copied().collect();
-    let nx = i32::try_from(prep_blocks(plan)).expect("capped at PREP_BLOCKS");
+    let nx = i32::try_from(prep_blocks(plan)).expect("chunks of fewer than 2^31 tokens");
     args.push(("NX", KernelArg::I32(nx)));
     args
 }

@@ -226,7 +226,7 @@ fn prepared_beta_and_decay(b_sh: Tile, bt_sh: Tile, eg16_sh: Tile, eg_sh: Tile, 
 /// down the chunk into `gl`; beta into `bt_sh` (0 past the end); the chunk's decay of the
 /// state, `2^Γ` per key channel, into `eg_sh`.
 #[kda_macros::kernel_fn]
-pub(crate) fn gate_and_beta(
+fn gate_and_beta(
     lower: bool,
     g_sh: Tile,
     dt_sh: Tile,
@@ -256,7 +256,7 @@ pub(crate) fn gate_and_beta(
 
 /// The chunk's keys and queries into `kf` and `qf`, l2-normalized per row when `l2norm`.
 #[kda_macros::kernel_fn]
-pub(crate) fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq: Tile, rk: Tile, rq: Tile) {
+fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq: Tile, rk: Tile, rq: Tile) {
     copy(k_sh, kf);
     copy(q_sh, qf);
     if l2norm {
@@ -279,7 +279,7 @@ pub(crate) fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf
 /// `ki = k̂ 2^-G` for the lower-bound gate, or the plain f32 rows `kn_sh`, `qn_sh` for the
 /// element-wise products of a precomputed one.
 #[kda_macros::kernel_fn]
-pub(crate) fn prepare_operands(
+fn prepare_operands(
     lower: bool,
     kf: Tile,
     qf: Tile,
@@ -315,7 +315,7 @@ pub(crate) fn prepare_operands(
 /// for a precomputed gate (each pair's own `2^(G_i - G_j)`, `j <= i`: at most 1 for a decay
 /// `g <= 0`, however strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
-pub(crate) fn key_products(
+fn key_products(
     lower: bool,
     kd_sh: Tile,
     qd_sh: Tile,
@@ -362,7 +362,7 @@ pub(crate) fn key_products(
 /// chain of dependent multiply-adds is 15 long instead of the 120 of summing each row in turn.
 /// `cols` is a `[16]` tile giving the lanes their columns; `x` a `local([16])`.
 #[kda_macros::kernel_fn]
-pub(crate) fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
+fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
     for (jc,) in parallel(cols) {
         for i in 0..16 {
             x[i] = select(jc == i as i32, 1.0, 0.0);
@@ -374,6 +374,65 @@ pub(crate) fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
             }
         }
     }
+}
+
+/// Every state-independent step of one chunk, in order: the gate and beta, the normalized
+/// keys, the prepared operands, the key products and the solve. The fused kernel and
+/// `chunk_prep` both run exactly this, which is what makes their results the same bits.
+#[kda_macros::kernel_fn]
+#[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
+pub(crate) fn prepare_chunk(
+    lower: bool,
+    l2norm: bool,
+    g_sh: Tile,
+    dt_sh: Tile,
+    b_sh: Tile,
+    k_sh: Tile,
+    q_sh: Tile,
+    gl: Tile,
+    bt_sh: Tile,
+    eg_sh: Tile,
+    kf: Tile,
+    qf: Tile,
+    sq: Tile,
+    rk: Tile,
+    rq: Tile,
+    kd_sh: Tile,
+    qd_sh: Tile,
+    kr_sh: Tile,
+    ki_sh: Tile,
+    kn_sh: Tile,
+    qn_sh: Tile,
+    la: Tile,
+    ma: Tile,
+    l_sh: Tile,
+    m_sh: Tile,
+    mq_sh: Tile,
+    cols: Tile,
+    x: Tile,
+    inv_sh: Tile,
+    nv: Val,
+    ea: Val,
+    lower_bound: Val,
+    scale: Val,
+) {
+    gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+    load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
+    prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
+    key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+    invert_unit_lower(l_sh, cols, x, inv_sh);
+}
+
+/// Sequence `n`'s first token among the packed rows: `cu_seqlens[n]` clamped into `[0, t]`.
+#[kda_macros::kernel_fn]
+pub(crate) fn sequence_start(cu_seqlens: Tensor, n: Val, t: Val) -> Val {
+    max(min(cu_seqlens[n], t), 0) as i32
+}
+
+/// Sequence `n`'s end among the packed rows: `cu_seqlens[n + 1]` clamped into `[start, t]`.
+#[kda_macros::kernel_fn]
+pub(crate) fn sequence_end(cu_seqlens: Tensor, n: Val, t: Val, start: Val) -> Val {
+    max(min(cu_seqlens[n + 1], t), start) as i32
 }
 
 /// The state's products for one chunk, in the transposed view (rows = the block's value rows):
@@ -482,10 +541,8 @@ pub fn chunk(
     let mut bi = n;
     let mut pad = 0;
     if cfg.varlen.is_some() {
-        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
-        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
-        bos = s0;
-        eos = s1;
+        bos = sequence_start(cu_seqlens, n, T);
+        eos = sequence_end(cu_seqlens, n, T, bos);
         bi = 0;
         pad = 15 * n;
     }
@@ -595,11 +652,41 @@ pub fn chunk(
         if prepared {
             prepared_beta_and_decay(b_sh, bt_sh, eg16_sh, eg_sh, nv);
         } else {
-            gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
-            load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-            prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
-            key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-            invert_unit_lower(l_sh, cols, x, inv_sh);
+            prepare_chunk(
+                lower,
+                cfg.l2norm,
+                g_sh,
+                dt_sh,
+                b_sh,
+                k_sh,
+                q_sh,
+                gl,
+                bt_sh,
+                eg_sh,
+                kf,
+                qf,
+                sq,
+                rk,
+                rq,
+                kd_sh,
+                qd_sh,
+                kr_sh,
+                ki_sh,
+                kn_sh,
+                qn_sh,
+                la,
+                ma,
+                l_sh,
+                m_sh,
+                mq_sh,
+                cols,
+                x,
+                inv_sh,
+                nv,
+                ea,
+                lower_bound,
+                scale,
+            );
         }
         state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
         if !cfg.transition {

@@ -14,8 +14,8 @@
 //! partial one included, writes its 16 rows without touching the next sequence's.
 
 use crate::chunk::{
-    gate_and_beta, invert_unit_lower, key_products, load_normalized, prepare_operands, ChunkGate, Preparation,
-    PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    prepare_chunk, sequence_end, sequence_start, ChunkGate, Preparation, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD,
+    PREP_KR, PREP_MQK, PREP_QD,
 };
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -132,10 +132,8 @@ pub fn chunk_prep(
     let mut bi = n;
     let mut pad = 0;
     if cfg.varlen.is_some() {
-        let s0 = max(min(cu_seqlens[n], T), 0) as i32;
-        let s1 = max(min(cu_seqlens[n + 1], T), s0) as i32;
-        bos = s0;
-        eos = s1;
+        bos = sequence_start(cu_seqlens, n, T);
+        eos = sequence_end(cu_seqlens, n, T, bos);
         bi = 0;
         pad = 15 * n;
     }
@@ -182,11 +180,41 @@ pub fn chunk_prep(
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         let nv = min(eos - t0, 16);
 
-        gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
-        load_normalized(cfg.l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-        prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
-        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-        invert_unit_lower(l_sh, cols, xs, inv_sh);
+        prepare_chunk(
+            lower,
+            cfg.l2norm,
+            g_sh,
+            dt_sh,
+            b_sh,
+            k_sh,
+            q_sh,
+            gl,
+            bt_sh,
+            eg_sh,
+            kf,
+            qf,
+            sq,
+            rk,
+            rq,
+            kd_sh,
+            qd_sh,
+            kr_sh,
+            ki_sh,
+            kn_sh,
+            qn_sh,
+            la,
+            ma,
+            l_sh,
+            m_sh,
+            mq_sh,
+            cols,
+            xs,
+            inv_sh,
+            nv,
+            ea,
+            lower_bound,
+            scale,
+        );
 
         copy(kd_sh, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
         copy(qd_sh, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));

@@ -16,8 +16,9 @@ fn list_names_every_variant_and_one_default_per_family() {
     let (code, out, _) = kda(&["list"]);
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), kda_kernels::variants().len());
-    for family in ["gemm", "decode", "chunk"] {
-        let defaults = out.lines().filter(|l| l.starts_with(family) && l.ends_with("(default)")).count();
+    for family in ["gemm", "decode", "chunk", "chunk_prep"] {
+        let defaults =
+            out.lines().filter(|l| l.split_whitespace().next() == Some(family) && l.ends_with("(default)")).count();
         assert_eq!(defaults, 1, "{family}: {out}");
     }
 }
@@ -32,8 +33,8 @@ fn emit_chunk_prints_the_default_prefill_variant() {
     let (_, named, _) = kda(&["emit", "chunk", &v.name]);
     assert_eq!(out, named);
     assert!(out.contains(".entry chunk(") && out.contains("mma.sync.aligned.m16n8k16") && out.contains("cp.async"));
-    for v in kda_kernels::variants().into_iter().filter(|v| v.family == "chunk") {
-        let (_, ptx, _) = kda(&["emit", "chunk", &v.name]);
+    for v in kda_kernels::variants().into_iter().filter(|v| v.family.starts_with("chunk")) {
+        let (_, ptx, _) = kda(&["emit", v.family, &v.name]);
         let atomic = ptx.lines().any(|l| {
             // The opcode, after an optional guard (`@%p1 atom.add...`).
             let op = l.split_whitespace().find(|w| !w.starts_with('@')).unwrap_or("");

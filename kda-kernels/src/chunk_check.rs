@@ -39,6 +39,22 @@ pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, S
     Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
 }
 
+/// Whether the two-kernel path (`chunk_prep` over `prep_blocks` blocks per sequence and head,
+/// then `chunk` over its workspace with blocks of `warps` warps) writes exactly the fused
+/// kernel's bits for `cfg`'s call, in the simulator.
+pub fn two_kernel_path_matches(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    warps: usize,
+    prep_blocks: usize,
+) -> Result<bool, String> {
+    let fused = simulate_chunk(cfg, x)?;
+    let two = ChunkConfig { preparation: Preparation::Workspace, warps, ..cfg.clone() };
+    let got = simulate_chunk_with(&two, x, prep_blocks)?;
+    let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+    Ok(bits(&got.out) == bits(&fused.out) && bits(&got.final_state) == bits(&fused.final_state))
+}
+
 /// Compares what a call wrote (`got`, from the simulator or a GPU) with the reference's `want`,
 /// per (sequence, value head).
 pub fn compare_chunk(cfg: &ChunkConfig, x: &ChunkInputs, got: ChunkOutputs, want: &ChunkOutputs) -> ChunkCompare {

@@ -79,15 +79,23 @@ pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
     Variant { family: "chunk", name: cfg.key(), default, build: std::sync::Arc::new(move || chunk::chunk(&cfg)) }
 }
 
-/// The variant of a chunk-preparation config (compiled on first use, beside the `chunk`
-/// variant with [`chunk::Preparation::Workspace`] that reads its workspace).
+/// The variant of a chunk-preparation config, which fills the workspace the `chunk` variant
+/// with [`chunk::Preparation::Workspace`] reads; shipped when it is one of
+/// [`chunk_prep_configs`].
 pub fn chunk_prep_variant(cfg: chunk_prep::PrepConfig) -> Variant {
+    let default = cfg == chunk_prep::PrepConfig::default();
     Variant {
         family: "chunk_prep",
         name: cfg.key(),
-        default: false,
+        default,
         build: std::sync::Arc::new(move || chunk_prep::chunk_prep(&cfg)),
     }
+}
+
+/// The preparation configs shipped: the bench cases' (dense and varlen).
+pub fn chunk_prep_configs() -> Vec<chunk_prep::PrepConfig> {
+    let d = chunk_prep::PrepConfig::default();
+    vec![d.clone(), chunk_prep::PrepConfig { varlen: Some(kda_dsl::DType::I64), ..d }]
 }
 
 /// The variant of a split-merge config (compiled on first use; the split is opt-in and not
@@ -102,12 +110,14 @@ pub fn chunk_merge_variant(cfg: chunk_merge::MergeConfig) -> Variant {
 }
 
 /// The chunk configs shipped: the bench cases' variant (dense and varlen), the decode pool in
-/// place, and the precomputed gate.
+/// place, the precomputed gate, and the bench case's chain over a prepared workspace (the
+/// two-kernel path a call with a workspace and few chains takes).
 pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
-    use chunk::{ChunkConfig as C, ChunkGate, ChunkStates};
+    use chunk::{ChunkConfig as C, ChunkGate, ChunkStates, Preparation};
     let d = C::default();
     vec![
         d.clone(),
+        C { preparation: Preparation::Workspace, ..d.clone() },
         C { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
         C {
             varlen: Some(kda_dsl::DType::I32),
@@ -148,5 +158,6 @@ pub fn variants() -> Vec<Variant> {
         .map(gemm_variant)
         .chain(decode_configs().into_iter().map(decode_variant))
         .chain(chunk_configs().into_iter().map(chunk_variant))
+        .chain(chunk_prep_configs().into_iter().map(chunk_prep_variant))
         .collect()
 }

@@ -32,21 +32,14 @@ fn every_family_matches_the_f64_reference() {
 /// workspace row the preparation did not write (they are NaN-poisoned).
 #[test]
 fn prepared_workspace_equals_fused_bit_for_bit() {
-    use kda_kernels::chunk::Preparation;
-    use kda_kernels::chunk_check::simulate_chunk_with;
+    use kda_kernels::chunk_check::two_kernel_path_matches;
     for (i, f) in chunk_families().iter().enumerate() {
         let x = f.inputs(i as u64);
-        let fused = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         let warps = [8, 4, 2][i % 3];
-        let two = ChunkConfig { preparation: Preparation::Workspace, warps, ..f.cfg.clone() };
         for prep_blocks in [1, 3] {
-            let got = simulate_chunk_with(&two, &x, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-            assert!(bits(&got.out) == bits(&fused.out), "{}: outputs differ ({prep_blocks} blocks)", f.name);
-            assert!(
-                bits(&got.final_state) == bits(&fused.final_state),
-                "{}: final states differ ({prep_blocks} blocks)",
-                f.name
-            );
+            let same =
+                two_kernel_path_matches(&f.cfg, &x, warps, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            assert!(same, "{}: the bits differ ({warps} warps, {prep_blocks} preparation blocks)", f.name);
         }
     }
 }

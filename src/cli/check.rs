@@ -90,6 +90,26 @@ pub fn simulate_all() -> usize {
             }
         }
     }
+    // The two-kernel path against the fused kernel, bit for bit, on a dense and a varlen family.
+    let families = kda_kernels::chunk_families::chunk_families();
+    for (i, f) in families
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_i64_f16_gva2_empty_and_one_token"))
+    {
+        let case = format!("chunk/{}_two_kernel_path", f.name);
+        match kda_kernels::chunk_check::two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), 2, 3) {
+            Ok(same) => {
+                failures += usize::from(!same);
+                let verdict = if same { "ok (bit-identical to the fused kernel)" } else { "FAIL: bits differ" };
+                out!("{case:<52} {:>10} {:>10} {:>12}  {verdict}", "-", "-", "-");
+            }
+            Err(e) => {
+                failures += 1;
+                out!("{case:<52} FAIL: {e}");
+            }
+        }
+    }
     match kda_kernels::selftest::selftests(3) {
         Ok(tests) => {
             for t in tests {

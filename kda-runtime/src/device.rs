@@ -2,7 +2,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+#[cfg(feature = "dynamic-loading")]
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaContext, CudaStream};
 
 use crate::error::{DriverResultExt, RuntimeError};
 
@@ -22,6 +24,8 @@ pub fn device_count() -> Result<usize, RuntimeError> {
 }
 
 fn probe_devices() -> Result<usize, RuntimeError> {
+    // Loaded at run time, the library may be absent (linked, it is there or nothing runs).
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: only tries to open the library by its usual names; calls nothing in it.
     if !unsafe { sys::is_culib_present() } {
         return Err(RuntimeError::NoGpu);

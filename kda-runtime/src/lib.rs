@@ -5,6 +5,9 @@
 //! without a driver, [`gpu_available`] is false and [`Gpu::new`] fails with
 //! [`RuntimeError::NoGpu`]; nothing panics.
 
+#[cfg(not(any(feature = "dynamic-loading", feature = "dynamic-linking")))]
+compile_error!("kda-runtime needs one of its features `dynamic-loading` (the default) or `dynamic-linking`");
+
 #![warn(missing_docs)]
 
 pub mod cache;

@@ -1,14 +1,15 @@
 //! CUDA runtime for kda kernels: device discovery, device tensors, a module cache, validated
 //! launches of [`kda_dsl::artifact::CompiledKernel`]s, and event / CUDA-graph timing.
 //!
-//! Everything is built on the CUDA driver API through cudarc, loaded at run time: on a machine
+//! Everything is built on the CUDA driver API through cudarc, loaded at run time by default
+//! (feature `dynamic-loading`; `dynamic-linking` links it at build time instead): on a machine
 //! without a driver, [`gpu_available`] is false and [`Gpu::new`] fails with
 //! [`RuntimeError::NoGpu`]; nothing panics.
 
+#![warn(missing_docs)]
+
 #[cfg(not(any(feature = "dynamic-loading", feature = "dynamic-linking")))]
 compile_error!("kda-runtime needs one of its features `dynamic-loading` (the default) or `dynamic-linking`");
-
-#![warn(missing_docs)]
 
 pub mod cache;
 pub mod chunk;

@@ -21,9 +21,10 @@ pub(crate) trait ArgError: Sized {
 /// Defines an entry point's error type: `InvalidArgument` (the reference's `ValueError`) and
 /// `Unsupported` (its `NotImplementedError`/`TypeError`, and the kernels' limits), each naming
 /// the offending field of the entry point's argument struct, with `arg()`, `message()`,
-/// `Display` (`arg: message`), [`ArgError`] and the conversion into [`crate::RuntimeError`].
+/// `Display` (`arg: message`), [`ArgError`] and the conversion into [`crate::RuntimeError`]'s
+/// variant for the entry point.
 macro_rules! arg_error_type {
-    ($(#[$doc:meta])* $name:ident, $args:literal, $call:literal) => {
+    ($(#[$doc:meta])* $name:ident, $args:literal, $variant:ident) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq)]
         pub enum $name {
@@ -80,16 +81,7 @@ macro_rules! arg_error_type {
 
         impl From<$name> for $crate::error::RuntimeError {
             fn from(err: $name) -> Self {
-                match err {
-                    $name::InvalidArgument { arg, message } => $crate::error::RuntimeError::BadArgument {
-                        name: arg.into(),
-                        expected: concat!("a valid argument to ", $call).into(),
-                        got: format!("one that fails: {message}"),
-                    },
-                    $name::Unsupported { arg, message } => {
-                        $crate::error::RuntimeError::Unsupported(format!("{arg}: {message}"))
-                    }
-                }
+                $crate::error::RuntimeError::$variant(err)
             }
         }
     };

@@ -680,11 +680,15 @@ fn empty_work() {
 fn errors_display_and_convert() {
     let e = ChunkError::InvalidArgument { arg: "k", message: "bad.".into() };
     assert_eq!(e.to_string(), "k: bad.");
-    let converted = RuntimeError::from(e);
-    assert!(matches!(&converted, RuntimeError::BadArgument { name, got, .. } if name == "k" && got.contains("bad.")));
+    // The runtime error keeps the typed one, as its variant and as its source.
+    let converted = RuntimeError::from(e.clone());
+    assert!(matches!(&converted, RuntimeError::Chunk(ChunkError::InvalidArgument { arg: "k", .. })));
+    assert_eq!(converted.to_string(), "chunk_kda: bad argument k: bad.");
+    let source = std::error::Error::source(&converted).expect("a source");
+    assert_eq!(source.downcast_ref::<ChunkError>(), Some(&e));
     let e = ChunkError::Unsupported { arg: "q", message: "no.".into() };
     assert_eq!(e.to_string(), "q: no.");
-    assert_eq!(RuntimeError::from(e), RuntimeError::Unsupported("q: no.".into()));
+    assert_eq!(RuntimeError::from(e.clone()), RuntimeError::Chunk(e));
 }
 
 #[test]

@@ -505,9 +505,27 @@ fn empty_work_and_scratch_pool() {
 fn errors_display_and_convert() {
     let e = DecodeError::InvalidArgument { arg: "k", message: "bad.".into() };
     assert_eq!(e.to_string(), "k: bad.");
-    assert!(matches!(RuntimeError::from(e), RuntimeError::BadArgument { name, .. } if name == "k"));
+    let converted = RuntimeError::from(e.clone());
+    assert!(matches!(&converted, RuntimeError::Decode(DecodeError::InvalidArgument { arg: "k", .. })));
+    assert_eq!(converted.to_string(), "gated_delta_rule_decode: bad argument k: bad.");
+    let source = std::error::Error::source(&converted).expect("a source");
+    assert_eq!(source.downcast_ref::<DecodeError>(), Some(&e));
     let e = DecodeError::Unsupported { arg: "q", message: "no.".into() };
-    assert_eq!(RuntimeError::from(e), RuntimeError::Unsupported("q: no.".into()));
+    assert_eq!(RuntimeError::from(e.clone()), RuntimeError::Decode(e));
+}
+
+/// A failed driver call keeps the driver's code: out of memory and an illegal address can be
+/// matched. (Built by hand: naming a driver error asks the driver, which CI does not have.)
+#[test]
+fn driver_errors_keep_their_code() {
+    use kda_runtime::error::CUresult;
+    let failed = |op, code| RuntimeError::Driver { op, code, message: String::new() };
+    let oom = failed("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(matches!(oom, RuntimeError::Driver { code: CUresult::CUDA_ERROR_OUT_OF_MEMORY, .. }));
+    assert!(oom.is_out_of_memory());
+    let illegal = failed("cuStreamSynchronize", CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(illegal.driver_code(), Some(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+    assert!(!illegal.is_out_of_memory() && RuntimeError::NoGpu.driver_code().is_none());
 }
 
 // ---- checked mode ----

@@ -88,6 +88,28 @@ fn times_launches_and_graph_replays() {
     }
 }
 
+#[test]
+fn an_allocation_past_the_device_is_out_of_memory() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    if let Err(e) = an_allocation_past_the_device_is_out_of_memory_on_gpu() {
+        panic!("{e}");
+    }
+}
+
+/// 16 TiB: more than any device holds. The error is typed and the context stays usable.
+fn an_allocation_past_the_device_is_out_of_memory_on_gpu() -> Result<(), RuntimeError> {
+    let gpu = Gpu::new(0)?;
+    let stream = gpu.new_stream()?;
+    let err = DeviceTensor::zeros(&gpu, &stream, &[1 << 42], DType::F32).err().expect("no device holds 16 TiB");
+    assert!(err.is_out_of_memory(), "{err}");
+    let x = DeviceTensor::zeros(&gpu, &stream, &[4], DType::F32)?;
+    assert_eq!(x.to_f32_vec(&stream)?, vec![0.0; 4]);
+    Ok(())
+}
+
 fn add_scalar() -> CompiledKernel {
     let n = || Box::new(HostExpr::Dim("N".into()));
     CompiledKernel {

@@ -27,7 +27,7 @@ validate::arg_error_type!(
     /// Why [`plan_chunk`] (or the checked mode) rejected a call.
     ChunkError,
     "ChunkArgs",
-    "chunk_kda"
+    Chunk
 );
 
 /// How the per-channel log decay is obtained from the gate input `g`.

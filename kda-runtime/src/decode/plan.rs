@@ -14,7 +14,7 @@ validate::arg_error_type!(
     /// Why [`plan_decode`] (or the checked mode) rejected a call.
     DecodeError,
     "DecodeArgs",
-    "gated_delta_rule_decode"
+    Decode
 );
 
 /// How the per-channel log decay `g` is obtained from the gate input `a`.

@@ -60,16 +60,22 @@ impl Drop for LoadedKernel {
     }
 }
 
-/// Key of a loaded kernel: device ordinal, entry name, and the caller's config key.
-type Key = (usize, String, String);
+/// One module's place in the cache: empty until its first caller has loaded it.
+type Slot = Arc<Mutex<Option<Arc<LoadedKernel>>>>;
+
+/// Slots by device ordinal, then entry name, then config key: looked up by `&str`, so a hit
+/// allocates nothing.
+type Slots = HashMap<usize, HashMap<String, HashMap<String, Slot>>>;
 
 /// A thread-safe cache of loaded kernels keyed by (device ordinal, entry name, config key).
 ///
 /// The config key must identify the PTX: two kernels with the same entry name and key on one
-/// device are taken to be the same module.
+/// device are taken to be the same module. The driver's JIT runs outside the cache's lock,
+/// holding only its own module's slot: other modules are found or loaded meanwhile, and a
+/// module is still loaded once.
 #[derive(Debug, Default)]
 pub struct ModuleCache {
-    loaded: Mutex<HashMap<Key, Arc<LoadedKernel>>>,
+    loaded: Mutex<Slots>,
 }
 
 impl ModuleCache {
@@ -80,7 +86,9 @@ impl ModuleCache {
 
     /// Number of loaded kernels.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        let slots = self.lock();
+        let loaded = |s: &Slot| s.lock().map(|m| m.is_some()).unwrap_or(false);
+        slots.values().flat_map(|e| e.values()).flat_map(|c| c.values()).filter(|s| loaded(s)).count()
     }
 
     /// True when nothing is loaded.
@@ -97,18 +105,28 @@ impl ModuleCache {
         kernel: &CompiledKernel,
         config_key: &str,
     ) -> Result<Arc<LoadedKernel>, RuntimeError> {
-        let key = (gpu.ordinal(), kernel.entry.clone(), config_key.to_owned());
-        // Held while loading, so that concurrent callers load each module once.
-        let mut loaded = self.lock();
-        if let Some(k) = loaded.get(&key) {
+        let slot = self.slot(gpu.ordinal(), &kernel.entry, config_key);
+        let mut module = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(k) = module.as_ref() {
             return Ok(k.clone());
         }
+        // A failed load leaves the slot empty: the next caller tries again.
         let k = Arc::new(load(gpu.context(), kernel)?);
-        loaded.insert(key, k.clone());
+        *module = Some(k.clone());
         Ok(k)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<LoadedKernel>>> {
+    /// The slot of (`ordinal`, `entry`, `config_key`), made on first use.
+    fn slot(&self, ordinal: usize, entry: &str, config_key: &str) -> Slot {
+        let mut slots = self.lock();
+        if let Some(s) = slots.get(&ordinal).and_then(|e| e.get(entry)).and_then(|c| c.get(config_key)) {
+            return s.clone();
+        }
+        let configs = slots.entry(ordinal).or_default().entry(entry.to_owned()).or_default();
+        configs.entry(config_key.to_owned()).or_default().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
         // A panic while holding the lock cannot leave the map half-updated.
         self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -13,15 +13,18 @@ use kda_kernels::decode::DecodeConfig;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
 
+use crate::binding::BindPlan;
 use crate::cache::ModuleCache;
 use crate::error::RuntimeError;
 
-/// A compiled kernel and the id its module is cached under.
+/// A compiled kernel, the id its module is cached under, and its names resolved for binding.
 pub struct Ready {
     /// The compiled kernel.
     pub kernel: Arc<CompiledKernel>,
     /// `family/config`, the module cache's key.
     pub id: String,
+    /// The kernel's parameter and extent names as slots: a launch binds without allocating.
+    pub binding: BindPlan,
 }
 
 /// Compiles shipped variants on first use and keeps their modules loaded.
@@ -96,7 +99,9 @@ impl Kernels {
             return Ok(r.clone());
         }
         let v = variant();
-        let r = Arc::new(Ready { kernel: self.compiled(&v)?, id: v.id() });
+        let kernel = self.compiled(&v)?;
+        let binding = BindPlan::new(&kernel)?;
+        let r = Arc::new(Ready { kernel, id: v.id(), binding });
         map.lock().map_err(|_| poisoned())?.insert(key.clone(), r.clone());
         Ok(r)
     }

@@ -11,6 +11,9 @@
 #[cfg(not(any(feature = "dynamic-loading", feature = "dynamic-linking")))]
 compile_error!("kda-runtime needs one of its features `dynamic-loading` (the default) or `dynamic-linking`");
 
+#[cfg(test)]
+mod alloc_free;
+pub mod binding;
 pub mod cache;
 pub mod chunk;
 mod convert;
@@ -30,6 +33,9 @@ pub use device::{device_count, gpu_available, Gpu};
 pub use error::RuntimeError;
 pub use gemm::{gemm, plan_gemm};
 pub use kernels::Kernels;
-pub use launch::{bind_args, launch, launch_loaded, BoundArgs, KernelArg, RawArg, POINTER_ALIGN};
+pub use launch::{
+    bind_args, bind_planned, launch, launch_loaded, launch_planned, BindPlan, BoundArgs, KernelArg, RawArg,
+    POINTER_ALIGN,
+};
 pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};
-pub use timing::{median, time_graph_ms, time_ms};
+pub use timing::{host_us_per_call, median, time_graph_ms, time_ms};

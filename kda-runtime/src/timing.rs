@@ -7,6 +7,29 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 
+/// Host microseconds of one eager call of `call` (which enqueues work on `stream`): the median
+/// over 20 batches of 16 calls of the batch's wall time per call, each batch started on an
+/// idle stream so that no call waits for queued work. Binding, lookups and the launch are
+/// counted; the GPU's time is not.
+pub fn host_us_per_call(
+    stream: &CudaStream,
+    mut call: impl FnMut() -> Result<(), RuntimeError>,
+) -> Result<f32, RuntimeError> {
+    const BATCH: usize = 16;
+    call()?;
+    let mut samples = Vec::with_capacity(20);
+    for _ in 0..20 {
+        stream.synchronize().op("cuStreamSynchronize")?;
+        let t0 = std::time::Instant::now();
+        for _ in 0..BATCH {
+            call()?;
+        }
+        samples.push(t0.elapsed().as_secs_f32() * 1e6 / BATCH as f32);
+    }
+    stream.synchronize().op("cuStreamSynchronize")?;
+    Ok(median(&mut samples))
+}
+
 /// Graph replays run before timing, to settle clocks and caches.
 const GRAPH_WARMUP: usize = 3;
 

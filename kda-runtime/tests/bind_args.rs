@@ -75,7 +75,8 @@ fn assert_names<T: std::fmt::Debug>(r: Result<T, RuntimeError>, name: &str) {
 
 #[test]
 fn binds_in_parameter_order() {
-    let b = bind_args(&gemm(), &args(100, 130, 32)).expect("valid arguments");
+    let k = gemm();
+    let b = bind_args(&k, &args(100, 130, 32)).expect("valid arguments");
     assert_eq!(b.grid, [3, 2, 1]);
     assert_eq!(b.block, [128, 1, 1]);
     assert_eq!(b.shared_bytes, 64 * 1024);
@@ -88,10 +89,10 @@ fn binds_in_parameter_order() {
         RawArg::I32(32),
         RawArg::F32(0.5),
     ];
-    assert_eq!(b.values, want);
+    assert_eq!(b.values(), want);
     assert!(!b.is_empty());
-    assert!(b.check_device(0).is_ok());
-    assert_names(b.check_device(1), "a");
+    assert!(b.check_device(&k, 0).is_ok());
+    assert_names(b.check_device(&k, 1), "a");
 }
 
 #[test]
@@ -160,7 +161,7 @@ fn explicit_dims_fill_extents_no_tensor_names() {
     assert_names(bind_args(&k, &args(64, 64, 16)), "T");
     let b = bind_args(&k, &with(args(64, 64, 16), "T", KernelArg::I32(5))).expect("T given");
     assert_eq!(b.grid, [1, 1, 5]);
-    assert_eq!(b.values.last(), Some(&RawArg::I32(5)));
+    assert_eq!(b.values().last(), Some(&RawArg::I32(5)));
     assert_names(bind_args(&k, &with(args(64, 64, 16), "T", KernelArg::I32(-1))), "T");
     // A dim a tensor already gives may be repeated only with the same value.
     assert!(bind_args(&k, &with(with(args(64, 64, 16), "T", KernelArg::I32(1)), "M", KernelArg::I32(64))).is_ok());

@@ -34,10 +34,15 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         out!("{case:<36} {ms:>10.4} {tflops:>10.1}");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
     }
+    let mut host_rows = vec![];
     for (case, b, t, state, spec) in DECODE_CASES {
-        let (ms, gbps) = time_decode(&gpu, &kernels, *b, *t, *state, *spec).map_err(|e| format!("{case}: {e}"))?;
+        let (ms, gbps, host_us) =
+            time_decode(&gpu, &kernels, *b, *t, *state, *spec).map_err(|e| format!("{case}: {e}"))?;
         out!("{case:<36} {ms:>10.4} {:>10}   {gbps:.0} GB/s", "-");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"gbps\": {gbps:.1}, \"method\": \"cuda graph replay, mean of 100\"}}"));
+        if *case == "decode_b32_h32" {
+            host_rows.push((format!("host_eager_{case}"), host_us));
+        }
     }
     for c in super::chunk_gpu::prefill_cases() {
         let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c, None).map_err(|e| format!("{}: {e}", c.name))?;
@@ -54,6 +59,14 @@ pub fn run(args: &[String]) -> Result<i32, String> {
             "{{\"case\": \"{}\", \"impl\": \"kda\", \"ms\": {:.6}, \"first_call_s\": {:.4}, \"mtok_per_s\": {mtok:.3}, \"min_bytes\": {}, \"method\": \"cuda events, median of 20\"}}",
             c.name, r.ms, r.first_call_s, r.min_bytes
         ));
+        if c.name == "prefill_b8_t4096_h32" || c.name == "prefill_b1_t32768_h32" {
+            host_rows.push((format!("host_eager_{}", c.name), r.host_us));
+        }
+    }
+    // The host's part of one eager call: planning, lookups, binding and the launch.
+    for (case, us) in host_rows {
+        out!("{case:<36} {:>10.4} {:>10}   {us:.2} us of host time per eager call", "-", "-");
+        lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"host_us\": {us:.3}, \"method\": \"wall time of 16 eager calls on an idle stream, median of 20\"}}"));
     }
     if let Some(path) = json {
         let mut f = std::fs::File::create(&path).map_err(|e| format!("{path}: {e}"))?;
@@ -199,7 +212,7 @@ pub fn time_decode(
     t: usize,
     state: DType,
     spec: bool,
-) -> Result<(f32, f64), String> {
+) -> Result<(f32, f64, f32), String> {
     time_decode_tuned(gpu, kernels, b, t, state, spec, None)
 }
 
@@ -241,7 +254,7 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, Some(tune)) {
-                Ok((ms, gbps)) => out!("{case:<28} {tune:?} {ms:>9.5} ms {gbps:>6.0} GB/s"),
+                Ok((ms, gbps, _)) => out!("{case:<28} {tune:?} {ms:>9.5} ms {gbps:>6.0} GB/s"),
                 Err(e) => out!("{case:<28} {tune:?} error: {e}"),
             }
         }
@@ -259,7 +272,7 @@ fn time_decode_tuned(
     state: DType,
     spec: bool,
     tune: Option<kda_runtime::decode::DecodeTuning>,
-) -> Result<(f32, f64), String> {
+) -> Result<(f32, f64, f32), String> {
     use kda_kernels::decode::DecodeConfig;
     use kda_kernels::decode_ref::{random_inputs, D};
     let e = |e: kda_runtime::RuntimeError| e.to_string();
@@ -286,16 +299,17 @@ fn time_decode_tuned(
     let views = tensors.views();
     let args = super::decode_gpu::args_for(&cfg, &x, &views);
     let stream = gpu.new_stream().map_err(e)?;
-    let ms = kda_runtime::time_graph_ms(gpu, &stream, 100, || {
+    let call = || {
         match tune {
             Some(tune) => kda_runtime::decode::gated_delta_rule_decode_tuned(gpu, kernels, &stream, &args, tune),
             None => kda_runtime::decode::gated_delta_rule_decode(gpu, kernels, &stream, &args),
         }
         .map(|_| ())
-    })
-    .map_err(e)?;
+    };
+    let ms = kda_runtime::time_graph_ms(gpu, &stream, 100, call).map_err(e)?;
+    let host_us = kda_runtime::host_us_per_call(&stream, call).map_err(e)?;
     let bytes_moved = ((b + b * t) * hv * D * D * state.size_bytes()) as f64;
-    Ok((ms, bytes_moved / (ms as f64 * 1e-3) / 1e9))
+    Ok((ms, bytes_moved / (ms as f64 * 1e-3) / 1e9, host_us))
 }
 
 /// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs.

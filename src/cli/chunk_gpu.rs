@@ -380,6 +380,8 @@ pub struct PrefillTiming {
     pub tokens: usize,
     /// The byte floor as the peer counts it: inputs read once, output and states written once.
     pub min_bytes: usize,
+    /// Host microseconds of one eager call ([`kda_runtime::host_us_per_call`]).
+    pub host_us: f32,
 }
 
 /// `n` values drawn as `f` does, from a block of 1 Mi random draws repeated (timing does not
@@ -459,6 +461,7 @@ pub fn time_prefill(
     s.synchronize().map_err(|e| e.to_string())?;
     let first_call_s = t0.elapsed().as_secs_f64();
     let mut samples = time_ms(gpu, &s, 3, 20, || call().map(|_| ())).map_err(e)?;
+    let host_us = kda_runtime::host_us_per_call(&s, || call().map(|_| ())).map_err(e)?;
     let min_bytes = tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4;
-    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes })
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us })
 }

@@ -12,7 +12,7 @@ use super::{prepared, split};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
-use crate::launch::{launch_loaded, KernelArg};
+use crate::launch::{launch_planned, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
 /// Head dimension (K = V).
@@ -72,7 +72,7 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
     tuned_config(plan, ChunkTuning::for_call(plan))
 }
 
-pub(super) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
+pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     let store_final = !matches!(plan.final_out, FinalState::None);
     let states = match plan.initial {
         InitialState::Zeros => ChunkStates::Zeros { store_final },
@@ -97,17 +97,20 @@ pub(super) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     }
 }
 
+/// The chunk kernel's arguments by name (an array: building them allocates nothing).
+pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 18];
+
 /// The kernel's arguments for a planned call: the inputs as the kernel's 4-D (3-D for beta)
 /// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
 /// allocated) when the plan writes one. Tensors the config never reads bind as empty
 /// placeholders at address 0, with shapes that agree with the symbols they share.
-pub(super) fn kernel_args(
+pub(crate) fn kernel_args(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     cfg: &ChunkConfig,
     out_ptr: u64,
     final_state: Option<TensorView>,
-) -> Result<Vec<(&'static str, KernelArg)>, RuntimeError> {
+) -> Result<ChunkKernelArgs, RuntimeError> {
     let dev = args.q.device();
     let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
     let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
@@ -164,7 +167,7 @@ pub(super) fn kernel_args(
         _ => (view(0, &[0, 0, hv, 0], DType::BF16)?, view(0, &[0, 0, hv, 0], DType::F32)?),
     };
     use KernelArg::{Tensor as T, F32, I32};
-    Ok(vec![
+    Ok([
         ("q", T(q)),
         ("k", T(k)),
         ("v", T(v)),
@@ -305,7 +308,7 @@ pub(super) fn launch_ready(
     bound: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    launch_loaded(gpu, &loaded, stream, &ready.kernel, bound)
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, bound)
 }
 
 #[cfg(test)]
@@ -379,7 +382,8 @@ mod tests {
                 )
                 .expect("compiles");
                 let prep_args = super::prepared::preparation_args(&prep, &plan, &bound);
-                bind_args(&prep, &prep_args).unwrap_or_else(|e| panic!("prep: t {t} varlen {varlen} pool {pool}: {e}"));
+                bind_args(&prep, prep_args.as_slice())
+                    .unwrap_or_else(|e| panic!("prep: t {t} varlen {varlen} pool {pool}: {e}"));
             }
         }
     }

@@ -15,7 +15,7 @@ pub mod args;
 pub mod checked;
 pub mod launch;
 pub mod plan;
-mod prepared;
+pub(crate) mod prepared;
 mod split;
 
 pub use args::ChunkArgs;

@@ -277,10 +277,6 @@ fn check_reference(args: &ChunkArgs) -> Result<Shapes, ChunkError> {
     let (ks, _) = as_4d("k", args.k, varlen)?;
     let (vs, _) = as_4d("v", args.v, varlen)?;
     let (gs, _) = as_4d("g", args.g, varlen)?;
-    let beta_shape = match *args.beta.shape() {
-        [s, heads] if varlen => vec![1, s, heads],
-        ref other => other.to_vec(),
-    };
     for (name, s) in [("q", qs), ("k", ks), ("v", vs), ("g", gs)] {
         if s[3] != HEAD_DIM {
             return Err(unsupported(name, "chunk_kda currently requires D=128.".into()));
@@ -301,7 +297,12 @@ fn check_reference(args: &ChunkArgs) -> Result<Shapes, ChunkError> {
     if vs[2].checked_rem(qs[2]) != Some(0) {
         return Err(invalid("v", "GVA requires v/g heads to be divisible by q/k heads.".into()));
     }
-    if beta_shape != vs[..3] {
+    // Compared in place (a varlen `[S, HV]` as `[1, S, HV]`): planning allocates nothing.
+    let beta_matches = match *args.beta.shape() {
+        [s, heads] if varlen => [1, s, heads] == vs[..3],
+        ref other => *other == vs[..3],
+    };
+    if !beta_matches {
         return Err(invalid("beta", "beta must have shape [B, T, Hv].".into()));
     }
     let dtype = q.dtype();
@@ -324,11 +325,11 @@ fn check_reference(args: &ChunkArgs) -> Result<Shapes, ChunkError> {
         return Err(unsupported("cu_seqlens", "cu_seqlens must have dtype i32 or i64.".into()));
     }
     if let Some(out) = args.output {
-        let out_shape = match *out.shape() {
-            [s, heads, d] if squeeze_varlen => vec![1, s, heads, d],
-            ref other => other.to_vec(),
+        let out_matches = match *out.shape() {
+            [s, heads, d] if squeeze_varlen => [1, s, heads, d] == vs,
+            ref other => *other == vs,
         };
-        if out_shape != vs {
+        if !out_matches {
             return Err(invalid("output", "output must have the same shape as v.".into()));
         }
         if out.dtype() != dtype {

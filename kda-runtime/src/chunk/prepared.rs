@@ -42,19 +42,39 @@ pub(super) fn launch_preparation(
     bound: &[(&'static str, KernelArg)],
 ) -> Result<(), RuntimeError> {
     let ready = kernels.chunk_prep(&PrepConfig::of(cfg))?;
-    launch_ready(gpu, kernels, stream, &ready, &preparation_args(&ready.kernel, plan, bound))
+    let args = preparation_args(&ready.kernel, plan, bound);
+    launch_ready(gpu, kernels, stream, &ready, args.as_slice())
+}
+
+/// The preparation kernel's arguments (in an array: building them allocates nothing).
+pub(crate) struct PrepArgs {
+    items: [(&'static str, KernelArg); ARGS],
+    len: usize,
+}
+
+/// Room for every argument of the chain's kernel, and `NX`.
+const ARGS: usize = 19;
+
+impl PrepArgs {
+    /// The arguments, by name.
+    pub(crate) fn as_slice(&self) -> &[(&'static str, KernelArg)] {
+        &self.items[..self.len]
+    }
 }
 
 /// The arguments of the preparation `kernel`: those of `bound` (its `chunk` kernel's) it
 /// declares, and its grid's `NX`.
-pub(super) fn preparation_args<'a>(
+pub(crate) fn preparation_args(
     kernel: &CompiledKernel,
     plan: &ChunkPlan,
-    bound: &[(&'a str, KernelArg)],
-) -> Vec<(&'a str, KernelArg)> {
+    bound: &[(&'static str, KernelArg)],
+) -> PrepArgs {
     let takes = |name: &str| kernel.params.iter().any(|p| p.name() == name);
-    let mut args: Vec<(&str, KernelArg)> = bound.iter().filter(|(n, _)| takes(n)).copied().collect();
+    let mut args = PrepArgs { items: [("", KernelArg::I32(0)); ARGS], len: 0 };
     let nx = i32::try_from(prep_blocks(plan)).expect("chunks of fewer than 2^31 tokens");
-    args.push(("NX", KernelArg::I32(nx)));
+    for arg in bound.iter().filter(|(n, _)| takes(n)).copied().chain([("NX", KernelArg::I32(nx))]) {
+        args.items[args.len] = arg;
+        args.len += 1;
+    }
     args
 }

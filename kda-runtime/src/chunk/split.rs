@@ -19,7 +19,7 @@ use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
-use super::launch::{kernel_args, launch_ready, tuned_config, ChunkTuning};
+use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
 use super::plan::{plan_chunk, ChunkGate, ChunkPlan, InitialState};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
@@ -51,9 +51,9 @@ pub(super) fn workspace_shape(plan: &ChunkPlan, nseg: usize) -> [usize; 4] {
 pub(super) enum SplitLaunch {
     /// With a workspace, first: the segments' preparation (the segment call's plan, config and
     /// chunk-kernel arguments, from which the preparation takes its own).
-    Prepare(ChunkPlan, ChunkConfig, Vec<(&'static str, KernelArg)>),
+    Prepare(ChunkPlan, ChunkConfig, ChunkKernelArgs),
     /// A chunk-kernel pass.
-    Chunk(ChunkConfig, Vec<(&'static str, KernelArg)>),
+    Chunk(ChunkConfig, ChunkKernelArgs),
     /// The merge.
     Merge(MergeConfig, Vec<(&'static str, KernelArg)>),
 }
@@ -150,7 +150,7 @@ pub(super) fn split_launches(
     let first = pass(None, Some(&ws.h), false)?;
     // With a workspace, the segments' operands are prepared once for all three passes.
     let prepare = (first.1.preparation == Preparation::Workspace)
-        .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2.clone()));
+        .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2));
     Ok(prepare
         .into_iter()
         .chain([
@@ -249,7 +249,7 @@ mod tests {
             for step in split_launches(&args, &plan, tune, nseg, out.ptr(), &ws, fin).expect("launches") {
                 let (def, bound) = match step {
                     SplitLaunch::Prepare(..) => unreachable!("no workspace"),
-                    SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound),
+                    SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound.to_vec()),
                     SplitLaunch::Merge(cfg, bound) => (kda_kernels::chunk_merge::chunk_merge(&cfg), bound),
                 };
                 let kernel = kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles");

@@ -10,7 +10,7 @@ use super::plan::{plan_decode, BetaRule, DecodePlan, GateRule, StateIndexing};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
-use crate::launch::{launch_loaded, KernelArg};
+use crate::launch::{launch_planned, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
 /// How a decode launch is shaped: rows of the state per block, warps per block, the blocks
@@ -74,7 +74,7 @@ fn shape_rule(plan: &DecodePlan) -> DecodeConfig {
         .with_launch_shape_for(multi_token, plan.n)
 }
 
-fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
+pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
     let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
         (StateIndexing::None, _, false) => Writes::None,
         (StateIndexing::None, true, true) => Writes::PoolPerSequence,
@@ -195,7 +195,6 @@ fn launch_plan(
         let nat = get(args.num_accepted_tokens)?;
         check_indices(plan, cu.as_deref(), idx.as_deref(), nat.as_deref())?;
     }
-    let dev = args.q.device();
     let output = match args.output {
         Some(_) => None,
         None => Some(DeviceTensor::zeros(gpu, stream, &plan.output_shape, plan.output_dtype)?),
@@ -214,9 +213,36 @@ fn launch_plan(
     };
     let cfg = tuned_config(plan, tune);
     let ready = kernels.decode(&cfg)?;
+    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+    // One wave of blocks, each taking many sequences; or the config's few per block (the
+    // shape rule and the tuned entry keep the grid within `MAX_GRID_Z` then).
+    let items = if cfg.max_items == MAX_ITEMS {
+        items_per_block(plan.n, plan.hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize)
+    } else {
+        cfg.max_items
+    };
+    let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
+    let bound = kernel_args(args, plan, &cfg, out_view, final_view, items)?;
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &bound)?;
+    Ok(DecodeResult { output, final_state })
+}
 
-    // Tensors the config never reads still bind: a placeholder at q's address, with a shape
-    // that agrees with the symbols it shares. The kernel does not touch them.
+/// The decode kernel's arguments by name (an array: building them allocates nothing).
+pub(crate) type DecodeKernelArgs = [(&'static str, KernelArg); 17];
+
+/// The kernel's arguments for a planned call: the output at `out_view`, the returned state at
+/// `final_state` (given or allocated) when there is one, `items` sequences per block.
+/// Tensors the config never reads bind as placeholders at q's address, with shapes that agree
+/// with the symbols they share; the kernel does not touch them.
+pub(crate) fn kernel_args(
+    args: &DecodeArgs,
+    plan: &DecodePlan,
+    cfg: &DecodeConfig,
+    out_view: TensorView,
+    final_state: Option<TensorView>,
+    items: usize,
+) -> Result<DecodeKernelArgs, RuntimeError> {
+    let dev = args.q.device();
     let hold = args.q.ptr();
     let (hv, d) = (plan.hv, plan.k);
     let (s1, s2) = (d, d);
@@ -224,10 +250,9 @@ fn launch_plan(
         Some(s) => *s,
         None => view(hold, &[plan.pool_slots.max(1), hv, s1, s2], plan.state_dtype, dev)?,
     };
-    let final_view = match (&final_state, args.final_state) {
-        (Some(t), _) => t.view(),
-        (None, Some(v)) => *v,
-        (None, None) => view(hold, &[1, hv, s1, s2], plan.state_dtype, dev)?,
+    let final_view = match final_state {
+        Some(v) => v,
+        None => view(hold, &[1, hv, s1, s2], plan.state_dtype, dev)?,
     };
     let [bb, tt, _, _] = plan.output_shape;
     let b_view = if plan.beta_headwise { *args.b } else { view(args.b.ptr(), &[bb, tt, hv, 1], args.b.dtype(), dev)? };
@@ -258,39 +283,24 @@ fn launch_plan(
     };
     let nseq = i32::try_from(plan.n)
         .map_err(|_| RuntimeError::bad_argument("q", "fewer than 2^31 sequences", plan.n.to_string()))?;
-    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    // One wave of blocks, each taking many sequences; or the config's few per block (the
-    // shape rule and the tuned entry keep the grid within `MAX_GRID_Z` then).
-    let items = if cfg.max_items == MAX_ITEMS {
-        items_per_block(plan.n, hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize)
-    } else {
-        cfg.max_items
-    };
     use KernelArg::{Tensor as T, F32, I32};
-    launch_loaded(
-        gpu,
-        &loaded,
-        stream,
-        &ready.kernel,
-        &[
-            ("q", T(*args.q)),
-            ("k", T(*args.k)),
-            ("v", T(*args.v)),
-            ("a", T(*args.a)),
-            ("b", T(b_view)),
-            ("a_log", T(a_log)),
-            ("dt_bias", T(dt_bias)),
-            ("state", T(state_view)),
-            ("final_state", T(final_view)),
-            ("state_indices", T(indices)),
-            ("cu_seqlens", T(cu)),
-            ("accepted", T(nat)),
-            ("out", T(out_view)),
-            ("NSEQ", I32(nseq)),
-            ("ITEMS", I32(items as i32)),
-            ("scale", F32(plan.scale)),
-            ("lower_bound", F32(lower_bound)),
-        ],
-    )?;
-    Ok(DecodeResult { output, final_state })
+    Ok([
+        ("q", T(*args.q)),
+        ("k", T(*args.k)),
+        ("v", T(*args.v)),
+        ("a", T(*args.a)),
+        ("b", T(b_view)),
+        ("a_log", T(a_log)),
+        ("dt_bias", T(dt_bias)),
+        ("state", T(state_view)),
+        ("final_state", T(final_view)),
+        ("state_indices", T(indices)),
+        ("cu_seqlens", T(cu)),
+        ("accepted", T(nat)),
+        ("out", T(out_view)),
+        ("NSEQ", I32(nseq)),
+        ("ITEMS", I32(items as i32)),
+        ("scale", F32(plan.scale)),
+        ("lower_bound", F32(lower_bound)),
+    ])
 }

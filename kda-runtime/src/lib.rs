@@ -23,6 +23,7 @@ pub mod error;
 pub mod gemm;
 pub mod kernels;
 pub mod launch;
+pub mod preload;
 pub mod tensor;
 pub mod timing;
 mod validate;

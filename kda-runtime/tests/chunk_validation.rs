@@ -731,3 +731,23 @@ fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
     let vp = v.plan(|_| {});
     assert_eq!(chunk_workspace_bytes(&vp), (100 + 15 * 3) * HV * (416 * 2 + 8 * 4));
 }
+
+/// The variants a kind of call can pick include the one each batch picks, with and without a
+/// workspace; with one, the preparation of the two-kernel path comes with them.
+#[test]
+fn chunk_variants_cover_every_batch_size() {
+    use kda_runtime::chunk::{chunk_config, chunk_variants, PREPARED_MAX_CHAINS};
+    let ws = tv(9, &[1 << 30], F32);
+    for workspace in [None, Some(&ws)] {
+        let few = Case::new(1, 64);
+        let (variants, prep) = chunk_variants(&few.plan(|a| a.workspace = workspace));
+        assert_eq!(prep.is_some(), workspace.is_some());
+        // HV = 4: 40 sequences are more chains than the two-kernel path takes.
+        assert!(40 * HV > PREPARED_MAX_CHAINS);
+        for b in [1, 2, 40] {
+            let c = Case::new(b, 64);
+            let cfg = chunk_config(&c.plan(|a| a.workspace = workspace));
+            assert!(variants.contains(&cfg), "B = {b}: {} not among {variants:?}", cfg.key());
+        }
+    }
+}

@@ -651,3 +651,31 @@ fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
     let cfg = decode_config(&Case::new(8, 1).plan(|_| {}));
     assert_eq!((cfg.bv, cfg.warps, cfg.min_blocks, cfg.stages, cfg.max_items), (64, 2, 4, 2, 1));
 }
+
+/// The variants a kind of call can pick include the one each batch size picks.
+#[test]
+fn decode_variants_cover_every_batch_size() {
+    use kda_runtime::decode::{decode_config, decode_variants};
+    let pool = tv(6, &[70_000, HV, D, D], F32);
+    let kind = |b: usize| {
+        let mut c = Case::new(b, 1);
+        c.state = Some(pool);
+        c
+    };
+    let slots = |b: usize| tv(7, &[b], I32);
+    let plan_of = |b: usize| {
+        let c = kind(b);
+        let s = slots(b);
+        let p = c.plan(|a| {
+            a.state_indices = Some(&s);
+            a.inplace_final_state = true;
+        });
+        p
+    };
+    let variants = decode_variants(&plan_of(1));
+    for b in [1, 7, 8, 64, 66_000] {
+        let cfg = decode_config(&plan_of(b));
+        assert!(variants.contains(&cfg), "B = {b}: {} not among {} variants", cfg.key(), variants.len());
+    }
+    assert!(variants.len() >= 3, "{}", variants.len());
+}

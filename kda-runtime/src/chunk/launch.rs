@@ -3,7 +3,7 @@
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
-use kda_kernels::chunk_prep::prep_rows;
+use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
@@ -70,6 +70,19 @@ impl ChunkTuning {
 /// The kernel variant a validated call needs.
 pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
     tuned_config(plan, ChunkTuning::for_call(plan))
+}
+
+/// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
+/// whatever its batch: the fused kernel, and with a workspace the chain over a prepared one
+/// (taken at most [`PREPARED_MAX_CHAINS`] chains); and the preparation that one needs.
+pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Option<PrepConfig>) {
+    let fused = tuned_config(plan, ChunkTuning { prepared: false, ..ChunkTuning::for_call(plan) });
+    if !plan.workspace {
+        return (vec![fused], None);
+    }
+    let prepared = ChunkConfig { preparation: Preparation::Workspace, ..fused.clone() };
+    let prep = PrepConfig::of(&prepared);
+    (vec![fused, prepared], Some(prep))
 }
 
 pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
@@ -194,8 +207,8 @@ pub(crate) fn kernel_args(
 /// Validates every argument first (typed errors, nothing launched on a bad call). Allocates only
 /// the outputs not given (`output`, and the final states when `output_final_state` is set without
 /// a `final_state` buffer); with them given it allocates nothing, synchronizes nothing and reads
-/// nothing back, so it can be captured in a CUDA graph (make one call of the same kind first so
-/// its module is loaded: the variant depends on the dtypes and flags, [`chunk_config`]).
+/// nothing back, so it can be captured in a CUDA graph (load its variants first:
+/// [`crate::preload::preload_chunk`]; what picks one is listed there).
 /// `cu_seqlens` is never read on the host; `checked` reads `cu_seqlens` and `state_indices`
 /// back and reports values the kernel would clamp or skip (not graph-safe).
 ///

@@ -39,7 +39,11 @@ impl DecodeTuning {
     /// has several tokens, how many sequences there are and the state's dtype
     /// ([`DecodeConfig::with_launch_shape_for`]).
     pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
-        let c = shape_rule(plan);
+        DecodeTuning::of(&shape_rule(plan))
+    }
+
+    /// The launch shape of `c`.
+    fn of(c: &DecodeConfig) -> DecodeTuning {
         DecodeTuning {
             rows: c.bv,
             warps: c.warps,
@@ -69,9 +73,32 @@ pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
 /// ([`DecodeConfig::with_launch_shape_for`]: by whether some sequence has several tokens, how
 /// many sequences there are and the state's dtype).
 fn shape_rule(plan: &DecodePlan) -> DecodeConfig {
-    let multi_token = plan.total_tokens > plan.n;
+    shape_rule_for(plan, plan.total_tokens > plan.n, plan.n)
+}
+
+/// [`shape_rule`] for `plan`'s kind of call with `multi_token` and `nseq` in place of its own.
+fn shape_rule_for(plan: &DecodePlan, multi_token: bool, nseq: usize) -> DecodeConfig {
     DecodeConfig { state_dtype: plan.state_dtype, v_first: plan.state_v_first, ..DecodeConfig::default() }
-        .with_launch_shape_for(multi_token, plan.n)
+        .with_launch_shape_for(multi_token, nseq)
+}
+
+/// Every variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
+/// whatever its batch: the launch shape changes at 8 sequences, past [`MAX_GRID_Z`] (f32
+/// state) or twice that (16-bit state), and with several tokens per sequence (which a varlen
+/// call may or may not have; a dense call has them when `T > 1`).
+pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
+    let multi = plan.total_tokens > plan.n;
+    let token_kinds: &[bool] = if plan.varlen { &[false, true] } else { std::slice::from_ref(&multi) };
+    let mut out: Vec<DecodeConfig> = vec![];
+    for &multi_token in token_kinds {
+        for nseq in [1, 8, MAX_GRID_Z + 1, 2 * MAX_GRID_Z + 1] {
+            let cfg = tuned_config(plan, DecodeTuning::of(&shape_rule_for(plan, multi_token, nseq)));
+            if !out.contains(&cfg) {
+                out.push(cfg);
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
@@ -129,8 +156,8 @@ fn view(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Tensor
 /// Validates every argument first (typed errors, nothing launched on a bad call). Allocates only
 /// the outputs not given (`output`, and the returned state tensor when `final_state` is absent);
 /// with both given it allocates nothing, synchronizes nothing and can be captured in a CUDA graph
-/// (load the kernel once before capturing: a call of the same kind, since the variant depends on
-/// the dtypes, the flags and the launch shape [`DecodeTuning::for_call`] picks). `checked`
+/// (load its variants before capturing: [`crate::preload::preload_decode`]; what picks one is
+/// listed there). `checked`
 /// reads the index tensors back and reports any value out of range before launching (not
 /// graph-safe).
 pub fn gated_delta_rule_decode(

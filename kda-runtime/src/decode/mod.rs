@@ -15,5 +15,7 @@ pub mod plan;
 
 pub use args::DecodeArgs;
 pub use checked::check_indices;
-pub use launch::{decode_config, gated_delta_rule_decode, gated_delta_rule_decode_tuned, DecodeResult, DecodeTuning};
+pub use launch::{
+    decode_config, decode_variants, gated_delta_rule_decode, gated_delta_rule_decode_tuned, DecodeResult, DecodeTuning,
+};
 pub use plan::{plan_decode, BetaRule, DecodeError, DecodePlan, GateRule, StateIndexing};

@@ -1,0 +1,53 @@
+//! Compiling and loading ahead of time every variant a kind of call can pick, so that no call,
+//! and no CUDA graph capture, meets a first compile or a driver JIT.
+//!
+//! What picks a variant, in one place:
+//! - decode ([`decode_variants`]): the dtypes (inputs, state, output), the gate and beta rules,
+//!   which optional tensors are given (`A_log`, `dt_bias`, `cu_seqlens`, `state_indices`,
+//!   `num_accepted_tokens`), the state layout and how the final state is written; then a launch
+//!   shape by whether some sequence has several tokens, fewer than 8 sequences or more, and more
+//!   than 65535 (f32 state) or 131070 (16-bit state) sequences
+//!   ([`kda_kernels::decode::DecodeConfig::with_launch_shape_for`]);
+//! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
+//!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
+//!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which
+//!   adds the chain over a prepared workspace and its preparation kernel.
+
+#[cfg(doc)]
+use crate::chunk::PREPARED_MAX_CHAINS;
+use crate::chunk::{chunk_variants, plan_chunk, ChunkArgs};
+use crate::decode::{decode_variants, plan_decode, DecodeArgs};
+use crate::device::Gpu;
+use crate::error::RuntimeError;
+use crate::kernels::{Kernels, Ready};
+
+/// Compiles and loads on `gpu` every decode variant a call like `args` can pick (the same
+/// dtypes, flags and optional tensors; any batch size, and for varlen calls one or several
+/// tokens per sequence). Returns how many variants that is. Nothing is launched.
+pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result<usize, RuntimeError> {
+    let plan = plan_decode(args)?;
+    let variants = decode_variants(&plan);
+    for cfg in &variants {
+        load(gpu, kernels, &*kernels.decode(cfg)?)?;
+    }
+    Ok(variants.len())
+}
+
+/// Compiles and loads on `gpu` every prefill variant a call like `args` can pick (the same
+/// dtypes, flags and optional tensors, a workspace given or not; any batch). Returns how many
+/// kernels that is. Nothing is launched.
+pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<usize, RuntimeError> {
+    let plan = plan_chunk(args)?;
+    let (chains, prep) = chunk_variants(&plan);
+    for cfg in &chains {
+        load(gpu, kernels, &*kernels.chunk(cfg)?)?;
+    }
+    if let Some(p) = &prep {
+        load(gpu, kernels, &*kernels.chunk_prep(p)?)?;
+    }
+    Ok(chains.len() + usize::from(prep.is_some()))
+}
+
+fn load(gpu: &Gpu, kernels: &Kernels, ready: &Ready) -> Result<(), RuntimeError> {
+    kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id).map(|_| ())
+}

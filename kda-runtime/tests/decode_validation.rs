@@ -666,11 +666,10 @@ fn decode_variants_cover_every_batch_size() {
     let plan_of = |b: usize| {
         let c = kind(b);
         let s = slots(b);
-        let p = c.plan(|a| {
+        c.plan(|a| {
             a.state_indices = Some(&s);
             a.inplace_final_state = true;
-        });
-        p
+        })
     };
     let variants = decode_variants(&plan_of(1));
     for b in [1, 7, 8, 64, 66_000] {

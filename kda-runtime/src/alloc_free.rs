@@ -52,7 +52,7 @@ fn allocations_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
 }
 
 fn tv(id: u64, shape: &[usize], dtype: kda_dsl::dtype::DType) -> TensorView {
-    TensorView::new(0x10_0000 * id, shape, dtype, 0).expect("a view")
+    TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")
 }
 
 const D: usize = 128;

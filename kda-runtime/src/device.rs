@@ -47,6 +47,13 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// The GPU of an existing cudarc context (an engine's own): kda's launches, allocations and
+    /// module loads then use that context.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Gpu, RuntimeError> {
+        let name = ctx.name().op("cuDeviceGetName")?;
+        Ok(Gpu { ctx, name })
+    }
+
     /// Opens device `ordinal`; [`RuntimeError::NoGpu`] without a driver or device,
     /// [`RuntimeError::BadArgument`] when the ordinal is out of range.
     pub fn new(ordinal: usize) -> Result<Gpu, RuntimeError> {

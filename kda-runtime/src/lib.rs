@@ -24,6 +24,7 @@ pub mod gemm;
 pub mod kernels;
 pub mod launch;
 pub mod preload;
+pub mod slice_view;
 pub mod tensor;
 pub mod timing;
 mod validate;
@@ -38,5 +39,6 @@ pub use launch::{
     bind_args, bind_planned, launch, launch_loaded, launch_planned, BindPlan, BoundArgs, KernelArg, RawArg,
     POINTER_ALIGN,
 };
+pub use slice_view::{Element, SliceView};
 pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};
 pub use timing::{host_us_per_call, median, time_graph_ms, time_ms};

@@ -12,10 +12,14 @@ use crate::error::{DriverResultExt, RuntimeError};
 /// The largest rank a tensor may have.
 pub const MAX_RANK: usize = 8;
 
-/// A borrowed, copyable description of a dense row-major tensor in device memory.
+/// A copyable description of a dense row-major tensor in device memory: address, shape, dtype,
+/// device.
 ///
-/// It holds no reference to the memory: the owner (usually a [`DeviceTensor`]) must outlive
-/// every launch that uses the view.
+/// It holds no reference to the memory. Safe ways to make one check the memory is there: from
+/// a [`DeviceTensor`] ([`DeviceTensor::view`]), from a cudarc buffer ([`TensorView::of_slice`],
+/// [`TensorView::of_slice_mut`], [`TensorView::of_bytes`], which borrow it), or from another
+/// view ([`TensorView::reshaped`], [`TensorView::part`]); [`TensorView::from_raw`] takes any
+/// address, with its contract. The memory must outlive every launch that uses the view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorView {
     ptr: u64,
@@ -26,9 +30,57 @@ pub struct TensorView {
 }
 
 impl TensorView {
-    /// Describes `shape` elements of `dtype` at device address `ptr` on device `device`;
-    /// fails for ranks above [`MAX_RANK`], `bool` or a size that overflows `usize`.
-    pub fn new(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Self, RuntimeError> {
+    /// Describes `shape` elements of `dtype` at device address `ptr` on device `device`, for
+    /// memory from another allocator; fails for ranks above [`MAX_RANK`], `bool` or a size that
+    /// overflows `usize`.
+    ///
+    /// # Safety
+    ///
+    /// Unless the shape is empty, `ptr` must address at least [`TensorView::size_bytes`] bytes
+    /// of device memory on device `device`, which stays allocated, and is not reused, until
+    /// every launch using the view (or a view derived from it) has run. A kernel reads and may
+    /// write those bytes.
+    pub unsafe fn from_raw(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Self, RuntimeError> {
+        Self::describe(ptr, shape, dtype, device)
+    }
+
+    /// An empty view (some extent 0) at address 0: a placeholder no kernel reads.
+    pub fn empty(shape: &[usize], dtype: DType, device: usize) -> Result<Self, RuntimeError> {
+        if !shape.contains(&0) {
+            return Err(RuntimeError::bad_argument("shape", "an extent of 0 (an empty view)", format!("{shape:?}")));
+        }
+        Self::describe(0, shape, dtype, device)
+    }
+
+    /// The same memory as `shape`: no more bytes than this view's, the same dtype.
+    pub fn reshaped(&self, shape: &[usize]) -> Result<Self, RuntimeError> {
+        self.part(0, shape, self.dtype)
+    }
+
+    /// `shape` elements of `dtype` starting `byte_offset` bytes into this view's memory, all of
+    /// them inside it.
+    pub fn part(&self, byte_offset: usize, shape: &[usize], dtype: DType) -> Result<Self, RuntimeError> {
+        let v = Self::describe(self.ptr.wrapping_add(byte_offset as u64), shape, dtype, self.device)?;
+        let end = byte_offset.checked_add(v.size_bytes());
+        if v.numel() != 0 && end.is_none_or(|e| e > self.size_bytes()) {
+            return Err(RuntimeError::bad_argument(
+                "shape",
+                format!("at most the {} bytes of the view from byte {byte_offset}", self.size_bytes()),
+                format!("{shape:?} of {dtype} ({} bytes)", v.size_bytes()),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// This view's shape and dtype at another address (the buffer it was checked against).
+    pub(crate) fn at(self, ptr: u64) -> Self {
+        TensorView { ptr, ..self }
+    }
+
+    /// The checked description, without the caller's contract: this crate's own views, whose
+    /// addresses come from views checked before, and its tests' descriptors that are never
+    /// launched.
+    pub(crate) fn describe(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Self, RuntimeError> {
         if dtype == DType::Bool {
             return Err(convert::unstorable());
         }
@@ -96,7 +148,7 @@ pub struct DeviceTensor {
 impl DeviceTensor {
     /// Allocates without initializing.
     fn alloc(gpu: &Gpu, shape: &[usize], dtype: DType) -> Result<Self, RuntimeError> {
-        let probe = TensorView::new(0, shape, dtype, gpu.ordinal())?;
+        let probe = TensorView::describe(0, shape, dtype, gpu.ordinal())?;
         let ctx = gpu.context().clone();
         let ptr = if probe.size_bytes() == 0 {
             0

@@ -11,17 +11,20 @@ const HV: usize = 4;
 
 /// A view at `0x1000 * id` (16-byte aligned) on device 0.
 fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-    TensorView::new(0x1000 * id, shape, dtype, 0).expect("valid view")
+    // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(0x1000 * id, shape, dtype, 0) }.expect("valid view")
 }
 
 /// A view on another device.
 fn on(device: usize, x: TensorView) -> TensorView {
-    TensorView::new(x.ptr(), x.shape(), x.dtype(), device).expect("valid view")
+    // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(x.ptr(), x.shape(), x.dtype(), device) }.expect("valid view")
 }
 
 /// A view at a given (possibly misaligned) address.
 fn at(ptr: u64, x: TensorView) -> TensorView {
-    TensorView::new(ptr, x.shape(), x.dtype(), x.device()).expect("valid view")
+    // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(ptr, x.shape(), x.dtype(), x.device()) }.expect("valid view")
 }
 
 /// The required tensors of a call: H = 2, HV = 4, D = 128.

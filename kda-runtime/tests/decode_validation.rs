@@ -11,12 +11,14 @@ const HV: usize = 4;
 
 /// A view at `0x1000 * id` (16-byte aligned) on device 0.
 fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-    TensorView::new(0x1000 * id, shape, dtype, 0).expect("valid view")
+    // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(0x1000 * id, shape, dtype, 0) }.expect("valid view")
 }
 
 /// A view on another device.
 fn on(device: usize, x: TensorView) -> TensorView {
-    TensorView::new(x.ptr(), x.shape(), x.dtype(), device).expect("valid view")
+    // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(x.ptr(), x.shape(), x.dtype(), device) }.expect("valid view")
 }
 
 /// `B` sequences of `T` tokens, H = 2, HV = 4, K = V = 128, bf16, an f32 V-first state `[B, ..]`.
@@ -360,16 +362,19 @@ fn index_tensors_and_final_state_on_q_device() {
 #[test]
 fn pointers_must_be_16_byte_aligned() {
     let mut c = Case::new(2, 1);
-    c.q = TensorView::new(0x1008, &[2, 1, 2, D], BF16, 0).expect("valid view");
+    c.q = // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(0x1008, &[2, 1, 2, D], BF16, 0) }.expect("valid view");
     let e = err(c.run(|_| {}), "q", "q must be 16-byte aligned");
     assert!(is_unsupported(&e));
     assert!(e.message().contains("0x1008"));
     let c = Case::new(2, 1);
-    let out = TensorView::new(0x2004, &[2, 1, HV, D], F32, 0).expect("valid view");
+    let out = // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(0x2004, &[2, 1, HV, D], F32, 0) }.expect("valid view");
     err(c.run(|a| a.output = Some(&out)), "output", "16-byte aligned");
     // Zero elements: nothing is accessed, so the address does not matter.
     let mut c = Case::new(0, 1);
-    c.q = TensorView::new(0x1001, &[0, 1, 2, D], BF16, 0).expect("valid view");
+    c.q = // SAFETY: a descriptor for planning and binding only, never launched.
+    unsafe { TensorView::from_raw(0x1001, &[0, 1, 2, D], BF16, 0) }.expect("valid view");
     assert!(c.plan(|_| {}).empty);
 }
 

@@ -2,7 +2,9 @@
 
 use kda_dsl::artifact::{CompiledKernel, HostExpr, ParamSig};
 use kda_dsl::dtype::DType;
-use kda_runtime::{launch, median, time_graph_ms, time_ms, DeviceTensor, Gpu, KernelArg, ModuleCache, RuntimeError};
+use kda_runtime::{
+    launch, median, time_graph_ms, time_ms, DeviceTensor, Gpu, KernelArg, ModuleCache, RuntimeError, TensorView,
+};
 
 /// `x[i] += b` for `i < N`, 128 threads per block.
 ///
@@ -109,6 +111,46 @@ fn an_allocation_past_the_device_is_out_of_memory_on_gpu() -> Result<(), Runtime
     assert!(err.is_out_of_memory(), "{err}");
     let x = DeviceTensor::zeros(&gpu, &stream, &[4], DType::F32)?;
     assert_eq!(x.to_f32_vec(&stream)?, vec![0.0; 4]);
+    Ok(())
+}
+
+#[test]
+fn views_of_cudarc_buffers_are_checked_and_launch() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    if let Err(e) = views_of_cudarc_buffers_are_checked_and_launch_on_gpu() {
+        panic!("{e}");
+    }
+}
+
+/// An engine's own buffers: views check size and element type, take the device from the
+/// buffer, and a kernel launched through one (its stream the engine's, the context the
+/// engine's) writes the buffer.
+fn views_of_cudarc_buffers_are_checked_and_launch_on_gpu() -> Result<(), RuntimeError> {
+    let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    let gpu = Gpu::from_context(ctx.clone())?;
+    let stream = ctx.default_stream();
+    let dev_err = |e: cudarc::driver::DriverError| RuntimeError::Unsupported(e.to_string());
+    let mut x: cudarc::driver::CudaSlice<f32> = stream.alloc_zeros(300).map_err(dev_err)?;
+    let short = TensorView::of_slice(&x, &[400], DType::F32, &stream).expect_err("too short");
+    assert!(short.to_string().contains("at least 1600 bytes"), "{short}");
+    let wrong = TensorView::of_slice(&x, &[300], DType::BF16, &stream).expect_err("f32 is not bf16");
+    assert!(wrong.to_string().contains("elements are bf16"), "{wrong}");
+    {
+        let view = TensorView::of_slice_mut(&mut x, &[300], DType::F32, &stream)?;
+        assert_eq!((view.device(), view.shape()), (0, &[300][..]));
+        let args = [("x", KernelArg::Tensor(*view)), ("b", KernelArg::F32(2.5))];
+        launch(&gpu, &ModuleCache::new(), &stream, &add_scalar(), "view", &args)?;
+    }
+    let host = stream.clone_dtoh(&x).map_err(dev_err)?;
+    assert!(host.iter().all(|v| *v == 2.5), "{:?}", &host[..4]);
+    // A byte arena: a part inside it, and one past its end.
+    let arena: cudarc::driver::CudaSlice<u8> = stream.alloc_zeros(4096).map_err(dev_err)?;
+    let part = TensorView::of_bytes(&arena, 1024, &[256], DType::BF16, &stream)?;
+    assert_eq!(part.size_bytes(), 512);
+    assert!(TensorView::of_bytes(&arena, 3800, &[256], DType::BF16, &stream).is_err());
     Ok(())
 }
 

@@ -39,12 +39,7 @@ fn slot_len(x: &DecodeInputs) -> usize {
 /// A view of `slots` consecutive pool slots starting at `first`.
 pub fn slot_view(pool: &DeviceTensor, hv: usize, first: usize, slots: usize) -> Result<TensorView, RuntimeError> {
     let esz = pool.dtype().size_bytes();
-    TensorView::new(
-        pool.view().ptr() + (first * hv * D * D * esz) as u64,
-        &[slots, hv, D, D],
-        pool.dtype(),
-        pool.device(),
-    )
+    pool.view().part(first * hv * D * D * esz, &[slots, hv, D, D], pool.dtype())
 }
 
 /// Uploads a case. The device pool has `device_slots` slots; reference slot `i` lives at

@@ -125,7 +125,7 @@ pub(crate) fn kernel_args(
     final_state: Option<TensorView>,
 ) -> Result<ChunkKernelArgs, RuntimeError> {
     let dev = args.q.device();
-    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::new(ptr, shape, dtype, dev);
+    let view = |ptr: u64, shape: &[usize], dtype: DType| TensorView::describe(ptr, shape, dtype, dev);
     let (bt, hv) = ([plan.batch, plan.seq_len], plan.value_heads);
     let dt = plan.dtype;
     let q = view(args.q.ptr(), &[bt[0], bt[1], plan.heads, D], dt)?;
@@ -330,7 +330,7 @@ mod tests {
     use crate::launch::bind_args;
 
     fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-        TensorView::new(0x1000 * id, shape, dtype, 0).expect("a view")
+        TensorView::describe(0x1000 * id, shape, dtype, 0).expect("a view")
     }
 
     /// Every accepted plan binds to its kernel: the inputs' shapes, the placeholders of what the
@@ -356,7 +356,7 @@ mod tests {
             let at = |id: u64| if t == 0 { 0 } else { id };
             let shaped = |tail: &[usize]| [lead.as_slice(), tail].concat();
             let mk = |id: u64, tail: &[usize], d: DType| {
-                TensorView::new(0x1000 * at(id), &shaped(tail), d, 0).expect("a view")
+                TensorView::describe(0x1000 * at(id), &shaped(tail), d, 0).expect("a view")
             };
             let (q, k) = (mk(1, &[h, D], DType::BF16), mk(2, &[h, D], DType::BF16));
             let (v, g) = (mk(3, &[hv, D], DType::BF16), mk(4, &[hv, D], DType::BF16));
@@ -436,7 +436,7 @@ mod tests {
                 _ => 0x1000 * self.next,
             };
             let device = usize::from(self.r(60) == 0);
-            TensorView::new(ptr, shape, dtype, device).expect("a descriptor")
+            TensorView::describe(ptr, shape, dtype, device).expect("a descriptor")
         }
     }
 
@@ -526,11 +526,11 @@ mod tests {
             let dev = q.device();
             let out_view = match args.output {
                 Some(o) => *o,
-                None => TensorView::new(0x9000_0000, &plan.output_shape, plan.dtype, dev).expect("a view"),
+                None => TensorView::describe(0x9000_0000, &plan.output_shape, plan.dtype, dev).expect("a view"),
             };
             let final_view = match plan.final_out {
                 FinalState::Allocate { dtype, shape } => {
-                    Some(TensorView::new(0xa000_0000, &shape, dtype, dev).expect("a view"))
+                    Some(TensorView::describe(0xa000_0000, &shape, dtype, dev).expect("a view"))
                 }
                 _ => args.final_state.copied(),
             };

@@ -98,14 +98,14 @@ pub(super) fn split_launches(
     let (nb, len, hv) = (plan.batch * nseg, plan.seq_len / nseg, plan.value_heads);
     let seg = |x: &TensorView, tail: &[usize]| {
         let shape: Vec<usize> = [&[nb, len][..], tail].concat();
-        TensorView::new(x.ptr(), &shape, x.dtype(), dev)
+        TensorView::describe(x.ptr(), &shape, x.dtype(), dev)
     };
     let q = seg(args.q, &[plan.heads, D])?;
     let k = seg(args.k, &[plan.heads, D])?;
     let v = seg(args.v, &[hv, D])?;
     let g = seg(args.g, &[hv, D])?;
     let beta = seg(args.beta, &[hv])?;
-    let out = TensorView::new(out_ptr, &[nb, len, hv, D], plan.dtype, dev)?;
+    let out = TensorView::describe(out_ptr, &[nb, len, hv, D], plan.dtype, dev)?;
     // A pass over the segments: the caller's call reshaped, with the pass's states.
     let pass = |initial: Option<&TensorView>, final_state: Option<&TensorView>, transition: bool| {
         let mut a = ChunkArgs::new(&q, &k, &v, &g, &beta);
@@ -213,7 +213,7 @@ mod tests {
     use kda_dsl::DType;
 
     fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-        TensorView::new(0x10_0000 * id, shape, dtype, 0).expect("a view")
+        TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")
     }
 
     /// Every launch of a split binds to its compiled kernel, with and without initial and

@@ -148,7 +148,7 @@ pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfi
 }
 
 fn view(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<TensorView, RuntimeError> {
-    TensorView::new(ptr, shape, dtype, device)
+    TensorView::describe(ptr, shape, dtype, device)
 }
 
 /// Runs KDA decode on `stream`, mirroring the reference `gated_delta_rule_decode`.

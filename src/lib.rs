@@ -1,8 +1,8 @@
 //! kda: KDA attention kernels written in a tile DSL that compiles to PTX for tensor cores.
 //!
 //! This facade re-exports the four crates: [`dsl`] (the compiler and simulator), [`kernels`]
-//! (kernels in the DSL and their references), [`runtime`] (CUDA launches and the validated API)
-//! and the `#[kernel]` attribute through `kda_kernels`' dependency, and at its root what an
+//! (kernels in the DSL and their references), [`runtime`] (CUDA launches and the validated API),
+//! the `#[kernel]` and `#[kernel_fn]` attributes, and at its root what an
 //! integrator calls: the entry points, their argument, plan and error types, the config types
 //! that name a kernel variant, and the device types. `cli` (feature `cli`, on by default) is
 //! the `kda` tool.
@@ -16,6 +16,7 @@ pub use kda_dsl::DType;
 pub use kda_kernels::chunk::ChunkConfig;
 pub use kda_kernels::decode::DecodeConfig;
 pub use kda_kernels::gemm::GemmConfig;
+pub use kda_macros::{kernel, kernel_fn};
 pub use kda_runtime::chunk::{
     chunk_config, chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkError, ChunkPlan, ChunkResult,
 };

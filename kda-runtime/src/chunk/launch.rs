@@ -216,6 +216,30 @@ pub(crate) fn kernel_args(
 /// from the shapes alone. With a `workspace` and at most [`PREPARED_MAX_CHAINS`] chains the
 /// chunks are prepared first by `chunk_prep` (its grid may shrink to the `max_seqlen` hint),
 /// with the same bits as the fused kernel.
+///
+/// ```
+/// use kda_dsl::DType::{BF16, F32};
+/// use kda_runtime::chunk::{chunk_kda, ChunkArgs};
+/// use kda_runtime::{DeviceTensor, Gpu, Kernels};
+/// # fn main() -> Result<(), kda_runtime::RuntimeError> {
+/// if !kda_runtime::gpu_available() {
+///     return Ok(()); // needs a GPU
+/// }
+/// let (gpu, kernels) = (Gpu::new(0)?, Kernels::new());
+/// let s = gpu.new_stream()?;
+/// let z = |shape: &[usize], d| DeviceTensor::zeros(&gpu, &s, shape, d);
+/// // Two prompts of 100 tokens, 4 heads.
+/// let (q, k, v, g) = (z(&[2, 100, 4, 128], BF16)?, z(&[2, 100, 4, 128], BF16)?, z(&[2, 100, 4, 128], BF16)?, z(&[2, 100, 4, 128], BF16)?);
+/// let (beta, out, fin) = (z(&[2, 100, 4], BF16)?, z(&[2, 100, 4, 128], BF16)?, z(&[2, 4, 128, 128], F32)?);
+/// let views = [q.view(), k.view(), v.view(), g.view(), beta.view(), out.view(), fin.view()];
+/// let mut args = ChunkArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+/// args.output = Some(&views[5]);
+/// args.output_final_state = true;
+/// args.final_state = Some(&views[6]);
+/// chunk_kda(&gpu, &kernels, &s, &args)?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn chunk_kda(
     gpu: &Gpu,
     kernels: &Kernels,

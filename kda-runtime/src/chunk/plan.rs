@@ -168,6 +168,21 @@ pub(crate) fn workspace_prep_bytes(plan: &ChunkPlan) -> usize {
 
 /// Validates a `chunk_kda` call and resolves its defaults; pure host code, reads no device
 /// memory.
+///
+/// ```
+/// use kda_dsl::DType::BF16;
+/// use kda_runtime::chunk::{plan_chunk, ChunkArgs};
+/// use kda_runtime::TensorView;
+/// // SAFETY: planning reads no device memory, and these descriptors are never launched.
+/// let tv = |id: u64, shape: &[usize]| unsafe { TensorView::from_raw(0x1000 * id, shape, BF16, 0) }.unwrap();
+/// let (q, k, v, g) = (tv(1, &[1, 37, 2, 128]), tv(2, &[1, 37, 2, 128]), tv(3, &[1, 37, 4, 128]), tv(4, &[1, 37, 4, 128]));
+/// let beta = tv(5, &[1, 37, 4]);
+/// let plan = plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call");
+/// assert_eq!((plan.nseq, plan.value_heads, plan.l2norm), (1, 4, true));
+/// let bad = tv(6, &[1, 37, 3]);
+/// let e = plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &bad)).unwrap_err();
+/// assert_eq!(e.arg(), "beta");
+/// ```
 pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
     let shapes = check_reference(args)?;
     let q = args.q;

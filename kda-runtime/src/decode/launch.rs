@@ -160,6 +160,32 @@ fn view(ptr: u64, shape: &[usize], dtype: DType, device: usize) -> Result<Tensor
 /// listed there). `checked`
 /// reads the index tensors back and reports any value out of range before launching (not
 /// graph-safe).
+///
+/// ```
+/// use kda_dsl::DType::{BF16, F32, I32};
+/// use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
+/// use kda_runtime::{DeviceTensor, Gpu, Kernels};
+/// # fn main() -> Result<(), kda_runtime::RuntimeError> {
+/// if !kda_runtime::gpu_available() {
+///     return Ok(()); // needs a GPU
+/// }
+/// let (gpu, kernels) = (Gpu::new(0)?, Kernels::new());
+/// let s = gpu.new_stream()?;
+/// let z = |shape: &[usize], d| DeviceTensor::zeros(&gpu, &s, shape, d);
+/// // 8 sequences, one token each, 4 heads, a pool of 16 slots updated in place.
+/// let (q, k, v, a) = (z(&[8, 1, 4, 128], BF16)?, z(&[8, 1, 4, 128], BF16)?, z(&[8, 1, 4, 128], BF16)?, z(&[8, 1, 4, 128], BF16)?);
+/// let (b, out, pool) = (z(&[8, 1, 4], BF16)?, z(&[8, 1, 4, 128], BF16)?, z(&[16, 4, 128, 128], F32)?);
+/// let slots = DeviceTensor::from_i64(&gpu, &s, &[8], I32, &[0, 2, 4, 6, 8, 10, -1, -1])?;
+/// let views = [q.view(), k.view(), v.view(), a.view(), b.view(), out.view(), pool.view(), slots.view()];
+/// let mut args = DecodeArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+/// args.output = Some(&views[5]);
+/// args.state = Some(&views[6]);
+/// args.state_indices = Some(&views[7]); // -1: padding rows, nothing touched
+/// args.inplace_final_state = true;
+/// gated_delta_rule_decode(&gpu, &kernels, &s, &args)?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn gated_delta_rule_decode(
     gpu: &Gpu,
     kernels: &Kernels,

@@ -134,6 +134,21 @@ pub struct DecodePlan {
 }
 
 /// Validates a decode call and resolves its defaults; pure host code, reads no device memory.
+///
+/// ```
+/// use kda_dsl::DType::{BF16, F32};
+/// use kda_runtime::decode::{plan_decode, DecodeArgs};
+/// use kda_runtime::TensorView;
+/// // SAFETY: planning reads no device memory, and these descriptors are never launched.
+/// let tv = |id: u64, shape: &[usize], d| unsafe { TensorView::from_raw(0x1000 * id, shape, d, 0) }.unwrap();
+/// let (q, k) = (tv(1, &[4, 1, 2, 128], BF16), tv(2, &[4, 1, 2, 128], BF16));
+/// let (v, a, b) = (tv(3, &[4, 1, 4, 128], BF16), tv(4, &[4, 1, 4, 128], BF16), tv(5, &[4, 1, 4], BF16));
+/// let state = tv(6, &[4, 4, 128, 128], F32);
+/// let mut args = DecodeArgs::new(&q, &k, &v, &a, &b);
+/// args.state = Some(&state);
+/// let plan = plan_decode(&args).expect("a valid call");
+/// assert_eq!(plan.n, 4);
+/// ```
 pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     let q = args.q;
     let state_v_first = args.state_v_first.unwrap_or(true);

@@ -3,9 +3,9 @@
 //! them vanishes. Kernel authors do not call this directly.
 
 use crate::artifact::HostExpr;
+use crate::cache_policy::CachePolicy;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::thread_ir::CachePolicy;
 use crate::tile::*;
 use std::cell::RefCell;
 

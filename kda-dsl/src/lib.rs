@@ -7,8 +7,10 @@
 
 #![warn(missing_docs)]
 
+pub mod analysis;
 pub mod artifact;
 pub mod builder;
+pub mod cache_policy;
 pub mod compile;
 pub mod diag;
 pub mod dtype;

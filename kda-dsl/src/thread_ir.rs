@@ -209,17 +209,7 @@ pub enum Cmp {
     Ne,
 }
 
-/// How long a global access's lines should stay in L2 (`Region::Global::cache`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum CachePolicy {
-    /// The hardware's default.
-    #[default]
-    Normal,
-    /// Evicted first: data the kernel reads or writes once (a streamed state), so it does not
-    /// push out what other blocks still read. Loads and stores print as `.cs`; a `cp.async`
-    /// carries the L2 policy in [`EVICT_FIRST_POLICY`], which the printer creates at entry.
-    EvictFirst,
-}
+pub use crate::cache_policy::CachePolicy;
 
 /// The register holding the `createpolicy` L2 evict-first policy of cache-hinted `cp.async`.
 pub const EVICT_FIRST_POLICY: &str = "%l2_evict_first";

@@ -2,9 +2,9 @@
 //! outside a `parallel` body is uniform across the block.
 
 use crate::artifact::HostExpr;
+use crate::cache_policy::CachePolicy;
 use crate::diag::SrcLoc;
 use crate::dtype::DType;
-use crate::thread_ir::CachePolicy;
 use std::fmt;
 
 /// Index of a kernel parameter in [`KernelDef::params`].

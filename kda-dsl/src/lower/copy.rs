@@ -2,9 +2,9 @@
 //! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
 //! not possible the reason is reported under `KDA_DUMP=copy_plan`.
 
-use super::divisibility::{expr_divisor, gcd, ANY};
-use super::ranges;
 use super::{Lower, V};
+use crate::analysis::divisibility::{expr_divisor, gcd, ANY};
+use crate::analysis::ranges;
 use crate::artifact::HostExpr;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;

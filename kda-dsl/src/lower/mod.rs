@@ -4,7 +4,6 @@
 //! (short `if`s that store to memory run predicated instead: `if_conversion`).
 
 mod copy;
-mod divisibility;
 mod element_addr;
 mod elementwise;
 pub mod emit;
@@ -13,10 +12,10 @@ mod fill_prelude;
 mod gemm;
 mod if_conversion;
 mod loops;
-mod ranges;
 mod reduce;
 mod whole_lines;
 
+use crate::analysis::{divisibility, ranges};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::layout::{FragmentKind, FragmentLayout};

@@ -1,0 +1,9 @@
+//! Analyses of the tile IR: facts about its index expressions that the lowering uses but no
+//! pass changes. Each is a function of a [`crate::tile::KernelDef`], with its own tests.
+//!
+//! - [`divisibility`]: a number every value of an expression is a multiple of (aligned vector
+//!   accesses);
+//! - [`ranges`]: the values an expression can take (bound checks that cannot fail).
+
+pub(crate) mod divisibility;
+pub(crate) mod ranges;

@@ -87,9 +87,10 @@ pub(crate) const PREP_QD: usize = 128;
 pub(crate) const PREP_KR: usize = 256;
 pub(crate) const PREP_INV: usize = 384;
 pub(crate) const PREP_MQK: usize = 400;
-/// Columns of one token's row of the decay workspace (f32): row `i` of a chunk holds channels
-/// `8 i .. 8 i + 8` of its `2^Γ`.
-pub const PREP_DECAY_COLS: usize = 8;
+/// Columns of one chunk's row of the decay workspace (f32): its `2^Γ`, one per key channel.
+/// The chunk whose first workspace row is `w0` owns decay row `w0 / 16`: a sequence's chunks are
+/// 16 rows apart and the next sequence starts at least 16 rows further, so no two share one.
+pub const PREP_DECAY_COLS: usize = 128;
 
 /// What a chunk variant is specialized for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -210,15 +211,6 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 fn beta_gate(b_sh: Tile, bt_sh: Tile, nv: Val) {
     for (i,) in parallel(bt_sh) {
         bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
-    }
-}
-
-/// The chunk's beta, and its decay `2^Γ` from the workspace's `[16, 8]` layout into `eg_sh`.
-#[kda_macros::kernel_fn]
-fn prepared_beta_and_decay(b_sh: Tile, bt_sh: Tile, eg16_sh: Tile, eg_sh: Tile, nv: Val) {
-    beta_gate(b_sh, bt_sh, nv);
-    for (j,) in parallel(eg_sh) {
-        eg_sh[j] = eg16_sh[j / 8][j % 8];
     }
 }
 
@@ -513,7 +505,7 @@ pub fn chunk(
     has_initial: Global<(NH,), { cfg.has_initial().unwrap_or(I32) }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
     prep: Global<(WB, TP, HV, PW), BF16>,
-    prep_decay: Global<(WB, TP, HV, DW), F32>,
+    prep_decay: Global<(WB, TC, HV, DW), F32>,
     out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
     NSEQ: Dim,
     scale: f32,
@@ -592,7 +584,6 @@ pub fn chunk(
     let g_sh = shared([16, keys], cfg.dtype);
     let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
-    let eg16_sh = shared([16, if prepared { PREP_DECAY_COLS } else { 4 }], F32);
     // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
     // columns wide under the other; the element-wise products need one copy of `l_sh` and
     // `m_sh`, not one per warp.
@@ -636,7 +627,7 @@ pub fn chunk(
             copy(prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]), kr_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]), inv_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
-            copy(prep_decay.tile_at([bi, w0, hv, 0], [1, 16, 1, PREP_DECAY_COLS]), eg16_sh);
+            copy(prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, PREP_DECAY_COLS]), eg_sh);
         } else {
             copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
             copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
@@ -650,7 +641,7 @@ pub fn chunk(
         let nv = min(eos - t0, 16);
 
         if prepared {
-            prepared_beta_and_decay(b_sh, bt_sh, eg16_sh, eg_sh, nv);
+            beta_gate(b_sh, bt_sh, nv);
         } else {
             prepare_chunk(
                 lower,

@@ -193,6 +193,7 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
             small("prep_decay", DType::F32),
             i("WB", 1),
             i("TP", 1),
+            i("TC", 1),
             i("PW", 1),
             i("DW", 1),
         ]),
@@ -200,11 +201,13 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
             // Poisoned, so that a row the preparation skips and the state pass reads shows.
             let (wb, tp) = prep_rows(x.b, x.t, n, cfg.varlen.is_some());
             let rows = wb * tp * x.hv;
+            let tc = tp.div_ceil(16);
             args.extend([
                 t("prep", &vec![f64::NAN; rows * PREP_COLS], DType::BF16),
-                t("prep_decay", &vec![f64::NAN; rows * PREP_DECAY_COLS], DType::F32),
+                t("prep_decay", &vec![f64::NAN; wb * tc * x.hv * PREP_DECAY_COLS], DType::F32),
                 i("WB", wb),
                 i("TP", tp),
+                i("TC", tc),
                 i("PW", PREP_COLS),
                 i("DW", PREP_DECAY_COLS),
                 i("NX", prep_blocks),

@@ -11,7 +11,8 @@
 //!
 //! Workspace rows: a token's row is its own (`[B, T]` rows of a dense call, rounded up to whole
 //! chunks), shifted down `15 n` rows for varlen sequence `n`, so that every chunk, the last
-//! partial one included, writes its 16 rows without touching the next sequence's.
+//! partial one included, writes its 16 rows without touching the next sequence's. A chunk's
+//! decay goes to row `w0 / 16` of its own table, `w0` its first workspace row.
 
 use crate::chunk::{
     prepare_chunk, sequence_end, sequence_start, ChunkGate, Preparation, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD,
@@ -93,7 +94,7 @@ impl PrepConfig {
 
 /// The workspace's leading extents `[WB, TP]` for a call of `nseq` sequences over `batch` rows
 /// of `seq_len` tokens (varlen: one row of all the tokens): whole chunks per dense row, and
-/// 15 rows more per varlen sequence.
+/// 15 rows more per varlen sequence. The decay table has `TP.div_ceil(16)` rows per `WB`.
 pub fn prep_rows(batch: usize, seq_len: usize, nseq: usize, varlen: bool) -> (usize, usize) {
     if varlen {
         (1, seq_len + 15 * nseq)
@@ -114,7 +115,7 @@ pub fn chunk_prep(
     dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
     prep: GlobalMut<(WB, TP, HV, PW), BF16>,
-    prep_decay: GlobalMut<(WB, TP, HV, DW), F32>,
+    prep_decay: GlobalMut<(WB, TC, HV, DW), F32>,
     NSEQ: Dim,
     NX: Dim,
     scale: f32,
@@ -221,9 +222,7 @@ pub fn chunk_prep(
         copy(kr_sh, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));
-        for (j,) in parallel(eg_sh) {
-            prep_decay[bi][w0 + j / 8][hv][j % 8] = eg_sh[j];
-        }
+        copy(eg_sh, prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, PREP_DECAY_COLS]));
     }
 }
 

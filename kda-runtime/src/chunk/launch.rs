@@ -167,14 +167,14 @@ pub(crate) fn kernel_args(
     let nseq = i32::try_from(plan.nseq)
         .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
     // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (bf16), then the
-    // decay `[WB, TP, HV, PREP_DECAY_COLS]` (f32).
+    // decay `[WB, TP / 16 rounded up, HV, PREP_DECAY_COLS]` (f32).
     let (prep, prep_decay) = match (cfg.preparation, args.workspace) {
         (Preparation::Workspace, Some(ws)) => {
             let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
             let decay_at = ws.ptr() + workspace_prep_bytes(plan) as u64;
             (
                 view(ws.ptr(), &[wb, tp, hv, PREP_COLS], DType::BF16)?,
-                view(decay_at, &[wb, tp, hv, PREP_DECAY_COLS], DType::F32)?,
+                view(decay_at, &[wb, tp.div_ceil(16), hv, PREP_DECAY_COLS], DType::F32)?,
             )
         }
         _ => (view(0, &[0, 0, hv, 0], DType::BF16)?, view(0, &[0, 0, hv, 0], DType::F32)?),

@@ -152,12 +152,14 @@ pub struct ChunkPlan {
 
 /// Bytes of scratch the two-kernel path needs for a call ([`ChunkArgs::workspace`]): per
 /// value head and workspace row ([`prep_rows`]: the tokens rounded up to whole chunks per dense
-/// row, plus 15 per varlen sequence), the prepared operands in bf16 and the chunk's decay in
-/// f32. Saturates at `usize::MAX` for shapes no device could hold.
+/// row, plus 15 per varlen sequence), the prepared operands in bf16; then per 16 rows a chunk's
+/// decay in f32. Saturates at `usize::MAX` for shapes no device could hold.
 pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
-    let per_row = PREP_COLS * 2 + PREP_DECAY_COLS * 4;
-    wb.saturating_mul(tp).saturating_mul(plan.value_heads).saturating_mul(per_row)
+    let heads = wb.saturating_mul(plan.value_heads);
+    let prep = heads.saturating_mul(tp).saturating_mul(PREP_COLS * 2);
+    let decay = heads.saturating_mul(tp.div_ceil(16)).saturating_mul(PREP_DECAY_COLS * 4);
+    prep.saturating_add(decay)
 }
 
 /// Bytes of the workspace's first part, the prepared operands; the decay follows.

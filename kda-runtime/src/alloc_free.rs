@@ -117,7 +117,7 @@ fn a_warm_prefill_call_plans_looks_up_and_binds_without_allocating() {
             bind_planned(&ready.kernel, &ready.binding, &bound).expect("binds");
             if plan.workspace {
                 let prep = kernels.chunk_prep(&kda_kernels::chunk_prep::PrepConfig::of(&cfg)).expect("compiles");
-                let prep_args = super::chunk::prepared::preparation_args(&prep.kernel, &plan, &bound);
+                let prep_args = super::chunk::prepared::preparation_args(&prep.kernel, &plan, &bound, None);
                 bind_planned(&prep.kernel, &prep.binding, prep_args.as_slice()).expect("binds");
             }
         };

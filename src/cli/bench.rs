@@ -7,7 +7,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let json = match args {
@@ -100,11 +100,13 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
-        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p]; {USAGE}");
-        // A trailing `p`: the two-kernel path (with a workspace).
-        let (a_shape, prepared) = match a.strip_suffix('p') {
-            Some(rest) => (rest, true),
-            None => (a.as_str(), false),
+        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]]; {USAGE}");
+        // A trailing `p`: the two-kernel path (with a workspace), with BLOCKS preparation
+        // blocks per (sequence, value head) when a number follows.
+        let (a_shape, prepared, prep_blocks) = match a.rsplit_once('p') {
+            Some((rest, "")) => (rest, true, None),
+            Some((rest, n)) => (rest, true, Some(n.parse::<usize>().map_err(|_| bad())?)),
+            None => (a.as_str(), false, None),
         };
         let (w, rest) = a_shape.split_once('x').ok_or_else(bad)?;
         let (m, split) = match rest.split_once('s') {
@@ -112,12 +114,13 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             None => (rest, None),
         };
         let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split, prepared }));
+        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split, prepared, prep_blocks }));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
             .map(|(warps, min_blocks)| {
-                (format!("{warps}x{min_blocks}"), ChunkTuning { warps, min_blocks, split: None, prepared: false })
+                let tune = ChunkTuning { warps, min_blocks, split: None, prepared: false, prep_blocks: None };
+                (format!("{warps}x{min_blocks}"), tune)
             })
             .to_vec();
     }

@@ -282,7 +282,7 @@ fn chunk_cases() -> Vec<ChunkCase> {
             name: "chunk split in 8 segments, B=2 T=4096 H=2 HV=4",
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 4096 }, h: 2, hv: 4, ..init },
-            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8), prepared: false }),
+            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8), prepared: false, prep_blocks: None }),
         },
     ]
 }

@@ -44,6 +44,10 @@ pub struct ChunkTuning {
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
     pub prepared: bool,
+    /// Preparation blocks per (sequence, value head), each striding over the sequence's chunks;
+    /// `None`: one per chunk of the longest sequence, capped (`prepared.rs`). Any value gives
+    /// the same bits.
+    pub prep_blocks: Option<usize>,
 }
 
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
@@ -63,7 +67,7 @@ impl ChunkTuning {
         let d = ChunkConfig::default();
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
-        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared }
+        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared, prep_blocks: None }
     }
 }
 
@@ -270,6 +274,9 @@ pub fn chunk_kda_tuned(
     if let Some(nseg) = tune.split {
         split::check_split(&plan, nseg)?;
     }
+    if tune.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
+        return Err(RuntimeError::bad_argument("tune", "prep_blocks from 1 to 2^31 - 1", format!("{tune:?}")));
+    }
     if tune.prepared && !plan.workspace {
         return Err(RuntimeError::bad_argument("tune", "prepared only with a workspace", format!("{tune:?}")));
     }
@@ -330,7 +337,7 @@ fn launch_plan(
     let cfg = tuned_config(plan, tune);
     let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
     if cfg.preparation == Preparation::Workspace {
-        prepared::launch_preparation(gpu, kernels, stream, plan, &cfg, &bound)?;
+        prepared::launch_preparation(gpu, kernels, stream, plan, &cfg, &bound, tune.prep_blocks)?;
     }
     launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?;
     Ok(ChunkResult { output, final_state })
@@ -418,7 +425,7 @@ mod tests {
                     kda_dsl::Target::Sm80,
                 )
                 .expect("compiles");
-                let prep_args = super::prepared::preparation_args(&prep, &plan, &bound);
+                let prep_args = super::prepared::preparation_args(&prep, &plan, &bound, None);
                 bind_args(&prep, prep_args.as_slice())
                     .unwrap_or_else(|e| panic!("prep: t {t} varlen {varlen} pool {pool}: {e}"));
             }

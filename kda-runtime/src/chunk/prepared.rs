@@ -32,7 +32,8 @@ pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
 }
 
 /// Launches `chunk_prep` for `cfg`'s call with the arguments `bound` for its `chunk` kernel
-/// (the preparation takes the ones it declares).
+/// (the preparation takes the ones it declares), over `blocks` blocks per (sequence, value
+/// head) when given.
 pub(super) fn launch_preparation(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -40,9 +41,10 @@ pub(super) fn launch_preparation(
     plan: &ChunkPlan,
     cfg: &ChunkConfig,
     bound: &[(&'static str, KernelArg)],
+    blocks: Option<usize>,
 ) -> Result<(), RuntimeError> {
     let ready = kernels.chunk_prep(&PrepConfig::of(cfg))?;
-    let args = preparation_args(&ready.kernel, plan, bound);
+    let args = preparation_args(&ready.kernel, plan, bound, blocks);
     launch_ready(gpu, kernels, stream, &ready, args.as_slice())
 }
 
@@ -63,15 +65,17 @@ impl PrepArgs {
 }
 
 /// The arguments of the preparation `kernel`: those of `bound` (its `chunk` kernel's) it
-/// declares, and its grid's `NX`.
+/// declares, and its grid's `NX` (`blocks`, checked below 2^31 by the caller, or
+/// [`prep_blocks`]).
 pub(crate) fn preparation_args(
     kernel: &CompiledKernel,
     plan: &ChunkPlan,
     bound: &[(&'static str, KernelArg)],
+    blocks: Option<usize>,
 ) -> PrepArgs {
     let takes = |name: &str| kernel.params.iter().any(|p| p.name() == name);
     let mut args = PrepArgs { items: [("", KernelArg::I32(0)); ARGS], len: 0 };
-    let nx = i32::try_from(prep_blocks(plan)).expect("chunks of fewer than 2^31 tokens");
+    let nx = i32::try_from(blocks.unwrap_or_else(|| prep_blocks(plan))).expect("fewer than 2^31 blocks");
     for arg in bound.iter().filter(|(n, _)| takes(n)).copied().chain([("NX", KernelArg::I32(nx))]) {
         args.items[args.len] = arg;
         args.len += 1;

@@ -683,3 +683,15 @@ fn decode_variants_cover_every_batch_size() {
     }
     assert!(variants.len() >= 3, "{}", variants.len());
 }
+
+/// KDA-SPEC's scalar checks: a NaN or infinite `scale` or `lower_bound` is a typed error naming
+/// it (the reference would run with it).
+#[test]
+fn non_finite_scalars_are_rejected() {
+    let c = Case::new(2, 1);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        err(c.run(|a| a.scale = Some(bad)), "scale", "must be finite");
+        err(c.run(|a| a.lower_bound = Some(bad)), "lower_bound", "must be finite");
+    }
+    assert!(c.run(|a| a.scale = Some(0.25)).is_ok());
+}

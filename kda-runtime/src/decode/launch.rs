@@ -296,7 +296,10 @@ pub(crate) fn kernel_args(
     items: usize,
 ) -> Result<DecodeKernelArgs, RuntimeError> {
     let dev = args.q.device();
-    let hold = args.q.ptr();
+    // Placeholders sit at q's address, which the plan checked aligned when q has elements; an
+    // empty q may sit anywhere, so they then take the smallest aligned non-null address (never
+    // dereferenced either way).
+    let hold = if args.q.numel() > 0 { args.q.ptr() } else { crate::launch::POINTER_ALIGN };
     let (hv, d) = (plan.hv, plan.k);
     let (s1, s2) = (d, d);
     let state_view = match args.state {
@@ -356,4 +359,154 @@ pub(crate) fn kernel_args(
         ("scale", F32(plan.scale)),
         ("lower_bound", F32(lower_bound)),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::bind_args;
+
+    /// Draws of one random call.
+    struct Draw {
+        rng: kda_kernels::reference::Rng,
+        next: u64,
+    }
+
+    const DTYPES: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64];
+
+    impl Draw {
+        fn r(&mut self, n: usize) -> usize {
+            (self.rng.next_u64() % n as u64) as usize
+        }
+        fn of<T: Copy>(&mut self, xs: &[T]) -> T {
+            xs[self.r(xs.len())]
+        }
+        fn mostly(&mut self, d: DType) -> DType {
+            if self.r(15) == 0 {
+                self.of(&DTYPES)
+            } else {
+                d
+            }
+        }
+        /// A descriptor: mostly aligned at a fresh address; sometimes misaligned, null or on
+        /// device 1.
+        fn view(&mut self, shape: &[usize], dtype: DType) -> TensorView {
+            self.next += 1;
+            let ptr = match self.r(40) {
+                0 => 0x1000 * self.next + 2,
+                1 => 0,
+                _ => 0x1000 * self.next,
+            };
+            let device = usize::from(self.r(60) == 0);
+            TensorView::describe(ptr, shape, dtype, device).expect("a descriptor")
+        }
+    }
+
+    /// Random calls, well-formed or not (0, 1, 2, 3, 127, 129 sequences and tokens; every dtype
+    /// in every slot; optional tensors present or absent, of the right shape or not; every flag;
+    /// NaN and infinite scalars; misaligned, null and other-device pointers): planning never
+    /// panics, and every plan it accepts binds to its kernel.
+    #[test]
+    fn random_calls_plan_without_panicking_and_accepted_ones_bind() {
+        use std::collections::HashMap;
+        let mut x = Draw { rng: kda_kernels::reference::Rng::new(0xdec0de), next: 0 };
+        let mut kernels: HashMap<DecodeConfig, kda_dsl::artifact::CompiledKernel> = HashMap::new();
+        let (mut accepted, mut rejected) = (0, 0);
+        for case in 0..6_000u64 {
+            let varlen = x.r(3) == 0;
+            let b = x.of(&[0, 1, 2, 3, 129]);
+            let t = x.of(&[0, 1, 2, 3, 127]);
+            let h = x.of(&[1, 2]);
+            let hv = h * x.of(&[1, 2]) + usize::from(x.r(12) == 0);
+            let d = if x.r(12) == 0 { 64 } else { 128 };
+            let dt = if x.r(8) == 0 { x.of(&DTYPES) } else { x.of(&[DType::BF16, DType::F16]) };
+            let lead = if varlen { vec![1, b * t] } else { vec![b, t] };
+            let n = if varlen { x.of(&[0, 1, 2, 3]) } else { b };
+            let with = |tail: &[usize]| [lead.as_slice(), tail].concat();
+            let q = x.view(&with(&[h, d]), dt);
+            let k_dt = x.mostly(dt);
+            let k = x.view(&with(&[h, d]), k_dt);
+            let (v_dt, a_dt, b_dt, o_dt) = (x.mostly(dt), x.mostly(dt), x.mostly(dt), x.mostly(dt));
+            let v = x.view(&with(&[hv, d]), v_dt);
+            let a = x.view(&with(&[hv, d]), a_dt);
+            let beta_tail = if x.r(6) == 0 { vec![hv, d] } else { vec![hv] };
+            let beta = x.view(&with(&beta_tail), b_dt);
+            let state_dt = x.of(&[DType::F32, DType::BF16, DType::F16]);
+            let slots = x.of(&[1, 4, 8, n.max(1)]);
+            let state = x.view(&[slots, hv, d, d], state_dt);
+            let (cu_len, cu_dt) =
+                (n + 1 - usize::from(x.r(20) == 0 && n > 0), x.of(&[DType::I32, DType::I64, DType::F32]));
+            let cu = x.view(&[cu_len], cu_dt);
+            let idx_shape = if x.r(3) == 0 { vec![n, t.max(1)] } else { vec![n] };
+            let idx_dt = x.of(&[DType::I32, DType::I64, DType::F32]);
+            let idx = x.view(&idx_shape, idx_dt);
+            let nat_dt = x.of(&[DType::I32, DType::I64]);
+            let nat = x.view(&[n], nat_dt);
+            let (al_len, al_dt) = (hv + usize::from(x.r(20) == 0), x.mostly(DType::F32));
+            let a_log = x.view(&[al_len], al_dt);
+            let db_dt = x.of(&[DType::F32, DType::BF16]);
+            let dt_bias = x.view(&[hv * d], db_dt);
+            let out = x.view(&with(&[hv, d]), o_dt);
+            let (fin_rows, fin_dt) = (x.of(&[n, b * t, 1]), x.mostly(state_dt));
+            let fin = x.view(&[fin_rows, hv, d, d], fin_dt);
+            let mut args = DecodeArgs::new(&q, &k, &v, &a, &beta);
+            args.state = (x.r(5) != 0).then_some(&state);
+            args.cu_seqlens = (varlen || x.r(20) == 0).then_some(&cu);
+            args.state_indices = (x.r(2) == 0).then_some(&idx);
+            args.num_accepted_tokens = (x.r(6) == 0).then_some(&nat);
+            args.a_log = (x.r(2) == 0).then_some(&a_log);
+            args.dt_bias = (x.r(2) == 0).then_some(&dt_bias);
+            args.output = (x.r(3) != 0).then_some(&out);
+            args.final_state = (x.r(4) == 0).then_some(&fin);
+            let scale = x.of(&[0.1, -1.0, f32::NAN, f32::INFINITY, 0.0]);
+            args.scale = (x.r(4) == 0).then_some(scale);
+            let lower_bound = x.of(&[-5.0, -1.0, 0.0, f32::NAN]);
+            args.lower_bound = (x.r(3) == 0).then_some(lower_bound);
+            args.use_qk_l2norm = (x.r(2) == 0).then(|| x.r(2) == 0);
+            args.use_gate_in_kernel = (x.r(3) == 0).then(|| x.r(2) == 0);
+            args.use_lower_bound = (x.r(2) == 0).then(|| x.r(2) == 0);
+            args.apply_beta_sigmoid = (x.r(2) == 0).then(|| x.r(2) == 0);
+            args.allow_neg_eigval = (x.r(4) == 0).then(|| x.r(2) == 0);
+            args.use_initial_state = (x.r(4) == 0).then(|| x.r(2) == 0);
+            args.state_v_first = (x.r(6) == 0).then(|| x.r(2) == 0);
+            args.is_varlen = (x.r(10) == 0).then(|| x.r(2) == 0);
+            args.store_final_state = x.r(2) == 0;
+            args.inplace_final_state = x.r(2) == 0;
+            args.state_dtype = (x.r(8) == 0).then(|| x.of(&DTYPES));
+            let plan = match std::panic::catch_unwind(|| plan_decode(&args)) {
+                Err(_) => panic!("case {case}: plan_decode panicked"),
+                Ok(Err(_)) => {
+                    rejected += 1;
+                    continue;
+                }
+                Ok(Ok(plan)) => plan,
+            };
+            accepted += 1;
+            if plan.empty {
+                continue;
+            }
+            let cfg = decode_config(&plan);
+            let kernel = kernels.entry(cfg.clone()).or_insert_with(|| {
+                kda_dsl::compile(kda_kernels::decode::decode(&cfg).expect("builds"), kda_dsl::Target::Sm80)
+                    .expect("compiles")
+            });
+            let dev = q.device();
+            let out_view = match args.output {
+                Some(o) => *o,
+                None => TensorView::describe(0x9000_0000, &plan.output_shape, plan.output_dtype, dev).expect("a view"),
+            };
+            let final_view = match (plan.returned_state, args.final_state) {
+                (Some(shape), None) => {
+                    Some(TensorView::describe(0xa000_0000, &shape, plan.state_dtype, dev).expect("a view"))
+                }
+                (_, f) => f.copied(),
+            };
+            let bound = kernel_args(&args, &plan, &cfg, out_view, final_view, 1)
+                .unwrap_or_else(|e| panic!("case {case}: an accepted plan gets no arguments: {e}"));
+            bind_args(kernel, &bound)
+                .unwrap_or_else(|e| panic!("case {case}: an accepted plan does not bind ({}): {e}", cfg.key()));
+        }
+        eprintln!("accepted {accepted}, rejected {rejected}, {} kernel configs", kernels.len());
+        assert!(accepted > 200 && rejected > 2000, "accepted {accepted}, rejected {rejected}");
+    }
 }

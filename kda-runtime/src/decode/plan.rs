@@ -187,6 +187,13 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     };
     check_final_state(args.final_state, returned_state, state_dtype)?;
 
+    // KDA-SPEC's scalar checks (the reference accepts NaN and infinities).
+    if let Some(scale) = args.scale.filter(|s| !s.is_finite()) {
+        return Err(invalid("scale", format!("scale must be finite, got {scale}.")));
+    }
+    if let Some(lb) = args.lower_bound.filter(|l| !l.is_finite()) {
+        return Err(invalid("lower_bound", format!("lower_bound must be finite, got {lb}.")));
+    }
     let gate = match (args.use_gate_in_kernel.unwrap_or(true), args.use_lower_bound.unwrap_or(false)) {
         (false, _) => GateRule::Precomputed,
         (true, false) => GateRule::Softplus,

@@ -91,7 +91,7 @@ fn reading_shared_memory_nobody_wrote_is_reported() {
     p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: a, offset: 0 });
     p.op(Op::Ret);
     let e = err_of(&p.prog(32, 16, vec![]), &mut []);
-    assert!(e.contains("which nothing wrote"), "{e}");
+    assert!(e.contains("which nothing wrote") && e.contains("k.rs:"), "{e}");
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn out_of_bounds_shared_and_global_accesses_are_reported() {
     p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(64) });
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(1)] });
     let e = err_of(&p.prog(1, 64, vec![]), &mut []);
-    assert!(e.contains("shared access out of bounds"), "{e}");
+    assert!(e.contains("shared access out of bounds") && e.contains("k.rs:"), "{e}");
 
     let mut p = P::new();
     let base = p.reg(RegClass::B64);
@@ -109,7 +109,7 @@ fn out_of_bounds_shared_and_global_accesses_are_reported() {
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: base, offset: 16, vals: vec![Src::Imm(1)] });
     let mut args = vec![("x".to_string(), SimArg::Tensor(vec![0; 16]))];
     let e = err_of(&p.prog(1, 0, vec![("p_x".into(), Ty::U64)]), &mut args);
-    assert!(e.contains("global access out of bounds: tensor `x` byte 16..20 of 16"), "{e}");
+    assert!(e.contains("global access out of bounds: tensor `x` byte 16..20 of 16") && e.contains("k.rs:"), "{e}");
 }
 
 #[test]

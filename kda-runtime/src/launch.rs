@@ -67,7 +67,8 @@ pub fn launch(
 ) -> Result<(), RuntimeError> {
     let Some(bound) = checked_bind(gpu, stream, kernel, &BindPlan::new(kernel)?, args)? else { return Ok(()) };
     let loaded = cache.get_or_load(gpu, kernel, config_key)?;
-    launch_bound(gpu, &loaded, stream, bound)
+    launch_bound(gpu, &loaded, stream, bound)?;
+    sync_check(stream, kernel, config_key)
 }
 
 /// [`launch`] of a kernel the caller has already loaded (through the same cache), for launchers
@@ -79,21 +80,53 @@ pub fn launch_loaded(
     kernel: &CompiledKernel,
     args: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
-    launch_planned(gpu, loaded, stream, kernel, &BindPlan::new(kernel)?, args)
+    launch_planned(gpu, loaded, stream, kernel, &BindPlan::new(kernel)?, "", args)
 }
 
 /// [`launch_loaded`] with the kernel's names already resolved: allocates nothing unless it
-/// fails.
+/// fails. `config` names the variant in a [`KDA_SYNC_CHECK`] failure.
 pub fn launch_planned(
     gpu: &Gpu,
     loaded: &LoadedKernel,
     stream: &CudaStream,
     kernel: &CompiledKernel,
     plan: &BindPlan,
+    config: &str,
     args: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
     let Some(bound) = checked_bind(gpu, stream, kernel, plan, args)? else { return Ok(()) };
-    launch_bound(gpu, loaded, stream, bound)
+    launch_bound(gpu, loaded, stream, bound)?;
+    sync_check(stream, kernel, config)
+}
+
+/// The environment variable that makes every launch wait for its kernel (except on a stream
+/// that is capturing a CUDA graph), so that a kernel's fault surfaces at its own launch, with
+/// the kernel and its config named.
+pub const KDA_SYNC_CHECK: &str = "KDA_SYNC_CHECK";
+
+/// With [`KDA_SYNC_CHECK`]`=1`, waits for `stream` unless it is capturing, and names the
+/// kernel in a failure.
+fn sync_check(stream: &CudaStream, kernel: &CompiledKernel, config: &str) -> Result<(), RuntimeError> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var(KDA_SYNC_CHECK).is_ok_and(|v| v == "1")) {
+        return Ok(());
+    }
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream handle is live (borrowed); the status is written by the driver.
+    unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+        .result()
+        .op("cuStreamIsCapturing")?;
+    if status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    stream.synchronize().map_err(|e| match RuntimeError::driver("cuStreamSynchronize", e) {
+        RuntimeError::Driver { op, code, message } => RuntimeError::Driver {
+            op,
+            code,
+            message: format!("{message} (after launching `{}` {config})", kernel.entry),
+        },
+        other => other,
+    })
 }
 
 /// `args` bound and checked against the stream's device; `None` when the grid is empty.

@@ -352,7 +352,7 @@ pub(super) fn launch_ready(
     bound: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
-    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, bound)
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound)
 }
 
 #[cfg(test)]

@@ -226,13 +226,13 @@ impl KernelBuilder {
     pub fn new(name: &str, loc: SrcLoc) -> KernelBuilder {
         let def = KernelDef {
             name: name.to_string(),
-            params: vec![],
+            params: Arena::new(),
             threads: 0,
             min_blocks_per_sm: None,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
-            buffers: vec![],
-            vars: vec![],
+            buffers: Arena::new(),
+            vars: Arena::new(),
             assumptions: vec![],
             exact_extents: vec![],
             body: vec![],
@@ -261,11 +261,10 @@ impl KernelBuilder {
 
     fn dim_id(&self, name: &str) -> ParamId {
         let mut st = self.st.borrow_mut();
-        if let Some(i) = st.def.params.iter().position(|p| matches!(p, Param::Dim { name: n } if n == name)) {
+        if let Some(i) = st.def.params.position(|p| matches!(p, Param::Dim { name: n } if n == name)) {
             return i;
         }
-        st.def.params.push(Param::Dim { name: name.to_string() });
-        st.def.params.len() - 1
+        st.def.params.push(Param::Dim { name: name.to_string() })
     }
 
     /// Declares a global tensor parameter with symbolic extents.
@@ -273,8 +272,8 @@ impl KernelBuilder {
         let dims: Vec<ParamId> = dims.iter().map(|d| self.dim_id(d)).collect();
         let mut st = self.st.borrow_mut();
         let rank = dims.len();
-        st.def.params.push(Param::Tensor { name: name.to_string(), dtype, dims, writes });
-        Tensor { id: st.def.params.len() - 1, rank, dtype }
+        let id = st.def.params.push(Param::Tensor { name: name.to_string(), dtype, dims, writes });
+        Tensor { id, rank, dtype }
     }
 
     /// The value of an extent symbol.
@@ -291,14 +290,12 @@ impl KernelBuilder {
     /// Declares a scalar parameter.
     pub fn scalar(&self, name: &str, dtype: DType) -> Val {
         let mut st = self.st.borrow_mut();
-        st.def.params.push(Param::Scalar { name: name.to_string(), dtype });
-        Val(Expr::Scalar(st.def.params.len() - 1))
+        Val(Expr::Scalar(st.def.params.push(Param::Scalar { name: name.to_string(), dtype })))
     }
 
     fn new_var(&self, name: &str, dtype: DType) -> VarId {
         let mut st = self.st.borrow_mut();
-        st.def.vars.push(Var { name: name.to_string(), dtype });
-        st.def.vars.len() - 1
+        st.def.vars.push(Var { name: name.to_string(), dtype })
     }
 
     /// `launch(grid = [x, y, z], threads = n)`: returns the block index per grid axis.
@@ -372,8 +369,9 @@ impl KernelBuilder {
             self.error(loc, format!("tile `{name}`: bool tiles are not supported"));
         }
         let mut st = self.st.borrow_mut();
-        st.def.buffers.push(Buffer { name: name.to_string(), scope, shape: dims, dtype, loc, lanes_per_row: 4 });
-        Tile { id: st.def.buffers.len() - 1, dtype }
+        let id =
+            st.def.buffers.push(Buffer { name: name.to_string(), scope, shape: dims, dtype, loc, lanes_per_row: 4 });
+        Tile { id, dtype }
     }
 
     /// `shared([r, c], dtype)`.

@@ -14,6 +14,7 @@ pub mod cache_policy;
 pub mod compile;
 pub mod diag;
 pub mod dtype;
+pub mod handle;
 pub mod layout;
 pub mod lower;
 pub mod passes;

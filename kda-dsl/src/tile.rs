@@ -5,14 +5,15 @@ use crate::artifact::HostExpr;
 use crate::cache_policy::CachePolicy;
 use crate::diag::SrcLoc;
 use crate::dtype::DType;
+pub use crate::handle::{Arena, Id, IdVec};
 use std::fmt;
 
-/// Index of a kernel parameter in [`KernelDef::params`].
-pub type ParamId = usize;
-/// Index of a buffer in [`KernelDef::buffers`].
-pub type BufId = usize;
-/// Index of a scalar variable in [`KernelDef::vars`].
-pub type VarId = usize;
+/// Handle of a kernel parameter in [`KernelDef::params`].
+pub type ParamId = Id<Param>;
+/// Handle of a buffer in [`KernelDef::buffers`].
+pub type BufId = Id<Buffer>;
+/// Handle of a scalar variable in [`KernelDef::vars`].
+pub type VarId = Id<Var>;
 
 /// A kernel parameter.
 #[derive(Clone, Debug, PartialEq)]
@@ -415,7 +416,7 @@ pub struct KernelDef {
     /// Entry name.
     pub name: String,
     /// Parameters, in declaration order (dims appended as first seen).
-    pub params: Vec<Param>,
+    pub params: Arena<Param>,
     /// Threads per block.
     pub threads: u32,
     /// Blocks that must fit on one SM at once (`.minnctapersm`): caps registers per thread.
@@ -425,9 +426,9 @@ pub struct KernelDef {
     /// Variables holding the block index per grid axis.
     pub block_vars: [Option<VarId>; 3],
     /// Tiles.
-    pub buffers: Vec<Buffer>,
+    pub buffers: Arena<Buffer>,
     /// Scalars.
-    pub vars: Vec<Var>,
+    pub vars: Arena<Var>,
     /// Extents assumed to be multiples of a number (param id, multiple).
     pub assumptions: Vec<(ParamId, u32)>,
     /// Extents assumed to be exactly a value (param id, value).

@@ -84,9 +84,9 @@ mod tests {
     fn products_sums_and_selects() {
         let none = |_: VarId| 1;
         let dims = |_: ParamId| 8;
-        let e = bin(BinOp::Mul, Expr::Var(0), int(32));
+        let e = bin(BinOp::Mul, Expr::Var(VarId::new(0)), int(32));
         assert_eq!(expr_divisor(&e, &none, &dims), 32);
-        let e = bin(BinOp::Add, bin(BinOp::Mul, Expr::Dim(0), int(4)), int(12));
+        let e = bin(BinOp::Add, bin(BinOp::Mul, Expr::Dim(ParamId::new(0)), int(4)), int(12));
         assert_eq!(expr_divisor(&e, &none, &dims), 4);
         let e = Expr::Select(Box::new(Expr::Bool(true)), Box::new(int(64)), Box::new(int(96)));
         assert_eq!(expr_divisor(&e, &none, &dims), 32);
@@ -111,7 +111,7 @@ mod tests {
         k.end();
         let def = k.finish().expect("valid");
         let div = var_divisors(&def);
-        let of = |name: &str| div[&def.vars.iter().position(|v| v.name == name).expect("declared")];
+        let of = |name: &str| div[&def.vars.position(|v| v.name == name).expect("declared")];
         assert_eq!(of("a"), 32);
         assert_eq!(of("b"), 16);
         assert_eq!(of("c"), 32);

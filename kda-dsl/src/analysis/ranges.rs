@@ -17,7 +17,7 @@ pub(crate) type Range = (i64, i64);
 pub(crate) fn var_ranges(def: &KernelDef) -> HashMap<VarId, Range> {
     let mut out = HashMap::new();
     let exact = |name: &str| {
-        let p = def.params.iter().position(|p| matches!(p, Param::Dim { name: n } if n == name))?;
+        let p = def.params.position(|p| matches!(p, Param::Dim { name: n } if n == name))?;
         def.exact_extent(p)
     };
     let mut assigns: Vec<(VarId, &Expr)> = vec![];
@@ -116,7 +116,7 @@ mod tests {
         k.end();
         let def = k.finish().expect("valid");
         let ranges = var_ranges(&def);
-        let of = |name: &str| ranges.get(&def.vars.iter().position(|v| v.name == name).expect("declared")).copied();
+        let of = |name: &str| ranges.get(&def.vars.position(|v| v.name == name).expect("declared")).copied();
         assert_eq!(of("r0"), Some((0, 96)));
         assert_eq!(of("q"), Some((0, 96)));
         assert_eq!(of("m0"), None);
@@ -129,10 +129,10 @@ mod tests {
         let dims = |_: ParamId| Some(128);
         let int = |v: i64| Expr::Int(v, None);
         let bin = |op, a, b| Expr::Binary(op, Box::new(a), Box::new(b));
-        assert_eq!(expr_range(&bin(BinOp::Sub, Expr::Dim(0), int(32)), &none, &dims), Some((96, 96)));
-        assert_eq!(expr_range(&bin(BinOp::Mul, int(-2), Expr::Dim(0)), &none, &dims), Some((-256, -256)));
-        assert_eq!(expr_range(&bin(BinOp::Div, Expr::Dim(0), int(2)), &none, &dims), None);
-        assert_eq!(expr_range(&Expr::Var(0), &none, &dims), None);
+        assert_eq!(expr_range(&bin(BinOp::Sub, Expr::Dim(ParamId::new(0)), int(32)), &none, &dims), Some((96, 96)));
+        assert_eq!(expr_range(&bin(BinOp::Mul, int(-2), Expr::Dim(ParamId::new(0))), &none, &dims), Some((-256, -256)));
+        assert_eq!(expr_range(&bin(BinOp::Div, Expr::Dim(ParamId::new(0)), int(2)), &none, &dims), None);
+        assert_eq!(expr_range(&Expr::Var(VarId::new(0)), &none, &dims), None);
         assert_eq!(expr_range(&bin(BinOp::Mul, int(i64::MAX), int(2)), &none, &dims), None);
     }
 }

@@ -89,9 +89,9 @@ pub(crate) struct Lower<'a> {
     pub th: ThreadRegs,
     pub smem: Reg,
     /// Per buffer: the shared base address (changes per stage inside pipelines).
-    pub shared_base: Vec<Option<Src>>,
+    pub shared_base: IdVec<Buffer, Option<Src>>,
     /// Per buffer: its registers (fragments and locals).
-    pub regs: Vec<Vec<Reg>>,
+    pub regs: IdVec<Buffer, Vec<Reg>>,
     pub var_regs: HashMap<VarId, Reg>,
     pub consts: HashMap<VarId, i64>,
     pub dims: HashMap<ParamId, Reg>,
@@ -184,8 +184,8 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         em,
         th: ThreadRegs { tid, lane, warp, g, t },
         smem,
-        shared_base: vec![None; p.def.buffers.len()],
-        regs: vec![vec![]; p.def.buffers.len()],
+        shared_base: IdVec::filled(p.def.buffers.len(), None),
+        regs: IdVec::filled(p.def.buffers.len(), vec![]),
         var_regs: HashMap::new(),
         consts: HashMap::new(),
         dims: HashMap::new(),
@@ -206,7 +206,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
-    for (i, prm) in p.def.params.iter().enumerate() {
+    for (i, prm) in p.def.params.iter_ids() {
         let name = param_name(prm.name());
         match prm {
             Param::Tensor { .. } => {
@@ -242,7 +242,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
             lw.var_regs.insert(*v, d);
         }
     }
-    for (i, b) in p.def.buffers.iter().enumerate() {
+    for (i, b) in p.def.buffers.iter_ids() {
         match p.layouts[i] {
             BufLayout::Shared(_) => {
                 lw.shared_base[i] = Some(lw.em.add32(smem, Src::Imm(p.shared_offsets[i] as i64)));
@@ -406,7 +406,7 @@ impl Lower<'_> {
         self.bar_id = id;
         self.scratch_base = self.p.groups.get(&id).map(|g| g.1).unwrap_or(self.p.scratch.0);
         self.var_regs.insert(var, warp);
-        for (i, l) in self.p.layouts.iter().enumerate() {
+        for (i, l) in self.p.layouts.iter_ids() {
             if let (BufLayout::Fragment(l), true) = (l, self.p.owner[i] == id) {
                 self.frag_base(*l);
             }

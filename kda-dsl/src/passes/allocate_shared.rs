@@ -16,7 +16,7 @@ fn align(x: u32, a: u32) -> u32 {
 /// Assigns offsets and the scratch area.
 pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
     let mut off = 0u32;
-    for (i, b) in p.def.buffers.iter().enumerate() {
+    for (i, b) in p.def.buffers.iter_ids() {
         if let BufLayout::Shared(l) = p.layouts[i] {
             p.shared_offsets[i] = off;
             off = align(off + l.size() * b.dtype.size_bytes() as u32 * p.stages[i], 128);

@@ -147,7 +147,7 @@ fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
 
 /// Types every variable from its first assignment and checks every expression.
 pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
-    let mut assigned = vec![false; def.vars.len()];
+    let mut assigned: IdVec<Var, bool> = IdVec::filled(def.vars.len(), false);
     for v in def.block_vars.iter().flatten() {
         assigned[*v] = true;
     }
@@ -157,7 +157,7 @@ pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
     r
 }
 
-fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut Vec<bool>) -> Result<(), Diag> {
+fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, bool>) -> Result<(), Diag> {
     for s in body {
         let loc = s.loc;
         match &s.kind {

@@ -17,13 +17,14 @@ use crate::tile::*;
 pub fn fuse_reductions(p: &mut TileProgram) -> Result<(), Diag> {
     let body = std::mem::take(&mut p.def.body);
     let nb = p.def.buffers.len();
-    let mut reads = vec![0usize; nb];
+    let mut reads: IdVec<Buffer, usize> = IdVec::filled(nb, 0);
     count_other_uses(&body, &mut reads);
     // A reduction that does not directly follow the loop writing its source keeps that source
     // alive (a temporary reduced twice from one write, or later on): it counts as a use.
-    let (mut reduced, mut paired) = (vec![0usize; nb], vec![0usize; nb]);
+    let (mut reduced, mut paired): (IdVec<Buffer, usize>, IdVec<Buffer, usize>) =
+        (IdVec::filled(nb, 0), IdVec::filled(nb, 0));
     count_reductions(&body, &mut reduced, &mut paired);
-    for b in 0..nb {
+    for b in (0..nb).map(BufId::new) {
         reads[b] += reduced[b] - paired[b];
     }
     p.def.body = rewrite(p, body, &reads);
@@ -32,7 +33,7 @@ pub fn fuse_reductions(p: &mut TileProgram) -> Result<(), Diag> {
 
 /// Per buffer: `reduce` statements reading it, and how many of them directly follow (in the
 /// run of reductions after a `parallel`) a loop that stores it, counting one per loop.
-fn count_reductions(body: &[Stmt], reduced: &mut [usize], paired: &mut [usize]) {
+fn count_reductions(body: &[Stmt], reduced: &mut IdVec<Buffer, usize>, paired: &mut IdVec<Buffer, usize>) {
     for (k, s) in body.iter().enumerate() {
         match &s.kind {
             StmtKind::Reduce { src, .. } => reduced[*src] += 1,
@@ -65,8 +66,8 @@ fn count_reductions(body: &[Stmt], reduced: &mut [usize], paired: &mut [usize]) 
 
 /// Per buffer: element reads plus uses by tile operations other than as a `reduce` source (a
 /// temporary with any is kept).
-fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
-    fn expr(e: &Expr, n: &mut [usize]) {
+fn count_other_uses(body: &[Stmt], n: &mut IdVec<Buffer, usize>) {
+    fn expr(e: &Expr, n: &mut IdVec<Buffer, usize>) {
         match e {
             Expr::Elem(b, idx) => {
                 n[*b] += 1;
@@ -86,7 +87,7 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
             _ => {}
         }
     }
-    fn region(r: &Region, n: &mut [usize]) {
+    fn region(r: &Region, n: &mut IdVec<Buffer, usize>) {
         if let Region::Buf(b) = r {
             n[*b] += 1;
         }
@@ -140,7 +141,7 @@ fn count_other_uses(body: &[Stmt], n: &mut [usize]) {
     }
 }
 
-fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &[usize]) -> Vec<Stmt> {
+fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &IdVec<Buffer, usize>) -> Vec<Stmt> {
     let mut out: Vec<Stmt> = vec![];
     let mut it = body.into_iter().peekable();
     while let Some(s) = it.next() {
@@ -199,7 +200,7 @@ fn fuse_to_one(
     op: ReduceOp,
     src: BufId,
     dst: BufId,
-    reads: &[usize],
+    reads: &IdVec<Buffer, usize>,
 ) -> Option<Vec<Stmt>> {
     let (BufLayout::Fragment(lo), BufLayout::Fragment(ls), BufLayout::Local) =
         (p.layouts[over], p.layouts[src], p.layouts[dst])
@@ -260,7 +261,7 @@ fn fuse(
     src: BufId,
     dst: BufId,
     axis: usize,
-    reads: &[usize],
+    reads: &IdVec<Buffer, usize>,
 ) -> Option<Vec<Stmt>> {
     let (BufLayout::Fragment(lo), BufLayout::Fragment(ls), BufLayout::Fragment(ld)) =
         (p.layouts[over], p.layouts[src], p.layouts[dst])

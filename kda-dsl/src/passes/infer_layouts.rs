@@ -13,14 +13,14 @@ use std::collections::{HashMap, HashSet};
 /// Decides layouts and stage counts.
 pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     assign_warp_groups(p)?;
-    let wof: Vec<u32> = (0..p.def.buffers.len()).map(|b| p.warps_of(b)).collect();
+    let wof: IdVec<Buffer, u32> = (0..p.def.buffers.len()).map(|b| p.warps_of(BufId::new(b))).collect();
     let def = &p.def;
-    let mut rel: Vec<Option<(FragmentLayout, SrcLoc)>> = vec![None; def.buffers.len()];
+    let mut rel: IdVec<Buffer, Option<(FragmentLayout, SrcLoc)>> = IdVec::filled(def.buffers.len(), None);
     // Fragments a gemm reads or accumulates into take the mma accumulator layout.
     let mut in_gemm = vec![];
     gemm_fragments(&def.body, &mut in_gemm);
     let half_shapes = half_memory_shapes(def, &wof, &in_gemm);
-    for (i, b) in def.buffers.iter().enumerate() {
+    for (i, b) in def.buffers.iter_ids() {
         if b.scope == Scope::Fragment && b.shape.len() == 2 {
             let warps = wof[i];
             let fits = if in_gemm.contains(&i) {
@@ -112,7 +112,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             break;
         }
     }
-    for (i, b) in def.buffers.iter().enumerate() {
+    for (i, b) in def.buffers.iter_ids() {
         p.layouts[i] = match (b.scope, b.shape.len()) {
             (Scope::Fragment, 2) => continue,
             (Scope::Fragment, _) => match rel[i] {
@@ -132,7 +132,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
         };
     }
     // Stages.
-    let mut stages = vec![1u32; def.buffers.len()];
+    let mut stages: IdVec<Buffer, u32> = IdVec::filled(def.buffers.len(), 1);
     collect_stages(&def.body, def, &mut stages);
     p.stages = stages;
     Ok(())
@@ -142,7 +142,7 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
 /// group and by anything else is an error (a group's barriers cover only its own threads).
 fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     let warps = p.warps();
-    let mut owner: Vec<Option<(u32, SrcLoc)>> = vec![None; p.def.buffers.len()];
+    let mut owner: IdVec<Buffer, Option<(u32, SrcLoc)>> = IdVec::filled(p.def.buffers.len(), None);
     let mut claim = |b: BufId, g: u32, loc: SrcLoc, def: &KernelDef| -> Result<(), Diag> {
         match owner[b] {
             Some((h, _)) if h != g => {
@@ -225,7 +225,7 @@ fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
 /// them and a shared tile or a global box moves bf16 or f16. Decided per shape, not per
 /// fragment: the fragments of one shape work together element by element, so they share one
 /// layout.
-fn half_memory_shapes(def: &KernelDef, wof: &[u32], in_gemm: &[BufId]) -> HashSet<(u32, u32, u32, u32)> {
+fn half_memory_shapes(def: &KernelDef, wof: &IdVec<Buffer, u32>, in_gemm: &[BufId]) -> HashSet<(u32, u32, u32, u32)> {
     let elementwise = |b: BufId| {
         let x = &def.buffers[b];
         (x.scope == Scope::Fragment && x.shape.len() == 2 && !in_gemm.contains(&b))
@@ -264,7 +264,12 @@ fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
     });
 }
 
-fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &mut [BufLayout]) -> Result<(), Diag> {
+fn pin_register_operands(
+    body: &[Stmt],
+    def: &KernelDef,
+    wof: &IdVec<Buffer, u32>,
+    layouts: &mut IdVec<Buffer, BufLayout>,
+) -> Result<(), Diag> {
     for s in body {
         match &s.kind {
             // Every warp multiplies the whole replicated tile into its own rows: the
@@ -307,7 +312,7 @@ fn pin_register_operands(body: &[Stmt], def: &KernelDef, wof: &[u32], layouts: &
     Ok(())
 }
 
-fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut [u32]) {
+fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut IdVec<Buffer, u32>) {
     for s in body {
         match &s.kind {
             StmtKind::For { kind: LoopKind::Pipelined { stages: n }, body, .. } => {
@@ -361,7 +366,7 @@ fn is_vec_frag(def: &KernelDef, b: BufId) -> bool {
 
 fn collect_relations(
     body: &[Stmt],
-    layouts: &[BufLayout],
+    layouts: &IdVec<Buffer, BufLayout>,
     def: &KernelDef,
     out: &mut Vec<(BufId, FragmentLayout, SrcLoc)>,
 ) {

@@ -42,7 +42,7 @@ fn is_shared(p: &TileProgram, b: BufId) -> bool {
 fn expr_reads(p: &TileProgram, e: &Expr, out: &mut Vec<Access>) {
     let mut found = vec![];
     super::infer_layouts::elems_in(
-        &[Stmt { kind: StmtKind::Assign(0, e.clone()), loc: Default::default() }],
+        &[Stmt { kind: StmtKind::Assign(VarId::new(0), e.clone()), loc: Default::default() }],
         &mut found,
     );
     for (b, _, _) in found {

@@ -9,7 +9,7 @@ pub mod insert_barriers;
 
 use crate::diag::Diag;
 use crate::layout::{FragmentLayout, SharedLayout};
-use crate::tile::KernelDef;
+use crate::tile::{BufId, Buffer, IdVec, KernelDef};
 use std::fmt;
 
 /// Where and how a buffer is laid out, decided by `infer_layouts`.
@@ -31,17 +31,17 @@ pub struct TileProgram {
     /// The kernel.
     pub def: KernelDef,
     /// Per buffer: its layout.
-    pub layouts: Vec<BufLayout>,
+    pub layouts: IdVec<Buffer, BufLayout>,
     /// Per buffer: shared-memory stages (`pipelined` loops multiply the buffers they fill).
-    pub stages: Vec<u32>,
+    pub stages: IdVec<Buffer, u32>,
     /// Per buffer: byte offset in dynamic shared memory (shared buffers only).
-    pub shared_offsets: Vec<u32>,
+    pub shared_offsets: IdVec<Buffer, u32>,
     /// Byte offset of the scratch area reductions and scans use, and its size.
     pub scratch: (u32, u32),
     /// Total dynamic shared memory in bytes.
     pub shared_bytes: u32,
     /// Per buffer: the warp group that owns it (0: the whole block).
-    pub owner: Vec<u32>,
+    pub owner: IdVec<Buffer, u32>,
     /// Per warp group id: (warps, byte offset of its own scratch area).
     pub groups: std::collections::BTreeMap<u32, (u32, u32)>,
 }
@@ -52,12 +52,12 @@ impl TileProgram {
         let n = def.buffers.len();
         TileProgram {
             def,
-            layouts: vec![BufLayout::Unknown; n],
-            stages: vec![1; n],
-            shared_offsets: vec![0; n],
+            layouts: IdVec::filled(n, BufLayout::Unknown),
+            stages: IdVec::filled(n, 1),
+            shared_offsets: IdVec::filled(n, 0),
             scratch: (0, 0),
             shared_bytes: 0,
-            owner: vec![0; n],
+            owner: IdVec::filled(n, 0),
             groups: Default::default(),
         }
     }
@@ -68,7 +68,7 @@ impl TileProgram {
     }
 
     /// Warps buffer `b` is spread over: its warp group's, or the block's.
-    pub fn warps_of(&self, b: usize) -> u32 {
+    pub fn warps_of(&self, b: BufId) -> u32 {
         match self.owner[b] {
             0 => self.warps(),
             g => self.groups.get(&g).map(|x| x.0).unwrap_or(1),
@@ -76,7 +76,7 @@ impl TileProgram {
     }
 
     /// The fragment layout of buffer `b` (a bug if it has none).
-    pub fn frag(&self, b: usize) -> FragmentLayout {
+    pub fn frag(&self, b: BufId) -> FragmentLayout {
         match self.layouts[b] {
             BufLayout::Fragment(l) => l,
             other => panic!("buffer {b} is not a fragment ({other:?}); infer_layouts should have said"),
@@ -84,7 +84,7 @@ impl TileProgram {
     }
 
     /// The shared layout of buffer `b` (a bug if it has none).
-    pub fn shared(&self, b: usize) -> SharedLayout {
+    pub fn shared(&self, b: BufId) -> SharedLayout {
         match self.layouts[b] {
             BufLayout::Shared(l) => l,
             other => panic!("buffer {b} is not shared ({other:?}); infer_layouts should have said"),
@@ -94,7 +94,7 @@ impl TileProgram {
 
 impl fmt::Display for TileProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, b) in self.def.buffers.iter().enumerate() {
+        for (i, b) in self.def.buffers.iter_ids() {
             let l = match self.layouts[i] {
                 BufLayout::Unknown => "?".to_string(),
                 BufLayout::Shared(l) => format!("{l} at {} x{} stages", self.shared_offsets[i], self.stages[i]),

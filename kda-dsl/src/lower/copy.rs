@@ -1,7 +1,8 @@
 //! Lowering of `copy`: picks 16-byte vectors (`cp.async` from global to shared), pairs, or single
-//! elements, and masks elements outside the tensor (or the box's bound). When the fast path is
-//! not possible the reason is reported under `KDA_DUMP=copy_plan`.
+//! elements, and masks elements outside the tensor (or the box's bound). Each copy records its
+//! [`CopyPlan`] (`copy_plan.rs`): the kind it lowers to and why not faster.
 
+use super::copy_plan::{CopyKind, CopyPlan, NoFastPath};
 use super::{Lower, V};
 use crate::analysis::divisibility::{expr_divisor, gcd, ANY};
 use crate::analysis::ranges;
@@ -16,50 +17,55 @@ use crate::tile::*;
 
 /// A global box resolved against a tile: base address, per-axis steps and limits.
 pub(crate) struct GlobalBox {
-    tensor: ParamId,
+    pub(super) tensor: ParamId,
     /// Address of the box's first element.
-    base: Reg,
+    pub(super) base: Reg,
     /// Bytes between rows (None for a 1-D tile).
     pub(super) row_stride: Option<Reg>,
     /// Bytes between columns (the element size when the column axis is contiguous).
     pub(super) col_stride: Src,
     /// The columns run along the tensor's innermost axis (adjacent columns are adjacent bytes).
-    col_contiguous: bool,
+    pub(super) col_contiguous: bool,
     /// Rows (columns) from the box's start to the bound: elements at or past are masked.
     pub(super) row_lim: Option<Src>,
     pub(super) col_lim: Src,
     /// False when a unit axis of the box is outside the tensor.
-    unit_ok: Option<Reg>,
+    pub(super) unit_ok: Option<Reg>,
     /// Element type.
     pub(super) dtype: DType,
     /// Why 16-byte vectors cannot be used, if they cannot.
-    no_vector: Option<String>,
+    pub(super) no_vector: Option<NoFastPath>,
     /// The tile's rows and columns (a bound known to reach past them needs no mask).
     pub(super) extent: (u32, u32),
     /// The most adjacent columns (1, 2, 4 or 8) one access may cover.
-    run_align: u32,
+    pub(super) run_align: u32,
     /// Why column pairs cannot be used, if they cannot.
-    no_pair: Option<String>,
+    pub(super) no_pair: Option<NoFastPath>,
     /// Fragment stores write whole 128-byte lines (`.whole_lines()`).
-    whole_lines: bool,
+    pub(super) whole_lines: bool,
 }
 
 /// Addresses of a fragment's slots in a global box, shared between slots: one base address
 /// per distinct row, a constant byte offset per column, one predicate per distinct row and
 /// column (slot coordinates are per-thread bases plus constants).
-struct SlotAddressing {
-    rows: std::collections::HashMap<u32, (Reg, Option<Reg>)>,
-    cols: std::collections::HashMap<u32, Option<Reg>>,
-    base_valid: Option<Reg>,
-    row_base: Option<Src>,
-    col_base: Src,
-    thread_addr: Reg,
+pub(super) struct SlotAddressing {
+    pub(super) rows: std::collections::HashMap<u32, (Reg, Option<Reg>)>,
+    pub(super) cols: std::collections::HashMap<u32, Option<Reg>>,
+    pub(super) base_valid: Option<Reg>,
+    pub(super) row_base: Option<Src>,
+    pub(super) col_base: Src,
+    pub(super) thread_addr: Reg,
     /// Bytes between columns, when a constant.
-    col_bytes: Option<i64>,
+    pub(super) col_bytes: Option<i64>,
 }
 
 impl SlotAddressing {
-    fn new(lw: &mut Lower, gb: &GlobalBox, l: crate::layout::FragmentLayout, owner: Option<Reg>) -> SlotAddressing {
+    pub(super) fn new(
+        lw: &mut Lower,
+        gb: &GlobalBox,
+        l: crate::layout::FragmentLayout,
+        owner: Option<Reg>,
+    ) -> SlotAddressing {
         let (rb, cb) = lw.frag_base(l);
         let (row_base, col_base) = match l.kind {
             FragmentKind::Tile => (Some(Src::Reg(rb)), Src::Reg(cb)),
@@ -89,7 +95,7 @@ impl SlotAddressing {
     }
 
     /// (address register, constant byte offset, validity) of slot `s`.
-    fn slot(
+    pub(super) fn slot(
         &mut self,
         lw: &mut Lower,
         gb: &GlobalBox,
@@ -160,7 +166,7 @@ impl Lower<'_> {
     /// one is known and positive: the offset's range and an exact extent, or the offset is the
     /// block index whose grid extent is that very `Dim`. Only a bound at least the box's extent
     /// may stand in for the run-time limit (a smaller one would mask elements in range).
-    fn sure_limit(&self, e: &Expr, dim: ParamId) -> Option<i64> {
+    pub(super) fn sure_limit(&self, e: &Expr, dim: ParamId) -> Option<i64> {
         let var = |v: VarId| self.consts.get(&v).map(|c| (*c, *c)).or_else(|| self.var_ranges.get(&v).copied());
         let exact = |p: ParamId| self.def().exact_extent(p);
         if let (Some((lo, hi)), Some(n)) = (ranges::expr_range(e, &var, &exact), exact(dim)) {
@@ -174,7 +180,7 @@ impl Lower<'_> {
     }
 
     /// A number every value of `e` is a multiple of.
-    fn divisor(&self, e: &Expr) -> u64 {
+    pub(super) fn divisor(&self, e: &Expr) -> u64 {
         let var = |v: VarId| match self.consts.get(&v) {
             Some(0) => ANY,
             Some(c) => c.unsigned_abs(),
@@ -206,14 +212,14 @@ impl Lower<'_> {
     /// The box `r` laid out as a tile of `tile_shape` (1-D or 2-D, the box's axes longer than 1).
     /// Its offsets and bounds may read global scalars (a varlen row); those are not the box's
     /// data, so they are lowered without the copy's L2 policy.
-    fn box_as(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
+    pub(super) fn box_as(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
         let policy = std::mem::take(&mut self.em.cache);
         let gb = self.box_layout(r, tile_shape, loc);
         self.em.cache = policy;
         gb
     }
 
-    fn box_layout(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
+    pub(super) fn box_layout(&mut self, r: &Region, tile_shape: &[u32], loc: SrcLoc) -> Result<GlobalBox, Diag> {
         let Region::Global { tensor, offset, shape, bound, whole_lines, .. } = r else {
             unreachable!("a global region")
         };
@@ -299,25 +305,21 @@ impl Lower<'_> {
             None => self.def().multiple_of(dims[col_axis]) as u64,
         };
         let cols = *tile_shape.last().unwrap_or(&1) as u64;
-        let need = |m: u64| -> Option<String> {
+        let need = |m: u64| -> Option<NoFastPath> {
             if col_axis != dims.len() - 1 {
-                return Some("the tile's columns are not the tensor's innermost axis".into());
+                return Some(NoFastPath::ColumnsNotInnermost);
             }
             if !cols.is_multiple_of(m) {
-                return Some(format!("the tile's {cols} columns are not a multiple of {m}"));
+                return Some(NoFastPath::ColumnsNotMultiple { cols, of: m });
             }
             if base_div % m != 0 {
-                return Some(format!("the box's first element is not known to be a multiple of {m} elements (use extents of tile multiples and `assume_multiple`)"));
+                return Some(NoFastPath::StartNotAligned { of: m });
             }
-            if let Some(a) = row_axis {
-                if stride_div(self, a) % m != 0 {
-                    return Some(format!(
-                        "the row length is not known to be a multiple of {m} (add `assume_multiple`)"
-                    ));
-                }
+            if row_axis.is_some_and(|a| stride_div(self, a) % m != 0) {
+                return Some(NoFastPath::RowLengthNotAligned { of: m });
             }
             if col_bound_div % m != 0 {
-                return Some(format!("the column bound is not known to be a multiple of {m} (add `assume_multiple`)"));
+                return Some(NoFastPath::ColumnBoundNotAligned { of: m });
             }
             None
         };
@@ -379,7 +381,7 @@ impl Lower<'_> {
     }
 
     /// Address and validity of element (row, col) of a box.
-    fn box_elem(&mut self, gb: &GlobalBox, row: Src, col: Src) -> (Reg, Option<Reg>) {
+    pub(super) fn box_elem(&mut self, gb: &GlobalBox, row: Src, col: Src) -> (Reg, Option<Reg>) {
         let addr = self.box_addr(gb, row, col);
         let mut valid = gb.unit_ok;
         if let Some(rl) = gb.row_lim.filter(|l| !covers(*l, gb.extent.0)) {
@@ -390,7 +392,7 @@ impl Lower<'_> {
     }
 
     /// The address of element (row, col) of a box.
-    fn box_addr(&mut self, gb: &GlobalBox, row: Src, col: Src) -> Reg {
+    pub(super) fn box_addr(&mut self, gb: &GlobalBox, row: Src, col: Src) -> Reg {
         let mut addr = Src::Reg(gb.base);
         if let Some(rs) = gb.row_stride {
             addr = self.add_scaled(addr, row, Src::Reg(rs));
@@ -400,7 +402,7 @@ impl Lower<'_> {
     }
 
     /// `valid` and, where the box's columns can pass the bound, `col` inside it.
-    fn and_col_mask(&mut self, gb: &GlobalBox, col: Src, valid: Option<Reg>) -> Option<Reg> {
+    pub(super) fn and_col_mask(&mut self, gb: &GlobalBox, col: Src, valid: Option<Reg>) -> Option<Reg> {
         if covers(gb.col_lim, gb.extent.1) {
             return valid;
         }
@@ -409,7 +411,7 @@ impl Lower<'_> {
     }
 
     /// `base + off < lim` as a predicate, computed as `base < lim - off`.
-    fn lt_minus(&mut self, base: Src, lim: Src, off: i64) -> Option<Reg> {
+    pub(super) fn lt_minus(&mut self, base: Src, lim: Src, off: i64) -> Option<Reg> {
         let lim = match lim {
             Src::Imm(v) => Src::Imm(v - off),
             l if off == 0 => l,
@@ -419,7 +421,7 @@ impl Lower<'_> {
     }
 
     /// `x < lim` as a predicate (None when always true, folded when both are known).
-    fn lt(&mut self, x: Src, lim: Src) -> Option<Reg> {
+    pub(super) fn lt(&mut self, x: Src, lim: Src) -> Option<Reg> {
         match (x, lim) {
             (Src::Imm(a), Src::Imm(b)) if a < b => None,
             _ => {
@@ -430,7 +432,7 @@ impl Lower<'_> {
     }
 
     /// `addr + i * stride` in 64 bits (`i` a 32-bit non-negative value).
-    fn add_scaled(&mut self, addr: Src, i: Src, stride: Src) -> Src {
+    pub(super) fn add_scaled(&mut self, addr: Src, i: Src, stride: Src) -> Src {
         match (i, stride) {
             (Src::Imm(0), _) => addr,
             (Src::Imm(a), Src::Imm(b)) => {
@@ -452,12 +454,11 @@ impl Lower<'_> {
         }
     }
 
-    fn plan_note(&self, loc: SrcLoc, what: &str, reason: &Option<String>) {
-        let msg = match reason {
-            None => format!("{loc}: {what}"),
-            Some(r) => format!("{loc}: {what} not possible: {r}"),
-        };
-        crate::passes::dump("copy_plan", &msg);
+    /// Records the plan of the copy at `loc` (and prints it under `KDA_DUMP=copy_plan`).
+    pub(super) fn record_plan(&mut self, loc: SrcLoc, kind: CopyKind, slower_because: Option<NoFastPath>) {
+        let plan = CopyPlan { loc, kind, slower_because };
+        crate::passes::dump("copy_plan", &plan);
+        self.copy_plans.push(plan);
     }
 
     /// `copy(src, dst)` that is not a pipeline's stage fill.
@@ -495,7 +496,7 @@ impl Lower<'_> {
     }
 
     /// `copy_async` by direction, with the copy's L2 policy already on the emitter.
-    fn copy_dispatch(
+    pub(super) fn copy_dispatch(
         &mut self,
         src: &Region,
         dst: &Region,
@@ -531,7 +532,12 @@ impl Lower<'_> {
     /// identity), the first slot's address and the bytes per fragment row: every run then loads
     /// at a constant offset from one register. Row vectors are not handled (their slots are
     /// rows of a 2-D tile or elements of a 1-D one, and neither is reached here).
-    fn affine_base(&mut self, sh: BufId, l: crate::layout::FragmentLayout, two_d: bool) -> Option<(Reg, i64)> {
+    pub(super) fn affine_base(
+        &mut self,
+        sh: BufId,
+        l: crate::layout::FragmentLayout,
+        two_d: bool,
+    ) -> Option<(Reg, i64)> {
         let layout = self.p.shared(sh);
         let (rows, cols) = layout.shape();
         let row_major = matches!(layout, crate::layout::SharedLayout::RowMajor { .. });
@@ -554,7 +560,7 @@ impl Lower<'_> {
     /// (`wn = 1`) and slot rows differ by whole swizzle periods, a run's physical chunk is the
     /// thread's first chunk XOR a constant (the run's chunk offset has no bits in common with
     /// the thread's). `None` when that does not hold, or the tile is not swizzled.
-    fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
+    pub(super) fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
         let (chunk, rpl, mask) = self.p.shared(sh).swizzle_params()?;
         let period = rpl * (mask + 1);
         let runs: Vec<crate::layout::SlotCoord> =
@@ -600,7 +606,7 @@ impl Lower<'_> {
         Some(out)
     }
 
-    fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
+    pub(super) fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
         let (x, y) = (&self.def().buffers[a], &self.def().buffers[b]);
         if x.shape != y.shape {
             return self.err(
@@ -611,404 +617,14 @@ impl Lower<'_> {
         Ok(())
     }
 
-    fn global_to_shared(&mut self, src: &Region, b: BufId, live: Option<Reg>, loc: SrcLoc) -> Result<(), Diag> {
-        let gb = self.global_box(src, b, loc)?;
-        let dt = self.def().buffers[b].dtype;
-        let mut no_vec = gb.no_vector.clone();
-        if no_vec.is_none() && dt != gb.dtype {
-            no_vec = Some(format!("the tensor is {} and the tile {dt}", gb.dtype));
-        }
-        self.plan_note(loc, "16-byte vector copy global -> shared", &no_vec);
-        let (rows, cols) = self.tile_rc(b);
-        let threads = self.threads;
-        if no_vec.is_none() {
-            // Every vector copy is asynchronous (`cp.async`): the warp goes on, and the barrier
-            // before the first read waits for it (the lowering of `Barrier`). Inside a pipeline's
-            // body its group is newer than the stage fills, which only makes the loop's waits
-            // stricter.
-            let chunk = 16 / dt.size_bytes() as u32;
-            let vpr = cols / chunk;
-            let n = rows * vpr;
-            let step = threads / vpr;
-            // Pass k's swizzle is pass 0's XOR a constant when `step` rows are whole groups of
-            // `rpl` rows, a power of two of them (pass 0's row groups stay below that bit).
-            let swizzle_ok = self
-                .p
-                .shared(b)
-                .swizzle_params()
-                .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
-            let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
-            if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
-                self.strided_fill(&gb, b, live, step, n / threads);
-                if live.is_none() {
-                    self.em.emit(Op::CpAsyncCommit);
-                }
-                return Ok(());
-            }
-            for k in 0..n.div_ceil(threads) {
-                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
-                let in_range = if (k + 1) * threads > n {
-                    Some(self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64)))
-                } else {
-                    None
-                };
-                let r = self.em.op32(BinKind::Div, v, vpr as i64);
-                let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
-                let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
-                let (addr, valid) = self.box_elem(&gb, r, c);
-                let valid = self.em.and_pred(valid, live);
-                let saddr = self.shared_addr(b, r, c);
-                if let Some(skip) = in_range {
-                    let l = self.em.label();
-                    self.em.emit_if(skip, false, Op::Bra { target: l });
-                    self.vector_fill(addr, saddr, valid, gb.tensor);
-                    self.em.emit(Op::Label(l));
-                } else {
-                    self.vector_fill(addr, saddr, valid, gb.tensor);
-                }
-            }
-            if live.is_none() {
-                self.em.emit(Op::CpAsyncCommit);
-            }
-            return Ok(());
-        }
-        self.for_each_shared_elem(b, |lw, r, c| {
-            let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
-            let (addr, valid) = lw.box_elem(&gb, r, c);
-            let valid = lw.em.and_pred(valid, live);
-            let v = lw.masked_load(addr, 0, gb.dtype, valid);
-            let saddr = lw.shared_addr(b, r, c);
-            lw.store_mem(Space::Shared, saddr, dt, v);
-            Ok(())
-        })
-    }
-
-    /// A vector fill whose threads cover whole rows: pass `k` moves the chunks of pass 0 down
-    /// `k * step` rows, so one address of each kind is computed and the others are offsets
-    /// from it (a 64-bit add in global memory; in a swizzled tile, the chunk index changes by
-    /// a constant XOR, since the rows of pass 0 stay below `step`).
-    fn strided_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>, step: u32, passes: u32) {
-        let dt = self.def().buffers[b].dtype;
-        let esize = dt.size_bytes() as i64;
-        let chunk = 16 / esize;
-        let l = self.p.shared(b);
-        let (_, cols) = l.shape();
-        let vpr = cols as i64 / chunk;
-        let r0 = self.em.op32(BinKind::Div, self.th.tid, vpr);
-        let cv = self.em.op32(BinKind::Rem, self.th.tid, vpr);
-        let c0 = self.em.op32(BinKind::Mul, cv, chunk);
-        // Global: the first chunk's address and the columns' mask; rows are masked per pass.
-        let rs = gb.row_stride.expect("a 2-D box");
-        let first = self.box_addr(gb, r0, c0);
-        let mut addr = first;
-        let valid = self.em.and_pred(gb.unit_ok, live);
-        let col_valid = self.and_col_mask(gb, c0, valid);
-        let step_bytes = self.em.reg(RegClass::B64);
-        self.em.emit(Op::Bin {
-            op: BinKind::Mul,
-            ty: Ty::S64,
-            d: step_bytes,
-            a: Src::Reg(rs),
-            b: Src::Imm(step as i64),
-        });
-        // Shared: the row base and (swizzled) the physical chunk of pass 0.
-        let base = self.shared_base[b].expect("shared buffers have a base");
-        let row_bytes = cols as i64 * esize;
-        let rb = self.em.mul32(r0, Src::Imm(row_bytes));
-        let row_base = self.em.add32(base, rb);
-        let swizzle = l.swizzle_params().map(|(_, rpl, mask)| (rpl, mask, self.swizzled_chunk(rpl, mask, r0, cv)));
-        let row_masks = gb.row_lim.filter(|lim| !covers(*lim, gb.extent.0));
-        // One mask for every pass: choose the source address and size once. A masked thread
-        // reads nothing from the tensor's base in every pass (its step is 0).
-        let mut uniform = None;
-        if let (None, Some(p)) = (row_masks, col_valid) {
-            let ptr = self.ptrs[&gb.tensor];
-            addr = self.em.reg(RegClass::B64);
-            self.em.emit(Op::Selp { ty: Ty::U64, d: addr, a: Src::Reg(first), b: Src::Reg(ptr), p });
-            let step = self.em.reg(RegClass::B64);
-            self.em.emit(Op::Selp { ty: Ty::U64, d: step, a: Src::Reg(step_bytes), b: Src::Imm(0), p });
-            let n = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
-            uniform = Some((step, n));
-        }
-        for k in 0..passes as i64 {
-            if k > 0 {
-                let step = uniform.map_or(step_bytes, |(s, _)| s);
-                addr = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, step);
-            }
-            let valid = match row_masks {
-                Some(lim) => {
-                    let p = self.lt_minus(r0, lim, k * step as i64);
-                    self.em.and_pred(col_valid, p)
-                }
-                None => col_valid,
-            };
-            let pass_base = self.em.add32(row_base, Src::Imm(k * step as i64 * row_bytes));
-            let saddr = match swizzle {
-                None => {
-                    let c = self.em.mul32(c0, Src::Imm(esize));
-                    self.em.add32(pass_base, c)
-                }
-                Some((rpl, mask, phys)) => {
-                    // Pass rows add to row r0 < step without carries: the XOR of the sum is
-                    // r0's XOR the pass's (`row_xor` is linear).
-                    let ck = crate::layout::row_xor(((k * step as i64 / rpl as i64) & mask as i64) as u32, mask) as i64;
-                    let p = if ck == 0 { phys } else { self.em.op32(BinKind::Xor, phys, ck) };
-                    let off = self.em.op32(BinKind::Shl, p, 4);
-                    self.em.add32(pass_base, off)
-                }
-            };
-            let saddr = self.em.to_reg(saddr, RegClass::B32, Ty::U32);
-            match uniform {
-                Some((_, n)) => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Reg(n) }),
-                None => self.vector_fill(addr, saddr, valid, gb.tensor),
-            }
-        }
-    }
-
-    /// One 16-byte chunk from global to shared, zero when `valid` is false.
-    fn vector_fill(&mut self, addr: Reg, saddr: Reg, valid: Option<Reg>, tensor: ParamId) {
-        match valid {
-            None => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Imm(16) }),
-            Some(p) => {
-                // A masked chunk reads nothing (src size 0) from an address known to be valid.
-                let n = self.em.reg(RegClass::B32);
-                self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
-                let safe = self.em.reg(RegClass::B64);
-                self.em.emit(Op::Selp { ty: Ty::U64, d: safe, a: Src::Reg(addr), b: Src::Reg(self.ptrs[&tensor]), p });
-                self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
-            }
-        }
-    }
-
-    /// A load of `addr + offset` that yields 0 when `valid` is false (a guarded load).
-    fn masked_load(&mut self, addr: Reg, offset: i64, dt: DType, valid: Option<Reg>) -> V {
-        let vt = value_type(dt);
-        let Some(p) = valid else {
-            return self.load_mem_at(Space::Global, addr, offset, dt, None);
-        };
-        let v = self.load_mem_at(Space::Global, addr, offset, dt, Some(p));
-        V { s: v.s, ty: vt }
-    }
-
-    /// A store to `addr + offset` skipped when `valid` is false (a guarded store).
-    fn masked_store(&mut self, addr: Reg, offset: i64, dt: DType, v: V, valid: Option<Reg>) {
-        self.store_mem_at(Space::Global, addr, offset, dt, v, valid);
-    }
-
-    fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
-        let gb = self.global_box(dst, b, loc)?;
-        let dt = self.def().buffers[b].dtype;
-        let mut no_vec = gb.no_vector.clone();
-        if no_vec.is_none() && dt != gb.dtype {
-            no_vec = Some(format!("the tile is {dt} and the tensor {}", gb.dtype));
-        }
-        self.plan_note(loc, "16-byte vector copy shared -> global", &no_vec);
-        let (rows, cols) = self.tile_rc(b);
-        let threads = self.threads;
-        if no_vec.is_none() {
-            let chunk = 16 / dt.size_bytes() as u32;
-            let vpr = cols / chunk;
-            let n = rows * vpr;
-            for k in 0..n.div_ceil(threads) {
-                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
-                let r = self.em.op32(BinKind::Div, v, vpr as i64);
-                let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
-                let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
-                let (addr, valid) = self.box_elem(&gb, r, c);
-                let valid = if (k + 1) * threads > n {
-                    let p = self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64));
-                    self.em.and_pred(valid, Some(p))
-                } else {
-                    valid
-                };
-                let skip = self.em.label();
-                if let Some(p) = valid {
-                    self.em.emit_if(p, false, Op::Bra { target: skip });
-                }
-                let saddr = self.shared_addr(b, r, c);
-                let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
-                self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
-                self.em.emit(Op::St {
-                    space: Space::Global,
-                    ty: Ty::B32,
-                    addr,
-                    offset: 0,
-                    vals: regs.into_iter().map(Src::Reg).collect(),
-                });
-                self.em.emit(Op::Label(skip));
-            }
-            return Ok(());
-        }
-        self.for_each_shared_elem(b, |lw, r, c| {
-            let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
-            let (addr, valid) = lw.box_elem(&gb, r, c);
-            let saddr = lw.shared_addr(b, r, c);
-            let v = lw.load_mem(Space::Shared, saddr, dt);
-            lw.masked_store(addr, 0, gb.dtype, v, valid);
-            Ok(())
-        })
-    }
-
-    /// Global box to fragment (`load`) or fragment to global box.
-    fn global_frag(&mut self, r: &Region, b: BufId, load: bool, loc: SrcLoc) -> Result<(), Diag> {
-        let gb = self.global_box(r, b, loc)?;
-        let l = self.p.frag(b);
-        let dt = self.def().buffers[b].dtype;
-        // A tile or column vector holds `vec` adjacent columns in consecutive slots: one access
-        // covers as many as alignment allows, at most 16 bytes (4 f32 or 8 bf16).
-        let floats = matches!(gb.dtype, DType::F32 | DType::BF16 | DType::F16);
-        let widest = l.vec.min(16 / gb.dtype.size_bytes() as u32);
-        let run = if l.kind == FragmentKind::Rows || !floats { 1 } else { widest.min(gb.run_align) };
-        let what = if load { "loads global -> fragment" } else { "stores fragment -> global" };
-        let reason = match (l.kind, run) {
-            (FragmentKind::Rows, _) => Some("a row vector holds no adjacent columns".to_string()),
-            (_, r) if r < widest => Some(format!(
-                "{} adjacent elements per access, not {}: {}",
-                r,
-                widest,
-                gb.no_pair.clone().unwrap_or_else(|| "alignment".into())
-            )),
-            _ => None,
-        };
-        self.plan_note(loc, &format!("{}-element {what}", l.vec), &reason);
-        let two_d = self.def().buffers[b].shape.len() == 2;
-        if two_d != (l.kind == FragmentKind::Tile) {
-            return self.err(loc, "a vector fragment is 1-D and a tile fragment 2-D");
-        }
-        // Replicated vector elements are stored once, by their owner lanes.
-        let owner = if load { None } else { self.vector_owner(l) };
-        let mut at = SlotAddressing::new(self, &gb, l, owner);
-        if !load && gb.whole_lines {
-            match self.whole_line_obstacle(&gb, l, run) {
-                None => {
-                    self.plan_note(loc, "whole-line stores fragment -> global", &None);
-                    let regs = self.regs[b].clone();
-                    self.store_whole_lines(&gb, l, &regs, at.thread_addr, at.base_valid);
-                    return Ok(());
-                }
-                why => self.plan_note(loc, "whole-line stores fragment -> global", &why),
-            }
-        }
-        let mut s = 0;
-        while s < l.slots() {
-            let (addr, offset, valid) = at.slot(self, &gb, l, s);
-            let regs: Vec<Reg> = (s..s + run).map(|k| self.regs[b][k as usize]).collect();
-            if load {
-                self.run_load(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
-            } else {
-                self.run_store(addr, offset, gb.dtype, valid, dt, &regs);
-            }
-            s += run;
-        }
-        Ok(())
-    }
-
-    /// `dst.len()` adjacent elements at `addr + offset` in `space` into `dst` (0 where `valid`
-    /// is false), rounded for a `dt` tile: one vector load.
-    #[allow(clippy::too_many_arguments)]
-    fn run_load(
+    pub(super) fn tile_to_tile(
         &mut self,
-        space: Space,
-        addr: Reg,
-        offset: i64,
-        src: DType,
-        valid: Option<Reg>,
-        dt: DType,
-        dst: &[Reg],
-    ) {
-        if dst.len() == 1 {
-            // Shared runs are at least two elements (`tile_to_tile`).
-            debug_assert_eq!(space, Space::Global, "a one-element run from shared memory");
-            let v = self.masked_load(addr, offset, src, valid);
-            let v = self.round_for(v, dt);
-            self.mov(dst[0], v);
-            return;
-        }
-        let n = dst.len();
-        let guarded = |lw: &mut Self, op: Op| match valid {
-            Some(p) => lw.em.emit_if(p, true, op),
-            None => lw.em.emit(op),
-        };
-        let vals: Vec<Reg> = (0..n).map(|_| self.em.reg(RegClass::F32)).collect();
-        if src == DType::F32 {
-            if valid.is_some() {
-                for v in &vals {
-                    self.em.emit(Op::Mov { ty: Ty::F32, d: *v, a: Src::F32(0.0) });
-                }
-            }
-            guarded(self, Op::Ld { space, ty: Ty::F32, d: vals.clone(), addr, offset });
-        } else {
-            let words: Vec<Reg> = (0..n / 2).map(|_| self.em.reg(RegClass::B32)).collect();
-            if valid.is_some() {
-                for w in &words {
-                    self.em.emit(Op::Mov { ty: Ty::B32, d: *w, a: Src::Imm(0) });
-                }
-            }
-            guarded(self, Op::Ld { space, ty: Ty::B32, d: words.clone(), addr, offset });
-            for (k, w) in words.iter().enumerate() {
-                if src == DType::BF16 {
-                    // bf16 is the upper half of an f32: a shift and a mask widen a packed pair.
-                    let (lo, hi) = (vals[2 * k], vals[2 * k + 1]);
-                    self.em.emit(Op::Bin { op: BinKind::Shl, ty: Ty::B32, d: lo, a: Src::Reg(*w), b: Src::Imm(16) });
-                    let mask = Src::Imm(0xffff_0000);
-                    self.em.emit(Op::Bin { op: BinKind::And, ty: Ty::B32, d: hi, a: Src::Reg(*w), b: mask });
-                } else {
-                    let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
-                    self.em.emit(Op::Unpack2 { lo, hi, a: *w });
-                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k], a: Src::Reg(lo) });
-                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k + 1], a: Src::Reg(hi) });
-                }
-            }
-        }
-        for (v, d) in vals.into_iter().zip(dst) {
-            let v = self.round_for(V { s: Src::Reg(v), ty: DType::F32 }, dt);
-            self.mov(*d, v);
-        }
-    }
-
-    /// `src.len()` adjacent elements of a `dt` tile to `addr + offset` (skipped where `valid` is
-    /// false): one vector store, 16-bit types packed in pairs.
-    pub(super) fn run_store(&mut self, addr: Reg, offset: i64, to: DType, valid: Option<Reg>, dt: DType, src: &[Reg]) {
-        if src.len() == 1 {
-            let v = V { s: Src::Reg(src[0]), ty: value_type(dt) };
-            self.masked_store(addr, offset, to, v, valid);
-            return;
-        }
-        let (ty, vals) = if to == DType::F32 {
-            (Ty::F32, src.iter().map(|r| Src::Reg(*r)).collect::<Vec<_>>())
-        } else {
-            let half = if to == DType::BF16 { Ty::BF16 } else { Ty::F16 };
-            let mut words = vec![];
-            for p in src.chunks(2) {
-                let d = self.em.reg(RegClass::B32);
-                self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(p[1]), lo: Src::Reg(p[0]) });
-                words.push(Src::Reg(d));
-            }
-            (Ty::B32, words)
-        };
-        let op = Op::St { space: Space::Global, ty, addr, offset, vals };
-        match valid {
-            Some(p) => self.em.emit_if(p, true, op),
-            None => self.em.emit(op),
-        }
-    }
-
-    fn global_to_local(&mut self, r: &Region, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
-        let gb = self.global_box(r, b, loc)?;
-        let (_, cols) = self.tile_rc(b);
-        let dt = self.def().buffers[b].dtype;
-        for (i, reg) in self.regs[b].clone().into_iter().enumerate() {
-            let (row, col) = ((i as u32 / cols) as i64, (i as u32 % cols) as i64);
-            let (addr, valid) = self.box_elem(&gb, Src::Imm(row), Src::Imm(col));
-            let v = self.masked_load(addr, 0, gb.dtype, valid);
-            let v = self.round_for(v, dt);
-            self.mov(reg, v);
-        }
-        Ok(())
-    }
-
-    fn tile_to_tile(&mut self, s: BufId, d: BufId, ls: BufLayout, ld: BufLayout, loc: SrcLoc) -> Result<(), Diag> {
+        s: BufId,
+        d: BufId,
+        ls: BufLayout,
+        ld: BufLayout,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         self.check_same_shape(s, d, loc)?;
         let (sdt, ddt) = (self.def().buffers[s].dtype, self.def().buffers[d].dtype);
         let two_d = self.def().buffers[s].shape.len() == 2;

@@ -4,6 +4,9 @@
 //! (short `if`s that store to memory run predicated instead: `if_conversion`).
 
 mod copy;
+mod copy_fragment;
+pub mod copy_plan;
+mod copy_shared;
 mod element_addr;
 mod elementwise;
 pub mod emit;
@@ -121,6 +124,8 @@ pub(crate) struct Lower<'a> {
     pub split_indices: HashMap<Reg, element_addr::SplitIndex>,
     /// Inside an element loop: the thread parts of shared addresses computed so far.
     pub thread_offsets: Option<element_addr::ThreadOffsets>,
+    /// Every copy's plan, in the order lowered.
+    pub copy_plans: Vec<copy_plan::CopyPlan>,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -170,6 +175,11 @@ pub fn param_name(name: &str) -> String {
 
 /// Lowers a tile program to a thread program.
 pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
+    lower_with_plans(p).map(|(prog, _)| prog)
+}
+
+/// [`lower`], and the plan of every copy ([`copy_plan::CopyPlan`]).
+pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<copy_plan::CopyPlan>), Diag> {
     let mut em = Emitter::new(p.def.loc);
     let tid = em.reg(RegClass::B32);
     em.emit(Op::ReadSpecial { d: tid, sreg: Special::Tid });
@@ -203,6 +213,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         scratch_base: p.scratch.0,
         split_indices: HashMap::new(),
         thread_offsets: None,
+        copy_plans: vec![],
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -266,7 +277,7 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
     let body = p.def.body.clone();
     lw.block(&body)?;
     lw.em.emit(Op::Ret);
-    Ok(ThreadProgram {
+    let prog = ThreadProgram {
         name: p.def.name.clone(),
         params,
         threads: p.def.threads,
@@ -274,7 +285,8 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
         shared_bytes: p.shared_bytes,
         body: lw.em.body,
         reg_counts: lw.em.counts,
-    })
+    };
+    Ok((prog, lw.copy_plans))
 }
 
 impl Lower<'_> {

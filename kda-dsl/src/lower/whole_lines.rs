@@ -10,6 +10,7 @@
 //! with it. (With 32 lanes per row, plain stores already write whole lines.)
 
 use super::copy::{covers, GlobalBox};
+use super::copy_plan::NoFastPath;
 use super::Lower;
 use crate::dtype::DType;
 use crate::layout::{FragmentKind, FragmentLayout};
@@ -19,25 +20,25 @@ use std::collections::HashMap;
 impl Lower<'_> {
     /// Why fragment `l` cannot be stored into `gb` as whole lines, if it cannot (`run`:
     /// adjacent columns per access).
-    pub(super) fn whole_line_obstacle(&self, gb: &GlobalBox, l: FragmentLayout, run: u32) -> Option<String> {
+    pub(super) fn whole_line_obstacle(&self, gb: &GlobalBox, l: FragmentLayout, run: u32) -> Option<NoFastPath> {
         if l.kind != FragmentKind::Tile {
-            return Some("the fragment is a vector, not a tile".into());
+            return Some(NoFastPath::WholeLinesNeedATile);
         }
         if l.lanes_per_row != 4 {
-            return Some("a row already lies across the warp: plain stores write whole lines".into());
+            return Some(NoFastPath::RowsAlreadyAcrossTheWarp);
         }
         if gb.dtype != DType::F32 || l.vec != 4 || run != 4 || gb.col_stride != Src::Imm(4) {
-            return Some("the box is not contiguous f32 columns stored 16 bytes (4 columns) at a time".into());
+            return Some(NoFastPath::WholeLinesNeedF32Vectors);
         }
         if gb.row_stride.is_none() {
-            return Some("the box has one row".into());
+            return Some(NoFastPath::OneRow);
         }
         if !l.ni().is_multiple_of(2) {
-            return Some("each warp row needs an even number of 16-column groups".into());
+            return Some(NoFastPath::OddColumnGroups);
         }
         // Partner lanes store each other's rows: a mask per row would have to travel too.
         if gb.row_lim.is_some_and(|lim| !covers(lim, gb.extent.0)) || !covers(gb.col_lim, gb.extent.1) {
-            return Some("the box is masked".into());
+            return Some(NoFastPath::Masked);
         }
         None
     }

@@ -245,3 +245,40 @@ fn zero_tokens_copy_the_initial_state_and_read_no_token() {
         check("T = 0", &cfg, &x).unwrap();
     }
 }
+
+/// NaN and infinities in one sequence's token inputs and pool slot leave every other
+/// sequence's output rows and pool slot bit-identical (and unused slots untouched).
+#[test]
+fn decode_isolation() {
+    use kda_kernels::decode_ref::random_inputs;
+    let cfg = base();
+    let (b, h, hv, slots) = (4, 1, 2, 6);
+    let mut clean = random_inputs(&cfg, b, 1, h, hv, slots, &[], 41);
+    clean.indices = vec![3, 0, 5, 1];
+    let mut dirty = clean.clone();
+    let bad = |v: &mut [f64]| {
+        v.iter_mut().enumerate().for_each(|(i, e)| *e = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][i % 3])
+    };
+    // Sequence 1 (slot 0).
+    bad(&mut dirty.q[h * D..2 * h * D]);
+    bad(&mut dirty.k[h * D..2 * h * D]);
+    bad(&mut dirty.v[hv * D..2 * hv * D]);
+    bad(&mut dirty.a[hv * D..2 * hv * D]);
+    bad(&mut dirty.beta[hv..2 * hv]);
+    let slot = hv * D * D;
+    bad(&mut dirty.pool[0..slot]);
+    let a = simulate_decode(&cfg, &clean).expect("simulates");
+    let z = simulate_decode(&cfg, &dirty).expect("simulates");
+    let row = hv * D;
+    assert!(z.out[row..2 * row].iter().any(|v| !v.is_finite()), "the poisoned sequence stayed finite");
+    for n in [0, 2, 3] {
+        assert!(
+            bits(&a.out[n * row..(n + 1) * row]) == bits(&z.out[n * row..(n + 1) * row]),
+            "sequence {n}'s output changed"
+        );
+    }
+    for s in [1, 2, 3, 4, 5] {
+        let r = s * slot..(s + 1) * slot;
+        assert!(bits(&a.pool[r.clone()]) == bits(&z.pool[r]), "pool slot {s} changed");
+    }
+}

@@ -1,4 +1,5 @@
-//! `kda check [--gpu]`: every kernel family through the simulator against its reference.
+//! `kda check [--gpu [--quick]]`: every kernel family through the simulator against its
+//! reference; with `--gpu` the GPU conformance cases too, at small shapes with `--quick`.
 
 use kda_kernels::check::{check_decode, check_gemm};
 use kda_kernels::decode_families::{decode_families, tolerance};
@@ -136,14 +137,16 @@ pub fn simulate_all() -> usize {
 }
 
 pub fn run(args: &[String]) -> Result<i32, String> {
+    use super::gpu_checks::Scale;
     let gpu = match args {
-        [] => false,
-        [g] if g == "--gpu" => true,
-        _ => return Err("usage: kda check [--gpu]".into()),
+        [] => None,
+        [g] if g == "--gpu" => Some(Scale::Full),
+        [g, q] if g == "--gpu" && q == "--quick" => Some(Scale::Quick),
+        _ => return Err("usage: kda check [--gpu [--quick]]".into()),
     };
     let mut failures = simulate_all();
-    if gpu {
-        failures += super::gpu_checks::gpu_checks()?;
+    if let Some(scale) = gpu {
+        failures += super::gpu_checks::gpu_checks(scale)?;
     }
     out!("{}", if failures == 0 { "all checks passed".to_string() } else { format!("{failures} check(s) FAILED") });
     Ok(i32::from(failures > 0))

@@ -207,27 +207,28 @@ pub fn run_chunk_on_gpu(
 /// One prefill conformance case: what the API must pick for the spec, and a launch shape that
 /// overrides its choice (the opt-in split).
 struct ChunkCase {
-    name: &'static str,
+    name: String,
     cfg: ChunkConfig,
     spec: ChunkSpec,
     tune: Option<ChunkTuning>,
 }
 
-/// The prefill conformance cases at real shapes.
-fn chunk_cases() -> Vec<ChunkCase> {
+/// The prefill conformance cases at real shapes (small ones for `quick`).
+fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
+    let (t_dense, h_dense, t_long, t_split) = if quick { (100, 2, 256, 512) } else { (1024, 16, 32768, 4096) };
     use kda_dsl::DType::{BF16, F16, F32, I32, I64};
     use kda_kernels::chunk::ChunkGate;
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
     vec![
         ChunkCase {
-            name: "chunk B=2 T=1024 H=16 bf16, f32 state in and out",
+            name: format!("chunk B=2 T={t_dense} H={h_dense} bf16, f32 state in and out"),
             cfg: d.clone(),
-            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 1024 }, h: 16, hv: 16, ..init.clone() },
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_dense }, h: h_dense, hv: h_dense, ..init.clone() },
             tune: None,
         },
         ChunkCase {
-            name: "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16",
+            name: "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16".into(),
             cfg: ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },
             spec: ChunkSpec {
                 dtype: F16,
@@ -239,7 +240,7 @@ fn chunk_cases() -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
-            name: "chunk varlen pool in place, bf16 state, padding",
+            name: "chunk varlen pool in place, bf16 state, padding".into(),
             cfg: ChunkConfig {
                 state_dtype: BF16,
                 varlen: Some(I32),
@@ -257,7 +258,7 @@ fn chunk_cases() -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
-            name: "chunk precomputed gate -20 per token, T=777",
+            name: "chunk precomputed gate -20 per token, T=777".into(),
             cfg: ChunkConfig {
                 gate: ChunkGate::Precomputed,
                 states: ChunkStates::Zeros { store_final: true },
@@ -273,25 +274,26 @@ fn chunk_cases() -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
-            name: "chunk B=1 T=32768 H=2, final state",
+            name: format!("chunk B=1 T={t_long} H=2, final state"),
             cfg: ChunkConfig { state_dtype: F32, ..d.clone() },
-            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: 32768 }, h: 2, hv: 2, ..init.clone() },
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_long }, h: 2, hv: 2, ..init.clone() },
             tune: None,
         },
         ChunkCase {
-            name: "chunk split in 8 segments, B=2 T=4096 H=2 HV=4",
+            name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
             cfg: d,
-            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: 4096 }, h: 2, hv: 4, ..init },
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
             tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8), prepared: false, prep_blocks: None }),
         },
     ]
 }
 
 /// Runs the prefill conformance cases; returns the number of failures.
-pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
+pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scale) -> usize {
     let s = gpu.default_stream();
     let mut failures = 0;
-    for (i, ChunkCase { name, cfg, spec, tune }) in chunk_cases().into_iter().enumerate() {
+    let quick = scale == super::gpu_checks::Scale::Quick;
+    for (i, ChunkCase { name, cfg, spec, tune }) in chunk_cases(quick).into_iter().enumerate() {
         let x = ChunkInputs::random(&mut Rng::new(100 + i as u64), &spec);
         // Each path on fresh tensors: the pool is updated in place.
         let run = |prepared: bool| {

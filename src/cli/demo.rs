@@ -9,7 +9,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         return Err(format!("`demo` takes no arguments (got `{a}`)"));
     }
     if kda_runtime::gpu_available() {
-        let failures = super::gpu_checks::gpu_checks()?;
+        let failures = super::gpu_checks::gpu_checks(super::gpu_checks::Scale::Full)?;
         let gpu = kda_runtime::Gpu::new(0).map_err(|e| e.to_string())?;
         let kernels = kda_runtime::Kernels::new();
         let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true).map_err(|e| e.to_string())?;

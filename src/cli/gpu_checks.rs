@@ -59,8 +59,17 @@ pub fn gemm_on_gpu(
     Ok(rel_err(&gv, &rv))
 }
 
+/// How large the GPU conformance cases are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    /// Real shapes (GEMM up to 8192³, decode at B = 64, H = 32, prefill up to T = 32768).
+    Full,
+    /// Every kernel family at small and ragged shapes, for compute-sanitizer (`--quick`).
+    Quick,
+}
+
 /// The GPU conformance table; returns the number of failures.
-pub fn gpu_checks() -> Result<usize, String> {
+pub fn gpu_checks(scale: Scale) -> Result<usize, String> {
     if !gpu_available() {
         out!("GPU checks skipped: no CUDA driver (libcuda) or no device on this machine");
         return Ok(0);
@@ -69,14 +78,20 @@ pub fn gpu_checks() -> Result<usize, String> {
     let kernels = Kernels::new();
     out!("{:<52} {:>10} {:>10}  result   ({})", "case (GPU)", "rel err", "bound", gpu.name());
     let mut failures = 0;
-    let cases = [
+    let full = [
         (512, 384, 256, DType::BF16, DType::F32, true),
         (1000, 777, 520, DType::BF16, DType::F32, false),
         (2048, 2048, 1024, DType::F16, DType::F16, true),
         (333, 1000, 77, DType::BF16, DType::BF16, true),
         (8192, 8192, 8192, DType::BF16, DType::F32, true),
     ];
-    for (i, (m, n, k, dt, out, bt)) in cases.into_iter().enumerate() {
+    let quick = [
+        (256, 128, 64, DType::BF16, DType::F32, true),
+        (100, 77, 52, DType::BF16, DType::F32, false),
+        (33, 100, 17, DType::F16, DType::F16, true),
+    ];
+    let cases: &[_] = if scale == Scale::Quick { &quick } else { &full };
+    for (i, &(m, n, k, dt, out, bt)) in cases.iter().enumerate() {
         let case = format!("gemm {dt}->{out} {} {m}x{n}x{k}", if bt { "A·Bᵀ" } else { "A·B" });
         let bound = if out == DType::F32 { 1e-3 } else { 1e-2 };
         match gemm_on_gpu(&gpu, &kernels, m, n, k, dt, out, bt, 100 + i as u64) {
@@ -91,8 +106,8 @@ pub fn gpu_checks() -> Result<usize, String> {
             }
         }
     }
-    failures += decode_checks(&gpu, &kernels);
-    failures += super::chunk_gpu::chunk_checks(&gpu, &kernels);
+    failures += decode_checks(&gpu, &kernels, scale);
+    failures += super::chunk_gpu::chunk_checks(&gpu, &kernels, scale);
     failures += selftest_checks(&gpu, &kernels);
     Ok(failures)
 }
@@ -127,7 +142,9 @@ type DecodeCase =
     (String, kda_kernels::decode::DecodeConfig, kda_kernels::decode_ref::DecodeInputs, usize, Option<Vec<usize>>);
 
 /// The decode conformance cases at real shapes; returns the number of failures.
-fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
+fn decode_checks(gpu: &Gpu, kernels: &Kernels, scale: Scale) -> usize {
+    // Batch rows and heads (and pool slots) of the batched cases.
+    let (bb, hh, slots) = if scale == Scale::Quick { (12, 4, 32) } else { (64, 32, 128) };
     use kda_kernels::decode::{DecodeConfig, Writes};
     use kda_kernels::decode_ref::{decode_ref, random_inputs, D};
     let d = DecodeConfig::default();
@@ -135,19 +152,19 @@ fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
     let mut rng = Rng::new(99);
     for (hv, state) in [(32, DType::F32), (64, DType::F32), (32, DType::BF16)] {
         let cfg = DecodeConfig { state_dtype: state, ..d.clone() };
-        let mut x = random_inputs(&cfg, 64, 1, 32, hv, 128, &[], rng.next_u64());
-        x.indices = distinct_slots(&mut rng, 64, 128);
+        let mut x = random_inputs(&cfg, bb, 1, hh, hv, slots, &[], rng.next_u64());
+        x.indices = distinct_slots(&mut rng, bb, slots);
         x.indices[3] = -1;
         x.indices[10] = 1000;
-        cases.push((format!("decode B=64 H=32 HV={hv} {state} pool, 2 padding slots"), cfg, x, 128, None));
+        cases.push((format!("decode B={bb} H={hh} HV={hv} {state} pool, 2 padding slots"), cfg, x, slots, None));
     }
     {
         let cfg = DecodeConfig { accepted: Some(DType::I32), ..d.clone() };
-        let mut x = random_inputs(&cfg, 64, 4, 32, 32, 512, &[], rng.next_u64());
-        x.indices = distinct_slots(&mut rng, 256, 512);
+        let mut x = random_inputs(&cfg, bb, 4, hh, hh, 4 * slots, &[], rng.next_u64());
+        x.indices = distinct_slots(&mut rng, 4 * bb, 4 * slots);
         x.cols = 4;
-        x.accepted = (0..64).map(|_| 1 + (rng.next_u64() % 4) as i64).collect();
-        cases.push(("decode spec T=4 B=64 H=32 HV=32, [B, 4] indices".into(), cfg, x, 512, None));
+        x.accepted = (0..bb).map(|_| 1 + (rng.next_u64() % 4) as i64).collect();
+        cases.push((format!("decode spec T=4 B={bb} H={hh} HV={hh}, [B, 4] indices"), cfg, x, 4 * slots, None));
     }
     {
         let cfg = DecodeConfig {
@@ -161,7 +178,7 @@ fn decode_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
         let x = random_inputs(&cfg, 1, 0, 16, 32, 16, &lens, rng.next_u64());
         cases.push(("decode varlen K-first 16 seqs (one empty), final states".into(), cfg, x, 16, None));
     }
-    {
+    if scale == Scale::Full {
         // Slots past 2^31 elements: slot stride is 8 * 128 * 128 = 2^17 elements.
         let cfg = d.clone();
         let mut x = random_inputs(&cfg, 4, 1, 4, 8, 8, &[], rng.next_u64());

@@ -1,0 +1,81 @@
+//! On a GPU: two threads sharing one `Kernels`, each on its own stream, one calling decode and
+//! the other prefill on their own data, starting from an empty cache (so both compile and load
+//! variants at once): the same bits as the same calls made one after the other, and no
+//! deadlock. Skips (passes) on machines without a driver.
+
+use kda_dsl::dtype::DType::{BF16, F32, I32};
+use kda_runtime::chunk::{chunk_kda, ChunkArgs};
+use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
+use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
+
+const D: usize = 128;
+
+fn random(gpu: &Gpu, s: &kda_runtime::CudaStream, shape: &[usize], seed: u64) -> Result<DeviceTensor, RuntimeError> {
+    let n: usize = shape.iter().product();
+    // A small LCG: deterministic data without a dependency.
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect();
+    DeviceTensor::from_f32(gpu, s, shape, BF16, &v)
+}
+
+/// One decode call (8 sequences, a pool of 16) on a fresh stream; the output and pool bytes.
+fn decode_call(gpu: &Gpu, kernels: &Kernels) -> Result<Vec<u8>, RuntimeError> {
+    let s = gpu.new_stream()?;
+    let tok = [8, 1, 4, D];
+    let (q, k, v, a) =
+        (random(gpu, &s, &tok, 1)?, random(gpu, &s, &tok, 2)?, random(gpu, &s, &tok, 3)?, random(gpu, &s, &tok, 4)?);
+    let b = random(gpu, &s, &[8, 1, 4], 5)?;
+    let out = DeviceTensor::zeros(gpu, &s, &tok, BF16)?;
+    let pool = DeviceTensor::zeros(gpu, &s, &[16, 4, D, D], F32)?;
+    let slots = DeviceTensor::from_i64(gpu, &s, &[8], I32, &[1, 3, 5, 7, 9, 11, 13, 15])?;
+    let views = [q.view(), k.view(), v.view(), a.view(), b.view(), out.view(), pool.view(), slots.view()];
+    let mut args = DecodeArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+    args.output = Some(&views[5]);
+    args.state = Some(&views[6]);
+    args.state_indices = Some(&views[7]);
+    args.inplace_final_state = true;
+    gated_delta_rule_decode(gpu, kernels, &s, &args)?;
+    Ok([out.to_bytes(&s)?, pool.to_bytes(&s)?].concat())
+}
+
+/// One prefill call (2 sequences of 100 tokens) on a fresh stream; the output and final states.
+fn prefill_call(gpu: &Gpu, kernels: &Kernels) -> Result<Vec<u8>, RuntimeError> {
+    let s = gpu.new_stream()?;
+    let tok = [2, 100, 4, D];
+    let (q, k, v, g) =
+        (random(gpu, &s, &tok, 6)?, random(gpu, &s, &tok, 7)?, random(gpu, &s, &tok, 8)?, random(gpu, &s, &tok, 9)?);
+    let beta = random(gpu, &s, &[2, 100, 4], 10)?;
+    let out = DeviceTensor::zeros(gpu, &s, &tok, BF16)?;
+    let fin = DeviceTensor::zeros(gpu, &s, &[2, 4, D, D], F32)?;
+    let views = [q.view(), k.view(), v.view(), g.view(), beta.view(), out.view(), fin.view()];
+    let mut args = ChunkArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+    args.output = Some(&views[5]);
+    args.output_final_state = true;
+    args.final_state = Some(&views[6]);
+    chunk_kda(gpu, kernels, &s, &args)?;
+    Ok([out.to_bytes(&s)?, fin.to_bytes(&s)?].concat())
+}
+
+#[test]
+fn threads_sharing_kernels_get_the_serial_bits() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    let gpu = Gpu::new(0).expect("a GPU");
+    let serial = Kernels::new();
+    let want = (decode_call(&gpu, &serial).expect("decode"), prefill_call(&gpu, &serial).expect("prefill"));
+    let shared = Kernels::new();
+    let got = std::thread::scope(|scope| {
+        let d = scope.spawn(|| decode_call(&gpu, &shared));
+        let p = scope.spawn(|| prefill_call(&gpu, &shared));
+        (d.join().expect("decode thread").expect("decode"), p.join().expect("prefill thread").expect("prefill"))
+    });
+    assert!(got.0 == want.0, "decode: the concurrent call's bits differ");
+    assert!(got.1 == want.1, "prefill: the concurrent call's bits differ");
+}

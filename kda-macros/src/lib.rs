@@ -19,6 +19,8 @@ use syn::spanned::Spanned;
 use syn::{parse_macro_input, Expr, FnArg, GenericArgument, ItemFn, Pat, PathArguments, Stmt, Type};
 
 mod expr;
+#[cfg(test)]
+mod fuzz_tests;
 mod stmt;
 
 /// Marks a function as a tile kernel. See the crate docs for the accepted forms.

@@ -1,4 +1,5 @@
-//! On a GPU: two threads sharing one `Kernels`, each on its own stream, one calling decode and
+//! On a GPU: determinism (two runs, the same bits), and two threads sharing one `Kernels`, each
+//! on its own stream, one calling decode and
 //! the other prefill on their own data, starting from an empty cache (so both compile and load
 //! variants at once): the same bits as the same calls made one after the other, and no
 //! deadlock. Skips (passes) on machines without a driver.
@@ -78,4 +79,17 @@ fn threads_sharing_kernels_get_the_serial_bits() {
     });
     assert!(got.0 == want.0, "decode: the concurrent call's bits differ");
     assert!(got.1 == want.1, "prefill: the concurrent call's bits differ");
+}
+
+/// Two runs of the same decode call and the same prefill call give the same bits.
+#[test]
+fn decode_and_prefill_determinism() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    let gpu = Gpu::new(0).expect("a GPU");
+    let kernels = Kernels::new();
+    assert!(decode_call(&gpu, &kernels).expect("decode") == decode_call(&gpu, &kernels).expect("decode"));
+    assert!(prefill_call(&gpu, &kernels).expect("prefill") == prefill_call(&gpu, &kernels).expect("prefill"));
 }

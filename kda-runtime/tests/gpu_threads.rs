@@ -1,8 +1,7 @@
 //! On a GPU: determinism (two runs, the same bits), and two threads sharing one `Kernels`, each
-//! on its own stream, one calling decode and
-//! the other prefill on their own data, starting from an empty cache (so both compile and load
-//! variants at once): the same bits as the same calls made one after the other, and no
-//! deadlock. Skips (passes) on machines without a driver.
+//! on its own stream, one calling decode and the other prefill on their own data, starting from
+//! an empty cache (so both compile and load variants at once): the same bits as the same calls
+//! made one after the other, and no deadlock. Skips (passes) on machines without a driver.
 
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};

@@ -10,6 +10,18 @@ use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
 use kda_kernels::decode_ref::DecodeInputs;
 use kda_kernels::reference::{rel_err, Rng};
 
+/// One random sequence of `t` tokens (dense `B = 1`, H = 1, HV = 2) with an initial state.
+fn one_sequence(seed: u64, t: usize) -> ChunkInputs {
+    let spec = ChunkSpec {
+        lengths: Lengths::Dense { b: 1, t },
+        h: 1,
+        hv: 2,
+        initial: InitialSpec::PerSequence,
+        ..ChunkSpec::default()
+    };
+    ChunkInputs::random(&mut Rng::new(seed), &spec)
+}
+
 /// Every config family (`kda check`'s chunk rows) against the f64 token recurrence: within the
 /// family's bounds, every output element written, padding rows exactly zero, and no state slot
 /// the call must not write changed.
@@ -94,20 +106,9 @@ fn sequence_of(x: &ChunkInputs, got: &ChunkOutputs, n: usize) -> (Vec<f64>, Vec<
 /// boundary of the packed tensor; dense B = 3 as row 1).
 #[test]
 fn batch_invariance_bit_for_bit() {
-    let spec = |t| ChunkSpec {
-        lengths: Lengths::Dense { b: 1, t },
-        h: 1,
-        hv: 2,
-        initial: InitialSpec::PerSequence,
-        ..ChunkSpec::default()
-    };
-    let x = ChunkInputs::random(&mut Rng::new(21), &spec(37));
+    let x = one_sequence(21, 37);
     // Other sequences: their own token data and initial states, the call's head constants.
-    let other = |seed, t| ChunkInputs {
-        a_log: x.a_log.clone(),
-        dt_bias: x.dt_bias.clone(),
-        ..ChunkInputs::random(&mut Rng::new(seed), &spec(t))
-    };
+    let other = |seed, t| ChunkInputs { a_log: x.a_log.clone(), dt_bias: x.dt_bias.clone(), ..one_sequence(seed, t) };
     let (before, empty, after) = (other(22, 19), other(26, 0), other(23, 5));
     let (row0, row2) = (other(24, 37), other(25, 37));
     let dense = ChunkConfig::default();
@@ -484,19 +485,9 @@ fn split_equals_unsplit() {
 fn prefill_isolation() {
     use kda_kernels::chunk::Preparation;
     use kda_kernels::chunk_check::simulate_chunk_with;
-    let spec = |t| ChunkSpec {
-        lengths: Lengths::Dense { b: 1, t },
-        h: 1,
-        hv: 2,
-        initial: InitialSpec::PerSequence,
-        ..ChunkSpec::default()
-    };
-    let base = ChunkInputs::random(&mut Rng::new(31), &spec(37));
-    let seq = |seed, t| ChunkInputs {
-        a_log: base.a_log.clone(),
-        dt_bias: base.dt_bias.clone(),
-        ..ChunkInputs::random(&mut Rng::new(seed), &spec(t))
-    };
+    let base = one_sequence(31, 37);
+    let seq =
+        |seed, t| ChunkInputs { a_log: base.a_log.clone(), dt_bias: base.dt_bias.clone(), ..one_sequence(seed, t) };
     let poison = |x: &ChunkInputs| {
         let bad = |v: &[f64]| {
             v.iter().enumerate().map(|(i, _)| [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][i % 3]).collect::<Vec<_>>()

@@ -3,9 +3,6 @@
 //! covered by the GPU tests). A counting allocator, installed for this crate's unit tests,
 //! counts the allocations of the calling thread only, so tests running beside it do not count.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 
 use crate::chunk::{chunk_config, plan_chunk, ChunkArgs};
@@ -14,42 +11,7 @@ use crate::kernels::Kernels;
 use crate::launch::bind_planned;
 use crate::tensor::TensorView;
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator; the counter is a const-initialized thread local,
-// which allocates nothing itself.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-/// `f`'s result and how many allocations it made on this thread.
-fn allocations_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let before = ALLOCATIONS.with(Cell::get);
-    let r = f();
-    (r, ALLOCATIONS.with(Cell::get) - before)
-}
+include!("../tests/support/counting_alloc.rs");
 
 fn tv(id: u64, shape: &[usize], dtype: kda_dsl::dtype::DType) -> TensorView {
     TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")

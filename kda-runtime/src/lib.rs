@@ -24,6 +24,8 @@ pub mod gemm;
 pub mod kernels;
 pub mod launch;
 pub mod preload;
+#[cfg(test)]
+mod random_calls;
 pub mod slice_view;
 pub mod tensor;
 pub mod timing;

@@ -12,6 +12,19 @@ use crate::thread_ir::*;
 use crate::tile::*;
 
 impl Lower<'_> {
+    /// Plans a copy between `gb` and a shared tile of `dt`: `vectors` when the box allows
+    /// 16-byte vectors and the element types agree, element by element otherwise; records the
+    /// plan and returns why not vectors.
+    fn plan_shared_copy(&mut self, gb: &GlobalBox, dt: DType, vectors: CopyKind, loc: SrcLoc) -> Option<NoFastPath> {
+        let mut no_vec = gb.no_vector.clone();
+        if no_vec.is_none() && dt != gb.dtype {
+            no_vec = Some(NoFastPath::DtypesDiffer { tensor: gb.dtype, tile: dt });
+        }
+        let kind = if no_vec.is_none() { vectors } else { CopyKind::Elements };
+        self.record_plan(loc, kind, no_vec.clone());
+        no_vec
+    }
+
     pub(super) fn global_to_shared(
         &mut self,
         src: &Region,
@@ -21,12 +34,7 @@ impl Lower<'_> {
     ) -> Result<(), Diag> {
         let gb = self.global_box(src, b, loc)?;
         let dt = self.def().buffers[b].dtype;
-        let mut no_vec = gb.no_vector.clone();
-        if no_vec.is_none() && dt != gb.dtype {
-            no_vec = Some(NoFastPath::DtypesDiffer { tensor: gb.dtype, tile: dt });
-        }
-        let kind = if no_vec.is_none() { CopyKind::AsyncVectors } else { CopyKind::Elements };
-        self.record_plan(loc, kind, no_vec.clone());
+        let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::AsyncVectors, loc);
         let (rows, cols) = self.tile_rc(b);
         let threads = self.threads;
         if no_vec.is_none() {
@@ -207,12 +215,7 @@ impl Lower<'_> {
     pub(super) fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
         let gb = self.global_box(dst, b, loc)?;
         let dt = self.def().buffers[b].dtype;
-        let mut no_vec = gb.no_vector.clone();
-        if no_vec.is_none() && dt != gb.dtype {
-            no_vec = Some(NoFastPath::DtypesDiffer { tensor: gb.dtype, tile: dt });
-        }
-        let kind = if no_vec.is_none() { CopyKind::VectorStores } else { CopyKind::Elements };
-        self.record_plan(loc, kind, no_vec.clone());
+        let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::VectorStores, loc);
         let (rows, cols) = self.tile_rc(b);
         let threads = self.threads;
         if no_vec.is_none() {

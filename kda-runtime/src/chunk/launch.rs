@@ -359,6 +359,7 @@ pub(super) fn launch_ready(
 mod tests {
     use super::*;
     use crate::launch::bind_args;
+    use crate::random_calls::{Draw, DTYPES};
 
     fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
         TensorView::describe(0x1000 * id, shape, dtype, 0).expect("a view")
@@ -432,45 +433,6 @@ mod tests {
         }
     }
 
-    /// Draws of one random call: counts, dtypes and tensor descriptors.
-    struct Draw {
-        rng: kda_kernels::reference::Rng,
-        next: u64,
-    }
-
-    const DTYPES: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64];
-
-    impl Draw {
-        /// A number in `0..n`.
-        fn r(&mut self, n: usize) -> usize {
-            (self.rng.next_u64() % n as u64) as usize
-        }
-        /// One of `xs`.
-        fn of<T: Copy>(&mut self, xs: &[T]) -> T {
-            xs[self.r(xs.len())]
-        }
-        /// `d`, or now and then any dtype.
-        fn mostly(&mut self, d: DType) -> DType {
-            if self.r(15) == 0 {
-                self.of(&DTYPES)
-            } else {
-                d
-            }
-        }
-        /// A descriptor: mostly aligned at a fresh address; sometimes misaligned, null or on
-        /// device 1.
-        fn view(&mut self, shape: &[usize], dtype: DType) -> TensorView {
-            self.next += 1;
-            let ptr = match self.r(40) {
-                0 => 0x1000 * self.next + 2,
-                1 => 0,
-                _ => 0x1000 * self.next,
-            };
-            let device = usize::from(self.r(60) == 0);
-            TensorView::describe(ptr, shape, dtype, device).expect("a descriptor")
-        }
-    }
-
     /// Random calls, well-formed or not (shapes with 0, 1, 15..17, 127, 129 tokens; every dtype
     /// in every slot; optional tensors present or absent, of the right or a wrong shape; NaN and
     /// infinite scalars; misaligned, null and other-device pointers): planning never panics, and
@@ -478,7 +440,7 @@ mod tests {
     #[test]
     fn random_calls_plan_without_panicking_and_accepted_ones_bind() {
         use std::collections::HashMap;
-        let mut x = Draw { rng: kda_kernels::reference::Rng::new(0x5eed), next: 0 };
+        let mut x = Draw::new(0x5eed);
         let mut kernels: HashMap<ChunkConfig, kda_dsl::artifact::CompiledKernel> = HashMap::new();
         let (mut accepted, mut rejected) = (0, 0);
         for case in 0..20_000u64 {

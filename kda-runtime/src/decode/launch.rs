@@ -365,42 +365,7 @@ pub(crate) fn kernel_args(
 mod tests {
     use super::*;
     use crate::launch::bind_args;
-
-    /// Draws of one random call.
-    struct Draw {
-        rng: kda_kernels::reference::Rng,
-        next: u64,
-    }
-
-    const DTYPES: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::I32, DType::I64];
-
-    impl Draw {
-        fn r(&mut self, n: usize) -> usize {
-            (self.rng.next_u64() % n as u64) as usize
-        }
-        fn of<T: Copy>(&mut self, xs: &[T]) -> T {
-            xs[self.r(xs.len())]
-        }
-        fn mostly(&mut self, d: DType) -> DType {
-            if self.r(15) == 0 {
-                self.of(&DTYPES)
-            } else {
-                d
-            }
-        }
-        /// A descriptor: mostly aligned at a fresh address; sometimes misaligned, null or on
-        /// device 1.
-        fn view(&mut self, shape: &[usize], dtype: DType) -> TensorView {
-            self.next += 1;
-            let ptr = match self.r(40) {
-                0 => 0x1000 * self.next + 2,
-                1 => 0,
-                _ => 0x1000 * self.next,
-            };
-            let device = usize::from(self.r(60) == 0);
-            TensorView::describe(ptr, shape, dtype, device).expect("a descriptor")
-        }
-    }
+    use crate::random_calls::{Draw, DTYPES};
 
     /// Random calls, well-formed or not (0, 1, 2, 3, 127, 129 sequences and tokens; every dtype
     /// in every slot; optional tensors present or absent, of the right shape or not; every flag;
@@ -409,7 +374,7 @@ mod tests {
     #[test]
     fn random_calls_plan_without_panicking_and_accepted_ones_bind() {
         use std::collections::HashMap;
-        let mut x = Draw { rng: kda_kernels::reference::Rng::new(0xdec0de), next: 0 };
+        let mut x = Draw::new(0xdec0de);
         let mut kernels: HashMap<DecodeConfig, kda_dsl::artifact::CompiledKernel> = HashMap::new();
         let (mut accepted, mut rejected) = (0, 0);
         for case in 0..6_000u64 {

@@ -210,7 +210,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         async_copies: has_plain_global_to_shared(p, &p.def.body),
         threads: p.def.threads,
         bar_id: 0,
-        scratch_base: p.scratch.0,
+        scratch_base: p.scratch.offset,
         split_indices: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
@@ -416,7 +416,7 @@ impl Lower<'_> {
         self.th = ThreadRegs { tid, warp, ..th };
         self.threads = count * 32;
         self.bar_id = id;
-        self.scratch_base = self.p.groups.get(&id).map(|g| g.1).unwrap_or(self.p.scratch.0);
+        self.scratch_base = self.p.groups.get(&id).map(|g| g.scratch_offset).unwrap_or(self.p.scratch.offset);
         self.var_regs.insert(var, warp);
         for (i, l) in self.p.layouts.iter_ids() {
             if let (BufLayout::Fragment(l), true) = (l, self.p.owner[i] == id) {

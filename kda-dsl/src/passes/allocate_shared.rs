@@ -24,7 +24,7 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
     }
     let mut need = 0u32;
     scratch_need(p, &p.def.body, &mut need);
-    p.scratch = (off, need);
+    p.scratch = super::Scratch { offset: off, bytes: need };
     // Warp groups run at the same time: each reduces in a scratch area of its own.
     let mut end = off + need;
     let mut group_areas = vec![];
@@ -39,7 +39,7 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
     }
     for (id, at) in group_areas {
         if let Some(x) = p.groups.get_mut(&id) {
-            x.1 = at;
+            x.scratch_offset = at;
         }
     }
     need = end - off;
@@ -142,7 +142,7 @@ mod tests {
         let p: TileProgram = run_tile_passes(k.finish().expect("valid")).expect("passes");
         assert_eq!(p.stages[s.id], 3);
         assert_eq!(p.shared_offsets[s.id], 0);
-        assert_eq!(p.scratch.0, 3 * 64 * 32 * 2, "scratch after the three stages");
+        assert_eq!(p.scratch.offset, 3 * 64 * 32 * 2, "scratch after the three stages");
         insta::assert_snapshot!(p.to_string());
     }
 

@@ -172,7 +172,7 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
                         format!("warp group {id} takes warps {first}..{} of a block of {warps}", first + count),
                     ));
                 }
-                p.groups.insert(*id, (*count, 0));
+                p.groups.insert(*id, super::WarpGroupInfo { warps: *count, scratch_offset: 0 });
                 (*id, body.as_slice())
             }
             _ => (0, std::slice::from_ref(s)),

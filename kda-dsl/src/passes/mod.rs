@@ -36,14 +36,32 @@ pub struct TileProgram {
     pub stages: IdVec<Buffer, u32>,
     /// Per buffer: byte offset in dynamic shared memory (shared buffers only).
     pub shared_offsets: IdVec<Buffer, u32>,
-    /// Byte offset of the scratch area reductions and scans use, and its size.
-    pub scratch: (u32, u32),
+    /// The scratch area reductions and scans use.
+    pub scratch: Scratch,
     /// Total dynamic shared memory in bytes.
     pub shared_bytes: u32,
     /// Per buffer: the warp group that owns it (0: the whole block).
     pub owner: IdVec<Buffer, u32>,
-    /// Per warp group id: (warps, byte offset of its own scratch area).
-    pub groups: std::collections::BTreeMap<u32, (u32, u32)>,
+    /// Per warp group id: its warps and its own scratch area.
+    pub groups: std::collections::BTreeMap<u32, WarpGroupInfo>,
+}
+
+/// Where the scratch area for reductions and scans lives in dynamic shared memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scratch {
+    /// Byte offset.
+    pub offset: u32,
+    /// Size in bytes.
+    pub bytes: u32,
+}
+
+/// What the tile passes know of a warp group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WarpGroupInfo {
+    /// Warps in the group.
+    pub warps: u32,
+    /// Byte offset of the group's own scratch area.
+    pub scratch_offset: u32,
 }
 
 impl TileProgram {
@@ -55,7 +73,7 @@ impl TileProgram {
             layouts: IdVec::filled(n, BufLayout::Unknown),
             stages: IdVec::filled(n, 1),
             shared_offsets: IdVec::filled(n, 0),
-            scratch: (0, 0),
+            scratch: Scratch::default(),
             shared_bytes: 0,
             owner: IdVec::filled(n, 0),
             groups: Default::default(),
@@ -71,7 +89,7 @@ impl TileProgram {
     pub fn warps_of(&self, b: BufId) -> u32 {
         match self.owner[b] {
             0 => self.warps(),
-            g => self.groups.get(&g).map(|x| x.0).unwrap_or(1),
+            g => self.groups.get(&g).map(|x| x.warps).unwrap_or(1),
         }
     }
 
@@ -103,8 +121,8 @@ impl fmt::Display for TileProgram {
             };
             writeln!(f, "// {}: {l}", b.name)?;
         }
-        if self.scratch.1 > 0 {
-            writeln!(f, "// scratch: {} bytes at {}", self.scratch.1, self.scratch.0)?;
+        if self.scratch.bytes > 0 {
+            writeln!(f, "// scratch: {} bytes at {}", self.scratch.bytes, self.scratch.offset)?;
         }
         writeln!(f, "// shared bytes: {}", self.shared_bytes)?;
         write!(f, "{}", self.def)

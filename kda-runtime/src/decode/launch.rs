@@ -2,11 +2,11 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::decode::{items_per_block, Beta, DecodeConfig, Gate, Writes, MAX_GRID_Z, MAX_ITEMS};
+use kda_kernels::decode::{items_per_block, DecodeConfig, Gate, Writes, MAX_GRID_Z, MAX_ITEMS};
 
 use super::args::DecodeArgs;
 use super::checked::check_indices;
-use super::plan::{plan_decode, BetaRule, DecodePlan, GateRule, StateIndexing};
+use super::plan::{plan_decode, DecodePlan, GateRule, StateIndexing};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
@@ -121,11 +121,7 @@ pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfi
         },
         a_log: plan.has_a_log,
         dt_bias: if plan.has_dt_bias { plan.dt_bias_dtype } else { None },
-        beta: match plan.beta {
-            BetaRule::Raw => Beta::Raw,
-            BetaRule::Sigmoid => Beta::Sigmoid,
-            BetaRule::TwoSigmoid => Beta::TwoSigmoid,
-        },
+        beta: plan.beta,
         beta_headwise: plan.beta_headwise,
         l2norm: plan.use_qk_l2norm,
         varlen: plan.cu_seqlens_dtype,

@@ -31,16 +31,9 @@ pub enum GateRule {
     Precomputed,
 }
 
-/// How beta is obtained from `b`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BetaRule {
-    /// `b` as given (the default: `apply_beta_sigmoid` false).
-    Raw,
-    /// `sigmoid(b)`.
-    Sigmoid,
-    /// `2 * sigmoid(b)` (`allow_neg_eigval`).
-    TwoSigmoid,
-}
+/// How beta is obtained from `b`: the kernel's own rule (`Raw` is the default,
+/// `apply_beta_sigmoid` false), one enum for the plan and the kernel config.
+pub use kda_kernels::decode::Beta as BetaRule;
 
 /// How sequences and tokens map to slots of the state pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

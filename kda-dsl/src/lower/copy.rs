@@ -363,9 +363,9 @@ impl Lower<'_> {
         // Columns step, 2 step, ... and the last one (an unaligned row ends in a line of its own).
         let per_row = cols.div_ceil(step) + u32::from((cols - 1) % step != 0);
         let n = rows * per_row;
-        let threads = self.threads;
+        let threads = self.scope.threads;
         for k in 0..n.div_ceil(threads) {
-            let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
             let in_range = ((k + 1) * threads > n).then(|| self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64)));
             let row = self.em.op32(BinKind::Div, v, per_row as i64);
             let line = self.em.op32(BinKind::Rem, v, per_row as i64);

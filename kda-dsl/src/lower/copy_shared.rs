@@ -36,7 +36,7 @@ impl Lower<'_> {
         let dt = self.def().buffers[b].dtype;
         let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::AsyncVectors, loc);
         let (rows, cols) = self.tile_rc(b);
-        let threads = self.threads;
+        let threads = self.scope.threads;
         if no_vec.is_none() {
             // Every vector copy is asynchronous (`cp.async`): the warp goes on, and the barrier
             // before the first read waits for it (the lowering of `Barrier`). Inside a pipeline's
@@ -62,7 +62,7 @@ impl Lower<'_> {
                 return Ok(());
             }
             for k in 0..n.div_ceil(threads) {
-                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+                let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
                 let in_range = if (k + 1) * threads > n {
                     Some(self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64)))
                 } else {
@@ -110,8 +110,8 @@ impl Lower<'_> {
         let l = self.p.shared(b);
         let (_, cols) = l.shape();
         let vpr = cols as i64 / chunk;
-        let r0 = self.em.op32(BinKind::Div, self.th.tid, vpr);
-        let cv = self.em.op32(BinKind::Rem, self.th.tid, vpr);
+        let r0 = self.em.op32(BinKind::Div, self.scope.th.tid, vpr);
+        let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr);
         let c0 = self.em.op32(BinKind::Mul, cv, chunk);
         // Global: the first chunk's address and the columns' mask; rows are masked per pass.
         let rs = gb.row_stride.expect("a 2-D box");
@@ -217,13 +217,13 @@ impl Lower<'_> {
         let dt = self.def().buffers[b].dtype;
         let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::VectorStores, loc);
         let (rows, cols) = self.tile_rc(b);
-        let threads = self.threads;
+        let threads = self.scope.threads;
         if no_vec.is_none() {
             let chunk = 16 / dt.size_bytes() as u32;
             let vpr = cols / chunk;
             let n = rows * vpr;
             for k in 0..n.div_ceil(threads) {
-                let v = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+                let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
                 let r = self.em.op32(BinKind::Div, v, vpr as i64);
                 let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
                 let c = self.em.op32(BinKind::Mul, cv, chunk as i64);

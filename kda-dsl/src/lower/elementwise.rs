@@ -38,11 +38,11 @@ impl Lower<'_> {
     ) -> Result<(), Diag> {
         let (rows, cols) = self.p.shared(b).shape();
         let n = rows * cols;
-        let threads = self.threads;
+        let threads = self.scope.threads;
         if threads.is_multiple_of(cols) && n.is_multiple_of(threads) {
             // Every pass covers whole rows: pass k is pass 0 moved down k * threads / cols rows.
-            let row0 = self.em.op32(BinKind::Div, self.th.tid, cols as i64);
-            let col0 = self.em.op32(BinKind::Rem, self.th.tid, cols as i64);
+            let row0 = self.em.op32(BinKind::Div, self.scope.th.tid, cols as i64);
+            let col0 = self.em.op32(BinKind::Rem, self.scope.th.tid, cols as i64);
             return self.element_loop(|lw| {
                 let row0 = lw.em.to_reg(row0, RegClass::B32, Ty::U32);
                 let col0 = lw.em.to_reg(col0, RegClass::B32, Ty::U32);
@@ -55,7 +55,7 @@ impl Lower<'_> {
             });
         }
         for k in 0..n.div_ceil(threads) {
-            let e = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let e = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
             let skip = if (k + 1) * threads > n {
                 let p = self.em.setp(Cmp::Ge, Ty::S32, e, Src::Imm(n as i64));
                 let l = self.em.label();

@@ -84,7 +84,7 @@ impl Lower<'_> {
                 format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
             );
         }
-        let th = self.th;
+        let th = self.scope.th;
         let wr = self.em.op32(BinKind::Div, th.warp, lc.wn as i64);
         let wc = self.em.op32(BinKind::Rem, th.warp, lc.wn as i64);
         let m_base = self.em.mul32(wr, Src::Imm(lc.warp_rows() as i64));

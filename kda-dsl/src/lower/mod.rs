@@ -85,11 +85,28 @@ pub(crate) struct ElemCtx {
     pub vars: [Option<VarId>; 2],
 }
 
+/// The threads a region of the kernel runs on (the block, or a warp group) and what is theirs:
+/// entered and left in one place ([`Lower::warp_group`]).
+#[derive(Clone)]
+pub(crate) struct Scope {
+    /// Their thread, lane and warp registers.
+    pub th: ThreadRegs,
+    /// Threads taking part in the tile operations being lowered.
+    pub threads: u32,
+    /// The barrier they synchronize with (0: the block's; a warp group's named barrier).
+    pub bar_id: u32,
+    /// Byte offset of the scratch area reductions use here.
+    pub scratch_base: u32,
+    /// Per-thread fragment bases, by layout (its kind aside: vectors share their tile's).
+    pub frag_bases: HashMap<FragmentLayout, (Reg, Reg)>,
+}
+
 /// Lowering state.
 pub(crate) struct Lower<'a> {
     pub p: &'a TileProgram,
     pub em: Emitter,
-    pub th: ThreadRegs,
+    /// The threads the operations being lowered run on, and what belongs to them.
+    pub scope: Scope,
     pub smem: Reg,
     /// Per buffer: the shared base address (changes per stage inside pipelines).
     pub shared_base: IdVec<Buffer, Option<Src>>,
@@ -102,8 +119,6 @@ pub(crate) struct Lower<'a> {
     pub ptrs: HashMap<ParamId, Reg>,
     pub scalars: HashMap<ParamId, Reg>,
     pub elem: Option<ElemCtx>,
-    /// Per-thread fragment bases, by layout (its kind aside: vectors share their tile's).
-    pub frag_bases: HashMap<FragmentLayout, (Reg, Reg)>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
     /// A divisor of every value each assigned variable takes (alignment of boxes it offsets).
@@ -114,12 +129,6 @@ pub(crate) struct Lower<'a> {
     /// The kernel copies global to shared other than as pipeline stage fills (barriers then
     /// wait for cp.async).
     pub async_copies: bool,
-    /// Threads taking part in the tile operations being lowered (the block's, or a warp group's).
-    pub threads: u32,
-    /// The barrier they synchronize with (0: the block's; a warp group's named barrier).
-    pub bar_id: u32,
-    /// Byte offset of the scratch area reductions use here.
-    pub scratch_base: u32,
     /// Index registers known as a per-thread base plus a constant (`element_addr`).
     pub split_indices: HashMap<Reg, element_addr::SplitIndex>,
     /// Inside an element loop: the thread parts of shared addresses computed so far.
@@ -192,7 +201,13 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
     let mut lw = Lower {
         p,
         em,
-        th: ThreadRegs { tid, lane, warp, g, t },
+        scope: Scope {
+            th: ThreadRegs { tid, lane, warp, g, t },
+            threads: p.def.threads,
+            bar_id: 0,
+            scratch_base: p.scratch.offset,
+            frag_bases: HashMap::new(),
+        },
         smem,
         shared_base: IdVec::filled(p.def.buffers.len(), None),
         regs: IdVec::filled(p.def.buffers.len(), vec![]),
@@ -203,14 +218,10 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         ptrs: HashMap::new(),
         scalars: HashMap::new(),
         elem: None,
-        frag_bases: HashMap::new(),
         assign_counts: HashMap::new(),
         var_divisors: divisibility::var_divisors(&p.def),
         var_ranges: ranges::var_ranges(&p.def),
         async_copies: has_plain_global_to_shared(p, &p.def.body),
-        threads: p.def.threads,
-        bar_id: 0,
-        scratch_base: p.scratch.offset,
         split_indices: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
@@ -397,26 +408,29 @@ impl Lower<'_> {
     /// A barrier over the threads of the current scope: `bar.sync 0` for the block, the group's
     /// named barrier inside a warp group.
     pub(crate) fn barrier(&mut self) {
-        let count = (self.bar_id != 0).then_some(self.threads);
-        self.em.emit(Op::Bar { id: self.bar_id, count });
+        let count = (self.scope.bar_id != 0).then_some(self.scope.threads);
+        self.em.emit(Op::Bar { id: self.scope.bar_id, count });
     }
 
     /// Warps `first .. first + count` run `body`, with thread indices, tile distributions,
     /// barriers and scratch of their own; the other warps skip it.
     fn warp_group(&mut self, first: u32, count: u32, id: u32, var: VarId, body: &[Stmt]) -> Result<(), Diag> {
-        let th = self.th;
+        let th = self.scope.th;
         let lo = self.em.setp(Cmp::Ge, Ty::S32, th.warp, Src::Imm(first as i64));
         let hi = self.em.setp(Cmp::Lt, Ty::S32, th.warp, Src::Imm((first + count) as i64));
         let inside = self.em.and_pred(Some(lo), Some(hi)).expect("two predicates");
         let end = self.em.label();
         self.em.emit_if(inside, false, Op::Bra { target: end });
-        let saved = (self.th, self.threads, self.bar_id, self.scratch_base, std::mem::take(&mut self.frag_bases));
         let tid = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, Src::Imm(first as i64 * 32));
         let warp = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, Src::Imm(first as i64));
-        self.th = ThreadRegs { tid, warp, ..th };
-        self.threads = count * 32;
-        self.bar_id = id;
-        self.scratch_base = self.p.groups.get(&id).map(|g| g.scratch_offset).unwrap_or(self.p.scratch.offset);
+        let group = Scope {
+            th: ThreadRegs { tid, warp, ..th },
+            threads: count * 32,
+            bar_id: id,
+            scratch_base: self.p.groups.get(&id).map(|g| g.scratch_offset).unwrap_or(self.p.scratch.offset),
+            frag_bases: HashMap::new(),
+        };
+        let outer = std::mem::replace(&mut self.scope, group);
         self.var_regs.insert(var, warp);
         for (i, l) in self.p.layouts.iter_ids() {
             if let (BufLayout::Fragment(l), true) = (l, self.p.owner[i] == id) {
@@ -424,7 +438,7 @@ impl Lower<'_> {
             }
         }
         let r = self.block(body);
-        (self.th, self.threads, self.bar_id, self.scratch_base, self.frag_bases) = saved;
+        self.scope = outer;
         self.em.emit(Op::Label(end));
         r
     }
@@ -637,12 +651,12 @@ impl Lower<'_> {
     /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + vec*t`.
     pub(crate) fn frag_base(&mut self, l: FragmentLayout) -> (Reg, Reg) {
         let key = FragmentLayout { kind: crate::layout::FragmentKind::Tile, ..l };
-        if let Some(r) = self.frag_bases.get(&key) {
+        if let Some(r) = self.scope.frag_bases.get(&key) {
             return *r;
         }
         // Computed for every thread: the bases outlive an if-converted branch that first asks.
         let guard = self.em.guard.take();
-        let th = self.th;
+        let th = self.scope.th;
         let wr = self.em.op32(BinKind::Div, th.warp, l.wn as i64);
         let wc = self.em.op32(BinKind::Rem, th.warp, l.wn as i64);
         let (g, t) = self.lane_parts(l);
@@ -652,7 +666,7 @@ impl Lower<'_> {
         let t2 = self.em.mul32(t, Src::Imm(l.vec as i64));
         let cb = self.em.add32(cb, t2);
         let r = (self.em.to_reg(rb, RegClass::B32, Ty::U32), self.em.to_reg(cb, RegClass::B32, Ty::U32));
-        self.frag_bases.insert(key, r);
+        self.scope.frag_bases.insert(key, r);
         self.em.guard = guard;
         r
     }
@@ -660,8 +674,8 @@ impl Lower<'_> {
     /// This thread's row group `g` and lane along the row `t` in fragment layout `l`.
     pub(crate) fn lane_parts(&mut self, l: FragmentLayout) -> (Src, Src) {
         match l.lanes_per_row {
-            4 => (Src::Reg(self.th.g), Src::Reg(self.th.t)),
-            32 => (Src::Imm(0), Src::Reg(self.th.lane)),
+            4 => (Src::Reg(self.scope.th.g), Src::Reg(self.scope.th.t)),
+            32 => (Src::Imm(0), Src::Reg(self.scope.th.lane)),
             n => unreachable!("layouts have 4 or 32 lanes per row, not {n}"),
         }
     }
@@ -670,7 +684,7 @@ impl Lower<'_> {
     pub(crate) fn frag_coords(&mut self, l: FragmentLayout, s: u32) -> (Src, Src) {
         let (rb, cb) = self.frag_base(l);
         let c = l.slot_coord(s);
-        let (row_bits, col_bits) = element_addr::fragment_base_bits(l, self.threads / 32);
+        let (row_bits, col_bits) = element_addr::fragment_base_bits(l, self.scope.threads / 32);
         let row = self.split_index(rb, row_bits, c.row_off);
         let col = self.split_index(cb, col_bits, c.col_off);
         match l.kind {

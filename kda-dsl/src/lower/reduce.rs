@@ -19,7 +19,7 @@ impl Lower<'_> {
     }
 
     fn scratch_addr(&mut self, index: Src) -> Reg {
-        let base = self.em.add32(self.smem, Src::Imm(self.scratch_base as i64));
+        let base = self.em.add32(self.smem, Src::Imm(self.scope.scratch_base as i64));
         let off = self.em.mul32(index, Src::Imm(4));
         let a = self.em.add32(base, off);
         self.em.to_reg(a, RegClass::B32, Ty::U32)
@@ -30,8 +30,8 @@ impl Lower<'_> {
         let (g, t) = self.lane_parts(l);
         let (w, lane_part) = match l.kind {
             FragmentKind::Tile => return None,
-            FragmentKind::Rows => (self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64), t),
-            FragmentKind::Cols => (self.em.op32(BinKind::Div, self.th.warp, l.wn as i64), g),
+            FragmentKind::Rows => (self.em.op32(BinKind::Rem, self.scope.th.warp, l.wn as i64), t),
+            FragmentKind::Cols => (self.em.op32(BinKind::Div, self.scope.th.warp, l.wn as i64), g),
         };
         let p1 = self.lane_is_first(lane_part);
         let w = self.em.to_reg(w, RegClass::B32, Ty::U32);
@@ -158,9 +158,9 @@ impl Lower<'_> {
         let (g, t) = self.lane_parts(l);
         let owner = self.lane_is_first(if axis == 1 { t } else { g });
         let wpos = if axis == 1 {
-            self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64)
+            self.em.op32(BinKind::Rem, self.scope.th.warp, l.wn as i64)
         } else {
-            self.em.op32(BinKind::Div, self.th.warp, l.wn as i64)
+            self.em.op32(BinKind::Div, self.scope.th.warp, l.wn as i64)
         };
         let mut idx = vec![];
         for (vs, a) in acc.iter().enumerate() {
@@ -271,18 +271,18 @@ impl Lower<'_> {
         if across > 1 {
             let (wpos, other) = if l.kind == FragmentKind::Rows {
                 (
-                    self.em.op32(BinKind::Div, self.th.warp, l.wn as i64),
-                    self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Div, self.scope.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Rem, self.scope.th.warp, l.wn as i64),
                 )
             } else {
                 (
-                    self.em.op32(BinKind::Rem, self.th.warp, l.wn as i64),
-                    self.em.op32(BinKind::Div, self.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Rem, self.scope.th.warp, l.wn as i64),
+                    self.em.op32(BinKind::Div, self.scope.th.warp, l.wn as i64),
                 )
             };
             self.barrier();
             // Lane 0 of one warp per position along the vector writes that warp's partial.
-            let lane0 = self.em.setp(Cmp::Eq, Ty::S32, self.th.lane, Src::Imm(0));
+            let lane0 = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.lane, Src::Imm(0));
             let other = self.em.to_reg(other, RegClass::B32, Ty::U32);
             let first = self.em.setp(Cmp::Eq, Ty::S32, other, Src::Imm(0));
             let owner = self.em.and_pred(Some(lane0), Some(first));
@@ -330,7 +330,7 @@ impl Lower<'_> {
             if sb.shape.len() == 1 || axis == 1 { (rows, cols, cols, 1) } else { (cols, rows, 1, cols) };
         let shared =
             matches!(self.p.layouts[src], BufLayout::Shared(_)) && matches!(self.p.layouts[dst], BufLayout::Shared(_));
-        let threads = self.threads;
+        let threads = self.scope.threads;
         let two_d = sb.shape.len() == 2;
         if shared {
             if src != dst {
@@ -351,7 +351,7 @@ impl Lower<'_> {
         }
         // One thread per line scans it serially.
         for k in 0..lines.div_ceil(threads) {
-            let line = self.em.add32(self.th.tid, Src::Imm((k * threads) as i64));
+            let line = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
             let skip = self.em.label();
             if (k + 1) * threads > lines {
                 let p = self.em.setp(Cmp::Ge, Ty::S32, line, Src::Imm(lines as i64));

@@ -54,7 +54,7 @@ impl Lower<'_> {
         valid: Option<Reg>,
     ) {
         let rs = gb.row_stride.expect("whole_line_obstacle: a 2-D box");
-        let odd_bit = self.em.op32(BinKind::And, self.th.g, 1);
+        let odd_bit = self.em.op32(BinKind::And, self.scope.th.g, 1);
         let odd_bit = self.em.to_reg(odd_bit, RegClass::B32, Ty::U32);
         let odd = self.em.setp(Cmp::Ne, Ty::U32, odd_bit, Src::Imm(0));
         // An odd row group stores into the row above it, 64 bytes in.

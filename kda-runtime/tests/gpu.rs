@@ -154,6 +154,40 @@ fn views_of_cudarc_buffers_are_checked_and_launch_on_gpu() -> Result<(), Runtime
     Ok(())
 }
 
+#[test]
+fn views_of_cudarc_buffers_work_under_graph_capture() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    if let Err(e) = views_of_cudarc_buffers_work_under_graph_capture_on_gpu() {
+        panic!("{e}");
+    }
+}
+
+/// The pattern `slice_view` documents: views made before the capture begins and dropped after
+/// it ends, so cudarc's event waits and records happen outside it; the captured launch writes
+/// the engine's buffer on every replay.
+fn views_of_cudarc_buffers_work_under_graph_capture_on_gpu() -> Result<(), RuntimeError> {
+    let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    let gpu = Gpu::from_context(ctx.clone())?;
+    let stream = ctx.new_stream().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    let dev_err = |e: cudarc::driver::DriverError| RuntimeError::Unsupported(e.to_string());
+    let mut x: cudarc::driver::CudaSlice<f32> = stream.alloc_zeros(256).map_err(dev_err)?;
+    let kernel = add_scalar();
+    let cache = ModuleCache::new();
+    {
+        let view = TensorView::of_slice_mut(&mut x, &[256], DType::F32, &stream)?;
+        let args = [("x", KernelArg::Tensor(*view)), ("b", KernelArg::F32(1.0))];
+        // One eager call (loads the module), then 3 warm-up and 10 timed replays of the graph.
+        time_graph_ms(&gpu, &stream, 10, || launch(&gpu, &cache, &stream, &kernel, "view", &args))?;
+    }
+    let host = stream.clone_dtoh(&x).map_err(dev_err)?;
+    // 1 eager + 1 captured (not run) + 3 + 10 replays.
+    assert!(host.iter().all(|v| *v == 14.0), "{:?}", &host[..4]);
+    Ok(())
+}
+
 fn add_scalar() -> CompiledKernel {
     let n = || Box::new(HostExpr::Dim("N".into()));
     CompiledKernel {

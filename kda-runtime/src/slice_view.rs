@@ -92,6 +92,24 @@ fn checked(
     Ok(probe)
 }
 
+/// The view of a buffer of `available` bytes on `device`, `offset` bytes in, as `shape` of
+/// `dtype`: checked first, then `take` gives the buffer's address and access record.
+#[allow(clippy::too_many_arguments)] // a buffer's facts and the view asked of it
+fn view_of<'a>(
+    name: &str,
+    holds: bool,
+    available: usize,
+    device: usize,
+    offset: usize,
+    shape: &[usize],
+    dtype: DType,
+    take: impl FnOnce() -> (u64, SyncOnDrop<'a>),
+) -> Result<SliceView<'a>, RuntimeError> {
+    let probe = checked(name, holds, available, offset, shape, dtype, device)?;
+    let (ptr, access) = take();
+    Ok(SliceView { view: probe.at(ptr + offset as u64), _access: access })
+}
+
 impl TensorView {
     /// A view of `slice` (a `CudaSlice` or `CudaView`) as `shape` of `dtype`, for kernels to
     /// read, on `stream`. The buffer must hold at least the shape's elements, of a type that
@@ -103,9 +121,7 @@ impl TensorView {
         stream: &'a CudaStream,
     ) -> Result<SliceView<'a>, RuntimeError> {
         let device = slice.stream().context().ordinal();
-        let probe = checked("slice", T::holds(dtype), slice.num_bytes(), 0, shape, dtype, device)?;
-        let (ptr, access) = slice.device_ptr(stream);
-        Ok(SliceView { view: probe.at(ptr), _access: access })
+        view_of("slice", T::holds(dtype), slice.num_bytes(), device, 0, shape, dtype, || slice.device_ptr(stream))
     }
 
     /// [`TensorView::of_slice`] for kernels to write (`CudaSlice` or `CudaViewMut`, borrowed
@@ -116,10 +132,8 @@ impl TensorView {
         dtype: DType,
         stream: &'a CudaStream,
     ) -> Result<SliceView<'a>, RuntimeError> {
-        let device = slice.stream().context().ordinal();
-        let probe = checked("slice", T::holds(dtype), slice.num_bytes(), 0, shape, dtype, device)?;
-        let (ptr, access) = slice.device_ptr_mut(stream);
-        Ok(SliceView { view: probe.at(ptr), _access: access })
+        let (device, bytes) = (slice.stream().context().ordinal(), slice.num_bytes());
+        view_of("slice", T::holds(dtype), bytes, device, 0, shape, dtype, || slice.device_ptr_mut(stream))
     }
 
     /// A view into a byte arena (engines pool their memory): `shape` of `dtype` starting
@@ -132,9 +146,7 @@ impl TensorView {
         stream: &'a CudaStream,
     ) -> Result<SliceView<'a>, RuntimeError> {
         let device = arena.stream().context().ordinal();
-        let probe = checked("arena", true, arena.num_bytes(), offset, shape, dtype, device)?;
-        let (ptr, access) = arena.device_ptr(stream);
-        Ok(SliceView { view: probe.at(ptr + offset as u64), _access: access })
+        view_of("arena", true, arena.num_bytes(), device, offset, shape, dtype, || arena.device_ptr(stream))
     }
 
     /// [`TensorView::of_bytes`] for kernels to write.
@@ -145,10 +157,8 @@ impl TensorView {
         dtype: DType,
         stream: &'a CudaStream,
     ) -> Result<SliceView<'a>, RuntimeError> {
-        let device = arena.stream().context().ordinal();
-        let probe = checked("arena", true, arena.num_bytes(), offset, shape, dtype, device)?;
-        let (ptr, access) = arena.device_ptr_mut(stream);
-        Ok(SliceView { view: probe.at(ptr + offset as u64), _access: access })
+        let (device, bytes) = (arena.stream().context().ordinal(), arena.num_bytes());
+        view_of("arena", true, bytes, device, offset, shape, dtype, || arena.device_ptr_mut(stream))
     }
 }
 

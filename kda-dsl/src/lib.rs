@@ -23,6 +23,7 @@ pub mod sim;
 pub mod target;
 pub mod thread_ir;
 pub mod tile;
+pub mod tile_text;
 
 pub use artifact::CompiledKernel;
 pub use compile::{compile, lower_kernel};

@@ -472,14 +472,28 @@ impl fmt::Display for KernelDef {
                 Param::Scalar { name, dtype } => write!(f, "{name}: {dtype}")?,
             }
         }
+        let min_blocks = self.min_blocks_per_sm.map(|m| format!(" min_blocks={m}")).unwrap_or_default();
         writeln!(
             f,
-            ") threads={} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),
             host(&self.grid[2])
         )?;
+        // Every variable's type, and the block indices: what the statements below leave out.
+        if !self.vars.is_empty() {
+            let vars: Vec<_> = self.vars.iter_ids().map(|(id, v)| format!("{}#{id}: {}", v.name, v.dtype)).collect();
+            writeln!(f, "  vars {}", vars.join(", "))?;
+        }
+        if self.block_vars.iter().any(Option::is_some) {
+            let bv: Vec<_> = self
+                .block_vars
+                .iter()
+                .map(|v| v.map(|v| format!("{}#{v}", self.vars[v].name)).unwrap_or_else(|| "_".into()))
+                .collect();
+            writeln!(f, "  block_vars [{}]", bv.join(", "))?;
+        }
         for (p, m) in &self.assumptions {
             writeln!(f, "  assume {} % {m} == 0", self.params[*p].name())?;
         }
@@ -523,7 +537,7 @@ impl KernelDef {
             Expr::Var(v) => format!("{}#{}", self.vars[*v].name, v),
             Expr::Load(p, idx) => format!("{}[{}]", self.params[*p].name(), list(idx)),
             Expr::Elem(b, idx) => format!("{}[{}]", self.buffers[*b].name, list(idx)),
-            Expr::Unary(op, a) => format!("{op:?}({})", self.expr_str(a)).to_lowercase(),
+            Expr::Unary(op, a) => format!("{}({})", format!("{op:?}").to_lowercase(), self.expr_str(a)),
             Expr::Binary(op, a, b) => format!("({} {:?} {})", self.expr_str(a), op, self.expr_str(b)),
             Expr::Select(c, a, b) => {
                 format!("select({}, {}, {})", self.expr_str(c), self.expr_str(a), self.expr_str(b))

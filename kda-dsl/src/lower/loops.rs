@@ -1,7 +1,7 @@
 //! Lowering of loops: `unroll` (at compile time), `serial` (a run-time loop) and `pipelined`
 //! (a multi-stage `cp.async` pipeline whose stage-filling copies run ahead of the compute).
 
-use super::{Lower, V};
+use super::{mem_ty, Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::passes::{BufLayout, TileProgram};
@@ -133,7 +133,10 @@ impl Lower<'_> {
             let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        self.stage_fills(&prelude, &fills, live, skip_dead_fills)?;
+        self.deferred_fills = Some(vec![]);
+        let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
+        let deferred = self.deferred_fills.take().unwrap_or_default();
+        fill_result?;
         // Compute on the stage read this iteration.
         self.var_regs.insert(var, ko);
         for (k, b) in staged.iter().enumerate() {
@@ -142,6 +145,7 @@ impl Lower<'_> {
         }
         self.block(&rest)?;
         self.em.loc = loc;
+        self.store_deferred_fills(deferred)?;
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });
         let full = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(stages as i64));
@@ -152,6 +156,42 @@ impl Lower<'_> {
         self.barrier();
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
+        }
+        Ok(())
+    }
+
+    /// The shared stores of the main loop's element-wise fills, into the stage they were
+    /// loaded for, where `live` held; the barrier at the top of the next iteration orders them
+    /// before that stage's first read, as it does the `cp.async`s.
+    fn store_deferred_fills(&mut self, deferred: Vec<DeferredFill>) -> Result<(), Diag> {
+        for fill in deferred {
+            let DeferredFill { buf, stage_base, loaded, values, live } = fill;
+            let compute_base = self.shared_base[buf].replace(stage_base);
+            let dt = self.def().buffers[buf].dtype;
+            let mut values = values.into_iter();
+            self.for_each_shared_elem(buf, |lw, r, c| {
+                let (r, c) = lw.shared_elem_index(buf, r, c);
+                let saddr = lw.shared_addr(buf, r, c);
+                let raw = values.next().expect("one loaded value per element, in the same order");
+                if loaded == dt {
+                    let op = Op::St {
+                        space: Space::Shared,
+                        ty: mem_ty(dt),
+                        addr: saddr,
+                        offset: 0,
+                        vals: vec![Src::Reg(raw)],
+                    };
+                    match live {
+                        Some(p) => lw.em.emit_if(p, true, op),
+                        None => lw.em.emit(op),
+                    }
+                } else {
+                    let v = lw.widen(raw, loaded);
+                    lw.store_mem_at(Space::Shared, saddr, 0, dt, v, live);
+                }
+                Ok(())
+            })?;
+            self.shared_base[buf] = compute_base;
         }
         Ok(())
     }
@@ -178,6 +218,28 @@ impl Lower<'_> {
         self.em.emit(Op::CpAsyncCommit);
         Ok(())
     }
+}
+
+/// The most elements per thread an element-wise stage fill holds in registers across a
+/// pipeline's body (`DeferredFill`); larger fills store at once.
+pub(crate) const DEFERRED_ELEMS_MAX: u32 = 4;
+
+/// An element-wise stage fill of a pipeline's main loop, loaded but not yet stored. Its
+/// loads are issued with the stage's `cp.async`s (which element copies cannot use: a load of
+/// under 4 bytes, or a strided box); storing them at once would stall the warp for the
+/// load's whole latency before the iteration's work, and every other warp at the next
+/// barrier. Stored at the end of the body, the load has had the iteration to land.
+pub(crate) struct DeferredFill {
+    /// The shared tile filled.
+    pub buf: BufId,
+    /// The tile's base address in the stage being filled.
+    pub stage_base: Src,
+    /// The tensor's element type, as loaded.
+    pub loaded: DType,
+    /// The loaded elements' bits, in `for_each_shared_elem`'s order.
+    pub values: Vec<Reg>,
+    /// Whether the stage's iteration exists (a masked load reads 0 otherwise).
+    pub live: Option<Reg>,
 }
 
 /// Whether `body` has a tensor-core `gemm` at any depth.

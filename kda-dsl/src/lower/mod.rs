@@ -135,6 +135,9 @@ pub(crate) struct Lower<'a> {
     pub thread_offsets: Option<element_addr::ThreadOffsets>,
     /// Every copy's plan, in the order lowered.
     pub copy_plans: Vec<copy_plan::CopyPlan>,
+    /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
+    /// their shared stores at the end of the body (`loops::pipelined`).
+    pub deferred_fills: Option<Vec<loops::DeferredFill>>,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -225,6 +228,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         split_indices: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
+        deferred_fills: None,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -490,32 +494,41 @@ impl Lower<'_> {
 
     /// Loads one element at `addr + offset`; with a guard, only where it holds (else 0).
     pub(crate) fn load_mem_at(&mut self, space: Space, addr: Reg, offset: i64, dt: DType, guard: Option<Reg>) -> V {
-        let vt = crate::passes::check_types::value_type(dt);
-        let ld = |lw: &mut Self, d: Reg, ty: Ty| {
-            let op = Op::Ld { space, ty, d: vec![d], addr, offset };
-            match guard {
-                Some(p) => {
-                    let zero = if d.class == RegClass::F32 { Src::F32(0.0) } else { Src::Imm(0) };
-                    lw.em.emit(Op::Mov { ty: if d.class == RegClass::B16 { Ty::B16 } else { ty }, d, a: zero });
-                    lw.em.emit_if(p, true, op)
-                }
-                None => lw.em.emit(op),
-            }
+        let raw = self.load_raw_at(space, addr, offset, dt, guard);
+        self.widen(raw, dt)
+    }
+
+    /// Loads one element of `dt` at `addr + offset` as its bits (16-bit types in a `b16`
+    /// register); with a guard, 0 where it does not hold.
+    pub(crate) fn load_raw_at(&mut self, space: Space, addr: Reg, offset: i64, dt: DType, guard: Option<Reg>) -> Reg {
+        let (d, ty) = match dt {
+            DType::F16 | DType::BF16 => (self.em.reg(RegClass::B16), Ty::B16),
+            _ => (self.em.reg(class_of(dt)), mem_ty(dt)),
         };
+        let op = Op::Ld { space, ty, d: vec![d], addr, offset };
+        match guard {
+            Some(p) => {
+                let zero = if d.class == RegClass::F32 { Src::F32(0.0) } else { Src::Imm(0) };
+                self.em.emit(Op::Mov { ty: if d.class == RegClass::B16 { Ty::B16 } else { ty }, d, a: zero });
+                self.em.emit_if(p, true, op)
+            }
+            None => self.em.emit(op),
+        }
+        d
+    }
+
+    /// The value of an element of `dt` loaded as its bits (`load_raw_at`): 16-bit types widen
+    /// to f32.
+    pub(crate) fn widen(&mut self, raw: Reg, dt: DType) -> V {
+        let vt = crate::passes::check_types::value_type(dt);
         match dt {
             DType::F16 | DType::BF16 => {
-                let h = self.em.reg(RegClass::B16);
-                ld(self, h, Ty::B16);
                 let f = self.em.reg(RegClass::F32);
                 let sty = if dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
-                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(h) });
+                self.em.emit(Op::Cvt { dty: Ty::F32, sty, d: f, a: Src::Reg(raw) });
                 V { s: Src::Reg(f), ty: vt }
             }
-            _ => {
-                let d = self.em.reg(class_of(dt));
-                ld(self, d, mem_ty(dt));
-                V { s: Src::Reg(d), ty: vt }
-            }
+            _ => V { s: Src::Reg(raw), ty: vt },
         }
     }
 

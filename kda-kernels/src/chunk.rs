@@ -35,6 +35,17 @@ use kda_macros::kernel;
 /// Value rows of the state one warp owns.
 pub const ROWS_PER_WARP: usize = 16;
 
+/// Warps per block of the chain over a prepared workspace (the two-kernel path, taken with
+/// few chains). Its blocks carry no key preparation, so smaller ones spread each head's 128
+/// value rows over more SMs: 4 blocks of 2 warps per head ran one 32768-token sequence on 32
+/// heads in 4.61 ms against 5.48 with 1 block of 8 (`kda bench --sweep-chunk 8x2p 2x8p`, H200).
+/// Its arithmetic does not depend on the warp count, so the bits stay the fused kernel's.
+pub const PREPARED_WARPS: usize = 2;
+
+/// Blocks per SM the chain over a prepared workspace must fit (with [`PREPARED_WARPS`]: 16
+/// warps, and the 128 registers per thread the default's 2 blocks of 8 allow).
+pub const PREPARED_MIN_BLOCKS: usize = 8;
+
 /// The gate rule of `chunk_kda` (KDA-SPEC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChunkGate {

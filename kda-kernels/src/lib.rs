@@ -117,7 +117,12 @@ pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
     let d = C::default();
     vec![
         d.clone(),
-        C { preparation: Preparation::Workspace, ..d.clone() },
+        C {
+            preparation: Preparation::Workspace,
+            warps: chunk::PREPARED_WARPS,
+            min_blocks: chunk::PREPARED_MIN_BLOCKS,
+            ..d.clone()
+        },
         C { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
         C {
             varlen: Some(kda_dsl::DType::I32),

@@ -2,7 +2,10 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
+use kda_kernels::chunk::{
+    ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREPARED_MIN_BLOCKS, PREPARED_WARPS, PREP_COLS,
+    PREP_DECAY_COLS,
+};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
@@ -53,9 +56,9 @@ pub struct ChunkTuning {
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
 /// when given a workspace: one fused block per SM of an H200 (132 SMs) or fewer. There the
 /// fused kernel leaves SMs idle and each chain's chunk step is the whole time, so preparing
-/// every chunk in parallel first pays (one sequence of 32768 tokens on 32 heads: 5.97 ms
-/// against 12.05); with two fused blocks per SM the fused kernel wins (8 x 4096 tokens:
-/// 1.90 ms against 2.31). Both paths give the same bits, so the choice cannot break batch
+/// every chunk in parallel first pays (one sequence of 32768 tokens on 32 heads: 4.61 ms
+/// against 11.11); with two fused blocks per SM the fused kernel wins (8 x 4096 tokens:
+/// 1.86 ms against 2.46). Both paths give the same bits, so the choice cannot break batch
 /// invariance.
 pub const PREPARED_MAX_CHAINS: usize = 132;
 
@@ -64,10 +67,20 @@ impl ChunkTuning {
     /// `kda bench --sweep-chunk` on an H200), through the two-kernel path when a workspace is
     /// given and the call has at most [`PREPARED_MAX_CHAINS`] chains.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
-        let d = ChunkConfig::default();
         let chains = plan.nseq.saturating_mul(plan.value_heads);
-        let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
-        ChunkTuning { warps: d.warps, min_blocks: d.min_blocks, split: None, prepared, prep_blocks: None }
+        ChunkTuning::of_path(plan.workspace && chains <= PREPARED_MAX_CHAINS)
+    }
+
+    /// The shape of each path: the fused kernel at the config default, the chain over a
+    /// prepared workspace at [`PREPARED_WARPS`] x [`PREPARED_MIN_BLOCKS`].
+    fn of_path(prepared: bool) -> ChunkTuning {
+        let (warps, min_blocks) = if prepared {
+            (PREPARED_WARPS, PREPARED_MIN_BLOCKS)
+        } else {
+            let d = ChunkConfig::default();
+            (d.warps, d.min_blocks)
+        };
+        ChunkTuning { warps, min_blocks, split: None, prepared, prep_blocks: None }
     }
 }
 
@@ -80,11 +93,11 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
 /// whatever its batch: the fused kernel, and with a workspace the chain over a prepared one
 /// (taken at most [`PREPARED_MAX_CHAINS`] chains); and the preparation that one needs.
 pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Option<PrepConfig>) {
-    let fused = tuned_config(plan, ChunkTuning { prepared: false, ..ChunkTuning::for_call(plan) });
+    let fused = tuned_config(plan, ChunkTuning::of_path(false));
     if !plan.workspace {
         return (vec![fused], None);
     }
-    let prepared = ChunkConfig { preparation: Preparation::Workspace, ..fused.clone() };
+    let prepared = tuned_config(plan, ChunkTuning::of_path(true));
     let prep = PrepConfig::of(&prepared);
     (vec![fused, prepared], Some(prep))
 }

@@ -1,0 +1,325 @@
+//! On a GPU, through the public API: batch invariance (a sequence's output and state are
+//! bit-identical alone and in a batch of 256 for decode, alone and varlen-packed among others
+//! for prefill, on both prefill paths) and isolation (NaN and Inf in one sequence's inputs leave
+//! every other sequence's output and state bit-identical; padding slots write zero output rows
+//! and, with unused pool slots, keep their bytes). Skips (passes) on machines without a driver.
+
+use kda_dsl::dtype::DType::{self, BF16, F32, I32};
+use kda_runtime::chunk::{chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs};
+use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
+use kda_runtime::{CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
+
+const D: usize = 128;
+/// Query/key heads and value heads (GVA 2).
+const H: usize = 2;
+const HV: usize = 4;
+
+/// Deterministic values in `[-scale/2, scale/2)` (a small LCG: no dependency).
+fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
+        })
+        .collect()
+}
+
+fn upload(gpu: &Gpu, s: &CudaStream, shape: &[usize], dtype: DType, v: &[f32]) -> Result<DeviceTensor, RuntimeError> {
+    DeviceTensor::from_f32(gpu, s, shape, dtype, v)
+}
+
+/// `n` rows of `row` values each, taken at `rows` of `all`.
+fn gather(all: &[f32], row: usize, rows: &[usize]) -> Vec<f32> {
+    rows.iter().flat_map(|&r| all[r * row..(r + 1) * row].iter().copied()).collect()
+}
+
+fn skip_without_gpu() -> bool {
+    let none = !kda_runtime::gpu_available();
+    if none {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+    }
+    none
+}
+
+/// Decode inputs for `b` sequences, one token each: q, k, v, a, beta (token rows in order).
+struct DecodeInputs {
+    b: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    a: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+impl DecodeInputs {
+    fn random(b: usize, seed: u64) -> DecodeInputs {
+        DecodeInputs {
+            b,
+            q: lcg(seed, b * H * D, 1.0),
+            k: lcg(seed + 1, b * H * D, 1.0),
+            v: lcg(seed + 2, b * HV * D, 1.0),
+            a: lcg(seed + 3, b * HV * D, 1.0),
+            beta: lcg(seed + 4, b * HV, 1.0),
+        }
+    }
+
+    /// The inputs of sequences `rows` only, in that order.
+    fn rows(&self, rows: &[usize]) -> DecodeInputs {
+        DecodeInputs {
+            b: rows.len(),
+            q: gather(&self.q, H * D, rows),
+            k: gather(&self.k, H * D, rows),
+            v: gather(&self.v, HV * D, rows),
+            a: gather(&self.a, HV * D, rows),
+            beta: gather(&self.beta, HV, rows),
+        }
+    }
+}
+
+/// One in-place decode step over `pool` (f32, V-first) with `slots` (-1: padding); the output
+/// bytes and the pool's bytes after it.
+fn decode(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    x: &DecodeInputs,
+    pool: &[f32],
+    slots: &[i64],
+) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
+    let s = gpu.new_stream()?;
+    let b = x.b;
+    let q = upload(gpu, &s, &[b, 1, H, D], BF16, &x.q)?;
+    let k = upload(gpu, &s, &[b, 1, H, D], BF16, &x.k)?;
+    let v = upload(gpu, &s, &[b, 1, HV, D], BF16, &x.v)?;
+    let a = upload(gpu, &s, &[b, 1, HV, D], BF16, &x.a)?;
+    let beta = upload(gpu, &s, &[b, 1, HV], BF16, &x.beta)?;
+    let out = DeviceTensor::from_f32(gpu, &s, &[b, 1, HV, D], BF16, &vec![7.0; b * HV * D])?;
+    let pool_t = upload(gpu, &s, &[pool.len() / (HV * D * D), HV, D, D], F32, pool)?;
+    let idx = DeviceTensor::from_i64(gpu, &s, &[b], I32, slots)?;
+    let views = [q.view(), k.view(), v.view(), a.view(), beta.view(), out.view(), pool_t.view(), idx.view()];
+    let mut args = DecodeArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+    args.output = Some(&views[5]);
+    args.state = Some(&views[6]);
+    args.state_indices = Some(&views[7]);
+    args.inplace_final_state = true;
+    gated_delta_rule_decode(gpu, kernels, &s, &args)?;
+    Ok((out.to_bytes(&s)?, pool_t.to_bytes(&s)?))
+}
+
+const DECODE_B: usize = 256;
+const POOL: usize = 2 * DECODE_B;
+const OUT_ROW: usize = HV * D * 2;
+const SLOT: usize = HV * D * D * 4;
+
+/// Sequence `i` of the batch uses slot `2i + 1`; the even slots are never named.
+fn decode_slots() -> Vec<i64> {
+    (0..DECODE_B as i64).map(|i| 2 * i + 1).collect()
+}
+
+#[test]
+fn decode_batch_invariance() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let x = DecodeInputs::random(DECODE_B, 11);
+    let pool = lcg(17, POOL * HV * D * D, 0.2);
+    let slots = decode_slots();
+    let (out, after) = decode(&gpu, &kernels, &x, &pool, &slots).expect("the batch");
+    for i in [0, 1, 100, 255] {
+        let (o1, p1) = decode(&gpu, &kernels, &x.rows(&[i]), &pool, &slots[i..=i]).expect("one sequence");
+        let slot = slots[i] as usize;
+        assert!(o1 == out[i * OUT_ROW..(i + 1) * OUT_ROW], "sequence {i}: output differs alone and in the batch");
+        assert!(
+            p1[slot * SLOT..(slot + 1) * SLOT] == after[slot * SLOT..(slot + 1) * SLOT],
+            "sequence {i}: state differs alone and in the batch"
+        );
+    }
+}
+
+#[test]
+fn decode_isolation() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let clean = DecodeInputs::random(DECODE_B, 23);
+    let pool = lcg(29, POOL * HV * D * D, 0.2);
+    let mut slots = decode_slots();
+    // Sequence 9 is padding: zero output row, no slot read or written.
+    slots[9] = -1;
+    let (poisoned_seq, inf_seq) = (7, 200);
+    let mut bad = DecodeInputs::random(DECODE_B, 23);
+    bad.q[poisoned_seq * H * D] = f32::NAN;
+    bad.k[poisoned_seq * H * D + 3] = f32::INFINITY;
+    bad.v[poisoned_seq * HV * D + 5] = f32::NAN;
+    bad.a[inf_seq * HV * D] = f32::NEG_INFINITY;
+    bad.beta[inf_seq * HV] = f32::NAN;
+    let (out_clean, pool_clean) = decode(&gpu, &kernels, &clean, &pool, &slots).expect("clean batch");
+    let (out_bad, pool_bad) = decode(&gpu, &kernels, &bad, &pool, &slots).expect("poisoned batch");
+    let initial: Vec<u8> = pool.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for (i, &slot) in slots.iter().enumerate() {
+        let row = i * OUT_ROW..(i + 1) * OUT_ROW;
+        if i == 9 {
+            assert!(out_bad[row].iter().all(|&x| x == 0), "the padding sequence's output row is not zero");
+            continue;
+        }
+        if i == poisoned_seq || i == inf_seq {
+            continue;
+        }
+        assert!(out_bad[row.clone()] == out_clean[row], "sequence {i}: output changed by another sequence's NaN");
+        let r = slot as usize * SLOT..(slot as usize + 1) * SLOT;
+        assert!(pool_bad[r.clone()] == pool_clean[r], "sequence {i}: state changed by another sequence's NaN");
+    }
+    // Unused slots, and the slot sequence 9 would have named, keep their bytes.
+    for slot in (0..POOL).filter(|s| s % 2 == 0).chain([19]) {
+        let r = slot * SLOT..(slot + 1) * SLOT;
+        assert!(pool_bad[r.clone()] == initial[r], "slot {slot}: an unused slot was written");
+    }
+}
+
+/// Prefill inputs for sequences of `lens` tokens, packed in order (token rows).
+struct PrefillInputs {
+    lens: Vec<usize>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    /// Per sequence, its initial state `[HV, D, D]`.
+    init: Vec<f32>,
+}
+
+impl PrefillInputs {
+    fn random(lens: &[usize], seed: u64) -> PrefillInputs {
+        let t: usize = lens.iter().sum();
+        // A precomputed gate: a small log decay per element.
+        let g = lcg(seed + 3, t * HV * D, 0.2).into_iter().map(|x| -x.abs()).collect();
+        PrefillInputs {
+            lens: lens.to_vec(),
+            q: lcg(seed, t * H * D, 1.0),
+            k: lcg(seed + 1, t * H * D, 1.0),
+            v: lcg(seed + 2, t * HV * D, 1.0),
+            g,
+            beta: lcg(seed + 4, t * HV, 1.0),
+            init: lcg(seed + 5, lens.len() * HV * D * D, 0.2),
+        }
+    }
+
+    /// Sequence `n` alone.
+    fn sequence(&self, n: usize) -> PrefillInputs {
+        let start: usize = self.lens[..n].iter().sum();
+        let rows: Vec<usize> = (start..start + self.lens[n]).collect();
+        PrefillInputs {
+            lens: vec![self.lens[n]],
+            q: gather(&self.q, H * D, &rows),
+            k: gather(&self.k, H * D, &rows),
+            v: gather(&self.v, HV * D, &rows),
+            g: gather(&self.g, HV * D, &rows),
+            beta: gather(&self.beta, HV, &rows),
+            init: gather(&self.init, HV * D * D, &[n]),
+        }
+    }
+}
+
+/// One prefill call: dense `[1, T]` for one sequence, varlen-packed (i32 `cu_seqlens`) for
+/// more; with `workspace`, the two-kernel path. The output and final-state bytes.
+fn prefill(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    x: &PrefillInputs,
+    workspace: bool,
+) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
+    let s = gpu.new_stream()?;
+    let (t, n) = (x.lens.iter().sum::<usize>(), x.lens.len());
+    let q = upload(gpu, &s, &[1, t, H, D], BF16, &x.q)?;
+    let k = upload(gpu, &s, &[1, t, H, D], BF16, &x.k)?;
+    let v = upload(gpu, &s, &[1, t, HV, D], BF16, &x.v)?;
+    let g = upload(gpu, &s, &[1, t, HV, D], BF16, &x.g)?;
+    let beta = upload(gpu, &s, &[1, t, HV], BF16, &x.beta)?;
+    let init = upload(gpu, &s, &[n, HV, D, D], F32, &x.init)?;
+    let out = DeviceTensor::from_f32(gpu, &s, &[1, t, HV, D], BF16, &vec![7.0; t * HV * D])?;
+    let fin = DeviceTensor::from_f32(gpu, &s, &[n, HV, D, D], F32, &vec![7.0; n * HV * D * D])?;
+    let mut bounds = vec![0i64];
+    for l in &x.lens {
+        bounds.push(bounds.last().copied().unwrap_or(0) + *l as i64);
+    }
+    let cu = DeviceTensor::from_i64(gpu, &s, &[n + 1], I32, &bounds)?;
+    let views = [q.view(), k.view(), v.view(), g.view(), beta.view(), init.view(), out.view(), fin.view(), cu.view()];
+    let mut args = ChunkArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+    args.initial_state = Some(&views[5]);
+    args.output = Some(&views[6]);
+    args.output_final_state = true;
+    args.final_state = Some(&views[7]);
+    args.cu_seqlens = (n > 1).then_some(&views[8]);
+    let ws_tensor = if workspace {
+        let bytes = chunk_workspace_bytes(&plan_chunk(&args)?);
+        Some(DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)?)
+    } else {
+        None
+    };
+    let ws_view = ws_tensor.as_ref().map(|w| w.view());
+    args.workspace = ws_view.as_ref();
+    chunk_kda(gpu, kernels, &s, &args)?;
+    Ok((out.to_bytes(&s)?, fin.to_bytes(&s)?))
+}
+
+/// Lengths around the chunk size: shorter than a chunk, one token, whole chunks and ragged.
+const LENS: [usize; 6] = [37, 200, 1, 129, 64, 16];
+const TOKEN_ROW: usize = HV * D * 2;
+const STATE: usize = HV * D * D * 4;
+
+/// Sequence `n`'s output rows in a packed call's output.
+fn token_rows(lens: &[usize], n: usize) -> std::ops::Range<usize> {
+    let start: usize = lens[..n].iter().sum();
+    start * TOKEN_ROW..(start + lens[n]) * TOKEN_ROW
+}
+
+#[test]
+fn prefill_batch_invariance() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let x = PrefillInputs::random(&LENS, 31);
+    for workspace in [false, true] {
+        let (out, fin) = prefill(&gpu, &kernels, &x, workspace).expect("packed");
+        for n in 0..LENS.len() {
+            let (o1, f1) = prefill(&gpu, &kernels, &x.sequence(n), workspace).expect("alone");
+            let path = if workspace { "two-kernel" } else { "fused" };
+            assert!(o1 == out[token_rows(&LENS, n)], "{path}: sequence {n}: output differs alone and packed");
+            assert!(
+                f1 == fin[n * STATE..(n + 1) * STATE],
+                "{path}: sequence {n}: final state differs alone and packed"
+            );
+        }
+    }
+}
+
+#[test]
+fn prefill_isolation() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let clean = PrefillInputs::random(&LENS, 37);
+    let mut bad = PrefillInputs::random(&LENS, 37);
+    // NaN and Inf in sequence 1 (tokens 37 ..) and in the last token of sequence 3.
+    let s1 = LENS[0];
+    bad.q[s1 * H * D] = f32::NAN;
+    bad.k[(s1 + 20) * H * D + 1] = f32::INFINITY;
+    bad.v[(s1 + 199) * HV * D] = f32::NAN;
+    let s3_last: usize = LENS[..4].iter().sum::<usize>() - 1;
+    bad.g[s3_last * HV * D] = f32::NEG_INFINITY;
+    bad.beta[s3_last * HV] = f32::NAN;
+    for workspace in [false, true] {
+        let (out_clean, fin_clean) = prefill(&gpu, &kernels, &clean, workspace).expect("clean");
+        let (out_bad, fin_bad) = prefill(&gpu, &kernels, &bad, workspace).expect("poisoned");
+        for n in [0, 2, 4, 5] {
+            let rows = token_rows(&LENS, n);
+            assert!(out_bad[rows.clone()] == out_clean[rows], "sequence {n}: output changed by another's NaN");
+            let st = n * STATE..(n + 1) * STATE;
+            assert!(fin_bad[st.clone()] == fin_clean[st], "sequence {n}: final state changed by another's NaN");
+        }
+    }
+}

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`,
-//! `allocate_shared`: the pipeline runs up to and including it, and the program is printed),
+//! `allocate_shared`, `plan_pipelines`: the pipeline runs up to and including it, and the program is printed),
 //! `copy_plans` (the lowering's plan for every copy) or `ptx` (the whole compile for sm_80).
 //! `KDA_BLESS=1 cargo test -p kda-dsl --test filetests` rewrites the expected outputs
 //! (`scripts/bless` does it with the other snapshots).
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use kda_dsl::passes::{
     allocate_shared::allocate_shared, check_types::check_types, fuse_reductions::fuse_reductions,
-    infer_layouts::infer_layouts, insert_barriers::insert_barriers, TileProgram,
+    infer_layouts::infer_layouts, insert_barriers::insert_barriers, plan_pipelines::plan_pipelines, TileProgram,
 };
 use kda_dsl::tile::KernelDef;
 use kda_dsl::tile_text::parse_kernel;
@@ -30,7 +30,7 @@ use kda_dsl::tile_text::parse_kernel;
 /// What a filetest runs its kernel to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    /// The tile passes in order, up to and including this many (1 to 4).
+    /// The tile passes in order, up to and including this many (1 to 5).
     TilePasses(usize),
     /// The lowering's plan for every copy.
     CopyPlans,
@@ -39,7 +39,7 @@ enum Stage {
 }
 
 /// The tile passes in pipeline order.
-const PASSES: [&str; 4] = ["infer_layouts", "fuse_reductions", "insert_barriers", "allocate_shared"];
+const PASSES: [&str; 5] = ["infer_layouts", "fuse_reductions", "insert_barriers", "allocate_shared", "plan_pipelines"];
 
 impl Stage {
     fn parse(name: &str) -> Result<Stage, String> {
@@ -111,7 +111,7 @@ type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 /// The tile passes up to `n` over a type-checked kernel.
 fn tile_passes(def: KernelDef, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
     let mut p = TileProgram::new(def);
-    let passes: [TilePass; 4] = [infer_layouts, fuse_reductions, insert_barriers, allocate_shared];
+    let passes: [TilePass; 5] = [infer_layouts, fuse_reductions, insert_barriers, allocate_shared, plan_pipelines];
     for pass in &passes[..n] {
         pass(&mut p)?;
     }

@@ -3,7 +3,10 @@
 //!
 //! - [`divisibility`]: a number every value of an expression is a multiple of (aligned vector
 //!   accesses);
-//! - [`ranges`]: the values an expression can take (bound checks that cannot fail).
+//! - [`ranges`]: the values an expression can take (bound checks that cannot fail);
+//! - [`fill_prelude`]: the body's `let`s a pipeline's fills read (re-evaluated for the fills'
+//!   iteration).
 
 pub(crate) mod divisibility;
+pub(crate) mod fill_prelude;
 pub(crate) mod ranges;

@@ -4,7 +4,7 @@
 use super::{mem_ty, Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::{BufLayout, TileProgram};
+use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
 use crate::thread_ir::*;
 use crate::tile::*;
 
@@ -69,22 +69,14 @@ impl Lower<'_> {
         body: &[Stmt],
         loc: SrcLoc,
     ) -> Result<(), Diag> {
-        let is_fill = |s: &Stmt, p: &TileProgram| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
-        let fills: Vec<&Stmt> = body.iter().filter(|s| is_fill(s, self.p)).collect();
-        let rest: Vec<Stmt> = body.iter().filter(|s| !is_fill(s, self.p)).cloned().collect();
-        // The body's `let`s that the fills read, evaluated again for the fills' iteration.
-        let prelude = super::fill_prelude::fill_prelude(self.def(), var, body, &fills)?;
-        // Past the loop's end the fills branch around their address arithmetic, except in a
-        // tensor-core loop: there the branch would split the block that interleaves the fills
-        // with the MMAs (the GEMM measured slower with it), for a saving of a few iterations.
-        let skip_dead_fills = !contains_gemm(body);
-        let staged: Vec<BufId> = fills
-            .iter()
-            .filter_map(|s| match &s.kind {
-                StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
-                _ => None,
-            })
-            .collect();
+        // What is filled, what runs for the fills' iteration and whether dead fills branch
+        // around their addresses: decided by `plan_pipelines`.
+        let plan = self.p.pipeline(var).clone();
+        debug_assert_eq!(plan.stages, stages);
+        let def = &self.p.def;
+        let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+        let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
+        let PipelinePlan { staged, prelude, skip_dead_fills, .. } = plan;
         let s0 = self.expr(start, DType::I32, loc)?;
         let e = self.expr(end, DType::I32, loc)?;
         let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
@@ -240,11 +232,4 @@ pub(crate) struct DeferredFill {
     pub values: Vec<Reg>,
     /// Whether the stage's iteration exists (a masked load reads 0 otherwise).
     pub live: Option<Reg>,
-}
-
-/// Whether `body` has a tensor-core `gemm` at any depth.
-fn contains_gemm(body: &[Stmt]) -> bool {
-    let mut found = false;
-    visit_stmts(body, &mut |s| found |= matches!(s.kind, StmtKind::Gemm { .. }));
-    found
 }

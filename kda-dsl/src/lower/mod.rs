@@ -11,7 +11,6 @@ mod element_addr;
 mod elementwise;
 pub mod emit;
 mod expr;
-mod fill_prelude;
 mod gemm;
 mod if_conversion;
 mod loops;
@@ -147,8 +146,8 @@ fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
         }
         // A pipeline's top-level fills are its own; copies nested deeper in its body are plain.
         StmtKind::For { kind: LoopKind::Pipelined { .. }, body, .. } => body.iter().any(|x| {
-            let fill = matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if matches!(p.layouts[*b], BufLayout::Shared(_)));
-            !fill && has_plain_global_to_shared(p, std::slice::from_ref(x))
+            !crate::passes::plan_pipelines::is_stage_fill(&p.def, x)
+                && has_plain_global_to_shared(p, std::slice::from_ref(x))
         }),
         StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
             has_plain_global_to_shared(p, body)

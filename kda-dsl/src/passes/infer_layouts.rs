@@ -316,11 +316,9 @@ fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut IdVec<Buffer, u32
     for s in body {
         match &s.kind {
             StmtKind::For { kind: LoopKind::Pipelined { stages: n }, body, .. } => {
-                for inner in body {
-                    if let StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } = &inner.kind {
-                        if def.buffers[*b].scope == Scope::Shared {
-                            stages[*b] = stages[*b].max(*n);
-                        }
+                for inner in body.iter().filter(|x| super::plan_pipelines::is_stage_fill(def, x)) {
+                    if let StmtKind::Copy { dst: Region::Buf(b), .. } = &inner.kind {
+                        stages[*b] = stages[*b].max(*n);
                     }
                 }
                 collect_stages(body, def, stages);

@@ -8,6 +8,7 @@
 //! A `pipelined` loop syncs at the top of every iteration and after its end (its lowering emits
 //! those barriers), and the copies that fill its stages are ordered by them.
 
+use super::plan_pipelines::is_stage_fill;
 use super::{BufLayout, TileProgram};
 use crate::diag::Diag;
 use crate::tile::*;
@@ -201,20 +202,13 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
             StmtKind::For { var, kind: kind @ LoopKind::Pipelined { .. }, start, end, body } => {
                 // Writes into the stages happen in the prologue, before the first barrier, and
                 // so do the reads of shared tiles their coordinates make.
-                let staged: Vec<Access> = body
-                    .iter()
-                    .filter(|x| matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b)))
-                    .flat_map(|x| accesses(p, x))
-                    .collect();
+                let staged: Vec<Access> =
+                    body.iter().filter(|x| is_stage_fill(&p.def, x)).flat_map(|x| accesses(p, x)).collect();
                 if conflicts(state, &staged) {
                     out.push(barrier(s.loc));
                 }
                 state.clear();
-                let inner: Vec<Stmt> = body
-                    .iter()
-                    .filter(|x| !matches!(&x.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if is_shared(p, *b)))
-                    .cloned()
-                    .collect();
+                let inner: Vec<Stmt> = body.iter().filter(|x| !is_stage_fill(&p.def, x)).cloned().collect();
                 // Each iteration issues the next fills after its top barrier: their reads of shared
                 // tables are pending when the body starts.
                 let mut st: Vec<Access> = staged.iter().filter(|a| !a.write).cloned().collect();

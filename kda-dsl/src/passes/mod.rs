@@ -6,6 +6,7 @@ pub mod check_types;
 pub mod fuse_reductions;
 pub mod infer_layouts;
 pub mod insert_barriers;
+pub mod plan_pipelines;
 
 use crate::diag::Diag;
 use crate::layout::{FragmentLayout, SharedLayout};
@@ -44,6 +45,8 @@ pub struct TileProgram {
     pub owner: IdVec<Buffer, u32>,
     /// Per warp group id: its warps and its own scratch area.
     pub groups: std::collections::BTreeMap<u32, WarpGroupInfo>,
+    /// Each `pipelined` loop's plan (`plan_pipelines`), outermost first.
+    pub pipelines: Vec<plan_pipelines::PipelinePlan>,
 }
 
 /// Where the scratch area for reductions and scans lives in dynamic shared memory.
@@ -77,6 +80,7 @@ impl TileProgram {
             shared_bytes: 0,
             owner: IdVec::filled(n, 0),
             groups: Default::default(),
+            pipelines: vec![],
         }
     }
 
@@ -125,6 +129,9 @@ impl fmt::Display for TileProgram {
             writeln!(f, "// scratch: {} bytes at {}", self.scratch.bytes, self.scratch.offset)?;
         }
         writeln!(f, "// shared bytes: {}", self.shared_bytes)?;
+        for plan in &self.pipelines {
+            writeln!(f, "{}", plan_pipelines::PipelineLine(&self.def, plan))?;
+        }
         write!(f, "{}", self.def)
     }
 }
@@ -150,6 +157,8 @@ pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
     dump("insert_barriers", &p);
     allocate_shared::allocate_shared(&mut p)?;
     dump("allocate_shared", &p);
+    plan_pipelines::plan_pipelines(&mut p)?;
+    dump("plan_pipelines", &p);
     Ok(p)
 }
 

@@ -1,0 +1,176 @@
+//! Plans each `pipelined` loop: which of its statements are stage fills, which tiles they
+//! stage, the body's `let`s the fills read (evaluated again for the fills' iteration), and
+//! whether the fills branch around their address arithmetic past the loop's end. The lowering
+//! emits the prologue and the steady state from this plan, and decides nothing about it.
+//!
+//! A stage fill is a copy from a global box into a shared tile at the top level of the loop's
+//! body ([`is_stage_fill`]); the other passes use the same test. It runs `stages - 1` iterations
+//! ahead of the body, into its own copy of the tile (`allocate_shared` makes `stages` of them).
+
+use std::fmt;
+
+use super::TileProgram;
+use crate::analysis::fill_prelude::fill_prelude;
+use crate::diag::Diag;
+use crate::tile::*;
+
+/// What the lowering of one `pipelined` loop needs decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelinePlan {
+    /// The loop's variable (each loop has its own).
+    pub var: VarId,
+    /// Iterations in flight.
+    pub stages: u32,
+    /// The shared tiles the fills stage, in fill order.
+    pub staged: Vec<BufId>,
+    /// The body's assignments the fills read, in body order, to run for the fills' iteration.
+    pub prelude: Vec<Stmt>,
+    /// Past the loop's end the fills branch around their address arithmetic; not in a
+    /// tensor-core loop, where the branch would split the block that interleaves the fills
+    /// with the MMAs (the GEMM measured slower with it).
+    pub skip_dead_fills: bool,
+}
+
+/// Whether `s` (a statement at the top level of a `pipelined` loop's body) is a stage fill.
+pub fn is_stage_fill(def: &KernelDef, s: &Stmt) -> bool {
+    matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if def.buffers[*b].scope == Scope::Shared)
+}
+
+/// Plans every `pipelined` loop of the kernel into `p.pipelines`, outermost first.
+pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
+    let mut plans = vec![];
+    let mut first_error = None;
+    visit_stmts(&p.def.body, &mut |s| {
+        let StmtKind::For { var, kind: LoopKind::Pipelined { stages }, body, .. } = &s.kind else {
+            return;
+        };
+        let fills: Vec<&Stmt> = body.iter().filter(|x| is_stage_fill(&p.def, x)).collect();
+        let staged = fills
+            .iter()
+            .filter_map(|f| match &f.kind {
+                StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
+                _ => None,
+            })
+            .collect();
+        match fill_prelude(&p.def, *var, body, &fills) {
+            Ok(prelude) => plans.push(PipelinePlan {
+                var: *var,
+                stages: *stages,
+                staged,
+                prelude,
+                skip_dead_fills: !contains_gemm(body),
+            }),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    });
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    p.pipelines = plans;
+    Ok(())
+}
+
+impl TileProgram {
+    /// The plan of the `pipelined` loop over `var` (`plan_pipelines` made one for each).
+    pub fn pipeline(&self, var: VarId) -> &PipelinePlan {
+        self.pipelines.iter().find(|x| x.var == var).expect("plan_pipelines planned every pipelined loop")
+    }
+}
+
+/// Whether `body` has a tensor-core `gemm` at any depth.
+fn contains_gemm(body: &[Stmt]) -> bool {
+    let mut found = false;
+    visit_stmts(body, &mut |s| found |= matches!(s.kind, StmtKind::Gemm { .. }));
+    found
+}
+
+/// One line per pipeline, for the program's dump: `// pipeline c#13: 2 stages, fills a_sh,
+/// b_sh; prelude t0#14; dead fills skipped`.
+pub(crate) struct PipelineLine<'a>(pub &'a KernelDef, pub &'a PipelinePlan);
+
+impl fmt::Display for PipelineLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let PipelineLine(def, plan) = self;
+        let var = |v: VarId| format!("{}#{}", def.vars[v].name, v.index());
+        write!(f, "// pipeline {}: {} stages, fills ", var(plan.var), plan.stages)?;
+        let names: Vec<&str> = plan.staged.iter().map(|b| def.buffers[*b].name.as_str()).collect();
+        write!(f, "{}", if names.is_empty() { "none".to_string() } else { names.join(", ") })?;
+        let lets: Vec<String> = plan
+            .prelude
+            .iter()
+            .filter_map(|s| match &s.kind {
+                StmtKind::Assign(v, _) => Some(var(*v)),
+                _ => None,
+            })
+            .collect();
+        if !lets.is_empty() {
+            write!(f, "; prelude {}", lets.join(", "))?;
+        }
+        write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+
+    /// A pipelined loop whose fills read a `let` of the body, and a tensor-core one.
+    fn two_pipelines() -> KernelDef {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        let o = k.tensor("o", &["M", "K"], DType::F32, true);
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
+        let w = k.shared("w", &[64, 16], DType::BF16, loc(3));
+        let acc = k.fragment("acc", &[16, 16], DType::F32, loc(4));
+        let i = k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
+        let row = k.let_var("row", Val::bin(crate::tile::BinOp::Add, i, Val::from(1)), loc(6));
+        k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
+        k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(8)), loc(8));
+        k.end();
+        k.fill(&acc, 0.0, loc(9));
+        let j = k.begin_for("j", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(10));
+        k.copy(k.tile(&a, vec![Val::from(0), j.clone()], &[16, 64], loc(11)), s, loc(11));
+        k.copy(k.tile(&a, vec![j, Val::from(0)], &[64, 16], loc(12)), w, loc(12));
+        k.gemm(s, w, &acc, loc(13));
+        k.end();
+        k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 16], loc(14)), loc(14));
+        k.finish().expect("valid")
+    }
+
+    #[test]
+    fn each_pipeline_gets_its_fills_prelude_and_dead_fill_rule() {
+        let p = crate::passes::run_tile_passes(two_pipelines()).expect("passes");
+        assert_eq!(p.pipelines.len(), 2);
+        let (first, second) = (&p.pipelines[0], &p.pipelines[1]);
+        assert_eq!((first.stages, first.staged.len(), first.prelude.len(), first.skip_dead_fills), (2, 1, 1, true));
+        assert_eq!(
+            (second.stages, second.staged.len(), second.prelude.len(), second.skip_dead_fills),
+            (3, 2, 0, false)
+        );
+        insta::assert_snapshot!(p.to_string());
+    }
+
+    #[test]
+    fn a_fill_that_reads_what_the_body_writes_is_an_error_at_the_fill() {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
+        let t = k.shared("t", &[16], DType::I32, loc(3));
+        k.fill(&t, Val::from(0), loc(4));
+        k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
+        let row = k.elem(&t, vec![Val::from(0)], loc(6));
+        k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
+        k.fill(&t, Val::from(1), loc(8));
+        k.end();
+        let e = crate::passes::run_tile_passes(k.finish().expect("valid")).expect_err("a stale read");
+        assert_eq!(e.loc.line, 7, "{e}");
+        assert!(e.message.contains("which the body writes"), "{e}");
+    }
+}

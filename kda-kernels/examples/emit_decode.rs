@@ -3,7 +3,7 @@ fn main() {
     let a: Vec<usize> = std::env::args().skip(1).map(|x| x.parse().expect("numbers")).collect();
     let mut cfg = kda_kernels::decode::DecodeConfig::default();
     if a.len() >= 3 {
-        (cfg.bv, cfg.warps, cfg.min_blocks) = (a[0], a[1], a[2]);
+        (cfg.shape.rows, cfg.shape.warps, cfg.shape.min_blocks) = (a[0], a[1], a[2]);
     }
     if a.len() == 4 && a[3] == 16 {
         cfg.state_dtype = kda_dsl::DType::BF16;

@@ -176,7 +176,7 @@ pub fn simulate_decode(
         i("NSEQ", n_seq),
         // Several sequences per block, with a short last block when there are 4 (one per block
         // for configs whose tables hold one).
-        i("ITEMS", n_seq.clamp(1, 3).min(cfg.max_items)),
+        i("ITEMS", n_seq.clamp(1, 3).min(cfg.shape.max_items)),
         ("scale".into(), SimArg::F32(x.scale as f32)),
         ("lower_bound".into(), SimArg::F32(x.lower_bound as f32)),
     ];

@@ -101,8 +101,16 @@ pub struct DecodeConfig {
     pub use_initial_state: bool,
     /// Where states go.
     pub writes: Writes,
+    /// How it is launched: chosen by the kind of call ([`DecodeCallKind`]).
+    pub shape: DecodeShape,
+}
+
+/// The part of a decode variant the kind of call chooses: its block shape, its pipeline and how
+/// many sequences a block takes ([`DecodeCallKind::shape`]; `kda bench --sweep-decode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeShape {
     /// State rows per block.
-    pub bv: usize,
+    pub rows: usize,
     /// Warps per block (they split the 128 key columns of the block's rows).
     pub warps: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
@@ -110,8 +118,6 @@ pub struct DecodeConfig {
     /// Pipeline stages of initial states in shared memory (2: the next sequence's state loads
     /// while this one computes).
     pub stages: usize,
-    /// State stores write whole 128-byte lines per warp instruction (`.whole_lines()`).
-    pub whole_line_stores: bool,
     /// Sequences a block takes, at most: its tables of pool slots and betas have this many
     /// entries. [`MAX_ITEMS`] for one wave of blocks that each take many sequences in turn
     /// ([`items_per_block`]); a few for a grid of many short blocks, which the hardware starts
@@ -121,6 +127,98 @@ pub struct DecodeConfig {
     /// row across the warp, so a warp may own as few as 2 rows and k, q and the gate take 4
     /// registers per thread; V-first states only).
     pub lanes_per_row: u32,
+    /// State stores write whole 128-byte lines per warp instruction (`.whole_lines()`).
+    pub whole_line_stores: bool,
+}
+
+/// The kinds of decode call the shape table tells apart, measured on an H200
+/// (`kda bench --sweep-decode`; README, "Performance").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeCallKind {
+    /// f32 V-first state, several tokens per sequence, at most [`MAX_GRID_Z`] sequences: a
+    /// block per (sequence, head, row block), rows across the warp.
+    GridMultiToken,
+    /// f32 state, one token, fewer than 8 sequences: a block per (sequence, head, row block).
+    GridFew,
+    /// f32 state, one token, 8 to [`MAX_GRID_Z`] sequences: the same grid, larger blocks. The
+    /// hardware starts far more blocks than fit in grid order as others finish.
+    GridMany,
+    /// 16-bit state, one token, 8 to twice [`MAX_GRID_Z`] sequences: the same grid with two
+    /// sequences per block (the second's state loads while the first computes).
+    GridPairs,
+    /// Several tokens per sequence otherwise: one wave of small blocks, each taking many
+    /// sequences in turn.
+    WaveMultiToken,
+    /// One token, fewer than 8 sequences otherwise: one wave of blocks.
+    WaveFew,
+    /// One token, an f32 state past [`MAX_GRID_Z`] sequences: one wave, 3 stages.
+    WaveF32,
+    /// One token, a 16-bit state otherwise: one wave, 2 stages.
+    Wave16Bit,
+}
+
+impl DecodeShape {
+    /// The shape of a call with states of `state_dtype` (V-first when `v_first`), `nseq`
+    /// sequences, and several tokens in some sequence when `multi_token`: its kind's, with
+    /// state stores in whole lines whenever a sequence has several tokens (measured faster
+    /// there, slower for one token).
+    pub fn for_call(state_dtype: DType, v_first: bool, multi_token: bool, nseq: usize) -> DecodeShape {
+        let kind = DecodeCallKind::of(state_dtype, v_first, multi_token, nseq);
+        DecodeShape { whole_line_stores: multi_token, ..kind.shape() }
+    }
+}
+
+impl DecodeCallKind {
+    /// The kind of a call with states of `state_dtype` (V-first when `v_first`), `nseq`
+    /// sequences, and several tokens in some sequence when `multi_token`.
+    pub fn of(state_dtype: DType, v_first: bool, multi_token: bool, nseq: usize) -> DecodeCallKind {
+        let f32_state = state_dtype == DType::F32;
+        if f32_state && nseq <= MAX_GRID_Z {
+            if multi_token && v_first {
+                DecodeCallKind::GridMultiToken
+            } else if nseq < 8 {
+                DecodeCallKind::GridFew
+            } else {
+                DecodeCallKind::GridMany
+            }
+        } else if !f32_state && !multi_token && (8..=2 * MAX_GRID_Z).contains(&nseq) {
+            DecodeCallKind::GridPairs
+        } else if multi_token {
+            DecodeCallKind::WaveMultiToken
+        } else if nseq < 8 {
+            DecodeCallKind::WaveFew
+        } else if f32_state {
+            DecodeCallKind::WaveF32
+        } else {
+            DecodeCallKind::Wave16Bit
+        }
+    }
+
+    /// The shape measured fastest for this kind of call, with state stores in whole lines for
+    /// the kinds that always have several tokens per sequence ([`DecodeShape::for_call`] sets
+    /// them for every call with several).
+    pub fn shape(self) -> DecodeShape {
+        use DecodeCallKind::*;
+        let shape = |rows, warps, min_blocks, stages, max_items| DecodeShape {
+            rows,
+            warps,
+            min_blocks,
+            stages,
+            max_items,
+            lanes_per_row: 4,
+            whole_line_stores: false,
+        };
+        match self {
+            GridMultiToken => DecodeShape { lanes_per_row: 32, whole_line_stores: true, ..shape(32, 2, 6, 2, 1) },
+            GridFew => shape(32, 2, 6, 2, 1),
+            GridMany => shape(64, 2, 4, 2, 1),
+            GridPairs => shape(64, 2, 4, 3, 2),
+            WaveMultiToken => DecodeShape { whole_line_stores: true, ..shape(16, 1, 8, 2, MAX_ITEMS) },
+            WaveFew => shape(32, 2, 6, 2, MAX_ITEMS),
+            WaveF32 => shape(64, 2, 4, 3, MAX_ITEMS),
+            Wave16Bit => shape(64, 2, 4, 2, MAX_ITEMS),
+        }
+    }
 }
 
 impl Default for DecodeConfig {
@@ -143,59 +241,17 @@ impl Default for DecodeConfig {
             accepted: None,
             use_initial_state: true,
             writes: Writes::PoolPerToken,
-            // The shape of a single-token call of a few sequences
-            // (`with_launch_shape_for`, chosen by `kda bench --sweep-decode` on an H200).
-            bv: 32,
-            warps: 2,
-            min_blocks: 6,
-            stages: 2,
-            whole_line_stores: false,
-            max_items: 1,
-            lanes_per_row: 4,
+            // The shape of a single-token call of a few sequences.
+            shape: DecodeCallKind::GridFew.shape(),
         }
     }
 }
 
 impl DecodeConfig {
-    /// This config with the launch shape measured fastest on an H200 for its kind of call
-    /// (`kda bench --sweep-decode`; README, "Performance"):
-    /// - an f32 state (up to [`MAX_GRID_Z`] sequences): a block per (sequence, head, row block),
-    ///   far more blocks than fit at once, which the hardware starts in grid order (a head's row
-    ///   blocks, then the heads, then the sequences) as others finish; 64 rows x 2 warps at 4
-    ///   blocks per SM, 32 x 2 at 6 for fewer than 8 sequences;
-    /// - a bf16 state, one token per sequence, 8 sequences or more: the same grid with two
-    ///   sequences per block (the second's state loads while the first computes), 64 x 2 at 4,
-    ///   3 stages;
-    /// - otherwise one wave of blocks, each taking many sequences in turn through the pipeline:
-    ///   several tokens per sequence 16 rows x 1 warp at 8 blocks per SM, 2 stages; one token,
-    ///   fewer than 8 sequences 32 x 2 at 6, 2 stages; one token 64 x 2 at 4, 3 stages for an
-    ///   f32 state, 2 for bf16;
-    /// - state stores in whole lines for several tokens per sequence (measured faster there,
-    ///   slower for one token).
+    /// This config with the launch shape of its kind of call ([`DecodeCallKind`]): several
+    /// tokens in some sequence when `multi_token`, `nseq` sequences.
     pub fn with_launch_shape_for(self, multi_token: bool, nseq: usize) -> DecodeConfig {
-        let f32_state = self.state_dtype == DType::F32;
-        let mut lanes_per_row = 4;
-        let (bv, warps, min_blocks, stages, max_items) = if f32_state && nseq <= MAX_GRID_Z {
-            if multi_token && self.v_first {
-                lanes_per_row = 32;
-                (32, 2, 6, 2, 1)
-            } else if nseq < 8 {
-                (32, 2, 6, 2, 1)
-            } else {
-                (64, 2, 4, 2, 1)
-            }
-        } else if !f32_state && !multi_token && (8..=2 * MAX_GRID_Z).contains(&nseq) {
-            (64, 2, 4, 3, 2)
-        } else if multi_token {
-            (16, 1, 8, 2, MAX_ITEMS)
-        } else if nseq < 8 {
-            (32, 2, 6, 2, MAX_ITEMS)
-        } else if f32_state {
-            (64, 2, 4, 3, MAX_ITEMS)
-        } else {
-            (64, 2, 4, 2, MAX_ITEMS)
-        };
-        DecodeConfig { bv, warps, min_blocks, stages, whole_line_stores: multi_token, max_items, lanes_per_row, ..self }
+        DecodeConfig { shape: DecodeShape::for_call(self.state_dtype, self.v_first, multi_token, nseq), ..self }
     }
 
     /// A short stable name.
@@ -218,13 +274,13 @@ impl DecodeConfig {
             o(self.accepted),
             if self.use_initial_state { "init_" } else { "" },
             self.writes,
-            self.bv,
-            self.warps,
-            self.min_blocks,
-            self.stages,
-            if self.whole_line_stores { "_wl" } else { "" },
-            if self.max_items == MAX_ITEMS { String::new() } else { format!("_it{}", self.max_items) },
-            if self.lanes_per_row == 4 { String::new() } else { format!("_l{}", self.lanes_per_row) }
+            self.shape.rows,
+            self.shape.warps,
+            self.shape.min_blocks,
+            self.shape.stages,
+            if self.shape.whole_line_stores { "_wl" } else { "" },
+            if self.shape.max_items == MAX_ITEMS { String::new() } else { format!("_it{}", self.shape.max_items) },
+            if self.shape.lanes_per_row == 4 { String::new() } else { format!("_l{}", self.shape.lanes_per_row) }
         )
         .to_lowercase()
     }
@@ -271,31 +327,34 @@ pub fn decode(
     // Memory-bound: `min_blocks` caps registers so enough warps fit. A block takes `ITEMS`
     // sequences in turn for one head and row range; a head's row blocks are adjacent in the
     // grid, then the heads, so blocks started together write one state slot's neighbourhood.
-    let (vb, hv, blk) =
-        launch(grid = [VD / cfg.bv, HV, ceil_div(NSEQ, ITEMS)], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
+    let (vb, hv, blk) = launch(
+        grid = [VD / cfg.shape.rows, HV, ceil_div(NSEQ, ITEMS)],
+        threads = 32 * cfg.shape.warps,
+        min_blocks = cfg.shape.min_blocks,
+    );
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);
     assume_extent(S1, 128);
     assume_extent(S2, 128);
     let h = hv / (HV / H);
-    let v0 = vb * cfg.bv;
+    let v0 = vb * cfg.shape.rows;
     let n0 = blk * ITEMS;
     // The launcher keeps ITEMS within the tables; the clamp keeps any other caller in bounds.
-    let items = min(min(ITEMS, cfg.max_items), NSEQ - n0);
-    let (vr, kc) = if cfg.v_first { (cfg.bv, 128) } else { (128, cfg.bv) };
-    let s = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
-    let tmp = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
-    let tmq = fragment([vr, kc], F32, lanes_per_row = cfg.lanes_per_row);
+    let items = min(min(ITEMS, cfg.shape.max_items), NSEQ - n0);
+    let (vr, kc) = if cfg.v_first { (cfg.shape.rows, 128) } else { (128, cfg.shape.rows) };
+    let s = fragment([vr, kc], F32, lanes_per_row = cfg.shape.lanes_per_row);
+    let tmp = fragment([vr, kc], F32, lanes_per_row = cfg.shape.lanes_per_row);
+    let tmq = fragment([vr, kc], F32, lanes_per_row = cfg.shape.lanes_per_row);
     let kf = fragment([128], F32);
     let qf = fragment([128], F32);
     let af = fragment([128], F32);
     let sq = fragment([128], F32);
-    let uf = fragment([cfg.bv], F32);
-    let vf = fragment([cfg.bv], F32);
-    let of = fragment([cfg.bv], F32);
+    let uf = fragment([cfg.shape.rows], F32);
+    let vf = fragment([cfg.shape.rows], F32);
+    let of = fragment([cfg.shape.rows], F32);
     // Headwise betas (otherwise unused, and then 16 long, which a vector on its own needs).
-    let bw = fragment([if cfg.beta_headwise { cfg.bv } else { 16 }], F32);
+    let bw = fragment([if cfg.beta_headwise { cfg.shape.rows } else { 16 }], F32);
     let nrm = local([1], F32);
     // The pool slot a token's state goes to, with per-token indices (`IC` > 1): loaded with the
     // token's inputs, so the store does not wait on it.
@@ -308,10 +367,10 @@ pub fn decode(
     let a0_sh = shared([128], cfg.dtype);
     let k0_sh = shared([128], cfg.dtype);
     let q0_sh = shared([128], cfg.dtype);
-    let v0_sh = shared([cfg.bv], cfg.dtype);
-    let b0_sh = shared([cfg.bv], cfg.dtype);
-    let slot_sh = shared([cfg.max_items], I32);
-    let beta_sh = shared([cfg.max_items], F32);
+    let v0_sh = shared([cfg.shape.rows], cfg.dtype);
+    let b0_sh = shared([cfg.shape.rows], cfg.dtype);
+    let slot_sh = shared([cfg.shape.max_items], I32);
+    let beta_sh = shared([cfg.shape.max_items], F32);
     // This block's rows of the state box, in the pool's layout.
     let r0 = if cfg.v_first { v0 } else { 0 };
     let c0 = if cfg.v_first { 0 } else { v0 };
@@ -364,11 +423,13 @@ pub fn decode(
             ea = exp(al);
         }
     }
-    for it in pipelined(0, items, stages = cfg.stages) {
+    for it in pipelined(0, items, stages = cfg.shape.stages) {
         if cfg.use_initial_state {
             // A padding sequence's stage reads slot 0 and is never used.
             copy(
-                state.tile_at([max(slot_sh[min(it, cfg.max_items - 1)], 0), hv, r0, c0], [1, 1, vr, kc]).streaming(),
+                state
+                    .tile_at([max(slot_sh[min(it, cfg.shape.max_items - 1)], 0), hv, r0, c0], [1, 1, vr, kc])
+                    .streaming(),
                 st_sh,
             );
         }
@@ -381,17 +442,17 @@ pub fn decode(
             copy(a.tile_at([0, row0, hv, 0], [1, 1, 1, 128]).streaming(), a0_sh);
             copy(k.tile_at([0, row0, h, 0], [1, 1, 1, 128]).streaming(), k0_sh);
             copy(q.tile_at([0, row0, h, 0], [1, 1, 1, 128]).streaming(), q0_sh);
-            copy(v.tile_at([0, row0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]).streaming(), v0_sh);
+            copy(v.tile_at([0, row0, hv, vb * cfg.shape.rows], [1, 1, 1, cfg.shape.rows]).streaming(), v0_sh);
             if cfg.beta_headwise {
-                copy(b.tile_at([0, row0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]).streaming(), b0_sh);
+                copy(b.tile_at([0, row0, hv, vb * cfg.shape.rows], [1, 1, 1, cfg.shape.rows]).streaming(), b0_sh);
             }
         } else {
             copy(a.tile_at([n0 + it, 0, hv, 0], [1, 1, 1, 128]).streaming(), a0_sh);
             copy(k.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]).streaming(), k0_sh);
             copy(q.tile_at([n0 + it, 0, h, 0], [1, 1, 1, 128]).streaming(), q0_sh);
-            copy(v.tile_at([n0 + it, 0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]).streaming(), v0_sh);
+            copy(v.tile_at([n0 + it, 0, hv, vb * cfg.shape.rows], [1, 1, 1, cfg.shape.rows]).streaming(), v0_sh);
             if cfg.beta_headwise {
-                copy(b.tile_at([n0 + it, 0, hv, vb * cfg.bv], [1, 1, 1, cfg.bv]).streaming(), b0_sh);
+                copy(b.tile_at([n0 + it, 0, hv, vb * cfg.shape.rows], [1, 1, 1, cfg.shape.rows]).streaming(), b0_sh);
             }
         }
         let n = n0 + it;
@@ -537,14 +598,14 @@ pub fn decode(
                     // Padding: a zero output row; a per-token state of the sequence is zero too.
                     clear(of);
                 }
-                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]).streaming());
+                copy(of, out.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.shape.rows]).streaming());
                 if cfg.writes == Writes::FinalPerToken {
                     copy(
                         s,
                         final_state
                             .tile_at([tok0 + tp, hv, r0, c0], [1, 1, vr, kc])
                             .streaming()
-                            .whole_lines(cfg.whole_line_stores),
+                            .whole_lines(cfg.shape.whole_line_stores),
                     );
                 }
                 if cfg.writes == Writes::PoolPerToken {
@@ -554,7 +615,7 @@ pub fn decode(
                             state
                                 .tile_at([wst, hv, r0, c0], [1, 1, vr, kc])
                                 .streaming()
-                                .whole_lines(cfg.whole_line_stores),
+                                .whole_lines(cfg.shape.whole_line_stores),
                         );
                     }
                 }
@@ -583,10 +644,10 @@ pub fn decode(
                 // slower (README).
                 copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
                 copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
-                copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), vf);
+                copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.shape.rows]), vf);
                 copy(a.tile_at([bi, ti, hv, 0], [1, 1, 1, 128]), a_raw);
                 if cfg.beta_headwise {
-                    copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.bv]), bw);
+                    copy(b.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.shape.rows]), bw);
                 } else {
                     beta = b[bi][ti][hv][0];
                 }
@@ -598,12 +659,18 @@ pub fn decode(
             }
         }
         if cfg.writes == Writes::PoolPerSequence {
-            copy(s, state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming().whole_lines(cfg.whole_line_stores));
+            copy(
+                s,
+                state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming().whole_lines(cfg.shape.whole_line_stores),
+            );
         }
         if cfg.writes == Writes::FinalPerSequence {
             copy(
                 s,
-                final_state.tile_at([n, hv, r0, c0], [1, 1, vr, kc]).streaming().whole_lines(cfg.whole_line_stores),
+                final_state
+                    .tile_at([n, hv, r0, c0], [1, 1, vr, kc])
+                    .streaming()
+                    .whole_lines(cfg.shape.whole_line_stores),
             );
         }
     }
@@ -640,8 +707,12 @@ mod tests {
                             .with_launch_shape_for(multi_token, nseq);
                         let def = decode(&cfg).unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
                         kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
-                        assert!(cfg.lanes_per_row == 4 || (v_first && multi_token), "{}", cfg.key());
-                        assert!(cfg.max_items == MAX_ITEMS || nseq <= cfg.max_items * MAX_GRID_Z, "{}", cfg.key());
+                        assert!(cfg.shape.lanes_per_row == 4 || (v_first && multi_token), "{}", cfg.key());
+                        assert!(
+                            cfg.shape.max_items == MAX_ITEMS || nseq <= cfg.shape.max_items * MAX_GRID_Z,
+                            "{}",
+                            cfg.key()
+                        );
                     }
                 }
             }

@@ -3,7 +3,7 @@
 //! tokens of a call write one slot, no sequence reads a slot another writes) unless the family is
 //! about padding, where out-of-range slots must be skipped.
 
-use crate::decode::{Beta, DecodeConfig, Gate, Writes, MAX_ITEMS};
+use crate::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes, MAX_ITEMS};
 use crate::decode_ref::{random_inputs, DecodeInputs};
 use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 
@@ -57,7 +57,11 @@ fn small(cfg: &DecodeConfig, seed: u64) -> DecodeInputs {
 /// output and state are held to the f32 bound, and blocks that take several sequences in turn
 /// (the one-wave grid, whose pipeline crosses sequences).
 fn base() -> DecodeConfig {
-    DecodeConfig { out_dtype: F32, max_items: MAX_ITEMS, ..DecodeConfig::default() }
+    DecodeConfig {
+        out_dtype: F32,
+        shape: DecodeShape { max_items: MAX_ITEMS, ..DecodeConfig::default().shape },
+        ..DecodeConfig::default()
+    }
 }
 
 /// Every decode family, in a stable order.
@@ -73,8 +77,12 @@ pub fn decode_families() -> Vec<DecodeFamily> {
         fam("k_first", DecodeConfig { v_first: false, ..b.clone() }, small),
         fam("k_first_bf16_state", DecodeConfig { v_first: false, state_dtype: BF16, ..b.clone() }, small),
         // bv = 8 does not lower: an [8 x 128] fragment does not fit m16n8 atoms.
-        fam("bv32", DecodeConfig { bv: 32, ..b.clone() }, small),
-        fam("k_first_bv32", DecodeConfig { v_first: false, bv: 32, ..b.clone() }, small),
+        fam("bv32", DecodeConfig { shape: DecodeShape { rows: 32, ..b.shape }, ..b.clone() }, small),
+        fam(
+            "k_first_bv32",
+            DecodeConfig { v_first: false, shape: DecodeShape { rows: 32, ..b.shape }, ..b.clone() },
+            small,
+        ),
     ];
     // Gate rules with and without A_log / dt_bias (the precomputed rule ignores both).
     for (name, gate, a_log, dt_bias) in [
@@ -182,15 +190,23 @@ pub fn decode_families() -> Vec<DecodeFamily> {
             },
         ),
         // State rows across whole warps: 16 rows on each of two warps, 8 on one, 4 on each of two.
-        fam("rows_across_lanes_32x2", DecodeConfig { lanes_per_row: 32, ..b.clone() }, |c, s| {
-            call_inputs(c, (3, 2, 1, 2), &[], s)
-        }),
-        fam("rows_across_lanes_8x1", DecodeConfig { lanes_per_row: 32, bv: 8, warps: 1, ..d.clone() }, |c, s| {
-            call_inputs(c, (2, 1, 2, 2), &[], s)
-        }),
+        fam(
+            "rows_across_lanes_32x2",
+            DecodeConfig { shape: DecodeShape { lanes_per_row: 32, ..b.shape }, ..b.clone() },
+            |c, s| call_inputs(c, (3, 2, 1, 2), &[], s),
+        ),
+        fam(
+            "rows_across_lanes_8x1",
+            DecodeConfig { shape: DecodeShape { lanes_per_row: 32, rows: 8, warps: 1, ..d.shape }, ..d.clone() },
+            |c, s| call_inputs(c, (2, 1, 2, 2), &[], s),
+        ),
         fam(
             "rows_across_lanes_8x2_spec",
-            DecodeConfig { lanes_per_row: 32, bv: 8, warps: 2, accepted: Some(I32), ..b.clone() },
+            DecodeConfig {
+                accepted: Some(I32),
+                shape: DecodeShape { lanes_per_row: 32, rows: 8, warps: 2, ..b.shape },
+                ..b.clone()
+            },
             |c, s| {
                 let mut x = call_inputs(c, (3, 3, 1, 2), &[], s);
                 x.accepted = vec![2, 3, 1];

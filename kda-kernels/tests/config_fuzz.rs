@@ -6,7 +6,7 @@
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
 use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkStates, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
-use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
+use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::reference::Rng;
 
@@ -72,13 +72,15 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 Writes::PoolPerSequence,
                 Writes::FinalPerSequence,
             ]),
-            bv: x.of(&[2, 4, 8, 16, 32, 64, 128, 48, 0]),
-            warps: x.of(&[1, 2, 4, 8, 16, 3, 0]),
-            min_blocks: x.of(&[1, 2, 4, 8, 0]),
-            stages: x.of(&[1, 2, 3, 4]),
-            whole_line_stores: x.b(),
-            max_items: x.of(&[1, 2, 256, 0]),
-            lanes_per_row: x.of(&[4, 32, 8]),
+            shape: DecodeShape {
+                rows: x.of(&[2, 4, 8, 16, 32, 64, 128, 48, 0]),
+                warps: x.of(&[1, 2, 4, 8, 16, 3, 0]),
+                min_blocks: x.of(&[1, 2, 4, 8, 0]),
+                stages: x.of(&[1, 2, 3, 4]),
+                whole_line_stores: x.b(),
+                max_items: x.of(&[1, 2, 256, 0]),
+                lanes_per_row: x.of(&[4, 32, 8]),
+            },
         };
         let c = ChunkConfig {
             dtype: x.dt(),

@@ -6,7 +6,7 @@
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 
 use crate::chunk::{chunk_config, plan_chunk, ChunkArgs};
-use crate::decode::{decode_config, plan_decode, DecodeArgs, DecodeTuning};
+use crate::decode::{decode_config, decode_shape, plan_decode, DecodeArgs};
 use crate::kernels::Kernels;
 use crate::launch::bind_planned;
 use crate::tensor::TensorView;
@@ -39,7 +39,7 @@ fn a_warm_decode_call_plans_looks_up_and_binds_without_allocating() {
     let kernels = Kernels::new();
     let call = || {
         let plan = plan_decode(&args).expect("a valid call");
-        let cfg = super::decode::launch::tuned_config(&plan, DecodeTuning::for_call(&plan));
+        let cfg = super::decode::launch::tuned_config(&plan, decode_shape(&plan));
         assert_eq!(cfg, decode_config(&plan));
         let ready = kernels.decode(&cfg).expect("compiles");
         let bound = super::decode::launch::kernel_args(&args, &plan, &cfg, out, None, 1).expect("arguments");

@@ -7,7 +7,7 @@
 //!   `num_accepted_tokens`), the state layout and how the final state is written; then a launch
 //!   shape by whether some sequence has several tokens, fewer than 8 sequences or more, and more
 //!   than 65535 (f32 state) or 131070 (16-bit state) sequences
-//!   ([`kda_kernels::decode::DecodeConfig::with_launch_shape_for`]);
+//!   (the table of [`kda_kernels::decode::DecodeCallKind`], [`kda_kernels::decode::DecodeShape::for_call`]);
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
 //!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which

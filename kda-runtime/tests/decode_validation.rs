@@ -618,10 +618,10 @@ fn checked_varlen_inplace_sequence_fits_columns() {
 
 #[test]
 fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
-    use kda_runtime::decode::{decode_config, DecodeTuning};
+    use kda_runtime::decode::{decode_config, decode_shape};
     let shape = |p: &DecodePlan| {
-        let t = DecodeTuning::for_call(p);
-        (t.rows, t.warps, t.min_blocks, t.stages, t.items, t.lanes_per_row)
+        let t = decode_shape(p);
+        (t.rows, t.warps, t.min_blocks, t.stages, t.max_items, t.lanes_per_row)
     };
     // An f32 state: a block per sequence; several tokens each put a state row across a warp
     // (V-first only).
@@ -648,13 +648,16 @@ fn launch_shape_follows_tokens_per_sequence_and_sequence_count() {
     let p = c.plan(|a| a.cu_seqlens = Some(&cu));
     assert_eq!((p.n, p.total_tokens), (2, 3));
     let cfg = decode_config(&p);
-    assert!(cfg.whole_line_stores);
+    assert!(cfg.shape.whole_line_stores);
     let c = Case::new(1, 2).pool(4);
     let p = c.plan(|a| a.cu_seqlens = Some(&cu));
-    assert!(!decode_config(&p).whole_line_stores);
+    assert!(!decode_config(&p).shape.whole_line_stores);
     // The config the call launches carries the shape.
     let cfg = decode_config(&Case::new(8, 1).plan(|_| {}));
-    assert_eq!((cfg.bv, cfg.warps, cfg.min_blocks, cfg.stages, cfg.max_items), (64, 2, 4, 2, 1));
+    assert_eq!(
+        (cfg.shape.rows, cfg.shape.warps, cfg.shape.min_blocks, cfg.shape.stages, cfg.shape.max_items),
+        (64, 2, 4, 2, 1)
+    );
 }
 
 /// The variants a kind of call can pick include the one each batch size picks.

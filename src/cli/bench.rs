@@ -225,7 +225,17 @@ pub fn time_decode(
 /// `LANES`: lanes along each state row, 4 when left out, or 32); with
 /// `--case NAME`, only the cases whose name contains NAME.
 fn sweep_decode(args: &[String]) -> Result<i32, String> {
-    use kda_runtime::decode::DecodeTuning as T;
+    use kda_runtime::decode::DecodeShape;
+    // Whole-line state stores follow the case (several tokens per sequence), as in the API.
+    let shape_of = |rows, warps, min_blocks, stages, max_items, lanes_per_row| DecodeShape {
+        rows,
+        warps,
+        min_blocks,
+        stages,
+        max_items,
+        lanes_per_row,
+        whole_line_stores: false,
+    };
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
@@ -237,25 +247,26 @@ fn sweep_decode(args: &[String]) -> Result<i32, String> {
             _ => return Err(USAGE.into()),
         };
         let lanes_per_row = u32::try_from(lanes).map_err(|_| USAGE)?;
-        shapes.push(T { rows, warps, min_blocks, stages, items, lanes_per_row });
+        shapes.push(shape_of(rows, warps, min_blocks, stages, items, lanes_per_row));
     }
     if shapes.is_empty() {
         shapes = vec![
             // The API's shapes (`DecodeConfig::with_launch_shape_for`), then close runners-up.
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: 1, lanes_per_row: 4 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 1, lanes_per_row: 4 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: MAX_ITEMS, lanes_per_row: 4 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
-            T { rows: 16, warps: 1, min_blocks: 8, stages: 2, items: MAX_ITEMS, lanes_per_row: 4 },
-            T { rows: 32, warps: 2, min_blocks: 6, stages: 2, items: 2, lanes_per_row: 4 },
-            T { rows: 64, warps: 2, min_blocks: 4, stages: 3, items: 2, lanes_per_row: 4 },
+            shape_of(64, 2, 4, 2, 1, 4),
+            shape_of(32, 2, 6, 2, 1, 4),
+            shape_of(32, 2, 6, 2, MAX_ITEMS, 4),
+            shape_of(64, 2, 4, 3, MAX_ITEMS, 4),
+            shape_of(64, 2, 4, 2, MAX_ITEMS, 4),
+            shape_of(16, 1, 8, 2, MAX_ITEMS, 4),
+            shape_of(32, 2, 6, 2, 2, 4),
+            shape_of(64, 2, 4, 3, 2, 4),
         ];
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     for tune in shapes {
         for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
+            let tune = DecodeShape { whole_line_stores: *t > 1, ..tune };
             match time_decode_tuned(&gpu, &kernels, *b, *t, *state, *spec, Some(tune)) {
                 Ok((ms, gbps, _)) => out!("{case:<28} {tune:?} {ms:>9.5} ms {gbps:>6.0} GB/s"),
                 Err(e) => out!("{case:<28} {tune:?} error: {e}"),
@@ -274,7 +285,7 @@ fn time_decode_tuned(
     t: usize,
     state: DType,
     spec: bool,
-    tune: Option<kda_runtime::decode::DecodeTuning>,
+    tune: Option<kda_runtime::decode::DecodeShape>,
 ) -> Result<(f32, f64, f32), String> {
     use kda_kernels::decode::DecodeConfig;
     use kda_kernels::decode_ref::{random_inputs, D};

@@ -187,16 +187,7 @@ pub fn run_on_gpu(
     let plan = plan_decode(&args).map_err(|e| e.to_string())?;
     // The API picks the launch shape by the call; everything else must be the config's.
     let chosen = decode_config(&plan);
-    let shaped = DecodeConfig {
-        bv: chosen.bv,
-        warps: chosen.warps,
-        min_blocks: chosen.min_blocks,
-        stages: chosen.stages,
-        whole_line_stores: chosen.whole_line_stores,
-        max_items: chosen.max_items,
-        lanes_per_row: chosen.lanes_per_row,
-        ..cfg.clone()
-    };
+    let shaped = DecodeConfig { shape: chosen.shape, ..cfg.clone() };
     if chosen != shaped {
         return Err(format!("the API chose {} for {}", chosen.key(), shaped.key()));
     }

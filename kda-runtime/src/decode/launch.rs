@@ -3,6 +3,7 @@
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
 use kda_kernels::decode::{items_per_block, DecodeConfig, Gate, Writes, MAX_GRID_Z, MAX_ITEMS};
+pub use kda_kernels::decode::{DecodeCallKind, DecodeShape};
 
 use super::args::DecodeArgs;
 use super::checked::check_indices;
@@ -13,46 +14,16 @@ use crate::kernels::Kernels;
 use crate::launch::{launch_planned, KernelArg};
 use crate::tensor::{download_i64, DeviceTensor, TensorView};
 
-/// How a decode launch is shaped: rows of the state per block, warps per block, the blocks
-/// that must fit on an SM (which caps registers) and the pipeline's stages.
-/// [`DecodeTuning::for_call`] is what `gated_delta_rule_decode` uses (chosen by
-/// `kda bench --sweep-decode` on an H200).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeTuning {
-    /// State rows per block.
-    pub rows: usize,
-    /// Warps per block.
-    pub warps: usize,
-    /// Blocks per SM the kernel must allow.
-    pub min_blocks: usize,
-    /// Pipeline stages of initial states in shared memory.
-    pub stages: usize,
-    /// Sequences a block takes at most: [`MAX_ITEMS`] for one wave of blocks that each take
-    /// many in turn, fewer for more, shorter blocks.
-    pub items: usize,
-    /// Lanes along each state row: 4 or 32 ([`DecodeConfig::lanes_per_row`]).
-    pub lanes_per_row: u32,
+/// The launch shape `gated_delta_rule_decode` picks for a validated call: by whether some
+/// sequence has several tokens, how many sequences there are and the state's dtype and layout
+/// ([`DecodeCallKind`], chosen by `kda bench --sweep-decode` on an H200).
+pub fn decode_shape(plan: &DecodePlan) -> DecodeShape {
+    shape_for(plan, plan.total_tokens > plan.n, plan.n)
 }
 
-impl DecodeTuning {
-    /// The shape `gated_delta_rule_decode` picks for a validated call: by whether some sequence
-    /// has several tokens, how many sequences there are and the state's dtype
-    /// ([`DecodeConfig::with_launch_shape_for`]).
-    pub fn for_call(plan: &DecodePlan) -> DecodeTuning {
-        DecodeTuning::of(&shape_rule(plan))
-    }
-
-    /// The launch shape of `c`.
-    fn of(c: &DecodeConfig) -> DecodeTuning {
-        DecodeTuning {
-            rows: c.bv,
-            warps: c.warps,
-            min_blocks: c.min_blocks,
-            stages: c.stages,
-            items: c.max_items,
-            lanes_per_row: c.lanes_per_row,
-        }
-    }
+/// [`decode_shape`] for `plan`'s kind of call with `multi_token` and `nseq` in place of its own.
+fn shape_for(plan: &DecodePlan, multi_token: bool, nseq: usize) -> DecodeShape {
+    DecodeShape::for_call(plan.state_dtype, plan.state_v_first, multi_token, nseq)
 }
 
 /// What a decode call returns beyond what it wrote into the caller's buffers.
@@ -64,22 +35,9 @@ pub struct DecodeResult {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// The kernel variant a validated call needs (with the shape [`DecodeTuning::for_call`] picks).
+/// The kernel variant a validated call needs (with the shape [`decode_shape`] picks).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
-    tuned_config(plan, DecodeTuning::for_call(plan))
-}
-
-/// The default config under the shape rule for this kind of call
-/// ([`DecodeConfig::with_launch_shape_for`]: by whether some sequence has several tokens, how
-/// many sequences there are and the state's dtype).
-fn shape_rule(plan: &DecodePlan) -> DecodeConfig {
-    shape_rule_for(plan, plan.total_tokens > plan.n, plan.n)
-}
-
-/// [`shape_rule`] for `plan`'s kind of call with `multi_token` and `nseq` in place of its own.
-fn shape_rule_for(plan: &DecodePlan, multi_token: bool, nseq: usize) -> DecodeConfig {
-    DecodeConfig { state_dtype: plan.state_dtype, v_first: plan.state_v_first, ..DecodeConfig::default() }
-        .with_launch_shape_for(multi_token, nseq)
+    tuned_config(plan, decode_shape(plan))
 }
 
 /// Every variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
@@ -92,7 +50,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     let mut out: Vec<DecodeConfig> = vec![];
     for &multi_token in token_kinds {
         for nseq in [1, 8, MAX_GRID_Z + 1, 2 * MAX_GRID_Z + 1] {
-            let cfg = tuned_config(plan, DecodeTuning::of(&shape_rule_for(plan, multi_token, nseq)));
+            let cfg = tuned_config(plan, shape_for(plan, multi_token, nseq));
             if !out.contains(&cfg) {
                 out.push(cfg);
             }
@@ -101,7 +59,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     out
 }
 
-pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfig {
+pub(crate) fn tuned_config(plan: &DecodePlan, shape: DecodeShape) -> DecodeConfig {
     let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
         (StateIndexing::None, _, false) => Writes::None,
         (StateIndexing::None, true, true) => Writes::PoolPerSequence,
@@ -132,14 +90,7 @@ pub(crate) fn tuned_config(plan: &DecodePlan, tune: DecodeTuning) -> DecodeConfi
         accepted: plan.num_accepted_dtype,
         use_initial_state: plan.use_initial_state,
         writes,
-        bv: tune.rows,
-        warps: tune.warps,
-        min_blocks: tune.min_blocks,
-        stages: tune.stages,
-        // Chosen by the shape rule with the launch shape, whatever shape `tune` gives.
-        whole_line_stores: shape_rule(plan).whole_line_stores,
-        max_items: tune.items,
-        lanes_per_row: tune.lanes_per_row,
+        shape,
     }
 }
 
@@ -189,43 +140,43 @@ pub fn gated_delta_rule_decode(
     args: &DecodeArgs,
 ) -> Result<DecodeResult, RuntimeError> {
     let plan = plan_decode(args)?;
-    launch_plan(gpu, kernels, stream, args, &plan, DecodeTuning::for_call(&plan))
+    launch_plan(gpu, kernels, stream, args, &plan, decode_shape(&plan))
 }
 
 /// [`gated_delta_rule_decode`] with an explicit launch shape (for tuning; `rows` must be 16,
 /// 32, 64 or 128 (or 2, 4 or 8 with 32 lanes per row), `warps` 1 to 16, `min_blocks` 1 to 32,
-/// `stages` 2 to 4, `items` 1 to [`MAX_ITEMS`], with the sequences fitting [`MAX_GRID_Z`]
-/// blocks of `items`, and `lanes_per_row` 4 or 32; a shape the kernel cannot lay out is an
-/// error from its compilation).
+/// `stages` 2 to 4, `max_items` 1 to [`MAX_ITEMS`], with the sequences fitting [`MAX_GRID_Z`]
+/// blocks of `max_items`, and `lanes_per_row` 4 or 32; `whole_line_stores` is used as given;
+/// a shape the kernel cannot lay out is an error from its compilation).
 pub fn gated_delta_rule_decode_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
     stream: &CudaStream,
     args: &DecodeArgs,
-    tune: DecodeTuning,
+    shape: DecodeShape,
 ) -> Result<DecodeResult, RuntimeError> {
     let rows_ok =
-        matches!(tune.rows, 16 | 32 | 64 | 128) || (tune.lanes_per_row == 32 && matches!(tune.rows, 2 | 4 | 8));
+        matches!(shape.rows, 16 | 32 | 64 | 128) || (shape.lanes_per_row == 32 && matches!(shape.rows, 2 | 4 | 8));
     if !rows_ok
-        || !matches!(tune.lanes_per_row, 4 | 32)
-        || !(1..=16).contains(&tune.warps)
-        || !(1..=32).contains(&tune.min_blocks)
-        || !(2..=4).contains(&tune.stages)
-        || !(1..=MAX_ITEMS).contains(&tune.items)
+        || !matches!(shape.lanes_per_row, 4 | 32)
+        || !(1..=16).contains(&shape.warps)
+        || !(1..=32).contains(&shape.min_blocks)
+        || !(2..=4).contains(&shape.stages)
+        || !(1..=MAX_ITEMS).contains(&shape.max_items)
     {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: rows must be 16, 32, 64 or 128 (or 2, 4, 8 with 32 lanes per row), lanes_per_row 4 or \
-             32, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4, items 1 to {MAX_ITEMS}"
+            "decode shape {shape:?}: rows must be 16, 32, 64 or 128 (or 2, 4, 8 with 32 lanes per row), lanes_per_row 4 or \
+             32, warps 1 to 16, min_blocks 1 to 32, stages 2 to 4, max_items 1 to {MAX_ITEMS}"
         )));
     }
     let plan = plan_decode(args)?;
-    if tune.items < MAX_ITEMS && plan.n > tune.items * MAX_GRID_Z {
+    if shape.max_items < MAX_ITEMS && plan.n > shape.max_items * MAX_GRID_Z {
         return Err(RuntimeError::Unsupported(format!(
-            "decode tuning {tune:?}: {} sequences need more than {MAX_GRID_Z} blocks of {} (use items = {MAX_ITEMS})",
-            plan.n, tune.items
+            "decode shape {shape:?}: {} sequences need more than {MAX_GRID_Z} blocks of {} (use max_items = {MAX_ITEMS})",
+            plan.n, shape.max_items
         )));
     }
-    launch_plan(gpu, kernels, stream, args, &plan, tune)
+    launch_plan(gpu, kernels, stream, args, &plan, shape)
 }
 
 /// Checks the index tensors (`checked`), allocates the outputs not given and launches.
@@ -235,7 +186,7 @@ fn launch_plan(
     stream: &CudaStream,
     args: &DecodeArgs,
     plan: &DecodePlan,
-    tune: DecodeTuning,
+    shape: DecodeShape,
 ) -> Result<DecodeResult, RuntimeError> {
     if args.checked {
         let get = |t: Option<&TensorView>| t.map(|v| download_i64(v, stream)).transpose();
@@ -260,20 +211,35 @@ fn launch_plan(
         (None, Some(v)) => *v,
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = tuned_config(plan, tune);
+    let cfg = tuned_config(plan, shape);
     let ready = kernels.decode(&cfg)?;
     let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
     // One wave of blocks, each taking many sequences; or the config's few per block (the
     // shape rule and the tuned entry keep the grid within `MAX_GRID_Z` then).
-    let items = if cfg.max_items == MAX_ITEMS {
-        items_per_block(plan.n, plan.hv * (plan.v / cfg.bv), loaded.resident_blocks() as usize)
+    let items = if cfg.shape.max_items == MAX_ITEMS {
+        items_per_block(plan.n, blocks_per_sequence(&ready.kernel, plan), loaded.resident_blocks() as usize)
     } else {
-        cfg.max_items
+        cfg.shape.max_items
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
     let bound = kernel_args(args, plan, &cfg, out_view, final_view, items)?;
     launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, &bound)?;
     Ok(DecodeResult { output, final_state })
+}
+
+/// The blocks the compiled decode kernel launches per sequence group: its grid's x times y,
+/// read from the kernel (over the value rows `VD` and the value heads `HV`).
+fn blocks_per_sequence(kernel: &kda_dsl::CompiledKernel, plan: &DecodePlan) -> usize {
+    let dim = |name: &str| match name {
+        "VD" => i64::try_from(plan.v).ok(),
+        "HV" => i64::try_from(plan.hv).ok(),
+        _ => None,
+    };
+    let extent = |axis: usize| kernel.grid[axis].eval(&dim).and_then(|n| usize::try_from(n).ok());
+    match (extent(0), extent(1)) {
+        (Some(x), Some(y)) => x.saturating_mul(y),
+        _ => unreachable!("the decode kernel's grid x and y read only VD and HV, which a valid plan bounds"),
+    }
 }
 
 /// The decode kernel's arguments by name (an array: building them allocates nothing).

@@ -16,6 +16,7 @@ pub mod plan;
 pub use args::DecodeArgs;
 pub use checked::check_indices;
 pub use launch::{
-    decode_config, decode_variants, gated_delta_rule_decode, gated_delta_rule_decode_tuned, DecodeResult, DecodeTuning,
+    decode_config, decode_shape, decode_variants, gated_delta_rule_decode, gated_delta_rule_decode_tuned,
+    DecodeCallKind, DecodeResult, DecodeShape,
 };
 pub use plan::{plan_decode, BetaRule, DecodeError, DecodePlan, GateRule, StateIndexing};

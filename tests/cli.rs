@@ -77,7 +77,13 @@ fn emit_and_unknown_commands_fail_with_a_clear_message() {
     assert_eq!(code, 2);
     assert!(err.contains("unknown command"), "{err}");
     // A malformed sweep shape is refused before any GPU work, naming the expected form.
-    for bad in [&["bench", "--sweep-decode", "32x2"][..], &["bench", "--sweep-decode", "--case"], &["bench", "-x"]] {
+    for bad in [
+        &["bench", "--sweep-decode", "32x2"][..],
+        &["bench", "--sweep-decode", "--case"],
+        &["bench", "-x"],
+        &["bench", "--case"],
+        &["bench", "--json", "a", "--json", "b"],
+    ] {
         let (code, _, err) = kda(bad);
         assert_eq!(code, 2, "{bad:?}");
         assert!(err.contains("ROWSxWARPSxMIN_BLOCKSxSTAGES"), "{bad:?}: {err}");

@@ -1,4 +1,5 @@
-//! `kda bench [--json FILE]`: GPU timings, printed as a table and written as JSON lines.
+//! `kda bench [--json FILE] [--case NAME]`: GPU timings, printed as a table and written as JSON
+//! lines; with `--case`, only the cases whose name contains NAME.
 
 use kda_dsl::DType;
 use kda_kernels::decode::MAX_ITEMS;
@@ -7,17 +8,26 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
-    let json = match args {
-        [] => None,
-        [flag, f] if flag == "--json" => Some(f.clone()),
+    let (mut json, mut filter) = (None, String::new());
+    match args {
         [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
         [flag, rest @ ..] if flag == "--sweep-decode" => return sweep_decode(rest),
         [flag, rest @ ..] if flag == "--sweep-chunk" => return sweep_chunk(rest),
-        _ => return Err(USAGE.into()),
-    };
+        _ => {
+            let mut it = args.iter();
+            while let Some(a) = it.next() {
+                let value = it.next().ok_or(USAGE)?;
+                match a.as_str() {
+                    "--json" if json.is_none() => json = Some(value.clone()),
+                    "--case" => filter = value.clone(),
+                    _ => return Err(USAGE.into()),
+                }
+            }
+        }
+    }
     if !gpu_available() {
         out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
         return Ok(1);
@@ -28,14 +38,17 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     out!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
     for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)]
     {
+        let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
+        if !case.contains(&filter) {
+            continue;
+        }
         let ms = time_gemm(&gpu, &kernels, m, n, k, bt).map_err(|e| e.to_string())?;
         let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
-        let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
         out!("{case:<36} {ms:>10.4} {tflops:>10.1}");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
     }
     let mut host_rows = vec![];
-    for (case, b, t, state, spec) in DECODE_CASES {
+    for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
         let (ms, gbps, host_us) =
             time_decode(&gpu, &kernels, *b, *t, *state, *spec).map_err(|e| format!("{case}: {e}"))?;
         out!("{case:<36} {ms:>10.4} {:>10}   {gbps:.0} GB/s", "-");
@@ -44,7 +57,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
             host_rows.push((format!("host_eager_{case}"), host_us));
         }
     }
-    for c in super::chunk_gpu::prefill_cases() {
+    for c in super::chunk_gpu::prefill_cases().into_iter().filter(|c| c.name.contains(&filter)) {
         let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c, None).map_err(|e| format!("{}: {e}", c.name))?;
         let mtok = r.tokens as f64 / r.ms as f64 / 1e3;
         let floor = r.min_bytes as f64 / (r.ms as f64 * 1e-3) / 4.25e12 * 100.0;

@@ -33,9 +33,12 @@ const USAGE: &str = "usage: kda <command>
   list                                   kernels and their shipped configs
   emit NAME [CONFIG] [--target sm_80|sm_90]
                                          PTX of a variant on stdout (default config when omitted)
-  check [--gpu]                          every kernel family through the simulator against its
-                                         reference (with --gpu: on the GPU too); exit 1 on failure
-  bench [--json FILE]                    GPU timings as JSON lines
+  check [--gpu [--quick]]                every kernel family through the simulator against its
+                                         reference (with --gpu: on the GPU too; --quick: small
+                                         shapes); exit 1 on failure
+  bench [--json FILE] [--case NAME]      GPU timings (and JSON lines), the cases whose name
+                                         contains NAME; --sweep-gemm, --sweep-decode and
+                                         --sweep-chunk time launch shapes
   demo                                   the main job: run and check the kernels on the GPU, or
                                          without one, compile everything and run `check`";
 

@@ -224,20 +224,7 @@ pub struct KernelBuilder {
 impl KernelBuilder {
     /// Starts a kernel named `name`.
     pub fn new(name: &str, loc: SrcLoc) -> KernelBuilder {
-        let def = KernelDef {
-            name: name.to_string(),
-            params: Arena::new(),
-            threads: 0,
-            min_blocks_per_sm: None,
-            grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
-            block_vars: [None; 3],
-            buffers: Arena::new(),
-            vars: Arena::new(),
-            assumptions: vec![],
-            exact_extents: vec![],
-            body: vec![],
-            loc,
-        };
+        let def = KernelDef::empty(name, loc);
         KernelBuilder {
             st: RefCell::new(State {
                 def,

@@ -440,6 +440,24 @@ pub struct KernelDef {
 }
 
 impl KernelDef {
+    /// A kernel named `name` with nothing in it yet (no threads, a grid of one block).
+    pub fn empty(name: &str, loc: SrcLoc) -> KernelDef {
+        KernelDef {
+            name: name.to_string(),
+            params: Arena::new(),
+            threads: 0,
+            min_blocks_per_sm: None,
+            grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
+            block_vars: [None; 3],
+            buffers: Arena::new(),
+            vars: Arena::new(),
+            assumptions: vec![],
+            exact_extents: vec![],
+            body: vec![],
+            loc,
+        }
+    }
+
     /// The largest multiple that extent `dim` is assumed to have (1 when none).
     pub fn multiple_of(&self, dim: ParamId) -> u32 {
         let exact = self.exact_extent(dim).and_then(|v| u32::try_from(v).ok()).unwrap_or(1);

@@ -645,20 +645,7 @@ impl Parser {
 /// Reads a kernel in the text form `KernelDef`'s `Display` prints (dump header comments
 /// allowed). Source locations are not in the text: they come back as the default.
 pub fn parse_kernel(text: &str) -> Result<KernelDef, String> {
-    let def = KernelDef {
-        name: String::new(),
-        params: Arena::new(),
-        threads: 0,
-        min_blocks_per_sm: None,
-        grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
-        block_vars: [None; 3],
-        buffers: Arena::new(),
-        vars: Arena::new(),
-        assumptions: vec![],
-        exact_extents: vec![],
-        body: vec![],
-        loc: SrcLoc::default(),
-    };
+    let def = KernelDef::empty("", SrcLoc::default());
     let mut p = Parser { toks: tokenize(text)?, at: 0, def };
     p.kernel()?;
     Ok(p.def)

@@ -6,8 +6,9 @@
 
 use kda_dsl::dtype::DType::{self, BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs};
-use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
 use kda_runtime::{CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
+
+include!("support/in_place_decode.rs");
 
 const D: usize = 128;
 /// Query/key heads and value heads (GVA 2).
@@ -96,13 +97,7 @@ fn decode(
     let out = DeviceTensor::from_f32(gpu, &s, &[b, 1, HV, D], BF16, &vec![7.0; b * HV * D])?;
     let pool_t = upload(gpu, &s, &[pool.len() / (HV * D * D), HV, D, D], F32, pool)?;
     let idx = DeviceTensor::from_i64(gpu, &s, &[b], I32, slots)?;
-    let views = [q.view(), k.view(), v.view(), a.view(), beta.view(), out.view(), pool_t.view(), idx.view()];
-    let mut args = DecodeArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
-    args.output = Some(&views[5]);
-    args.state = Some(&views[6]);
-    args.state_indices = Some(&views[7]);
-    args.inplace_final_state = true;
-    gated_delta_rule_decode(gpu, kernels, &s, &args)?;
+    decode_in_place(gpu, kernels, &s, [&q, &k, &v, &a, &beta, &out, &pool_t, &idx])?;
     Ok((out.to_bytes(&s)?, pool_t.to_bytes(&s)?))
 }
 

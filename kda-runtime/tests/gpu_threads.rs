@@ -5,8 +5,9 @@
 
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};
-use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
 use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
+
+include!("support/in_place_decode.rs");
 
 const D: usize = 128;
 
@@ -33,13 +34,7 @@ fn decode_call(gpu: &Gpu, kernels: &Kernels) -> Result<Vec<u8>, RuntimeError> {
     let out = DeviceTensor::zeros(gpu, &s, &tok, BF16)?;
     let pool = DeviceTensor::zeros(gpu, &s, &[16, 4, D, D], F32)?;
     let slots = DeviceTensor::from_i64(gpu, &s, &[8], I32, &[1, 3, 5, 7, 9, 11, 13, 15])?;
-    let views = [q.view(), k.view(), v.view(), a.view(), b.view(), out.view(), pool.view(), slots.view()];
-    let mut args = DecodeArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
-    args.output = Some(&views[5]);
-    args.state = Some(&views[6]);
-    args.state_indices = Some(&views[7]);
-    args.inplace_final_state = true;
-    gated_delta_rule_decode(gpu, kernels, &s, &args)?;
+    decode_in_place(gpu, kernels, &s, [&q, &k, &v, &a, &b, &out, &pool, &slots])?;
     Ok([out.to_bytes(&s)?, pool.to_bytes(&s)?].concat())
 }
 

@@ -327,7 +327,7 @@ pub(crate) fn kernel_args(
 mod tests {
     use super::*;
     use crate::launch::bind_args;
-    use crate::random_calls::{Draw, DTYPES};
+    use crate::random_calls::{check_random_calls, DTYPES};
 
     /// Random calls, well-formed or not (0, 1, 2, 3, 127, 129 sequences and tokens; every dtype
     /// in every slot; optional tensors present or absent, of the right shape or not; every flag;
@@ -336,10 +336,9 @@ mod tests {
     #[test]
     fn random_calls_plan_without_panicking_and_accepted_ones_bind() {
         use std::collections::HashMap;
-        let mut x = Draw::new(0xdec0de);
         let mut kernels: HashMap<DecodeConfig, kda_dsl::artifact::CompiledKernel> = HashMap::new();
         let (mut accepted, mut rejected) = (0, 0);
-        for case in 0..6_000u64 {
+        check_random_calls(0xdec0de, 6_000, |x| {
             let varlen = x.r(3) == 0;
             let b = x.of(&[0, 1, 2, 3, 129]);
             let t = x.of(&[0, 1, 2, 3, 127]);
@@ -401,16 +400,16 @@ mod tests {
             args.inplace_final_state = x.r(2) == 0;
             args.state_dtype = (x.r(8) == 0).then(|| x.of(&DTYPES));
             let plan = match std::panic::catch_unwind(|| plan_decode(&args)) {
-                Err(_) => panic!("case {case}: plan_decode panicked"),
+                Err(_) => panic!("plan_decode panicked"),
                 Ok(Err(_)) => {
                     rejected += 1;
-                    continue;
+                    return Ok(());
                 }
                 Ok(Ok(plan)) => plan,
             };
             accepted += 1;
             if plan.empty {
-                continue;
+                return Ok(());
             }
             let cfg = decode_config(&plan);
             let kernel = kernels.entry(cfg.clone()).or_insert_with(|| {
@@ -429,10 +428,10 @@ mod tests {
                 (_, f) => f.copied(),
             };
             let bound = kernel_args(&args, &plan, &cfg, out_view, final_view, 1)
-                .unwrap_or_else(|e| panic!("case {case}: an accepted plan gets no arguments: {e}"));
-            bind_args(kernel, &bound)
-                .unwrap_or_else(|e| panic!("case {case}: an accepted plan does not bind ({}): {e}", cfg.key()));
-        }
+                .unwrap_or_else(|e| panic!("an accepted plan gets no arguments: {e}"));
+            bind_args(kernel, &bound).unwrap_or_else(|e| panic!("an accepted plan does not bind ({}): {e}", cfg.key()));
+            Ok(())
+        });
         eprintln!("accepted {accepted}, rejected {rejected}, {} kernel configs", kernels.len());
         assert!(accepted > 200 && rejected > 2000, "accepted {accepted}, rejected {rejected}");
     }

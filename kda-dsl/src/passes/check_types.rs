@@ -67,6 +67,7 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
         },
         Expr::Var(v) => Ty::Is(def.vars[*v].dtype),
         Expr::Load(p, idx) => {
+            check_tensor_rank(def, *p, idx.len(), loc)?;
             for i in idx {
                 index_type(def, i, loc)?;
             }
@@ -76,6 +77,7 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
             }
         }
         Expr::Elem(b, idx) => {
+            check_tile_rank(def, *b, idx.len(), loc)?;
             for i in idx {
                 index_type(def, i, loc)?;
             }
@@ -138,6 +140,41 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
     })
 }
 
+/// Tile `b` indexed with `given` indices: one per axis.
+fn check_tile_rank(def: &KernelDef, b: BufId, given: usize, loc: SrcLoc) -> Result<(), Diag> {
+    let buf = &def.buffers[b];
+    if buf.shape.len() == given {
+        return Ok(());
+    }
+    Err(Diag::new(loc, format!("tile `{}` has {} axes; {given} indices given", buf.name, buf.shape.len())))
+}
+
+/// Tensor `p` indexed (or boxed) with `given` coordinates: one per axis.
+fn check_tensor_rank(def: &KernelDef, p: ParamId, given: usize, loc: SrcLoc) -> Result<(), Diag> {
+    match &def.params[p] {
+        Param::Tensor { dims, .. } if dims.len() == given => Ok(()),
+        Param::Tensor { name, dims, .. } => {
+            Err(Diag::new(loc, format!("tensor `{name}` has {} axes; {given} coordinates given", dims.len())))
+        }
+        other => Err(Diag::new(loc, format!("`{}` is not a tensor", other.name()))),
+    }
+}
+
+/// A global box: one offset, one extent and (when given) one bound per axis of its tensor.
+fn check_region(def: &KernelDef, r: &Region, loc: SrcLoc) -> Result<(), Diag> {
+    if let Region::Global { tensor, offset, shape, bound, .. } = r {
+        check_tensor_rank(def, *tensor, offset.len(), loc)?;
+        check_tensor_rank(def, *tensor, shape.len(), loc)?;
+        if let Some(b) = bound {
+            check_tensor_rank(def, *tensor, b.len(), loc)?;
+        }
+        if shape.contains(&0) {
+            return Err(Diag::new(loc, "a box's extents must be positive"));
+        }
+    }
+    Ok(())
+}
+
 fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
     match type_of(def, e, loc)? {
         Ty::Literal | Ty::Is(DType::I32) | Ty::Is(DType::I64) => Ok(()),
@@ -147,6 +184,10 @@ fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
 
 /// Types every variable from its first assignment and checks every expression.
 pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
+    // What the builder checks as it records a kernel, again for kernels read from text.
+    if !(32..=1024).contains(&def.threads) || !def.threads.is_multiple_of(32) {
+        return Err(Diag::new(def.loc, format!("threads = {}: expected a multiple of 32 in 32..=1024", def.threads)));
+    }
     let mut assigned: IdVec<Var, bool> = IdVec::filled(def.vars.len(), false);
     for v in def.block_vars.iter().flatten() {
         assigned[*v] = true;
@@ -179,6 +220,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 unify(Ty::Is(value_type(def.buffers[*b].dtype)), t, loc, "fill")?;
             }
             StmtKind::Store(b, idx, e) => {
+                check_tile_rank(def, *b, idx.len(), loc)?;
                 for i in idx {
                     index_type(def, i, loc)?;
                 }
@@ -186,6 +228,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 unify(Ty::Is(value_type(def.buffers[*b].dtype)), t, loc, "store")?;
             }
             StmtKind::StoreGlobal(p, idx, e) => {
+                check_tensor_rank(def, *p, idx.len(), loc)?;
                 for i in idx {
                     index_type(def, i, loc)?;
                 }
@@ -198,11 +241,14 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 }
             }
             StmtKind::Copy { src, dst } => {
+                check_region(def, src, loc)?;
+                check_region(def, dst, loc)?;
                 for e in src.index_exprs().chain(dst.index_exprs()) {
                     index_type(def, e, loc)?;
                 }
             }
             StmtKind::Prefetch(r) => {
+                check_region(def, r, loc)?;
                 let Region::Global { shape, .. } = r else {
                     return Err(Diag::new(loc, "`prefetch` takes a global box (`x.tile_at(..)`), not a tile"));
                 };
@@ -219,7 +265,17 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 check_block(def, body, assigned)?;
             }
             StmtKind::Parallel { body, .. } => check_block(def, body, assigned)?,
-            StmtKind::WarpGroup { var, body, .. } => {
+            StmtKind::WarpGroup { first, count, id, var, body } => {
+                let warps = def.threads / 32;
+                if *count < 1 || first + count > warps || !(1..=15).contains(id) {
+                    return Err(Diag::new(
+                        loc,
+                        format!(
+                            "warp group {id} (warps {first}..{}): expected 1 or more of the block's {warps} warps and a named barrier 1 to 15",
+                            first + count
+                        ),
+                    ));
+                }
                 assigned[*var] = true;
                 def.vars[*var].dtype = DType::I32;
                 check_block(def, body, assigned)?;

@@ -1,7 +1,8 @@
 //! Malformed kernels through the compiler's back half: the printed tile IR of shipped kernels,
 //! mutated at random (numbers changed, lines deleted, duplicated or swapped, names of
-//! variables and tiles exchanged), read back, type-checked and compiled. Whatever the mutant, the parser,
-//! the type check, every pass and the lowering give a result or a diagnostic, never a panic.
+//! variables and tiles exchanged), read back, type-checked and compiled (and the small
+//! self-test kernels simulated). Whatever the mutant, the parser, the type check, every pass,
+//! the lowering and the simulator give a result or a diagnostic, never a panic.
 //! (The macro's own fuzzing, of token streams, is in `kda-macros`.)
 
 use kda_dsl::tile_text::parse_kernel;
@@ -107,10 +108,36 @@ fn mutate(text: &str, x: &mut Rng) -> (String, String) {
     (lines.join("\n"), what)
 }
 
+/// Arguments for simulating `def`: every extent 64, every tensor zeros of its size, every
+/// scalar 1.
+fn zero_args(def: &kda_dsl::tile::KernelDef) -> Vec<(String, kda_dsl::sim::SimArg)> {
+    use kda_dsl::sim::SimArg;
+    use kda_dsl::tile::Param;
+    const EXTENT: usize = 64;
+    def.params
+        .iter()
+        .map(|p| {
+            let arg = match p {
+                Param::Dim { .. } => SimArg::I32(EXTENT as i32),
+                Param::Tensor { dtype, dims, .. } => {
+                    SimArg::Tensor(vec![0; EXTENT.pow(dims.len() as u32) * dtype.size_bytes()])
+                }
+                Param::Scalar { dtype, .. } => match dtype {
+                    kda_dsl::DType::F32 => SimArg::F32(1.0),
+                    kda_dsl::DType::I64 => SimArg::I64(1),
+                    _ => SimArg::I32(1),
+                },
+            };
+            (p.name().to_string(), arg)
+        })
+        .collect()
+}
+
 #[test]
 fn mutated_kernels_compile_or_give_a_diagnostic_never_a_panic() {
     let mut x = Rng::new(0xf022);
     let (mut parsed, mut compiled, mut total) = (0, 0, 0);
+    let (mut simulated, mut sim_ok) = (0, 0);
     let seeds = seeds();
     // Every mutant's panic is reported, not only the first.
     let mut panics = vec![];
@@ -125,24 +152,33 @@ fn mutated_kernels_compile_or_give_a_diagnostic_never_a_panic() {
             }
             total += 1;
             let outcome = std::panic::catch_unwind(|| {
-                let Ok(mut def) = parse_kernel(&mutant) else { return (false, false) };
+                let Ok(mut def) = parse_kernel(&mutant) else { return (false, false, None) };
                 // What the builder does before handing a kernel to the compiler.
                 if kda_dsl::passes::check_types::check_types(&mut def).is_err() {
-                    return (true, false);
+                    return (true, false, None);
                 }
-                (true, kda_dsl::compile(def, kda_dsl::Target::Sm80).is_ok())
+                let small = id.starts_with("dsl/");
+                let compiled = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).is_ok();
+                // The simulator too (the self-tests are small enough): a report or an error.
+                let ran = (compiled && small).then(|| kda_kernels::check::simulate(&def, &mut zero_args(&def)).is_ok());
+                (true, compiled, ran)
             });
             match outcome {
-                Ok((p, c)) => {
+                Ok((p, c, ran)) => {
                     parsed += usize::from(p);
                     compiled += usize::from(c);
+                    simulated += usize::from(ran.is_some());
+                    sim_ok += usize::from(ran == Some(true));
                 }
                 Err(_) => panics.push(format!("{id} round {round} ({}):\n{mutant}", what.join("; "))),
             }
         }
     }
-    eprintln!("{total} mutants: {parsed} parsed, {compiled} compiled");
+    eprintln!(
+        "{total} mutants: {parsed} parsed, {compiled} compiled, {simulated} simulated ({sim_ok} without an error)"
+    );
     assert!(panics.is_empty(), "{} mutants panicked:\n\n{}", panics.len(), panics.join("\n\n"));
     // Both outcomes are exercised: mutants the compiler accepts and mutants it refuses.
     assert!(parsed > total / 4 && compiled > 0 && compiled < parsed, "{parsed} parsed, {compiled} compiled of {total}");
+    assert!(sim_ok > 0 && sim_ok < simulated, "{simulated} simulated, {sim_ok} without an error");
 }

@@ -23,13 +23,16 @@ enum Tok {
 const PUNCTS: [&str; 19] =
     ["->", "..", "+=", "==", "(", ")", "[", "]", "{", "}", ",", ":", ";", "#", "=", "<", ">", ".", "%"];
 
-fn tokenize(text: &str) -> Result<Vec<Tok>, String> {
+/// The tokens of `text`, each with its line (1-based).
+fn tokenize(text: &str) -> Result<Vec<(Tok, u32)>, String> {
     let b = text.as_bytes();
     let mut out = vec![];
     let mut i = 0;
+    let mut line = 1;
     while i < b.len() {
         let c = b[i] as char;
         if c.is_whitespace() {
+            line += u32::from(c == '\n');
             i += 1;
         } else if c == '/' && b.get(i + 1) == Some(&b'/') {
             // A comment (the dumps' header lines).
@@ -57,25 +60,26 @@ fn tokenize(text: &str) -> Result<Vec<Tok>, String> {
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
                 i += 1;
             }
-            out.push(Tok::Num(num, text[s2..i].to_string()));
+            out.push((Tok::Num(num, text[s2..i].to_string()), line));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
                 i += 1;
             }
-            out.push(Tok::Ident(text[start..i].to_string()));
+            out.push((Tok::Ident(text[start..i].to_string()), line));
         } else if let Some(p) = PUNCTS.iter().find(|p| text[i..].starts_with(**p)) {
-            out.push(Tok::Punct(p));
+            out.push((Tok::Punct(p), line));
             i += p.len();
         } else if c == '+' || c == '*' || c == '/' {
-            out.push(Tok::Punct(match c {
+            let p = match c {
                 '+' => "+",
                 '*' => "*",
                 _ => "/",
-            }));
+            };
+            out.push((Tok::Punct(p), line));
             i += 1;
         } else {
-            return Err(format!("unexpected character `{c}` at byte {i}"));
+            return Err(format!("line {line}: unexpected character `{c}`"));
         }
     }
     Ok(out)
@@ -103,7 +107,11 @@ fn reduce_named(s: &str) -> Option<ReduceOp> {
 
 struct Parser {
     toks: Vec<Tok>,
+    /// Per token, its line.
+    lines: Vec<u32>,
     at: usize,
+    /// The token looked at last: where an error is.
+    last: std::cell::Cell<usize>,
     def: KernelDef,
 }
 
@@ -111,6 +119,7 @@ type R<T> = Result<T, String>;
 
 impl Parser {
     fn peek(&self) -> Option<&Tok> {
+        self.last.set(self.at);
         self.toks.get(self.at)
     }
 
@@ -119,6 +128,7 @@ impl Parser {
     }
 
     fn next(&mut self) -> R<Tok> {
+        self.last.set(self.at);
         let t = self.toks.get(self.at).cloned().ok_or("unexpected end of text")?;
         self.at += 1;
         Ok(t)
@@ -135,14 +145,14 @@ impl Parser {
     fn punct(&mut self, p: &str) -> R<()> {
         match self.next()? {
             Tok::Punct(q) if q == p => Ok(()),
-            t => Err(format!("expected `{p}`, found {t:?} (token {})", self.at - 1)),
+            t => Err(format!("expected `{p}`, found {t:?}")),
         }
     }
 
     fn ident(&mut self) -> R<String> {
         match self.next()? {
             Tok::Ident(s) => Ok(s),
-            t => Err(format!("expected a name, found {t:?} (token {})", self.at - 1)),
+            t => Err(format!("expected a name, found {t:?}")),
         }
     }
 
@@ -636,18 +646,25 @@ impl Parser {
         }
         self.def.body = self.block()?;
         if self.at != self.toks.len() {
-            return Err(format!("text after the kernel, at token {}", self.at));
+            self.last.set(self.at);
+            return Err("text after the kernel".to_string());
         }
         Ok(())
     }
 }
 
 /// Reads a kernel in the text form `KernelDef`'s `Display` prints (dump header comments
-/// allowed). Source locations are not in the text: they come back as the default.
+/// allowed); an error names the line. Source locations are not in the text: they come back as
+/// the default.
 pub fn parse_kernel(text: &str) -> Result<KernelDef, String> {
     let def = KernelDef::empty("", SrcLoc::default());
-    let mut p = Parser { toks: tokenize(text)?, at: 0, def };
-    p.kernel()?;
+    let (toks, lines) = tokenize(text)?.into_iter().unzip();
+    let mut p = Parser { toks, lines, at: 0, last: std::cell::Cell::new(0), def };
+    if let Err(e) = p.kernel() {
+        let at = p.last.get().min(p.lines.len().saturating_sub(1));
+        let line = p.lines.get(at).copied().unwrap_or(1);
+        return Err(format!("line {line}: {e}"));
+    }
     Ok(p.def)
 }
 
@@ -676,4 +693,31 @@ pub fn without_locs(def: &KernelDef) -> KernelDef {
     }
     strip(&mut d.body);
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_kernel;
+
+    const KERNEL: &str = "kernel k(M: dim, o: mut f32[M]) threads=32 grid=[1, 1, 1] {
+  vars bx#0: i32
+  block_vars [bx#0, _, _]
+  s = Shared<f32>[16]
+  fill s = 1.0
+  copy s -> o[(0 Mul 16); 16]
+}
+";
+
+    #[test]
+    fn a_kernel_reads_back_and_an_error_names_its_line() {
+        let def = parse_kernel(KERNEL).expect("parses");
+        assert_eq!(def.to_string(), KERNEL);
+        let bad = KERNEL.replace("fill s = 1.0", "fill s = = 1.0");
+        let e = parse_kernel(&bad).expect_err("malformed");
+        assert!(e.starts_with("line 5: "), "{e}");
+        let e = parse_kernel(&KERNEL.replace("Shared<f32>", "Shared<f32>$")).expect_err("a stray character");
+        assert!(e.starts_with("line 4: unexpected character `$`"), "{e}");
+        let e = parse_kernel(&format!("{KERNEL}extra")).expect_err("trailing text");
+        assert_eq!(e, "line 8: text after the kernel");
+    }
 }

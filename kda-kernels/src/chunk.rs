@@ -37,9 +37,9 @@ pub const ROWS_PER_WARP: usize = 16;
 
 /// Warps per block of the chain over a prepared workspace (the two-kernel path, taken with
 /// few chains). Its blocks carry no key preparation, so smaller ones spread each head's 128
-/// value rows over more SMs: 4 blocks of 2 warps per head ran one 32768-token sequence on 32
-/// heads in 4.61 ms against 5.48 with 1 block of 8 (`kda bench --sweep-chunk 8x2p 2x8p`, H200).
-/// Its arithmetic does not depend on the warp count, so the bits stay the fused kernel's.
+/// value rows over more SMs: the fastest of `kda bench --sweep-chunk` (docs/performance.md,
+/// run 8). Its arithmetic does not depend on the warp count, so the bits stay the fused
+/// kernel's.
 pub const PREPARED_WARPS: usize = 2;
 
 /// Blocks per SM the chain over a prepared workspace must fit (with [`PREPARED_WARPS`]: 16

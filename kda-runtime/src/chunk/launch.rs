@@ -56,10 +56,9 @@ pub struct ChunkTuning {
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
 /// when given a workspace: one fused block per SM of an H200 (132 SMs) or fewer. There the
 /// fused kernel leaves SMs idle and each chain's chunk step is the whole time, so preparing
-/// every chunk in parallel first pays (one sequence of 32768 tokens on 32 heads: 4.61 ms
-/// against 11.11); with two fused blocks per SM the fused kernel wins (8 x 4096 tokens:
-/// 1.86 ms against 2.46). Both paths give the same bits, so the choice cannot break batch
-/// invariance.
+/// every chunk in parallel first pays; with two fused blocks per SM the fused kernel wins
+/// (docs/performance.md, runs 6 and 8). Both paths give the same bits, so the choice cannot
+/// break batch invariance.
 pub const PREPARED_MAX_CHAINS: usize = 132;
 
 impl ChunkTuning {

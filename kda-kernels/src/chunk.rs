@@ -35,16 +35,27 @@ use kda_macros::kernel;
 /// Value rows of the state one warp owns.
 pub const ROWS_PER_WARP: usize = 16;
 
-/// Warps per block of the chain over a prepared workspace (the two-kernel path, taken with
-/// few chains). Its blocks carry no key preparation, so smaller ones spread each head's 128
-/// value rows over more SMs: the fastest of `kda bench --sweep-chunk` (docs/performance.md,
-/// run 8). Its arithmetic does not depend on the warp count, so the bits stay the fused
-/// kernel's.
-pub const PREPARED_WARPS: usize = 2;
+/// How a chunk variant is launched: the part of its config the kind of call chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkShape {
+    /// Warps per block (1, 2, 4 or 8), each owning 16 value rows: a block holds
+    /// `16 · warps` rows of a head's state (and, fused, prepares each chunk's keys once for
+    /// them).
+    pub warps: usize,
+    /// Blocks that must fit on an SM at once (caps registers per thread).
+    pub min_blocks: usize,
+}
 
-/// Blocks per SM the chain over a prepared workspace must fit (with [`PREPARED_WARPS`]: 16
-/// warps, and the 128 registers per thread the default's 2 blocks of 8 allow).
-pub const PREPARED_MIN_BLOCKS: usize = 8;
+impl ChunkShape {
+    /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
+    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2 };
+    /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
+    /// warps, 8 blocks per SM. Its blocks carry no key preparation, so smaller ones spread each
+    /// head's 128 value rows over more SMs: the fastest of `kda bench --sweep-chunk`
+    /// (docs/performance.md, run 8). Its arithmetic does not depend on the warp count, so the
+    /// bits stay the fused kernel's.
+    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8 };
+}
 
 /// The gate rule of `chunk_kda` (KDA-SPEC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,11 +134,8 @@ pub struct ChunkConfig {
     pub varlen: Option<DType>,
     /// State sources and destinations.
     pub states: ChunkStates,
-    /// Warps per block (1, 2, 4 or 8), each owning 16 value rows: a block holds
-    /// `16 · warps` rows of a head's state and prepares each chunk's keys once for them.
-    pub warps: usize,
-    /// Blocks that must fit on an SM at once (caps registers per thread).
-    pub min_blocks: usize,
+    /// How it is launched ([`ChunkShape::FUSED`] or [`ChunkShape::PREPARED`] by default).
+    pub shape: ChunkShape,
     /// The transition run of the exact long-sequence split: from the identity with `v = 0`,
     /// so the final state is the segment's `K x K` transition `M` (`S_end = S_0 M + H` for any
     /// start `S_0`; CHUNK-ALGORITHM.md); no output rows. With [`ChunkStates::Zeros`].
@@ -148,8 +156,7 @@ impl Default for ChunkConfig {
             l2norm: true,
             varlen: None,
             states: ChunkStates::PerSequence { store_final: true },
-            warps: 8,
-            min_blocks: 2,
+            shape: ChunkShape::FUSED,
             transition: false,
             preparation: Preparation::InKernel,
         }
@@ -182,8 +189,8 @@ impl ChunkConfig {
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
             states,
-            self.warps,
-            self.min_blocks,
+            self.shape.warps,
+            self.shape.min_blocks,
             if self.transition { "_transition" } else { "" },
             if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
@@ -525,9 +532,10 @@ pub fn chunk(
     scale: f32,
     lower_bound: f32,
 ) {
-    let bv = ROWS_PER_WARP * cfg.warps;
+    let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
-    let (vb, hv, n) = launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.warps, min_blocks = cfg.min_blocks);
+    let (vb, hv, n) =
+        launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.shape.warps, min_blocks = cfg.shape.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);

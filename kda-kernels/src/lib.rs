@@ -117,12 +117,7 @@ pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
     let d = C::default();
     vec![
         d.clone(),
-        C {
-            preparation: Preparation::Workspace,
-            warps: chunk::PREPARED_WARPS,
-            min_blocks: chunk::PREPARED_MIN_BLOCKS,
-            ..d.clone()
-        },
+        C { preparation: Preparation::Workspace, shape: chunk::ChunkShape::PREPARED, ..d.clone() },
         C { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
         C {
             varlen: Some(kda_dsl::DType::I32),

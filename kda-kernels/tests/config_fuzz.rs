@@ -4,7 +4,7 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkStates, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
@@ -94,8 +94,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 1 => ChunkStates::PerSequence { store_final: x.b() },
                 _ => ChunkStates::Pool { indices: x.dt(), has_initial: x.opt_dt() },
             },
-            warps: x.of(&[1, 2, 4, 8, 3, 16, 0]),
-            min_blocks: x.of(&[1, 2, 3, 0]),
+            shape: ChunkShape { warps: x.of(&[1, 2, 4, 8, 3, 16, 0]), min_blocks: x.of(&[1, 2, 3, 0]) },
             transition: x.r(4) == 0,
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
         };

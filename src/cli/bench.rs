@@ -109,7 +109,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// is given), optionally only the cases whose name contains `--case NAME`: how the default was
 /// chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
-    use kda_runtime::chunk::ChunkTuning;
+    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
@@ -127,12 +127,17 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             None => (rest, None),
         };
         let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        shapes.push((a.clone(), ChunkTuning { warps, min_blocks, split, prepared, prep_blocks }));
+        shapes.push((a.clone(), ChunkTuning { shape: ChunkShape { warps, min_blocks }, split, prepared, prep_blocks }));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
             .map(|(warps, min_blocks)| {
-                let tune = ChunkTuning { warps, min_blocks, split: None, prepared: false, prep_blocks: None };
+                let tune = ChunkTuning {
+                    shape: ChunkShape { warps, min_blocks },
+                    split: None,
+                    prepared: false,
+                    prep_blocks: None,
+                };
                 (format!("{warps}x{min_blocks}"), tune)
             })
             .to_vec();

@@ -9,7 +9,7 @@ use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning,
+    chunk_config, chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkShape, ChunkTuning,
 };
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
@@ -283,7 +283,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
-            tune: Some(ChunkTuning { warps: 8, min_blocks: 2, split: Some(8), prepared: false, prep_blocks: None }),
+            tune: Some(ChunkTuning { shape: ChunkShape::FUSED, split: Some(8), prepared: false, prep_blocks: None }),
         },
     ]
 }

@@ -2,10 +2,8 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::chunk::{
-    ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREPARED_MIN_BLOCKS, PREPARED_WARPS, PREP_COLS,
-    PREP_DECAY_COLS,
-};
+pub use kda_kernels::chunk::ChunkShape;
+use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
@@ -30,19 +28,18 @@ pub struct ChunkResult {
     pub final_state: Option<DeviceTensor>,
 }
 
-/// How a chunk launch is shaped. [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
+/// How a chunk call runs: its kernels' launch shape, the path and the split.
+/// [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkTuning {
-    /// Warps per block (1, 2, 4 or 8), each owning 16 of a head's 128 value rows.
-    pub warps: usize,
-    /// Blocks that must fit on an SM at once (1 to 8; caps registers per thread).
-    pub min_blocks: usize,
+    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8).
+    pub shape: ChunkShape,
     /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
     /// without `state_indices`, `T` a multiple of `16 · split`. It allocates its workspace
     /// (three f32 tensors of `[B · split, HV, 128, 128]`, and scratch final states when the
     /// call returns none) and frees it before returning, which waits for its kernels: not
-    /// graph-capturable. `None`: each sequence runs as one chain. Opt-in and not yet measured
-    /// on a GPU.
+    /// graph-capturable. `None`: each sequence runs as one chain. Opt-in: its results are not
+    /// bit-identical to the unsplit call's.
     pub split: Option<usize>,
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
@@ -62,24 +59,18 @@ pub struct ChunkTuning {
 pub const PREPARED_MAX_CHAINS: usize = 132;
 
 impl ChunkTuning {
-    /// The shape [`chunk_kda`] picks: the config default ([`ChunkConfig::default`]; chosen by
-    /// `kda bench --sweep-chunk` on an H200), through the two-kernel path when a workspace is
-    /// given and the call has at most [`PREPARED_MAX_CHAINS`] chains.
+    /// What [`chunk_kda`] picks: the two-kernel path when a workspace is given and the call
+    /// has at most [`PREPARED_MAX_CHAINS`] chains, each path at its shape ([`ChunkShape`]).
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         ChunkTuning::of_path(plan.workspace && chains <= PREPARED_MAX_CHAINS)
     }
 
-    /// The shape of each path: the fused kernel at the config default, the chain over a
-    /// prepared workspace at [`PREPARED_WARPS`] x [`PREPARED_MIN_BLOCKS`].
+    /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
+    /// workspace, [`ChunkShape::FUSED`] otherwise.
     fn of_path(prepared: bool) -> ChunkTuning {
-        let (warps, min_blocks) = if prepared {
-            (PREPARED_WARPS, PREPARED_MIN_BLOCKS)
-        } else {
-            let d = ChunkConfig::default();
-            (d.warps, d.min_blocks)
-        };
-        ChunkTuning { warps, min_blocks, split: None, prepared, prep_blocks: None }
+        let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None }
     }
 }
 
@@ -119,8 +110,7 @@ pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         l2norm: plan.l2norm,
         varlen: plan.varlen,
         states,
-        warps: tune.warps,
-        min_blocks: tune.min_blocks,
+        shape: tune.shape,
         transition: false,
         preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
     }
@@ -275,7 +265,7 @@ pub fn chunk_kda_tuned(
     args: &ChunkArgs,
     tune: ChunkTuning,
 ) -> Result<ChunkResult, RuntimeError> {
-    if !matches!(tune.warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&tune.min_blocks) {
+    if !matches!(tune.shape.warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&tune.shape.min_blocks) {
         return Err(RuntimeError::bad_argument(
             "tune",
             "warps 1, 2, 4 or 8 and min_blocks 1 to 8",

@@ -221,7 +221,12 @@ mod tests {
     #[test]
     fn split_launches_bind_to_their_kernels() {
         let (b, t, h, hv, nseg) = (2, 64, 1, 2, 4);
-        let tune = ChunkTuning { warps: 8, min_blocks: 2, split: Some(nseg), prepared: false, prep_blocks: None };
+        let tune = ChunkTuning {
+            shape: super::super::ChunkShape::FUSED,
+            split: Some(nseg),
+            prepared: false,
+            prep_blocks: None,
+        };
         let (q, k) = (tv(1, &[b, t, h, D], DType::BF16), tv(2, &[b, t, h, D], DType::BF16));
         let (v, g) = (tv(3, &[b, t, hv, D], DType::BF16), tv(4, &[b, t, hv, D], DType::BF16));
         let beta = tv(5, &[b, t, hv], DType::BF16);

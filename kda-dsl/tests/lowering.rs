@@ -451,3 +451,54 @@ fn whole_line_stores_write_the_same_bytes_four_lines_per_instruction() {
         assert_eq!(out, boxed(&c, &input, rows));
     }
 }
+
+/// A pipeline whose stage fill is element by element (bf16 elements two apart: no `cp.async`).
+/// Iteration `c` fills `s` with column 0 of rows `16 c ..` of `a` `[T, 2]` and copies it to row
+/// `c` of `o`.
+fn strided_fill_pipeline() -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new("strided", loc(1));
+    let a = k.tensor("a", &["T", "W"], DType::BF16, false);
+    let o = k.tensor("o", &["C", "X"], DType::BF16, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16], DType::BF16, loc(3));
+    let c = k.begin_for("c", LoopKind::Pipelined { stages: 2 }, 0, k.dim("C"), loc(4));
+    k.copy(k.tile(&a, vec![c.clone(), Val::from(0)], &[16, 1], loc(5)), s, loc(5));
+    k.copy(s, k.tile(&o, vec![c, Val::from(0)], &[1, 16], loc(6)), loc(6));
+    k.end();
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// In the steady state the fill's loads are issued with the stage's other fills, and its
+/// shared stores wait for the end of the body (after the copy out), so no warp stalls on the
+/// load before the body; the values are those of storing at once.
+#[test]
+fn an_element_fill_of_a_pipeline_stores_at_the_end_of_the_body() {
+    let prog = strided_fill_pipeline();
+    let text = dump(&prog);
+    // The loop's body: from its top barrier to its back edge.
+    let lines: Vec<&str> = text.lines().collect();
+    let top = lines.iter().position(|l| l.contains("bar.sync")).expect("the loop's barrier");
+    let back = top + lines[top..].iter().position(|l| l.trim_start().starts_with("bra")).expect("the back edge");
+    let body = &lines[top..back];
+    let load = body.iter().position(|l| l.contains("ld.global")).expect("the next stage's load");
+    let out = body.iter().position(|l| l.contains("st.global")).expect("the copy out");
+    let store = body.iter().rposition(|l| l.contains("st.shared")).expect("the deferred store");
+    assert!(load < out && out < store, "load {load}, copy out {out}, shared store {store}:\n{}", body.join("\n"));
+    // Values: row c of `o` is column 0 of rows 16 c .. 16 c + 16 of `a`.
+    let (t, chunks) = (64usize, 4usize);
+    let a: Vec<f32> = (0..t * 2).map(|i| i as f32).collect();
+    let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
+    let mut args = vec![
+        ("T".to_string(), SimArg::I32(t as i32)),
+        ("W".to_string(), SimArg::I32(2)),
+        ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| bf16(*x)).collect())),
+        ("C".to_string(), SimArg::I32(chunks as i32)),
+        ("X".to_string(), SimArg::I32(16)),
+        ("o".to_string(), SimArg::Tensor(vec![0; chunks * 16 * 2])),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(o) = &args[5].1 else { unreachable!() };
+    let got: Vec<f32> = o.chunks(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect();
+    let want: Vec<f32> = (0..chunks * 16).map(|r| (2 * r) as f32).collect();
+    assert_eq!(got, want);
+}

@@ -299,6 +299,78 @@ fn beta_of(rule: Beta, b: Val) -> Val {
     bt
 }
 
+/// The token's decay `alpha = exp(g)` per key channel into `af`, one channel per thread through
+/// shared `a_sh`: `g` from the raw gate input `a_raw` by the gate rule (with `dt_bias` when
+/// given; `ea = exp(A_log)`).
+#[kda_macros::kernel_fn]
+#[allow(clippy::too_many_arguments)] // the step's tiles and scalars, named as the kernel names them
+fn token_decay(gate: Gate, dt_bias: bool, a_raw: Tile, dt_sh: Tile, a_sh: Tile, af: Tile, ea: Val, lower_bound: Val) {
+    for (j,) in parallel(a_sh) {
+        let mut x = a_raw[j] as f32;
+        if gate != Gate::Precomputed {
+            if dt_bias {
+                x = x + dt_sh[j] as f32;
+            }
+            if gate == Gate::LowerBound {
+                x = lower_bound * sigmoid(ea * x);
+            } else {
+                x = -ea * softplus(x);
+            }
+        }
+        a_sh[j] = exp(x);
+    }
+    copy(a_sh, af);
+}
+
+/// `1 / sqrt(x · x + 1e-6)` of a 128-vector, reduced through `sq` into the one-value `nrm`.
+#[kda_macros::kernel_fn]
+fn inverse_norm(x: Tile, sq: Tile, nrm: Tile) -> Val {
+    for (j,) in parallel(sq) {
+        sq[j] = x[j] * x[j];
+    }
+    reduce_sum(sq, nrm, 0);
+    rsqrt(nrm[0] + 1e-6)
+}
+
+/// Decays the state by `af` per key channel and reduces `S k` into `uf` and `S q` into `of`, in
+/// one pass over the state (`tmp`, `tmq` hold the products). The key runs along the state's
+/// columns when `v_first`, along its rows otherwise.
+#[kda_macros::kernel_fn]
+#[allow(clippy::too_many_arguments)] // the step's tiles, named as the kernel names them
+fn decay_and_project(v_first: bool, s: Tile, af: Tile, kf: Tile, qf: Tile, tmp: Tile, tmq: Tile, uf: Tile, of: Tile) {
+    if v_first {
+        for (i, j) in parallel(s) {
+            s[i][j] = s[i][j] * af[j];
+            tmp[i][j] = s[i][j] * kf[j];
+            tmq[i][j] = s[i][j] * qf[j];
+        }
+        reduce_sum(tmp, uf, 1);
+        reduce_sum(tmq, of, 1);
+    } else {
+        for (i, j) in parallel(s) {
+            s[i][j] = s[i][j] * af[i];
+            tmp[i][j] = s[i][j] * kf[i];
+            tmq[i][j] = s[i][j] * qf[i];
+        }
+        reduce_sum(tmp, uf, 0);
+        reduce_sum(tmq, of, 0);
+    }
+}
+
+/// `S += k uᵀ`, the key along the state's columns when `v_first`.
+#[kda_macros::kernel_fn]
+fn rank_one_update(v_first: bool, s: Tile, kf: Tile, uf: Tile) {
+    if v_first {
+        for (i, j) in parallel(s) {
+            s[i][j] = s[i][j] + kf[j] * uf[i];
+        }
+    } else {
+        for (i, j) in parallel(s) {
+            s[i][j] = s[i][j] + kf[i] * uf[j];
+        }
+    }
+}
+
 /// One decode step per token for `bv` state rows of one (sequence, value head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
@@ -491,61 +563,22 @@ pub fn decode(
                 let tp = t - 1;
                 let ti = bos + tp;
                 if live {
-                    // Decay alpha = exp(g), one channel per thread, through shared memory.
-                    for (j,) in parallel(a_sh) {
-                        let mut x = a_raw[j] as f32;
-                        if cfg.gate != Gate::Precomputed {
-                            if cfg.dt_bias.is_some() {
-                                x = x + dt_sh[j] as f32;
-                            }
-                            if cfg.gate == Gate::LowerBound {
-                                x = lower_bound * sigmoid(ea * x);
-                            } else {
-                                x = -ea * softplus(x);
-                            }
-                        }
-                        a_sh[j] = exp(x);
-                    }
-                    copy(a_sh, af);
+                    token_decay(cfg.gate, cfg.dt_bias.is_some(), a_raw, dt_sh, a_sh, af, ea, lower_bound);
                     // One pass over the decayed state gives both `S k` and `S q`: with `S' = S + k̂ uᵀ`,
                     // `S' q̂ = S q̂ + u (k̂ · q̂)`, so the output needs no second reduction after the
                     // update. The norms scale the reduced vectors instead of k and q.
                     let mut rk = 1.0;
                     let mut rq = 1.0;
                     if cfg.l2norm {
-                        for (j,) in parallel(sq) {
-                            sq[j] = kf[j] * kf[j];
-                        }
-                        reduce_sum(sq, nrm, 0);
-                        rk = rsqrt(nrm[0] + 1e-6);
-                        for (j,) in parallel(sq) {
-                            sq[j] = qf[j] * qf[j];
-                        }
-                        reduce_sum(sq, nrm, 0);
-                        rq = rsqrt(nrm[0] + 1e-6);
+                        rk = inverse_norm(kf, sq, nrm);
+                        rq = inverse_norm(qf, sq, nrm);
                     }
                     for (j,) in parallel(sq) {
                         sq[j] = kf[j] * qf[j];
                     }
                     reduce_sum(sq, nrm, 0);
                     let kq = nrm[0] * rk * rq;
-                    if cfg.v_first {
-                        for (i, j) in parallel(s) {
-                            s[i][j] = s[i][j] * af[j];
-                            tmp[i][j] = s[i][j] * kf[j];
-                            tmq[i][j] = s[i][j] * qf[j];
-                        }
-                        reduce_sum(tmp, uf, 1);
-                        reduce_sum(tmq, of, 1);
-                    } else {
-                        for (i, j) in parallel(s) {
-                            s[i][j] = s[i][j] * af[i];
-                            tmp[i][j] = s[i][j] * kf[i];
-                            tmq[i][j] = s[i][j] * qf[i];
-                        }
-                        reduce_sum(tmp, uf, 0);
-                        reduce_sum(tmq, of, 0);
-                    }
+                    decay_and_project(cfg.v_first, s, af, kf, qf, tmp, tmq, uf, of);
                     // u = beta * (v - S k̂), with the decayed state.
                     if cfg.beta_headwise {
                         for (i,) in parallel(uf) {
@@ -566,15 +599,7 @@ pub fn decode(
                             uf[i] = uf[i] * rk;
                         }
                     }
-                    if cfg.v_first {
-                        for (i, j) in parallel(s) {
-                            s[i][j] = s[i][j] + kf[j] * uf[i];
-                        }
-                    } else {
-                        for (i, j) in parallel(s) {
-                            s[i][j] = s[i][j] + kf[i] * uf[j];
-                        }
-                    }
+                    rank_one_update(cfg.v_first, s, kf, uf);
                     // Rounded to the state's dtype after every token. The per-token write rounds as
                     // it stores, so only a state that goes on to another token needs it in registers.
                     if cfg.state_dtype != F32 {

@@ -266,13 +266,12 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
             }
             StmtKind::Parallel { body, .. } => check_block(def, body, assigned)?,
             StmtKind::WarpGroup { first, count, id, var, body } => {
-                let warps = def.threads / 32;
-                if *count < 1 || first + count > warps || !(1..=15).contains(id) {
+                let (warps, end) = (def.threads / 32, first.saturating_add(*count));
+                if *count < 1 || end > warps || !(1..=15).contains(id) {
                     return Err(Diag::new(
                         loc,
                         format!(
-                            "warp group {id} (warps {first}..{}): expected 1 or more of the block's {warps} warps and a named barrier 1 to 15",
-                            first + count
+                            "warp group {id} (warps {first}..{end}): expected 1 or more of the block's {warps} warps and a named barrier 1 to 15"
                         ),
                     ));
                 }

@@ -189,10 +189,11 @@ impl Parser {
     fn var(&mut self) -> R<VarId> {
         let name = self.ident()?;
         self.punct("#")?;
-        let id = VarId::new(self.uint()? as usize);
-        match self.def.vars.get(id) {
-            Some(v) if v.name == name => Ok(id),
-            _ => Err(format!("variable `{name}#{id}` is not in the table")),
+        let raw = self.uint()?;
+        let found = usize::try_from(raw).ok().filter(|i| *i < self.def.vars.len()).map(VarId::new);
+        match found.map(|id| (id, &self.def.vars[id])) {
+            Some((id, v)) if v.name == name => Ok(id),
+            _ => Err(format!("variable `{name}#{raw}` is not in the table")),
         }
     }
 

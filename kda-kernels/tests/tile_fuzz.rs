@@ -22,7 +22,7 @@ fn seeds() -> Vec<(String, String)> {
     out
 }
 
-const NUMBERS: [&str; 10] = ["0", "1", "2", "3", "7", "16", "17", "128", "4096", "-1"];
+const NUMBERS: [&str; 12] = ["0", "1", "2", "3", "7", "16", "17", "128", "4096", "-1", "65536", "2147483647"];
 
 /// The `name#id` variable references and the tile names of a kernel's text.
 fn names(text: &str) -> (Vec<String>, Vec<String>) {

@@ -140,6 +140,31 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
     })
 }
 
+/// The most bytes of shared memory a block may use (sm_90; sm_80 allows less, which
+/// `allocate_shared` checks against the target).
+const SHARED_BYTES_MAX: u64 = 232_448;
+/// The most registers a thread has.
+const REGISTERS_MAX: u64 = 255;
+
+/// A tile that fits where it lives: positive extents, at most a block's shared memory, at most
+/// a thread's registers per thread (a fragment spread over the block's `threads`, a local
+/// whole in each thread).
+fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
+    if b.shape.is_empty() || b.shape.contains(&0) {
+        return Err(Diag::new(b.loc, format!("tile `{}`: extents must be positive", b.name)));
+    }
+    let elems = b.shape.iter().try_fold(1u64, |n, &e| n.checked_mul(u64::from(e))).unwrap_or(u64::MAX);
+    let (fits, place) = match b.scope {
+        Scope::Shared => (elems.saturating_mul(b.dtype.size_bytes() as u64) <= SHARED_BYTES_MAX, "shared memory"),
+        Scope::Fragment => (elems <= REGISTERS_MAX.saturating_mul(u64::from(threads)), "the block's registers"),
+        Scope::Local => (elems <= REGISTERS_MAX, "a thread's registers"),
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(Diag::new(b.loc, format!("tile `{}` {:?} does not fit in {place}", b.name, b.shape)))
+}
+
 /// Tile `b` indexed with `given` indices: one per axis.
 fn check_tile_rank(def: &KernelDef, b: BufId, given: usize, loc: SrcLoc) -> Result<(), Diag> {
     let buf = &def.buffers[b];
@@ -187,6 +212,9 @@ pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
     // What the builder checks as it records a kernel, again for kernels read from text.
     if !(32..=1024).contains(&def.threads) || !def.threads.is_multiple_of(32) {
         return Err(Diag::new(def.loc, format!("threads = {}: expected a multiple of 32 in 32..=1024", def.threads)));
+    }
+    for (_, b) in def.buffers.iter_ids() {
+        check_tile_size(b, def.threads)?;
     }
     let mut assigned: IdVec<Var, bool> = IdVec::filled(def.vars.len(), false);
     for v in def.block_vars.iter().flatten() {
@@ -259,7 +287,12 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                     index_type(def, e, loc)?;
                 }
             }
-            StmtKind::For { start, end, body, .. } => {
+            StmtKind::For { kind, start, end, body, .. } => {
+                if let LoopKind::Pipelined { stages } = kind {
+                    if !(2..=8).contains(stages) {
+                        return Err(Diag::new(loc, format!("stages = {stages}: expected 2 to 8")));
+                    }
+                }
                 index_type(def, start, loc)?;
                 index_type(def, end, loc)?;
                 check_block(def, body, assigned)?;

@@ -19,8 +19,9 @@ fn tv(id: u64, shape: &[usize], dtype: kda_dsl::dtype::DType) -> TensorView {
 
 const D: usize = 128;
 
-#[test]
-fn a_warm_decode_call_plans_looks_up_and_binds_without_allocating() {
+/// Runs `f` with a decode call's host work (plan, lookup, arguments, bind: all but the launch),
+/// for B = 64 single-token sequences on 32 heads through the pool in place.
+fn with_decode_call(f: impl FnOnce(&dyn Fn())) {
     let (b, hv) = (64, 32);
     let (q, k) = (tv(1, &[b, 1, 16, D], BF16), tv(2, &[b, 1, 16, D], BF16));
     let (v, a) = (tv(3, &[b, 1, hv, D], BF16), tv(4, &[b, 1, hv, D], BF16));
@@ -45,14 +46,23 @@ fn a_warm_decode_call_plans_looks_up_and_binds_without_allocating() {
         let bound = super::decode::launch::kernel_args(&args, &plan, &cfg, out, None, 1).expect("arguments");
         bind_planned(&ready.kernel, &ready.binding, &bound).expect("binds");
     };
-    // The first call compiles the variant; the next ones find it.
-    call();
-    let ((), n) = allocations_in(call);
-    assert_eq!(n, 0, "a warm decode call allocated {n} times");
+    f(&call);
 }
 
 #[test]
-fn a_warm_prefill_call_plans_looks_up_and_binds_without_allocating() {
+fn a_warm_decode_call_plans_looks_up_and_binds_without_allocating() {
+    with_decode_call(|call| {
+        // The first call compiles the variant; the next ones find it.
+        call();
+        let ((), n) = allocations_in(call);
+        assert_eq!(n, 0, "a warm decode call allocated {n} times");
+    });
+}
+
+/// Runs `f` with a prefill call's host work (as [`with_decode_call`], and the preparation's
+/// binding on the two-kernel path), for 2 sequences of 300 tokens on 4 value heads, without and
+/// with a workspace (`f` gets whether one was given).
+fn with_prefill_calls(mut f: impl FnMut(bool, &dyn Fn())) {
     let (b, t, h, hv) = (2, 300, 2, 4);
     let (q, k) = (tv(1, &[b, t, h, D], BF16), tv(2, &[b, t, h, D], BF16));
     let (v, g) = (tv(3, &[b, t, hv, D], BF16), tv(4, &[b, t, hv, D], BF16));
@@ -83,8 +93,44 @@ fn a_warm_prefill_call_plans_looks_up_and_binds_without_allocating() {
                 bind_planned(&prep.kernel, &prep.binding, prep_args.as_slice()).expect("binds");
             }
         };
+        f(workspace.is_some(), &call);
+    }
+}
+
+#[test]
+fn a_warm_prefill_call_plans_looks_up_and_binds_without_allocating() {
+    with_prefill_calls(|workspace, call| {
         call();
         let ((), n) = allocations_in(call);
-        assert_eq!(n, 0, "a warm prefill call (workspace {}) allocated {n} times", workspace.is_some());
-    }
+        assert_eq!(n, 0, "a warm prefill call (workspace {workspace}) allocated {n} times");
+    });
+}
+
+/// The median over 21 rounds of one warm call's host work, in microseconds.
+fn warm_call_us(call: &dyn Fn()) -> f64 {
+    const CALLS: u32 = 2000;
+    call();
+    let mut rounds: Vec<f64> = (0..21)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            for _ in 0..CALLS {
+                call();
+            }
+            start.elapsed().as_secs_f64() * 1e6 / f64::from(CALLS)
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[rounds.len() / 2]
+}
+
+/// A benchmark, not a test (it asserts nothing about speed): the host time of a warm call's
+/// planning, lookup, arguments and binding, everything but the driver's launch. Run with
+/// `cargo test --release -p kda-runtime host_work_of_a_warm_call -- --ignored --nocapture`.
+#[test]
+#[ignore = "a benchmark: run it by name with --ignored"]
+fn host_work_of_a_warm_call() {
+    with_decode_call(|call| eprintln!("decode B=64 H=32: {:.3} us per call", warm_call_us(call)));
+    with_prefill_calls(|workspace, call| {
+        eprintln!("prefill B=2 T=300 HV=4, workspace {workspace}: {:.3} us per call", warm_call_us(call));
+    });
 }

@@ -201,14 +201,14 @@ pub fn bind_planned(
     };
     for (i, (p, slots)) in kernel.params.iter().zip(&plan.params).enumerate() {
         if let (ParamSig::Tensor { name, dtype, dims, .. }, ParamSlots::Tensor { dims: ds, rank }) = (p, slots) {
-            let view = tensor_arg(name, *dtype, dims, given[i].as_ref())?;
+            let view = tensor_arg(name, *dtype, dims, given[i])?;
             bind_extents(name, &ds[..*rank], &view, &plan.symbols, &mut extents)?;
             bound.devices[bound.tensors] = (i, view.device());
             bound.tensors += 1;
         }
     }
     for (i, (p, slots)) in kernel.params.iter().zip(&plan.params).enumerate() {
-        let arg = given[i].as_ref();
+        let arg = given[i];
         bound.values[i] = match (p, slots) {
             (ParamSig::Tensor { .. }, _) => match arg {
                 Some(KernelArg::Tensor(view)) => RawArg::U64(view.ptr()),
@@ -227,13 +227,15 @@ pub fn bind_planned(
     Ok(bound)
 }
 
-/// The arguments by parameter position, rejecting duplicates and names the kernel does not take.
+/// The arguments by parameter position (references: copying them into a table of
+/// [`MAX_PARAMS`] would dominate a warm call's binding), rejecting duplicates and names the
+/// kernel does not take.
 /// Launchers pass arguments in declaration order, so each name is looked for first where the
 /// previous one left off.
-fn index_args(
+fn index_args<'a>(
     kernel: &CompiledKernel,
-    args: &[(&str, KernelArg)],
-) -> Result<[Option<KernelArg>; MAX_PARAMS], RuntimeError> {
+    args: &'a [(&str, KernelArg)],
+) -> Result<[Option<&'a KernelArg>; MAX_PARAMS], RuntimeError> {
     let params = &kernel.params;
     let mut given = [None; MAX_PARAMS];
     let mut next = 0;
@@ -247,7 +249,7 @@ fn index_args(
                 "an argument the kernel does not take",
             ));
         };
-        if given[i].replace(*arg).is_some() {
+        if given[i].replace(arg).is_some() {
             return Err(RuntimeError::bad_argument(*name, "one value", "two"));
         }
         next = i + 1;

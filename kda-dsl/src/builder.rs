@@ -291,8 +291,8 @@ impl KernelBuilder {
         if self.st.borrow().launched {
             self.error(loc, "`launch` may appear only once per kernel");
         }
-        if !(32..=1024).contains(&threads) || threads % 32 != 0 {
-            self.error(loc, format!("threads = {threads}: expected a multiple of 32 in 32..=1024"));
+        if let Some(m) = crate::passes::check_types::threads_error(threads) {
+            self.error(loc, m);
         }
         if grid.is_empty() || grid.len() > 3 {
             self.error(loc, format!("grid has {} axes; expected 1 to 3", grid.len()));
@@ -552,11 +552,8 @@ impl KernelBuilder {
     }
 
     fn check_rank(&self, t: &Tile, n: usize, loc: SrcLoc) {
-        let st = self.st.borrow();
-        let b = &st.def.buffers[t.id];
-        if b.shape.len() != n {
-            let msg = format!("tile `{}` has {} axes; {} indices given", b.name, b.shape.len(), n);
-            drop(st);
+        let msg = crate::passes::check_types::tile_rank_error(&self.st.borrow().def.buffers[t.id], n);
+        if let Some(msg) = msg {
             self.error(loc, msg);
         }
     }
@@ -585,10 +582,11 @@ impl KernelBuilder {
         loc: SrcLoc,
     ) -> Val {
         let var = self.new_var(name, DType::I32);
-        if let LoopKind::Pipelined { stages } = kind {
-            if !(2..=8).contains(&stages) {
-                self.error(loc, format!("stages = {stages}: expected 2 to 8"));
-            }
+        if let Some(m) = match kind {
+            LoopKind::Pipelined { stages } => crate::passes::check_types::stages_error(stages),
+            _ => None,
+        } {
+            self.error(loc, m);
         }
         let frame = Frame::For { var, kind, start: start.into().0, end: end.into().0, loc };
         self.st.borrow_mut().frames.push((frame, vec![]));

@@ -8,23 +8,12 @@ use kda_dsl::dtype::DType::{self, BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs};
 use kda_runtime::{CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
 
-include!("support/in_place_decode.rs");
+include!("support/gpu_calls.rs");
 
 const D: usize = 128;
 /// Query/key heads and value heads (GVA 2).
 const H: usize = 2;
 const HV: usize = 4;
-
-/// Deterministic values in `[-scale/2, scale/2)` (a small LCG: no dependency).
-fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
-        })
-        .collect()
-}
 
 fn upload(gpu: &Gpu, s: &CudaStream, shape: &[usize], dtype: DType, v: &[f32]) -> Result<DeviceTensor, RuntimeError> {
     DeviceTensor::from_f32(gpu, s, shape, dtype, v)

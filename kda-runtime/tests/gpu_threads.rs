@@ -7,21 +7,12 @@ use kda_dsl::dtype::DType::{BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};
 use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
 
-include!("support/in_place_decode.rs");
+include!("support/gpu_calls.rs");
 
 const D: usize = 128;
 
 fn random(gpu: &Gpu, s: &kda_runtime::CudaStream, shape: &[usize], seed: u64) -> Result<DeviceTensor, RuntimeError> {
-    let n: usize = shape.iter().product();
-    // A small LCG: deterministic data without a dependency.
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect();
-    DeviceTensor::from_f32(gpu, s, shape, BF16, &v)
+    DeviceTensor::from_f32(gpu, s, shape, BF16, &lcg(seed, shape.iter().product(), 1.0))
 }
 
 /// One decode call (8 sequences, a pool of 16) on a fresh stream; the output and pool bytes.

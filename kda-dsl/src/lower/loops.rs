@@ -1,7 +1,7 @@
 //! Lowering of loops: `unroll` (at compile time), `serial` (a run-time loop) and `pipelined`
 //! (a multi-stage `cp.async` pipeline whose stage-filling copies run ahead of the compute).
 
-use super::{mem_ty, Lower, V};
+use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
@@ -166,17 +166,7 @@ impl Lower<'_> {
                 let saddr = lw.shared_addr(buf, r, c);
                 let raw = values.next().expect("one loaded value per element, in the same order");
                 if loaded == dt {
-                    let op = Op::St {
-                        space: Space::Shared,
-                        ty: mem_ty(dt),
-                        addr: saddr,
-                        offset: 0,
-                        vals: vec![Src::Reg(raw)],
-                    };
-                    match live {
-                        Some(p) => lw.em.emit_if(p, true, op),
-                        None => lw.em.emit(op),
-                    }
+                    lw.store_bits_at(Space::Shared, saddr, 0, dt, Src::Reg(raw), live);
                 } else {
                     let v = lw.widen(raw, loaded);
                     lw.store_mem_at(Space::Shared, saddr, 0, dt, v, live);

@@ -558,6 +558,20 @@ impl Lower<'_> {
             },
             _ => v.s,
         };
+        self.store_bits_at(space, addr, offset, dt, val, guard);
+    }
+
+    /// Stores one element's bits (already in `dt`'s memory form) at `addr + offset`; with a
+    /// guard, only where it holds.
+    pub(crate) fn store_bits_at(
+        &mut self,
+        space: Space,
+        addr: Reg,
+        offset: i64,
+        dt: DType,
+        val: Src,
+        guard: Option<Reg>,
+    ) {
         let op = Op::St { space, ty: mem_ty(dt), addr, offset, vals: vec![val] };
         match guard {
             Some(p) => self.em.emit_if(p, true, op),

@@ -165,13 +165,27 @@ fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
     Err(Diag::new(b.loc, format!("tile `{}` {:?} does not fit in {place}", b.name, b.shape)))
 }
 
+/// Why `threads` cannot be a block's thread count (whole warps, 32 to 1024), if it cannot. The
+/// builder and this check share it.
+pub(crate) fn threads_error(threads: i64) -> Option<String> {
+    let ok = (32..=1024).contains(&threads) && threads % 32 == 0;
+    (!ok).then(|| format!("threads = {threads}: expected a multiple of 32 in 32..=1024"))
+}
+
+/// Why a pipeline cannot have `stages` stages, if it cannot.
+pub(crate) fn stages_error(stages: u32) -> Option<String> {
+    (!(2..=8).contains(&stages)).then(|| format!("stages = {stages}: expected 2 to 8"))
+}
+
+/// Why `given` indices cannot index tile `buf` (one per axis), if they cannot.
+pub(crate) fn tile_rank_error(buf: &Buffer, given: usize) -> Option<String> {
+    (buf.shape.len() != given)
+        .then(|| format!("tile `{}` has {} axes; {given} indices given", buf.name, buf.shape.len()))
+}
+
 /// Tile `b` indexed with `given` indices: one per axis.
 fn check_tile_rank(def: &KernelDef, b: BufId, given: usize, loc: SrcLoc) -> Result<(), Diag> {
-    let buf = &def.buffers[b];
-    if buf.shape.len() == given {
-        return Ok(());
-    }
-    Err(Diag::new(loc, format!("tile `{}` has {} axes; {given} indices given", buf.name, buf.shape.len())))
+    tile_rank_error(&def.buffers[b], given).map_or(Ok(()), |m| Err(Diag::new(loc, m)))
 }
 
 /// Tensor `p` indexed (or boxed) with `given` coordinates: one per axis.
@@ -210,8 +224,8 @@ fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
 /// Types every variable from its first assignment and checks every expression.
 pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
     // What the builder checks as it records a kernel, again for kernels read from text.
-    if !(32..=1024).contains(&def.threads) || !def.threads.is_multiple_of(32) {
-        return Err(Diag::new(def.loc, format!("threads = {}: expected a multiple of 32 in 32..=1024", def.threads)));
+    if let Some(m) = threads_error(i64::from(def.threads)) {
+        return Err(Diag::new(def.loc, m));
     }
     for (_, b) in def.buffers.iter_ids() {
         check_tile_size(b, def.threads)?;
@@ -288,10 +302,11 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 }
             }
             StmtKind::For { kind, start, end, body, .. } => {
-                if let LoopKind::Pipelined { stages } = kind {
-                    if !(2..=8).contains(stages) {
-                        return Err(Diag::new(loc, format!("stages = {stages}: expected 2 to 8")));
-                    }
+                if let Some(m) = match kind {
+                    LoopKind::Pipelined { stages } => stages_error(*stages),
+                    _ => None,
+                } {
+                    return Err(Diag::new(loc, m));
                 }
                 index_type(def, start, loc)?;
                 index_type(def, end, loc)?;

@@ -1,5 +1,16 @@
-// One in-place decode step through the public API, shared by the GPU tests (included with
-// `include!`, so it carries no module of its own).
+// What the GPU tests share (included with `include!`, so it carries no module of its own):
+// deterministic data and one in-place decode step through the public API.
+
+/// Deterministic values in `[-scale/2, scale/2)` (a small LCG: no dependency).
+fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
+        })
+        .collect()
+}
 
 /// Decodes one token per sequence in place: `t` holds q, k, v, a, beta, the output, the state
 /// pool and the slots (`state_indices`), in that order.

@@ -279,7 +279,7 @@ impl Lower<'_> {
             return Ok(());
         }
         self.for_each_shared_elem(b, |lw, r, c| {
-            let (r, c) = if lw.def().buffers[b].shape.len() == 2 { (r, c) } else { (Src::Imm(0), c) };
+            let (r, c) = lw.shared_elem_index(b, r, c);
             let (addr, valid) = lw.box_elem(&gb, r, c);
             let saddr = lw.shared_addr(b, r, c);
             let v = lw.load_mem(Space::Shared, saddr, dt);

@@ -140,9 +140,6 @@ pub fn type_of(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<Ty, Diag> {
     })
 }
 
-/// The most bytes of shared memory a block may use (sm_90; sm_80 allows less, which
-/// `allocate_shared` checks against the target).
-const SHARED_BYTES_MAX: u64 = 232_448;
 /// The most registers a thread has.
 const REGISTERS_MAX: u64 = 255;
 
@@ -155,7 +152,10 @@ fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
     }
     let elems = b.shape.iter().try_fold(1u64, |n, &e| n.checked_mul(u64::from(e))).unwrap_or(u64::MAX);
     let (fits, place) = match b.scope {
-        Scope::Shared => (elems.saturating_mul(b.dtype.size_bytes() as u64) <= SHARED_BYTES_MAX, "shared memory"),
+        Scope::Shared => {
+            let bytes = elems.saturating_mul(b.dtype.size_bytes() as u64);
+            (bytes <= u64::from(super::allocate_shared::MAX_SHARED_BYTES), "shared memory")
+        }
         Scope::Fragment => (elems <= REGISTERS_MAX.saturating_mul(u64::from(threads)), "the block's registers"),
         Scope::Local => (elems <= REGISTERS_MAX, "a thread's registers"),
     };

@@ -24,10 +24,10 @@
 //! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
 //! the next sequence leaks in.
 //!
-//! Everything above `Wᵀ` depends on the chunk's inputs alone. With [`Preparation::Workspace`]
-//! the kernel reads it from the workspace [`crate::chunk_prep`] filled, in parallel over
-//! chunks, and runs only the state's products: the same values in the same order, so the same
-//! bits.
+//! Everything above `Wᵀ` depends on the chunk's inputs alone, and so do beta and the decay.
+//! With [`Preparation::Workspace`] the kernel reads them from the workspace
+//! [`crate::chunk_prep`] filled, in parallel over chunks, and runs only the state's products:
+//! the same values in the same order, so the same bits.
 
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -89,8 +89,8 @@ pub enum ChunkStates {
     },
 }
 
-/// Where a chunk's prepared operands come from: the gated keys `kd`, `qd`, `kr`, `INV`, `Mqk`
-/// and the chunk's decay `2^Γ`. They depend on the inputs alone, not on the state.
+/// Where a chunk's prepared operands come from: the gated keys `kd`, `qd`, `kr`, `INV`, `Mqk`,
+/// the chunk's decay `2^Γ` and its betas. They depend on the inputs alone, not on the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Preparation {
     /// Computed by this kernel, chunk after chunk, inside the sequence's serial chain.
@@ -109,10 +109,13 @@ pub(crate) const PREP_QD: usize = 128;
 pub(crate) const PREP_KR: usize = 256;
 pub(crate) const PREP_INV: usize = 384;
 pub(crate) const PREP_MQK: usize = 400;
-/// Columns of one chunk's row of the decay workspace (f32): its `2^Γ`, one per key channel.
-/// The chunk whose first workspace row is `w0` owns decay row `w0 / 16`: a sequence's chunks are
-/// 16 rows apart and the next sequence starts at least 16 rows further, so no two share one.
-pub const PREP_DECAY_COLS: usize = 128;
+/// Columns of one chunk's row of the f32 workspace: its decay `2^Γ`, one per key channel, then
+/// its 16 betas (`sigmoid(b)`, 0 past the chunk's valid rows). The chunk whose first workspace
+/// row is `w0` owns row `w0 / 16`: a sequence's chunks are 16 rows apart and the next sequence
+/// starts at least 16 rows further, so no two share one.
+pub const PREP_DECAY_COLS: usize = 128 + 16;
+/// Where the betas start in a row of the f32 workspace.
+pub(crate) const PREP_BETA: usize = 128;
 
 /// What a chunk variant is specialized for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -646,7 +649,10 @@ pub fn chunk(
             copy(prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]), kr_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]), inv_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
-            copy(prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, PREP_DECAY_COLS]), eg_sh);
+            // Chunk `c`'s f32 row, `w0 / 16`, as the first chunk's row plus `c`: the division
+            // is of values the loop does not change.
+            copy(prep_decay.tile_at([bi, (bos + pad) / 16 + c, hv, 0], [1, 1, 1, 128]), eg_sh);
+            copy(prep_decay.tile_at([bi, (bos + pad) / 16 + c, hv, PREP_BETA], [1, 1, 1, 16]), bt_sh);
         } else {
             copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
             copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
@@ -655,13 +661,13 @@ pub fn chunk(
         if !cfg.transition {
             copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
         }
-        copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+        if !prepared {
+            copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+        }
         // Valid rows of this chunk (16 but in the last).
         let nv = min(eos - t0, 16);
 
-        if prepared {
-            beta_gate(b_sh, bt_sh, nv);
-        } else {
+        if !prepared {
             prepare_chunk(
                 lower,
                 cfg.l2norm,

@@ -1,7 +1,7 @@
 //! `chunk_prep`: the state-independent half of `chunk_kda`'s chunk step, for every chunk at
 //! once.
 //!
-//! Each chunk's gated keys and queries, `INV = (I + A)^-1`, `Mqk` and decay `2^Γ` depend on
+//! Each chunk's gated keys and queries, `INV = (I + A)^-1`, `Mqk`, decay `2^Γ` and betas depend on
 //! the chunk's inputs alone (`chunk.rs` has the formulas). This kernel computes them with the
 //! same helpers, in the same order, as the fused kernel does inside its serial chain, and
 //! writes them to a workspace; the `chunk` kernel with [`Preparation::Workspace`] then reads
@@ -12,11 +12,11 @@
 //! Workspace rows: a token's row is its own (`[B, T]` rows of a dense call, rounded up to whole
 //! chunks), shifted down `15 n` rows for varlen sequence `n`, so that every chunk, the last
 //! partial one included, writes its 16 rows without touching the next sequence's. A chunk's
-//! decay goes to row `w0 / 16` of its own table, `w0` its first workspace row.
+//! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    prepare_chunk, sequence_end, sequence_start, ChunkGate, Preparation, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD,
-    PREP_KR, PREP_MQK, PREP_QD,
+    prepare_chunk, sequence_end, sequence_start, ChunkGate, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS,
+    PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -222,7 +222,8 @@ pub fn chunk_prep(
         copy(kr_sh, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));
-        copy(eg_sh, prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, PREP_DECAY_COLS]));
+        copy(eg_sh, prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, 128]));
+        copy(bt_sh, prep_decay.tile_at([bi, w0 / 16, hv, PREP_BETA], [1, 1, 1, 16]));
     }
 }
 

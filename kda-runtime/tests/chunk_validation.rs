@@ -716,9 +716,10 @@ fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
     let c = Case::new(2, 37);
     let plain = c.plan(|_| {});
     assert!(!plain.workspace);
-    // Two rows of 48 tokens (whole chunks), HV = 4: 416 bf16 per token, 128 f32 per chunk.
+    // Two rows of 48 tokens (whole chunks), HV = 4: 416 bf16 per token, 144 f32 per chunk
+    // (the decay and the betas).
     let need = chunk_workspace_bytes(&plain);
-    assert_eq!(need, 2 * HV * (48 * 416 * 2 + 3 * 128 * 4));
+    assert_eq!(need, 2 * HV * (48 * 416 * 2 + 3 * 144 * 4));
     let exact = tv(9, &[need / 4], F32);
     assert!(c.plan(|a| a.workspace = Some(&exact)).workspace);
     let bytes = tv(9, &[need / 2], BF16);
@@ -729,10 +730,10 @@ fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
     err(c.run(|a| a.workspace = Some(&misaligned)), "workspace", "aligned");
     let elsewhere = on(1, exact);
     err(c.run(|a| a.workspace = Some(&elsewhere)), "workspace", "device");
-    // Varlen: 15 rows more per sequence for the last chunks, and a decay row per 16 rows.
+    // Varlen: 15 rows more per sequence for the last chunks, and an f32 row per 16 rows.
     let v = Case::varlen(100, 3, I32, true);
     let vp = v.plan(|_| {});
-    assert_eq!(chunk_workspace_bytes(&vp), HV * (145 * 416 * 2 + 10 * 128 * 4));
+    assert_eq!(chunk_workspace_bytes(&vp), HV * (145 * 416 * 2 + 10 * 144 * 4));
 }
 
 /// The variants a kind of call can pick include the one each batch picks, with and without a

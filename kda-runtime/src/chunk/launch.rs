@@ -173,7 +173,7 @@ pub(crate) fn kernel_args(
     let nseq = i32::try_from(plan.nseq)
         .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
     // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (bf16), then the
-    // decay `[WB, TP / 16 rounded up, HV, PREP_DECAY_COLS]` (f32).
+    // decays and betas `[WB, TP / 16 rounded up, HV, PREP_DECAY_COLS]` (f32).
     let (prep, prep_decay) = match (cfg.preparation, args.workspace) {
         (Preparation::Workspace, Some(ws)) => {
             let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());

@@ -153,7 +153,7 @@ pub struct ChunkPlan {
 /// Bytes of scratch the two-kernel path needs for a call ([`ChunkArgs::workspace`]): per
 /// value head and workspace row ([`prep_rows`]: the tokens rounded up to whole chunks per dense
 /// row, plus 15 per varlen sequence), the prepared operands in bf16; then per 16 rows a chunk's
-/// decay in f32. Saturates at `usize::MAX` for shapes no device could hold.
+/// decay and betas in f32. Saturates at `usize::MAX` for shapes no device could hold.
 pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
     let heads = wb.saturating_mul(plan.value_heads);
@@ -162,7 +162,7 @@ pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
     prep.saturating_add(decay)
 }
 
-/// Bytes of the workspace's first part, the prepared operands; the decay follows.
+/// Bytes of the workspace's first part, the prepared operands; the decays and betas follow.
 pub(crate) fn workspace_prep_bytes(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
     wb * tp * plan.value_heads * PREP_COLS * 2

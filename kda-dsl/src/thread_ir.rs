@@ -188,7 +188,8 @@ pub enum UnKind {
     Rsqrt,
     /// `sqrt.rn.f32`
     Sqrt,
-    /// `rcp.rn.f32`
+    /// `rcp.approx.ftz.f32`: within an ulp or two, one instruction (`rcp.rn` adds a
+    /// Newton step and a slow-path branch); `sigmoid` is its one user.
     Rcp,
 }
 
@@ -356,7 +357,7 @@ fn ptx_un(op: UnKind, ty: Ty) -> String {
         UnKind::Lg2 => "lg2.approx.ftz.f32".into(),
         UnKind::Rsqrt => "rsqrt.approx.ftz.f32".into(),
         UnKind::Sqrt => "sqrt.rn.f32".into(),
-        UnKind::Rcp => "rcp.rn.f32".into(),
+        UnKind::Rcp => "rcp.approx.ftz.f32".into(),
     }
 }
 

@@ -2,6 +2,7 @@
 // deterministic data and one in-place decode step through the public API.
 
 /// Deterministic values in `[-scale/2, scale/2)` (a small LCG: no dependency).
+#[allow(dead_code)] // not every GPU test draws random data
 fn lcg(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
     (0..n)

@@ -1,0 +1,108 @@
+//! On a GPU: where the host time of one eager call goes. A benchmark, not a test of speed: it
+//! prints and asserts nothing about time. Rows, each the median of 20 batches of 16 calls on an
+//! idle stream ([`kda_runtime::host_us_per_call`]):
+//!
+//! - the driver alone: `cuLaunchKernel` of a small kernel with its parameters bound once;
+//! - that kernel through [`kda_runtime::launch::launch_planned`] (binding and checks added);
+//! - an eager decode call (B = 32, H = 32, in place in a pool) and an eager prefill call
+//!   (B = 8, T = 64, H = 32, the fused kernel): planning, the variant's lookup, binding, launch.
+//!
+//! `cargo test --release -p kda-runtime --test gpu_launch_cost -- --ignored --nocapture`
+
+use cudarc::driver::result;
+use kda_dsl::dtype::DType::{BF16, F32, I32};
+use kda_runtime::binding::BindPlan;
+use kda_runtime::chunk::{chunk_kda, ChunkArgs};
+use kda_runtime::launch::{bind_args, launch_planned, KernelArg, RawArg};
+use kda_runtime::{host_us_per_call, DeviceTensor, Gpu, Kernels, ModuleCache, RuntimeError};
+
+include!("support/gpu_calls.rs");
+
+const D: usize = 128;
+
+#[test]
+#[ignore = "a benchmark: run it by name on a GPU machine"]
+fn host_time_of_one_eager_call() {
+    if !kda_runtime::gpu_available() {
+        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+        return;
+    }
+    if let Err(e) = measure() {
+        panic!("{e}");
+    }
+}
+
+fn measure() -> Result<(), RuntimeError> {
+    let gpu = Gpu::new(0)?;
+    let s = gpu.new_stream()?;
+    let z = |shape: &[usize], d| DeviceTensor::zeros(&gpu, &s, shape, d);
+
+    // A small kernel: 256 columns, 3 parameters.
+    let cfg = kda_kernels::selftest::TileCfg { rows: 1, cols: 256, threads: 128 };
+    let def = kda_kernels::selftest::per_lane_prefix(&cfg).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    let small = kda_dsl::compile(def, kda_dsl::Target::Sm80).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    let (x, y) = (z(&[256], F32)?, z(&[256], F32)?);
+    let small_args = [("x", KernelArg::Tensor(x.view())), ("y", KernelArg::Tensor(y.view()))];
+    let cache = ModuleCache::new();
+    let loaded = cache.get_or_load(&gpu, &small, "launch_cost")?;
+    let plan = BindPlan::new(&small)?;
+    let bound = bind_args(&small, &small_args)?;
+    let mut values: Vec<RawArg> = bound.values().to_vec();
+    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(raw_param).collect();
+    let driver = host_us_per_call(&s, || {
+        // SAFETY: the function is loaded in this context; `params` points at `values`, one
+        // slot per declared parameter with its declared width, bound by `bind_args`.
+        unsafe {
+            result::launch_kernel(
+                loaded.cu_function(),
+                (bound.grid[0], bound.grid[1], bound.grid[2]),
+                (bound.block[0], bound.block[1], bound.block[2]),
+                bound.shared_bytes,
+                s.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| RuntimeError::Unsupported(e.to_string()))
+    })?;
+    let planned = host_us_per_call(&s, || launch_planned(&gpu, &loaded, &s, &small, &plan, "", &small_args))?;
+
+    // Decode: 32 sequences, 32 heads, in place in a pool of 64 slots.
+    let kernels = Kernels::new();
+    let (b, h) = (32, 32);
+    let dq = |d| z(&[b, 1, h, D], d);
+    let (q, k, v, a, out) = (dq(BF16)?, dq(BF16)?, dq(BF16)?, dq(BF16)?, dq(BF16)?);
+    let (beta, pool) = (z(&[b, 1, h], BF16)?, z(&[64, h, D, D], F32)?);
+    let slots = DeviceTensor::from_i64(&gpu, &s, &[b], I32, &(0..b as i64).collect::<Vec<_>>())?;
+    let decode =
+        host_us_per_call(&s, || decode_in_place(&gpu, &kernels, &s, [&q, &k, &v, &a, &beta, &out, &pool, &slots]))?;
+
+    // Prefill: 8 sequences of 64 tokens on 32 heads (256 chains: the fused kernel).
+    let (pb, t) = (8, 64);
+    let pt = |d| z(&[pb, t, h, D], d);
+    let (q, k, v, g, out) = (pt(BF16)?, pt(BF16)?, pt(BF16)?, pt(BF16)?, pt(BF16)?);
+    let (beta, fin) = (z(&[pb, t, h], BF16)?, z(&[pb, h, D, D], F32)?);
+    let views = (q.view(), k.view(), v.view(), g.view(), beta.view(), out.view(), fin.view());
+    let mut args = ChunkArgs::new(&views.0, &views.1, &views.2, &views.3, &views.4);
+    args.output = Some(&views.5);
+    args.output_final_state = true;
+    args.final_state = Some(&views.6);
+    let prefill = host_us_per_call(&s, || chunk_kda(&gpu, &kernels, &s, &args).map(|_| ()))?;
+    s.synchronize().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+
+    println!("host time per call, us ({}):", gpu.name());
+    println!("  cuLaunchKernel alone, {} parameters        {driver:.2}", values.len());
+    println!("  launch_planned, same kernel                 {planned:.2}");
+    println!("  eager decode B=32 H=32 (in place)           {decode:.2}");
+    println!("  eager prefill B=8 T=64 H=32 (fused)         {prefill:.2}");
+    Ok(())
+}
+
+/// The address of one bound value, as the kernel-parameter array holds it.
+fn raw_param(v: &mut RawArg) -> *mut std::ffi::c_void {
+    match v {
+        RawArg::U64(x) => (x as *mut u64).cast(),
+        RawArg::I32(x) => (x as *mut i32).cast(),
+        RawArg::I64(x) => (x as *mut i64).cast(),
+        RawArg::F32(x) => (x as *mut f32).cast(),
+    }
+}

@@ -68,6 +68,72 @@ fn a_product_plus_a_value_is_one_fused_multiply_add() {
     assert!(line8.contains("fma.rn.f32") && !line8.contains("mul.rn.f32"), "{line8}");
 }
 
+/// `c - a * b` and `a * b - c` are one `fma.rn.f32` each (of `-a`, of `-c`), and compute what
+/// a single rounding of the exact value gives: (1 + 2^-11) - (1 + 2^-12)^2 is -2^-24 exactly,
+/// which a rounded product (to 1 + 2^-11) would lose.
+#[test]
+fn a_difference_with_a_product_is_one_fused_multiply_add() {
+    let k = KernelBuilder::new("fms", loc(1));
+    let o = k.tensor("o", &["N"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let x = k.fragment("x", &[16, 16], DType::F32, loc(3));
+    let y = k.fragment("y", &[16, 16], DType::F32, loc(4));
+    let r = k.shared("r", &[2], DType::F32, loc(5));
+    k.fill(&x, 1.0 + 1.0 / 4096.0, loc(5));
+    k.fill(&y, 1.0 + 1.0 / 4096.0, loc(6));
+    let ij = k.begin_parallel(&x, &["i", "j"], loc(7));
+    let xy = Val::bin(BinOp::Mul, k.elem(&x, ij.clone(), loc(8)), k.elem(&y, ij.clone(), loc(8)));
+    k.store(&x, ij.clone(), Val::bin(BinOp::Sub, Val::from(1.0 + 1.0 / 2048.0), xy), loc(8));
+    k.end();
+    let ij = k.begin_parallel(&y, &["i", "j"], loc(9));
+    let yy = Val::bin(BinOp::Mul, k.elem(&y, ij.clone(), loc(9)), Val::from(2.0));
+    k.store(&y, ij.clone(), Val::bin(BinOp::Sub, yy, Val::from(1.0)), loc(9));
+    k.end();
+    let ij = k.begin_parallel(&x, &["i", "j"], loc(10));
+    let first = Val::bin(
+        BinOp::And,
+        Val::bin(BinOp::Eq, ij[0].clone(), Val::from(0)),
+        Val::bin(BinOp::Eq, ij[1].clone(), Val::from(0)),
+    );
+    k.begin_if(first, loc(10));
+    k.store(&r, vec![Val::from(0)], k.elem(&x, ij.clone(), loc(10)), loc(10));
+    k.store(&r, vec![Val::from(1)], k.elem(&y, ij.clone(), loc(10)), loc(10));
+    k.end();
+    k.end();
+    k.copy(r, k.tile(&o, vec![Val::from(0)], &[2], loc(11)), loc(11));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    for line in [8, 9] {
+        let text: String =
+            dump(&prog).lines().filter(|l| l.ends_with(&format!("// {line}"))).map(|l| format!("{l}\n")).collect();
+        assert!(text.contains("fma.rn.f32") && !text.contains("mul.rn.f32") && !text.contains("sub.rn.f32"), "{text}");
+    }
+    let mut args = vec![("o".to_string(), SimArg::Tensor(vec![0; 8])), ("N".to_string(), SimArg::I32(2))];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    let got: Vec<f32> = out.chunks(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+    assert_eq!(got[0], -(2f32.powi(-24)), "c - x y");
+    assert_eq!(got[1], 1.0 + 1.0 / 2048.0, "2 y - 1");
+}
+
+/// An element stored to a bf16 shared tile is rounded once, by the store (a register tile of
+/// bf16 keeps the rounded value as f32, so there it is rounded and widened).
+#[test]
+fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
+    let k = KernelBuilder::new("narrow", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
+    let s = k.shared("s", &[16, 16], DType::BF16, loc(4));
+    k.fill(&f, 1.5, loc(5));
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    k.store(&s, ij.clone(), Val::bin(BinOp::Mul, k.elem(&f, ij.clone(), loc(6)), Val::from(3.0)), loc(6));
+    k.end();
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    // 8 elements per thread: one conversion each, and none back to f32.
+    assert_eq!(line6.matches("cvt.rn.bf16.f32").count(), 8, "{line6}");
+    assert!(!line6.contains("cvt.f32.bf16"), "{line6}");
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

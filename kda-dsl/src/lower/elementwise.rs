@@ -173,18 +173,21 @@ impl Lower<'_> {
         let dt = self.def().buffers[b].dtype;
         let vt = crate::passes::check_types::value_type(dt);
         let v = self.expr(e, vt, loc)?;
-        let v = self.round_for(v, dt);
         match self.p.layouts[b] {
             BufLayout::Fragment(_) => {
                 let r = self.frag_elem_reg(b, idx, loc)?;
+                let v = self.round_for(v, dt);
                 self.mov(r, v);
             }
             BufLayout::Local => {
                 let i = self.local_index(b, idx, loc)?;
                 let r = self.regs[b][i];
+                let v = self.round_for(v, dt);
                 self.mov(r, v);
             }
             BufLayout::Shared(_) => {
+                // The store rounds to the element type itself: rounding first would convert
+                // twice (ptxas keeps both).
                 let (row, col) = self.shared_rc(idx, loc)?;
                 let a = self.shared_addr(b, row, col);
                 self.store_mem(Space::Shared, a, dt, v);

@@ -255,8 +255,8 @@ impl Lower<'_> {
             self.em.emit(Op::PredLogic { op: k, d, a: xr, b: yr });
             return Ok(V { s: Src::Reg(d), ty: DType::Bool });
         }
-        if ty == DType::F32 && op == BinOp::Add {
-            if let Some(v) = self.fused_multiply_add(a, b, loc)? {
+        if ty == DType::F32 && matches!(op, BinOp::Add | BinOp::Sub) {
+            if let Some(v) = self.fused_multiply_add(op, a, b, loc)? {
                 return Ok(v);
             }
         }
@@ -303,17 +303,21 @@ impl Lower<'_> {
         Ok(V { s: Src::Reg(d), ty })
     }
 
-    /// `m * n + c` (either order) of f32 values as one `fma.rn.f32`: a single rounding, as CUDA
-    /// C++ contracts by default. `None` when neither side is an f32 product.
-    fn fused_multiply_add(&mut self, a: &Expr, b: &Expr, loc: SrcLoc) -> Result<Option<V>, Diag> {
+    /// `m * n + c` (either order), `c - m * n` and `m * n - c` of f32 values as one
+    /// `fma.rn.f32` (of `-m` or `-c` for a difference; negation is exact): a single rounding,
+    /// as CUDA C++ contracts by default. `None` when neither side is an f32 product.
+    fn fused_multiply_add(&mut self, op: BinOp, a: &Expr, b: &Expr, loc: SrcLoc) -> Result<Option<V>, Diag> {
         use crate::passes::check_types::Ty as T;
         let is_f32_product = |lw: &Self, e: &Expr| {
             matches!(e, Expr::Binary(BinOp::Mul, ..)) && matches!(type_of(&lw.p.def, e, loc), Ok(T::Is(DType::F32)))
         };
-        let (prod, c) = if is_f32_product(self, a) {
-            (a, b)
-        } else if is_f32_product(self, b) {
-            (b, a)
+        // Which operand is negated: the product's first factor (`c - m * n`) or the addend.
+        let (prod, c, negate_product) = if op == BinOp::Sub && is_f32_product(self, b) {
+            (b, a, true)
+        } else if is_f32_product(self, a) {
+            (a, b, false)
+        } else if op == BinOp::Add && is_f32_product(self, b) {
+            (b, a, false)
         } else {
             return Ok(None);
         };
@@ -321,10 +325,17 @@ impl Lower<'_> {
         let m = self.expr(m, DType::F32, loc)?.s;
         let n = self.expr(n, DType::F32, loc)?.s;
         let c = self.expr(c, DType::F32, loc)?.s;
-        let m = Src::Reg(self.f32_reg(m));
+        let m = if negate_product { self.negated(m) } else { Src::Reg(self.f32_reg(m)) };
+        let c = if op == BinOp::Sub && !negate_product { self.negated(c) } else { c };
         let d = self.em.reg(RegClass::F32);
         self.em.emit(Op::Mad { ty: Ty::F32, d, a: m, b: n, c });
         Ok(Some(V { s: Src::Reg(d), ty: DType::F32 }))
+    }
+
+    /// `-x` of an f32 value, in a register.
+    fn negated(&mut self, x: Src) -> Src {
+        let r = Src::Reg(self.f32_reg(x));
+        Src::Reg(self.un_f(UnKind::Neg, r))
     }
 
     fn cast(&mut self, to: DType, a: &Expr, loc: SrcLoc) -> Result<V, Diag> {

@@ -41,8 +41,8 @@ pub enum RawArg {
 }
 
 impl RawArg {
-    /// The address of the value, as the kernel-parameter array holds it.
-    fn as_param(&mut self) -> *mut c_void {
+    /// The address of the value, as the kernel-parameter array of `cuLaunchKernel` holds it.
+    pub fn as_param(&mut self) -> *mut c_void {
         match self {
             RawArg::U64(v) => (v as *mut u64).cast(),
             RawArg::I32(v) => (v as *mut i32).cast(),

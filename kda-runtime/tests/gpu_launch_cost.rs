@@ -48,7 +48,7 @@ fn measure() -> Result<(), RuntimeError> {
     let plan = BindPlan::new(&small)?;
     let bound = bind_args(&small, &small_args)?;
     let mut values: Vec<RawArg> = bound.values().to_vec();
-    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(raw_param).collect();
+    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(RawArg::as_param).collect();
     let driver = host_us_per_call(&s, || {
         // SAFETY: the function is loaded in this context; `params` points at `values`, one
         // slot per declared parameter with its declared width, bound by `bind_args`.
@@ -95,14 +95,4 @@ fn measure() -> Result<(), RuntimeError> {
     println!("  eager decode B=32 H=32 (in place)           {decode:.2}");
     println!("  eager prefill B=8 T=64 H=32 (fused)         {prefill:.2}");
     Ok(())
-}
-
-/// The address of one bound value, as the kernel-parameter array holds it.
-fn raw_param(v: &mut RawArg) -> *mut std::ffi::c_void {
-    match v {
-        RawArg::U64(x) => (x as *mut u64).cast(),
-        RawArg::I32(x) => (x as *mut i32).cast(),
-        RawArg::I64(x) => (x as *mut i64).cast(),
-        RawArg::F32(x) => (x as *mut f32).cast(),
-    }
 }

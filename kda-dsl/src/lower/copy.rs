@@ -20,6 +20,9 @@ pub(crate) struct GlobalBox {
     pub(super) tensor: ParamId,
     /// Address of the box's first element.
     pub(super) base: Reg,
+    /// `base` as an address and a constant: the box's start with its innermost index taken as
+    /// 0, and that index's bytes (0 when it is not a constant).
+    pub(super) base_parts: (Reg, i64),
     /// Bytes between rows (None for a 1-D tile).
     pub(super) row_stride: Option<Reg>,
     /// Bytes between columns (the element size when the column axis is contiguous).
@@ -241,7 +244,11 @@ impl Lower<'_> {
         for e in offset {
             offs.push(self.expr(e, DType::I32, loc)?.s);
         }
-        let base = self.global_addr_of(t, &offs);
+        let base_parts = self.global_addr_parts(t, &offs);
+        let base = match base_parts {
+            (a, 0) => a,
+            (a, b) => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, a, Src::Imm(b)),
+        };
         let mut lims = vec![];
         for (k, e) in offs.iter().enumerate() {
             // A box that provably lies inside its axis needs no check: its limit is a constant
@@ -330,6 +337,7 @@ impl Lower<'_> {
         Ok(GlobalBox {
             tensor: t,
             base,
+            base_parts,
             row_stride,
             col_stride,
             col_contiguous: col_axis == dims.len() - 1,
@@ -393,7 +401,12 @@ impl Lower<'_> {
 
     /// The address of element (row, col) of a box.
     pub(super) fn box_addr(&mut self, gb: &GlobalBox, row: Src, col: Src) -> Reg {
-        let mut addr = Src::Reg(gb.base);
+        self.box_addr_from(gb, gb.base, row, col)
+    }
+
+    /// [`Self::box_addr`] from `base` instead of the box's own first element.
+    pub(super) fn box_addr_from(&mut self, gb: &GlobalBox, base: Reg, row: Src, col: Src) -> Reg {
+        let mut addr = Src::Reg(base);
         if let Some(rs) = gb.row_stride {
             addr = self.add_scaled(addr, row, Src::Reg(rs));
         }

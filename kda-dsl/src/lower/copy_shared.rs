@@ -140,8 +140,16 @@ impl Lower<'_> {
         let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr);
         let c0 = self.em.op32(BinKind::Mul, cv, chunk);
         // Global: the first chunk's address and the columns' mask; rows are masked per pass.
+        // With the columns inside the tensor, a constant column start is added after the
+        // masked selection: fills of other column blocks of the same rows (and the tensor's
+        // base they fall back to, plus that start, still inside its first row) then share
+        // every address but the instruction's offset.
         let rs = gb.row_stride.expect("a 2-D box");
-        let first = self.box_addr(gb, r0, c0);
+        let (row_base, tail) = match gb.base_parts {
+            (a, t) if t != 0 && covers(gb.col_lim, gb.extent.1) => (a, t),
+            _ => (gb.base, 0),
+        };
+        let first = self.box_addr_from(gb, row_base, r0, c0);
         let mut addr = first;
         let valid = self.em.and_pred(gb.unit_ok, live);
         let col_valid = self.and_col_mask(gb, c0, valid);
@@ -202,24 +210,45 @@ impl Lower<'_> {
             };
             let saddr = self.em.to_reg(saddr, RegClass::B32, Ty::U32);
             match uniform {
-                Some((_, n)) => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Reg(n) }),
-                None => self.vector_fill(addr, saddr, valid, gb.tensor),
+                Some((_, n)) => {
+                    let src = self.plus_bytes(addr, tail);
+                    self.em.emit(Op::CpAsync { dst: saddr, src, src_bytes: Src::Reg(n) })
+                }
+                None => self.vector_fill_at(addr, tail, saddr, valid, gb.tensor),
             }
         }
     }
 
     /// One 16-byte chunk from global to shared, zero when `valid` is false.
     pub(super) fn vector_fill(&mut self, addr: Reg, saddr: Reg, valid: Option<Reg>, tensor: ParamId) {
+        self.vector_fill_at(addr, 0, saddr, valid, tensor)
+    }
+
+    /// [`Self::vector_fill`] from `addr + tail`; a masked chunk reads nothing from the tensor's
+    /// base plus `tail` (which the caller keeps inside the tensor).
+    fn vector_fill_at(&mut self, addr: Reg, tail: i64, saddr: Reg, valid: Option<Reg>, tensor: ParamId) {
         match valid {
-            None => self.em.emit(Op::CpAsync { dst: saddr, src: addr, src_bytes: Src::Imm(16) }),
+            None => {
+                let src = self.plus_bytes(addr, tail);
+                self.em.emit(Op::CpAsync { dst: saddr, src, src_bytes: Src::Imm(16) })
+            }
             Some(p) => {
                 // A masked chunk reads nothing (src size 0) from an address known to be valid.
                 let n = self.em.reg(RegClass::B32);
                 self.em.emit(Op::Selp { ty: Ty::U32, d: n, a: Src::Imm(16), b: Src::Imm(0), p });
                 let safe = self.em.reg(RegClass::B64);
                 self.em.emit(Op::Selp { ty: Ty::U64, d: safe, a: Src::Reg(addr), b: Src::Reg(self.ptrs[&tensor]), p });
-                self.em.emit(Op::CpAsync { dst: saddr, src: safe, src_bytes: Src::Reg(n) });
+                let src = self.plus_bytes(safe, tail);
+                self.em.emit(Op::CpAsync { dst: saddr, src, src_bytes: Src::Reg(n) });
             }
+        }
+    }
+
+    /// `addr + bytes` (a 64-bit add, none for 0).
+    fn plus_bytes(&mut self, addr: Reg, bytes: i64) -> Reg {
+        match bytes {
+            0 => addr,
+            b => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, Src::Imm(b)),
         }
     }
 

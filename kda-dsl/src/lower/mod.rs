@@ -657,13 +657,33 @@ impl Lower<'_> {
 
     /// The global address of `tensor[idx..]` from lowered 64-bit (or immediate) indices.
     pub(crate) fn global_addr_of(&mut self, t: ParamId, idx: &[Src]) -> Reg {
+        let (a, bytes) = self.global_addr_parts(t, idx);
+        match bytes {
+            0 => a,
+            b => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, a, Src::Imm(b)),
+        }
+    }
+
+    /// [`Self::global_addr_of`] as the address with the innermost index taken as 0, and that
+    /// index's bytes when it is a non-negative constant (else 0, and the index is in the
+    /// address). Boxes that differ only in a constant innermost start (column blocks of one
+    /// row) then compute the same first part, which ptxas shares.
+    pub(crate) fn global_addr_parts(&mut self, t: ParamId, idx: &[Src]) -> (Reg, i64) {
         let dims = self.tensor_dims(t);
         let esize = self.tensor_dtype(t).size_bytes() as i64;
+        let last = dims.len() - 1;
+        let split = match idx[last] {
+            Src::Imm(c) if c >= 0 && last > 0 => Some(c),
+            _ => None,
+        };
         let first = self.em.wide(idx[0]);
         let mut lin = Src::Reg(self.em.to_reg(first, RegClass::B64, Ty::S64));
         for k in 1..dims.len() {
             let d = self.extent64(dims[k]);
-            let i = self.em.wide(idx[k]);
+            let i = match split {
+                Some(_) if k == last => Src::Imm(0),
+                _ => self.em.wide(idx[k]),
+            };
             let r = self.em.reg(RegClass::B64);
             self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: d, c: i });
             lin = Src::Reg(r);
@@ -671,7 +691,7 @@ impl Lower<'_> {
         let base = self.ptrs[&t];
         let a = self.em.reg(RegClass::B64);
         self.em.emit(Op::Mad { ty: Ty::S64, d: a, a: lin, b: Src::Imm(esize), c: Src::Reg(base) });
-        a
+        (a, split.map_or(0, |c| c * esize))
     }
 
     /// Per-thread (row base, col base) of a fragment layout: `wr*WM + g` and `wc*WN + vec*t`.

@@ -134,6 +134,28 @@ fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
     assert!(!line6.contains("cvt.f32.bf16"), "{line6}");
 }
 
+/// A gemm's `ldmatrix` addresses are a per-thread part computed once per operand plus a
+/// constant XOR and offset per k-step: the swizzle is not recomputed for each of them.
+#[test]
+fn gemm_operand_addresses_split_into_a_thread_part_and_constants() {
+    let k = KernelBuilder::new("mm", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let a = k.shared("a", &[16, 64], DType::BF16, loc(3));
+    let b = k.shared("b", &[16, 64], DType::BF16, loc(4));
+    let c = k.fragment("c", &[16, 16], DType::F32, loc(5));
+    k.fill(&a, 1.0, loc(6));
+    k.fill(&b, 1.0, loc(6));
+    k.gemm(a, b.t(), &c, loc(7));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line7: String = dump(&prog).lines().filter(|l| l.ends_with("// 7")).map(|l| format!("{l}\n")).collect();
+    // 4 k-steps, one `ldmatrix` of each operand per step.
+    assert_eq!(line7.matches("ldmatrix").count(), 8, "{line7}");
+    // The swizzled offset's multiplications: two per operand's thread part and the warp's row
+    // base, not two per `ldmatrix`; later k-steps XOR a constant into the thread part.
+    assert!(line7.matches("mul.lo.s32").count() <= 5, "{line7}");
+    assert!(line7.matches("xor.b32").count() >= 6, "{line7}");
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

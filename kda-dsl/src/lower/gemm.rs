@@ -116,53 +116,79 @@ impl Lower<'_> {
             (self.em.add32(r8, ql8), eight(self, q_hi))
         };
         let (mi, ni) = (lc.mi(), lc.ni());
-        for kk in 0..k / 16 {
-            let k0 = (kk * 16) as i64;
-            let mut afr: Vec<[Reg; 4]> = vec![];
-            for i in 0..mi {
-                let a_base = if a.replicated { Src::Imm(0) } else { m_base };
-                let m0 = self.em.add32(a_base, Src::Imm((i * 16) as i64));
-                match a_frag {
-                    None => {
-                        let (row, col) = if a.transposed {
-                            let kr = self.em.add32(a_r, Src::Imm(k0));
-                            (kr, self.em.add32(m0, a_c))
-                        } else {
-                            let mr = self.em.add32(m0, a_r);
-                            (mr, self.em.add32(a_c, Src::Imm(k0)))
-                        };
-                        let addr = self.shared_addr(a.buf, row, col);
-                        let d = [0; 4].map(|_| self.em.reg(RegClass::B32));
-                        self.em.emit(Op::Ldmatrix { trans: a.transposed, d, addr });
-                        afr.push(d);
+        // Operand indices as a per-thread base plus a constant (an atom's rows or columns, a
+        // k-step), so that inside the element-loop scope the swizzled addresses split into a
+        // thread part computed once and a constant XOR and offset per `ldmatrix`
+        // (`element_addr.rs`). The bases' bits: every value over the block's warps and lanes.
+        let warp_rows: Vec<u32> = (0..lc.wm).map(|w| if a.replicated { 0 } else { w * lc.warp_rows() }).collect();
+        let warp_cols: Vec<u32> = (0..lc.wn).map(|w| w * lc.warp_cols()).collect();
+        let bits_of = |bases: &[u32], lanes: &[u32]| -> u32 {
+            bases.iter().flat_map(|b| lanes.iter().map(move |l| b + l)).fold(0, |acc, v| acc | v)
+        };
+        let (sixteen, halves): (Vec<u32>, Vec<u32>) = ((0..16).collect(), vec![0, 8]);
+        let a_base = if a.replicated { Src::Imm(0) } else { m_base };
+        let reg = |lw: &mut Self, x: Src| lw.em.to_reg(x, RegClass::B32, Ty::U32);
+        // (row base, its bits, column base, its bits) of each operand, and which of row and
+        // column steps with the atom (the other with the k-step).
+        let a_parts = if a.transposed {
+            // stored [K, M]: rows are k (a_r + k0), columns m (a_base + 16 i + a_c).
+            let col = self.em.add32(a_base, a_c);
+            (reg(self, a_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_rows, &halves))
+        } else {
+            // stored [M, K]: rows are m (a_base + 16 i + a_r), columns k (a_c + k0).
+            let row = self.em.add32(a_base, a_r);
+            (reg(self, row), bits_of(&warp_rows, &sixteen), reg(self, a_c), bits_of(&[0], &halves))
+        };
+        let b_parts = if b.transposed {
+            // stored [N, K]: rows are n (n_base + 16 jp + b_r), columns k (b_c + k0).
+            let row = self.em.add32(n_base, b_r);
+            (reg(self, row), bits_of(&warp_cols, &sixteen), reg(self, b_c), bits_of(&[0], &halves))
+        } else {
+            // stored [K, N]: rows are k (b_r + k0), columns n (n_base + 16 jp + b_c).
+            let col = self.em.add32(n_base, b_c);
+            (reg(self, b_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_cols, &halves))
+        };
+        // The (row, column) of an operand's `ldmatrix` for atom offset `atom` and k-step `k0`;
+        // `k_rows`: the operand's rows run along k.
+        let index = |lw: &mut Self, parts: (Reg, u32, Reg, u32), k_rows: bool, atom: u32, k0: u32| -> (Src, Src) {
+            let (r, rb, c, cb) = parts;
+            let (ro, co) = if k_rows { (k0, atom) } else { (atom, k0) };
+            (lw.split_index(r, rb, ro), lw.split_index(c, cb, co))
+        };
+        self.element_loop(|lw| {
+            for kk in 0..k / 16 {
+                let k0 = kk * 16;
+                let mut afr: Vec<[Reg; 4]> = vec![];
+                for i in 0..mi {
+                    match a_frag {
+                        None => {
+                            let (row, col) = index(lw, a_parts, a.transposed, i * 16, k0);
+                            let addr = lw.shared_addr(a.buf, row, col);
+                            let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
+                            lw.em.emit(Op::Ldmatrix { trans: a.transposed, d, addr });
+                            afr.push(d);
+                        }
+                        Some(la) => afr.push(lw.pack_a(a.buf, la, i, kk, ab_ty)),
                     }
-                    Some(la) => afr.push(self.pack_a(a.buf, la, i, kk, ab_ty)),
+                }
+                let mut bfr: Vec<[Reg; 2]> = vec![];
+                for jp in 0..ni / 2 {
+                    let (row, col) = index(lw, b_parts, !b.transposed, jp * 16, k0);
+                    let addr = lw.shared_addr(b.buf, row, col);
+                    let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
+                    lw.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
+                    bfr.push([d[0], d[1]]);
+                    bfr.push([d[2], d[3]]);
+                }
+                for i in 0..mi {
+                    for j in 0..ni {
+                        let s = ((i * ni + j) * 4) as usize;
+                        let acc = [lw.regs[c][s], lw.regs[c][s + 1], lw.regs[c][s + 2], lw.regs[c][s + 3]];
+                        lw.em.emit(Op::Mma { ab: ab_ty, d: acc, a: afr[i as usize], b: bfr[j as usize], c: acc });
+                    }
                 }
             }
-            let mut bfr: Vec<[Reg; 2]> = vec![];
-            for jp in 0..ni / 2 {
-                let n0 = self.em.add32(n_base, Src::Imm((jp * 16) as i64));
-                let (row, col) = if b.transposed {
-                    let nr = self.em.add32(n0, b_r);
-                    (nr, self.em.add32(b_c, Src::Imm(k0)))
-                } else {
-                    let kr = self.em.add32(b_r, Src::Imm(k0));
-                    (kr, self.em.add32(n0, b_c))
-                };
-                let addr = self.shared_addr(b.buf, row, col);
-                let d = [0; 4].map(|_| self.em.reg(RegClass::B32));
-                self.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
-                bfr.push([d[0], d[1]]);
-                bfr.push([d[2], d[3]]);
-            }
-            for i in 0..mi {
-                for j in 0..ni {
-                    let s = ((i * ni + j) * 4) as usize;
-                    let acc = [self.regs[c][s], self.regs[c][s + 1], self.regs[c][s + 2], self.regs[c][s + 3]];
-                    self.em.emit(Op::Mma { ab: ab_ty, d: acc, a: afr[i as usize], b: bfr[j as usize], c: acc });
-                }
-            }
-        }
+        });
         Ok(())
     }
 

@@ -156,6 +156,22 @@ fn gemm_operand_addresses_split_into_a_thread_part_and_constants() {
     assert!(line7.matches("xor.b32").count() >= 6, "{line7}");
 }
 
+/// A column scan of a swizzled shared tile computes each thread's address once: the rows down
+/// its column are a constant XOR and offset each.
+#[test]
+fn a_scan_down_shared_columns_splits_its_addresses() {
+    let k = KernelBuilder::new("scan", loc(1));
+    k.launch(vec![Host::int(1)], 128, loc(2));
+    let s = k.shared("s", &[16, 128], DType::F32, loc(3));
+    k.fill(&s, 1.0, loc(4));
+    k.cumsum(&s, &s, 0, loc(5));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line5: String = dump(&prog).lines().filter(|l| l.ends_with("// 5")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(line5.matches("ld.shared.f32").count(), 16, "{line5}");
+    // One thread part (its multiplications) for the 16 rows, not one per row.
+    assert!(line5.matches("mul.lo.s32").count() <= 2, "{line5}");
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

@@ -3,6 +3,7 @@
 //! axis spans several warps, the warps' partials through shared scratch. Scans go through shared
 //! memory with one thread per line, which fits the short lines (chunks of 16 to 64) KDA scans.
 
+use super::element_addr::bits_below;
 use super::{class_of, ty_of, Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -349,9 +350,12 @@ impl Lower<'_> {
             self.tile_to_scratch(src, loc)?;
             self.barrier();
         }
-        // One thread per line scans it serially.
+        // One thread per line scans it serially. The line is the thread index plus a constant
+        // (a split index), so inside the element-loop scope a shared tile's addresses along the
+        // line are one thread part plus a constant XOR and offset each (`element_addr.rs`).
+        let tid_bits = bits_below(threads);
         for k in 0..lines.div_ceil(threads) {
-            let line = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
+            let line = self.split_index(self.scope.th.tid, tid_bits, k * threads);
             let skip = self.em.label();
             if (k + 1) * threads > lines {
                 let p = self.em.setp(Cmp::Ge, Ty::S32, line, Src::Imm(lines as i64));
@@ -360,24 +364,26 @@ impl Lower<'_> {
             let acc = self.em.reg(class_of(vt));
             let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
             self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: zero });
-            for e in 0..len {
-                let (addr, dt) = if shared {
-                    let (r, c) = if sb.shape.len() == 1 || axis == 1 {
-                        (line, Src::Imm(e as i64))
+            self.element_loop(|lw| {
+                for e in 0..len {
+                    let (addr, dt) = if shared {
+                        let (r, c) = if sb.shape.len() == 1 || axis == 1 {
+                            (line, Src::Imm(e as i64))
+                        } else {
+                            (Src::Imm(e as i64), line)
+                        };
+                        (lw.shared_addr(dst, r, c), db.dtype)
                     } else {
-                        (Src::Imm(e as i64), line)
+                        let base = lw.em.mul32(line, Src::Imm(line_stride as i64));
+                        let at = lw.em.add32(base, Src::Imm((e * step) as i64));
+                        (lw.scratch_addr(at), if vt == DType::F32 { DType::F32 } else { DType::I32 })
                     };
-                    (self.shared_addr(dst, r, c), db.dtype)
-                } else {
-                    let base = self.em.mul32(line, Src::Imm(line_stride as i64));
-                    let at = self.em.add32(base, Src::Imm((e * step) as i64));
-                    (self.scratch_addr(at), if vt == DType::F32 { DType::F32 } else { DType::I32 })
-                };
-                let v = self.load_mem(Space::Shared, addr, dt);
-                let vr = self.em.to_reg(v.s, class_of(vt), ty_of(vt));
-                self.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a: Src::Reg(acc), b: Src::Reg(vr) });
-                self.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
-            }
+                    let v = lw.load_mem(Space::Shared, addr, dt);
+                    let vr = lw.em.to_reg(v.s, class_of(vt), ty_of(vt));
+                    lw.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a: Src::Reg(acc), b: Src::Reg(vr) });
+                    lw.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
+                }
+            });
             self.em.emit(Op::Label(skip));
         }
         if !shared {

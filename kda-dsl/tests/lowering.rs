@@ -172,6 +172,40 @@ fn a_scan_down_shared_columns_splits_its_addresses() {
     assert!(line5.matches("mul.lo.s32").count() <= 2, "{line5}");
 }
 
+/// `i % 16` of a fragment's row index stays a split index: the shared reads at it are a thread
+/// part plus constants (no remainder per element), and they read the right rows.
+#[test]
+fn a_power_of_two_remainder_of_an_element_index_keeps_its_split() {
+    let k = KernelBuilder::new("rem", loc(1));
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 64, loc(2));
+    let t = k.shared("t", &[16, 16], DType::F32, loc(3));
+    let f = k.fragment("f", &[32, 16], DType::F32, loc(4));
+    let ij = k.begin_parallel(&t, &["i", "j"], loc(5));
+    let v = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[0].clone(), Val::from(16)), ij[1].clone());
+    k.store(&t, ij.clone(), Val::cast(v, DType::F32), loc(5));
+    k.end();
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    let row = Val::bin(BinOp::Rem, ij[0].clone(), Val::from(16));
+    k.store(&f, ij.clone(), k.elem(&t, vec![row, ij[1].clone()], loc(6)), loc(6));
+    k.end();
+    k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[32, 16], loc(7)), loc(7));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    assert!(!line6.contains("rem."), "{line6}");
+    let mut args = vec![
+        ("o".to_string(), SimArg::Tensor(vec![0; 32 * 16 * 4])),
+        ("M".to_string(), SimArg::I32(32)),
+        ("N".to_string(), SimArg::I32(16)),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    for (e, b) in out.chunks(4).enumerate() {
+        let (i, j) = (e / 16, e % 16);
+        assert_eq!(f32::from_le_bytes([b[0], b[1], b[2], b[3]]), ((i % 16) * 16 + j) as f32, "row {i} column {j}");
+    }
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

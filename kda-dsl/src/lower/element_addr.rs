@@ -24,11 +24,11 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SplitIndex {
     /// The per-thread part, written once (a fresh register that nothing reassigns).
-    base: Reg,
+    pub(crate) base: Reg,
     /// Every bit a value of `base` can have.
-    base_bits: u32,
+    pub(crate) base_bits: u32,
     /// The constant part.
-    off: u32,
+    pub(crate) off: u32,
 }
 
 /// The per-element constant of a split byte offset: `thread_part ^ xor + add`.
@@ -130,6 +130,11 @@ impl Lower<'_> {
             self.split_indices.insert(d, SplitIndex { base, base_bits, off });
         }
         Src::Reg(d)
+    }
+
+    /// The split recorded for `r`, if any.
+    pub(crate) fn split_of(&self, r: Reg) -> Option<SplitIndex> {
+        self.split_indices.get(&r).copied()
     }
 
     /// Forgets a split of `r` (a variable bound to it is assigned).

@@ -294,6 +294,9 @@ impl Lower<'_> {
         if ty == DType::F32 && op == BinOp::Rem {
             return self.err(loc, "`%` of floats is not supported");
         }
+        if let Some(r) = self.split_remainder(op, x, y) {
+            return Ok(V { s: r, ty });
+        }
         // PTX wants the first operand in a register.
         let x = match x {
             Src::Reg(r) => Src::Reg(r),
@@ -301,6 +304,21 @@ impl Lower<'_> {
         };
         let d = self.em.bin(kind, pty, class_of(ty), x, y);
         Ok(V { s: Src::Reg(d), ty })
+    }
+
+    /// `x % 2^k` of a split index `x = base | off` (thread coordinates, never negative) as the
+    /// split index `(base & (2^k - 1)) | (off & (2^k - 1))`, so a shared access at it still
+    /// splits into a thread part and constants (`element_addr.rs`); `None` otherwise.
+    fn split_remainder(&mut self, op: BinOp, x: Src, y: Src) -> Option<Src> {
+        let (BinOp::Rem, Src::Reg(r), Src::Imm(m)) = (op, x, y) else { return None };
+        let split = self.split_of(r)?;
+        if m <= 0 || m > i64::from(u32::MAX) || m & (m - 1) != 0 {
+            return None;
+        }
+        let mask = (m - 1) as u32;
+        let base = self.em.op32(BinKind::And, split.base, i64::from(mask));
+        let base = self.em.to_reg(base, RegClass::B32, Ty::U32);
+        Some(self.split_index(base, split.base_bits & mask, split.off & mask))
     }
 
     /// `m * n + c` (either order), `c - m * n` and `m * n - c` of f32 values as one

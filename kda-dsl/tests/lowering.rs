@@ -206,6 +206,44 @@ fn a_power_of_two_remainder_of_an_element_index_keeps_its_split() {
     }
 }
 
+/// A row every element reads alike (`t[n - 1][j]`, `n` known at run time) is computed once,
+/// and its thread part with it: each element adds constants only, and reads the right row.
+#[test]
+fn an_index_every_element_computes_alike_is_computed_once() {
+    let k = KernelBuilder::new("last_row", loc(1));
+    let o = k.tensor("o", &["M", "C"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let t = k.shared("t", &[16, 128], DType::F32, loc(3));
+    let f = k.fragment("f", &[16, 128], DType::F32, loc(4));
+    let ij = k.begin_parallel(&t, &["i", "j"], loc(5));
+    let v = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[0].clone(), Val::from(128)), ij[1].clone());
+    k.store(&t, ij.clone(), Val::cast(v, DType::F32), loc(5));
+    k.end();
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    let last = Val::bin(BinOp::Sub, k.dim("N"), Val::from(1));
+    k.store(&f, ij.clone(), k.elem(&t, vec![last, ij[1].clone()], loc(6)), loc(6));
+    k.end();
+    k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[16, 128], loc(7)), loc(7));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(line6.matches("ld.shared").count(), 64, "{line6}");
+    assert_eq!(line6.matches("sub.s32").count(), 1, "{line6}");
+    assert!(line6.matches("mul.lo.s32").count() <= 2, "{line6}");
+    let n = 6;
+    let mut args = vec![
+        ("o".to_string(), SimArg::Tensor(vec![0; 16 * 128 * 4])),
+        ("M".to_string(), SimArg::I32(16)),
+        ("C".to_string(), SimArg::I32(128)),
+        ("N".to_string(), SimArg::I32(n)),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    for (e, b) in out.chunks(4).enumerate() {
+        let j = e % 128;
+        assert_eq!(f32::from_le_bytes([b[0], b[1], b[2], b[3]]), ((n as usize - 1) * 128 + j) as f32, "element {e}");
+    }
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

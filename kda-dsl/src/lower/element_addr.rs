@@ -92,6 +92,30 @@ pub(crate) struct ThreadOffsets {
     offsets: HashMap<(SharedLayout, u32, Option<Reg>, Option<Reg>), Reg>,
     /// `shared_base + offset`, by base register and thread part.
     addresses: HashMap<(Reg, Reg), Reg>,
+    /// Integer results by operation and operands, so that an index every element computes
+    /// alike (`nv - 1`) is one register, whose thread part is then cached once.
+    values: HashMap<(BinKind, Ty, Operand, Operand), Reg>,
+}
+
+/// An operand of a cached integer operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Operand {
+    Reg(Reg),
+    Imm(i64),
+}
+
+impl Operand {
+    fn of(s: Src) -> Option<Operand> {
+        match s {
+            Src::Reg(r) => Some(Operand::Reg(r)),
+            Src::Imm(v) => Some(Operand::Imm(v)),
+            Src::F32(_) => None,
+        }
+    }
+
+    fn is(&self, r: Reg) -> bool {
+        *self == Operand::Reg(r)
+    }
 }
 
 /// Every bit the row and the column base of fragment layout `l` can have, over `warps` warps
@@ -142,11 +166,59 @@ impl Lower<'_> {
         self.split_indices.remove(&r);
     }
 
+    /// A constant, a recorded split, or any other register as a base of its own (any bits, no
+    /// constant): its thread part is cached under it until it is written again
+    /// ([`Self::forget_cached`]).
     fn index_side(&self, s: Src) -> Option<IndexSide> {
         match s {
             Src::Imm(v) => u32::try_from(v).ok().map(IndexSide::Constant),
-            Src::Reg(r) => self.split_indices.get(&r).copied().map(IndexSide::Split),
+            Src::Reg(r) => Some(IndexSide::Split(self.split_indices.get(&r).copied().unwrap_or(SplitIndex {
+                base: r,
+                base_bits: u32::MAX,
+                off: 0,
+            }))),
             Src::F32(_) => None,
+        }
+    }
+
+    /// `op` of integer operands `a` and `b` into a register: inside an element loop, the
+    /// register an earlier element computed it into (computed for every thread, as thread
+    /// parts are: an if-converted arm may ask first); `None` for operands it does not cache.
+    pub(crate) fn cached_int_op(&mut self, op: BinKind, ty: Ty, a: Src, b: Src) -> Option<Reg> {
+        self.thread_offsets.as_ref()?;
+        if !matches!(
+            op,
+            BinKind::Add
+                | BinKind::Sub
+                | BinKind::Mul
+                | BinKind::And
+                | BinKind::Or
+                | BinKind::Xor
+                | BinKind::Min
+                | BinKind::Max
+        ) {
+            return None;
+        }
+        let key = (op, ty, Operand::of(a)?, Operand::of(b)?);
+        if let Some(r) = self.cached(|c| c.values.get(&key).copied()) {
+            return Some(r);
+        }
+        let guard = self.em.guard.take();
+        let class = if matches!(ty, Ty::S64 | Ty::U64 | Ty::B64) { RegClass::B64 } else { RegClass::B32 };
+        let d = self.em.bin(op, ty, class, a, b);
+        self.em.guard = guard;
+        self.cache_mut().values.insert(key, d);
+        Some(d)
+    }
+
+    /// Forgets everything cached under `r`, which is about to be written: its split, the
+    /// thread parts keyed by it and the integer results computed from it.
+    pub(crate) fn forget_cached(&mut self, r: Reg) {
+        self.forget_split(r);
+        if let Some(c) = self.thread_offsets.as_mut() {
+            c.offsets.retain(|(_, _, rb, cb), v| *rb != Some(r) && *cb != Some(r) && *v != r);
+            c.addresses.retain(|(b, o), v| *b != r && *o != r && *v != r);
+            c.values.retain(|(_, _, a, b), v| !a.is(r) && !b.is(r) && *v != r);
         }
     }
 

@@ -302,6 +302,11 @@ impl Lower<'_> {
             Src::Reg(r) => Src::Reg(r),
             s => Src::Reg(self.em.to_reg(s, class_of(ty), pty)),
         };
+        if ty.is_int() {
+            if let Some(d) = self.cached_int_op(kind, pty, x, y) {
+                return Ok(V { s: Src::Reg(d), ty });
+            }
+        }
         let d = self.em.bin(kind, pty, class_of(ty), x, y);
         Ok(V { s: Src::Reg(d), ty })
     }

@@ -462,6 +462,8 @@ impl Lower<'_> {
 
     /// Moves `v` into `d` (converting as `d`'s class needs).
     pub(crate) fn mov(&mut self, d: Reg, v: V) {
+        // `d` changes: nothing cached may stand for its old value.
+        self.forget_cached(d);
         let ty = match d.class {
             RegClass::Pred => Ty::Pred,
             RegClass::B64 => Ty::B64,

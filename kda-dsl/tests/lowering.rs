@@ -244,6 +244,37 @@ fn an_index_every_element_computes_alike_is_computed_once() {
     }
 }
 
+/// A gemm fragment too small for every warp of the block lays out on the first warps that fit
+/// it; the others branch around its statements. A reduction of it (which would synchronize every
+/// warp inside) is refused at its line.
+#[test]
+fn a_fragment_on_the_first_warps_is_skipped_by_the_others_and_not_reduced() {
+    let build = |reduce: bool| {
+        let k = KernelBuilder::new("few", loc(1));
+        k.launch(vec![Host::int(1)], 256, loc(2));
+        let a = k.shared("a", &[16, 32], DType::BF16, loc(3));
+        let b = k.shared("b", &[32, 16], DType::BF16, loc(4));
+        let c = k.fragment("c", &[16, 16], DType::F32, loc(5));
+        let v = k.fragment("v", &[16], DType::F32, loc(6));
+        k.fill(&a, 1.0, loc(7));
+        k.fill(&b, 1.0, loc(7));
+        k.fill(&c, 0.0, loc(8));
+        k.gemm(a, b, &c, loc(9));
+        if reduce {
+            k.reduce(kda_dsl::tile::ReduceOp::Sum, &c, &v, 1, loc(10));
+        }
+        kda_dsl::lower_kernel(k.finish().expect("valid"))
+    };
+    let (_, prog) = build(false).expect("lowers");
+    let line9: String = dump(&prog).lines().filter(|l| l.ends_with("// 9")).map(|l| format!("{l}\n")).collect();
+    // The barrier before the gemm is every warp's; the branch skips only the gemm.
+    let guard = line9.find("setp.ge.u32").expect("a guard");
+    assert!(line9.find("bar.sync").is_some_and(|b| b < guard) && line9.contains("bra"), "{line9}");
+    let e = build(true).expect_err("refused");
+    assert_eq!(e.loc.line, 10);
+    assert!(e.message.contains("laid out over 1 of the block's 8 warps"), "{e}");
+}
+
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,
 /// the fragment is also stored to an f32 tensor.
 fn bf16_rows_into_a_fragment(to_f32: bool) -> String {

@@ -323,10 +323,13 @@ fn prepare_operands(
 }
 
 /// `diag(beta) kd kiᵀ` into `l_sh` and `Mqk = lower_incl_diag(qd kiᵀ)` into `mq_sh`: on tensor
-/// cores for the lower-bound gate (every warp computes both whole and stores its copy in its own
-/// rows of `l_sh` and `m_sh`, so no two warps write one word; rows 0..16 are read), element-wise
-/// for a precomputed gate (each pair's own `2^(G_i - G_j)`, `j <= i`: at most 1 for a decay
-/// `g <= 0`, however strong; the pairs above the diagonal, never read, take exponent 0).
+/// cores for the lower-bound gate, element-wise for a precomputed one. With `la` and `ma` of
+/// `16 · warps` rows every warp computes both products whole and stores its copy in its own rows
+/// of `l_sh` and `m_sh` (so no two warps write one word; rows 0..16 are read); with 16 x 16
+/// ones they are laid out on the first warp, which alone computes them (the same instructions on
+/// the same operands as every warp's copy, so the same bits). The precomputed gate's products
+/// take each pair's own `2^(G_i - G_j)`, `j <= i` (at most 1 for a decay `g <= 0`, however
+/// strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
 fn key_products(
     lower: bool,

@@ -127,7 +127,6 @@ pub fn chunk_prep(
     assume_extent(DW, PREP_DECAY_COLS);
     let h = hv / (HV / H);
     let lower = cfg.gate == ChunkGate::LowerBound;
-    let rows = 16 * cfg.warps;
     let mut bos = 0;
     let mut eos = T;
     let mut bi = n;
@@ -160,10 +159,13 @@ pub fn chunk_prep(
     let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
     let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
-    let la = fragment([rows, 16], F32);
-    let ma = fragment([rows, 16], F32);
-    let l_sh = shared([if lower { rows } else { 16 }, 16], F32);
-    let m_sh = shared([if lower { rows } else { 16 }, 16], F32);
+    // 16 x 16 products on the first warp (`key_products`): the other warps skip them, and
+    // `l_sh` and `m_sh` hold one copy, so more blocks fit an SM. The fused kernel keeps one
+    // copy per warp (the same bits); there, one warp's would spill registers.
+    let la = fragment([16, 16], F32);
+    let ma = fragment([16, 16], F32);
+    let l_sh = shared([16, 16], F32);
+    let m_sh = shared([16, 16], F32);
     let mq_sh = shared([16, 16], BF16);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);

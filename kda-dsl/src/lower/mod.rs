@@ -321,6 +321,63 @@ impl Lower<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), Diag> {
         self.em.loc = s.loc;
+        match self.partial_warps(s)? {
+            // A gemm, fill, copy or `parallel` of a fragment laid out over the first `active`
+            // warps (smaller than the block allows): the other warps skip it.
+            Some(active) => {
+                let warp = self.scope.th.warp;
+                let idle = self.em.setp(Cmp::Ge, Ty::U32, Src::Reg(warp), Src::Imm(i64::from(active)));
+                let skip = self.em.label();
+                self.em.emit_if(idle, true, Op::Bra { target: skip });
+                self.scoped_addresses(|lw| lw.stmt_on_all_warps(s))?;
+                self.em.emit(Op::Label(skip));
+                Ok(())
+            }
+            None => self.stmt_on_all_warps(s),
+        }
+    }
+
+    /// The warps a statement's fragments are laid out over, when fewer than the scope's:
+    /// `infer_layouts` gives a gemm fragment too small for every warp the first warps that fit
+    /// it. Reductions and scans of such fragments (which synchronize the scope's warps inside)
+    /// are refused.
+    fn partial_warps(&self, s: &Stmt) -> Result<Option<u32>, Diag> {
+        let warps = self.scope.threads / 32;
+        let active = |b: BufId| match self.p.layouts[b] {
+            BufLayout::Fragment(l) if l.wm * l.wn < warps => Some(l.wm * l.wn),
+            _ => None,
+        };
+        let region = |r: &Region| match r {
+            Region::Buf(b) => active(*b),
+            _ => None,
+        };
+        let found = match &s.kind {
+            StmtKind::Gemm { a, c, .. } => active(*c).or(active(a.buf)),
+            StmtKind::Fill(b, _) => active(*b),
+            StmtKind::Parallel { over, .. } => active(*over),
+            StmtKind::Copy { src, dst } => region(src).or(region(dst)),
+            StmtKind::Reduce { src, dst, .. }
+            | StmtKind::Cumsum { src, dst, .. }
+            | StmtKind::ReduceLanes { dst: src @ dst, .. }
+            | StmtKind::ReduceVectorLanes { dst: src @ dst, .. } => {
+                if let Some(b) = [*src, *dst].into_iter().find(|b| active(*b).is_some()) {
+                    return self.err(
+                        s.loc,
+                        format!(
+                            "fragment `{}` is laid out over {} of the block's {warps} warps; reductions and scans need it over all of them",
+                            self.def().buffers[b].name,
+                            active(b).unwrap_or(warps)
+                        ),
+                    );
+                }
+                None
+            }
+            _ => None,
+        };
+        Ok(found)
+    }
+
+    fn stmt_on_all_warps(&mut self, s: &Stmt) -> Result<(), Diag> {
         let loc = s.loc;
         match &s.kind {
             StmtKind::Assign(v, e) => {

@@ -33,10 +33,21 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
                         ),
                     ));
                 }
-                FragmentLayout::for_tile(b.shape[0], b.shape[1], warps)
+                // A tile too small for every warp goes to the first warps that fit it (the most
+                // of them, each with whole pairs of mma column atoms, as a gemm loads them);
+                // the other warps skip the statements that use it.
+                FragmentLayout::for_tile(b.shape[0], b.shape[1], warps).or_else(|| {
+                    fewer_warps(warps, |w| {
+                        FragmentLayout::for_tile(b.shape[0], b.shape[1], w).filter(|l| l.ni() % 2 == 0)
+                    })
+                })
             } else {
                 let half = half_shapes.contains(&(b.shape[0], b.shape[1], warps, b.lanes_per_row));
-                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half, b.lanes_per_row)
+                FragmentLayout::for_elementwise(b.shape[0], b.shape[1], warps, half, b.lanes_per_row).or_else(|| {
+                    fewer_warps(warps, |w| {
+                        FragmentLayout::for_elementwise(b.shape[0], b.shape[1], w, half, b.lanes_per_row)
+                    })
+                })
             };
             let l = fits.ok_or_else(|| {
                 let msg = if b.lanes_per_row == 4 {
@@ -272,17 +283,19 @@ fn pin_register_operands(
 ) -> Result<(), Diag> {
     for s in body {
         match &s.kind {
-            // Every warp multiplies the whole replicated tile into its own rows: the
-            // accumulator's warps split rows only, each holding one copy of the tile's rows.
+            // Each warp of the accumulator multiplies the whole replicated tile into its own
+            // rows: its warps split rows only, each holding one copy of the tile's rows. Fewer
+            // copies than warps (a divisor of them) lay out on the first warps; the others skip.
             StmtKind::Gemm { a, c, .. } if a.replicated => {
                 let (x, tile) = (&def.buffers[*c], &def.buffers[a.buf]);
                 let warps = wof[*c];
                 let per_warp = tile.shape.first().copied().unwrap_or(0);
-                let l = (x.shape.len() == 2 && x.shape[0] == per_warp * warps)
-                    .then(|| FragmentLayout::rows_only(x.shape[0], x.shape[1], warps))
+                let copies = if per_warp > 0 && x.shape.len() == 2 { x.shape[0] / per_warp } else { 0 };
+                let l = (copies > 0 && x.shape[0] == per_warp * copies && warps.is_multiple_of(copies))
+                    .then(|| FragmentLayout::rows_only(x.shape[0], x.shape[1], copies))
                     .flatten()
                     .ok_or_else(|| {
-                        Diag::new(s.loc, format!("gemm with `{}` replicated over {warps} warps: the accumulator `{}` {:?} must have {warps} x {per_warp} rows (the tile's rows for each warp, a multiple of 16)", tile.name, x.name, x.shape))
+                        Diag::new(s.loc, format!("gemm with `{}` replicated over {warps} warps: the accumulator `{}` {:?} must have n x {per_warp} rows (one copy of the tile's rows per warp, a multiple of 16, for n dividing {warps})", tile.name, x.name, x.shape))
                     })?;
                 layouts[*c] = BufLayout::Fragment(l);
             }
@@ -451,6 +464,11 @@ pub fn elems_in(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
             _ => {}
         }
     }
+}
+
+/// The layout `fits` gives over the most warps below `warps` that divide it, if any.
+fn fewer_warps(warps: u32, fits: impl Fn(u32) -> Option<FragmentLayout>) -> Option<FragmentLayout> {
+    (1..warps).rev().filter(|w| warps.is_multiple_of(*w)).find_map(fits)
 }
 
 #[cfg(test)]

@@ -172,37 +172,52 @@ fn a_scan_down_shared_columns_splits_its_addresses() {
     assert!(line5.matches("mul.lo.s32").count() <= 2, "{line5}");
 }
 
+/// A kernel of `threads` threads that fills a shared table `t [16, cols]` with `t[i][j] = i cols
+/// + j`, gathers `f[i][j] = t[row(i)][j]` into a fragment `f [rows, cols]` (line 6) and stores
+/// `f` to `o`. Returns line 6's thread IR and `o` after a simulator run with `N = n`.
+fn gather_rows(
+    threads: u32,
+    rows: u32,
+    cols: u32,
+    n: i32,
+    row: impl Fn(&KernelBuilder, Val) -> Val,
+) -> (String, Vec<f32>) {
+    let k = KernelBuilder::new("gather", loc(1));
+    let o = k.tensor("o", &["M", "C"], DType::F32, true);
+    k.launch(vec![Host::int(1)], threads, loc(2));
+    let t = k.shared("t", &[16, cols as i64], DType::F32, loc(3));
+    let f = k.fragment("f", &[rows as i64, cols as i64], DType::F32, loc(4));
+    let ij = k.begin_parallel(&t, &["i", "j"], loc(5));
+    let v = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[0].clone(), Val::from(cols as i64)), ij[1].clone());
+    k.store(&t, ij.clone(), Val::cast(v, DType::F32), loc(5));
+    k.end();
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    let r = row(&k, ij[0].clone());
+    k.store(&f, ij.clone(), k.elem(&t, vec![r, ij[1].clone()], loc(6)), loc(6));
+    k.end();
+    k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[rows as i64, cols as i64], loc(7)), loc(7));
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    let mut args = vec![
+        ("o".to_string(), SimArg::Tensor(vec![0; (rows * cols * 4) as usize])),
+        ("M".to_string(), SimArg::I32(rows as i32)),
+        ("C".to_string(), SimArg::I32(cols as i32)),
+        ("N".to_string(), SimArg::I32(n)),
+    ];
+    run(&prog, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    (line6, out.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
 /// `i % 16` of a fragment's row index stays a split index: the shared reads at it are a thread
 /// part plus constants (no remainder per element), and they read the right rows.
 #[test]
 fn a_power_of_two_remainder_of_an_element_index_keeps_its_split() {
-    let k = KernelBuilder::new("rem", loc(1));
-    let o = k.tensor("o", &["M", "N"], DType::F32, true);
-    k.launch(vec![Host::int(1)], 64, loc(2));
-    let t = k.shared("t", &[16, 16], DType::F32, loc(3));
-    let f = k.fragment("f", &[32, 16], DType::F32, loc(4));
-    let ij = k.begin_parallel(&t, &["i", "j"], loc(5));
-    let v = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[0].clone(), Val::from(16)), ij[1].clone());
-    k.store(&t, ij.clone(), Val::cast(v, DType::F32), loc(5));
-    k.end();
-    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
-    let row = Val::bin(BinOp::Rem, ij[0].clone(), Val::from(16));
-    k.store(&f, ij.clone(), k.elem(&t, vec![row, ij[1].clone()], loc(6)), loc(6));
-    k.end();
-    k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[32, 16], loc(7)), loc(7));
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    let (line6, out) = gather_rows(64, 32, 16, 0, |_, i| Val::bin(BinOp::Rem, i, Val::from(16)));
     assert!(!line6.contains("rem."), "{line6}");
-    let mut args = vec![
-        ("o".to_string(), SimArg::Tensor(vec![0; 32 * 16 * 4])),
-        ("M".to_string(), SimArg::I32(32)),
-        ("N".to_string(), SimArg::I32(16)),
-    ];
-    run(&prog, [1, 1, 1], &mut args).expect("runs");
-    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
-    for (e, b) in out.chunks(4).enumerate() {
+    for (e, v) in out.iter().enumerate() {
         let (i, j) = (e / 16, e % 16);
-        assert_eq!(f32::from_le_bytes([b[0], b[1], b[2], b[3]]), ((i % 16) * 16 + j) as f32, "row {i} column {j}");
+        assert_eq!(*v, ((i % 16) * 16 + j) as f32, "row {i} column {j}");
     }
 }
 
@@ -210,69 +225,14 @@ fn a_power_of_two_remainder_of_an_element_index_keeps_its_split() {
 /// and its thread part with it: each element adds constants only, and reads the right row.
 #[test]
 fn an_index_every_element_computes_alike_is_computed_once() {
-    let k = KernelBuilder::new("last_row", loc(1));
-    let o = k.tensor("o", &["M", "C"], DType::F32, true);
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let t = k.shared("t", &[16, 128], DType::F32, loc(3));
-    let f = k.fragment("f", &[16, 128], DType::F32, loc(4));
-    let ij = k.begin_parallel(&t, &["i", "j"], loc(5));
-    let v = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[0].clone(), Val::from(128)), ij[1].clone());
-    k.store(&t, ij.clone(), Val::cast(v, DType::F32), loc(5));
-    k.end();
-    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
-    let last = Val::bin(BinOp::Sub, k.dim("N"), Val::from(1));
-    k.store(&f, ij.clone(), k.elem(&t, vec![last, ij[1].clone()], loc(6)), loc(6));
-    k.end();
-    k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[16, 128], loc(7)), loc(7));
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    let n = 6;
+    let (line6, out) = gather_rows(32, 16, 128, n, |k, _| Val::bin(BinOp::Sub, k.dim("N"), Val::from(1)));
     assert_eq!(line6.matches("ld.shared").count(), 64, "{line6}");
     assert_eq!(line6.matches("sub.s32").count(), 1, "{line6}");
     assert!(line6.matches("mul.lo.s32").count() <= 2, "{line6}");
-    let n = 6;
-    let mut args = vec![
-        ("o".to_string(), SimArg::Tensor(vec![0; 16 * 128 * 4])),
-        ("M".to_string(), SimArg::I32(16)),
-        ("C".to_string(), SimArg::I32(128)),
-        ("N".to_string(), SimArg::I32(n)),
-    ];
-    run(&prog, [1, 1, 1], &mut args).expect("runs");
-    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
-    for (e, b) in out.chunks(4).enumerate() {
-        let j = e % 128;
-        assert_eq!(f32::from_le_bytes([b[0], b[1], b[2], b[3]]), ((n as usize - 1) * 128 + j) as f32, "element {e}");
+    for (e, v) in out.iter().enumerate() {
+        assert_eq!(*v, ((n as usize - 1) * 128 + e % 128) as f32, "element {e}");
     }
-}
-
-/// A gemm fragment too small for every warp of the block lays out on the first warps that fit
-/// it; the others branch around its statements. A reduction of it (which would synchronize every
-/// warp inside) is refused at its line.
-#[test]
-fn a_fragment_on_the_first_warps_is_skipped_by_the_others_and_not_reduced() {
-    let build = |reduce: bool| {
-        let k = KernelBuilder::new("few", loc(1));
-        k.launch(vec![Host::int(1)], 256, loc(2));
-        let a = k.shared("a", &[16, 32], DType::BF16, loc(3));
-        let b = k.shared("b", &[32, 16], DType::BF16, loc(4));
-        let c = k.fragment("c", &[16, 16], DType::F32, loc(5));
-        let v = k.fragment("v", &[16], DType::F32, loc(6));
-        k.fill(&a, 1.0, loc(7));
-        k.fill(&b, 1.0, loc(7));
-        k.fill(&c, 0.0, loc(8));
-        k.gemm(a, b, &c, loc(9));
-        if reduce {
-            k.reduce(kda_dsl::tile::ReduceOp::Sum, &c, &v, 1, loc(10));
-        }
-        kda_dsl::lower_kernel(k.finish().expect("valid"))
-    };
-    let (_, prog) = build(false).expect("lowers");
-    let line9: String = dump(&prog).lines().filter(|l| l.ends_with("// 9")).map(|l| format!("{l}\n")).collect();
-    // The barrier before the gemm is every warp's; the branch skips only the gemm.
-    let guard = line9.find("setp.ge.u32").expect("a guard");
-    assert!(line9.find("bar.sync").is_some_and(|b| b < guard) && line9.contains("bra"), "{line9}");
-    let e = build(true).expect_err("refused");
-    assert_eq!(e.loc.line, 10);
-    assert!(e.message.contains("laid out over 1 of the block's 8 warps"), "{e}");
 }
 
 /// The loads of line 6 in a kernel copying a bf16 shared tile into a fragment; with `to_f32`,

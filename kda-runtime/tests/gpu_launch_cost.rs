@@ -2,7 +2,9 @@
 //! prints and asserts nothing about time. Rows, each the median of 20 batches of 16 calls on an
 //! idle stream ([`kda_runtime::host_us_per_call`]):
 //!
-//! - the driver alone: `cuLaunchKernel` of a small kernel with its parameters bound once;
+//! - the driver alone: `cuLaunchKernel` of a small kernel with its parameters bound once, and
+//!   of a kernel with as many parameters as decode's (12 tensors and their extents), to tell
+//!   the driver's cost per parameter from kda's work;
 //! - that kernel through [`kda_runtime::launch::launch_planned`] (binding and checks added);
 //! - an eager decode call (B = 32, H = 32, in place in a pool) and an eager prefill call
 //!   (B = 8, T = 64, H = 32, the fused kernel): planning, the variant's lookup, binding, launch.
@@ -30,6 +32,14 @@ fn host_time_of_one_eager_call() {
     if let Err(e) = measure() {
         panic!("{e}");
     }
+}
+
+/// The wide kernel the benchmark launches compiles (here, without a GPU) and takes decode's
+/// number of parameters or more.
+#[test]
+fn the_many_parameter_kernel_compiles() {
+    let k = kernel_of_many_tensors(12).unwrap_or_else(|e| panic!("{e}"));
+    assert!(k.params.len() >= 35, "{} parameters", k.params.len());
 }
 
 fn measure() -> Result<(), RuntimeError> {
@@ -66,6 +76,31 @@ fn measure() -> Result<(), RuntimeError> {
     })?;
     let planned = host_us_per_call(&s, || launch_planned(&gpu, &loaded, &s, &small, &plan, "", &small_args))?;
 
+    // A kernel with decode's number of parameters: 12 tensors of 2 extents each.
+    let wide = kernel_of_many_tensors(12)?;
+    let wide_loaded = cache.get_or_load(&gpu, &wide, "launch_cost_wide")?;
+    let cols = z(&[4, 8], F32)?;
+    let names: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    let wide_args: Vec<(&str, KernelArg)> =
+        names.iter().map(|n| (n.as_str(), KernelArg::Tensor(cols.view()))).collect();
+    let wide_bound = bind_args(&wide, &wide_args)?;
+    let mut wide_values: Vec<RawArg> = wide_bound.values().to_vec();
+    let mut wide_params: Vec<*mut std::ffi::c_void> = wide_values.iter_mut().map(RawArg::as_param).collect();
+    let driver_wide = host_us_per_call(&s, || {
+        // SAFETY: as above, for the wide kernel's own bound arguments.
+        unsafe {
+            result::launch_kernel(
+                wide_loaded.cu_function(),
+                (wide_bound.grid[0], wide_bound.grid[1], wide_bound.grid[2]),
+                (wide_bound.block[0], wide_bound.block[1], wide_bound.block[2]),
+                wide_bound.shared_bytes,
+                s.cu_stream(),
+                &mut wide_params,
+            )
+        }
+        .map_err(|e| RuntimeError::Unsupported(e.to_string()))
+    })?;
+
     // Decode: 32 sequences, 32 heads, in place in a pool of 64 slots.
     let kernels = Kernels::new();
     let (b, h) = (32, 32);
@@ -91,8 +126,23 @@ fn measure() -> Result<(), RuntimeError> {
 
     println!("host time per call, us ({}):", gpu.name());
     println!("  cuLaunchKernel alone, {} parameters        {driver:.2}", values.len());
+    println!("  cuLaunchKernel alone, {} parameters       {driver_wide:.2}", wide_values.len());
     println!("  launch_planned, same kernel                 {planned:.2}");
     println!("  eager decode B=32 H=32 (in place)           {decode:.2}");
     println!("  eager prefill B=8 T=64 H=32 (fused)         {prefill:.2}");
     Ok(())
+}
+
+/// A kernel of `n` f32 tensors `[R{i}, C{i}]` that reads nothing and writes one element of the
+/// first: its launch costs what its parameters cost.
+fn kernel_of_many_tensors(n: usize) -> Result<kda_dsl::artifact::CompiledKernel, RuntimeError> {
+    use kda_dsl::builder::{Host, KernelBuilder, Val};
+    let at = |line| kda_dsl::SrcLoc::new("gpu_launch_cost.rs", line, 1);
+    let k = KernelBuilder::new("many_tensors", at(1));
+    let tensors: Vec<_> =
+        (0..n).map(|i| k.tensor(&format!("t{i}"), &[&format!("R{i}"), &format!("C{i}")], F32, i == 0)).collect();
+    k.launch(vec![Host::int(1)], 32, at(2));
+    k.store_global(&tensors[0], vec![Val::from(0), Val::from(0)], Val::from(1.0), at(3));
+    let def = k.finish().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    kda_dsl::compile(def, kda_dsl::Target::Sm80).map_err(|e| RuntimeError::Unsupported(e.to_string()))
 }

@@ -18,6 +18,8 @@ use kda_runtime::chunk::{chunk_kda, ChunkArgs};
 use kda_runtime::launch::{bind_args, launch_planned, KernelArg, RawArg};
 use kda_runtime::{host_us_per_call, CudaStream, DeviceTensor, Gpu, Kernels, LoadedKernel, ModuleCache, RuntimeError};
 
+include!("support/on_gpu.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
@@ -25,13 +27,7 @@ const D: usize = 128;
 #[test]
 #[ignore = "a benchmark: run it by name on a GPU machine"]
 fn host_time_of_one_eager_call() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = measure() {
-        panic!("{e}");
-    }
+    on_gpu(measure);
 }
 
 /// The wide kernel the benchmark launches compiles (here, without a GPU) and takes decode's

@@ -14,7 +14,8 @@ use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
 
 use crate::binding::BindPlan;
-use crate::cache::ModuleCache;
+use crate::cache::{LoadedKernel, ModuleCache};
+use crate::device::Gpu;
 use crate::error::RuntimeError;
 
 /// A compiled kernel, the id its module is cached under, and its names resolved for binding.
@@ -25,6 +26,31 @@ pub struct Ready {
     pub id: String,
     /// The kernel's parameter and extent names as slots: a launch binds without allocating.
     pub binding: BindPlan,
+    /// Its module on each device it was loaded on, so a warm launch finds it without hashing
+    /// `id` in the module cache.
+    loaded: Mutex<Vec<(usize, Arc<LoadedKernel>)>>,
+}
+
+impl Ready {
+    /// The kernel's module on `gpu`, loaded through `modules` (the cache that owns it) on the
+    /// first call for that device.
+    pub fn loaded(&self, gpu: &Gpu, modules: &ModuleCache) -> Result<Arc<LoadedKernel>, RuntimeError> {
+        let ordinal = gpu.ordinal();
+        if let Some((_, k)) = self.devices().iter().find(|(o, _)| *o == ordinal) {
+            return Ok(k.clone());
+        }
+        let k = modules.get_or_load(gpu, &self.kernel, &self.id)?;
+        let mut devices = self.devices();
+        if !devices.iter().any(|(o, _)| *o == ordinal) {
+            devices.push((ordinal, k.clone()));
+        }
+        Ok(k)
+    }
+
+    fn devices(&self) -> std::sync::MutexGuard<'_, Vec<(usize, Arc<LoadedKernel>)>> {
+        // A panic while holding the lock cannot leave the list half-updated.
+        self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// Compiles shipped variants on first use and keeps their modules loaded.
@@ -101,7 +127,7 @@ impl Kernels {
         let v = variant();
         let kernel = self.compiled(&v)?;
         let binding = BindPlan::new(&kernel)?;
-        let r = Arc::new(Ready { kernel, id: v.id(), binding });
+        let r = Arc::new(Ready { kernel, id: v.id(), binding, loaded: Mutex::default() });
         map.lock().map_err(|_| poisoned())?.insert(key.clone(), r.clone());
         Ok(r)
     }

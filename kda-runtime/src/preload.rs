@@ -49,5 +49,5 @@ pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<u
 }
 
 fn load(gpu: &Gpu, kernels: &Kernels, ready: &Ready) -> Result<(), RuntimeError> {
-    kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id).map(|_| ())
+    ready.loaded(gpu, &kernels.modules).map(|_| ())
 }

@@ -6,6 +6,8 @@ use kda_runtime::{
     launch, median, time_graph_ms, time_ms, DeviceTensor, Gpu, KernelArg, ModuleCache, RuntimeError, TensorView,
 };
 
+include!("support/on_gpu.rs");
+
 /// `x[i] += b` for `i < N`, 128 threads per block.
 ///
 /// Hand-written PTX is allowed here only: this tests the launcher (module cache, argument
@@ -48,57 +50,27 @@ DONE:
 
 #[test]
 fn round_trips_f32_bf16_and_ints() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = round_trips_f32_bf16_and_ints_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(round_trips_f32_bf16_and_ints_on_gpu);
 }
 
 #[test]
 fn launches_a_hand_written_kernel() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = launches_a_hand_written_kernel_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(launches_a_hand_written_kernel_on_gpu);
 }
 
 #[test]
 fn jit_errors_carry_the_driver_message() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = jit_errors_carry_the_driver_message_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(jit_errors_carry_the_driver_message_on_gpu);
 }
 
 #[test]
 fn times_launches_and_graph_replays() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = times_launches_and_graph_replays_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(times_launches_and_graph_replays_on_gpu);
 }
 
 #[test]
 fn an_allocation_past_the_device_is_out_of_memory() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = an_allocation_past_the_device_is_out_of_memory_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(an_allocation_past_the_device_is_out_of_memory_on_gpu);
 }
 
 /// 16 TiB: more than any device holds. The error is typed and the context stays usable.
@@ -116,13 +88,7 @@ fn an_allocation_past_the_device_is_out_of_memory_on_gpu() -> Result<(), Runtime
 
 #[test]
 fn views_of_cudarc_buffers_are_checked_and_launch() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = views_of_cudarc_buffers_are_checked_and_launch_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(views_of_cudarc_buffers_are_checked_and_launch_on_gpu);
 }
 
 /// An engine's own buffers: views check size and element type, take the device from the
@@ -156,13 +122,7 @@ fn views_of_cudarc_buffers_are_checked_and_launch_on_gpu() -> Result<(), Runtime
 
 #[test]
 fn views_of_cudarc_buffers_work_under_graph_capture() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = views_of_cudarc_buffers_work_under_graph_capture_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(views_of_cudarc_buffers_work_under_graph_capture_on_gpu);
 }
 
 /// The pattern `slice_view` documents: views made before the capture begins and dropped after

@@ -7,19 +7,15 @@ use kda_runtime::chunk::{chunk_kda, ChunkArgs};
 use kda_runtime::decode::{gated_delta_rule_decode, DecodeArgs};
 use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
 
+include!("support/on_gpu.rs");
+
 include!("support/counting_alloc.rs");
 
 const D: usize = 128;
 
 #[test]
 fn warm_eager_calls_allocate_nothing() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = warm_eager_calls_allocate_nothing_on_gpu() {
-        panic!("{e}");
-    }
+    on_gpu(warm_eager_calls_allocate_nothing_on_gpu);
 }
 
 fn warm_eager_calls_allocate_nothing_on_gpu() -> Result<(), RuntimeError> {

@@ -8,6 +8,8 @@ use kda_dsl::dtype::DType::{self, BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs};
 use kda_runtime::{CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
 
+include!("support/on_gpu.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
@@ -22,14 +24,6 @@ fn upload(gpu: &Gpu, s: &CudaStream, shape: &[usize], dtype: DType, v: &[f32]) -
 /// `n` rows of `row` values each, taken at `rows` of `all`.
 fn gather(all: &[f32], row: usize, rows: &[usize]) -> Vec<f32> {
     rows.iter().flat_map(|&r| all[r * row..(r + 1) * row].iter().copied()).collect()
-}
-
-fn skip_without_gpu() -> bool {
-    let none = !kda_runtime::gpu_available();
-    if none {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-    }
-    none
 }
 
 /// Decode inputs for `b` sequences, one token each: q, k, v, a, beta (token rows in order).

@@ -2,7 +2,9 @@
 //! prints and asserts nothing about time. Rows, each the median of 20 batches of 16 calls on an
 //! idle stream ([`kda_runtime::host_us_per_call`]):
 //!
-//! - the driver alone: `cuLaunchKernel` of a small kernel with its parameters bound once;
+//! - the driver alone: `cuLaunchKernel` of a small kernel with its parameters bound once, and
+//!   of a kernel with as many parameters as decode's (12 tensors and their extents), to tell
+//!   the driver's cost per parameter from kda's work;
 //! - that kernel through [`kda_runtime::launch::launch_planned`] (binding and checks added);
 //! - an eager decode call (B = 32, H = 32, in place in a pool) and an eager prefill call
 //!   (B = 8, T = 64, H = 32, the fused kernel): planning, the variant's lookup, binding, launch.
@@ -11,10 +13,12 @@
 
 use cudarc::driver::result;
 use kda_dsl::dtype::DType::{BF16, F32, I32};
-use kda_runtime::binding::BindPlan;
+use kda_runtime::binding::{BindPlan, BoundArgs};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};
 use kda_runtime::launch::{bind_args, launch_planned, KernelArg, RawArg};
-use kda_runtime::{host_us_per_call, DeviceTensor, Gpu, Kernels, ModuleCache, RuntimeError};
+use kda_runtime::{host_us_per_call, CudaStream, DeviceTensor, Gpu, Kernels, LoadedKernel, ModuleCache, RuntimeError};
+
+include!("support/on_gpu.rs");
 
 include!("support/gpu_calls.rs");
 
@@ -23,13 +27,15 @@ const D: usize = 128;
 #[test]
 #[ignore = "a benchmark: run it by name on a GPU machine"]
 fn host_time_of_one_eager_call() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-        return;
-    }
-    if let Err(e) = measure() {
-        panic!("{e}");
-    }
+    on_gpu(measure);
+}
+
+/// The wide kernel the benchmark launches compiles (here, without a GPU) and takes decode's
+/// number of parameters or more.
+#[test]
+fn the_many_parameter_kernel_compiles() {
+    let k = kernel_of_many_tensors(12).unwrap_or_else(|e| panic!("{e}"));
+    assert!(k.params.len() >= 35, "{} parameters", k.params.len());
 }
 
 fn measure() -> Result<(), RuntimeError> {
@@ -37,34 +43,25 @@ fn measure() -> Result<(), RuntimeError> {
     let s = gpu.new_stream()?;
     let z = |shape: &[usize], d| DeviceTensor::zeros(&gpu, &s, shape, d);
 
-    // A small kernel: 256 columns, 3 parameters.
+    // A small kernel (256 columns, 3 parameters), alone and through the planned launch, and
+    // one with decode's number of parameters (12 tensors of 2 extents each).
+    let cache = ModuleCache::new();
     let cfg = kda_kernels::selftest::TileCfg { rows: 1, cols: 256, threads: 128 };
     let def = kda_kernels::selftest::per_lane_prefix(&cfg).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
     let small = kda_dsl::compile(def, kda_dsl::Target::Sm80).map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
     let (x, y) = (z(&[256], F32)?, z(&[256], F32)?);
     let small_args = [("x", KernelArg::Tensor(x.view())), ("y", KernelArg::Tensor(y.view()))];
-    let cache = ModuleCache::new();
     let loaded = cache.get_or_load(&gpu, &small, "launch_cost")?;
+    let (driver, small_params) = driver_launch_us(&s, &loaded, bind_args(&small, &small_args)?)?;
     let plan = BindPlan::new(&small)?;
-    let bound = bind_args(&small, &small_args)?;
-    let mut values: Vec<RawArg> = bound.values().to_vec();
-    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(RawArg::as_param).collect();
-    let driver = host_us_per_call(&s, || {
-        // SAFETY: the function is loaded in this context; `params` points at `values`, one
-        // slot per declared parameter with its declared width, bound by `bind_args`.
-        unsafe {
-            result::launch_kernel(
-                loaded.cu_function(),
-                (bound.grid[0], bound.grid[1], bound.grid[2]),
-                (bound.block[0], bound.block[1], bound.block[2]),
-                bound.shared_bytes,
-                s.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(|e| RuntimeError::Unsupported(e.to_string()))
-    })?;
     let planned = host_us_per_call(&s, || launch_planned(&gpu, &loaded, &s, &small, &plan, "", &small_args))?;
+    let wide = kernel_of_many_tensors(12)?;
+    let wide_loaded = cache.get_or_load(&gpu, &wide, "launch_cost_wide")?;
+    let cols = z(&[4, 8], F32)?;
+    let names: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    let wide_args: Vec<(&str, KernelArg)> =
+        names.iter().map(|n| (n.as_str(), KernelArg::Tensor(cols.view()))).collect();
+    let (driver_wide, wide_params) = driver_launch_us(&s, &wide_loaded, bind_args(&wide, &wide_args)?)?;
 
     // Decode: 32 sequences, 32 heads, in place in a pool of 64 slots.
     let kernels = Kernels::new();
@@ -90,9 +87,47 @@ fn measure() -> Result<(), RuntimeError> {
     s.synchronize().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
 
     println!("host time per call, us ({}):", gpu.name());
-    println!("  cuLaunchKernel alone, {} parameters        {driver:.2}", values.len());
+    println!("  cuLaunchKernel alone, {small_params} parameters        {driver:.2}");
+    println!("  cuLaunchKernel alone, {wide_params} parameters       {driver_wide:.2}");
     println!("  launch_planned, same kernel                 {planned:.2}");
     println!("  eager decode B=32 H=32 (in place)           {decode:.2}");
     println!("  eager prefill B=8 T=64 H=32 (fused)         {prefill:.2}");
     Ok(())
+}
+
+/// Host microseconds of the driver's `cuLaunchKernel` alone, with `bound` marshalled once, and
+/// the number of parameters it passes.
+fn driver_launch_us(s: &CudaStream, loaded: &LoadedKernel, bound: BoundArgs) -> Result<(f32, usize), RuntimeError> {
+    let mut values: Vec<RawArg> = bound.values().to_vec();
+    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(RawArg::as_param).collect();
+    let us = host_us_per_call(s, || {
+        // SAFETY: the function is loaded in this context; `params` points at `values`, one
+        // slot per declared parameter with its declared width, bound by `bind_args`.
+        unsafe {
+            result::launch_kernel(
+                loaded.cu_function(),
+                (bound.grid[0], bound.grid[1], bound.grid[2]),
+                (bound.block[0], bound.block[1], bound.block[2]),
+                bound.shared_bytes,
+                s.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| RuntimeError::Unsupported(e.to_string()))
+    })?;
+    Ok((us, params.len()))
+}
+
+/// A kernel of `n` f32 tensors `[R{i}, C{i}]` that reads nothing and writes one element of the
+/// first: its launch costs what its parameters cost.
+fn kernel_of_many_tensors(n: usize) -> Result<kda_dsl::artifact::CompiledKernel, RuntimeError> {
+    use kda_dsl::builder::{Host, KernelBuilder, Val};
+    let at = |line| kda_dsl::SrcLoc::new("gpu_launch_cost.rs", line, 1);
+    let k = KernelBuilder::new("many_tensors", at(1));
+    let tensors: Vec<_> =
+        (0..n).map(|i| k.tensor(&format!("t{i}"), &[&format!("R{i}"), &format!("C{i}")], F32, i == 0)).collect();
+    k.launch(vec![Host::int(1)], 32, at(2));
+    k.store_global(&tensors[0], vec![Val::from(0), Val::from(0)], Val::from(1.0), at(3));
+    let def = k.finish().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
+    kda_dsl::compile(def, kda_dsl::Target::Sm80).map_err(|e| RuntimeError::Unsupported(e.to_string()))
 }

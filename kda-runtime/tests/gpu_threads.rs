@@ -7,6 +7,8 @@ use kda_dsl::dtype::DType::{BF16, F32, I32};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};
 use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
 
+include!("support/on_gpu.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
@@ -49,8 +51,7 @@ fn prefill_call(gpu: &Gpu, kernels: &Kernels) -> Result<Vec<u8>, RuntimeError> {
 
 #[test]
 fn threads_sharing_kernels_get_the_serial_bits() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+    if skip_without_gpu() {
         return;
     }
     let gpu = Gpu::new(0).expect("a GPU");
@@ -69,8 +70,7 @@ fn threads_sharing_kernels_get_the_serial_bits() {
 /// Two runs of the same decode call and the same prefill call give the same bits.
 #[test]
 fn decode_and_prefill_determinism() {
-    if !kda_runtime::gpu_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
+    if skip_without_gpu() {
         return;
     }
     let gpu = Gpu::new(0).expect("a GPU");

@@ -450,12 +450,9 @@ impl Lower<'_> {
             StmtKind::Barrier => {
                 // Asynchronous copies (other than stage fills) land before the barrier releases
                 // anyone. In a kernel that has them, a barrier inside a pipeline's body also
-                // waits for the next stage's fill: leaving it in flight measured slower on the
-                // H200 (decode, A/B in one run: bf16 state 0.1745 vs 0.1624 ms, f32 B=256 0.303
-                // vs 0.298 ms; again in a later session, 0.1741-0.1753 vs 0.1632-0.1635 and
-                // 0.2985-0.3003 vs 0.2936-0.2942; a third time at the API's shapes, 0.1641-0.1647
-                // vs 0.1519-0.1522 and 0.2946-0.2959 vs 0.2820-0.2822), although Nsight Compute
-                // puts 17.5-20% of bf16's warp samples at this wait.
+                // waits for the next stage's fill: leaving it in flight measured slower, three
+                // times, though a profile puts much of the time at this wait
+                // (docs/performance.md, "Decode and GEMM").
                 if self.async_copies {
                     self.em.emit(Op::CpAsyncWait { n: 0 });
                 }

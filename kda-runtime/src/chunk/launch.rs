@@ -353,7 +353,7 @@ pub(super) fn launch_ready(
     ready: &Ready,
     bound: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
-    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+    let loaded = ready.loaded(gpu, &kernels.modules)?;
     launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound)
 }
 

@@ -213,7 +213,7 @@ fn launch_plan(
     };
     let cfg = tuned_config(plan, shape);
     let ready = kernels.decode(&cfg)?;
-    let loaded = kernels.modules.get_or_load(gpu, &ready.kernel, &ready.id)?;
+    let loaded = ready.loaded(gpu, &kernels.modules)?;
     // One wave of blocks, each taking many sequences; or the config's few per block (the
     // shape rule and the tuned entry keep the grid within `MAX_GRID_Z` then).
     let items = if cfg.shape.max_items == MAX_ITEMS {

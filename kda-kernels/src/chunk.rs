@@ -29,6 +29,7 @@
 //! [`crate::chunk_prep`] filled, in parallel over chunks, and runs only the state's products:
 //! the same values in the same order, so the same bits.
 
+use crate::chunk_order::{longest_first, ORDERED_MAX_SEQUENCES};
 use kda_dsl::DType;
 use kda_macros::kernel;
 
@@ -537,7 +538,7 @@ pub fn chunk(
 ) {
     let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
-    let (vb, hv, n) =
+    let (vb, hv, z) =
         launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.shape.warps, min_blocks = cfg.shape.min_blocks);
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
@@ -553,11 +554,16 @@ pub fn chunk(
     }
     // The sequence's tokens: rows `bos .. eos` of batch row `bi`; its workspace rows are
     // `pad` further down (a varlen sequence's last chunk has its 16 rows to itself).
+    // Block row `z` runs sequence `n`: varlen sequences longest first (`chunk_order.rs`).
+    let mut n = z;
     let mut bos = 0;
     let mut eos = T;
-    let mut bi = n;
+    let mut bi = z;
     let mut pad = 0;
     if cfg.varlen.is_some() {
+        let lens_sh = shared([ORDERED_MAX_SEQUENCES], I32);
+        let pick_sh = shared([1], I32);
+        n = longest_first(cu_seqlens, lens_sh, pick_sh, z, NSEQ, T);
         bos = sequence_start(cu_seqlens, n, T);
         eos = sequence_end(cu_seqlens, n, T, bos);
         bi = 0;

@@ -8,6 +8,7 @@ pub mod chunk;
 pub mod chunk_check;
 pub mod chunk_families;
 pub mod chunk_merge;
+pub mod chunk_order;
 pub mod chunk_prep;
 pub mod chunk_ref;
 pub mod decode;

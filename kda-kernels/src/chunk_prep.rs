@@ -174,8 +174,12 @@ pub fn chunk_prep(
     let inv_sh = shared([16, 16], BF16);
 
     let chunks = ceil_div(eos - bos, 16);
+    // The decay table's row of the sequence's first chunk: chunk `c`'s is this plus `c`, so
+    // the loop divides nothing.
+    let d0 = (bos + pad) / 16;
     for it in pipelined(0, ceil_div(max(chunks - x0, 0), NX), stages = 2) {
-        let t0 = bos + 16 * (x0 + NX * it);
+        let c = x0 + NX * it;
+        let t0 = bos + 16 * c;
         let w0 = t0 + pad;
         copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
         copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
@@ -224,8 +228,8 @@ pub fn chunk_prep(
         copy(kr_sh, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));
-        copy(eg_sh, prep_decay.tile_at([bi, w0 / 16, hv, 0], [1, 1, 1, 128]));
-        copy(bt_sh, prep_decay.tile_at([bi, w0 / 16, hv, PREP_BETA], [1, 1, 1, 16]));
+        copy(eg_sh, prep_decay.tile_at([bi, d0 + c, hv, 0], [1, 1, 1, 128]));
+        copy(bt_sh, prep_decay.tile_at([bi, d0 + c, hv, PREP_BETA], [1, 1, 1, 16]));
     }
 }
 

@@ -45,7 +45,7 @@ pub struct ChunkTuning {
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
     pub prepared: bool,
     /// Preparation blocks per (sequence, value head), each striding over the sequence's chunks;
-    /// `None`: one per chunk of the longest sequence, capped (`prepared.rs`). Any value gives
+    /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
     /// the same bits.
     pub prep_blocks: Option<usize>,
 }

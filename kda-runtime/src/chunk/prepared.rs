@@ -18,17 +18,23 @@ use kda_dsl::artifact::CompiledKernel;
 /// one block per chunk of a long sequence, without launching millions that find no chunk.
 const PREP_BLOCKS: usize = 1 << 18;
 
-/// Chunk-preparation blocks per (sequence, value head): one per chunk of the longest sequence
-/// the shapes (or the `max_seqlen` hint) allow, capped so that the grid stays near
-/// [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any value covers them
-/// all: a wrong hint costs time, never a chunk.
+/// Chunks each preparation block strides over, about: at B = 1, T = 32768 (2048 chunks per
+/// head), 8 per block ran 4.8% faster than one (less entry work per chunk, and the block's
+/// pipeline overlaps the next chunk's loads), and faster than 4 or 32 (docs/performance.md,
+/// 2026-12-02, run 4).
+const PREP_CHUNKS_PER_BLOCK: usize = 8;
+
+/// Chunk-preparation blocks per (sequence, value head): one per [`PREP_CHUNKS_PER_BLOCK`]
+/// chunks of the longest sequence the shapes (or the `max_seqlen` hint) allow, capped so that
+/// the grid stays near [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any
+/// value covers them all: a wrong hint costs time, never a chunk.
 pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
     let longest = match (plan.varlen, plan.max_seqlen) {
         (Some(_), Some(hint)) => hint.min(plan.seq_len),
         _ => plan.seq_len,
     };
     let cap = (PREP_BLOCKS / (plan.nseq * plan.value_heads).max(1)).max(1);
-    longest.div_ceil(16).clamp(1, cap)
+    longest.div_ceil(16 * PREP_CHUNKS_PER_BLOCK).clamp(1, cap)
 }
 
 /// Launches `chunk_prep` for `cfg`'s call with the arguments `bound` for its `chunk` kernel
@@ -81,4 +87,31 @@ pub(crate) fn preparation_args(
         args.len += 1;
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::{plan_chunk, ChunkArgs};
+    use crate::TensorView;
+    use kda_dsl::DType::BF16;
+
+    /// The preparation grid per (sequence, value head) for a dense call of `b` sequences of
+    /// `t` tokens and `hv` heads.
+    fn blocks(b: usize, t: usize, hv: usize) -> usize {
+        // SAFETY: planning reads no device memory, and these descriptors are never launched.
+        let tv = |id: u64, shape: &[usize]| unsafe { TensorView::from_raw(0x1000 * id, shape, BF16, 0) }.unwrap();
+        let (q, k) = (tv(1, &[b, t, hv, 128]), tv(2, &[b, t, hv, 128]));
+        let (v, g, beta) = (tv(3, &[b, t, hv, 128]), tv(4, &[b, t, hv, 128]), tv(5, &[b, t, hv]));
+        prep_blocks(&plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call"))
+    }
+
+    #[test]
+    fn preparation_blocks_take_about_eight_chunks_each() {
+        assert_eq!(blocks(1, 32768, 32), 256);
+        assert_eq!(blocks(1, 16 * 8 + 1, 2), 2);
+        assert_eq!(blocks(2, 37, 4), 1);
+        // The grid stays near PREP_BLOCKS: 2^15 chains leave 8 blocks each.
+        assert_eq!(blocks(1024, 1 << 16, 32), PREP_BLOCKS / (1024 * 32));
+    }
 }

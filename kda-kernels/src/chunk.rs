@@ -552,9 +552,9 @@ pub fn chunk(
         assume_extent(PW, PREP_COLS);
         assume_extent(DW, PREP_DECAY_COLS);
     }
-    // The sequence's tokens: rows `bos .. eos` of batch row `bi`; its workspace rows are
-    // `pad` further down (a varlen sequence's last chunk has its 16 rows to itself).
-    // Block row `z` runs sequence `n`: varlen sequences longest first (`chunk_order.rs`).
+    // Block row `z` runs sequence `n` (varlen: longest first, `chunk_order.rs`): rows
+    // `bos .. eos` of batch row `bi`; its workspace rows are `pad` further down (a varlen
+    // sequence's last chunk has its 16 rows to itself).
     let mut n = z;
     let mut bos = 0;
     let mut eos = T;

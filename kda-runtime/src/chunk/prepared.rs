@@ -14,14 +14,14 @@ use crate::kernels::Kernels;
 use crate::launch::KernelArg;
 use kda_dsl::artifact::CompiledKernel;
 
-/// Blocks of the preparation grid, at most (before the per-sequence floor of one): enough for
-/// one block per chunk of a long sequence, without launching millions that find no chunk.
+/// Blocks of the preparation grid, at most (before the per-sequence floor of one): enough to
+/// spread a long sequence's chunks over every SM, without launching millions that find none.
 const PREP_BLOCKS: usize = 1 << 18;
 
-/// Chunks each preparation block strides over, about: at B = 1, T = 32768 (2048 chunks per
-/// head), 8 per block ran 4.8% faster than one (less entry work per chunk, and the block's
-/// pipeline overlaps the next chunk's loads), and faster than 4 or 32 (docs/performance.md,
-/// 2026-12-02, run 4).
+/// Chunks each preparation block strides over, about. One chunk per block ran a block's entry
+/// work (the parameters, the GVA head's divisions, the first fills) once per chunk, with
+/// nothing to overlap its loads; 8 measured fastest of 1, 4, 8 and 32 at B = 1, T = 32768
+/// (docs/performance.md, 2026-12-02, run 4).
 const PREP_CHUNKS_PER_BLOCK: usize = 8;
 
 /// Chunk-preparation blocks per (sequence, value head): one per [`PREP_CHUNKS_PER_BLOCK`]

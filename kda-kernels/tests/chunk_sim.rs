@@ -525,3 +525,44 @@ fn prefill_isolation() {
         }
     }
 }
+
+/// A sequence run in token ranges (each a multiple of the chunk, the state carried from one
+/// range's final state to the next one's initial state in f32) gives the bits of the run over
+/// all of it, outputs and final state, fused and over a prepared workspace: chunks start at the
+/// same tokens and the state goes through memory exactly. What running the chain range by range
+/// (beside the next range's preparation) rests on.
+#[test]
+fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
+    use kda_kernels::chunk::Preparation;
+    let d = 128;
+    let x = one_sequence(71, 16 * 5 + 7);
+    for preparation in [Preparation::InKernel, Preparation::Workspace] {
+        let whole_cfg = ChunkConfig {
+            states: ChunkStates::PerSequence { store_final: true },
+            preparation,
+            ..ChunkConfig::default()
+        };
+        let whole = simulate_chunk(&whole_cfg, &x).expect("simulates");
+        let (mut state, mut out) = (x.initial.clone(), vec![]);
+        for (t0, t1) in [(0, 32), (32, 48), (48, x.t)] {
+            let rows = |v: &[f64], w: usize| v[t0 * w..t1 * w].to_vec();
+            let (qk, vg) = (x.h * d, x.hv * d);
+            let range = ChunkInputs {
+                t: t1 - t0,
+                q: rows(&x.q, qk),
+                k: rows(&x.k, qk),
+                v: rows(&x.v, vg),
+                g: rows(&x.g, vg),
+                beta: rows(&x.beta, x.hv),
+                initial: state.clone(),
+                ..x.clone()
+            };
+            let r = simulate_chunk(&whole_cfg, &range).expect("simulates a range");
+            out.extend(r.out);
+            state = Some(r.final_state);
+        }
+        let name = format!("{preparation:?}");
+        assert!(bits(&out) == bits(&whole.out), "{name}: outputs differ");
+        assert!(bits(&state.expect("a state")) == bits(&whole.final_state), "{name}: final states differ");
+    }
+}

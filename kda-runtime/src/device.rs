@@ -103,6 +103,14 @@ impl Gpu {
         self.ctx.new_stream().op("cuStreamCreate")
     }
 
+    /// A new non-blocking stream of the highest priority the device has: its kernels' blocks
+    /// are scheduled before those of lower-priority streams that are ready at the same time.
+    pub fn high_priority_stream(&self) -> Result<Arc<CudaStream>, RuntimeError> {
+        self.ctx.bind_to_thread().op("cuCtxSetCurrent")?;
+        let (_, greatest) = cudarc::driver::result::stream::get_priority_range().op("cuCtxGetStreamPriorityRange")?;
+        self.ctx.new_stream_with_priority(greatest).op("cuStreamCreateWithPriority")
+    }
+
     /// Blocks until all work on the device's context has finished.
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         self.ctx.synchronize().op("cuCtxSynchronize")

@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -107,22 +107,28 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
     Ok((shapes, filter))
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS]`, the last
-/// part the exact split into that many segments per sequence; 8x1, 8x2, 4x2 and 4x3 when none
-/// is given), optionally only the cases whose name contains `--case NAME`: how the default was
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]]
+/// [rRANGES]`: `s` the exact split into that many segments per sequence, `p` the two-kernel path
+/// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
+/// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`: how the default was
 /// chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     use kda_runtime::chunk::{ChunkShape, ChunkTuning};
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
-        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]]; {USAGE}");
+        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+        // A trailing `rRANGES`: the two-kernel path in that many token ranges.
+        let (a_path, ranges) = match a.rsplit_once('r') {
+            Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
+            None => (a.as_str(), None),
+        };
         // A trailing `p`: the two-kernel path (with a workspace), with BLOCKS preparation
         // blocks per (sequence, value head) when a number follows.
-        let (a_shape, prepared, prep_blocks) = match a.rsplit_once('p') {
+        let (a_shape, prepared, prep_blocks) = match a_path.rsplit_once('p') {
             Some((rest, "")) => (rest, true, None),
             Some((rest, n)) => (rest, true, Some(n.parse::<usize>().map_err(|_| bad())?)),
-            None => (a.as_str(), false, None),
+            None => (a_path, false, None),
         };
         let (w, rest) = a_shape.split_once('x').ok_or_else(bad)?;
         let (m, split) = match rest.split_once('s') {
@@ -130,7 +136,8 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             None => (rest, None),
         };
         let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        shapes.push((a.clone(), ChunkTuning { shape: ChunkShape { warps, min_blocks }, split, prepared, prep_blocks }));
+        let tune = ChunkTuning { shape: ChunkShape { warps, min_blocks }, split, prepared, prep_blocks, ranges };
+        shapes.push((a.clone(), tune));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
@@ -140,6 +147,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
                     split: None,
                     prepared: false,
                     prep_blocks: None,
+                    ranges: None,
                 };
                 (format!("{warps}x{min_blocks}"), tune)
             })

@@ -189,7 +189,8 @@ pub fn run_chunk_on_gpu(
     let ws = if prepared { Some(poisoned_workspace(gpu, s, &args)?) } else { None };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
-    let tune = tune.map(|t| ChunkTuning { prepared, ..t });
+    // Token ranges are a form of the two-kernel path: the fused run takes none.
+    let tune = tune.map(|t| ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t });
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -280,10 +281,28 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
+            name: format!("chunk B=1 T={} H=2 HV=4, two-kernel path in 4 token ranges", t_split + 7),
+            cfg: d.clone(),
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 7 }, h: 2, hv: 4, ..init.clone() },
+            tune: Some(ChunkTuning {
+                shape: ChunkShape::PREPARED,
+                split: None,
+                prepared: true,
+                prep_blocks: None,
+                ranges: Some(4),
+            }),
+        },
+        ChunkCase {
             name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
-            tune: Some(ChunkTuning { shape: ChunkShape::FUSED, split: Some(8), prepared: false, prep_blocks: None }),
+            tune: Some(ChunkTuning {
+                shape: ChunkShape::FUSED,
+                split: Some(8),
+                prepared: false,
+                prep_blocks: None,
+                ranges: None,
+            }),
         },
     ]
 }

@@ -9,7 +9,7 @@ use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
 use super::plan::{plan_chunk, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState};
-use super::{prepared, split};
+use super::{prepared, ranges, split};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
@@ -48,6 +48,11 @@ pub struct ChunkTuning {
     /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
     /// the same bits.
     pub prep_blocks: Option<usize>,
+    /// Token ranges for the two-kernel path (`ranges.rs`): the preparation of each range runs
+    /// beside the chain of the one before, on a stream the call creates (so not
+    /// graph-capturable). Dense calls with B = 1, a workspace and f32 final states
+    /// (`output_final_state`); the same bits as one range. `None`: one range.
+    pub ranges: Option<usize>,
 }
 
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
@@ -70,7 +75,7 @@ impl ChunkTuning {
     /// workspace, [`ChunkShape::FUSED`] otherwise.
     fn of_path(prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
-        ChunkTuning { shape, split: None, prepared, prep_blocks: None }
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None }
     }
 }
 
@@ -279,6 +284,9 @@ pub fn chunk_kda_tuned(
     if tune.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
         return Err(RuntimeError::bad_argument("tune", "prep_blocks from 1 to 2^31 - 1", format!("{tune:?}")));
     }
+    if let Some(n) = tune.ranges {
+        ranges::check_ranges(&plan, n)?;
+    }
     if tune.prepared && !plan.workspace {
         return Err(RuntimeError::bad_argument("tune", "prepared only with a workspace", format!("{tune:?}")));
     }
@@ -334,6 +342,10 @@ fn launch_plan(
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
     if let Some(nseg) = tune.split {
         split::launch(gpu, kernels, stream, args, plan, tune, nseg, out_ptr, final_view)?;
+        return Ok(ChunkResult { output, final_state });
+    }
+    if let Some(n) = tune.ranges {
+        ranges::launch(gpu, kernels, stream, args, plan, tune, n, out_ptr, final_view)?;
         return Ok(ChunkResult { output, final_state });
     }
     let cfg = tuned_config(plan, tune);

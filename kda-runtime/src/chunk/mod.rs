@@ -16,6 +16,7 @@ pub mod checked;
 pub mod launch;
 pub mod plan;
 pub(crate) mod prepared;
+mod ranges;
 mod split;
 
 pub use args::ChunkArgs;

@@ -226,6 +226,7 @@ mod tests {
             split: Some(nseg),
             prepared: false,
             prep_blocks: None,
+            ranges: None,
         };
         let (q, k) = (tv(1, &[b, t, h, D], DType::BF16), tv(2, &[b, t, h, D], DType::BF16));
         let (v, g) = (tv(3, &[b, t, hv, D], DType::BF16), tv(4, &[b, t, hv, D], DType::BF16));

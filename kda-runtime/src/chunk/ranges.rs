@@ -1,0 +1,246 @@
+//! The two-kernel path in token ranges (opt-in: [`ChunkTuning::ranges`]): the preparation of
+//! range `r + 1` runs beside the chain of range `r`.
+//!
+//! On the two-kernel path the preparation (parallel over chunks, bound by issuing
+//! instructions on every SM) and the chain (one serial chain per value head, one block per SM
+//! that leaves most issue slots idle) run one after the other. Cut into ranges of whole chunks,
+//! the call becomes a preparation per range on the caller's stream, in order, and a chain per
+//! range on a second stream of the highest priority, each chain waiting for its range's
+//! preparation (an event) and for the chain before it (stream order): the chain of range `r`
+//! and the preparation of range `r + 1` are independent, so they share the SMs, the chain's
+//! blocks scheduled first. Nothing waits on another kernel's progress, only on completed work,
+//! so no order of execution can deadlock.
+//!
+//! Each range is the chunk kernel on a view of the call (B = 1: a range of tokens is a dense
+//! `[1, L, ..]` view), its state carried in the f32 final states from one range to the next, so
+//! the bits are those of the whole call (`token_ranges_carrying_the_state_equal_the_whole_run_
+//! bit_for_bit` in the simulator tests): chunks start at the same tokens and the state goes
+//! through memory exactly. Each range has its own part of the workspace.
+
+use cudarc::driver::CudaStream;
+use kda_dsl::DType;
+use kda_kernels::chunk::ChunkConfig;
+
+use super::args::ChunkArgs;
+use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
+use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkGate, ChunkPlan, FinalState, InitialState};
+use crate::device::Gpu;
+use crate::error::{DriverResultExt, RuntimeError};
+use crate::kernels::Kernels;
+use crate::tensor::TensorView;
+
+/// Head dimension (K = V).
+const D: usize = crate::validate::HEAD_DIM;
+
+/// Whether a planned call can run in `nranges` token ranges; the reason when not.
+pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), RuntimeError> {
+    let f32_final = matches!(plan.final_out, FinalState::Given { .. } | FinalState::Allocate { .. })
+        && plan.state_dtype == DType::F32;
+    let why = if nranges < 2 {
+        Some("at least 2 ranges")
+    } else if !plan.workspace {
+        Some("a workspace (it runs the two-kernel path)")
+    } else if plan.varlen.is_some() || plan.batch != 1 {
+        Some("a dense call with B = 1")
+    } else if matches!(plan.initial, InitialState::Pool { .. }) {
+        Some("a call without state_indices")
+    } else if !f32_final {
+        Some("f32 final states (output_final_state with an f32 state): they carry the state between ranges")
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(RuntimeError::bad_argument("tune", format!("token ranges need {w}"), "this call")),
+        None => Ok(()),
+    }
+}
+
+/// The token ranges of a call of `t` tokens cut into `nranges`: whole chunks each, the last
+/// one shorter or empty ranges dropped.
+pub(super) fn token_ranges(t: usize, nranges: usize) -> Vec<(usize, usize)> {
+    let per = 16 * t.div_ceil(16).div_ceil(nranges.max(1)).max(1);
+    (0..t).step_by(per).map(|t0| (t0, (t0 + per).min(t))).collect()
+}
+
+/// One range's chain: its plan (for the preparation), its config and its kernel arguments.
+pub(super) struct RangeLaunch {
+    /// The range's call, planned.
+    pub plan: ChunkPlan,
+    /// The chain's config (over a workspace).
+    pub cfg: ChunkConfig,
+    /// The chain's arguments, from which the preparation takes its own.
+    pub bound: ChunkKernelArgs,
+}
+
+/// Every range's launch, in order. `out_ptr` is the output, `fin` the final states (the
+/// caller's or the allocated ones), which carry the state from one range to the next.
+pub(super) fn range_launches(
+    args: &ChunkArgs,
+    plan: &ChunkPlan,
+    tune: ChunkTuning,
+    nranges: usize,
+    out_ptr: u64,
+    fin: TensorView,
+) -> Result<Vec<RangeLaunch>, RuntimeError> {
+    check_ranges(plan, nranges)?;
+    let ws = args.workspace.expect("check_ranges: a workspace");
+    let dev = args.q.device();
+    let (h, hv) = (plan.heads, plan.value_heads);
+    // Tokens t0 .. t1 of a `[1, T, heads, tail..]` tensor: a view at the range's first row.
+    let rows = |ptr: u64, dtype: DType, t0: usize, t1: usize, tail: &[usize]| {
+        let row_bytes = tail.iter().product::<usize>() * dtype.size_bytes();
+        let shape: Vec<usize> = [&[1, t1 - t0][..], tail].concat();
+        TensorView::describe(ptr + (t0 * row_bytes) as u64, &shape, dtype, dev)
+    };
+    let dt = plan.dtype;
+    let tune = ChunkTuning { prepared: true, split: None, ranges: None, ..tune };
+    let mut launches = vec![];
+    let mut ws_at = ws.ptr();
+    for (r, (t0, t1)) in token_ranges(plan.seq_len, nranges).into_iter().enumerate() {
+        let q = rows(args.q.ptr(), dt, t0, t1, &[h, D])?;
+        let k = rows(args.k.ptr(), dt, t0, t1, &[h, D])?;
+        let v = rows(args.v.ptr(), dt, t0, t1, &[hv, D])?;
+        let g = rows(args.g.ptr(), dt, t0, t1, &[hv, D])?;
+        let beta = rows(args.beta.ptr(), dt, t0, t1, &[hv])?;
+        let out = rows(out_ptr, dt, t0, t1, &[hv, D])?;
+        let mut a = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        a.scale = Some(plan.scale);
+        a.a_log = args.a_log;
+        a.dt_bias = args.dt_bias;
+        if let ChunkGate::LowerBound { lower_bound } = plan.gate {
+            a.lower_bound = Some(lower_bound);
+        }
+        a.use_qk_l2norm_in_kernel = Some(plan.l2norm);
+        a.output = Some(&out);
+        // The first range starts from the call's state, every other from the one before's.
+        a.initial_state = match r {
+            0 => args.initial_state.filter(|_| plan.initial != InitialState::Zeros),
+            _ => Some(&fin),
+        };
+        a.output_final_state = true;
+        a.final_state = Some(&fin);
+        // The range's own part of the workspace: sized by its own plan, 16-byte aligned.
+        let sized = plan_chunk(&ChunkArgs { workspace: None, ..a })
+            .map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
+        let need = chunk_workspace_bytes(&sized).next_multiple_of(16);
+        let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
+        ws_at += need as u64;
+        a.workspace = Some(&part);
+        // The caller's call was planned and this is a view of it: a failure is a bug here.
+        let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
+        let cfg = tuned_config(&p, tune);
+        let bound = kernel_args(&a, &p, &cfg, out.ptr(), Some(fin))?;
+        launches.push(RangeLaunch { plan: p, cfg, bound });
+    }
+    Ok(launches)
+}
+
+/// Runs a call in token ranges: the preparations on `stream`, the chains on a new stream of
+/// the highest priority, which `stream` waits for at the end.
+#[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
+pub(super) fn launch(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &ChunkArgs,
+    plan: &ChunkPlan,
+    tune: ChunkTuning,
+    nranges: usize,
+    out_ptr: u64,
+    final_view: Option<TensorView>,
+) -> Result<(), RuntimeError> {
+    let fin = final_view.expect("check_ranges: final states");
+    let launches = range_launches(args, plan, tune, nranges, out_ptr, fin)?;
+    let chains = gpu.high_priority_stream()?;
+    chains.join(stream).op("cuStreamWaitEvent")?;
+    for l in &launches {
+        super::prepared::launch_preparation(gpu, kernels, stream, &l.plan, &l.cfg, &l.bound, tune.prep_blocks)?;
+        chains.join(stream).op("cuStreamWaitEvent")?;
+        launch_ready(gpu, kernels, &chains, &*kernels.chunk(&l.cfg)?, &l.bound)?;
+    }
+    stream.join(&chains).op("cuStreamWaitEvent")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::bind_args;
+
+    fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
+        TensorView::describe(0x100000 * id, shape, dtype, 0).expect("a view")
+    }
+
+    #[test]
+    fn ranges_are_whole_chunks_covering_every_token() {
+        assert_eq!(token_ranges(100, 3), vec![(0, 48), (48, 96), (96, 100)]);
+        assert_eq!(token_ranges(32768, 8), (0..8).map(|r| (4096 * r, 4096 * (r + 1))).collect::<Vec<_>>());
+        assert_eq!(token_ranges(20, 8), vec![(0, 16), (16, 20)]);
+        assert_eq!(token_ranges(0, 4), vec![]);
+    }
+
+    /// Every range's chain and preparation bind to their kernels; the ranges' workspace parts
+    /// follow each other inside the call's workspace; the first range starts from the call's
+    /// initial state and every later one from the final states.
+    #[test]
+    fn range_launches_bind_to_their_kernels() {
+        let (t, h, hv) = (100, 2, 4);
+        let (q, k) = (tv(1, &[1, t, h, D], DType::BF16), tv(2, &[1, t, h, D], DType::BF16));
+        let (v, g) = (tv(3, &[1, t, hv, D], DType::BF16), tv(4, &[1, t, hv, D], DType::BF16));
+        let beta = tv(5, &[1, t, hv], DType::BF16);
+        let out = tv(6, &[1, t, hv, D], DType::BF16);
+        let (a_log, dt_bias) = (tv(7, &[hv], DType::F32), tv(8, &[hv * D], DType::F32));
+        let (init, fin) = (tv(9, &[1, hv, D, D], DType::F32), tv(10, &[1, hv, D, D], DType::F32));
+        let ws = tv(11, &[1 << 20], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.a_log = Some(&a_log);
+        args.dt_bias = Some(&dt_bias);
+        args.output = Some(&out);
+        args.initial_state = Some(&init);
+        args.output_final_state = true;
+        args.final_state = Some(&fin);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let tune = ChunkTuning::for_call(&plan);
+        let launches = range_launches(&args, &plan, tune, 3, out.ptr(), fin).expect("launches");
+        assert_eq!(launches.len(), 3);
+        let ptr_of = |bound: &ChunkKernelArgs, name: &str| match bound.iter().find(|(n, _)| *n == name) {
+            Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
+            _ => panic!("no tensor `{name}`"),
+        };
+        let mut ws_end = ws.ptr();
+        for (r, l) in launches.iter().enumerate() {
+            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
+                .expect("compiles");
+            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            let prep_cfg = kda_kernels::chunk_prep::PrepConfig::of(&l.cfg);
+            let prep = kda_dsl::compile(
+                kda_kernels::chunk_prep::chunk_prep(&prep_cfg).expect("builds"),
+                kda_dsl::Target::Sm80,
+            )
+            .expect("compiles");
+            let prep_args = crate::chunk::prepared::preparation_args(&prep, &l.plan, &l.bound, None);
+            bind_args(&prep, prep_args.as_slice()).unwrap_or_else(|e| panic!("range {r} preparation: {e}"));
+            assert_eq!(ptr_of(&l.bound, "state"), if r == 0 { init.ptr() } else { fin.ptr() }, "range {r}");
+            assert_eq!(ptr_of(&l.bound, "final_state"), fin.ptr(), "range {r}");
+            assert_eq!(ptr_of(&l.bound, "q"), q.ptr() + (48 * r * h * D * 2) as u64, "range {r}");
+            assert_eq!(ptr_of(&l.bound, "out"), out.ptr() + (48 * r * hv * D * 2) as u64, "range {r}");
+            assert_eq!(ptr_of(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
+            ws_end += chunk_workspace_bytes(&l.plan).next_multiple_of(16) as u64;
+        }
+        assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
+    }
+
+    #[test]
+    fn calls_the_ranges_cannot_take_are_refused_by_name() {
+        let (q, k) = (tv(1, &[2, 64, 2, D], DType::BF16), tv(2, &[2, 64, 2, D], DType::BF16));
+        let (v, g, beta) =
+            (tv(3, &[2, 64, 2, D], DType::BF16), tv(4, &[2, 64, 2, D], DType::BF16), tv(5, &[2, 64, 2], DType::BF16));
+        let ws = tv(11, &[1 << 20], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let e = check_ranges(&plan, 4).expect_err("B = 2");
+        assert!(e.to_string().contains("tune") && e.to_string().contains("B = 1"), "{e}");
+    }
+}

@@ -82,6 +82,30 @@ pub struct ChunkArgs<'a> {
 }
 
 impl<'a> ChunkArgs<'a> {
+    /// A call on other views of the inputs (a reshape or a token range of this call's), with
+    /// this call's gate and options (`scale`, `a_log`, `dt_bias`, `lower_bound`,
+    /// `use_qk_l2norm_in_kernel`) and every other field at its default.
+    pub(crate) fn on_inputs<'b>(
+        &self,
+        q: &'b TensorView,
+        k: &'b TensorView,
+        v: &'b TensorView,
+        g: &'b TensorView,
+        beta: &'b TensorView,
+    ) -> ChunkArgs<'b>
+    where
+        'a: 'b,
+    {
+        ChunkArgs {
+            scale: self.scale,
+            a_log: self.a_log,
+            dt_bias: self.dt_bias,
+            lower_bound: self.lower_bound,
+            use_qk_l2norm_in_kernel: self.use_qk_l2norm_in_kernel,
+            ..ChunkArgs::new(q, k, v, g, beta)
+        }
+    }
+
     /// The required tensors, every other field at its default (`None` / `false`).
     pub fn new(
         q: &'a TensorView,

@@ -372,12 +372,9 @@ pub(super) fn launch_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::testing::tv;
     use crate::launch::bind_args;
     use crate::random_calls::{check_random_calls, DTYPES};
-
-    fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-        TensorView::describe(0x1000 * id, shape, dtype, 0).expect("a view")
-    }
 
     /// Every accepted plan binds to its kernel: the inputs' shapes, the placeholders of what the
     /// config never reads (empty, at address 0) and the outputs agree on every symbol, including

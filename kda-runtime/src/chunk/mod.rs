@@ -25,3 +25,16 @@ pub use launch::{
     chunk_config, chunk_kda, chunk_kda_tuned, chunk_variants, ChunkResult, ChunkShape, ChunkTuning, PREPARED_MAX_CHAINS,
 };
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+
+/// What the chunk modules' tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::tensor::TensorView;
+    use kda_dsl::DType;
+
+    /// A descriptor of a tensor at a made-up address, 1 MiB apart per `id` (planning and binding
+    /// read no device memory).
+    pub(crate) fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
+        TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")
+    }
+}

@@ -23,7 +23,7 @@ use kda_kernels::chunk::ChunkConfig;
 
 use super::args::ChunkArgs;
 use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkGate, ChunkPlan, FinalState, InitialState};
+use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::Kernels;
@@ -103,14 +103,7 @@ pub(super) fn range_launches(
         let g = rows(args.g.ptr(), dt, t0, t1, &[hv, D])?;
         let beta = rows(args.beta.ptr(), dt, t0, t1, &[hv])?;
         let out = rows(out_ptr, dt, t0, t1, &[hv, D])?;
-        let mut a = ChunkArgs::new(&q, &k, &v, &g, &beta);
-        a.scale = Some(plan.scale);
-        a.a_log = args.a_log;
-        a.dt_bias = args.dt_bias;
-        if let ChunkGate::LowerBound { lower_bound } = plan.gate {
-            a.lower_bound = Some(lower_bound);
-        }
-        a.use_qk_l2norm_in_kernel = Some(plan.l2norm);
+        let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
         // The first range starts from the call's state, every other from the one before's.
         a.initial_state = match r {
@@ -165,11 +158,8 @@ pub(super) fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::testing::tv;
     use crate::launch::bind_args;
-
-    fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-        TensorView::describe(0x100000 * id, shape, dtype, 0).expect("a view")
-    }
 
     #[test]
     fn ranges_are_whole_chunks_covering_every_token() {

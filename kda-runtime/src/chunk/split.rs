@@ -20,7 +20,7 @@ use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
 use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{plan_chunk, ChunkGate, ChunkPlan, InitialState};
+use super::plan::{plan_chunk, ChunkPlan, InitialState};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
@@ -108,14 +108,7 @@ pub(super) fn split_launches(
     let out = TensorView::describe(out_ptr, &[nb, len, hv, D], plan.dtype, dev)?;
     // A pass over the segments: the caller's call reshaped, with the pass's states.
     let pass = |initial: Option<&TensorView>, final_state: Option<&TensorView>, transition: bool| {
-        let mut a = ChunkArgs::new(&q, &k, &v, &g, &beta);
-        a.scale = Some(plan.scale);
-        a.a_log = args.a_log;
-        a.dt_bias = args.dt_bias;
-        if let ChunkGate::LowerBound { lower_bound } = plan.gate {
-            a.lower_bound = Some(lower_bound);
-        }
-        a.use_qk_l2norm_in_kernel = Some(plan.l2norm);
+        let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
         // The segments' workspace rows are the call's, in the same order (whole chunks).
         a.workspace = args.workspace.filter(|_| tune.prepared);
@@ -209,12 +202,9 @@ pub(super) fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::testing::tv;
     use crate::launch::bind_args;
     use kda_dsl::DType;
-
-    fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
-        TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")
-    }
 
     /// Every launch of a split binds to its compiled kernel, with and without initial and
     /// final states, for f32 and bf16 states; calls that cannot be split say why.

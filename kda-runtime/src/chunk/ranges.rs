@@ -42,6 +42,8 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some("a workspace (it runs the two-kernel path)")
     } else if plan.varlen.is_some() || plan.batch != 1 {
         Some("a dense call with B = 1")
+    } else if plan.seq_len == 0 {
+        Some("at least one token")
     } else if matches!(plan.initial, InitialState::Pool { .. }) {
         Some("a call without state_indices")
     } else if !f32_final {
@@ -232,5 +234,17 @@ mod tests {
         let plan = plan_chunk(&args).expect("a valid call");
         let e = check_ranges(&plan, 4).expect_err("B = 2");
         assert!(e.to_string().contains("tune") && e.to_string().contains("B = 1"), "{e}");
+        // No token: the final states would be nobody's to write.
+        let (q, k) = (tv(1, &[1, 0, 2, D], DType::BF16), tv(2, &[1, 0, 2, D], DType::BF16));
+        let (v, g, beta) =
+            (tv(3, &[1, 0, 2, D], DType::BF16), tv(4, &[1, 0, 2, D], DType::BF16), tv(5, &[1, 0, 2], DType::BF16));
+        let fin = tv(6, &[1, 2, D, D], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.workspace = Some(&ws);
+        args.output_final_state = true;
+        args.final_state = Some(&fin);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let e = check_ranges(&plan, 4).expect_err("T = 0");
+        assert!(e.to_string().contains("at least one token"), "{e}");
     }
 }

@@ -39,6 +39,11 @@ fn probe_devices() -> Result<usize, RuntimeError> {
     probe.unwrap_or(Err(RuntimeError::NoGpu))
 }
 
+thread_local! {
+    /// Per context (its driver handle), this thread's highest-priority stream.
+    static HIGH_PRIORITY: std::cell::RefCell<Vec<(usize, Arc<CudaStream>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One GPU: the primary CUDA context of a device ordinal.
 #[derive(Clone, Debug)]
 pub struct Gpu {
@@ -103,12 +108,22 @@ impl Gpu {
         self.ctx.new_stream().op("cuStreamCreate")
     }
 
-    /// A new non-blocking stream of the highest priority the device has: its kernels' blocks
-    /// are scheduled before those of lower-priority streams that are ready at the same time.
+    /// A non-blocking stream of the highest priority the device has (its kernels' blocks are
+    /// scheduled before those of lower-priority streams that are ready at the same time), one
+    /// per thread and context, created on the thread's first call. Kept, not made per use, so a
+    /// call that forks work onto it can be captured into a CUDA graph once the thread has made
+    /// one such call, and no two threads share it (one thread's capture never takes in
+    /// another's work).
     pub fn high_priority_stream(&self) -> Result<Arc<CudaStream>, RuntimeError> {
+        let key = self.ctx.cu_ctx() as usize;
+        if let Some(s) = HIGH_PRIORITY.with(|m| m.borrow().iter().find(|(k, _)| *k == key).map(|(_, s)| s.clone())) {
+            return Ok(s);
+        }
         self.ctx.bind_to_thread().op("cuCtxSetCurrent")?;
         let (_, greatest) = cudarc::driver::result::stream::get_priority_range().op("cuCtxGetStreamPriorityRange")?;
-        self.ctx.new_stream_with_priority(greatest).op("cuStreamCreateWithPriority")
+        let s = self.ctx.new_stream_with_priority(greatest).op("cuStreamCreateWithPriority")?;
+        HIGH_PRIORITY.with(|m| m.borrow_mut().push((key, s.clone())));
+        Ok(s)
     }
 
     /// Blocks until all work on the device's context has finished.

@@ -2,11 +2,12 @@
 //! bit-identical alone and in a batch of 256 for decode, alone and varlen-packed among others
 //! for prefill, on both prefill paths) and isolation (NaN and Inf in one sequence's inputs leave
 //! every other sequence's output and state bit-identical; padding slots write zero output rows
-//! and, with unused pool slots, keep their bytes). Skips (passes) on machines without a driver.
+//! and, with unused pool slots, keep their bytes); token ranges give the fused kernel's bits,
+//! eagerly and from a graph. Skips (passes) on machines without a driver.
 
 use kda_dsl::dtype::DType::{self, BF16, F32, I32};
-use kda_runtime::chunk::{chunk_kda, chunk_workspace_bytes, plan_chunk, ChunkArgs};
-use kda_runtime::{CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
+use kda_runtime::chunk::{chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning};
+use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
 
 include!("support/on_gpu.rs");
 
@@ -200,14 +201,21 @@ impl PrefillInputs {
     }
 }
 
+/// How a test's prefill call runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// No workspace: the fused kernel.
+    Fused,
+    /// A workspace: the two-kernel path where the API picks it (few chains).
+    TwoKernel,
+    /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
+    /// a CUDA graph after one eager call and replayed.
+    Ranges { graph: bool },
+}
+
 /// One prefill call: dense `[1, T]` for one sequence, varlen-packed (i32 `cu_seqlens`) for
-/// more; with `workspace`, the two-kernel path. The output and final-state bytes.
-fn prefill(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    x: &PrefillInputs,
-    workspace: bool,
-) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
+/// more, along `path`. The output and final-state bytes.
+fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
     let s = gpu.new_stream()?;
     let (t, n) = (x.lens.iter().sum::<usize>(), x.lens.len());
     let q = upload(gpu, &s, &[1, t, H, D], BF16, &x.q)?;
@@ -230,15 +238,30 @@ fn prefill(
     args.output_final_state = true;
     args.final_state = Some(&views[7]);
     args.cu_seqlens = (n > 1).then_some(&views[8]);
-    let ws_tensor = if workspace {
+    let ws_tensor = if path == Path::Fused {
+        None
+    } else {
         let bytes = chunk_workspace_bytes(&plan_chunk(&args)?);
         Some(DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)?)
-    } else {
-        None
     };
     let ws_view = ws_tensor.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
-    chunk_kda(gpu, kernels, &s, &args)?;
+    match path {
+        Path::Fused | Path::TwoKernel => {
+            chunk_kda(gpu, kernels, &s, &args)?;
+        }
+        Path::Ranges { graph } => {
+            let plan = plan_chunk(&args)?;
+            let tune = ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) };
+            let call = || chunk_kda_tuned(gpu, kernels, &s, &args, tune).map(|_| ());
+            if graph {
+                // One eager call, the capture (which runs nothing), then the replays.
+                time_graph_ms(gpu, &s, 3, call)?;
+            } else {
+                call()?;
+            }
+        }
+    }
     Ok((out.to_bytes(&s)?, fin.to_bytes(&s)?))
 }
 
@@ -260,15 +283,14 @@ fn prefill_batch_invariance() {
     }
     let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
     let x = PrefillInputs::random(&LENS, 31);
-    for workspace in [false, true] {
-        let (out, fin) = prefill(&gpu, &kernels, &x, workspace).expect("packed");
+    for path in [Path::Fused, Path::TwoKernel] {
+        let (out, fin) = prefill(&gpu, &kernels, &x, path).expect("packed");
         for n in 0..LENS.len() {
-            let (o1, f1) = prefill(&gpu, &kernels, &x.sequence(n), workspace).expect("alone");
-            let path = if workspace { "two-kernel" } else { "fused" };
-            assert!(o1 == out[token_rows(&LENS, n)], "{path}: sequence {n}: output differs alone and packed");
+            let (o1, f1) = prefill(&gpu, &kernels, &x.sequence(n), path).expect("alone");
+            assert!(o1 == out[token_rows(&LENS, n)], "{path:?}: sequence {n}: output differs alone and packed");
             assert!(
                 f1 == fin[n * STATE..(n + 1) * STATE],
-                "{path}: sequence {n}: final state differs alone and packed"
+                "{path:?}: sequence {n}: final state differs alone and packed"
             );
         }
     }
@@ -290,14 +312,31 @@ fn prefill_isolation() {
     let s3_last: usize = LENS[..4].iter().sum::<usize>() - 1;
     bad.g[s3_last * HV * D] = f32::NEG_INFINITY;
     bad.beta[s3_last * HV] = f32::NAN;
-    for workspace in [false, true] {
-        let (out_clean, fin_clean) = prefill(&gpu, &kernels, &clean, workspace).expect("clean");
-        let (out_bad, fin_bad) = prefill(&gpu, &kernels, &bad, workspace).expect("poisoned");
+    for path in [Path::Fused, Path::TwoKernel] {
+        let (out_clean, fin_clean) = prefill(&gpu, &kernels, &clean, path).expect("clean");
+        let (out_bad, fin_bad) = prefill(&gpu, &kernels, &bad, path).expect("poisoned");
         for n in [0, 2, 4, 5] {
             let rows = token_rows(&LENS, n);
             assert!(out_bad[rows.clone()] == out_clean[rows], "sequence {n}: output changed by another's NaN");
             let st = n * STATE..(n + 1) * STATE;
             assert!(fin_bad[st.clone()] == fin_clean[st], "sequence {n}: final state changed by another's NaN");
         }
+    }
+}
+
+/// Token ranges (the two-kernel path cut into 4 ranges, chains on a second stream) give the bits
+/// of the fused kernel, eagerly and replayed from a CUDA graph: one sequence of 1000 tokens.
+#[test]
+fn prefill_in_token_ranges_is_bit_identical() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let x = PrefillInputs::random(&[1000], 41);
+    let fused = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
+    for graph in [false, true] {
+        let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph }).expect("in token ranges");
+        assert!(ranges.0 == fused.0, "graph {graph}: outputs differ from the fused kernel's");
+        assert!(ranges.1 == fused.1, "graph {graph}: final states differ from the fused kernel's");
     }
 }

@@ -49,9 +49,11 @@ pub struct ChunkTuning {
     /// the same bits.
     pub prep_blocks: Option<usize>,
     /// Token ranges for the two-kernel path (`ranges.rs`): the preparation of each range runs
-    /// beside the chain of the one before, on a stream the call creates (so not
-    /// graph-capturable). Dense calls with B = 1, a workspace and f32 final states
-    /// (`output_final_state`); the same bits as one range. `None`: one range.
+    /// beside the chain of the one before, on the thread's highest-priority stream
+    /// ([`crate::Gpu::high_priority_stream`]; capture such a call into a graph only after one
+    /// eager call on the thread has created it). Dense calls with B = 1, at least one token, a
+    /// workspace and f32 final states (`output_final_state`); the same bits as one range.
+    /// `None`: one range.
     pub ranges: Option<usize>,
 }
 

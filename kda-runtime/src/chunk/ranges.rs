@@ -130,8 +130,8 @@ pub(super) fn range_launches(
     Ok(launches)
 }
 
-/// Runs a call in token ranges: the preparations on `stream`, the chains on a new stream of
-/// the highest priority, which `stream` waits for at the end.
+/// Runs a call in token ranges: the preparations on `stream`, the chains on the thread's
+/// highest-priority stream, which `stream` waits for at the end.
 #[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
 pub(super) fn launch(
     gpu: &Gpu,

@@ -284,8 +284,9 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             name: format!("chunk B=1 T={} H=2 HV=4, two-kernel path in 4 token ranges", t_split + 7),
             cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 7 }, h: 2, hv: 4, ..init.clone() },
+            // The shape both runs take: the fused kernel's, and the ranges' chains at it.
             tune: Some(ChunkTuning {
-                shape: ChunkShape::PREPARED,
+                shape: ChunkShape::FUSED,
                 split: None,
                 prepared: true,
                 prep_blocks: None,

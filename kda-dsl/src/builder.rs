@@ -582,10 +582,7 @@ impl KernelBuilder {
         loc: SrcLoc,
     ) -> Val {
         let var = self.new_var(name, DType::I32);
-        if let Some(m) = match kind {
-            LoopKind::Pipelined { stages } => crate::passes::check_types::stages_error(stages),
-            _ => None,
-        } {
+        if let Some(m) = crate::passes::check_types::loop_kind_error(kind) {
             self.error(loc, m);
         }
         let frame = Frame::For { var, kind, start: start.into().0, end: end.into().0, loc };

@@ -14,6 +14,12 @@ fn dump(p: &kda_dsl::thread_ir::ThreadProgram) -> String {
     p.body.iter().map(|i| format!("{i}    // {}\n", i.loc.line)).collect()
 }
 
+/// The dumped instructions from source line `line`, one per line.
+fn line_ir(p: &kda_dsl::thread_ir::ThreadProgram, line: u32) -> String {
+    let tag = format!("// {line}");
+    dump(p).lines().filter(|l| l.ends_with(&tag)).map(|l| format!("{l}\n")).collect()
+}
+
 #[test]
 fn a_masked_copy_through_shared_memory() {
     let k = KernelBuilder::new("copy", loc(1));
@@ -64,7 +70,7 @@ fn a_product_plus_a_value_is_one_fused_multiply_add() {
     k.store(&y, ij.clone(), Val::bin(BinOp::Add, k.elem(&y, ij.clone(), loc(8)), xy), loc(8));
     k.end();
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line8: String = dump(&prog).lines().filter(|l| l.ends_with("// 8")).map(|l| format!("{l}\n")).collect();
+    let line8: String = line_ir(&prog, 8);
     assert!(line8.contains("fma.rn.f32") && !line8.contains("mul.rn.f32"), "{line8}");
 }
 
@@ -103,8 +109,7 @@ fn a_difference_with_a_product_is_one_fused_multiply_add() {
     k.copy(r, k.tile(&o, vec![Val::from(0)], &[2], loc(11)), loc(11));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
     for line in [8, 9] {
-        let text: String =
-            dump(&prog).lines().filter(|l| l.ends_with(&format!("// {line}"))).map(|l| format!("{l}\n")).collect();
+        let text: String = line_ir(&prog, line);
         assert!(text.contains("fma.rn.f32") && !text.contains("mul.rn.f32") && !text.contains("sub.rn.f32"), "{text}");
     }
     let mut args = vec![("o".to_string(), SimArg::Tensor(vec![0; 8])), ("N".to_string(), SimArg::I32(2))];
@@ -128,7 +133,7 @@ fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
     k.store(&s, ij.clone(), Val::bin(BinOp::Mul, k.elem(&f, ij.clone(), loc(6)), Val::from(3.0)), loc(6));
     k.end();
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    let line6: String = line_ir(&prog, 6);
     // 8 elements per thread: one conversion each, and none back to f32.
     assert_eq!(line6.matches("cvt.rn.bf16.f32").count(), 8, "{line6}");
     assert!(!line6.contains("cvt.f32.bf16"), "{line6}");
@@ -147,7 +152,7 @@ fn gemm_operand_addresses_split_into_a_thread_part_and_constants() {
     k.fill(&b, 1.0, loc(6));
     k.gemm(a, b.t(), &c, loc(7));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line7: String = dump(&prog).lines().filter(|l| l.ends_with("// 7")).map(|l| format!("{l}\n")).collect();
+    let line7: String = line_ir(&prog, 7);
     // 4 k-steps, one `ldmatrix` of each operand per step.
     assert_eq!(line7.matches("ldmatrix").count(), 8, "{line7}");
     // The swizzled offset's multiplications: two per operand's thread part and the warp's row
@@ -166,7 +171,7 @@ fn a_scan_down_shared_columns_splits_its_addresses() {
     k.fill(&s, 1.0, loc(4));
     k.cumsum(&s, &s, 0, loc(5));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line5: String = dump(&prog).lines().filter(|l| l.ends_with("// 5")).map(|l| format!("{l}\n")).collect();
+    let line5: String = line_ir(&prog, 5);
     assert_eq!(line5.matches("ld.shared.f32").count(), 16, "{line5}");
     // One thread part (its multiplications) for the 16 rows, not one per row.
     assert!(line5.matches("mul.lo.s32").count() <= 2, "{line5}");
@@ -197,7 +202,7 @@ fn gather_rows(
     k.end();
     k.copy(f, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[rows as i64, cols as i64], loc(7)), loc(7));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line6: String = dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect();
+    let line6: String = line_ir(&prog, 6);
     let mut args = vec![
         ("o".to_string(), SimArg::Tensor(vec![0; (rows * cols * 4) as usize])),
         ("M".to_string(), SimArg::I32(rows as i32)),
@@ -249,7 +254,7 @@ fn bf16_rows_into_a_fragment(to_f32: bool) -> String {
         k.copy(f, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(7)), loc(7));
     }
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    dump(&prog).lines().filter(|l| l.ends_with("// 6")).map(|l| format!("{l}\n")).collect()
+    line_ir(&prog, 6)
 }
 
 #[test]
@@ -317,7 +322,7 @@ fn a_row_masked_fill_at_a_constant_column_start_adds_the_start_after_the_mask() 
     k.copy(k.tile_at(&a, vec![Val::from(0), Val::from(64)], &[16, 64], loc(4)), s, loc(4));
     k.copy(s, k.tile_at(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(5)), loc(5));
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
-    let line4: String = dump(&prog).lines().filter(|l| l.ends_with("// 4")).map(|l| format!("{l}\n")).collect();
+    let line4: String = line_ir(&prog, 4);
     // 16 rows of 8 chunks over 32 threads: 4 passes, each a masked selection, then + 128 bytes.
     assert_eq!(line4.matches("cp.async.cg").count(), 4, "{line4}");
     let lines: Vec<&str> = line4.lines().collect();
@@ -620,7 +625,7 @@ fn whole_lines_copy(c: &LinesCase) -> (Vec<f32>, Vec<f32>, String) {
     run(&prog, [1, 1, 1], &mut args).expect("runs");
     let SimArg::Tensor(out) = &args[3].1 else { unreachable!() };
     let out = out.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let line5 = dump(&prog).lines().filter(|l| l.ends_with("// 5")).map(|l| format!("{l}\n")).collect();
+    let line5 = line_ir(&prog, 5);
     (input, out, line5)
 }
 

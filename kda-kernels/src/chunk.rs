@@ -647,6 +647,9 @@ pub fn chunk(
     let ut = fragment([bv, 16], F32);
     let o_sh = shared([16, bv], cfg.dtype);
 
+    // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
+    // `c`, so the loop divides nothing (as `chunk_prep` finds it).
+    let d0 = (bos + pad) / 16;
     for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
         // The chunk's first token and its workspace row (the fills see them for the chunk
         // they fetch).
@@ -658,10 +661,8 @@ pub fn chunk(
             copy(prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]), kr_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]), inv_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
-            // Chunk `c`'s f32 row, `w0 / 16`, as the first chunk's row plus `c`: the division
-            // is of values the loop does not change.
-            copy(prep_decay.tile_at([bi, (bos + pad) / 16 + c, hv, 0], [1, 1, 1, 128]), eg_sh);
-            copy(prep_decay.tile_at([bi, (bos + pad) / 16 + c, hv, PREP_BETA], [1, 1, 1, 16]), bt_sh);
+            copy(prep_decay.tile_at([bi, d0 + c, hv, 0], [1, 1, 1, 128]), eg_sh);
+            copy(prep_decay.tile_at([bi, d0 + c, hv, PREP_BETA], [1, 1, 1, 16]), bt_sh);
         } else {
             copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
             copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);

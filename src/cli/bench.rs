@@ -110,8 +110,8 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]]
 /// [rRANGES]`: `s` the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
-/// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`: how the default was
-/// chosen.
+/// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
+/// how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     use kda_runtime::chunk::{ChunkShape, ChunkTuning};
     let (shape_args, filter) = split_case_filter(args)?;

@@ -245,10 +245,7 @@ impl Lower<'_> {
             offs.push(self.expr(e, DType::I32, loc)?.s);
         }
         let base_parts = self.global_addr_parts(t, &offs);
-        let base = match base_parts {
-            (a, 0) => a,
-            (a, b) => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, a, Src::Imm(b)),
-        };
+        let base = self.plus_bytes(base_parts.0, base_parts.1);
         let mut lims = vec![];
         for (k, e) in offs.iter().enumerate() {
             // A box that provably lies inside its axis needs no check: its limit is a constant

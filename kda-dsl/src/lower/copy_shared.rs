@@ -244,14 +244,6 @@ impl Lower<'_> {
         }
     }
 
-    /// `addr + bytes` (a 64-bit add, none for 0).
-    fn plus_bytes(&mut self, addr: Reg, bytes: i64) -> Reg {
-        match bytes {
-            0 => addr,
-            b => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, Src::Imm(b)),
-        }
-    }
-
     /// A load of `addr + offset` that yields 0 when `valid` is false (a guarded load).
     pub(super) fn masked_load(&mut self, addr: Reg, offset: i64, dt: DType, valid: Option<Reg>) -> V {
         let vt = value_type(dt);

@@ -161,11 +161,6 @@ impl Lower<'_> {
         self.split_indices.get(&r).copied()
     }
 
-    /// Forgets a split of `r` (a variable bound to it is assigned).
-    pub(crate) fn forget_split(&mut self, r: Reg) {
-        self.split_indices.remove(&r);
-    }
-
     /// A constant, a recorded split, or any other register as a base of its own (any bits, no
     /// constant): its thread part is cached under it until it is written again
     /// ([`Self::forget_cached`]).
@@ -184,7 +179,7 @@ impl Lower<'_> {
     /// `op` of integer operands `a` and `b` into a register: inside an element loop, the
     /// register an earlier element computed it into (computed for every thread, as thread
     /// parts are: an if-converted arm may ask first); `None` for operands it does not cache.
-    pub(crate) fn cached_int_op(&mut self, op: BinKind, ty: Ty, a: Src, b: Src) -> Option<Reg> {
+    pub(crate) fn cached_int_op(&mut self, op: BinKind, ty: Ty, class: RegClass, a: Src, b: Src) -> Option<Reg> {
         self.thread_offsets.as_ref()?;
         if !matches!(
             op,
@@ -204,7 +199,6 @@ impl Lower<'_> {
             return Some(r);
         }
         let guard = self.em.guard.take();
-        let class = if matches!(ty, Ty::S64 | Ty::U64 | Ty::B64) { RegClass::B64 } else { RegClass::B32 };
         let d = self.em.bin(op, ty, class, a, b);
         self.em.guard = guard;
         self.cache_mut().values.insert(key, d);
@@ -214,7 +208,7 @@ impl Lower<'_> {
     /// Forgets everything cached under `r`, which is about to be written: its split, the
     /// thread parts keyed by it and the integer results computed from it.
     pub(crate) fn forget_cached(&mut self, r: Reg) {
-        self.forget_split(r);
+        self.split_indices.remove(&r);
         if let Some(c) = self.thread_offsets.as_mut() {
             c.offsets.retain(|(_, _, rb, cb), v| *rb != Some(r) && *cb != Some(r) && *v != r);
             c.addresses.retain(|(b, o), v| *b != r && *o != r && *v != r);

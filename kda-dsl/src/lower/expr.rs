@@ -303,7 +303,7 @@ impl Lower<'_> {
             s => Src::Reg(self.em.to_reg(s, class_of(ty), pty)),
         };
         if ty.is_int() {
-            if let Some(d) = self.cached_int_op(kind, pty, x, y) {
+            if let Some(d) = self.cached_int_op(kind, pty, class_of(ty), x, y) {
                 return Ok(V { s: Src::Reg(d), ty });
             }
         }
@@ -321,8 +321,12 @@ impl Lower<'_> {
             return None;
         }
         let mask = (m - 1) as u32;
-        let base = self.em.op32(BinKind::And, split.base, i64::from(mask));
-        let base = self.em.to_reg(base, RegClass::B32, Ty::U32);
+        // One mask per base for the whole element loop (its thread parts are cached by base).
+        let (a, b) = (Src::Reg(split.base), Src::Imm(i64::from(mask)));
+        let base = match self.cached_int_op(BinKind::And, Ty::B32, RegClass::B32, a, b) {
+            Some(r) => r,
+            None => self.em.bin(BinKind::And, Ty::B32, RegClass::B32, a, b),
+        };
         Some(self.split_index(base, split.base_bits & mask, split.off & mask))
     }
 

@@ -130,14 +130,17 @@ impl Lower<'_> {
         let reg = |lw: &mut Self, x: Src| lw.em.to_reg(x, RegClass::B32, Ty::U32);
         // (row base, its bits, column base, its bits) of each operand, and which of row and
         // column steps with the atom (the other with the k-step).
-        let a_parts = if a.transposed {
+        // (A from registers reads no shared addresses.)
+        let a_parts = if a_frag.is_some() {
+            None
+        } else if a.transposed {
             // stored [K, M]: rows are k (a_r + k0), columns m (a_base + 16 i + a_c).
             let col = self.em.add32(a_base, a_c);
-            (reg(self, a_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_rows, &halves))
+            Some((reg(self, a_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_rows, &halves)))
         } else {
             // stored [M, K]: rows are m (a_base + 16 i + a_r), columns k (a_c + k0).
             let row = self.em.add32(a_base, a_r);
-            (reg(self, row), bits_of(&warp_rows, &sixteen), reg(self, a_c), bits_of(&[0], &halves))
+            Some((reg(self, row), bits_of(&warp_rows, &sixteen), reg(self, a_c), bits_of(&[0], &halves)))
         };
         let b_parts = if b.transposed {
             // stored [N, K]: rows are n (n_base + 16 jp + b_r), columns k (b_c + k0).
@@ -162,7 +165,8 @@ impl Lower<'_> {
                 for i in 0..mi {
                     match a_frag {
                         None => {
-                            let (row, col) = index(lw, a_parts, a.transposed, i * 16, k0);
+                            let parts = a_parts.expect("a shared A has its parts");
+                            let (row, col) = index(lw, parts, a.transposed, i * 16, k0);
                             let addr = lw.shared_addr(a.buf, row, col);
                             let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
                             lw.em.emit(Op::Ldmatrix { trans: a.transposed, d, addr });

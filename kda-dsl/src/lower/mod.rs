@@ -397,7 +397,6 @@ impl Lower<'_> {
                         r
                     }
                 };
-                self.forget_split(d);
                 self.mov(d, val);
                 Ok(())
             }
@@ -714,9 +713,14 @@ impl Lower<'_> {
     /// The global address of `tensor[idx..]` from lowered 64-bit (or immediate) indices.
     pub(crate) fn global_addr_of(&mut self, t: ParamId, idx: &[Src]) -> Reg {
         let (a, bytes) = self.global_addr_parts(t, idx);
+        self.plus_bytes(a, bytes)
+    }
+
+    /// `addr + bytes` (a 64-bit add, none for 0).
+    pub(crate) fn plus_bytes(&mut self, addr: Reg, bytes: i64) -> Reg {
         match bytes {
-            0 => a,
-            b => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, a, Src::Imm(b)),
+            0 => addr,
+            b => self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, addr, Src::Imm(b)),
         }
     }
 

@@ -172,9 +172,15 @@ pub(crate) fn threads_error(threads: i64) -> Option<String> {
     (!ok).then(|| format!("threads = {threads}: expected a multiple of 32 in 32..=1024"))
 }
 
-/// Why a pipeline cannot have `stages` stages, if it cannot.
-pub(crate) fn stages_error(stages: u32) -> Option<String> {
-    (!(2..=8).contains(&stages)).then(|| format!("stages = {stages}: expected 2 to 8"))
+/// Why a loop of this kind cannot be built, if it cannot (a pipeline of too few or too many
+/// stages).
+pub(crate) fn loop_kind_error(kind: LoopKind) -> Option<String> {
+    match kind {
+        LoopKind::Pipelined { stages } if !(2..=8).contains(&stages) => {
+            Some(format!("stages = {stages}: expected 2 to 8"))
+        }
+        _ => None,
+    }
 }
 
 /// Why `given` indices cannot index tile `buf` (one per axis), if they cannot.
@@ -302,10 +308,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 }
             }
             StmtKind::For { kind, start, end, body, .. } => {
-                if let Some(m) = match kind {
-                    LoopKind::Pipelined { stages } => stages_error(*stages),
-                    _ => None,
-                } {
+                if let Some(m) = loop_kind_error(*kind) {
                     return Err(Diag::new(loc, m));
                 }
                 index_type(def, start, loc)?;

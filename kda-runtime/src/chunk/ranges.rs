@@ -114,10 +114,9 @@ pub(super) fn range_launches(
         };
         a.output_final_state = true;
         a.final_state = Some(&fin);
-        // The range's own part of the workspace: sized by its own plan, 16-byte aligned.
-        let sized = plan_chunk(&ChunkArgs { workspace: None, ..a })
-            .map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
-        let need = chunk_workspace_bytes(&sized).next_multiple_of(16);
+        // The range's own part of the workspace, sized by the call's shape at the range's
+        // length (what the range's plan will ask for), 16-byte aligned.
+        let need = chunk_workspace_bytes(&ChunkPlan { seq_len: t1 - t0, ..plan.clone() }).next_multiple_of(16);
         let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
         ws_at += need as u64;
         a.workspace = Some(&part);
@@ -147,7 +146,8 @@ pub(super) fn launch(
     let fin = final_view.expect("check_ranges: final states");
     let launches = range_launches(args, plan, tune, nranges, out_ptr, fin)?;
     let chains = gpu.high_priority_stream()?;
-    chains.join(stream).op("cuStreamWaitEvent")?;
+    // Each chain waits for everything on `stream` up to its range's preparation, which covers
+    // the work before the call too.
     for l in &launches {
         super::prepared::launch_preparation(gpu, kernels, stream, &l.plan, &l.cfg, &l.bound, tune.prep_blocks)?;
         chains.join(stream).op("cuStreamWaitEvent")?;

@@ -45,17 +45,21 @@ pub struct ChunkShape {
     pub warps: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
     pub min_blocks: usize,
+    /// Chunks staged in shared memory ahead of the one in use (the pipeline's depth, 2 or
+    /// more): the chain over a workspace issues nothing else that hides its loads' latency.
+    pub stages: usize,
 }
 
 impl ChunkShape {
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2 };
+    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2 };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
-    /// warps, 8 blocks per SM. Its blocks carry no key preparation, so smaller ones spread each
-    /// head's 128 value rows over more SMs: the fastest of `kda bench --sweep-chunk`
-    /// (docs/performance.md, run 8). Its arithmetic does not depend on the warp count, so the
-    /// bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8 };
+    /// warps, 8 blocks per SM, 4 stages. Its blocks carry no key preparation, so smaller ones
+    /// spread each head's 128 value rows over more SMs; and a step is short next to a load's
+    /// latency from memory, so it stages 3 chunks ahead. The fastest of `kda bench
+    /// --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02). Its arithmetic
+    /// depends on neither, so the bits stay the fused kernel's.
+    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8, stages: 4 };
 }
 
 /// The gate rule of `chunk_kda` (KDA-SPEC).
@@ -183,7 +187,7 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -192,6 +196,8 @@ impl ChunkConfig {
             states,
             self.shape.warps,
             self.shape.min_blocks,
+            // Two stages, the fused kernel's, go unnamed.
+            if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.transition { "_transition" } else { "" },
             if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
@@ -650,7 +656,7 @@ pub fn chunk(
     // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
     // `c`, so the loop divides nothing (as `chunk_prep` finds it).
     let d0 = (bos + pad) / 16;
-    for c in pipelined(0, ceil_div(eos - bos, 16), stages = 2) {
+    for c in pipelined(0, ceil_div(eos - bos, 16), stages = cfg.shape.stages) {
         // The chunk's first token and its workspace row (the fills see them for the chunk
         // they fetch).
         let t0 = bos + 16 * c;

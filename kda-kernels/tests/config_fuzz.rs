@@ -94,7 +94,11 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 1 => ChunkStates::PerSequence { store_final: x.b() },
                 _ => ChunkStates::Pool { indices: x.dt(), has_initial: x.opt_dt() },
             },
-            shape: ChunkShape { warps: x.of(&[1, 2, 4, 8, 3, 16, 0]), min_blocks: x.of(&[1, 2, 3, 0]) },
+            shape: ChunkShape {
+                warps: x.of(&[1, 2, 4, 8, 3, 16, 0]),
+                min_blocks: x.of(&[1, 2, 3, 0]),
+                stages: x.of(&[2, 3, 4, 1, 0]),
+            },
             transition: x.r(4) == 0,
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
         };

@@ -11,11 +11,12 @@
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
 //!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel.
+//!   adds the chain over a prepared workspace and its preparation kernel; a dense call that can
+//!   take token ranges also needs the thread's highest-priority stream, which is created here.
 
 #[cfg(doc)]
 use crate::chunk::PREPARED_MAX_CHAINS;
-use crate::chunk::{chunk_variants, plan_chunk, ChunkArgs};
+use crate::chunk::{chunk_variants, may_take_ranges, plan_chunk, ChunkArgs};
 use crate::decode::{decode_variants, plan_decode, DecodeArgs};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
@@ -35,9 +36,14 @@ pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result
 
 /// Compiles and loads on `gpu` every prefill variant a call like `args` can pick (the same
 /// dtypes, flags and optional tensors, a workspace given or not; any batch). Returns how many
-/// kernels that is. Nothing is launched.
+/// kernels that is. Nothing is launched. When such a call can take token ranges, it also
+/// creates the calling thread's highest-priority stream ([`Gpu::high_priority_stream`]), so
+/// that the thread can capture the call into a CUDA graph at once.
 pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<usize, RuntimeError> {
     let plan = plan_chunk(args)?;
+    if may_take_ranges(&plan) {
+        gpu.high_priority_stream()?;
+    }
     let (chains, prep) = chunk_variants(&plan);
     for cfg in &chains {
         load(gpu, kernels, &*kernels.chunk(cfg)?)?;

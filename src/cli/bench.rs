@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -107,8 +107,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
     Ok((shapes, filter))
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS]]
-/// [rRANGES]`: `s` the exact split into that many segments per sequence, `p` the two-kernel path
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS]
+/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `s`
+/// the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
 /// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
 /// how the default was chosen.
@@ -117,7 +118,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     for a in shape_args {
-        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
         // A trailing `rRANGES`: the two-kernel path in that many token ranges.
         let (a_path, ranges) = match a.rsplit_once('r') {
             Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
@@ -135,15 +136,22 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
             None => (rest, None),
         };
+        // An optional `xSTAGES` after MIN_BLOCKS; the path's own depth without it.
+        let (m, stages) = match m.split_once('x') {
+            Some((m, st)) => (m, Some(st.parse::<usize>().map_err(|_| bad())?)),
+            None => (m, None),
+        };
         let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        let tune = ChunkTuning { shape: ChunkShape { warps, min_blocks }, split, prepared, prep_blocks, ranges };
+        let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
+        let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages) };
+        let tune = ChunkTuning { shape, split, prepared, prep_blocks, ranges };
         shapes.push((a.clone(), tune));
     }
     if shapes.is_empty() {
         shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
             .map(|(warps, min_blocks)| {
                 let tune = ChunkTuning {
-                    shape: ChunkShape { warps, min_blocks },
+                    shape: ChunkShape { warps, min_blocks, ..ChunkShape::FUSED },
                     split: None,
                     prepared: false,
                     prep_blocks: None,

@@ -10,6 +10,8 @@ use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
 use super::plan::{plan_chunk, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState};
 use super::{prepared, ranges, split};
+#[cfg(doc)]
+use super::{DEFAULT_RANGES, RANGE_MIN_CHUNKS};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
@@ -48,12 +50,13 @@ pub struct ChunkTuning {
     /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
     /// the same bits.
     pub prep_blocks: Option<usize>,
-    /// Token ranges for the two-kernel path (`ranges.rs`): the preparation of each range runs
-    /// beside the chain of the one before, on the thread's highest-priority stream
-    /// ([`crate::Gpu::high_priority_stream`]; capture such a call into a graph only after one
-    /// eager call on the thread has created it). Dense calls with B = 1, at least one token, a
-    /// workspace and f32 final states (`output_final_state`); the same bits as one range.
-    /// `None`: one range.
+    /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
+    /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
+    /// preparation of the next. Capture such a call into a graph only on a thread that has
+    /// created that stream: by [`crate::preload_chunk`] or by one eager call. Dense calls with
+    /// B = 1, at least one token, a workspace and f32 final states (`output_final_state`); the
+    /// same bits as one range. `None`: one range. [`ChunkTuning::for_call`] sets it for long
+    /// enough calls that can take it.
     pub ranges: Option<usize>,
 }
 
@@ -67,10 +70,14 @@ pub const PREPARED_MAX_CHAINS: usize = 132;
 
 impl ChunkTuning {
     /// What [`chunk_kda`] picks: the two-kernel path when a workspace is given and the call
-    /// has at most [`PREPARED_MAX_CHAINS`] chains, each path at its shape ([`ChunkShape`]).
+    /// has at most [`PREPARED_MAX_CHAINS`] chains, each path at its shape ([`ChunkShape`]);
+    /// on that path, token ranges for a call that can take them: as many as hold
+    /// [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that is two or more.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         let chains = plan.nseq.saturating_mul(plan.value_heads);
-        ChunkTuning::of_path(plan.workspace && chains <= PREPARED_MAX_CHAINS)
+        let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
+        let ranges = if prepared { ranges::default_ranges(plan) } else { None };
+        ChunkTuning { ranges, ..ChunkTuning::of_path(prepared) }
     }
 
     /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared

@@ -9,7 +9,8 @@
 //!   `state_indices`;
 //! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
 //!   caller's stream: the fused kernel, or with a `workspace` the preparation kernel and then
-//!   the chain over its output (`prepared.rs`), bit-identical to it.
+//!   the chain over its output (`prepared.rs`), bit-identical to it, at B = 1 in token ranges
+//!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again.
 
 pub mod args;
 pub mod checked;
@@ -25,6 +26,8 @@ pub use launch::{
     chunk_config, chunk_kda, chunk_kda_tuned, chunk_variants, ChunkResult, ChunkShape, ChunkTuning, PREPARED_MAX_CHAINS,
 };
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+pub(crate) use ranges::may_take_ranges;
+pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS};
 
 /// What the chunk modules' tests share.
 #[cfg(test)]

@@ -57,6 +57,29 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
     }
 }
 
+/// The most token ranges [`default_ranges`] cuts a call into: the fastest of `kda bench
+/// --sweep-chunk` at B = 1, T = 32768 (docs/performance.md, 2026-12-02).
+pub const DEFAULT_RANGES: usize = 8;
+
+/// The fewest chunks a range of [`default_ranges`] holds: each range costs two launches and
+/// two stream hand-offs, and the overlap it buys is one range's preparation.
+pub const RANGE_MIN_CHUNKS: usize = 128;
+
+/// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:
+/// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`]; `None` for a
+/// call that cannot take ranges or is too short for two. Any count gives the same bits.
+pub(super) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
+    let n = (plan.seq_len.div_ceil(16) / RANGE_MIN_CHUNKS).min(DEFAULT_RANGES);
+    (n >= 2 && check_ranges(plan, n).is_ok()).then_some(n)
+}
+
+/// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
+/// token ranges by default: then it needs the thread's highest-priority stream.
+pub(crate) fn may_take_ranges(plan: &ChunkPlan) -> bool {
+    let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
+    default_ranges(&long).is_some()
+}
+
 /// The token ranges of a call of `t` tokens cut into `nranges`: whole chunks each, the last
 /// one shorter or empty ranges dropped.
 pub(super) fn token_ranges(t: usize, nranges: usize) -> Vec<(usize, usize)> {
@@ -221,6 +244,35 @@ mod tests {
             ws_end += chunk_workspace_bytes(&l.plan).next_multiple_of(16) as u64;
         }
         assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
+    }
+
+    /// `for_call` takes ranges of at least `RANGE_MIN_CHUNKS` chunks, at most `DEFAULT_RANGES`
+    /// of them, and only for calls that can take them; `may_take_ranges` says so whatever the
+    /// call's length and batch.
+    #[test]
+    fn long_dense_calls_take_ranges_by_default() {
+        let plan_of = |b: usize, t: usize, final_state: bool| {
+            // 1 GiB apart: long calls' tensors must not overlap.
+            let at = |id: u64, shape: &[usize], dtype| tv(1024 * id, shape, dtype);
+            let (q, k) = (at(1, &[b, t, 2, D], DType::BF16), at(2, &[b, t, 2, D], DType::BF16));
+            let (v, g) = (at(3, &[b, t, 2, D], DType::BF16), at(4, &[b, t, 2, D], DType::BF16));
+            let beta = at(5, &[b, t, 2], DType::BF16);
+            let ws = at(6, &[1 << 26], DType::F32);
+            let fin = at(7, &[b, 2, D, D], DType::F32);
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.workspace = Some(&ws);
+            args.output_final_state = final_state;
+            args.final_state = Some(&fin).filter(|_| final_state);
+            plan_chunk(&args).expect("a valid call")
+        };
+        let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin)).ranges;
+        assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
+        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3));
+        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
+        assert_eq!(ranges_of(1, 32768, false), None, "no final states to carry the state");
+        assert_eq!(ranges_of(2, 32768, true), None, "B = 2");
+        assert!(may_take_ranges(&plan_of(2, 16, true)), "a B = 1 call of that kind can");
+        assert!(!may_take_ranges(&plan_of(1, 32768, false)));
     }
 
     #[test]

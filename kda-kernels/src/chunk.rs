@@ -459,9 +459,8 @@ pub(crate) fn sequence_end(cu_seqlens: Tensor, n: Val, t: Val, start: Val) -> Va
 }
 
 /// The state's products for one chunk, in the transposed view (rows = the block's value rows):
-/// `Wᵀ = S kdᵀ`, `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`, and the output rows
-/// `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` transposed back into `o_sh` (zeros for padding, `live` false). A
-/// `transition` run has `v = 0` and no output.
+/// `Wᵀ = S kdᵀ`, the output's first term `Oᵀ = S qdᵀ` into `ot`, and
+/// `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`. A `transition` run has `v = 0` and no output.
 #[kda_macros::kernel_fn]
 fn state_products(
     transition: bool,
@@ -469,15 +468,12 @@ fn state_products(
     kd_sh: Tile,
     qd_sh: Tile,
     inv_sh: Tile,
-    mq_sh: Tile,
     bt_sh: Tile,
     v_sh: Tile,
     wt: Tile,
     ot: Tile,
     vn: Tile,
     ut: Tile,
-    o_sh: Tile,
-    live: Val,
 ) {
     clear(wt);
     if !transition {
@@ -498,12 +494,6 @@ fn state_products(
     }
     clear(ut);
     gemm(vn, inv_sh.t(), ut);
-    if !transition {
-        gemm(ut, mq_sh.t(), ot);
-        for (a, b) in parallel(ot) {
-            o_sh[b][a] = select(live, ot[a][b], 0.0);
-        }
-    }
 }
 
 /// `S = S diag(2^Γ) + Uᵀ kr`.
@@ -513,6 +503,16 @@ fn decay_and_update(s: Tile, eg_sh: Tile, ut: Tile, kr_sh: Tile) {
         s[a][j] = s[a][j] * eg_sh[j];
     }
     gemm(ut, kr_sh, s);
+}
+
+/// The output rows `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` (the first term already in `ot`), transposed back
+/// into `o_sh` (zeros for padding, `live` false).
+#[kda_macros::kernel_fn]
+fn output_rows(ut: Tile, mq_sh: Tile, ot: Tile, o_sh: Tile, live: Val) {
+    gemm(ut, mq_sh.t(), ot);
+    for (a, b) in parallel(ot) {
+        o_sh[b][a] = select(live, ot[a][b], 0.0);
+    }
 }
 
 /// The chunked recurrence for `16 · warps` value rows of one (sequence, value head).
@@ -720,11 +720,21 @@ pub fn chunk(
                 scale,
             );
         }
-        state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, mq_sh, bt_sh, v_sh, wt, ot, vn, ut, o_sh, live);
+        state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
+        // The fused kernel computes the next state before the output, the chain over a
+        // workspace after it: each order measured the faster for its kernel
+        // (docs/performance.md, 2026-12-02 run 10). The same operations either way, so the
+        // same bits.
+        if !prepared {
+            decay_and_update(s, eg_sh, ut, kr_sh);
+        }
         if !cfg.transition {
+            output_rows(ut, mq_sh, ot, o_sh, live);
             copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
         }
-        decay_and_update(s, eg_sh, ut, kr_sh);
+        if prepared {
+            decay_and_update(s, eg_sh, ut, kr_sh);
+        }
     }
 
     if cfg.store_final() {

@@ -45,8 +45,9 @@ pub struct ChunkShape {
     pub warps: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
     pub min_blocks: usize,
-    /// Chunks staged in shared memory ahead of the one in use (the pipeline's depth, 2 or
-    /// more): the chain over a workspace issues nothing else that hides its loads' latency.
+    /// Chunks in shared memory at once (the pipeline's depth, 2 or more; the loads of a chunk
+    /// are issued `stages - 1` steps before its use). The chain over a workspace wants more
+    /// than 2: its step is shorter than a load's latency from memory.
     pub stages: usize,
 }
 

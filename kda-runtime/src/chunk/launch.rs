@@ -34,7 +34,8 @@ pub struct ChunkResult {
 /// [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkTuning {
-    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8).
+    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8; `stages` 2 to
+    /// 8).
     pub shape: ChunkShape,
     /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
     /// without `state_indices`, `T` a multiple of `16 · split`. It allocates its workspace
@@ -78,6 +79,30 @@ impl ChunkTuning {
         let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
         let ranges = if prepared { ranges::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(prepared) }
+    }
+
+    /// Whether a planned call can run so: the shape in range, and the split, the preparation
+    /// blocks, the ranges and the path each possible for the call; the reason (named `tune`)
+    /// when not.
+    pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
+        let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
+        let ChunkShape { warps, min_blocks, stages } = self.shape;
+        if !matches!(warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&min_blocks) || !(2..=8).contains(&stages) {
+            return bad("warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8");
+        }
+        if let Some(nseg) = self.split {
+            split::check_split(plan, nseg)?;
+        }
+        if self.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
+            return bad("prep_blocks from 1 to 2^31 - 1");
+        }
+        if let Some(n) = self.ranges {
+            ranges::check_ranges(plan, n)?;
+        }
+        if self.prepared && !plan.workspace {
+            return bad("prepared only with a workspace");
+        }
+        Ok(())
     }
 
     /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
@@ -271,7 +296,7 @@ pub fn chunk_kda(
 }
 
 /// [`chunk_kda`] with an explicit launch shape (for tuning; `warps` must be 1, 2, 4 or 8,
-/// `min_blocks` 1 to 8; a shape that does not fit the SM fails to load).
+/// `min_blocks` 1 to 8, `stages` 2 to 8; a shape that does not fit the SM fails to load).
 pub fn chunk_kda_tuned(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -279,26 +304,8 @@ pub fn chunk_kda_tuned(
     args: &ChunkArgs,
     tune: ChunkTuning,
 ) -> Result<ChunkResult, RuntimeError> {
-    if !matches!(tune.shape.warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&tune.shape.min_blocks) {
-        return Err(RuntimeError::bad_argument(
-            "tune",
-            "warps 1, 2, 4 or 8 and min_blocks 1 to 8",
-            format!("{tune:?}"),
-        ));
-    }
     let plan = plan_chunk(args)?;
-    if let Some(nseg) = tune.split {
-        split::check_split(&plan, nseg)?;
-    }
-    if tune.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
-        return Err(RuntimeError::bad_argument("tune", "prep_blocks from 1 to 2^31 - 1", format!("{tune:?}")));
-    }
-    if let Some(n) = tune.ranges {
-        ranges::check_ranges(&plan, n)?;
-    }
-    if tune.prepared && !plan.workspace {
-        return Err(RuntimeError::bad_argument("tune", "prepared only with a workspace", format!("{tune:?}")));
-    }
+    tune.check(&plan)?;
     launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
 
@@ -554,5 +561,31 @@ mod tests {
         // Both outcomes are exercised.
         eprintln!("accepted {accepted}, rejected {rejected}, {} kernel configs", kernels.len());
         assert!(accepted > 500 && rejected > 5000, "accepted {accepted}, rejected {rejected}");
+    }
+
+    /// Every refusal of a tuning names `tune` and says what it expected; the defaults pass.
+    #[test]
+    fn tunings_a_call_cannot_take_are_refused_by_name() {
+        let (q, k) = (tv(1, &[1, 64, 2, D], DType::BF16), tv(2, &[1, 64, 2, D], DType::BF16));
+        let (v, g, beta) =
+            (tv(3, &[1, 64, 2, D], DType::BF16), tv(4, &[1, 64, 2, D], DType::BF16), tv(5, &[1, 64, 2], DType::BF16));
+        let args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let ok = ChunkTuning::for_call(&plan);
+        ok.check(&plan).expect("the default tuning");
+        let refused = |tune: ChunkTuning, expected: &str| {
+            let e = tune.check(&plan).expect_err(expected).to_string();
+            assert!(e.contains("tune") && e.contains(expected), "{e}");
+        };
+        let shape = |warps, min_blocks, stages| ChunkTuning { shape: ChunkShape { warps, min_blocks, stages }, ..ok };
+        let shapes = "warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8";
+        refused(shape(3, 2, 2), shapes);
+        refused(shape(8, 9, 2), shapes);
+        refused(shape(8, 2, 1), shapes);
+        refused(shape(8, 2, 9), shapes);
+        refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
+        refused(ChunkTuning { prepared: true, ..ok }, "prepared only with a workspace");
+        refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");
+        refused(ChunkTuning { split: Some(3), ..ok }, "split");
     }
 }

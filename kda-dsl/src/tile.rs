@@ -273,41 +273,7 @@ pub enum LoopKind {
     Pipelined {
         /// Number of shared-memory stages.
         stages: u32,
-        /// Where in each iteration the next stage's copies are issued.
-        fills: FillIssue,
     },
-}
-
-impl LoopKind {
-    /// A pipeline of `stages` stages whose copies are issued at the top of each iteration.
-    pub fn pipelined(stages: u32) -> LoopKind {
-        LoopKind::Pipelined { stages, fills: FillIssue::Top }
-    }
-}
-
-/// Where a `pipelined` loop's iteration issues the copies that fill a later stage. Either
-/// point follows the iteration's top barrier, which orders the copies after the last reads of
-/// the stage they overwrite, so the choice changes when the instructions issue, never what
-/// they compute.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FillIssue {
-    /// Before the body: the copies' address arithmetic precedes the iteration's work.
-    #[default]
-    Top,
-    /// After the body's first top-level `gemm`: the address arithmetic can issue while that
-    /// product's dependent `mma`s wait for each other (a body whose critical path starts with
-    /// a `gemm`, as a recurrence's does).
-    AfterFirstGemm,
-}
-
-impl FillIssue {
-    /// The name the tile text and the dumps use (`fills=after_first_gemm`).
-    pub fn name(self) -> &'static str {
-        match self {
-            FillIssue::Top => "top",
-            FillIssue::AfterFirstGemm => "after_first_gemm",
-        }
-    }
 }
 
 /// Reductions.
@@ -663,10 +629,7 @@ impl KernelDef {
                 let k = match kind {
                     LoopKind::Serial => "serial".to_string(),
                     LoopKind::Unroll => "unroll".to_string(),
-                    LoopKind::Pipelined { stages, fills: FillIssue::Top } => format!("pipelined(stages={stages})"),
-                    LoopKind::Pipelined { stages, fills } => {
-                        format!("pipelined(stages={stages}, fills={})", fills.name())
-                    }
+                    LoopKind::Pipelined { stages } => format!("pipelined(stages={stages})"),
                 };
                 writeln!(
                     f,

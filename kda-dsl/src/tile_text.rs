@@ -441,23 +441,8 @@ impl Parser {
                     "pipelined" => {
                         self.punct("(")?;
                         let stages = self.setting("stages")? as u32;
-                        let mut fills = FillIssue::Top;
-                        if self.is_punct(",") {
-                            self.punct(",")?;
-                            self.keyword("fills")?;
-                            self.punct("=")?;
-                            fills = match self.ident()?.as_str() {
-                                "top" => FillIssue::Top,
-                                "after_first_gemm" => FillIssue::AfterFirstGemm,
-                                f => {
-                                    return Err(format!(
-                                        "unknown fill point `{f}`; expected `top` or `after_first_gemm`"
-                                    ))
-                                }
-                            };
-                        }
                         self.punct(")")?;
-                        LoopKind::Pipelined { stages, fills }
+                        LoopKind::Pipelined { stages }
                     }
                     k => return Err(format!("unknown loop kind `{k}`")),
                 };

@@ -3,7 +3,7 @@
 
 use kda_dsl::builder::*;
 use kda_dsl::sim::{run, SimArg};
-use kda_dsl::tile::{BinOp, FillIssue, LoopKind};
+use kda_dsl::tile::{BinOp, LoopKind};
 use kda_dsl::{DType, SrcLoc};
 
 fn loc(line: u32) -> SrcLoc {
@@ -494,7 +494,7 @@ fn a_stage_fill_without_row_masks_chooses_its_source_once() {
     k.assume_extent(&k.dim("C"), 64, loc(2));
     k.launch(vec![Host::int(1)], 128, loc(3));
     let s = k.shared("s", &[32, 64], DType::F32, loc(4));
-    let it = k.begin_for("it", LoopKind::pipelined(2), 0, k.dim("N"), loc(5));
+    let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, k.dim("N"), loc(5));
     let at = |t: &kda_dsl::builder::Tensor, l: u32| {
         k.tile_at(t, vec![it.clone(), Val::from(0), Val::from(0)], &[1, 32, 64], loc(l))
     };
@@ -681,7 +681,7 @@ fn strided_fill_pipeline() -> kda_dsl::thread_ir::ThreadProgram {
     let o = k.tensor("o", &["C", "X"], DType::BF16, true);
     k.launch(vec![Host::int(1)], 32, loc(2));
     let s = k.shared("s", &[16], DType::BF16, loc(3));
-    let c = k.begin_for("c", LoopKind::pipelined(2), 0, k.dim("C"), loc(4));
+    let c = k.begin_for("c", LoopKind::Pipelined { stages: 2 }, 0, k.dim("C"), loc(4));
     k.copy(k.tile(&a, vec![c.clone(), Val::from(0)], &[16, 1], loc(5)), s, loc(5));
     k.copy(s, k.tile(&o, vec![c, Val::from(0)], &[1, 16], loc(6)), loc(6));
     k.end();
@@ -721,101 +721,4 @@ fn an_element_fill_of_a_pipeline_stores_at_the_end_of_the_body() {
     let got: Vec<f32> = o.chunks(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect();
     let want: Vec<f32> = (0..chunks * 16).map(|r| (2 * r) as f32).collect();
     assert_eq!(got, want);
-}
-
-/// A recurrence over a 3-stage pipeline: iteration `it` adds `a[it] b[it]ᵀ` into a carried
-/// accumulator and copies the running sum to `o[j]`, `j` a `let` the fills read too. With
-/// `fills` at `FillIssue::AfterFirstGemm`, the body's `let j = it` is evaluated again after the
-/// fills, which set it for their own iteration.
-fn recurrence(fills: FillIssue) -> kda_dsl::thread_ir::ThreadProgram {
-    let k = KernelBuilder::new("recurrence", loc(1));
-    let a = k.tensor("a", &["N", "R", "C"], DType::BF16, false);
-    let b = k.tensor("b", &["N", "R", "C"], DType::BF16, false);
-    let o = k.tensor("o", &["N", "R", "X"], DType::F32, true);
-    k.assume_extent(&k.dim("R"), 16, loc(2));
-    k.assume_extent(&k.dim("C"), 64, loc(2));
-    k.assume_extent(&k.dim("X"), 16, loc(2));
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let (a_sh, b_sh) =
-        (k.shared("a_sh", &[16, 64], DType::BF16, loc(3)), k.shared("b_sh", &[16, 64], DType::BF16, loc(3)));
-    let c = k.fragment("c", &[16, 16], DType::F32, loc(4));
-    k.fill(&c, 0.0, loc(4));
-    let it = k.begin_for("it", LoopKind::Pipelined { stages: 3, fills }, 0, k.dim("N"), loc(5));
-    let j = k.let_var("j", it, loc(6));
-    let box_of = |t: &kda_dsl::builder::Tensor, l: u32| {
-        k.tile_at(t, vec![j.clone(), Val::from(0), Val::from(0)], &[1, 16, 64], loc(l))
-    };
-    k.copy(box_of(&a, 7), a_sh, loc(7));
-    k.copy(box_of(&b, 8), b_sh, loc(8));
-    k.gemm(a_sh, b_sh.t(), &c, loc(9));
-    k.copy(c, k.tile_at(&o, vec![j.clone(), Val::from(0), Val::from(0)], &[1, 16, 16], loc(10)), loc(10));
-    k.end();
-    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
-}
-
-/// `FillIssue::AfterFirstGemm` issues the next stage's `cp.async`s after the body's first
-/// `mma` (at the top otherwise), and both compute the same bits, the right ones.
-#[test]
-fn fills_issued_after_the_first_gemm_follow_its_mmas_and_change_no_value() {
-    let body_of = |text: &str| -> Vec<String> {
-        let lines: Vec<&str> = text.lines().collect();
-        let top = lines.iter().position(|l| l.contains("bar.sync")).expect("the loop's barrier");
-        let back = top + lines[top..].iter().position(|l| l.trim_start().starts_with("bra")).expect("the back edge");
-        lines[top..back].iter().map(|l| l.to_string()).collect()
-    };
-    let first =
-        |body: &[String], op: &str| body.iter().position(|l| l.contains(op)).unwrap_or_else(|| panic!("no {op}"));
-    let (top, late) = (dump(&recurrence(FillIssue::Top)), dump(&recurrence(FillIssue::AfterFirstGemm)));
-    let (top_body, late_body) = (body_of(&top), body_of(&late));
-    assert!(first(&top_body, "cp.async.cg") < first(&top_body, "mma.sync"), "{}", top_body.join("\n"));
-    assert!(first(&late_body, "mma.sync") < first(&late_body, "cp.async.cg"), "{}", late_body.join("\n"));
-    // Small integers: every product and sum is exact in bf16 and f32.
-    let (n, r, cols) = (5usize, 16usize, 64usize);
-    let val = |t: usize, i: usize| ((t * 7 + i * 3) % 5) as f32 - 2.0;
-    let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
-    let tensor = |t: usize| -> Vec<u8> { (0..n * r * cols).flat_map(|i| bf16(val(t, i))).collect() };
-    let mut want = vec![0f32; n * r * 16];
-    let mut acc = [0f32; 256];
-    for it in 0..n {
-        for (x, y) in (0..16).flat_map(|x| (0..16).map(move |y| (x, y))) {
-            let dot: f32 =
-                (0..cols).map(|kk| val(0, (it * r + x) * cols + kk) * val(1, (it * r + y) * cols + kk)).sum();
-            acc[x * 16 + y] += dot;
-        }
-        want[it * 256..(it + 1) * 256].copy_from_slice(&acc);
-    }
-    for fills in [FillIssue::Top, FillIssue::AfterFirstGemm] {
-        let mut args = vec![
-            ("N".to_string(), SimArg::I32(n as i32)),
-            ("R".to_string(), SimArg::I32(r as i32)),
-            ("C".to_string(), SimArg::I32(cols as i32)),
-            ("a".to_string(), SimArg::Tensor(tensor(0))),
-            ("b".to_string(), SimArg::Tensor(tensor(1))),
-            ("X".to_string(), SimArg::I32(16)),
-            ("o".to_string(), SimArg::Tensor(vec![0; n * r * 16 * 4])),
-        ];
-        run(&recurrence(fills), [1, 1, 1], &mut args).expect("runs");
-        let SimArg::Tensor(o) = &args[6].1 else { unreachable!() };
-        let got: Vec<f32> = o.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        assert_eq!(got, want, "{fills:?}");
-    }
-}
-
-/// `fills = after_first_gemm` on a loop whose body has no `gemm` at its top level is refused
-/// at the loop.
-#[test]
-fn fills_after_a_gemm_need_one() {
-    let k = KernelBuilder::new("bad", loc(1));
-    let a = k.tensor("a", &["N", "C"], DType::F32, false);
-    let o = k.tensor("o", &["N", "C"], DType::F32, true);
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let s = k.shared("s", &[16], DType::F32, loc(3));
-    let it =
-        k.begin_for("it", LoopKind::Pipelined { stages: 2, fills: FillIssue::AfterFirstGemm }, 0, k.dim("N"), loc(4));
-    k.copy(k.tile(&a, vec![it.clone(), Val::from(0)], &[1, 16], loc(5)), s, loc(5));
-    k.copy(s, k.tile(&o, vec![it, Val::from(0)], &[1, 16], loc(6)), loc(6));
-    k.end();
-    let e = kda_dsl::lower_kernel(k.finish().expect("valid")).expect_err("refused");
-    assert_eq!(e.loc.line, 4);
-    assert!(e.message.contains("no `gemm` at its top level"), "{e}");
 }

@@ -751,29 +751,18 @@ impl Cx {
                     }
                 }
                 _ => {
-                    let (mut stages, mut fills) = (None, None);
+                    let mut stages = None;
                     for (k, v, ksp) in &kw {
-                        let slot = match k.as_str() {
-                            "stages" => &mut stages,
-                            "fills" => &mut fills,
-                            _ => {
-                                return err(
-                                    *ksp,
-                                    format!("unknown `pipelined` argument `{k}`; expected `stages` or `fills`"),
-                                )
-                            }
-                        };
-                        if self.is_dsl(v) {
-                            return err(v.span(), format!("`{k}` must be known when the kernel is specialized"));
+                        if k != "stages" {
+                            return err(*ksp, format!("unknown `pipelined` argument `{k}`; expected `stages`"));
                         }
-                        *slot = Some(*v);
+                        if self.is_dsl(v) {
+                            return err(v.span(), "the stage count must be known when the kernel is specialized");
+                        }
+                        stages = Some(*v);
                     }
                     let Some(s) = stages else { return err(sp, "`pipelined` needs `stages = n`") };
-                    let fills = match fills {
-                        Some(f) => quote!(#f),
-                        None => quote!(::kda_dsl::tile::FillIssue::Top),
-                    };
-                    quote!(::kda_dsl::tile::LoopKind::Pipelined { stages: (#s) as u32, fills: #fills })
+                    quote!(::kda_dsl::tile::LoopKind::Pipelined { stages: (#s) as u32 })
                 }
             };
             let vs = var.to_string();

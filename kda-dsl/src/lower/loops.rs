@@ -54,7 +54,7 @@ impl Lower<'_> {
                 self.em.emit(Op::Label(exit));
                 Ok(())
             }
-            LoopKind::Pipelined { stages, .. } => self.pipelined(var, stages, start, end, body, loc),
+            LoopKind::Pipelined { stages } => self.pipelined(var, stages, start, end, body, loc),
         }
     }
 
@@ -76,16 +76,7 @@ impl Lower<'_> {
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
-        let PipelinePlan { staged, prelude, skip_dead_fills, fills: issue, .. } = plan;
-        // The body's statements before the fills' issue point (through its first top-level
-        // `gemm` for `FillIssue::AfterFirstGemm`, which `plan_pipelines` checked there is).
-        let issue_at = match issue {
-            FillIssue::Top => 0,
-            FillIssue::AfterFirstGemm => {
-                rest.iter().position(|s| matches!(s.kind, StmtKind::Gemm { .. })).expect("plan_pipelines: a gemm") + 1
-            }
-        };
-        let (before_fills, after_fills) = rest.split_at(issue_at);
+        let PipelinePlan { staged, prelude, skip_dead_fills, .. } = plan;
         let s0 = self.expr(start, DType::I32, loc)?;
         let e = self.expr(end, DType::I32, loc)?;
         let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
@@ -121,9 +112,6 @@ impl Lower<'_> {
         self.em.emit_if(p, true, Op::Bra { target: exit });
         self.em.emit(Op::CpAsyncWait { n: stages - 2 });
         self.barrier();
-        if !before_fills.is_empty() {
-            self.compute_on_stage(var, ko, rd, &staged, &home, &stage_bytes, before_fills)?;
-        }
         // Issue iteration ko + stages - 1 into the stage read last iteration.
         let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
         self.mov(iter, V { s: it, ty: DType::I32 });
@@ -141,14 +129,13 @@ impl Lower<'_> {
         let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
         let deferred = self.deferred_fills.take().unwrap_or_default();
         fill_result?;
-        // Compute on the stage read this iteration; the fills' prelude set the body's `let`s
-        // for their iteration, so statements after the fills get them back for this one.
-        let after: Vec<Stmt> = if before_fills.is_empty() {
-            after_fills.to_vec()
-        } else {
-            prelude.iter().chain(after_fills).cloned().collect()
-        };
-        self.compute_on_stage(var, ko, rd, &staged, &home, &stage_bytes, &after)?;
+        // Compute on the stage read this iteration.
+        self.var_regs.insert(var, ko);
+        for (k, b) in staged.iter().enumerate() {
+            let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+        self.block(&rest)?;
         self.em.loc = loc;
         self.store_deferred_fills(deferred)?;
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
@@ -163,27 +150,6 @@ impl Lower<'_> {
             self.shared_base[*b] = Some(home[k]);
         }
         Ok(())
-    }
-
-    /// `body` of iteration `ko` over the stage it reads (`rd`): the loop variable and the staged
-    /// tiles' bases set for it.
-    #[allow(clippy::too_many_arguments)] // the pipeline's state, as `pipelined` holds it
-    fn compute_on_stage(
-        &mut self,
-        var: VarId,
-        ko: Reg,
-        rd: Reg,
-        staged: &[BufId],
-        home: &[Src],
-        stage_bytes: &[i64],
-        body: &[Stmt],
-    ) -> Result<(), Diag> {
-        self.var_regs.insert(var, ko);
-        for (k, b) in staged.iter().enumerate() {
-            let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
-            self.shared_base[*b] = Some(self.em.add32(home[k], off));
-        }
-        self.block(body)
     }
 
     /// The shared stores of the main loop's element-wise fills, into the stage they were

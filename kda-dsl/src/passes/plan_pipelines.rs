@@ -1,8 +1,7 @@
 //! Plans each `pipelined` loop: which of its statements are stage fills, which tiles they
-//! stage, the body's `let`s the fills read (evaluated again for the fills' iteration), whether
-//! the fills branch around their address arithmetic past the loop's end, and where in each
-//! iteration they are issued (`FillIssue`). The lowering emits the prologue and the steady
-//! state from this plan, and decides nothing about it.
+//! stage, the body's `let`s the fills read (evaluated again for the fills' iteration), and
+//! whether the fills branch around their address arithmetic past the loop's end. The lowering
+//! emits the prologue and the steady state from this plan, and decides nothing about it.
 //!
 //! A stage fill is a copy from a global box into a shared tile at the top level of the loop's
 //! body ([`is_stage_fill`]); the other passes use the same test. It runs `stages - 1` iterations
@@ -30,10 +29,6 @@ pub struct PipelinePlan {
     /// tensor-core loop, where the branch would split the block that interleaves the fills
     /// with the MMAs (the GEMM measured slower with it).
     pub skip_dead_fills: bool,
-    /// Where each iteration of the main loop issues the fills (the prologue's are issued before
-    /// the loop either way). [`FillIssue::AfterFirstGemm`] needs a `gemm` at the top level of
-    /// the body.
-    pub fills: FillIssue,
 }
 
 /// Whether `s` (a statement at the top level of a `pipelined` loop's body) is a stage fill.
@@ -46,16 +41,9 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
     let mut plans = vec![];
     let mut first_error = None;
     visit_stmts(&p.def.body, &mut |s| {
-        let StmtKind::For { var, kind: LoopKind::Pipelined { stages, fills: issue }, body, .. } = &s.kind else {
+        let StmtKind::For { var, kind: LoopKind::Pipelined { stages }, body, .. } = &s.kind else {
             return;
         };
-        if *issue == FillIssue::AfterFirstGemm && !body.iter().any(|x| matches!(x.kind, StmtKind::Gemm { .. })) {
-            first_error.get_or_insert(Diag::new(
-                s.loc,
-                "`fills = after_first_gemm`: the loop's body has no `gemm` at its top level to issue them after",
-            ));
-            return;
-        }
         let fills: Vec<&Stmt> = body.iter().filter(|x| is_stage_fill(&p.def, x)).collect();
         let staged = fills
             .iter()
@@ -71,7 +59,6 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
                 staged,
                 prelude,
                 skip_dead_fills: !contains_gemm(body),
-                fills: *issue,
             }),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -121,11 +108,7 @@ impl fmt::Display for PipelineLine<'_> {
         if !lets.is_empty() {
             write!(f, "; prelude {}", lets.join(", "))?;
         }
-        write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })?;
-        match plan.fills {
-            FillIssue::Top => Ok(()),
-            FillIssue::AfterFirstGemm => write!(f, "; fills issued after the first gemm"),
-        }
+        write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })
     }
 }
 
@@ -145,13 +128,13 @@ mod tests {
         let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
         let w = k.shared("w", &[64, 16], DType::BF16, loc(3));
         let acc = k.fragment("acc", &[16, 16], DType::F32, loc(4));
-        let i = k.begin_for("i", LoopKind::pipelined(2), 0, 4, loc(5));
+        let i = k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
         let row = k.let_var("row", Val::bin(crate::tile::BinOp::Add, i, Val::from(1)), loc(6));
         k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
         k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(8)), loc(8));
         k.end();
         k.fill(&acc, 0.0, loc(9));
-        let j = k.begin_for("j", LoopKind::pipelined(3), 0, 4, loc(10));
+        let j = k.begin_for("j", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(10));
         k.copy(k.tile(&a, vec![Val::from(0), j.clone()], &[16, 64], loc(11)), s, loc(11));
         k.copy(k.tile(&a, vec![j, Val::from(0)], &[64, 16], loc(12)), w, loc(12));
         k.gemm(s, w, &acc, loc(13));
@@ -181,7 +164,7 @@ mod tests {
         let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
         let t = k.shared("t", &[16], DType::I32, loc(3));
         k.fill(&t, Val::from(0), loc(4));
-        k.begin_for("i", LoopKind::pipelined(2), 0, 4, loc(5));
+        k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
         let row = k.elem(&t, vec![Val::from(0)], loc(6));
         k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
         k.fill(&t, Val::from(1), loc(8));

@@ -566,3 +566,56 @@ fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
         assert!(bits(&state.expect("a state")) == bits(&whole.final_state), "{name}: final states differ");
     }
 }
+
+/// The decode pool in place, in token ranges: each range reads and writes the sequences' f32
+/// pool slots, the first honouring `has_initial_state`, every later one reading the slot the
+/// one before wrote. The pool and the outputs have the bits of one run, padding included
+/// (dense B = 3: a live slot, a padding one, a fresh prompt).
+#[test]
+fn token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit() {
+    use kda_kernels::chunk::Preparation;
+    let d = 128;
+    let spec = ChunkSpec {
+        lengths: Lengths::Dense { b: 3, t: 16 * 5 + 7 },
+        h: 1,
+        hv: 2,
+        initial: InitialSpec::Pool { slots: 4 },
+        ..ChunkSpec::default()
+    };
+    let x = ChunkInputs::random(&mut Rng::new(72), &spec);
+    assert!(x.has_initial.as_ref().is_some_and(|h| h.contains(&0)), "a fresh prompt among them");
+    let pool = |has_initial| ChunkStates::Pool { indices: I32, has_initial };
+    for preparation in [Preparation::InKernel, Preparation::Workspace] {
+        let cfg = |has_initial| ChunkConfig { states: pool(has_initial), preparation, ..ChunkConfig::default() };
+        let whole = simulate_chunk(&cfg(Some(I32)), &x).expect("simulates");
+        let (mut slots, mut out) = (x.initial.clone(), vec![vec![]; x.b]);
+        for (r, (t0, t1)) in [(0, 32), (32, 48), (48, x.t)].into_iter().enumerate() {
+            // Rows t0 .. t1 of each batch row of a `[B, T, heads, w]` tensor.
+            let rows = |v: &[f64], w: usize| -> Vec<f64> {
+                (0..x.b).flat_map(|b| v[(b * x.t + t0) * w..(b * x.t + t1) * w].to_vec()).collect()
+            };
+            let (qk, vg) = (x.h * d, x.hv * d);
+            let range = ChunkInputs {
+                t: t1 - t0,
+                q: rows(&x.q, qk),
+                k: rows(&x.k, qk),
+                v: rows(&x.v, vg),
+                g: rows(&x.g, vg),
+                beta: rows(&x.beta, x.hv),
+                initial: slots.clone(),
+                has_initial: x.has_initial.clone().filter(|_| r == 0),
+                ..x.clone()
+            };
+            let has_initial = if r == 0 { Some(I32) } else { None };
+            let got = simulate_chunk(&cfg(has_initial), &range).expect("simulates a range");
+            for (b, o) in out.iter_mut().enumerate() {
+                let per_row = (t1 - t0) * vg;
+                o.extend_from_slice(&got.out[b * per_row..(b + 1) * per_row]);
+            }
+            slots = Some(got.final_state);
+        }
+        let name = format!("{preparation:?}");
+        assert!(bits(&out.concat()) == bits(&whole.out), "{name}: outputs differ");
+        assert!(bits(&slots.expect("a pool")) == bits(&whole.final_state), "{name}: pools differ");
+    }
+}

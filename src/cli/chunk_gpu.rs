@@ -294,6 +294,24 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             }),
         },
         ChunkCase {
+            name: format!("chunk B=1 T={} f32 pool in place, two-kernel path in 4 token ranges", t_split + 9),
+            cfg: ChunkConfig { states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) }, ..d.clone() },
+            spec: ChunkSpec {
+                lengths: Lengths::Dense { b: 1, t: t_split + 9 },
+                h: 2,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 3 },
+                ..ChunkSpec::default()
+            },
+            tune: Some(ChunkTuning {
+                shape: ChunkShape::FUSED,
+                split: None,
+                prepared: true,
+                prep_blocks: None,
+                ranges: Some(4),
+            }),
+        },
+        ChunkCase {
             name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },

@@ -55,9 +55,9 @@ pub struct ChunkTuning {
     /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
     /// preparation of the next. Capture such a call into a graph only on a thread that has
     /// created that stream: by [`crate::preload_chunk`] or by one eager call. Dense calls with
-    /// B = 1, at least one token, a workspace and f32 final states (`output_final_state`); the
-    /// same bits as one range. `None`: one range. [`ChunkTuning::for_call`] sets it for long
-    /// enough calls that can take it.
+    /// B = 1, at least one token, a workspace, and f32 final states (`output_final_state`) or
+    /// an f32 pool (`state_indices`); the same bits as one range. `None`: one range.
+    /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it.
     pub ranges: Option<usize>,
 }
 
@@ -120,7 +120,8 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
 
 /// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
 /// whatever its batch: the fused kernel, and with a workspace the chain over a prepared one
-/// (taken at most [`PREPARED_MAX_CHAINS`] chains); and the preparation that one needs.
+/// (taken at most [`PREPARED_MAX_CHAINS`] chains), for a pool with `has_initial_state` also its
+/// form without it (token ranges after the first); and the preparation they need.
 pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Option<PrepConfig>) {
     let fused = tuned_config(plan, ChunkTuning::of_path(false));
     if !plan.workspace {
@@ -128,7 +129,14 @@ pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Option<PrepConfig>
     }
     let prepared = tuned_config(plan, ChunkTuning::of_path(true));
     let prep = PrepConfig::of(&prepared);
-    (vec![fused, prepared], Some(prep))
+    let mut chains = vec![fused, prepared.clone()];
+    // Token ranges after the first read the pool without `has_initial_state`.
+    if let (true, ChunkStates::Pool { indices, has_initial: Some(_) }) =
+        (ranges::may_take_ranges(plan), prepared.states)
+    {
+        chains.push(ChunkConfig { states: ChunkStates::Pool { indices, has_initial: None }, ..prepared });
+    }
+    (chains, Some(prep))
 }
 
 pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {

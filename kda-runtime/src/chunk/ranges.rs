@@ -1,5 +1,5 @@
-//! The two-kernel path in token ranges (opt-in: [`ChunkTuning::ranges`]): the preparation of
-//! range `r + 1` runs beside the chain of range `r`.
+//! The two-kernel path in token ranges ([`ChunkTuning::ranges`], taken by default for long
+//! enough calls): the preparation of range `r + 1` runs beside the chain of range `r`.
 //!
 //! On the two-kernel path the preparation (parallel over chunks, bound by issuing
 //! instructions on every SM) and the chain (one serial chain per value head, one block per SM
@@ -12,10 +12,13 @@
 //! so no order of execution can deadlock.
 //!
 //! Each range is the chunk kernel on a view of the call (B = 1: a range of tokens is a dense
-//! `[1, L, ..]` view), its state carried in the f32 final states from one range to the next, so
-//! the bits are those of the whole call (`token_ranges_carrying_the_state_equal_the_whole_run_
-//! bit_for_bit` in the simulator tests): chunks start at the same tokens and the state goes
-//! through memory exactly. Each range has its own part of the workspace.
+//! `[1, L, ..]` view), its state carried from one range to the next in the f32 final states,
+//! or with `state_indices` in the f32 pool slots themselves (each range reads and writes them
+//! in place; only the first honours `has_initial_state`). So the bits are those of the whole
+//! call (the simulator tests `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit`
+//! and `token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit`): chunks start
+//! at the same tokens and the state goes through memory exactly. Each range has its own part
+//! of the workspace.
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
@@ -34,8 +37,10 @@ const D: usize = crate::validate::HEAD_DIM;
 
 /// Whether a planned call can run in `nranges` token ranges; the reason when not.
 pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), RuntimeError> {
-    let f32_final = matches!(plan.final_out, FinalState::Given { .. } | FinalState::Allocate { .. })
-        && plan.state_dtype == DType::F32;
+    // What carries the state from one range to the next, exactly: f32 final states, or the
+    // f32 pool slots themselves.
+    let f32_carry = plan.state_dtype == DType::F32
+        && matches!(plan.final_out, FinalState::Given { .. } | FinalState::Allocate { .. } | FinalState::Pool);
     let why = if nranges < 2 {
         Some("at least 2 ranges")
     } else if !plan.workspace {
@@ -44,10 +49,11 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some("a dense call with B = 1")
     } else if plan.seq_len == 0 {
         Some("at least one token")
-    } else if matches!(plan.initial, InitialState::Pool { .. }) {
-        Some("a call without state_indices")
-    } else if !f32_final {
-        Some("f32 final states (output_final_state with an f32 state): they carry the state between ranges")
+    } else if !f32_carry {
+        Some(
+            "f32 final states (output_final_state with an f32 state) or an f32 pool (state_indices): \
+             they carry the state between ranges",
+        )
     } else {
         None
     };
@@ -99,14 +105,15 @@ pub(super) struct RangeLaunch {
 }
 
 /// Every range's launch, in order. `out_ptr` is the output, `fin` the final states (the
-/// caller's or the allocated ones), which carry the state from one range to the next.
+/// caller's or the allocated ones), which carry the state from one range to the next; with
+/// `state_indices` there are none, and the pool slots carry it in place.
 pub(super) fn range_launches(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
     nranges: usize,
     out_ptr: u64,
-    fin: TensorView,
+    fin: Option<TensorView>,
 ) -> Result<Vec<RangeLaunch>, RuntimeError> {
     check_ranges(plan, nranges)?;
     let ws = args.workspace.expect("check_ranges: a workspace");
@@ -131,13 +138,24 @@ pub(super) fn range_launches(
         let out = rows(out_ptr, dt, t0, t1, &[hv, D])?;
         let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
-        // The first range starts from the call's state, every other from the one before's.
-        a.initial_state = match r {
-            0 => args.initial_state.filter(|_| plan.initial != InitialState::Zeros),
-            _ => Some(&fin),
-        };
-        a.output_final_state = true;
-        a.final_state = Some(&fin);
+        match &fin {
+            // The first range starts from the call's state, every other from the one before's.
+            Some(fin) => {
+                a.initial_state = match r {
+                    0 => args.initial_state.filter(|_| plan.initial != InitialState::Zeros),
+                    _ => Some(fin),
+                };
+                a.output_final_state = true;
+                a.final_state = Some(fin);
+            }
+            // Each range reads and writes the pool slots in place; the first starts fresh
+            // prompts from zeros, every other reads the slot the one before wrote.
+            None => {
+                a.initial_state = args.initial_state;
+                a.state_indices = args.state_indices;
+                a.has_initial_state = args.has_initial_state.filter(|_| r == 0);
+            }
+        }
         // The range's own part of the workspace, sized by the call's shape at the range's
         // length (what the range's plan will ask for), 16-byte aligned.
         let need = chunk_workspace_bytes(&ChunkPlan { seq_len: t1 - t0, ..plan.clone() }).next_multiple_of(16);
@@ -147,7 +165,7 @@ pub(super) fn range_launches(
         // The caller's call was planned and this is a view of it: a failure is a bug here.
         let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
         let cfg = tuned_config(&p, tune);
-        let bound = kernel_args(&a, &p, &cfg, out.ptr(), Some(fin))?;
+        let bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
         launches.push(RangeLaunch { plan: p, cfg, bound });
     }
     Ok(launches)
@@ -167,7 +185,10 @@ pub(super) fn launch(
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<(), RuntimeError> {
-    let fin = final_view.expect("check_ranges: final states");
+    let fin = match plan.initial {
+        InitialState::Pool { .. } => None,
+        _ => Some(final_view.expect("check_ranges: final states without a pool")),
+    };
     let launches = range_launches(args, plan, tune, nranges, out_ptr, fin)?;
     let chains = gpu.high_priority_stream()?;
     // Each chain waits for everything on `stream` up to its range's preparation, which covers
@@ -186,6 +207,7 @@ mod tests {
     use super::*;
     use crate::chunk::testing::tv;
     use crate::launch::bind_args;
+    use kda_kernels::chunk::ChunkStates;
 
     #[test]
     fn ranges_are_whole_chunks_covering_every_token() {
@@ -218,7 +240,7 @@ mod tests {
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
         let tune = ChunkTuning::for_call(&plan);
-        let launches = range_launches(&args, &plan, tune, 3, out.ptr(), fin).expect("launches");
+        let launches = range_launches(&args, &plan, tune, 3, out.ptr(), Some(fin)).expect("launches");
         assert_eq!(launches.len(), 3);
         let ptr_of = |bound: &ChunkKernelArgs, name: &str| match bound.iter().find(|(n, _)| *n == name) {
             Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
@@ -245,6 +267,53 @@ mod tests {
             ws_end += chunk_workspace_bytes(&l.plan).next_multiple_of(16) as u64;
         }
         assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
+    }
+
+    /// With `state_indices`, every range binds to its kernel with the pool as its state, in
+    /// place, and only the first reads `has_initial_state`.
+    #[test]
+    fn pool_ranges_bind_to_their_kernels_and_carry_the_state_in_the_pool() {
+        let (t, h, hv) = (100, 2, 4);
+        let (q, k) = (tv(1, &[1, t, h, D], DType::BF16), tv(2, &[1, t, h, D], DType::BF16));
+        let (v, g) = (tv(3, &[1, t, hv, D], DType::BF16), tv(4, &[1, t, hv, D], DType::BF16));
+        let beta = tv(5, &[1, t, hv], DType::BF16);
+        let out = tv(6, &[1, t, hv, D], DType::BF16);
+        let pool = tv(9, &[3, hv, D, D], DType::F32);
+        let (slots, fresh) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32));
+        let ws = tv(11, &[1 << 20], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.output = Some(&out);
+        args.initial_state = Some(&pool);
+        args.state_indices = Some(&slots);
+        args.has_initial_state = Some(&fresh);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let launches =
+            range_launches(&args, &plan, ChunkTuning::for_call(&plan), 3, out.ptr(), None).expect("launches");
+        assert_eq!(launches.len(), 3);
+        let arg_of = |bound: &ChunkKernelArgs, name: &str| match bound.iter().find(|(n, _)| *n == name) {
+            Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
+            _ => panic!("no tensor `{name}`"),
+        };
+        for (r, l) in launches.iter().enumerate() {
+            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
+                .expect("compiles");
+            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            assert_eq!(arg_of(&l.bound, "state"), pool.ptr(), "range {r}: the pool, in place");
+            assert_eq!(arg_of(&l.bound, "state_indices"), slots.ptr(), "range {r}");
+            let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });
+            assert_eq!(reads_fresh, r == 0, "range {r}: only the first reads has_initial_state");
+            let (preloaded, _) = super::super::launch::chunk_variants(&plan);
+            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
+        }
+        // A bf16 pool would round the state between ranges: refused, and not the default.
+        let pool16 = tv(9, &[3, hv, D, D], DType::BF16);
+        args.initial_state = Some(&pool16);
+        let plan16 = plan_chunk(&args).expect("a valid call");
+        let e = check_ranges(&plan16, 2).expect_err("a bf16 pool");
+        assert!(e.to_string().contains("an f32 pool"), "{e}");
+        assert!(!may_take_ranges(&plan16));
+        assert!(may_take_ranges(&plan));
     }
 
     /// `for_call` takes ranges of at least `RANGE_MIN_CHUNKS` chunks, at most `DEFAULT_RANGES`

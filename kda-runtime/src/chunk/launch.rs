@@ -57,7 +57,9 @@ pub struct ChunkTuning {
     /// created that stream: by [`crate::preload_chunk`] or by one eager call. Dense calls with
     /// B = 1, at least one token, a workspace, and f32 final states (`output_final_state`) or
     /// an f32 pool (`state_indices`); the same bits as one range. `None`: one range.
-    /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it.
+    /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's
+    /// calls share that stream, so their chains run in call order even when the calls are on
+    /// different streams (each call still waits only for work enqueued before it).
     pub ranges: Option<usize>,
 }
 

@@ -303,7 +303,7 @@ mod tests {
             assert_eq!(arg_of(&l.bound, "state_indices"), slots.ptr(), "range {r}");
             let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });
             assert_eq!(reads_fresh, r == 0, "range {r}: only the first reads has_initial_state");
-            let (preloaded, _) = super::super::launch::chunk_variants(&plan);
+            let (preloaded, _) = crate::chunk::chunk_variants(&plan);
             assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
         // A bf16 pool would round the state between ranges: refused, and not the default.

@@ -526,6 +526,24 @@ fn prefill_isolation() {
     }
 }
 
+/// Tokens `t0 .. t1` of every batch row of dense inputs, as a call of their own (the states
+/// as `x`'s: each test sets the range's own).
+fn token_range(x: &ChunkInputs, t0: usize, t1: usize) -> ChunkInputs {
+    let rows = |v: &[f64], w: usize| -> Vec<f64> {
+        (0..x.b).flat_map(|b| v[(b * x.t + t0) * w..(b * x.t + t1) * w].to_vec()).collect()
+    };
+    let (qk, vg) = (x.h * 128, x.hv * 128);
+    ChunkInputs {
+        t: t1 - t0,
+        q: rows(&x.q, qk),
+        k: rows(&x.k, qk),
+        v: rows(&x.v, vg),
+        g: rows(&x.g, vg),
+        beta: rows(&x.beta, x.hv),
+        ..x.clone()
+    }
+}
+
 /// A sequence run in token ranges (each a multiple of the chunk, the state carried from one
 /// range's final state to the next one's initial state in f32) gives the bits of the run over
 /// all of it, outputs and final state, fused and over a prepared workspace: chunks start at the
@@ -534,7 +552,6 @@ fn prefill_isolation() {
 #[test]
 fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
     use kda_kernels::chunk::Preparation;
-    let d = 128;
     let x = one_sequence(71, 16 * 5 + 7);
     for preparation in [Preparation::InKernel, Preparation::Workspace] {
         let whole_cfg = ChunkConfig {
@@ -545,18 +562,7 @@ fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
         let whole = simulate_chunk(&whole_cfg, &x).expect("simulates");
         let (mut state, mut out) = (x.initial.clone(), vec![]);
         for (t0, t1) in [(0, 32), (32, 48), (48, x.t)] {
-            let rows = |v: &[f64], w: usize| v[t0 * w..t1 * w].to_vec();
-            let (qk, vg) = (x.h * d, x.hv * d);
-            let range = ChunkInputs {
-                t: t1 - t0,
-                q: rows(&x.q, qk),
-                k: rows(&x.k, qk),
-                v: rows(&x.v, vg),
-                g: rows(&x.g, vg),
-                beta: rows(&x.beta, x.hv),
-                initial: state.clone(),
-                ..x.clone()
-            };
+            let range = ChunkInputs { initial: state.clone(), ..token_range(&x, t0, t1) };
             let r = simulate_chunk(&whole_cfg, &range).expect("simulates a range");
             out.extend(r.out);
             state = Some(r.final_state);
@@ -590,26 +596,15 @@ fn token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit() {
         let whole = simulate_chunk(&cfg(Some(I32)), &x).expect("simulates");
         let (mut slots, mut out) = (x.initial.clone(), vec![vec![]; x.b]);
         for (r, (t0, t1)) in [(0, 32), (32, 48), (48, x.t)].into_iter().enumerate() {
-            // Rows t0 .. t1 of each batch row of a `[B, T, heads, w]` tensor.
-            let rows = |v: &[f64], w: usize| -> Vec<f64> {
-                (0..x.b).flat_map(|b| v[(b * x.t + t0) * w..(b * x.t + t1) * w].to_vec()).collect()
-            };
-            let (qk, vg) = (x.h * d, x.hv * d);
             let range = ChunkInputs {
-                t: t1 - t0,
-                q: rows(&x.q, qk),
-                k: rows(&x.k, qk),
-                v: rows(&x.v, vg),
-                g: rows(&x.g, vg),
-                beta: rows(&x.beta, x.hv),
                 initial: slots.clone(),
                 has_initial: x.has_initial.clone().filter(|_| r == 0),
-                ..x.clone()
+                ..token_range(&x, t0, t1)
             };
             let has_initial = if r == 0 { Some(I32) } else { None };
             let got = simulate_chunk(&cfg(has_initial), &range).expect("simulates a range");
             for (b, o) in out.iter_mut().enumerate() {
-                let per_row = (t1 - t0) * vg;
+                let per_row = (t1 - t0) * x.hv * d;
                 o.extend_from_slice(&got.out[b * per_row..(b + 1) * per_row]);
             }
             slots = Some(got.final_state);

@@ -221,6 +221,10 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     use kda_kernels::chunk::ChunkGate;
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
+    // The two-kernel path in 4 token ranges, at the shape both runs take: the fused kernel's,
+    // and the ranges' chains at it.
+    let four_ranges =
+        ChunkTuning { shape: ChunkShape::FUSED, split: None, prepared: true, prep_blocks: None, ranges: Some(4) };
     vec![
         ChunkCase {
             name: format!("chunk B=2 T={t_dense} H={h_dense} bf16, f32 state in and out"),
@@ -284,14 +288,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             name: format!("chunk B=1 T={} H=2 HV=4, two-kernel path in 4 token ranges", t_split + 7),
             cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 7 }, h: 2, hv: 4, ..init.clone() },
-            // The shape both runs take: the fused kernel's, and the ranges' chains at it.
-            tune: Some(ChunkTuning {
-                shape: ChunkShape::FUSED,
-                split: None,
-                prepared: true,
-                prep_blocks: None,
-                ranges: Some(4),
-            }),
+            tune: Some(four_ranges),
         },
         ChunkCase {
             name: format!("chunk B=1 T={} f32 pool in place, two-kernel path in 4 token ranges", t_split + 9),
@@ -303,13 +300,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
                 initial: InitialSpec::Pool { slots: 3 },
                 ..ChunkSpec::default()
             },
-            tune: Some(ChunkTuning {
-                shape: ChunkShape::FUSED,
-                split: None,
-                prepared: true,
-                prep_blocks: None,
-                ranges: Some(4),
-            }),
+            tune: Some(four_ranges),
         },
         ChunkCase {
             name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),

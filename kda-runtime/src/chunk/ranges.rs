@@ -209,6 +209,20 @@ mod tests {
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
 
+    /// q, k, v, g, beta and the output of a dense B = 1 call of `t` tokens.
+    fn dense_inputs(t: usize, h: usize, hv: usize) -> [TensorView; 6] {
+        let bf16 = |id, heads: usize| tv(id, &[1, t, heads, D], DType::BF16);
+        [bf16(1, h), bf16(2, h), bf16(3, hv), bf16(4, hv), tv(5, &[1, t, hv], DType::BF16), bf16(6, hv)]
+    }
+
+    /// The address bound to the tensor parameter `name`.
+    fn tensor_at(bound: &ChunkKernelArgs, name: &str) -> u64 {
+        match bound.iter().find(|(n, _)| *n == name) {
+            Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
+            _ => panic!("no tensor `{name}`"),
+        }
+    }
+
     #[test]
     fn ranges_are_whole_chunks_covering_every_token() {
         assert_eq!(token_ranges(100, 3), vec![(0, 48), (48, 96), (96, 100)]);
@@ -223,10 +237,7 @@ mod tests {
     #[test]
     fn range_launches_bind_to_their_kernels() {
         let (t, h, hv) = (100, 2, 4);
-        let (q, k) = (tv(1, &[1, t, h, D], DType::BF16), tv(2, &[1, t, h, D], DType::BF16));
-        let (v, g) = (tv(3, &[1, t, hv, D], DType::BF16), tv(4, &[1, t, hv, D], DType::BF16));
-        let beta = tv(5, &[1, t, hv], DType::BF16);
-        let out = tv(6, &[1, t, hv, D], DType::BF16);
+        let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
         let (a_log, dt_bias) = (tv(7, &[hv], DType::F32), tv(8, &[hv * D], DType::F32));
         let (init, fin) = (tv(9, &[1, hv, D, D], DType::F32), tv(10, &[1, hv, D, D], DType::F32));
         let ws = tv(11, &[1 << 20], DType::F32);
@@ -242,10 +253,6 @@ mod tests {
         let tune = ChunkTuning::for_call(&plan);
         let launches = range_launches(&args, &plan, tune, 3, out.ptr(), Some(fin)).expect("launches");
         assert_eq!(launches.len(), 3);
-        let ptr_of = |bound: &ChunkKernelArgs, name: &str| match bound.iter().find(|(n, _)| *n == name) {
-            Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
-            _ => panic!("no tensor `{name}`"),
-        };
         let mut ws_end = ws.ptr();
         for (r, l) in launches.iter().enumerate() {
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
@@ -259,11 +266,11 @@ mod tests {
             .expect("compiles");
             let prep_args = crate::chunk::prepared::preparation_args(&prep, &l.plan, &l.bound, None);
             bind_args(&prep, prep_args.as_slice()).unwrap_or_else(|e| panic!("range {r} preparation: {e}"));
-            assert_eq!(ptr_of(&l.bound, "state"), if r == 0 { init.ptr() } else { fin.ptr() }, "range {r}");
-            assert_eq!(ptr_of(&l.bound, "final_state"), fin.ptr(), "range {r}");
-            assert_eq!(ptr_of(&l.bound, "q"), q.ptr() + (48 * r * h * D * 2) as u64, "range {r}");
-            assert_eq!(ptr_of(&l.bound, "out"), out.ptr() + (48 * r * hv * D * 2) as u64, "range {r}");
-            assert_eq!(ptr_of(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
+            assert_eq!(tensor_at(&l.bound, "state"), if r == 0 { init.ptr() } else { fin.ptr() }, "range {r}");
+            assert_eq!(tensor_at(&l.bound, "final_state"), fin.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "q"), q.ptr() + (48 * r * h * D * 2) as u64, "range {r}");
+            assert_eq!(tensor_at(&l.bound, "out"), out.ptr() + (48 * r * hv * D * 2) as u64, "range {r}");
+            assert_eq!(tensor_at(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
             ws_end += chunk_workspace_bytes(&l.plan).next_multiple_of(16) as u64;
         }
         assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
@@ -274,10 +281,7 @@ mod tests {
     #[test]
     fn pool_ranges_bind_to_their_kernels_and_carry_the_state_in_the_pool() {
         let (t, h, hv) = (100, 2, 4);
-        let (q, k) = (tv(1, &[1, t, h, D], DType::BF16), tv(2, &[1, t, h, D], DType::BF16));
-        let (v, g) = (tv(3, &[1, t, hv, D], DType::BF16), tv(4, &[1, t, hv, D], DType::BF16));
-        let beta = tv(5, &[1, t, hv], DType::BF16);
-        let out = tv(6, &[1, t, hv, D], DType::BF16);
+        let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
         let pool = tv(9, &[3, hv, D, D], DType::F32);
         let (slots, fresh) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32));
         let ws = tv(11, &[1 << 20], DType::F32);
@@ -291,16 +295,12 @@ mod tests {
         let launches =
             range_launches(&args, &plan, ChunkTuning::for_call(&plan), 3, out.ptr(), None).expect("launches");
         assert_eq!(launches.len(), 3);
-        let arg_of = |bound: &ChunkKernelArgs, name: &str| match bound.iter().find(|(n, _)| *n == name) {
-            Some((_, crate::launch::KernelArg::Tensor(t))) => t.ptr(),
-            _ => panic!("no tensor `{name}`"),
-        };
         for (r, l) in launches.iter().enumerate() {
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
                 .expect("compiles");
             bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
-            assert_eq!(arg_of(&l.bound, "state"), pool.ptr(), "range {r}: the pool, in place");
-            assert_eq!(arg_of(&l.bound, "state_indices"), slots.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "state"), pool.ptr(), "range {r}: the pool, in place");
+            assert_eq!(tensor_at(&l.bound, "state_indices"), slots.ptr(), "range {r}");
             let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });
             assert_eq!(reads_fresh, r == 0, "range {r}: only the first reads has_initial_state");
             let (preloaded, _) = crate::chunk::chunk_variants(&plan);

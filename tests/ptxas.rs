@@ -1,4 +1,5 @@
-//! Every shipped variant assembles with ptxas for sm_80 and sm_90, with no register spills.
+//! Every shipped variant and DSL self-test assembles with ptxas for sm_80 and sm_90, with no
+//! register spills.
 //!
 //! ptxas comes from `KDA_PTXAS`, `.cache/ptxas` (what `.ci/run` installs) or the PATH. Without
 //! one the test says it skipped, unless `KDA_REQUIRE_PTXAS` is set (CI sets it): then it fails.
@@ -28,10 +29,15 @@ fn every_variant_assembles_without_spills() {
     let dir = std::env::temp_dir().join(format!("kda-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut failures = vec![];
-    for v in kda_kernels::variants() {
+    // Every shipped variant, and the DSL self-tests `kda check --gpu` runs.
+    let mut kernels: Vec<(String, kda_dsl::tile::KernelDef)> =
+        kda_kernels::variants().into_iter().map(|v| (v.id(), v.build().expect("builds"))).collect();
+    kernels
+        .extend(kda_kernels::selftest::selftests(1).expect("builds").into_iter().map(|t| (t.name.to_string(), t.def)));
+    for (id, def) in &kernels {
         for t in Target::ALL {
-            let k = kda_dsl::compile(v.build().expect("builds"), t).expect("compiles");
-            let src = dir.join(format!("{}_{}.ptx", v.id().replace('/', "_"), t));
+            let k = kda_dsl::compile(def.clone(), t).expect("compiles");
+            let src = dir.join(format!("{}_{}.ptx", id.replace('/', "_"), t));
             std::fs::write(&src, &k.ptx).expect("write ptx");
             let out = Command::new(&ptxas)
                 .arg(format!("-arch={t}"))
@@ -43,12 +49,12 @@ fn every_variant_assembles_without_spills() {
                 .expect("run ptxas");
             let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
             if !out.status.success() {
-                failures.push(format!("{} {t}: ptxas failed:\n{log}", v.id()));
+                failures.push(format!("{id} {t}: ptxas failed:\n{log}"));
             } else if log
                 .lines()
                 .any(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads"))
             {
-                failures.push(format!("{} {t}: register spills:\n{log}", v.id()));
+                failures.push(format!("{id} {t}: register spills:\n{log}"));
             }
         }
     }

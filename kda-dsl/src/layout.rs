@@ -190,6 +190,19 @@ impl FragmentLayout {
         })
     }
 
+    /// The layout with every warp along columns (`wm = 1`), if the shape fits it.
+    pub fn cols_only(rows: u32, cols: u32, warps: u32) -> Option<FragmentLayout> {
+        (rows.is_multiple_of(16) && cols.is_multiple_of(8 * warps)).then_some(FragmentLayout {
+            rows,
+            cols,
+            wm: 1,
+            wn: warps,
+            kind: FragmentKind::Tile,
+            vec: 2,
+            lanes_per_row: 4,
+        })
+    }
+
     /// The layout of a tile no `gemm` touches, with `lanes_per_row` lanes along each row (4 or
     /// 32): as many warps along rows as fit (rows stay in one warp, so row reductions need no
     /// shared memory), 4 adjacent columns per thread when the columns allow (16-byte accesses
@@ -432,10 +445,18 @@ mod tests {
 
     #[test]
     fn fragments_are_bijections_onto_lane_and_slot() {
-        for (rows, cols, warps) in
-            [(16, 8, 1), (64, 64, 4), (128, 128, 8), (128, 128, 4), (64, 32, 4), (32, 128, 4), (16, 64, 4)]
-        {
-            let l = FragmentLayout::for_tile(rows, cols, warps).expect("fits");
+        let chosen = [(16, 8, 1), (64, 64, 4), (128, 128, 8), (128, 128, 4), (64, 32, 4), (32, 128, 4), (16, 64, 4)]
+            .map(|(r, c, w)| (r, c, w, FragmentLayout::for_tile(r, c, w).expect("fits")));
+        // The pinned layouts of gemm operands from registers: warps along rows only, or along
+        // columns only, 8 columns each.
+        let pinned = [(64, 32, 2, true), (128, 64, 8, false), (16, 32, 4, false), (128, 8, 1, false)].map(
+            |(r, c, w, by_rows)| {
+                let l = if by_rows { FragmentLayout::rows_only(r, c, w) } else { FragmentLayout::cols_only(r, c, w) };
+                (r, c, w, l.expect("fits"))
+            },
+        );
+        assert!(FragmentLayout::cols_only(16, 8, 2).is_none() && FragmentLayout::cols_only(8, 16, 1).is_none());
+        for (rows, cols, warps, l) in chosen.into_iter().chain(pinned) {
             assert_eq!(l.wm * l.wn, warps);
             let mut seen = HashSet::new();
             for w in 0..warps {

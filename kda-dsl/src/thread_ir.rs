@@ -296,6 +296,10 @@ pub enum Op {
     CpAsyncWait { n: u32 },
     /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 {d0..d3}, [addr]`
     Ldmatrix { trans: bool, d: [Reg; 4], addr: Reg },
+    /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`: the warp's 8 x 8 matrix of 16-bit
+    /// pairs (lane `l` holds row `l / 4`, columns `2 (l % 4)` and `2 (l % 4) + 1`), transposed
+    /// in the same layout.
+    Movmatrix { d: Reg, a: Reg },
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {d}, {a}, {b}, {c}`
     Mma { ab: Ty, d: [Reg; 4], a: [Reg; 4], b: [Reg; 2], c: [Reg; 4] },
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
@@ -485,6 +489,7 @@ impl fmt::Display for Op {
                 let t = if *trans { ".trans" } else { "" };
                 write!(f, "ldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{{}}}, [{a}];", list(d))
             }
+            Op::Movmatrix { d, a } => write!(f, "movmatrix.sync.aligned.m8n8.trans.b16 {d}, {a};"),
             Op::Mma { ab, d, a, b, c } => write!(
                 f,
                 "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{{1}}}, {{{2}}}, {{{3}}}, {{{4}}};",
@@ -524,6 +529,11 @@ impl fmt::Display for Inst {
 }
 
 impl Inst {
+    /// Whether this needs PTX ISA 7.8 (`movmatrix`).
+    pub fn needs_ptx_7_8(&self) -> bool {
+        matches!(self.op, Op::Movmatrix { .. })
+    }
+
     /// Whether this is a `cp.async` that reads the L2 policy register [`EVICT_FIRST_POLICY`].
     pub fn uses_evict_first_policy(&self) -> bool {
         self.cache == CachePolicy::EvictFirst && matches!(self.op, Op::CpAsync { .. })

@@ -722,3 +722,132 @@ fn an_element_fill_of_a_pipeline_stores_at_the_end_of_the_body() {
     let want: Vec<f32> = (0..chunks * 16).map(|r| (2 * r) as f32).collect();
     assert_eq!(got, want);
 }
+
+/// `a · y` for `warps` warps, `a` [16, 64] bf16 in shared memory, into `o[0]` with `y`
+/// [64, N] f32 as a fragment (`movmatrix`), `o[1]` with its transpose `yt` [N, 64] as a
+/// fragment read `.t()` (packs only) and `o[2]` with `y` rounded to bf16 in shared memory;
+/// the last two when `wide` (16 accumulator columns per warp, which they need).
+fn b_from_registers(warps: u32, n: i64, wide: bool) -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new("b_regs", loc(1));
+    let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+    let y = k.tensor("y", &["K", "N"], DType::F32, false);
+    let yt = k.tensor("yt", &["N", "K"], DType::F32, false);
+    let yb = k.tensor("yb", &["K", "N"], DType::BF16, false);
+    let o = k.tensor("o", &["R", "M", "N"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32 * warps, loc(2));
+    let whole = |t: &kda_dsl::builder::Tensor, shape: &[i64], l: u32| {
+        k.tile(t, vec![Val::from(0), Val::from(0)], shape, loc(l))
+    };
+    let a_sh = k.shared("a_sh", &[16, 64], DType::BF16, loc(3));
+    k.copy(whole(&a, &[16, 64], 3), a_sh, loc(3));
+    let yb_sh = k.shared("yb_sh", &[64, n], DType::BF16, loc(4));
+    k.copy(whole(&yb, &[64, n], 4), yb_sh, loc(4));
+    let yf = k.fragment("yf", &[64, n], DType::F32, loc(5));
+    k.copy(whole(&y, &[64, n], 5), yf, loc(5));
+    let out = |r: i64, c: &Tile, l: u32| {
+        k.copy(c, k.tile(&o, vec![Val::from(r), Val::from(0), Val::from(0)], &[1, 16, n], loc(l)), loc(l))
+    };
+    let c1 = k.fragment("c1", &[16, n], DType::F32, loc(6));
+    k.fill(&c1, 0.0, loc(6));
+    k.gemm(a_sh, yf, &c1, loc(7));
+    out(0, &c1, 7);
+    if wide {
+        let ytf = k.fragment("ytf", &[n, 64], DType::F32, loc(8));
+        k.copy(whole(&yt, &[n, 64], 8), ytf, loc(8));
+        let c2 = k.fragment("c2", &[16, n], DType::F32, loc(9));
+        k.fill(&c2, 0.0, loc(9));
+        k.gemm(a_sh, ytf.t(), &c2, loc(10));
+        out(1, &c2, 10);
+        let c3 = k.fragment("c3", &[16, n], DType::F32, loc(11));
+        k.fill(&c3, 0.0, loc(11));
+        k.gemm(a_sh, yb_sh, &c3, loc(12));
+        out(2, &c3, 12);
+    }
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// A gemm's right operand from registers (stored `[K, N]`, transposed by `movmatrix`, or
+/// `[N, K]` read `.t()`, packed only) gives the bits of the same values from shared memory,
+/// over 1, 2 and 4 warps splitting the accumulator's columns, 16 per warp; with 8 per warp
+/// (which a shared right operand cannot take), on small integers whose products are exact,
+/// the exact result.
+#[test]
+fn a_right_operand_from_registers_equals_the_shared_one() {
+    let bf16_bits = |x: f32| -> u16 {
+        let b = x.to_bits();
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    };
+    let (kk, m) = (64usize, 16usize);
+    for (warps, per_warp) in [(1u32, 16usize), (2, 16), (4, 16), (1, 8), (4, 8)] {
+        let (n, wide) = (per_warp * warps as usize, per_warp == 16);
+        let prog = b_from_registers(warps, n as i64, wide);
+        let text = dump(&prog);
+        assert!(text.contains("movmatrix.sync.aligned.m8n8.trans.b16"), "{text}");
+        // Rounded to bf16 when wide; small integers (exact in every product and sum) when not.
+        let val = |i: usize| match wide {
+            true => ((i * 37 % 101) as f32 - 50.0) / 16.0 + (i % 7) as f32 / 3.0,
+            false => ((i * 7 + i / 5) % 7) as f32 - 3.0,
+        };
+        let a_vals: Vec<f32> = (0..m * kk).map(|i| f32::from_bits((bf16_bits(val(i + 5)) as u32) << 16)).collect();
+        let y: Vec<f32> = (0..kk * n).map(val).collect();
+        let yt: Vec<f32> = (0..n * kk).map(|i| y[(i % kk) * n + i / kk]).collect();
+        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let mut args = vec![
+            ("M".to_string(), SimArg::I32(m as i32)),
+            ("K".to_string(), SimArg::I32(kk as i32)),
+            ("a".to_string(), SimArg::Tensor(a_vals.iter().flat_map(|x| bf16_bits(*x).to_le_bytes()).collect())),
+            ("N".to_string(), SimArg::I32(n as i32)),
+            ("y".to_string(), SimArg::Tensor(f32s(&y))),
+            ("yt".to_string(), SimArg::Tensor(f32s(&yt))),
+            ("yb".to_string(), SimArg::Tensor(y.iter().flat_map(|x| bf16_bits(*x).to_le_bytes()).collect())),
+            ("R".to_string(), SimArg::I32(3)),
+            ("o".to_string(), SimArg::Tensor(vec![0; 3 * m * n * 4])),
+        ];
+        run(&prog, [1, 1, 1], &mut args).unwrap_or_else(|e| panic!("{warps} warps: {e}"));
+        let SimArg::Tensor(o) = &args[8].1 else { unreachable!() };
+        let got: Vec<u32> = o.chunks(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let regs = &got[..m * n];
+        if wide {
+            let shared = &got[2 * m * n..];
+            assert_eq!(regs, shared, "{warps} warps: [K, N] from registers");
+            assert_eq!(&got[m * n..2 * m * n], shared, "{warps} warps: [N, K] from registers");
+            assert!(shared.iter().any(|b| *b != 0), "{warps} warps: the products were written");
+        } else {
+            let exact: Vec<u32> = (0..m * n)
+                .map(|e| (0..kk).map(|x| a_vals[(e / n) * kk + x] * y[x * n + e % n]).sum::<f32>().to_bits())
+                .collect();
+            assert_eq!(regs, exact.as_slice(), "{warps} warps, 8 columns each: [K, N] from registers");
+        }
+    }
+}
+
+/// A right operand from registers beside a left one, or one whose columns do not split over the
+/// block's warps, is refused at the gemm.
+#[test]
+fn a_right_operand_from_registers_says_what_it_needs() {
+    let refusal = |warps: u32, a_in_registers: bool, m: i64, n: i64| {
+        let k = KernelBuilder::new("bad", loc(1));
+        k.launch(vec![Host::int(1)], 32 * warps, loc(2));
+        let y = k.fragment("y", &[64, n], DType::F32, loc(3));
+        k.fill(&y, 1.0, loc(3));
+        let c = k.fragment("c", &[m, n], DType::F32, loc(4));
+        k.fill(&c, 0.0, loc(4));
+        if a_in_registers {
+            let a = k.fragment("a", &[m, 64], DType::F32, loc(5));
+            k.fill(&a, 1.0, loc(5));
+            k.gemm(a, y, &c, loc(6));
+        } else {
+            let a = k.shared("a", &[m, 64], DType::BF16, loc(5));
+            k.fill(&a, 1.0, loc(5));
+            k.gemm(a, y, &c, loc(6));
+        }
+        let e = kda_dsl::lower_kernel(k.finish().expect("valid")).expect_err("refused");
+        assert_eq!(e.loc.line, 6, "{e}");
+        e.message
+    };
+    let both = refusal(1, true, 16, 16);
+    assert!(both.contains("both fragments"), "{both}");
+    // 32 x 8 fits two warps by rows, not by columns.
+    let narrow = refusal(2, false, 32, 8);
+    assert!(narrow.contains("must split their `n` axis over all 2 warps"), "{narrow}");
+}

@@ -1,5 +1,6 @@
 //! Small DSL kernels that exercise the compiler's harder lowerings (reductions across warps,
-//! per-lane serial loops, warp groups with named barriers), with their references: run through
+//! per-lane serial loops, warp groups with named barriers, a gemm's right operand from
+//! registers), with their references: run through
 //! the simulator in the tests and on the GPU by `kda check --gpu`, so both agree with hardware.
 
 use crate::reference::{rel_err, Rng};
@@ -78,6 +79,35 @@ pub fn two_warp_groups(
     }
 }
 
+/// `o1 = x · y` and `o2 = x · ytᵀ` on tensor cores, `x` [16, 64] staged to bf16 in shared
+/// memory, `y` [64, cols] and `yt` [cols, 64] held as f32 register fragments: the right
+/// operand from registers, transposed by `movmatrix` for `y`, packed as it is for `yt.t()`.
+#[kernel]
+pub fn right_operand_from_registers(
+    cfg: &TileCfg,
+    x: Global<(M, K), F32>,
+    y: Global<(K, N), F32>,
+    yt: Global<(N, K), F32>,
+    o1: GlobalMut<(M, N), F32>,
+    o2: GlobalMut<(M, N), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let x_sh = shared([16, 64], BF16);
+    copy(x.tile([0, 0], [16, 64]), x_sh);
+    let yf = fragment([64, cfg.cols], F32);
+    copy(y.tile([0, 0], [64, cfg.cols]), yf);
+    let ytf = fragment([cfg.cols, 64], F32);
+    copy(yt.tile([0, 0], [cfg.cols, 64]), ytf);
+    let c1 = fragment([16, cfg.cols], F32);
+    clear(c1);
+    gemm(x_sh, yf, c1);
+    copy(c1, o1.tile([0, 0], [16, cfg.cols]));
+    let c2 = fragment([16, cfg.cols], F32);
+    clear(c2);
+    gemm(x_sh, ytf.t(), c2);
+    copy(c2, o2.tile([0, 0], [16, cfg.cols]));
+}
+
 /// One self-test: a kernel, its f32 inputs, the outputs it writes and what they must hold.
 pub struct SelfTest {
     /// Row name.
@@ -141,6 +171,24 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
             def: two_warp_groups(&TileCfg { rows: 0, cols: 0, threads: 128 })?,
             inputs: vec![("x", vec![16, 64], x), ("y", vec![32, 16], y)],
             outputs: vec![("sums", vec![16], sums), ("z", vec![32, 16], scan)],
+        });
+    }
+    {
+        // Multiples of 1/8 below 4 in magnitude: exact in bf16, and every product and sum exact
+        // in f32, so the only error is a wrong operand.
+        let eighths = |rng: &mut Rng, n: usize| -> Vec<f64> {
+            rng.normals(n, DType::F32).into_iter().map(|v| (v * 8.0).round().clamp(-31.0, 31.0) / 8.0).collect()
+        };
+        let (m, k, n) = (16, 64, 32);
+        let x = eighths(&mut rng, m * k);
+        let y = eighths(&mut rng, k * n);
+        let yt: Vec<f64> = (0..n * k).map(|i| y[(i % k) * n + i / k]).collect();
+        let o: Vec<f64> = (0..m * n).map(|e| (0..k).map(|j| x[(e / n) * k + j] * y[j * n + e % n]).sum()).collect();
+        out.push(SelfTest {
+            name: "dsl/gemm_right_operand_from_registers",
+            def: right_operand_from_registers(&TileCfg { rows: m, cols: n, threads: 64 })?,
+            inputs: vec![("x", vec![m, k], x), ("y", vec![k, n], y), ("yt", vec![n, k], yt)],
+            outputs: vec![("o1", vec![m, n], o.clone()), ("o2", vec![m, n], o)],
         });
     }
     Ok(out)

@@ -1,6 +1,7 @@
 //! Lowering of `gemm`: `ldmatrix` (`.trans` for operands stored the other way) feeding
-//! `mma.sync.m16n8k16` with f32 accumulators. The left operand may also be an f32 fragment in
-//! the accumulator layout, packed to 16-bit pairs in registers (no shared-memory round trip).
+//! `mma.sync.m16n8k16` with f32 accumulators. Either operand (not both) may instead be an f32
+//! fragment in the accumulator layout, packed to 16-bit pairs in registers (no shared-memory
+//! round trip); a right operand stored `[K, N]` that way is transposed by `movmatrix`.
 
 use super::Lower;
 use crate::diag::{Diag, SrcLoc};
@@ -50,18 +51,26 @@ impl Lower<'_> {
         if k % 16 != 0 {
             return self.err(loc, format!("gemm: the reduction extent {k} must be a multiple of 16 (the mma k)"));
         }
-        let ab_ty = match (ab.dtype, bb.dtype, self.p.layouts[a.buf]) {
-            (_, DType::BF16, BufLayout::Fragment(_)) => Ty::BF16,
-            (_, DType::F16, BufLayout::Fragment(_)) => Ty::F16,
-            (DType::BF16, DType::BF16, _) => Ty::BF16,
-            (DType::F16, DType::F16, _) => Ty::F16,
-            (x, y, _) => {
+        // The mma's input type: a shared operand's (a fragment operand is packed to it).
+        let (a_regs, b_regs) = (self.is_fragment(a.buf), self.is_fragment(b.buf));
+        let ab_ty = match (ab.dtype, bb.dtype, a_regs, b_regs) {
+            (_, _, true, true) => {
+                return self.err(
+                    loc,
+                    format!("gemm: `{}` and `{}` are both fragments; one operand must be a bf16 or f16 shared tile, which names the mma's input type", ab.name, bb.name),
+                )
+            }
+            (_, DType::BF16, true, false) | (DType::BF16, _, false, true) | (DType::BF16, DType::BF16, ..) => Ty::BF16,
+            (_, DType::F16, true, false) | (DType::F16, _, false, true) | (DType::F16, DType::F16, ..) => Ty::F16,
+            (x, y, ..) => {
                 return self.err(loc, format!("gemm operands must both be bf16 or both f16 tiles, found {x} and {y}"))
             }
         };
-        if !matches!(self.p.layouts[b.buf], BufLayout::Shared(_)) {
-            return self.err(loc, format!("gemm right operand `{}` must be a shared tile", bb.name));
-        }
+        let b_frag = match self.p.layouts[b.buf] {
+            BufLayout::Shared(_) => None,
+            BufLayout::Fragment(lb) => Some(self.register_b_layout(b, lb, lc, k, loc)?),
+            _ => return self.err(loc, format!("gemm right operand `{}` must be a shared tile or a fragment", bb.name)),
+        };
         let a_frag = match self.p.layouts[a.buf] {
             BufLayout::Shared(_) => None,
             BufLayout::Fragment(_) if a.replicated => {
@@ -78,7 +87,7 @@ impl Lower<'_> {
             }
             _ => return self.err(loc, format!("gemm left operand `{}` must be a shared tile or a fragment", ab.name)),
         };
-        if lc.ni() % 2 != 0 {
+        if lc.ni() % 2 != 0 && b_frag.is_none() {
             return self.err(
                 loc,
                 format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
@@ -142,14 +151,17 @@ impl Lower<'_> {
             let row = self.em.add32(a_base, a_r);
             Some((reg(self, row), bits_of(&warp_rows, &sixteen), reg(self, a_c), bits_of(&[0], &halves)))
         };
-        let b_parts = if b.transposed {
+        let b_parts = if b_frag.is_some() {
+            // (B from registers reads no shared addresses.)
+            None
+        } else if b.transposed {
             // stored [N, K]: rows are n (n_base + 16 jp + b_r), columns k (b_c + k0).
             let row = self.em.add32(n_base, b_r);
-            (reg(self, row), bits_of(&warp_cols, &sixteen), reg(self, b_c), bits_of(&[0], &halves))
+            Some((reg(self, row), bits_of(&warp_cols, &sixteen), reg(self, b_c), bits_of(&[0], &halves)))
         } else {
             // stored [K, N]: rows are k (b_r + k0), columns n (n_base + 16 jp + b_c).
             let col = self.em.add32(n_base, b_c);
-            (reg(self, b_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_cols, &halves))
+            Some((reg(self, b_r), bits_of(&[0], &sixteen), reg(self, col), bits_of(&warp_cols, &halves)))
         };
         // The (row, column) of an operand's `ldmatrix` for atom offset `atom` and k-step `k0`;
         // `k_rows`: the operand's rows run along k.
@@ -176,13 +188,23 @@ impl Lower<'_> {
                     }
                 }
                 let mut bfr: Vec<[Reg; 2]> = vec![];
-                for jp in 0..ni / 2 {
-                    let (row, col) = index(lw, b_parts, !b.transposed, jp * 16, k0);
-                    let addr = lw.shared_addr(b.buf, row, col);
-                    let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
-                    lw.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
-                    bfr.push([d[0], d[1]]);
-                    bfr.push([d[2], d[3]]);
+                match b_frag {
+                    None => {
+                        let parts = b_parts.expect("a shared B has its parts");
+                        for jp in 0..ni / 2 {
+                            let (row, col) = index(lw, parts, !b.transposed, jp * 16, k0);
+                            let addr = lw.shared_addr(b.buf, row, col);
+                            let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
+                            lw.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
+                            bfr.push([d[0], d[1]]);
+                            bfr.push([d[2], d[3]]);
+                        }
+                    }
+                    Some(lb) => {
+                        for j in 0..ni {
+                            bfr.push(lw.pack_b(b.buf, lb, b.transposed, j, kk, ab_ty));
+                        }
+                    }
                 }
                 for i in 0..mi {
                     for j in 0..ni {
@@ -194,6 +216,68 @@ impl Lower<'_> {
             }
         });
         Ok(())
+    }
+
+    fn is_fragment(&self, buf: BufId) -> bool {
+        matches!(self.p.layouts[buf], BufLayout::Fragment(_))
+    }
+
+    /// Checks a right operand from registers against the accumulator's layout `lc` (reduction
+    /// extent `k`) and returns its layout. Each warp needs the whole reduction extent of its
+    /// own accumulator columns, so the accumulator's warps split columns only, and the operand's
+    /// warps split its `n` axis the same way and never its `k` axis.
+    fn register_b_layout(
+        &self,
+        b: &Operand,
+        lb: FragmentLayout,
+        lc: FragmentLayout,
+        k: u32,
+        loc: SrcLoc,
+    ) -> Result<FragmentLayout, Diag> {
+        let name = &self.def().buffers[b.buf].name;
+        // Stored [N, K] (`b.t()`) or [K, N]: the warps of its n axis, and its extent per warp.
+        let (n_warps, k_warps, n_per_warp) =
+            if b.transposed { (lb.wm, lb.wn, lb.warp_rows()) } else { (lb.wn, lb.wm, lb.warp_cols()) };
+        let ok = lb.kind == FragmentKind::Tile
+            && lb.vec == 2
+            && lb.lanes_per_row == 4
+            && lc.wm == 1
+            && k_warps == 1
+            && n_warps == lc.wn
+            && n_per_warp == lc.warp_cols()
+            && (!b.transposed || n_per_warp.is_multiple_of(16))
+            && k.is_multiple_of(16);
+        if !ok {
+            return Err(Diag::new(
+                loc,
+                format!("gemm right operand `{name}` from registers: the accumulator's warps must split its columns only and `{name}` ({lb}) must hold each warp's columns over the whole reduction ({k}), {}, as the accumulator does ({lc})", if b.transposed { "its rows 16 or more per warp" } else { "its columns" }),
+            ));
+        }
+        Ok(lb)
+    }
+
+    /// The B registers of n-atom `j` and k-step `kk` from an f32 fragment in accumulator
+    /// layout. Stored `[N, K]` (`transposed`), lane `(g, t)` already holds `B[2t, 2t + 1][g]`
+    /// as row `g` of the fragment: a pack per register. Stored `[K, N]`, it holds row `g` of
+    /// each 8 x 8 block, `B[g][2t, 2t + 1]`; a `movmatrix` transposes each packed block.
+    fn pack_b(&mut self, buf: BufId, lb: FragmentLayout, transposed: bool, j: u32, kk: u32, half: Ty) -> [Reg; 2] {
+        let ni = lb.ni();
+        let slot = |i: u32, jj: u32, h: u32, c: u32| (((i * ni + jj) * 2 + h) * 2 + c) as usize;
+        // The fragment's (atom row, atom column, half) of each of the two registers.
+        let parts =
+            if transposed { [(j / 2, 2 * kk, j % 2), (j / 2, 2 * kk + 1, j % 2)] } else { [(kk, j, 0), (kk, j, 1)] };
+        parts.map(|(i, jj, h)| {
+            let d = self.em.reg(RegClass::B32);
+            let (lo, hi) = (self.regs[buf][slot(i, jj, h, 0)], self.regs[buf][slot(i, jj, h, 1)]);
+            self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(hi), lo: Src::Reg(lo) });
+            if transposed {
+                d
+            } else {
+                let t = self.em.reg(RegClass::B32);
+                self.em.emit(Op::Movmatrix { d: t, a: d });
+                t
+            }
+        })
     }
 
     /// The A registers of atom (i, k-step kk) packed from an f32 fragment in accumulator layout.

@@ -312,6 +312,29 @@ fn pin_register_operands(
                     layouts[b] = BufLayout::Fragment(l);
                 }
             }
+            // A right operand from registers: each warp multiplies the whole reduction into
+            // its own accumulator columns, so the accumulator's warps split columns only and the
+            // operand's warps split its `n` axis alike (rows when stored `[N, K]`, `b.t()`).
+            StmtKind::Gemm { b, c, .. } if def.buffers[b.buf].scope == Scope::Fragment => {
+                let (x, y) = (&def.buffers[*c], &def.buffers[b.buf]);
+                let warps = wof[*c];
+                let pinned = (x.shape.len() == 2 && y.shape.len() == 2)
+                    .then(|| {
+                        let lc = FragmentLayout::cols_only(x.shape[0], x.shape[1], warps)?;
+                        let lb = if b.transposed {
+                            FragmentLayout::rows_only(y.shape[0], y.shape[1], warps)?
+                        } else {
+                            FragmentLayout::cols_only(y.shape[0], y.shape[1], warps)?
+                        };
+                        Some((lc, lb))
+                    })
+                    .flatten();
+                let Some((lc, lb)) = pinned else {
+                    return Err(Diag::new(s.loc, format!("gemm with `{}` from registers: the accumulator `{}` {:?} and `{}` {:?} must split their `n` axis over all {warps} warps (a multiple of {} per warp; rows a multiple of 16)", y.name, x.name, x.shape, y.name, y.shape, if b.transposed { 16 } else { 8 })));
+                };
+                layouts[*c] = BufLayout::Fragment(lc);
+                layouts[b.buf] = BufLayout::Fragment(lb);
+            }
             StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
                 pin_register_operands(body, def, wof, layouts)?
             }

@@ -1,6 +1,6 @@
-//! Warp collectives and barriers in the simulated block: an `mma`, `ldmatrix` or `shfl` runs
-//! once every lane of its warp stands at it; a barrier releases once every thread that takes
-//! part arrived (deadlocks and divergent collectives are errors).
+//! Warp collectives and barriers in the simulated block: an `mma`, `ldmatrix`, `movmatrix` or
+//! `shfl` runs once every lane of its warp stands at it; a barrier releases once every thread
+//! that takes part arrived (deadlocks and divergent collectives are errors).
 
 use super::*;
 
@@ -82,6 +82,19 @@ impl Block<'_> {
                         };
                         self.set(base + l, *dr, x as u64 | ((y as u64) << 16));
                     }
+                }
+            }
+            Op::Movmatrix { d, a } => {
+                // Lane l holds m[l / 4][2 (l % 4) ..]; afterwards it holds row l / 4 of mᵀ.
+                let mut m = [[0u16; 8]; 8];
+                for l in 0..32usize {
+                    let v = self.get(base + l, &Src::Reg(a));
+                    m[l / 4][2 * (l % 4)] = v as u16;
+                    m[l / 4][2 * (l % 4) + 1] = (v >> 16) as u16;
+                }
+                for l in 0..32usize {
+                    let (x, y) = (m[2 * (l % 4)][l / 4], m[2 * (l % 4) + 1][l / 4]);
+                    self.set(base + l, d, x as u64 | ((y as u64) << 16));
                 }
             }
             Op::Mma { ab, d, a, b, c } => {

@@ -154,7 +154,7 @@ impl<'a> Block<'a> {
     }
 
     fn is_collective(op: &Op) -> bool {
-        matches!(op, Op::Ldmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. })
+        matches!(op, Op::Ldmatrix { .. } | Op::Movmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. })
     }
 
     /// Runs thread `t` until it blocks or finishes.
@@ -411,7 +411,7 @@ impl<'a> Block<'a> {
                     e.2.entry(i).or_insert(s);
                 }
             }
-            Op::Ldmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. } => {
+            Op::Ldmatrix { .. } | Op::Movmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. } => {
                 unreachable!("collectives run in step_warp")
             }
         }

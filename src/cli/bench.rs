@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -108,58 +108,20 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS]
-/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `s`
+/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `k`
+/// the state held keys by rows (8 value rows per warp), `s`
 /// the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
 /// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
 /// how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
-    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
-    for a in shape_args {
-        let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
-        // A trailing `rRANGES`: the two-kernel path in that many token ranges.
-        let (a_path, ranges) = match a.rsplit_once('r') {
-            Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
-            None => (a.as_str(), None),
-        };
-        // A trailing `p`: the two-kernel path (with a workspace), with BLOCKS preparation
-        // blocks per (sequence, value head) when a number follows.
-        let (a_shape, prepared, prep_blocks) = match a_path.rsplit_once('p') {
-            Some((rest, "")) => (rest, true, None),
-            Some((rest, n)) => (rest, true, Some(n.parse::<usize>().map_err(|_| bad())?)),
-            None => (a_path, false, None),
-        };
-        let (w, rest) = a_shape.split_once('x').ok_or_else(bad)?;
-        let (m, split) = match rest.split_once('s') {
-            Some((m, n)) => (m, Some(n.parse::<usize>().map_err(|_| bad())?)),
-            None => (rest, None),
-        };
-        // An optional `xSTAGES` after MIN_BLOCKS; the path's own depth without it.
-        let (m, stages) = match m.split_once('x') {
-            Some((m, st)) => (m, Some(st.parse::<usize>().map_err(|_| bad())?)),
-            None => (m, None),
-        };
-        let (warps, min_blocks) = (w.parse::<usize>().map_err(|_| bad())?, m.parse::<usize>().map_err(|_| bad())?);
-        let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
-        let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages) };
-        let tune = ChunkTuning { shape, split, prepared, prep_blocks, ranges };
-        shapes.push((a.clone(), tune));
-    }
-    if shapes.is_empty() {
-        shapes = [(8, 1), (8, 2), (4, 2), (4, 3)]
-            .map(|(warps, min_blocks)| {
-                let tune = ChunkTuning {
-                    shape: ChunkShape { warps, min_blocks, ..ChunkShape::FUSED },
-                    split: None,
-                    prepared: false,
-                    prep_blocks: None,
-                    ranges: None,
-                };
-                (format!("{warps}x{min_blocks}"), tune)
-            })
-            .to_vec();
+    // The fused kernel's shapes when none is given.
+    let defaults = ["8x1", "8x2", "4x2", "4x3"].map(String::from);
+    let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
+    for a in names {
+        shapes.push((a.clone(), parse_chunk_shape(a)?));
     }
     if !gpu_available() {
         out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -177,6 +139,44 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
+/// the tuning it names.
+fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
+    use kda_runtime::chunk::{ChunkShape, ChunkTuning, StateForm};
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+    let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
+    // From the end: `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
+    // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
+    // `sSEGMENTS` (the split), `k` (the state keys by rows) and `xSTAGES`.
+    let (a_path, ranges) = match a.rsplit_once('r') {
+        Some((rest, n)) => (rest, Some(num(n)?)),
+        None => (a, None),
+    };
+    let (a_shape, prepared, prep_blocks) = match a_path.rsplit_once('p') {
+        Some((rest, "")) => (rest, true, None),
+        Some((rest, n)) => (rest, true, Some(num(n)?)),
+        None => (a_path, false, None),
+    };
+    let (a_shape, split) = match a_shape.split_once('s') {
+        Some((rest, n)) => (rest, Some(num(n)?)),
+        None => (a_shape, None),
+    };
+    let (a_shape, form) = match a_shape.strip_suffix('k') {
+        Some(rest) => (rest, StateForm::KeysByRows),
+        None => (a_shape, StateForm::RowsByKeys),
+    };
+    let fields: Vec<&str> = a_shape.split('x').collect();
+    let (warps, min_blocks, stages) = match fields.as_slice() {
+        [w, m] => (num(w)?, num(m)?, None),
+        [w, m, st] => (num(w)?, num(m)?, Some(num(st)?)),
+        _ => return Err(bad()),
+    };
+    // Without `xSTAGES`, the path's own depth.
+    let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
+    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), form };
+    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges })
 }
 
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ): how the shipped default was chosen.
@@ -381,4 +381,34 @@ pub fn time_gemm(
     let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32)?;
     let mut t = time_ms(gpu, &s, 5, 20, || gemm(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt))?;
     Ok(median(&mut t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_chunk_shape;
+    use kda_runtime::chunk::{ChunkShape, ChunkTuning, StateForm};
+
+    #[test]
+    fn chunk_shapes_parse_every_part() {
+        let shape = |warps, min_blocks, stages, form| ChunkShape { warps, min_blocks, stages, form };
+        let tune =
+            |shape, split, prepared, prep_blocks, ranges| ChunkTuning { shape, split, prepared, prep_blocks, ranges };
+        let (rows, keys) = (StateForm::RowsByKeys, StateForm::KeysByRows);
+        let cases = [
+            ("8x2", tune(shape(8, 2, ChunkShape::FUSED.stages, rows), None, false, None, None)),
+            ("2x8p", tune(shape(2, 8, ChunkShape::PREPARED.stages, rows), None, true, None, None)),
+            ("2x8x4kpr8", tune(shape(2, 8, 4, keys), None, true, None, Some(8))),
+            ("2x8x3p256", tune(shape(2, 8, 3, rows), None, true, Some(256), None)),
+            ("8x2s8p", tune(shape(8, 2, ChunkShape::PREPARED.stages, rows), Some(8), true, None, None)),
+            ("2x8x4ks8p", tune(shape(2, 8, 4, keys), Some(8), true, None, None)),
+            ("8x2k", tune(shape(8, 2, ChunkShape::FUSED.stages, keys), None, false, None, None)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
+        }
+        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q"] {
+            let e = parse_chunk_shape(text).expect_err(text);
+            assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");
+        }
+    }
 }

@@ -92,15 +92,14 @@ pub(crate) fn preparation_args(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::testing::tv;
     use crate::chunk::{plan_chunk, ChunkArgs};
-    use crate::TensorView;
     use kda_dsl::DType::BF16;
 
     /// The preparation grid per (sequence, value head) for a dense call of `b` sequences of
     /// `t` tokens and `hv` heads.
     fn blocks(b: usize, t: usize, hv: usize) -> usize {
-        // SAFETY: planning reads no device memory, and these descriptors are never launched.
-        let tv = |id: u64, shape: &[usize]| unsafe { TensorView::from_raw(0x1000 * id, shape, BF16, 0) }.unwrap();
+        let tv = |id: u64, shape: &[usize]| tv(id, shape, BF16);
         let (q, k) = (tv(1, &[b, t, hv, 128]), tv(2, &[b, t, hv, 128]));
         let (v, g, beta) = (tv(3, &[b, t, hv, 128]), tv(4, &[b, t, hv, 128]), tv(5, &[b, t, hv]));
         prep_blocks(&plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call"))

@@ -24,11 +24,6 @@
 //! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
 //! the next sequence leaks in.
 //!
-//! With the state keys by rows ([`StateForm::KeysByRows`]) a warp owns 8 value rows and holds
-//! `S' = Sᵀ [keys, rows]`: the same products token-major (`W' = kd S'`, `U' = INV Vn'`,
-//! `O' = qd S' + Mqk U'`, `S' = diag(2^Γ) S' + krᵀ U'`), the state, `U'` and `Vn'` right
-//! operands from registers.
-//!
 //! Everything above `Wᵀ` depends on the chunk's inputs alone, and so do beta and the decay.
 //! With [`Preparation::Workspace`] the kernel reads them from the workspace
 //! [`crate::chunk_prep`] filled, in parallel over chunks, and runs only the state's products:
@@ -38,8 +33,7 @@ use crate::chunk_order::{longest_first, ORDERED_MAX_SEQUENCES};
 use kda_dsl::DType;
 use kda_macros::kernel;
 
-/// Value rows of the state one warp owns with the state rows by keys (half as many keys by
-/// rows: [`StateForm::rows_per_warp`]).
+/// Value rows of the state one warp owns.
 pub const ROWS_PER_WARP: usize = 16;
 
 /// How a chunk variant is launched: the part of its config the kind of call chooses.
@@ -55,45 +49,18 @@ pub struct ChunkShape {
     /// are issued `stages - 1` steps before its use). The chain over a workspace wants more
     /// than 2: its step is shorter than a load's latency from memory.
     pub stages: usize,
-    /// How each warp holds its part of the state.
-    pub form: StateForm,
-}
-
-/// How the state sits in a warp's registers as an mma accumulator.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum StateForm {
-    /// `S [value rows, keys]`, 16 value rows per warp: the state is the left operand of its
-    /// products (`S kdᵀ`).
-    #[default]
-    RowsByKeys,
-    /// `S' [keys, value rows]`, 8 value rows per warp: the state is the right operand of its
-    /// products from registers (`kd S'`, packed and transposed by `movmatrix`), so a warp does
-    /// half the mma of a step. The same products and sums as [`Self::RowsByKeys`]: in the
-    /// simulator both forms give the same bits on every config family, fused and over a
-    /// workspace. Opt-in (`ChunkTuning::shape`), not yet run on a GPU.
-    KeysByRows,
-}
-
-impl StateForm {
-    /// Value rows of the state one warp owns.
-    pub fn rows_per_warp(self) -> usize {
-        match self {
-            StateForm::RowsByKeys => ROWS_PER_WARP,
-            StateForm::KeysByRows => ROWS_PER_WARP / 2,
-        }
-    }
 }
 
 impl ChunkShape {
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2, form: StateForm::RowsByKeys };
+    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2 };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps, 8 blocks per SM, 4 stages. Its blocks carry no key preparation, so smaller ones
     /// spread each head's 128 value rows over more SMs; and a step is short next to a load's
     /// latency from memory, so it stages 3 chunks ahead. The fastest of `kda bench
     /// --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02). Its arithmetic
     /// depends on neither, so the bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8, stages: 4, form: StateForm::RowsByKeys };
+    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8, stages: 4 };
 }
 
 /// The gate rule of `chunk_kda` (KDA-SPEC).
@@ -220,11 +187,8 @@ impl ChunkConfig {
             ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
             ChunkGate::Precomputed => "pre".to_string(),
         };
-        // Two stages, the fused kernel's, go unnamed; so does the rows-by-keys form.
-        let stages = if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) };
-        let form = if self.shape.form == StateForm::KeysByRows { "_kbr" } else { "" };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -233,8 +197,8 @@ impl ChunkConfig {
             states,
             self.shape.warps,
             self.shape.min_blocks,
-            stages,
-            form,
+            // Two stages, the fused kernel's, go unnamed.
+            if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.transition { "_transition" } else { "" },
             if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
@@ -495,14 +459,11 @@ pub(crate) fn sequence_end(cu_seqlens: Tensor, n: Val, t: Val, start: Val) -> Va
     max(min(cu_seqlens[n + 1], t), start) as i32
 }
 
-/// The state's products for one chunk: `W = kd Sᵀ`, the output's first term `O = qd Sᵀ` into
-/// `ot`, and `U = INV beta (v - W)` into `ut`. Rows by keys, in the transposed view (rows =
-/// the block's value rows: `Wᵀ = S kdᵀ`, `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ`); keys by rows
-/// (`keys_major`, `S' = Sᵀ`), token-major (`W' = kd S'`, `U' = INV beta (v - W')`). A
-/// `transition` run has `v = 0` and no output.
+/// The state's products for one chunk, in the transposed view (rows = the block's value rows):
+/// `Wᵀ = S kdᵀ`, the output's first term `Oᵀ = S qdᵀ` into `ot`, and
+/// `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`. A `transition` run has `v = 0` and no output.
 #[kda_macros::kernel_fn]
 fn state_products(
-    keys_major: bool,
     transition: bool,
     s: Tile,
     kd_sh: Tile,
@@ -519,73 +480,39 @@ fn state_products(
     if !transition {
         clear(ot);
     }
-    if keys_major {
-        gemm(kd_sh, s, wt);
-        if !transition {
-            gemm(qd_sh, s, ot);
-        }
-        if transition {
-            for (t, r) in parallel(vn) {
-                vn[t][r] = -bt_sh[t] * wt[t][r];
-            }
-        } else {
-            for (t, r) in parallel(vn) {
-                vn[t][r] = bt_sh[t] * (v_sh[t][r] as f32 - wt[t][r]);
-            }
+    gemm(s, kd_sh.t(), wt);
+    if !transition {
+        gemm(s, qd_sh.t(), ot);
+    }
+    if transition {
+        for (a, b) in parallel(vn) {
+            vn[a][b] = -bt_sh[b] * wt[a][b];
         }
     } else {
-        gemm(s, kd_sh.t(), wt);
-        if !transition {
-            gemm(s, qd_sh.t(), ot);
-        }
-        if transition {
-            for (a, b) in parallel(vn) {
-                vn[a][b] = -bt_sh[b] * wt[a][b];
-            }
-        } else {
-            for (a, b) in parallel(vn) {
-                vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
-            }
+        for (a, b) in parallel(vn) {
+            vn[a][b] = bt_sh[b] * (v_sh[b][a] as f32 - wt[a][b]);
         }
     }
     clear(ut);
-    if keys_major {
-        gemm(inv_sh, vn, ut);
-    } else {
-        gemm(vn, inv_sh.t(), ut);
-    }
+    gemm(vn, inv_sh.t(), ut);
 }
 
-/// `S = S diag(2^Γ) + Uᵀ kr` (keys by rows: `S' = diag(2^Γ) S' + krᵀ U'`).
+/// `S = S diag(2^Γ) + Uᵀ kr`.
 #[kda_macros::kernel_fn]
-fn decay_and_update(keys_major: bool, s: Tile, eg_sh: Tile, ut: Tile, kr_sh: Tile) {
-    if keys_major {
-        for (j, a) in parallel(s) {
-            s[j][a] = s[j][a] * eg_sh[j];
-        }
-        gemm(kr_sh.t(), ut, s);
-    } else {
-        for (a, j) in parallel(s) {
-            s[a][j] = s[a][j] * eg_sh[j];
-        }
-        gemm(ut, kr_sh, s);
+fn decay_and_update(s: Tile, eg_sh: Tile, ut: Tile, kr_sh: Tile) {
+    for (a, j) in parallel(s) {
+        s[a][j] = s[a][j] * eg_sh[j];
     }
+    gemm(ut, kr_sh, s);
 }
 
-/// The output rows `O = qd Sᵀ + Mqk U` (the first term already in `ot`) into `o_sh`, token-major
-/// (zeros for padding, `live` false): transposed back from `Oᵀ` rows by keys.
+/// The output rows `Oᵀ = S qdᵀ + Uᵀ Mqkᵀ` (the first term already in `ot`), transposed back
+/// into `o_sh` (zeros for padding, `live` false).
 #[kda_macros::kernel_fn]
-fn output_rows(keys_major: bool, ut: Tile, mq_sh: Tile, ot: Tile, o_sh: Tile, live: Val) {
-    if keys_major {
-        gemm(mq_sh, ut, ot);
-        for (t, a) in parallel(ot) {
-            o_sh[t][a] = select(live, ot[t][a], 0.0);
-        }
-    } else {
-        gemm(ut, mq_sh.t(), ot);
-        for (a, b) in parallel(ot) {
-            o_sh[b][a] = select(live, ot[a][b], 0.0);
-        }
+fn output_rows(ut: Tile, mq_sh: Tile, ot: Tile, o_sh: Tile, live: Val) {
+    gemm(ut, mq_sh.t(), ot);
+    for (a, b) in parallel(ot) {
+        o_sh[b][a] = select(live, ot[a][b], 0.0);
     }
 }
 
@@ -616,8 +543,7 @@ pub fn chunk(
     scale: f32,
     lower_bound: f32,
 ) {
-    let keys_major = cfg.shape.form == StateForm::KeysByRows;
-    let bv = cfg.shape.form.rows_per_warp() * cfg.shape.warps;
+    let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
     let (vb, hv, z) =
         launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.shape.warps, min_blocks = cfg.shape.min_blocks);
@@ -665,28 +591,14 @@ pub fn chunk(
     }
     let live = slot >= 0;
 
-    // `[value rows, keys]`, or `[keys, value rows]` (read and written element by element from
-    // the V-first state: once per sequence).
-    let s = fragment([if keys_major { 128 } else { bv }, if keys_major { bv } else { 128 }], F32);
+    let s = fragment([bv, 128], F32);
     if cfg.transition {
-        if keys_major {
-            for (j, a) in parallel(s) {
-                s[j][a] = select(v0 + a == j, 1.0, 0.0);
-            }
-        } else {
-            for (a, j) in parallel(s) {
-                s[a][j] = select(v0 + a == j, 1.0, 0.0);
-            }
+        for (a, j) in parallel(s) {
+            s[a][j] = select(v0 + a == j, 1.0, 0.0);
         }
     } else if cfg.reads_state() {
         if from_state {
-            if keys_major {
-                for (j, a) in parallel(s) {
-                    s[j][a] = state[slot][hv][v0 + a][j] as f32;
-                }
-            } else {
-                copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
-            }
+            copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
         } else {
             clear(s);
         }
@@ -736,12 +648,10 @@ pub fn chunk(
     let x = local([16], F32);
     let inv_sh = shared([16, 16], BF16);
     // The state's products.
-    // `[value rows, tokens]`, or `[tokens, value rows]` keys-major.
-    let (sm, sn) = (if keys_major { 16 } else { bv }, if keys_major { bv } else { 16 });
-    let wt = fragment([sm, sn], F32);
-    let ot = fragment([sm, sn], F32);
-    let vn = fragment([sm, sn], F32);
-    let ut = fragment([sm, sn], F32);
+    let wt = fragment([bv, 16], F32);
+    let ot = fragment([bv, 16], F32);
+    let vn = fragment([bv, 16], F32);
+    let ut = fragment([bv, 16], F32);
     let o_sh = shared([16, bv], cfg.dtype);
 
     // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
@@ -811,41 +721,29 @@ pub fn chunk(
                 scale,
             );
         }
-        state_products(keys_major, cfg.transition, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
+        state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a
-        // workspace after it: each order measured the faster for its kernel (rows by keys,
-        // docs/performance.md, 2026-12-02 run 10). The same operations either way, so the same
-        // bits.
+        // workspace after it: each order measured the faster for its kernel
+        // (docs/performance.md, 2026-12-02 run 10). The same operations either way, so the
+        // same bits.
         if !prepared {
-            decay_and_update(keys_major, s, eg_sh, ut, kr_sh);
+            decay_and_update(s, eg_sh, ut, kr_sh);
         }
         if !cfg.transition {
-            output_rows(keys_major, ut, mq_sh, ot, o_sh, live);
+            output_rows(ut, mq_sh, ot, o_sh, live);
             copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
         }
         if prepared {
-            decay_and_update(keys_major, s, eg_sh, ut, kr_sh);
+            decay_and_update(s, eg_sh, ut, kr_sh);
         }
     }
 
     if cfg.store_final() {
-        if keys_major {
-            for (j, a) in parallel(s) {
-                final_state[n][hv][v0 + a][j] = s[j][a];
-            }
-        } else {
-            copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, bv, 128]));
-        }
+        copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, bv, 128]));
     }
     if cfg.pool() {
         if live {
-            if keys_major {
-                for (j, a) in parallel(s) {
-                    state[slot][hv][v0 + a][j] = s[j][a];
-                }
-            } else {
-                copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]));
-            }
+            copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `chunk` through the block simulator against the f64 reference of `chunk_kda`.
 
 use crate::check::{simulate, tensor_values};
-use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, Preparation, StateForm, PREP_COLS, PREP_DECAY_COLS};
+use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use crate::chunk_prep::{chunk_prep, prep_rows, PrepConfig};
 use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs};
 use crate::reference::{rel_err, to_bytes};
@@ -40,18 +40,17 @@ pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, S
 }
 
 /// Whether the two-kernel path (`chunk_prep` over `prep_blocks` blocks per sequence and head,
-/// then `chunk` over its workspace with blocks of `warps` warps holding the state as `form`
-/// says) writes exactly the fused kernel's bits for `cfg`'s call, in the simulator.
+/// then `chunk` over its workspace with blocks of `warps` warps) writes exactly the fused
+/// kernel's bits for `cfg`'s call, in the simulator.
 pub fn two_kernel_path_matches(
     cfg: &ChunkConfig,
     x: &ChunkInputs,
     warps: usize,
-    form: StateForm,
     prep_blocks: usize,
 ) -> Result<bool, String> {
     let fused = simulate_chunk(cfg, x)?;
-    let shape = ChunkShape { warps, form, ..cfg.shape };
-    let two = ChunkConfig { preparation: Preparation::Workspace, shape, ..cfg.clone() };
+    let two =
+        ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape { warps, ..cfg.shape }, ..cfg.clone() };
     let got = simulate_chunk_with(&two, x, prep_blocks)?;
     let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
     Ok(bits(&got.out) == bits(&fused.out) && bits(&got.final_state) == bits(&fused.final_state))

@@ -2,7 +2,7 @@
 
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, StateForm};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkStates};
 use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, tolerance};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
@@ -48,26 +48,11 @@ fn prepared_workspace_equals_fused_bit_for_bit() {
     for (i, f) in chunk_families().iter().enumerate() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
-        for (prep_blocks, form) in [(1, StateForm::RowsByKeys), (3, StateForm::RowsByKeys), (2, StateForm::KeysByRows)]
-        {
-            let same = two_kernel_path_matches(&f.cfg, &x, warps, form, prep_blocks)
-                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
-            assert!(same, "{}: the bits differ ({warps} warps, {form:?}, {prep_blocks} preparation blocks)", f.name);
+        for prep_blocks in [1, 3] {
+            let same =
+                two_kernel_path_matches(&f.cfg, &x, warps, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            assert!(same, "{}: the bits differ ({warps} warps, {prep_blocks} preparation blocks)", f.name);
         }
-    }
-}
-
-/// The fused kernel with the state held keys by rows (8 value rows per warp, the state a right
-/// operand from registers) gives the bits of the rows-by-keys form on every family.
-#[test]
-fn the_state_keys_by_rows_gives_the_same_bits() {
-    for (i, f) in chunk_families().iter().enumerate() {
-        let x = f.inputs(i as u64);
-        let want = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let cfg = ChunkConfig { shape: ChunkShape { form: StateForm::KeysByRows, ..f.cfg.shape }, ..f.cfg.clone() };
-        let got = simulate_chunk(&cfg, &x).unwrap_or_else(|e| panic!("{} keys by rows: {e}", f.name));
-        assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ", f.name);
-        assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ", f.name);
     }
 }
 

@@ -4,7 +4,7 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation, StateForm};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
@@ -98,7 +98,6 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 warps: x.of(&[1, 2, 4, 8, 3, 16, 0]),
                 min_blocks: x.of(&[1, 2, 3, 0]),
                 stages: x.of(&[2, 3, 4, 1, 0]),
-                form: x.of(&[StateForm::RowsByKeys, StateForm::KeysByRows]),
             },
             transition: x.r(4) == 0,
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -108,8 +108,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS]
-/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `k`
-/// the state held keys by rows (8 value rows per warp), `s`
+/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `s`
 /// the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
 /// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
@@ -141,15 +140,15 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
 /// the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
-    use kda_runtime::chunk::{ChunkShape, ChunkTuning, StateForm};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][k][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
     // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
-    // `sSEGMENTS` (the split), `k` (the state keys by rows) and `xSTAGES`.
+    // `sSEGMENTS` (the split) and `xSTAGES`.
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a, None),
@@ -163,10 +162,6 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a_shape, None),
     };
-    let (a_shape, form) = match a_shape.strip_suffix('k') {
-        Some(rest) => (rest, StateForm::KeysByRows),
-        None => (a_shape, StateForm::RowsByKeys),
-    };
     let fields: Vec<&str> = a_shape.split('x').collect();
     let (warps, min_blocks, stages) = match fields.as_slice() {
         [w, m] => (num(w)?, num(m)?, None),
@@ -175,7 +170,7 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     };
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
-    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), form };
+    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages) };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges })
 }
 
@@ -386,22 +381,19 @@ pub fn time_gemm(
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
-    use kda_runtime::chunk::{ChunkShape, ChunkTuning, StateForm};
+    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
 
     #[test]
     fn chunk_shapes_parse_every_part() {
-        let shape = |warps, min_blocks, stages, form| ChunkShape { warps, min_blocks, stages, form };
+        let shape = |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages };
         let tune =
             |shape, split, prepared, prep_blocks, ranges| ChunkTuning { shape, split, prepared, prep_blocks, ranges };
-        let (rows, keys) = (StateForm::RowsByKeys, StateForm::KeysByRows);
         let cases = [
-            ("8x2", tune(shape(8, 2, ChunkShape::FUSED.stages, rows), None, false, None, None)),
-            ("2x8p", tune(shape(2, 8, ChunkShape::PREPARED.stages, rows), None, true, None, None)),
-            ("2x8x4kpr8", tune(shape(2, 8, 4, keys), None, true, None, Some(8))),
-            ("2x8x3p256", tune(shape(2, 8, 3, rows), None, true, Some(256), None)),
-            ("8x2s8p", tune(shape(8, 2, ChunkShape::PREPARED.stages, rows), Some(8), true, None, None)),
-            ("2x8x4ks8p", tune(shape(2, 8, 4, keys), Some(8), true, None, None)),
-            ("8x2k", tune(shape(8, 2, ChunkShape::FUSED.stages, keys), None, false, None, None)),
+            ("8x2", tune(shape(8, 2, ChunkShape::FUSED.stages), None, false, None, None)),
+            ("2x8p", tune(shape(2, 8, ChunkShape::PREPARED.stages), None, true, None, None)),
+            ("2x8x4pr8", tune(shape(2, 8, 4), None, true, None, Some(8))),
+            ("2x8x3p256", tune(shape(2, 8, 3), None, true, Some(256), None)),
+            ("8x2s8p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(8), true, None, None)),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");

@@ -10,7 +10,6 @@ use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSp
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
     chunk_config, chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkShape, ChunkTuning,
-    StateForm,
 };
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
@@ -190,14 +189,8 @@ pub fn run_chunk_on_gpu(
     let ws = if prepared { Some(poisoned_workspace(gpu, s, &args)?) } else { None };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
-    // Token ranges are a form of the two-kernel path: the fused run takes none. The fused run
-    // holds the state rows by keys, so a two-kernel run keys by rows is compared across forms.
-    let tune = tune.map(|t| match prepared {
-        true => ChunkTuning { prepared, ..t },
-        false => {
-            ChunkTuning { prepared, ranges: None, shape: ChunkShape { form: StateForm::RowsByKeys, ..t.shape }, ..t }
-        }
-    });
+    // Token ranges are a form of the two-kernel path: the fused run takes none.
+    let tune = tune.map(|t| ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t });
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -310,20 +303,6 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: Some(four_ranges),
         },
         ChunkCase {
-            name: format!(
-                "chunk B=1 T={} H=2 HV=4, state keys by rows, two-kernel path in 4 token ranges",
-                t_split + 11
-            ),
-            cfg: d.clone(),
-            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 11 }, h: 2, hv: 4, ..init.clone() },
-            // The chain's shape, the state keys by rows (`StateForm`), against the fused kernel
-            // rows by keys at that shape.
-            tune: Some(ChunkTuning {
-                shape: ChunkShape { form: StateForm::KeysByRows, ..ChunkShape::PREPARED },
-                ..four_ranges
-            }),
-        },
-        ChunkCase {
             name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
             cfg: d,
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
@@ -358,15 +337,8 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                     bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
                 let (to, ts) = tolerance(&cfg);
-                // Across state forms (opt-in, never the API's pick) equal bits are reported,
-                // not required: whether the GPU sums an mma the same way with its operands'
-                // roles swapped is what the row finds out.
-                let across_forms = tune.is_some_and(|t| t.shape.form != StateForm::RowsByKeys);
-                let ok = (same || across_forms)
-                    && c.out_err <= to
-                    && c.state_err <= ts
-                    && c.bad_elements == 0
-                    && c.untouched_changed == 0;
+                let ok =
+                    same && c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
                 failures += usize::from(!ok);
                 out!(
                     "{name:<52} {:>10.2e} {:>10.0e}  {}  (state {:.2e}, bad elements {}, untouched slots changed {}, two-kernel path {})",
@@ -376,11 +348,7 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                     c.state_err,
                     c.bad_elements,
                     c.untouched_changed,
-                    match (same, across_forms) {
-                        (true, _) => "bit-identical",
-                        (false, true) => "differs (across state forms: reported, not required)",
-                        (false, false) => "DIFFERS",
-                    }
+                    if same { "bit-identical" } else { "DIFFERS" }
                 );
             }
             Err(e) => {

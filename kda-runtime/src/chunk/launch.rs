@@ -2,8 +2,8 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
+pub use kda_kernels::chunk::ChunkShape;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
-pub use kda_kernels::chunk::{ChunkShape, StateForm};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
@@ -88,12 +88,9 @@ impl ChunkTuning {
     /// when not.
     pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
         let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
-        let ChunkShape { warps, min_blocks, stages, form } = self.shape;
+        let ChunkShape { warps, min_blocks, stages } = self.shape;
         if !matches!(warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&min_blocks) || !(2..=8).contains(&stages) {
             return bad("warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8");
-        }
-        if form == StateForm::KeysByRows && self.split.is_some() {
-            return bad("the keys-by-rows state without the split");
         }
         if let Some(nseg) = self.split {
             split::check_split(plan, nseg)?;
@@ -590,10 +587,7 @@ mod tests {
             let e = tune.check(&plan).expect_err(expected).to_string();
             assert!(e.contains("tune") && e.contains(expected), "{e}");
         };
-        let shape = |warps, min_blocks, stages| ChunkTuning {
-            shape: ChunkShape { warps, min_blocks, stages, form: StateForm::RowsByKeys },
-            ..ok
-        };
+        let shape = |warps, min_blocks, stages| ChunkTuning { shape: ChunkShape { warps, min_blocks, stages }, ..ok };
         let shapes = "warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8";
         refused(shape(3, 2, 2), shapes);
         refused(shape(8, 9, 2), shapes);
@@ -603,8 +597,5 @@ mod tests {
         refused(ChunkTuning { prepared: true, ..ok }, "prepared only with a workspace");
         refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
-        let keys_by_rows = ChunkShape { form: StateForm::KeysByRows, ..ok.shape };
-        refused(ChunkTuning { shape: keys_by_rows, split: Some(2), ..ok }, "keys-by-rows state without the split");
-        ChunkTuning { shape: keys_by_rows, ..ok }.check(&plan).expect("the fused kernel keys by rows");
     }
 }

@@ -321,6 +321,15 @@ impl KernelBuilder {
         }
     }
 
+    /// `launch(.., fill_warps = n)`: `n` more warps that only issue the stage fills of
+    /// `pipelined` loops ([`crate::tile::KernelDef::fill_warps`]); 0 to 4.
+    pub fn fill_warps(&self, n: impl HostInt, loc: SrcLoc) {
+        match u32::try_from(n.to_i64()) {
+            Ok(v) if v <= 4 => self.st.borrow_mut().def.fill_warps = v,
+            _ => self.error(loc, format!("fill_warps = {}: expected 0 to 4", n.to_i64())),
+        }
+    }
+
     /// Assumes extent `dim` is exactly `v`; launchers check it, copies drop the masks it makes
     /// unnecessary.
     pub fn assume_extent(&self, dim: &Val, v: impl HostInt, loc: SrcLoc) {

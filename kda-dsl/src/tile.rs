@@ -421,6 +421,11 @@ pub struct KernelDef {
     pub threads: u32,
     /// Blocks that must fit on one SM at once (`.minnctapersm`): caps registers per thread.
     pub min_blocks_per_sm: Option<u32>,
+    /// Warps added to the block's `threads` that only issue the stage fills of `pipelined`
+    /// loops (and pass the block's barriers); the `threads` run everything else. A warp's
+    /// instructions issue in order, so fills on warps of their own take their address
+    /// arithmetic off the compute warps' path.
+    pub fill_warps: u32,
     /// Grid extents.
     pub grid: [HostExpr; 3],
     /// Variables holding the block index per grid axis.
@@ -440,6 +445,11 @@ pub struct KernelDef {
 }
 
 impl KernelDef {
+    /// Threads the block is launched with: `threads` and the fill warps.
+    pub fn launched_threads(&self) -> u32 {
+        self.threads + 32 * self.fill_warps
+    }
+
     /// A kernel named `name` with nothing in it yet (no threads, a grid of one block).
     pub fn empty(name: &str, loc: SrcLoc) -> KernelDef {
         KernelDef {
@@ -447,6 +457,7 @@ impl KernelDef {
             params: Arena::new(),
             threads: 0,
             min_blocks_per_sm: None,
+            fill_warps: 0,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
             buffers: Arena::new(),
@@ -491,9 +502,10 @@ impl fmt::Display for KernelDef {
             }
         }
         let min_blocks = self.min_blocks_per_sm.map(|m| format!(" min_blocks={m}")).unwrap_or_default();
+        let fill_warps = if self.fill_warps > 0 { format!(" fill_warps={}", self.fill_warps) } else { String::new() };
         writeln!(
             f,
-            ") threads={}{min_blocks} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks}{fill_warps} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),

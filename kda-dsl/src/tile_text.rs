@@ -554,6 +554,9 @@ impl Parser {
         if self.is_ident("min_blocks") {
             self.def.min_blocks_per_sm = Some(self.setting("min_blocks")? as u32);
         }
+        if self.is_ident("fill_warps") {
+            self.def.fill_warps = self.setting("fill_warps")? as u32;
+        }
         self.keyword("grid")?;
         self.punct("=")?;
         self.punct("[")?;

@@ -49,18 +49,24 @@ pub struct ChunkShape {
     /// are issued `stages - 1` steps before its use). The chain over a workspace wants more
     /// than 2: its step is shorter than a load's latency from memory.
     pub stages: usize,
+    /// Warps added to the block that only issue the pipeline's fills (`launch(..,
+    /// fill_warps)`): the chain's step issues its fills' address arithmetic on the same warps
+    /// as its products otherwise. The arithmetic, and so the bits, do not depend on it.
+    pub fill_warps: usize,
 }
 
 impl ChunkShape {
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2 };
+    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0 };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
-    /// warps, 8 blocks per SM, 4 stages. Its blocks carry no key preparation, so smaller ones
-    /// spread each head's 128 value rows over more SMs; and a step is short next to a load's
-    /// latency from memory, so it stages 3 chunks ahead. The fastest of `kda bench
-    /// --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02). Its arithmetic
-    /// depends on neither, so the bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 8, stages: 4 };
+    /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
+    /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
+    /// to a load's latency from memory, so it stages 3 chunks ahead; and a warp of its own
+    /// issues the fills, whose address arithmetic was on the step's path (the chain 1.46 to
+    /// 0.97 ms alone at B = 1, T = 32768). The fastest of `kda bench --sweep-chunk`
+    /// (docs/performance.md, 2026-12-01 run 8 and 2026-12-02). Its arithmetic depends on none
+    /// of it, so the bits stay the fused kernel's.
+    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1 };
 }
 
 /// The gate rule of `chunk_kda` (KDA-SPEC).
@@ -188,7 +194,7 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -199,6 +205,7 @@ impl ChunkConfig {
             self.shape.min_blocks,
             // Two stages, the fused kernel's, go unnamed.
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
+            if self.shape.fill_warps == 0 { String::new() } else { format!("_fw{}", self.shape.fill_warps) },
             if self.transition { "_transition" } else { "" },
             if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
@@ -545,8 +552,12 @@ pub fn chunk(
 ) {
     let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
-    let (vb, hv, z) =
-        launch(grid = [VD / bv, HV, NSEQ], threads = 32 * cfg.shape.warps, min_blocks = cfg.shape.min_blocks);
+    let (vb, hv, z) = launch(
+        grid = [VD / bv, HV, NSEQ],
+        threads = 32 * cfg.shape.warps,
+        min_blocks = cfg.shape.min_blocks,
+        fill_warps = cfg.shape.fill_warps,
+    );
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);

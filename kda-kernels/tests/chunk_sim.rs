@@ -2,7 +2,7 @@
 
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkStates};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates};
 use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, tolerance};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
@@ -40,19 +40,39 @@ fn every_family_matches_the_f64_reference() {
 
 /// The two-kernel path (`chunk_prep` into the workspace, then `chunk` reading it) gives the
 /// fused kernel's bits on every family, with the preparation spread over one block or several
-/// per (sequence, value head), with the chain's blocks of 8, 4 or 2 warps, and reads no
-/// workspace row the preparation did not write (they are NaN-poisoned).
+/// per (sequence, value head), with the chain's blocks of 8, 4 or 2 warps, with and without
+/// fill warps, and reads no workspace row the preparation did not write (they are
+/// NaN-poisoned).
 #[test]
 fn prepared_workspace_equals_fused_bit_for_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
     for (i, f) in chunk_families().iter().enumerate() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
-        for prep_blocks in [1, 3] {
-            let same =
-                two_kernel_path_matches(&f.cfg, &x, warps, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-            assert!(same, "{}: the bits differ ({warps} warps, {prep_blocks} preparation blocks)", f.name);
+        for (prep_blocks, fill_warps) in [(1, 0), (3, 0), (2, 1)] {
+            let same = two_kernel_path_matches(&f.cfg, &x, (warps, fill_warps), prep_blocks)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            assert!(
+                same,
+                "{}: the bits differ ({warps} warps, {fill_warps} fill warps, {prep_blocks} preparation blocks)",
+                f.name
+            );
         }
+    }
+}
+
+/// The fused kernel with a fill warp (its inputs' fills on a warp of their own) gives the bits
+/// of the kernel without, on every family.
+#[test]
+fn a_fill_warp_changes_no_bit_of_the_fused_kernel() {
+    for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let x = f.inputs(i as u64);
+        let want = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        let shape = ChunkShape { fill_warps: 1, ..f.cfg.shape };
+        let got = simulate_chunk(&ChunkConfig { shape, ..f.cfg.clone() }, &x)
+            .unwrap_or_else(|e| panic!("{} with a fill warp: {e}", f.name));
+        assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ", f.name);
+        assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ", f.name);
     }
 }
 

@@ -98,6 +98,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 warps: x.of(&[1, 2, 4, 8, 3, 16, 0]),
                 min_blocks: x.of(&[1, 2, 3, 0]),
                 stages: x.of(&[2, 3, 4, 1, 0]),
+                fill_warps: x.of(&[0, 1, 2, 5]),
             },
             transition: x.r(4) == 0,
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

@@ -694,3 +694,128 @@ fn a_let_feeding_a_fill_cannot_read_a_global_the_body_writes() {
         .to_string();
     assert!(e.contains("`row` feeds a fill") && e.contains("`offs`"), "{e}");
 }
+
+/// A pipeline with fill warps: how many, and its depth.
+#[derive(Clone)]
+struct FillCfg {
+    fill_warps: usize,
+    stages: usize,
+}
+
+/// Over blocks `i`: `acc += x[16 offs[i] ..] k[32 i ..]` on tensor cores, and `rs += rowsum(x
+/// block) * beta[i ..]` through a reduction across the compute warps (which synchronize inside
+/// it); the row block from a `let`, a strided `beta` filled element by element (stored at the
+/// end of the body). With fill warps, every fill is theirs.
+#[kernel]
+fn staged_products(
+    cfg: &FillCfg,
+    x: Global<(R, C), BF16>,
+    k: Global<(RK, C), BF16>,
+    beta: Global<(NB, S), BF16>,
+    offs: Global<(NO,), I32>,
+    y: GlobalMut<(RY, C), F32>,
+    z: GlobalMut<(RY,), F32>,
+    NL: Dim,
+) {
+    let (_bx,) = launch(grid = [1], threads = 64, fill_warps = cfg.fill_warps);
+    assume_extent(C, 32);
+    let x_sh = shared([16, 32], BF16);
+    let k_sh = shared([32, 32], BF16);
+    let b_sh = shared([16], BF16);
+    let acc = fragment([16, 32], F32);
+    let xf = fragment([16, 32], F32);
+    let part = fragment([16], F32);
+    let rs = fragment([16], F32);
+    clear(acc);
+    clear(rs);
+    // `offs` runs past the loop's end: in a tensor-core loop, fills past it are issued
+    // (masked), and their `let`s read on.
+    for i in pipelined(0, NL, stages = cfg.stages) {
+        let row = offs[i] * 16;
+        copy(x.tile_at([row, 0], [16, 32]), x_sh);
+        copy(k.tile_at([32 * i, 0], [32, 32]), k_sh);
+        copy(beta.tile_at([16 * i, 1], [16, 1]), b_sh);
+        gemm(x_sh, k_sh, acc);
+        copy(x_sh, xf);
+        reduce_sum(xf, part, 1);
+        for (r,) in parallel(rs) {
+            rs[r] = rs[r] + part[r] * b_sh[r];
+        }
+    }
+    copy(acc, y.tile([0, 0], [16, 32]));
+    copy(rs, z.tile([0], [16]));
+}
+
+#[test]
+fn fill_warps_issue_a_pipelines_fills_and_change_no_bit() {
+    let (r, c, nb) = (64, 32, 3);
+    let offs: Vec<f64> = vec![2.0, 0.0, 3.0, 0.0, 0.0];
+    let mut rng = Rng::new(11);
+    let x = rng.normals(r * c, DType::BF16);
+    let k = rng.normals(32 * nb * c, DType::BF16);
+    let beta = rng.normals(16 * nb * 2, DType::BF16);
+    let run = |cfg: &FillCfg| {
+        let mut args = vec![
+            t("x", &x, DType::BF16),
+            i("R", r),
+            i("C", c),
+            t("k", &k, DType::BF16),
+            i("RK", 32 * nb),
+            t("beta", &beta, DType::BF16),
+            i("NB", 16 * nb),
+            i("S", 2),
+            t("offs", &offs, DType::I32),
+            i("NO", offs.len()),
+            t("y", &vec![f64::NAN; 16 * c], DType::F32),
+            i("RY", 16),
+            t("z", &[f64::NAN; 16], DType::F32),
+            i("NL", nb),
+        ];
+        let def = staged_products(cfg).expect("builds");
+        simulate(&def, &mut args).unwrap_or_else(|e| panic!("{} fill warps: {e}", cfg.fill_warps));
+        (tensor_values(&args, "y", DType::F32), tensor_values(&args, "z", DType::F32))
+    };
+    let mut want_y = vec![0.0; 16 * c];
+    let mut want_z = vec![0.0; 16];
+    for (b, o) in offs.iter().take(nb).enumerate() {
+        for row in 0..16 {
+            let xr = &x[(16 * *o as usize + row) * c..][..c];
+            for col in 0..c {
+                want_y[row * c + col] += (0..c).map(|j| xr[j] * k[(32 * b + j) * c + col]).sum::<f64>();
+            }
+            want_z[row] += xr.iter().sum::<f64>() * beta[(16 * b + row) * 2 + 1];
+        }
+    }
+    for stages in [2, 3] {
+        let plain = run(&FillCfg { fill_warps: 0, stages });
+        assert!(rel_err(&plain.0, &want_y) < 1e-5 && rel_err(&plain.1, &want_z) < 1e-5, "{stages} stages");
+        for fill_warps in [1, 2] {
+            let split = run(&FillCfg { fill_warps, stages });
+            let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&split.0) == bits(&plain.0), "products, {fill_warps} fill warps, {stages} stages");
+            assert!(bits(&split.1) == bits(&plain.1), "row sums, {fill_warps} fill warps, {stages} stages");
+        }
+    }
+}
+
+/// Fill warps in a kernel with no `pipelined` loop for them.
+#[kernel]
+fn fill_warps_idle(cfg: &FillCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = 64, fill_warps = cfg.fill_warps);
+    let f = fragment([16, 32], F32);
+    copy(x.tile([0, 0], [16, 32]), f);
+    copy(f, y.tile([0, 0], [16, 32]));
+}
+
+#[test]
+fn fill_warps_need_a_pipeline_and_at_most_four() {
+    // Refused where the kernel is built, or else where it is compiled.
+    let refusal = |def: Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>| match def {
+        Ok(def) => kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("rejected").to_string(),
+        Err(e) => e.to_string(),
+    };
+    let e = refusal(fill_warps_idle(&FillCfg { fill_warps: 1, stages: 2 }));
+    assert!(e.contains("fill_warps = 1") && e.contains("no `pipelined` loop"), "{e}");
+    let e = refusal(staged_products(&FillCfg { fill_warps: 5, stages: 2 }));
+    assert!(e.contains("fill_warps = 5") && e.contains("expected 0 to 4"), "{e}");
+}

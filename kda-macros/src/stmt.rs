@@ -215,15 +215,19 @@ impl Cx {
         let mut grid = None;
         let mut threads = None;
         let mut min_blocks = None;
+        let mut fill_warps = None;
         for (k, v, sp) in kw {
             match k.as_str() {
                 "grid" => grid = Some(v),
                 "threads" => threads = Some(v),
                 "min_blocks" => min_blocks = Some(v),
+                "fill_warps" => fill_warps = Some(v),
                 _ => {
                     return err(
                         sp,
-                        format!("unknown `launch` argument `{k}`; expected `grid`, `threads` or `min_blocks`"),
+                        format!(
+                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks` or `fill_warps`"
+                        ),
                     )
                 }
             }
@@ -268,9 +272,17 @@ impl Cx {
             Some(m) => quote!(__kb.min_blocks_per_sm(#m, #lc);),
             None => quote!(),
         };
+        let fill_warps = match fill_warps {
+            Some(m) if self.is_dsl(m) => {
+                return err(m.span(), "`fill_warps` must be known when the kernel is specialized")
+            }
+            Some(m) => quote!(__kb.fill_warps(#m, #lc);),
+            None => quote!(),
+        };
         Ok(quote! {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
             #min_blocks
+            #fill_warps
             #(#binds)*
         })
     }

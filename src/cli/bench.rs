@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -107,8 +107,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
     Ok((shapes, filter))
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS]
-/// [p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default without it), `s`
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][fFILL]
+/// [sSEGMENTS][p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default
+/// without it), `f` that many fill warps issuing the pipeline's fills, `s`
 /// the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
 /// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
@@ -140,15 +141,15 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
 /// the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkShape, ChunkTuning};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
     // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
-    // `sSEGMENTS` (the split) and `xSTAGES`.
+    // `sSEGMENTS` (the split), `fFILL` (fill warps) and `xSTAGES`.
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a, None),
@@ -162,6 +163,10 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a_shape, None),
     };
+    let (a_shape, fill_warps) = match a_shape.split_once('f') {
+        Some((rest, n)) => (rest, num(n)?),
+        None => (a_shape, 0),
+    };
     let fields: Vec<&str> = a_shape.split('x').collect();
     let (warps, min_blocks, stages) = match fields.as_slice() {
         [w, m] => (num(w)?, num(m)?, None),
@@ -170,7 +175,7 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     };
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
-    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages) };
+    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges })
 }
 
@@ -385,7 +390,7 @@ mod tests {
 
     #[test]
     fn chunk_shapes_parse_every_part() {
-        let shape = |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages };
+        let shape = |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages, fill_warps: 0 };
         let tune =
             |shape, split, prepared, prep_blocks, ranges| ChunkTuning { shape, split, prepared, prep_blocks, ranges };
         let cases = [
@@ -394,11 +399,12 @@ mod tests {
             ("2x8x4pr8", tune(shape(2, 8, 4), None, true, None, Some(8))),
             ("2x8x3p256", tune(shape(2, 8, 3), None, true, Some(256), None)),
             ("8x2s8p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(8), true, None, None)),
+            ("2x4x4f1pr8", tune(ChunkShape { fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, Some(8))),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
-        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q"] {
+        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f"] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");
         }

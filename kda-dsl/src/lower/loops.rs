@@ -1,6 +1,7 @@
 //! Lowering of loops: `unroll` (at compile time), `serial` (a run-time loop) and `pipelined`
 //! (a multi-stage `cp.async` pipeline whose stage-filling copies run ahead of the compute).
 
+use super::roles::Role;
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -59,7 +60,10 @@ impl Lower<'_> {
     }
 
     /// A multi-stage `cp.async` pipeline: the stage-filling copies of iteration `i + stages - 1`
-    /// are issued while iteration `i` computes.
+    /// are issued while iteration `i` computes. With fill warps, each role runs its own copy of
+    /// the loop (one branch, so the compute warps' body stays one block for the assembler to
+    /// schedule): the fill warps issue the fills and pass the body's barriers, the compute
+    /// warps run the body.
     fn pipelined(
         &mut self,
         var: VarId,
@@ -69,6 +73,38 @@ impl Lower<'_> {
         body: &[Stmt],
         loc: SrcLoc,
     ) -> Result<(), Diag> {
+        let s0 = self.expr(start, DType::I32, loc)?;
+        let e = self.expr(end, DType::I32, loc)?;
+        let bounds = (self.em.to_reg(s0.s, RegClass::B32, Ty::S32), self.em.to_reg(e.s, RegClass::B32, Ty::S32));
+        if self.role() != Some(Role::Both) {
+            let work = match self.role() {
+                Some(Role::Fill) => LoopWork::Fills,
+                Some(Role::Compute) => LoopWork::Body,
+                _ => LoopWork::FillsAndBody,
+            };
+            return self.pipeline_loop(var, stages, bounds, body, loc, work);
+        }
+        let (fill_loop, done) = (self.em.label(), self.em.label());
+        let is_fill = self.fill_warps.as_ref().expect("fill warps").is_fill;
+        self.em.emit_if(is_fill, true, Op::Bra { target: fill_loop });
+        self.in_role(Role::Compute, |lw| lw.pipeline_loop(var, stages, bounds, body, loc, LoopWork::Body))?;
+        self.em.emit(Op::Bra { target: done });
+        self.em.emit(Op::Label(fill_loop));
+        self.in_role(Role::Fill, |lw| lw.pipeline_loop(var, stages, bounds, body, loc, LoopWork::Fills))?;
+        self.em.emit(Op::Label(done));
+        Ok(())
+    }
+
+    /// One copy of a pipelined loop over `bounds` (start, end), doing `work`.
+    fn pipeline_loop(
+        &mut self,
+        var: VarId,
+        stages: u32,
+        (s0, e): (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+        work: LoopWork,
+    ) -> Result<(), Diag> {
         // What is filled, what runs for the fills' iteration and whether dead fills branch
         // around their addresses: decided by `plan_pipelines`.
         let plan = self.p.pipeline(var).clone();
@@ -77,10 +113,7 @@ impl Lower<'_> {
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let PipelinePlan { staged, prelude, skip_dead_fills, .. } = plan;
-        let s0 = self.expr(start, DType::I32, loc)?;
-        let e = self.expr(end, DType::I32, loc)?;
-        let e = self.em.to_reg(e.s, RegClass::B32, Ty::S32);
-        let s0 = self.em.to_reg(s0.s, RegClass::B32, Ty::S32);
+        let issues_fills = work != LoopWork::Body;
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         let stage_bytes: Vec<i64> = staged
             .iter()
@@ -89,7 +122,7 @@ impl Lower<'_> {
         let iter = self.em.reg(RegClass::B32);
         self.consts.remove(&var);
         // Prologue: stages 0 .. stages-2.
-        for st in 0..stages - 1 {
+        for st in (0..stages - 1).filter(|_| issues_fills) {
             self.em.loc = loc;
             let it = self.em.add32(s0, Src::Imm(st as i64));
             self.mov(iter, V { s: it, ty: DType::I32 });
@@ -110,26 +143,31 @@ impl Lower<'_> {
         self.em.emit(Op::Label(top));
         let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
         self.em.emit_if(p, true, Op::Bra { target: exit });
-        self.em.emit(Op::CpAsyncWait { n: stages - 2 });
-        self.barrier();
-        // Issue iteration ko + stages - 1 into the stage read last iteration.
-        let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
-        self.mov(iter, V { s: it, ty: DType::I32 });
-        let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
-        let wr = self.em.reg(RegClass::B32);
-        let wrap = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0));
-        self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(1) });
-        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
-        self.var_regs.insert(var, iter);
-        for (k, b) in staged.iter().enumerate() {
-            let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
-            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        if issues_fills {
+            self.em.emit(Op::CpAsyncWait { n: stages - 2 });
         }
-        self.deferred_fills = Some(vec![]);
-        let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
-        let deferred = self.deferred_fills.take().unwrap_or_default();
-        fill_result?;
-        // Compute on the stage read this iteration.
+        self.block_barrier();
+        let mut deferred = vec![];
+        if issues_fills {
+            // Issue iteration ko + stages - 1 into the stage read last iteration.
+            let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
+            let wr = self.em.reg(RegClass::B32);
+            let wrap = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0));
+            self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(1) });
+            self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
+            self.var_regs.insert(var, iter);
+            for (k, b) in staged.iter().enumerate() {
+                let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
+                self.shared_base[*b] = Some(self.em.add32(home[k], off));
+            }
+            self.deferred_fills = Some(vec![]);
+            let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
+            deferred = self.deferred_fills.take().unwrap_or_default();
+            fill_result?;
+        }
+        // Compute on the stage read this iteration (the fill warps' copy passes its barriers).
         self.var_regs.insert(var, ko);
         for (k, b) in staged.iter().enumerate() {
             let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
@@ -144,8 +182,10 @@ impl Lower<'_> {
         self.em.emit_if(full, true, Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
         self.em.emit(Op::Bra { target: top });
         self.em.emit(Op::Label(exit));
-        self.em.emit(Op::CpAsyncWait { n: 0 });
-        self.barrier();
+        if issues_fills {
+            self.em.emit(Op::CpAsyncWait { n: 0 });
+        }
+        self.block_barrier();
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }
@@ -200,6 +240,17 @@ impl Lower<'_> {
         self.em.emit(Op::CpAsyncCommit);
         Ok(())
     }
+}
+
+/// What one copy of a pipelined loop does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LoopWork {
+    /// Fills and body: a kernel without fill warps.
+    FillsAndBody,
+    /// The fills, and the body's barriers: the fill warps' copy.
+    Fills,
+    /// The body: the compute warps' copy.
+    Body,
 }
 
 /// The most elements per thread an element-wise stage fill holds in registers across a

@@ -15,6 +15,7 @@ mod gemm;
 mod if_conversion;
 mod loops;
 mod reduce;
+mod roles;
 mod whole_lines;
 
 use crate::analysis::{divisibility, ranges};
@@ -137,6 +138,8 @@ pub(crate) struct Lower<'a> {
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
     /// their shared stores at the end of the body (`loops::pipelined`).
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
+    /// The kernel's fill warps, if it has any (`roles`).
+    pub fill_warps: Option<roles::FillWarps>,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -200,13 +203,18 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
     let t = em.bin(BinKind::And, Ty::B32, RegClass::B32, lane, Src::Imm(3));
     let smem = em.reg(RegClass::B32);
     em.emit(Op::SharedBase { d: smem });
+    let th = ThreadRegs { tid, lane, warp, g, t };
+    let fill_warps =
+        (p.def.fill_warps > 0).then(|| roles::FillWarps::new(&mut em, th, p.def.threads, p.def.fill_warps));
     let mut lw = Lower {
         p,
         em,
         scope: Scope {
-            th: ThreadRegs { tid, lane, warp, g, t },
+            th,
             threads: p.def.threads,
-            bar_id: 0,
+            // With fill warps, what the compute warps synchronize inside a tile operation
+            // leaves the fill warps out.
+            bar_id: if fill_warps.is_some() { roles::COMPUTE_BARRIER } else { 0 },
             scratch_base: p.scratch.offset,
             frag_bases: HashMap::new(),
         },
@@ -228,6 +236,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         thread_offsets: None,
         copy_plans: vec![],
         deferred_fills: None,
+        fill_warps,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -294,7 +303,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
     let prog = ThreadProgram {
         name: p.def.name.clone(),
         params,
-        threads: p.def.threads,
+        threads: p.def.launched_threads(),
         min_blocks_per_sm: p.def.min_blocks_per_sm,
         shared_bytes: p.shared_bytes,
         body: lw.em.body,
@@ -321,6 +330,12 @@ impl Lower<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), Diag> {
         self.em.loc = s.loc;
+        match self.role() {
+            Some(roles::Role::Both) if roles::compute_only(s) => return self.on_compute_warps(|lw| lw.stmt(s)),
+            // The fill warps' copy of a pipelined loop keeps its skeleton and barriers only.
+            Some(roles::Role::Fill) if roles::compute_only(s) => return Ok(()),
+            _ => {}
+        }
         match self.partial_warps(s)? {
             // A gemm, fill, copy or `parallel` of a fragment laid out over the first `active`
             // warps (smaller than the block allows): the other warps skip it.
@@ -453,9 +468,9 @@ impl Lower<'_> {
                 // times, though a profile puts much of the time at this wait
                 // (docs/performance.md, "Decode and GEMM").
                 if self.async_copies {
-                    self.em.emit(Op::CpAsyncWait { n: 0 });
+                    self.wait_plain_async_copies();
                 }
-                self.barrier();
+                self.block_barrier();
                 Ok(())
             }
         }

@@ -165,6 +165,35 @@ fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
     Err(Diag::new(b.loc, format!("tile `{}` {:?} does not fit in {place}", b.name, b.shape)))
 }
 
+/// Why the kernel's fill warps cannot be, if they cannot: at most 4, within the block's 1024
+/// threads, with a `pipelined` loop for them to fill, and no warp groups (whose named barriers
+/// the compute warps' would share).
+fn fill_warps_error(def: &KernelDef) -> Option<String> {
+    let n = def.fill_warps;
+    if n == 0 {
+        return None;
+    }
+    let mut pipelined = false;
+    let mut groups = false;
+    visit_stmts(&def.body, &mut |s| match s.kind {
+        StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => pipelined = true,
+        StmtKind::WarpGroup { .. } => groups = true,
+        _ => {}
+    });
+    if n > 4 || def.launched_threads() > 1024 {
+        Some(format!(
+            "fill_warps = {n}: expected at most 4, and at most 1024 threads with the {} of `threads`",
+            def.threads
+        ))
+    } else if !pipelined {
+        Some(format!("fill_warps = {n}: the kernel has no `pipelined` loop whose stages they could fill"))
+    } else if groups {
+        Some(format!("fill_warps = {n}: a kernel with fill warps cannot also have warp groups"))
+    } else {
+        None
+    }
+}
+
 /// Why `threads` cannot be a block's thread count (whole warps, 32 to 1024), if it cannot. The
 /// builder and this check share it.
 pub(crate) fn threads_error(threads: i64) -> Option<String> {
@@ -231,6 +260,9 @@ fn index_type(def: &KernelDef, e: &Expr, loc: SrcLoc) -> Result<(), Diag> {
 pub fn check_types(def: &mut KernelDef) -> Result<(), Diag> {
     // What the builder checks as it records a kernel, again for kernels read from text.
     if let Some(m) = threads_error(i64::from(def.threads)) {
+        return Err(Diag::new(def.loc, m));
+    }
+    if let Some(m) = fill_warps_error(def) {
         return Err(Diag::new(def.loc, m));
     }
     for (_, b) in def.buffers.iter_ids() {

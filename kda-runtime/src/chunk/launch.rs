@@ -88,9 +88,13 @@ impl ChunkTuning {
     /// when not.
     pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
         let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
-        let ChunkShape { warps, min_blocks, stages } = self.shape;
-        if !matches!(warps, 1 | 2 | 4 | 8) || !(1..=8).contains(&min_blocks) || !(2..=8).contains(&stages) {
-            return bad("warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8");
+        let ChunkShape { warps, min_blocks, stages, fill_warps } = self.shape;
+        if !matches!(warps, 1 | 2 | 4 | 8)
+            || !(1..=8).contains(&min_blocks)
+            || !(2..=8).contains(&stages)
+            || fill_warps > 2
+        {
+            return bad("warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to 2");
         }
         if let Some(nseg) = self.split {
             split::check_split(plan, nseg)?;
@@ -587,12 +591,16 @@ mod tests {
             let e = tune.check(&plan).expect_err(expected).to_string();
             assert!(e.contains("tune") && e.contains(expected), "{e}");
         };
-        let shape = |warps, min_blocks, stages| ChunkTuning { shape: ChunkShape { warps, min_blocks, stages }, ..ok };
-        let shapes = "warps 1, 2, 4 or 8, min_blocks 1 to 8 and stages 2 to 8";
+        let shape = |warps, min_blocks, stages| ChunkTuning {
+            shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0 },
+            ..ok
+        };
+        let shapes = "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to 2";
         refused(shape(3, 2, 2), shapes);
         refused(shape(8, 9, 2), shapes);
         refused(shape(8, 2, 1), shapes);
         refused(shape(8, 2, 9), shapes);
+        refused(ChunkTuning { shape: ChunkShape { fill_warps: 3, ..ok.shape }, ..ok }, shapes);
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
         refused(ChunkTuning { prepared: true, ..ok }, "prepared only with a workspace");
         refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");

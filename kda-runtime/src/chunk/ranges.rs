@@ -64,13 +64,15 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
 }
 
 /// The most token ranges [`default_ranges`] cuts a call into: the fastest of `kda bench
-/// --sweep-chunk` at B = 1, T = 32768 (docs/performance.md, 2026-12-02).
-pub const DEFAULT_RANGES: usize = 8;
+/// --sweep-chunk` at B = 1, T = 32768 with the chain's fill warp (4 against 8 and 16;
+/// docs/performance.md, 2026-12-02 run 15).
+pub const DEFAULT_RANGES: usize = 4;
 
 /// The fewest chunks a range of [`default_ranges`] holds: the length of the ranges measured
-/// (8 of 4096 tokens at T = 32768). Each range costs two launches and two stream hand-offs,
-/// and the overlap it buys is one range's preparation; shorter ones are not measured.
-pub const RANGE_MIN_CHUNKS: usize = 256;
+/// fastest (4 of 8192 tokens at T = 32768). Each range costs two launches and two stream
+/// hand-offs, and the overlap it buys is one range's preparation; shorter ones measured
+/// slower.
+pub const RANGE_MIN_CHUNKS: usize = 512;
 
 /// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:
 /// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`]; `None` for a

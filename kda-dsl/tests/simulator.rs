@@ -139,6 +139,39 @@ fn named_barriers_release_at_their_thread_count() {
     run(&p.prog(128, 0, vec![]), [1, 1, 1], &mut []).expect("releases");
 }
 
+/// Thread 64 (warp 2) writes a word, then warps 0 and 1 meet at named barrier 1 without it
+/// and thread 0 reads the word: with `block_barrier`, warp 2 joins them at `bar.sync 0` first.
+fn hand_off(block_barrier: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let a = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(0) });
+    let writer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: writer, a: Src::Reg(t), b: Src::Imm(64) });
+    p.guarded(writer, Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(7)] });
+    if block_barrier {
+        p.op(Op::Bar { id: 0, count: None });
+    }
+    let third = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: third, a: Src::Reg(t), b: Src::Imm(64) });
+    p.guarded(third, Op::Bra { target: 1 });
+    p.op(Op::Bar { id: 1, count: Some(64) });
+    let reader = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: reader, a: Src::Reg(t), b: Src::Imm(0) });
+    let v = p.reg(RegClass::B32);
+    p.guarded(reader, Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: a, offset: 0 });
+    p.op(Op::Label(1));
+    p.op(Op::Ret);
+    p.prog(96, 16, vec![])
+}
+
+#[test]
+fn a_named_barrier_orders_only_the_warps_that_take_part() {
+    let e = err_of(&hand_off(false), &mut []);
+    assert!(e.contains("race") && e.contains("written by thread 64 and read by thread 0"), "{e}");
+    run(&hand_off(true), [1, 1, 1], &mut []).expect("ordered by the block barrier");
+}
+
 #[test]
 fn shuffles_follow_the_ptx_lane_rules() {
     let mut p = P::new();

@@ -180,11 +180,20 @@ impl Block<'_> {
                 return Err(format!("bar.sync {id}: some threads of the block have exited while others wait"));
             }
             if ts.len() >= need {
+                self.released += 1;
+                let warps = self.threads.len().div_ceil(32);
+                let mut met = vec![false; warps];
                 for t in ts {
                     self.threads[t].blocked = false;
                     self.threads[t].pc += 1;
+                    met[t / 32] = true;
                 }
-                self.epoch += 1;
+                let met: Vec<usize> = (0..warps).filter(|w| met[*w]).collect();
+                for a in &met {
+                    for b in &met {
+                        self.last_shared_barrier[a * warps + b] = self.released;
+                    }
+                }
                 return Ok(true);
             }
         }

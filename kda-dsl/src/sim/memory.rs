@@ -46,26 +46,55 @@ impl Block<'_> {
         Ok(a)
     }
 
+    /// Whether thread `a`'s access when `epoch` barriers had been released is ordered before
+    /// what thread `b` does now: the same thread, or a barrier both passed since.
+    fn ordered(&self, a: u32, epoch: u32, b: u32) -> bool {
+        a == b || self.barrier_between_warps(a as usize / 32, epoch, b as usize / 32)
+    }
+
+    /// Whether warps `a` and `b` both passed a barrier released after the `epoch`th.
+    fn barrier_between_warps(&self, a: usize, epoch: u32, b: usize) -> bool {
+        let warps = self.threads.len().div_ceil(32);
+        self.last_shared_barrier[a * warps + b] > epoch
+    }
+
+    /// Whether every read recorded in `s` is ordered before what thread `me` does now.
+    fn reads_ordered(&self, s: &Shadow, me: u32) -> bool {
+        match s.reader {
+            NONE => true,
+            MANY => (0..32)
+                .filter(|w| s.reader_warps & (1 << w) != 0)
+                .all(|w| self.barrier_between_warps(w, s.read_epoch, me as usize / 32)),
+            r => self.ordered(r, s.read_epoch, me),
+        }
+    }
+
     pub(super) fn read_shared(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {
         let a = self.check_shared(addr, n)?;
         let me = t as u32;
         for i in a..a + n {
-            let s = &mut self.shadow[i];
+            let s = self.shadow[i];
             if !s.written {
                 return Err(format!("read of shared byte {i}, which nothing wrote"));
             }
-            if s.write_epoch == self.epoch && s.writer != me {
+            if !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
                     "race: shared byte {i} written by thread {} and read by thread {me} with no barrier between",
                     s.writer
                 ));
             }
-            if s.read_epoch != self.epoch || s.reader == NONE {
-                s.read_epoch = self.epoch;
-                s.reader = me;
-            } else if s.reader != me {
-                s.reader = MANY;
-            }
+            // Reads ordered before this one need no checking against later writes: keep only
+            // the reads that might still race.
+            let (reader, reader_warps) = if s.reader == me || self.reads_ordered(&s, me) {
+                (me, 0)
+            } else {
+                let warps = match s.reader {
+                    MANY => s.reader_warps,
+                    r => 1 << (r / 32),
+                };
+                (MANY, warps | 1 << (me / 32))
+            };
+            self.shadow[i] = Shadow { reader, reader_warps, read_epoch: self.released, ..s };
         }
         Ok(self.shared[a..a + n].to_vec())
     }
@@ -74,25 +103,28 @@ impl Block<'_> {
         let a = self.check_shared(addr, bytes.len())?;
         let me = t as u32;
         for i in a..a + bytes.len() {
-            let s = &mut self.shadow[i];
-            if s.written && s.write_epoch == self.epoch && s.writer != me {
+            let s = self.shadow[i];
+            if s.written && !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
                     "race: shared byte {i} written by threads {} and {me} with no barrier between",
                     s.writer
                 ));
             }
-            if s.read_epoch == self.epoch && s.reader != NONE && s.reader != me {
+            if s.reader != me && !self.reads_ordered(&s, me) {
                 let who = if s.reader == MANY { "other threads".to_string() } else { format!("thread {}", s.reader) };
                 return Err(format!(
                     "race: shared byte {i} read by {who} and written by thread {me} with no barrier between"
                 ));
             }
-            *s = Shadow {
+            // The reads before it are ordered before this write, and so before whatever is
+            // ordered after it.
+            self.shadow[i] = Shadow {
                 written: true,
                 writer: me,
-                write_epoch: self.epoch,
-                reader: s.reader,
-                read_epoch: s.read_epoch,
+                write_epoch: self.released,
+                reader: NONE,
+                reader_warps: 0,
+                read_epoch: 0,
             };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);

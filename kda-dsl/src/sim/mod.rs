@@ -77,12 +77,17 @@ struct Thread {
     open_group: Vec<(u32, [u8; 16])>,
 }
 
+/// What a shared byte's race check needs: its last write and the reads since, each with the
+/// number of barriers the block had released then ([`Block::released`]).
 #[derive(Clone, Copy, Default)]
 struct Shadow {
     written: bool,
     writer: u32,
     write_epoch: u32,
+    /// The reading thread, [`MANY`] or [`NONE`].
     reader: u32,
+    /// With [`MANY`] readers: their warps, one bit each.
+    reader_warps: u32,
     read_epoch: u32,
 }
 
@@ -99,7 +104,12 @@ struct Block<'a> {
     threads: Vec<Thread>,
     shared: Vec<u8>,
     shadow: Vec<Shadow>,
-    epoch: u32,
+    /// Barriers released so far (a barrier's number is the count once it is released).
+    released: u32,
+    /// Per pair of warps (`a * warps + b`), the number of the last barrier both passed: an
+    /// access is ordered before another thread's when a barrier they both passed came after
+    /// it. A named barrier orders only the warps that take part in it.
+    last_shared_barrier: Vec<u32>,
     block: [u32; 3],
     params: &'a HashMap<String, u64>,
     globals: &'a mut [Vec<u8>],
@@ -488,7 +498,8 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],
                     shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
-                    epoch: 1,
+                    released: 0,
+                    last_shared_barrier: vec![0; (prog.threads.div_ceil(32) as usize).pow(2)],
                     block: [bx, by, bz],
                     params: &params,
                     globals: &mut globals,

@@ -1,0 +1,24 @@
+"""FLA's prefill on some of the standard cases only: `fla_ref.py`'s rows and timing, for a
+side-by-side call that must not spend FLA's first-call compile (about 100 s a shape family) on
+rows it does not compare.
+
+Usage (on the GPU machine, `.bench/` holding `fla_ref.py`, fla-core on the path):
+python3 tests/bench/fla_prefill_cases.py CASE[,CASE..] OUT.jsonl
+"""
+import json
+import sys
+
+sys.path.insert(0, ".bench")
+import fla_ref  # noqa: E402
+
+names = sys.argv[1].split(",")
+unknown = [n for n in names if n not in {row[0] for row in fla_ref.PREFILL}]
+if unknown:
+    sys.exit(f"unknown prefill cases: {', '.join(unknown)}")
+with open(sys.argv[2], "w") as out:
+    for row in fla_ref.PREFILL:
+        if row[0] in names:
+            line = json.dumps(fla_ref.prefill(*row))
+            print(line, flush=True)
+            out.write(line + "\n")
+            out.flush()

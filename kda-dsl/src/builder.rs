@@ -322,11 +322,12 @@ impl KernelBuilder {
     }
 
     /// `launch(.., fill_warps = n)`: `n` more warps that only issue the stage fills of
-    /// `pipelined` loops ([`crate::tile::KernelDef::fill_warps`]); 0 to 4.
+    /// `pipelined` loops ([`crate::tile::KernelDef::fill_warps`]); 0 to
+    /// [`crate::tile::FILL_WARPS_MAX`].
     pub fn fill_warps(&self, n: impl HostInt, loc: SrcLoc) {
         match u32::try_from(n.to_i64()) {
-            Ok(v) if v <= 4 => self.st.borrow_mut().def.fill_warps = v,
-            _ => self.error(loc, format!("fill_warps = {}: expected 0 to 4", n.to_i64())),
+            Ok(v) if v <= crate::tile::FILL_WARPS_MAX => self.st.borrow_mut().def.fill_warps = v,
+            _ => self.error(loc, format!("fill_warps = {}: expected 0 to {}", n.to_i64(), crate::tile::FILL_WARPS_MAX)),
         }
     }
 

@@ -444,6 +444,9 @@ pub struct KernelDef {
     pub loc: SrcLoc,
 }
 
+/// The most fill warps a kernel takes ([`KernelDef::fill_warps`]).
+pub const FILL_WARPS_MAX: u32 = 4;
+
 impl KernelDef {
     /// Threads the block is launched with: `threads` and the fill warps.
     pub fn launched_threads(&self) -> u32 {

@@ -40,17 +40,16 @@ pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, S
 }
 
 /// Whether the two-kernel path (`chunk_prep` over `prep_blocks` blocks per sequence and head,
-/// then `chunk` over its workspace with blocks of `warps` warps and `fill_warps` fill warps)
-/// writes exactly the fused kernel's bits for `cfg`'s call, in the simulator.
+/// then `chunk` over its workspace in blocks of the `chain` shape) writes exactly the fused
+/// kernel's bits for `cfg`'s call, in the simulator.
 pub fn two_kernel_path_matches(
     cfg: &ChunkConfig,
     x: &ChunkInputs,
-    (warps, fill_warps): (usize, usize),
+    chain: ChunkShape,
     prep_blocks: usize,
 ) -> Result<bool, String> {
     let fused = simulate_chunk(cfg, x)?;
-    let shape = ChunkShape { warps, fill_warps, ..cfg.shape };
-    let two = ChunkConfig { preparation: Preparation::Workspace, shape, ..cfg.clone() };
+    let two = ChunkConfig { preparation: Preparation::Workspace, shape: chain, ..cfg.clone() };
     let got = simulate_chunk_with(&two, x, prep_blocks)?;
     let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
     Ok(bits(&got.out) == bits(&fused.out) && bits(&got.final_state) == bits(&fused.final_state))

@@ -50,8 +50,9 @@ fn prepared_workspace_equals_fused_bit_for_bit() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
         for (prep_blocks, fill_warps) in [(1, 0), (3, 0), (2, 1)] {
-            let same = two_kernel_path_matches(&f.cfg, &x, (warps, fill_warps), prep_blocks)
-                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+            let chain = ChunkShape { warps, fill_warps, ..f.cfg.shape };
+            let same =
+                two_kernel_path_matches(&f.cfg, &x, chain, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
             assert!(
                 same,
                 "{}: the bits differ ({warps} warps, {fill_warps} fill warps, {prep_blocks} preparation blocks)",

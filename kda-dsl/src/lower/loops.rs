@@ -76,14 +76,25 @@ impl Lower<'_> {
         let s0 = self.expr(start, DType::I32, loc)?;
         let e = self.expr(end, DType::I32, loc)?;
         let bounds = (self.em.to_reg(s0.s, RegClass::B32, Ty::S32), self.em.to_reg(e.s, RegClass::B32, Ty::S32));
-        if self.role() != Some(Role::Both) {
-            let work = match self.role() {
-                Some(Role::Fill) => LoopWork::Fills,
-                Some(Role::Compute) => LoopWork::Body,
-                _ => LoopWork::FillsAndBody,
-            };
-            return self.pipeline_loop(var, stages, bounds, body, loc, work);
-        }
+        let work = match self.role() {
+            None => LoopWork::FillsAndBody,
+            Some(Role::Fill) => LoopWork::Fills,
+            Some(Role::Compute) => LoopWork::Body,
+            Some(Role::Both) => return self.pipeline_per_role(var, stages, bounds, body, loc),
+        };
+        self.pipeline_loop(var, stages, bounds, body, loc, work)
+    }
+
+    /// A pipelined loop where both roles run: one branch to the fill warps' copy of the loop,
+    /// the compute warps' copy first.
+    fn pipeline_per_role(
+        &mut self,
+        var: VarId,
+        stages: u32,
+        bounds: (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let (fill_loop, done) = (self.em.label(), self.em.label());
         let is_fill = self.fill_warps.as_ref().expect("fill warps").is_fill;
         self.em.emit_if(is_fill, true, Op::Bra { target: fill_loop });

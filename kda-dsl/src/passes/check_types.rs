@@ -180,9 +180,9 @@ fn fill_warps_error(def: &KernelDef) -> Option<String> {
         StmtKind::WarpGroup { .. } => groups = true,
         _ => {}
     });
-    if n > 4 || def.launched_threads() > 1024 {
+    if n > FILL_WARPS_MAX || def.launched_threads() > 1024 {
         Some(format!(
-            "fill_warps = {n}: expected at most 4, and at most 1024 threads with the {} of `threads`",
+            "fill_warps = {n}: expected at most {FILL_WARPS_MAX}, and at most 1024 threads with the {} of `threads`",
             def.threads
         ))
     } else if !pipelined {

@@ -181,7 +181,7 @@ impl Block<'_> {
             }
             if ts.len() >= need {
                 self.released += 1;
-                let warps = self.threads.len().div_ceil(32);
+                let warps = self.warps;
                 let mut met = vec![false; warps];
                 for t in ts {
                     self.threads[t].blocked = false;

@@ -54,8 +54,7 @@ impl Block<'_> {
 
     /// Whether warps `a` and `b` both passed a barrier released after the `epoch`th.
     fn barrier_between_warps(&self, a: usize, epoch: u32, b: usize) -> bool {
-        let warps = self.threads.len().div_ceil(32);
-        self.last_shared_barrier[a * warps + b] > epoch
+        self.last_shared_barrier[a * self.warps + b] > epoch
     }
 
     /// Whether every read recorded in `s` is ordered before what thread `me` does now.

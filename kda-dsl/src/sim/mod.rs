@@ -104,6 +104,8 @@ struct Block<'a> {
     threads: Vec<Thread>,
     shared: Vec<u8>,
     shadow: Vec<Shadow>,
+    /// Warps of the block (the last may be partial).
+    warps: usize,
     /// Barriers released so far (a barrier's number is the count once it is released).
     released: u32,
     /// Per pair of warps (`a * warps + b`), the number of the last barrier both passed: an
@@ -499,6 +501,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     shared: vec![0; prog.shared_bytes as usize],
                     shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
                     released: 0,
+                    warps: prog.threads.div_ceil(32) as usize,
                     last_shared_barrier: vec![0; (prog.threads.div_ceil(32) as usize).pow(2)],
                     block: [bx, by, bz],
                     params: &params,
@@ -533,7 +536,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
 }
 
 fn run_block(blk: &mut Block) -> Result<(), SimError> {
-    let warps = blk.threads.len().div_ceil(32);
+    let warps = blk.warps;
     let fail = |blk: &Block, t: usize, m: String| SimError {
         message: m,
         loc: blk.prog.body.get(blk.threads[t].pc).map(|i| i.loc).unwrap_or_default(),

@@ -233,6 +233,18 @@ pub enum Special {
     Ctaid(u8),
 }
 
+/// Where the threads that meet at a barrier reach it from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BarrierReach {
+    /// Every thread that takes part at this one instruction: `bar.sync`, which is PTX's
+    /// `barrier.sync.aligned` (undefined behaviour otherwise, and compute-sanitizer's synccheck
+    /// reports it).
+    SameInstruction,
+    /// From different instructions: `barrier.sync`. The fill warps and the compute warps pass
+    /// a pipelined loop's barriers in copies of the loop of their own.
+    AnyInstruction,
+}
+
 /// `shfl.sync` modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShflMode {
@@ -304,8 +316,9 @@ pub enum Op {
     Mma { ab: Ty, d: [Reg; 4], a: [Reg; 4], b: [Reg; 2], c: [Reg; 4] },
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
-    /// `bar.sync id[, count]`
-    Bar { id: u32, count: Option<u32> },
+    /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
+    /// different instructions.
+    Bar { id: u32, count: Option<u32>, reach: BarrierReach },
     /// `bar.arrive id, count`
     BarArrive { id: u32, count: u32 },
     /// A label.
@@ -503,10 +516,16 @@ impl fmt::Display for Op {
                 let m = format!("{mode:?}").to_lowercase();
                 write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
             }
-            Op::Bar { id, count } => match count {
-                Some(c) => write!(f, "bar.sync {id}, {c};"),
-                None => write!(f, "bar.sync {id};"),
-            },
+            Op::Bar { id, count, reach } => {
+                let op = match reach {
+                    BarrierReach::SameInstruction => "bar.sync",
+                    BarrierReach::AnyInstruction => "barrier.sync",
+                };
+                match count {
+                    Some(c) => write!(f, "{op} {id}, {c};"),
+                    None => write!(f, "{op} {id};"),
+                }
+            }
             Op::BarArrive { id, count } => write!(f, "bar.arrive {id}, {count};"),
             Op::Label(l) => write!(f, "$L{l}:"),
             Op::Bra { target } => write!(f, "bra $L{target};"),

@@ -73,7 +73,7 @@ fn a_barrier_between_write_and_read_makes_it_safe() {
     let a = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Mul, ty: Ty::U32, d: a, a: Src::Reg(t), b: Src::Imm(4) });
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Reg(t)] });
-    p.op(Op::Bar { id: 0, count: None });
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
     let z = p.reg(RegClass::B32);
     p.op(Op::Mov { ty: Ty::U32, d: z, a: Src::Imm(0) });
     let v = p.reg(RegClass::B32);
@@ -119,7 +119,7 @@ fn a_barrier_some_threads_skip_is_a_deadlock() {
     let q = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(0) });
     p.guarded(q, Op::Ret);
-    p.op(Op::Bar { id: 0, count: None });
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
     p.op(Op::Ret);
     let e = err_of(&p.prog(64, 0, vec![]), &mut []);
     assert!(e.contains("exited while others wait"), "{e}");
@@ -133,10 +133,34 @@ fn named_barriers_release_at_their_thread_count() {
     let q = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(q, Op::Bra { target: 1 });
-    p.op(Op::Bar { id: 1, count: Some(64) });
+    p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
     p.op(Op::Label(1));
     p.op(Op::Ret);
     run(&p.prog(128, 0, vec![]), [1, 1, 1], &mut []).expect("releases");
+}
+
+/// Warp 1 meets warp 0 at barrier 0 from another instruction (as a fill warp's copy of a
+/// loop does): legal only for `barrier.sync`.
+fn meet_from_two_instructions(reach: BarrierReach) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let q = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(q, Op::Bra { target: 1 });
+    p.op(Op::Bar { id: 0, count: None, reach });
+    p.op(Op::Bra { target: 2 });
+    p.op(Op::Label(1));
+    p.op(Op::Bar { id: 0, count: None, reach });
+    p.op(Op::Label(2));
+    p.op(Op::Ret);
+    p.prog(64, 0, vec![])
+}
+
+#[test]
+fn an_aligned_barrier_met_from_two_instructions_is_an_error() {
+    let e = err_of(&meet_from_two_instructions(BarrierReach::SameInstruction), &mut []);
+    assert!(e.contains("needs every thread at one instruction"), "{e}");
+    run(&meet_from_two_instructions(BarrierReach::AnyInstruction), [1, 1, 1], &mut []).expect("releases");
 }
 
 /// Thread 64 (warp 2) writes a word, then warps 0 and 1 meet at named barrier 1 without it
@@ -150,12 +174,12 @@ fn hand_off(block_barrier: bool) -> ThreadProgram {
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: writer, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(writer, Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(7)] });
     if block_barrier {
-        p.op(Op::Bar { id: 0, count: None });
+        p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
     }
     let third = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: third, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(third, Op::Bra { target: 1 });
-    p.op(Op::Bar { id: 1, count: Some(64) });
+    p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
     let reader = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: reader, a: Src::Reg(t), b: Src::Imm(0) });
     let v = p.reg(RegClass::B32);

@@ -480,7 +480,7 @@ impl Lower<'_> {
     /// named barrier inside a warp group.
     pub(crate) fn barrier(&mut self) {
         let count = (self.scope.bar_id != 0).then_some(self.scope.threads);
-        self.em.emit(Op::Bar { id: self.scope.bar_id, count });
+        self.em.emit(Op::Bar { id: self.scope.bar_id, count, reach: BarrierReach::SameInstruction });
     }
 
     /// Warps `first .. first + count` run `body`, with thread indices, tile distributions,

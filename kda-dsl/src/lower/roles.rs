@@ -6,11 +6,13 @@
 //! pipelined loop is lowered twice behind one branch: the compute warps' copy runs the body
 //! (one block of code, which the assembler schedules as without fill warps), the fill warps'
 //! copy issues and awaits the fills and keeps the body's skeleton. Every statement and
-//! pipeline barrier is `bar.sync 0` over the whole block, and both copies pass the same ones
+//! pipeline barrier is barrier 0 over the whole block, and both copies pass the same ones
 //! in the same order, so each stage's hand-off (filled and awaited by the fill warps, then the
 //! barrier at the top of the iteration that reads it) is the ordinary pipeline order. What a
 //! tile operation synchronizes inside uses the compute warps' own named barrier
-//! ([`COMPUTE_BARRIER`]).
+//! ([`COMPUTE_BARRIER`]). Inside a pipelined loop the two roles reach each barrier from their
+//! own copy, so it is `barrier.sync`: PTX's `bar.sync` is the `.aligned` form, which needs every
+//! thread at one instruction (the simulator refuses it otherwise, as synccheck does).
 
 use super::{Lower, Scope, ThreadRegs};
 use crate::diag::Diag;
@@ -115,15 +117,17 @@ impl Lower<'_> {
         }
     }
 
-    /// The barrier of a statement or a pipeline: `bar.sync 0` over the whole block in a
-    /// kernel with fill warps (both roles pass each one, in the same order), the scope's
-    /// barrier otherwise.
+    /// The barrier of a statement or a pipeline: barrier 0 over the whole block in a kernel
+    /// with fill warps (both roles pass each one, in the same order; inside a pipelined loop
+    /// each from its own copy of the loop, so there it is `barrier.sync`), the scope's barrier
+    /// otherwise.
     pub(crate) fn block_barrier(&mut self) {
-        if self.fill_warps.is_some() {
-            self.em.emit(Op::Bar { id: 0, count: None });
-        } else {
-            self.barrier();
-        }
+        let reach = match self.role() {
+            None => return self.barrier(),
+            Some(Role::Both) => BarrierReach::SameInstruction,
+            Some(Role::Compute | Role::Fill) => BarrierReach::AnyInstruction,
+        };
+        self.em.emit(Op::Bar { id: 0, count: None, reach });
     }
 
     /// `cp.async.wait_group 0` for the threads that issue plain (non-stage) async copies: the

@@ -151,6 +151,22 @@ impl Block<'_> {
         Ok(true)
     }
 
+    /// A barrier `bar.sync` (PTX's `.aligned` form) releases only threads that all wait at
+    /// that one instruction; `barrier.sync` takes them from anywhere.
+    fn check_barrier_reach(&self, id: u32, ts: &[usize]) -> R<()> {
+        let pc = self.threads[ts[0]].pc;
+        let aligned = |p: usize| matches!(self.prog.body[p].op, Op::Bar { reach: BarrierReach::SameInstruction, .. });
+        match ts.iter().find(|t| self.threads[**t].pc != pc) {
+            Some(&other) if aligned(pc) || aligned(self.threads[other].pc) => Err(format!(
+                "barrier {id}: thread {} waits at instruction {pc} ({}) and thread {other} at {} ({}), but a \
+                 `bar.sync` needs every thread at one instruction (`barrier.sync` where they reach it from \
+                 different ones)",
+                ts[0], self.prog.body[pc].loc, self.threads[other].pc, self.prog.body[self.threads[other].pc].loc
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Releases a barrier every live thread waits at.
     pub(super) fn step_barrier(&mut self) -> R<bool> {
         let live: Vec<usize> = (0..self.threads.len()).filter(|t| !self.threads[*t].done).collect();
@@ -180,6 +196,7 @@ impl Block<'_> {
                 return Err(format!("bar.sync {id}: some threads of the block have exited while others wait"));
             }
             if ts.len() >= need {
+                self.check_barrier_reach(id, &ts)?;
                 self.released += 1;
                 let warps = self.warps;
                 let mut met = vec![false; warps];

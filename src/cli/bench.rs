@@ -112,8 +112,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// without it), `f` that many fill warps issuing the pipeline's fills, `s`
 /// the exact split into that many segments per sequence, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
-/// and 4x3 when none is given), optionally only the cases whose name contains `--case NAME`:
-/// how the default was chosen.
+/// and 4x3 when none is given), over the five bench cases and one with few heads
+/// ([`super::chunk_gpu::sweep_prefill_cases`]), optionally only the cases whose name contains
+/// `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
@@ -129,7 +130,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
-    for c in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
+    for c in super::chunk_gpu::sweep_prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
         for (name, tune) in &shapes {
             match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune)) {
                 Ok(r) => out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s),

@@ -401,6 +401,15 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
     ]
 }
 
+/// The sweeps' cases: the peer bench's five, and one long sequence with few heads
+/// (`prefill_b1_t32768_h8`, the shape cuLA publishes its intra-sequence split at), where one
+/// chain per head leaves most SMs idle.
+pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
+    let mut cases = prefill_cases();
+    cases.push(PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None });
+    cases
+}
+
 /// What a prefill bench row measured.
 pub struct PrefillTiming {
     /// Median milliseconds of one call.

@@ -9,7 +9,8 @@ use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkShape, ChunkTuning,
+    chunk_config, chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk,
+    ChunkArgs, ChunkShape, ChunkTuning,
 };
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
@@ -156,11 +157,20 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a
 }
 
-/// A NaN-poisoned workspace for `args`' call (a row the preparation skips and the chain reads
-/// shows as NaN).
-pub fn poisoned_workspace(gpu: &Gpu, s: &CudaStream, args: &ChunkArgs) -> Result<DeviceTensor, String> {
+/// A NaN-poisoned workspace for `args`' call under `tune` (a row the preparation skips and the
+/// chain reads shows as NaN; so does a split's state that no pass wrote).
+pub fn poisoned_workspace(
+    gpu: &Gpu,
+    s: &CudaStream,
+    args: &ChunkArgs,
+    tune: Option<ChunkTuning>,
+) -> Result<DeviceTensor, String> {
     let plan = plan_chunk(args).map_err(|e| e.to_string())?;
-    let words = chunk_workspace_bytes(&plan).div_ceil(4);
+    let bytes = match tune.and_then(|t| t.split) {
+        Some(nseg) => chunk_split_workspace_bytes(&plan, nseg),
+        None => chunk_workspace_bytes(&plan),
+    };
+    let words = bytes.div_ceil(4);
     let mut ws = DeviceTensor::zeros(gpu, s, &[words.max(1)], DType::F32).map_err(|e| e.to_string())?;
     ws.fill_nan(s).map_err(|e| e.to_string())?;
     Ok(ws)
@@ -186,11 +196,12 @@ pub fn run_chunk_on_gpu(
     if &chosen != cfg {
         return Err(format!("the API chose {} for {}", chosen.key(), cfg.key()));
     }
-    let ws = if prepared { Some(poisoned_workspace(gpu, s, &args)?) } else { None };
-    let ws_view = ws.as_ref().map(|w| w.view());
-    args.workspace = ws_view.as_ref();
     // Token ranges are a form of the two-kernel path: the fused run takes none.
     let tune = tune.map(|t| ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t });
+    // A split's states are in the workspace when there is one, allocated for the call otherwise.
+    let ws = if prepared { Some(poisoned_workspace(gpu, s, &args, tune)?) } else { None };
+    let ws_view = ws.as_ref().map(|w| w.view());
+    args.workspace = ws_view.as_ref();
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -485,8 +496,9 @@ pub fn time_prefill(
     args.final_state = Some(&fin_v);
     args.output = Some(&out_v);
     args.cu_seqlens = cu_v.as_ref();
-    let ws = match tune.is_none_or(|t| t.prepared) {
-        true => Some(poisoned_workspace(gpu, &s, &args)?),
+    // The two-kernel path reads a workspace, and a split keeps its states in one.
+    let ws = match tune.is_none_or(|t| t.prepared || t.split.is_some()) {
+        true => Some(poisoned_workspace(gpu, &s, &args, tune)?),
         false => None,
     };
     let ws_view = ws.as_ref().map(|w| w.view());

@@ -38,11 +38,13 @@ pub struct ChunkTuning {
     /// 8).
     pub shape: ChunkShape,
     /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
-    /// without `state_indices`, `T` a multiple of `16 · split`. It allocates its workspace
-    /// (three f32 tensors of `[B · split, HV, 128, 128]`, and scratch final states when the
-    /// call returns none) and frees it before returning, which waits for its kernels: not
-    /// graph-capturable. `None`: each sequence runs as one chain. Opt-in: its results are not
-    /// bit-identical to the unsplit call's.
+    /// without `state_indices`, `T` a multiple of `16 · split`. Its states (three f32 tensors
+    /// of `[B · split, HV, 128, 128]`, and scratch final states when the call returns none)
+    /// live in the `workspace`, which must then hold [`super::chunk_split_workspace_bytes`];
+    /// without one they are allocated and freed before returning, which waits for its
+    /// kernels (not graph-capturable). Its transitions run on the thread's highest-priority
+    /// stream (capture it as for `ranges`). `None`: each sequence runs as one chain. Opt-in:
+    /// its results are not bit-identical to the unsplit call's.
     pub split: Option<usize>,
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.

@@ -10,7 +10,12 @@
 //! 4. from its start state, every segment's output rows.
 //!
 //! With a workspace ([`ChunkTuning::prepared`]) the segments' operands are prepared once
-//! first, and the three chunk passes read them.
+//! first, and the three chunk passes read them. Passes 1 and 2 are independent: the second
+//! runs on the thread's highest-priority stream beside the first.
+//!
+//! The segments' states live in the caller's workspace when one is given
+//! ([`chunk_split_workspace_bytes`] sizes it), after the prepared operands; without one they
+//! are allocated for the call and freed after it.
 //!
 //! The split depends on `T` alone, so a sequence's result does not depend on the rest of the
 //! batch.
@@ -20,9 +25,9 @@ use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
 use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{plan_chunk, ChunkPlan, InitialState};
+use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
-use crate::error::RuntimeError;
+use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::Kernels;
 use crate::launch::KernelArg;
 use crate::tensor::{DeviceTensor, TensorView};
@@ -45,6 +50,62 @@ pub(super) struct SplitWorkspace {
 /// The shape of each workspace tensor of a split into `nseg` segments.
 pub(super) fn workspace_shape(plan: &ChunkPlan, nseg: usize) -> [usize; 4] {
     [plan.batch * nseg, plan.value_heads, D, D]
+}
+
+/// Where each part of a split call's workspace lies, in bytes from its start: the prepared
+/// operands (any workspace holds [`chunk_workspace_bytes`]; only [`ChunkTuning::prepared`]
+/// uses them), then `H`, `M` and the start states, then scratch final states when the call
+/// returns none; every part 256-byte aligned.
+struct SplitLayout {
+    /// Bytes of each of `H`, `M` and the start states.
+    states: usize,
+    /// Where `H` starts (the prepared operands come first).
+    h: usize,
+    /// Where the scratch final states start, and their bytes (0 when the call returns its own).
+    scratch: (usize, usize),
+    /// Bytes of the whole workspace.
+    total: usize,
+}
+
+impl SplitLayout {
+    fn of(plan: &ChunkPlan, nseg: usize) -> SplitLayout {
+        const ALIGN: usize = 256;
+        let prep = chunk_workspace_bytes(plan).next_multiple_of(ALIGN);
+        let states = workspace_shape(plan, nseg).iter().product::<usize>() * 4;
+        let scratch_bytes = match plan.final_out {
+            FinalState::None => plan.nseq * plan.value_heads * D * D * plan.state_dtype.size_bytes(),
+            _ => 0,
+        };
+        let scratch = prep + 3 * states.next_multiple_of(ALIGN);
+        SplitLayout { states, h: prep, scratch: (scratch, scratch_bytes), total: scratch + scratch_bytes }
+    }
+
+    /// Where the start of state tensor `i` (0 `H`, 1 `M`, 2 the starts) lies.
+    fn state(&self, i: usize) -> usize {
+        self.h + i * self.states.next_multiple_of(256)
+    }
+}
+
+/// Bytes of the workspace a call of `plan` split into `nseg` segments
+/// ([`ChunkTuning::split`]) takes from the caller: [`super::chunk_workspace_bytes`] (the
+/// prepared operands), then three f32 states of `[B · nseg, HV, 128, 128]`, then scratch final
+/// states when the call returns none.
+pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, nseg: usize) -> usize {
+    SplitLayout::of(plan, nseg).total
+}
+
+/// A workspace given to a split call holds [`chunk_split_workspace_bytes`]; the error names
+/// `workspace` otherwise.
+pub(super) fn check_split_workspace(args: &ChunkArgs, plan: &ChunkPlan, nseg: usize) -> Result<(), RuntimeError> {
+    let need = chunk_split_workspace_bytes(plan, nseg);
+    match args.workspace {
+        Some(w) if w.size_bytes() < need => Err(RuntimeError::bad_argument(
+            "workspace",
+            format!("at least chunk_split_workspace_bytes = {need} bytes for a split into {nseg} segments"),
+            format!("{} bytes", w.size_bytes()),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// One launch of the split: the kernel's config and its arguments.
@@ -155,8 +216,10 @@ pub(super) fn split_launches(
         .collect())
 }
 
-/// Runs a split call on `stream`: allocates the workspace (and scratch final states when the
-/// call returns none), issues the four launches and frees the workspace, which waits for them.
+/// Runs a split call on `stream`: the segments' states in the caller's workspace (refused,
+/// naming `workspace`, when it is smaller than [`chunk_split_workspace_bytes`]) or, without
+/// one, allocated for the call and freed after it (which waits for its kernels); then the
+/// launches, the transitions beside the segments from zeros.
 #[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
 pub(super) fn launch(
     gpu: &Gpu,
@@ -169,33 +232,72 @@ pub(super) fn launch(
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<(), RuntimeError> {
+    let layout = SplitLayout::of(plan, nseg);
     let shape = workspace_shape(plan, nseg);
-    let ws_h = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-    let ws_m = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-    let ws_s = DeviceTensor::zeros(gpu, stream, &shape, DType::F32)?;
-    let ws = SplitWorkspace { h: ws_h.view(), m: ws_m.view(), starts: ws_s.view() };
+    let fin_shape = [plan.nseq, plan.value_heads, D, D];
+    let returns_final = !matches!(plan.final_out, FinalState::None);
+    check_split_workspace(args, plan, nseg)?;
+    let mut owned = vec![];
+    let (ws, scratch) = match args.workspace {
+        Some(w) => {
+            let dev = w.device();
+            let at = |off: usize, shape: &[usize], dtype| TensorView::describe(w.ptr() + off as u64, shape, dtype, dev);
+            let ws = SplitWorkspace {
+                h: at(layout.state(0), &shape, DType::F32)?,
+                m: at(layout.state(1), &shape, DType::F32)?,
+                starts: at(layout.state(2), &shape, DType::F32)?,
+            };
+            let scratch = (!returns_final).then(|| at(layout.scratch.0, &fin_shape, plan.state_dtype)).transpose()?;
+            (ws, scratch)
+        }
+        None => {
+            let mut alloc = |shape: &[usize], dtype| -> Result<TensorView, RuntimeError> {
+                let t = DeviceTensor::zeros(gpu, stream, shape, dtype)?;
+                let v = t.view();
+                owned.push(t);
+                Ok(v)
+            };
+            let ws = SplitWorkspace {
+                h: alloc(&shape, DType::F32)?,
+                m: alloc(&shape, DType::F32)?,
+                starts: alloc(&shape, DType::F32)?,
+            };
+            let scratch = if returns_final { None } else { Some(alloc(&fin_shape, plan.state_dtype)?) };
+            (ws, scratch)
+        }
+    };
     // The merge writes final states; scratch ones when the call returns none.
-    let scratch = match final_view.filter(|_| !matches!(plan.final_out, super::plan::FinalState::None)) {
-        Some(_) => None,
-        None => Some(DeviceTensor::zeros(gpu, stream, &[plan.nseq, plan.value_heads, D, D], plan.state_dtype)?),
-    };
-    let fin = match (&scratch, final_view) {
-        (Some(t), _) => t.view(),
+    let fin = match (scratch, final_view.filter(|_| returns_final)) {
+        (Some(t), _) => t,
         (None, Some(v)) => v,
-        (None, None) => unreachable!("a final view or scratch above"),
+        (None, None) => unreachable!("final states or scratch above"),
     };
+    let mut transitions_beside = None;
     for step in split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
         match step {
             SplitLaunch::Prepare(p, cfg, bound) => {
                 super::prepared::launch_preparation(gpu, kernels, stream, &p, &cfg, &bound, tune.prep_blocks)?
             }
+            // The transitions do not depend on the segments from zeros: they run on the
+            // thread's highest-priority stream beside them, and the merge waits for both.
+            SplitLaunch::Chunk(cfg, bound) if cfg.transition => {
+                let beside = gpu.high_priority_stream()?;
+                beside.join(stream).op("cuStreamWaitEvent")?;
+                launch_ready(gpu, kernels, &beside, &*kernels.chunk(&cfg)?, &bound)?;
+                transitions_beside = Some(beside);
+            }
             SplitLaunch::Chunk(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?,
-            SplitLaunch::Merge(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?,
+            SplitLaunch::Merge(cfg, bound) => {
+                if let Some(beside) = transitions_beside.take() {
+                    stream.join(&beside).op("cuStreamWaitEvent")?;
+                }
+                launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?
+            }
         }
     }
-    // Freed here with cuMemFree, which waits for the work queued on them (so a split call
-    // returns once its kernels have run).
-    drop((ws_h, ws_m, ws_s, scratch));
+    // Allocated states are freed here with cuMemFree, which waits for the work queued on
+    // them (so such a call returns once its kernels have run).
+    drop(owned);
     Ok(())
 }
 
@@ -255,5 +357,46 @@ mod tests {
             let e = split_launches(&args, &plan, tune, 3, out.ptr(), &ws, fin).err().expect("refused");
             assert!(e.to_string().contains("a multiple of 16"), "{e}");
         }
+    }
+
+    /// The workspace of a split: the prepared operands' room first, then `H`, `M` and the starts,
+    /// then scratch final states only for a call that returns none, each part aligned and
+    /// apart; a smaller workspace is refused by name.
+    #[test]
+    fn a_split_workspace_holds_its_parts_in_order() {
+        let (b, t, hv, nseg) = (2, 64, 2, 4);
+        let bf16 = |id, heads| tv(id, &[b, t, heads, D], DType::BF16);
+        let (q, k, v, g) = (bf16(1, 1), bf16(2, 1), bf16(3, hv), bf16(4, hv));
+        let beta = tv(5, &[b, t, hv], DType::BF16);
+        let fin = tv(6, &[b, hv, D, D], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        let bare = plan_chunk(&args).expect("a valid call");
+        args.output_final_state = true;
+        args.final_state = Some(&fin);
+        let with_final = plan_chunk(&args).expect("a valid call");
+        let states = b * nseg * hv * D * D * 4;
+        for plan in [&bare, &with_final] {
+            let l = SplitLayout::of(plan, nseg);
+            let prep = chunk_workspace_bytes(plan);
+            assert!(l.h >= prep && l.h % 256 == 0 && l.h < prep + 256, "H after the operands");
+            for i in 0..3 {
+                assert_eq!(l.states, states);
+                assert_eq!(l.state(i) % 256, 0);
+                assert!(i == 0 || l.state(i) >= l.state(i - 1) + states, "state {i} after the one before");
+            }
+            assert!(l.scratch.0 >= l.state(2) + states);
+            let esz = plan.state_dtype.size_bytes();
+            let scratch = if plan.final_out == FinalState::None { b * hv * D * D * esz } else { 0 };
+            assert_eq!((l.scratch.1, l.total), (scratch, l.scratch.0 + scratch));
+            assert_eq!(chunk_split_workspace_bytes(plan, nseg), l.total);
+        }
+        let need = chunk_split_workspace_bytes(&with_final, nseg);
+        let short = tv(7, &[need / 4 - 1], DType::F32);
+        args.workspace = Some(&short);
+        let e = check_split_workspace(&args, &with_final, nseg).expect_err("too small").to_string();
+        assert!(e.contains("workspace") && e.contains("chunk_split_workspace_bytes"), "{e}");
+        let enough = tv(7, &[need / 4], DType::F32);
+        args.workspace = Some(&enough);
+        check_split_workspace(&args, &with_final, nseg).expect("large enough");
     }
 }

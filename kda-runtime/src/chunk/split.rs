@@ -378,10 +378,10 @@ mod tests {
         for plan in [&bare, &with_final] {
             let l = SplitLayout::of(plan, nseg);
             let prep = chunk_workspace_bytes(plan);
-            assert!(l.h >= prep && l.h % 256 == 0 && l.h < prep + 256, "H after the operands");
+            assert!(l.h >= prep && l.h.is_multiple_of(256) && l.h < prep + 256, "H after the operands");
             for i in 0..3 {
                 assert_eq!(l.states, states);
-                assert_eq!(l.state(i) % 256, 0);
+                assert!(l.state(i).is_multiple_of(256));
                 assert!(i == 0 || l.state(i) >= l.state(i - 1) + states, "state {i} after the one before");
             }
             assert!(l.scratch.0 >= l.state(2) + states);

@@ -52,10 +52,13 @@ pub(super) fn workspace_shape(plan: &ChunkPlan, nseg: usize) -> [usize; 4] {
     [plan.batch * nseg, plan.value_heads, D, D]
 }
 
+/// Alignment of each part of a split call's workspace, in bytes.
+const PART_ALIGN: usize = 256;
+
 /// Where each part of a split call's workspace lies, in bytes from its start: the prepared
 /// operands (any workspace holds [`chunk_workspace_bytes`]; only [`ChunkTuning::prepared`]
 /// uses them), then `H`, `M` and the start states, then scratch final states when the call
-/// returns none; every part 256-byte aligned.
+/// returns none; every part [`PART_ALIGN`]-aligned.
 struct SplitLayout {
     /// Bytes of each of `H`, `M` and the start states.
     states: usize,
@@ -69,20 +72,19 @@ struct SplitLayout {
 
 impl SplitLayout {
     fn of(plan: &ChunkPlan, nseg: usize) -> SplitLayout {
-        const ALIGN: usize = 256;
-        let prep = chunk_workspace_bytes(plan).next_multiple_of(ALIGN);
+        let prep = chunk_workspace_bytes(plan).next_multiple_of(PART_ALIGN);
         let states = workspace_shape(plan, nseg).iter().product::<usize>() * 4;
         let scratch_bytes = match plan.final_out {
             FinalState::None => plan.nseq * plan.value_heads * D * D * plan.state_dtype.size_bytes(),
             _ => 0,
         };
-        let scratch = prep + 3 * states.next_multiple_of(ALIGN);
+        let scratch = prep + 3 * states.next_multiple_of(PART_ALIGN);
         SplitLayout { states, h: prep, scratch: (scratch, scratch_bytes), total: scratch + scratch_bytes }
     }
 
-    /// Where the start of state tensor `i` (0 `H`, 1 `M`, 2 the starts) lies.
+    /// Where state tensor `i` (0 `H`, 1 `M`, 2 the starts) begins.
     fn state(&self, i: usize) -> usize {
-        self.h + i * self.states.next_multiple_of(256)
+        self.h + i * self.states.next_multiple_of(PART_ALIGN)
     }
 }
 

@@ -27,7 +27,7 @@ pub use launch::{
 };
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub(crate) use ranges::may_take_ranges;
-pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS};
+pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
 pub use split::chunk_split_workspace_bytes;
 
 /// What the chunk modules' tests share.

@@ -74,12 +74,20 @@ pub const DEFAULT_RANGES: usize = 4;
 /// slower.
 pub const RANGE_MIN_CHUNKS: usize = 512;
 
+/// The fewest value heads a call takes [`default_ranges`] for. A range's chain shares its SMs
+/// with the next range's preparation, which slows it: with 32 value heads (a chain block on
+/// almost every SM) the overlap still wins (B = 1, T = 32768: 1.66 ms against 1.83 in one
+/// range), with 8 it loses (1.268 against 1.214; docs/performance.md, 2026-12-02 runs 23 and
+/// 24). 16 was not measured.
+pub const RANGE_MIN_VALUE_HEADS: usize = 32;
+
 /// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:
-/// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`]; `None` for a
-/// call that cannot take ranges or is too short for two. Any count gives the same bits.
+/// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], for calls of
+/// at least [`RANGE_MIN_VALUE_HEADS`] value heads; `None` for a call that cannot take ranges,
+/// is too short for two or has fewer heads. Any count gives the same bits.
 pub(super) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
     let n = (plan.seq_len.div_ceil(16) / RANGE_MIN_CHUNKS).min(DEFAULT_RANGES);
-    (n >= 2 && check_ranges(plan, n).is_ok()).then_some(n)
+    (n >= 2 && plan.value_heads >= RANGE_MIN_VALUE_HEADS && check_ranges(plan, n).is_ok()).then_some(n)
 }
 
 /// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
@@ -282,9 +290,10 @@ mod tests {
     /// place, and only the first reads `has_initial_state`.
     #[test]
     fn pool_ranges_bind_to_their_kernels_and_carry_the_state_in_the_pool() {
-        let (t, h, hv) = (100, 2, 4);
+        // Calls of fewer value heads never take ranges by default (nor preload their chains).
+        let (t, h, hv) = (100, 2, RANGE_MIN_VALUE_HEADS);
         let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
-        let pool = tv(9, &[3, hv, D, D], DType::F32);
+        let pool = tv(64, &[3, hv, D, D], DType::F32);
         let (slots, fresh) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32));
         let ws = tv(11, &[1 << 20], DType::F32);
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
@@ -309,7 +318,7 @@ mod tests {
             assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
         // A bf16 pool would round the state between ranges: refused, and not the default.
-        let pool16 = tv(9, &[3, hv, D, D], DType::BF16);
+        let pool16 = tv(64, &[3, hv, D, D], DType::BF16);
         args.initial_state = Some(&pool16);
         let plan16 = plan_chunk(&args).expect("a valid call");
         let e = check_ranges(&plan16, 2).expect_err("a bf16 pool");
@@ -323,20 +332,21 @@ mod tests {
     /// call's length and batch.
     #[test]
     fn long_dense_calls_take_ranges_by_default() {
-        let plan_of = |b: usize, t: usize, final_state: bool| {
-            // 1 GiB apart: long calls' tensors must not overlap.
-            let at = |id: u64, shape: &[usize], dtype| tv(1024 * id, shape, dtype);
+        let plan_heads = |b: usize, t: usize, final_state: bool, hv: usize| {
+            // 16 GiB apart: long calls' tensors must not overlap.
+            let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
             let (q, k) = (at(1, &[b, t, 2, D], DType::BF16), at(2, &[b, t, 2, D], DType::BF16));
-            let (v, g) = (at(3, &[b, t, 2, D], DType::BF16), at(4, &[b, t, 2, D], DType::BF16));
-            let beta = at(5, &[b, t, 2], DType::BF16);
-            let ws = at(6, &[1 << 26], DType::F32);
-            let fin = at(7, &[b, 2, D, D], DType::F32);
+            let (v, g) = (at(3, &[b, t, hv, D], DType::BF16), at(4, &[b, t, hv, D], DType::BF16));
+            let beta = at(5, &[b, t, hv], DType::BF16);
+            let ws = at(6, &[1 << 30], DType::F32);
+            let fin = at(7, &[b, hv, D, D], DType::F32);
             let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
             args.workspace = Some(&ws);
             args.output_final_state = final_state;
             args.final_state = Some(&fin).filter(|_| final_state);
             plan_chunk(&args).expect("a valid call")
         };
+        let plan_of = |b, t, fin| plan_heads(b, t, fin, RANGE_MIN_VALUE_HEADS);
         let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin)).ranges;
         assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3));
@@ -345,6 +355,9 @@ mod tests {
         assert_eq!(ranges_of(2, 32768, true), None, "B = 2");
         assert!(may_take_ranges(&plan_of(2, 16, true)), "a B = 1 call of that kind can");
         assert!(!may_take_ranges(&plan_of(1, 32768, false)));
+        let few_heads = plan_heads(1, 32768, true, RANGE_MIN_VALUE_HEADS / 4);
+        assert_eq!(ChunkTuning::for_call(&few_heads).ranges, None, "8 value heads");
+        assert!(!may_take_ranges(&few_heads));
     }
 
     #[test]

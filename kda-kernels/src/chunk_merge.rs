@@ -2,7 +2,8 @@
 //! segments runs each segment from zeros (its `H`) and, in the chunk kernel's transition mode,
 //! from the identity with `v = 0` (its `M`); then, in order, each segment's start state is
 //! `S_{s+1} = S_s M_s + H_s` from the sequence's initial state. This kernel does that chain for
-//! one (sequence, value head) per block, writing every segment's start state and the final one.
+//! [`MERGE_ROWS`] value rows of one (sequence, value head) per block (a state's rows chain
+//! apart), writing every segment's start state and the final one.
 //!
 //! The products run on tensor cores with f32 accuracy kept: `S M ≈ S_hi M_hi + S_hi M_lo +
 //! S_lo M_hi`, each operand split into a bf16 value and the bf16 rounding of what remains.
@@ -38,6 +39,10 @@ fn split_hi_lo(x: Tile, hi: Tile, lo: Tile) {
     }
 }
 
+/// Value rows of the state per block: 4 blocks per (sequence, value head), so a call of few
+/// heads has as many blocks as its chunk passes.
+pub const MERGE_ROWS: usize = 32;
+
 /// `starts[n·NSEG + s] = S_s` and `fin[n] = S_NSEG`, with `S_0 = init[n]` (or zeros) and
 /// `S_{s+1} = S_s M_s + H_s`; states V-first `[V, K]`, `M_s` `[K, K]`.
 #[kernel]
@@ -50,34 +55,35 @@ pub fn chunk_merge(
     fin: GlobalMut<(N, HV, S1, S2), { cfg.state_dtype }>,
     NSEG: Dim,
 ) {
-    let (_x, hv, n) = launch(grid = [1, HV, N], threads = 256);
+    let (xb, hv, n) = launch(grid = [128 / MERGE_ROWS, HV, N], threads = 128);
     assume_extent(S1, 128);
     assume_extent(S2, 128);
-    // The state lives in the accumulator from one segment to the next.
-    let acc = fragment([128, 128], F32);
-    let s_hi = shared([128, 128], BF16);
-    let s_lo = shared([128, 128], BF16);
+    let v0 = xb * MERGE_ROWS;
+    // The block's rows of the state live in the accumulator from one segment to the next.
+    let acc = fragment([MERGE_ROWS, 128], F32);
+    let s_hi = shared([MERGE_ROWS, 128], BF16);
+    let s_lo = shared([MERGE_ROWS, 128], BF16);
     let m_sh = shared([128, 128], F32);
     let m_hi = shared([128, 128], BF16);
     let m_lo = shared([128, 128], BF16);
     if cfg.initial {
-        copy(init.tile_at([n, hv, 0, 0], [1, 1, 128, 128]), acc);
+        copy(init.tile_at([n, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
     } else {
         clear(acc);
     }
     for sg in serial(0, NSEG) {
         let ns = n * NSEG + sg;
-        copy(acc, starts.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]));
+        copy(acc, starts.tile_at([ns, hv, v0, 0], [1, 1, MERGE_ROWS, 128]));
         split_hi_lo(acc, s_hi, s_lo);
         copy(m.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), m_sh);
         split_hi_lo(m_sh, m_hi, m_lo);
         // S M + H, from H.
-        copy(h.tile_at([ns, hv, 0, 0], [1, 1, 128, 128]), acc);
+        copy(h.tile_at([ns, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
         gemm(s_hi, m_hi, acc);
         gemm(s_hi, m_lo, acc);
         gemm(s_lo, m_hi, acc);
     }
-    copy(acc, fin.tile_at([n, hv, 0, 0], [1, 1, 128, 128]));
+    copy(acc, fin.tile_at([n, hv, v0, 0], [1, 1, MERGE_ROWS, 128]));
 }
 
 #[cfg(test)]

@@ -129,6 +129,21 @@ pub const PREP_DECAY_COLS: usize = 128 + 16;
 /// Where the betas start in a row of the f32 workspace.
 pub(crate) const PREP_BETA: usize = 128;
 
+/// What a chunk run produces. The exact long-sequence split (CHUNK-ALGORITHM.md) runs its
+/// segments twice without output rows before the run that writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkRun {
+    /// Output rows, and final states as [`ChunkConfig::states`] asks: every `chunk_kda` call.
+    Output,
+    /// Final states only (the split's segments from zeros, their `H`): the same state
+    /// arithmetic as [`Self::Output`], so the same bits, without the output's products.
+    StatesOnly,
+    /// From the identity with `v = 0`, so the final state is the segment's `K x K` transition
+    /// `M` (`S_end = S_0 M + H` for any start `S_0`); no output rows. With
+    /// [`ChunkStates::Zeros`].
+    Transition,
+}
+
 /// What a chunk variant is specialized for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ChunkConfig {
@@ -148,10 +163,9 @@ pub struct ChunkConfig {
     pub states: ChunkStates,
     /// How it is launched ([`ChunkShape::FUSED`] or [`ChunkShape::PREPARED`] by default).
     pub shape: ChunkShape,
-    /// The transition run of the exact long-sequence split: from the identity with `v = 0`,
-    /// so the final state is the segment's `K x K` transition `M` (`S_end = S_0 M + H` for any
-    /// start `S_0`; CHUNK-ALGORITHM.md); no output rows. With [`ChunkStates::Zeros`].
-    pub transition: bool,
+    /// What the run produces: output rows (every call), or one of the exact split's
+    /// state-only passes.
+    pub run: ChunkRun,
     /// Where the prepared operands come from.
     pub preparation: Preparation,
 }
@@ -169,7 +183,7 @@ impl Default for ChunkConfig {
             varlen: None,
             states: ChunkStates::PerSequence { store_final: true },
             shape: ChunkShape::FUSED,
-            transition: false,
+            run: ChunkRun::Output,
             preparation: Preparation::InKernel,
         }
     }
@@ -206,7 +220,11 @@ impl ChunkConfig {
             // Two stages, the fused kernel's, go unnamed.
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.shape.fill_warps == 0 { String::new() } else { format!("_fw{}", self.shape.fill_warps) },
-            if self.transition { "_transition" } else { "" },
+            match self.run {
+                ChunkRun::Output => "",
+                ChunkRun::StatesOnly => "_states",
+                ChunkRun::Transition => "_transition",
+            },
             if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
         )
         .to_lowercase()
@@ -467,11 +485,12 @@ pub(crate) fn sequence_end(cu_seqlens: Tensor, n: Val, t: Val, start: Val) -> Va
 }
 
 /// The state's products for one chunk, in the transposed view (rows = the block's value rows):
-/// `Wᵀ = S kdᵀ`, the output's first term `Oᵀ = S qdᵀ` into `ot`, and
-/// `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut`. A `transition` run has `v = 0` and no output.
+/// `Wᵀ = S kdᵀ`, with `output` the output's first term `Oᵀ = S qdᵀ` into `ot`, and
+/// `Uᵀ = beta (vᵀ - Wᵀ) INVᵀ` into `ut` (`v = 0` for a `transition` run).
 #[kda_macros::kernel_fn]
 fn state_products(
     transition: bool,
+    output: bool,
     s: Tile,
     kd_sh: Tile,
     qd_sh: Tile,
@@ -484,11 +503,11 @@ fn state_products(
     ut: Tile,
 ) {
     clear(wt);
-    if !transition {
+    if output {
         clear(ot);
     }
     gemm(s, kd_sh.t(), wt);
-    if !transition {
+    if output {
         gemm(s, qd_sh.t(), ot);
     }
     if transition {
@@ -552,6 +571,8 @@ pub fn chunk(
 ) {
     let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
+    let transition = cfg.run == ChunkRun::Transition;
+    let output = cfg.run == ChunkRun::Output;
     let (vb, hv, z) = launch(
         grid = [VD / bv, HV, NSEQ],
         threads = 32 * cfg.shape.warps,
@@ -603,7 +624,7 @@ pub fn chunk(
     let live = slot >= 0;
 
     let s = fragment([bv, 128], F32);
-    if cfg.transition {
+    if transition {
         for (a, j) in parallel(s) {
             s[a][j] = select(v0 + a == j, 1.0, 0.0);
         }
@@ -674,11 +695,16 @@ pub fn chunk(
         let t0 = bos + 16 * c;
         let w0 = t0 + pad;
         if prepared {
+            // The queries' operands (`qd`, `Mqk`) feed only the output rows.
             copy(prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]), kd_sh);
-            copy(prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]), qd_sh);
+            if output {
+                copy(prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]), qd_sh);
+            }
             copy(prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]), kr_sh);
             copy(prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]), inv_sh);
-            copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
+            if output {
+                copy(prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]), mq_sh);
+            }
             copy(prep_decay.tile_at([bi, d0 + c, hv, 0], [1, 1, 1, 128]), eg_sh);
             copy(prep_decay.tile_at([bi, d0 + c, hv, PREP_BETA], [1, 1, 1, 16]), bt_sh);
         } else {
@@ -686,7 +712,7 @@ pub fn chunk(
             copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
             copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
         }
-        if !cfg.transition {
+        if !transition {
             copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
         }
         if !prepared {
@@ -732,7 +758,7 @@ pub fn chunk(
                 scale,
             );
         }
-        state_products(cfg.transition, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
+        state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a
         // workspace after it: each order measured the faster for its kernel
         // (docs/performance.md, 2026-12-02 run 10). The same operations either way, so the
@@ -740,7 +766,7 @@ pub fn chunk(
         if !prepared {
             decay_and_update(s, eg_sh, ut, kr_sh);
         }
-        if !cfg.transition {
+        if output {
             output_rows(ut, mq_sh, ot, o_sh, live);
             copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
         }

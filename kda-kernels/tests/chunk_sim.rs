@@ -2,7 +2,7 @@
 
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkRun, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, tolerance};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
@@ -467,8 +467,18 @@ fn split_equals_unsplit() {
     // The segments as a dense batch: the same arrays, B · nseg rows of T / nseg tokens.
     let segs = ChunkInputs { b: b * nseg, t: t / nseg, initial: None, ..x.clone() };
     let zeros = ChunkConfig { states: ChunkStates::Zeros { store_final: true }, ..cfg.clone() };
-    let h = simulate_chunk(&zeros, &segs).expect("H pass").final_state;
-    let m = simulate_chunk(&ChunkConfig { transition: true, ..zeros.clone() }, &segs).expect("M pass").final_state;
+    let h = simulate_chunk(&ChunkConfig { run: ChunkRun::StatesOnly, ..zeros.clone() }, &segs).expect("H pass");
+    // Without its output rows, the pass's states are the full run's, bit for bit.
+    let h_with_output = simulate_chunk(&zeros, &segs).expect("H pass with output");
+    assert!(bits(&h.final_state) == bits(&h_with_output.final_state), "a states-only run changed the states");
+    assert!(h.out.iter().all(|v| v.is_nan()), "a states-only run wrote output rows");
+    // So does the chain over a workspace (it skips the queries' fills too).
+    let chain = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..zeros.clone() };
+    let h_chain = simulate_chunk(&ChunkConfig { run: ChunkRun::StatesOnly, ..chain }, &segs).expect("H pass, chain");
+    assert!(bits(&h_chain.final_state) == bits(&h.final_state), "the chain's states-only run differs");
+    let h = h.final_state;
+    let m =
+        simulate_chunk(&ChunkConfig { run: ChunkRun::Transition, ..zeros.clone() }, &segs).expect("M pass").final_state;
     let state = x.hv * d * d;
     let def = chunk_merge(&MergeConfig { state_dtype: F32, initial: true }).expect("builds");
     let tt = |name: &str, v: &[f64]| (name.to_string(), SimArg::Tensor(to_bytes(v, F32)));
@@ -504,7 +514,6 @@ fn split_equals_unsplit() {
 /// fused kernel and the two-kernel path.
 #[test]
 fn prefill_isolation() {
-    use kda_kernels::chunk::Preparation;
     use kda_kernels::chunk_check::simulate_chunk_with;
     let base = one_sequence(31, 37);
     let seq =
@@ -572,7 +581,6 @@ fn token_range(x: &ChunkInputs, t0: usize, t1: usize) -> ChunkInputs {
 /// (beside the next range's preparation) rests on.
 #[test]
 fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
-    use kda_kernels::chunk::Preparation;
     let x = one_sequence(71, 16 * 5 + 7);
     for preparation in [Preparation::InKernel, Preparation::Workspace] {
         let whole_cfg = ChunkConfig {
@@ -600,7 +608,6 @@ fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
 /// (dense B = 3: a live slot, a padding one, a fresh prompt).
 #[test]
 fn token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit() {
-    use kda_kernels::chunk::Preparation;
     let d = 128;
     let spec = ChunkSpec {
         lengths: Lengths::Dense { b: 3, t: 16 * 5 + 7 },

@@ -4,7 +4,7 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkRun, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
@@ -100,7 +100,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 stages: x.of(&[2, 3, 4, 1, 0]),
                 fill_warps: x.of(&[0, 1, 2, 5]),
             },
-            transition: x.r(4) == 0,
+            run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
         };
         let p = PrepConfig {

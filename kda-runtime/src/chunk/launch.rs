@@ -166,7 +166,7 @@ pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         varlen: plan.varlen,
         states,
         shape: tune.shape,
-        transition: false,
+        run: kda_kernels::chunk::ChunkRun::Output,
         preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
     }
 }

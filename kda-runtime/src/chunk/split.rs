@@ -3,7 +3,7 @@
 //! With `T` a multiple of `16 · nseg`, the tensors `[B, T, ..]` are exactly the dense batch
 //! `[B · nseg, T / nseg, ..]` of the sequences' segments, so every pass is the chunk kernel on
 //! that batch (CHUNK-ALGORITHM.md, the transition form):
-//! 1. from zeros, each segment's final state `H` (its output rows are overwritten later);
+//! 1. from zeros, each segment's final state `H` (no output rows: pass 4 writes them);
 //! 2. in transition mode (from the identity, `v = 0`), each segment's `K x K` transition `M`;
 //! 3. the merge chains `S_{s+1} = S_s M_s + H_s` from each sequence's initial state, writing
 //!    every segment's start and the final states;
@@ -20,7 +20,7 @@
 //! The split depends on `T` alone, so a sequence's result does not depend on the rest of the
 //! batch.
 
-use kda_kernels::chunk::{ChunkConfig, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkRun, Preparation};
 use kda_kernels::chunk_merge::MergeConfig;
 
 use super::args::ChunkArgs;
@@ -170,7 +170,7 @@ pub(super) fn split_launches(
     let beta = seg(args.beta, &[hv])?;
     let out = TensorView::describe(out_ptr, &[nb, len, hv, D], plan.dtype, dev)?;
     // A pass over the segments: the caller's call reshaped, with the pass's states.
-    let pass = |initial: Option<&TensorView>, final_state: Option<&TensorView>, transition: bool| {
+    let pass = |initial: Option<&TensorView>, final_state: Option<&TensorView>, run: ChunkRun| {
         let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
         // The segments' workspace rows are the call's, in the same order (whole chunks).
@@ -180,7 +180,7 @@ pub(super) fn split_launches(
         a.final_state = final_state;
         // The caller's call was planned and this is its reshape: a failure is a bug here.
         let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("the split's segment call: {e}")))?;
-        let cfg = ChunkConfig { transition, ..tuned_config(&p, tune) };
+        let cfg = ChunkConfig { run, ..tuned_config(&p, tune) };
         let bound = kernel_args(&a, &p, &cfg, out.ptr(), final_state.copied())?;
         Ok::<_, RuntimeError>((p, cfg, bound))
     };
@@ -203,7 +203,7 @@ pub(super) fn split_launches(
         ("NSEG", I32(nseg_arg)),
     ];
     let chunk = |(_, cfg, bound): (ChunkPlan, ChunkConfig, _)| SplitLaunch::Chunk(cfg, bound);
-    let first = pass(None, Some(&ws.h), false)?;
+    let first = pass(None, Some(&ws.h), ChunkRun::StatesOnly)?;
     // With a workspace, the segments' operands are prepared once for all three passes.
     let prepare = (first.1.preparation == Preparation::Workspace)
         .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2));
@@ -211,9 +211,9 @@ pub(super) fn split_launches(
         .into_iter()
         .chain([
             chunk(first),
-            chunk(pass(None, Some(&ws.m), true)?),
+            chunk(pass(None, Some(&ws.m), ChunkRun::Transition)?),
             SplitLaunch::Merge(merge_cfg, merge),
-            chunk(pass(Some(&ws.starts), None, false)?),
+            chunk(pass(Some(&ws.starts), None, ChunkRun::Output)?),
         ])
         .collect())
 }
@@ -282,7 +282,7 @@ pub(super) fn launch(
             }
             // The transitions do not depend on the segments from zeros: they run on the
             // thread's highest-priority stream beside them, and the merge waits for both.
-            SplitLaunch::Chunk(cfg, bound) if cfg.transition => {
+            SplitLaunch::Chunk(cfg, bound) if cfg.run == ChunkRun::Transition => {
                 let beside = gpu.high_priority_stream()?;
                 beside.join(stream).op("cuStreamWaitEvent")?;
                 launch_ready(gpu, kernels, &beside, &*kernels.chunk(&cfg)?, &bound)?;

@@ -144,7 +144,8 @@ pub(super) fn check_split(plan: &ChunkPlan, nseg: usize) -> Result<(), RuntimeEr
     }
 }
 
-/// The four launches of a split call, in order. `out_ptr` is the output, `fin` the final
+/// The launches of a split call, in order: the preparation (with a workspace), the
+/// transitions, the states from zeros, the merge and the outputs. `out_ptr` is the output, `fin` the final
 /// states (the caller's, the allocated ones, or scratch of the plan's state dtype when the
 /// call returns none).
 pub(super) fn split_launches(
@@ -207,11 +208,13 @@ pub(super) fn split_launches(
     // With a workspace, the segments' operands are prepared once for all three passes.
     let prepare = (first.1.preparation == Preparation::Workspace)
         .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2));
+    // The transitions come before the states from zeros: the launcher runs them on a stream
+    // of their own that waits only for what was issued before them (the preparation).
     Ok(prepare
         .into_iter()
         .chain([
-            chunk(first),
             chunk(pass(None, Some(&ws.m), ChunkRun::Transition)?),
+            chunk(first),
             SplitLaunch::Merge(merge_cfg, merge),
             chunk(pass(Some(&ws.starts), None, ChunkRun::Output)?),
         ])
@@ -346,7 +349,18 @@ mod tests {
             args.output_final_state = with_final;
             args.final_state = with_final.then_some(&fin);
             let plan = plan_chunk(&args).expect("a valid call");
-            for step in split_launches(&args, &plan, tune, nseg, out.ptr(), &ws, fin).expect("launches") {
+            let steps = split_launches(&args, &plan, tune, nseg, out.ptr(), &ws, fin).expect("launches");
+            // The transitions come first, so their stream waits for nothing the states from
+            // zeros issue.
+            let runs: Vec<Option<ChunkRun>> = steps
+                .iter()
+                .map(|s| match s {
+                    SplitLaunch::Chunk(cfg, _) => Some(cfg.run),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(runs, [Some(ChunkRun::Transition), Some(ChunkRun::StatesOnly), None, Some(ChunkRun::Output)]);
+            for step in steps {
                 let (def, bound) = match step {
                     SplitLaunch::Prepare(..) => unreachable!("no workspace"),
                     SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound.to_vec()),

@@ -3,10 +3,14 @@
 //! for prefill, on both prefill paths) and isolation (NaN and Inf in one sequence's inputs leave
 //! every other sequence's output and state bit-identical; padding slots write zero output rows
 //! and, with unused pool slots, keep their bytes); token ranges give the fused kernel's bits,
-//! eagerly and from a graph. Skips (passes) on machines without a driver.
+//! eagerly and from a graph; the split gives the same bits with its states allocated or in the
+//! workspace, fused or over prepared operands, eagerly and from a graph. Skips (passes) on
+//! machines without a driver.
 
 use kda_dsl::dtype::DType::{self, BF16, F32, I32};
-use kda_runtime::chunk::{chunk_kda, chunk_kda_tuned, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning};
+use kda_runtime::chunk::{
+    chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning,
+};
 use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
 
 include!("support/on_gpu.rs");
@@ -211,7 +215,14 @@ enum Path {
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
     /// a CUDA graph after one eager call and replayed.
     Ranges { graph: bool },
+    /// The exact split into [`SPLIT`] segments (`ChunkTuning::split`): its states allocated by
+    /// the call, or (`workspace`) in a workspace of `chunk_split_workspace_bytes`, its
+    /// segments' operands `prepared` or not, eager or (with a workspace) replayed from a graph.
+    Split { workspace: bool, prepared: bool, graph: bool },
 }
+
+/// Segments of [`Path::Split`].
+const SPLIT: usize = 8;
 
 /// One prefill call: dense `[1, T]` for one sequence, varlen-packed (i32 `cu_seqlens`) for
 /// more, along `path`. The output and final-state bytes.
@@ -238,21 +249,26 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.output_final_state = true;
     args.final_state = Some(&views[7]);
     args.cu_seqlens = (n > 1).then_some(&views[8]);
-    let ws_tensor = if path == Path::Fused {
-        None
-    } else {
-        let bytes = chunk_workspace_bytes(&plan_chunk(&args)?);
-        Some(DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)?)
+    let ws_bytes = match path {
+        Path::Fused | Path::Split { workspace: false, .. } => None,
+        Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)),
+        Path::TwoKernel | Path::Ranges { .. } => Some(chunk_workspace_bytes(&plan_chunk(&args)?)),
     };
+    let ws_tensor = ws_bytes.map(|bytes| DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)).transpose()?;
     let ws_view = ws_tensor.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
     match path {
         Path::Fused | Path::TwoKernel => {
             chunk_kda(gpu, kernels, &s, &args)?;
         }
-        Path::Ranges { graph } => {
+        Path::Ranges { graph } | Path::Split { graph, .. } => {
             let plan = plan_chunk(&args)?;
-            let tune = ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) };
+            let tune = match path {
+                Path::Split { prepared, .. } => {
+                    ChunkTuning { split: Some(SPLIT), prepared, ranges: None, ..ChunkTuning::for_call(&plan) }
+                }
+                _ => ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) },
+            };
             let call = || chunk_kda_tuned(gpu, kernels, &s, &args, tune).map(|_| ());
             if graph {
                 // One eager call, the capture (which runs nothing), then the replays.
@@ -338,5 +354,42 @@ fn prefill_in_token_ranges_is_bit_identical() {
         let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph }).expect("in token ranges");
         assert!(ranges.0 == fused.0, "graph {graph}: outputs differ from the fused kernel's");
         assert!(ranges.1 == fused.1, "graph {graph}: final states differ from the fused kernel's");
+    }
+}
+
+/// The split gives the same bits whether its states are allocated by the call or live in the
+/// caller's workspace, over prepared operands or not (the two-kernel path's bits are the fused
+/// kernel's), and replayed from a CUDA graph (allocation-free with a workspace): one sequence
+/// of 1024 tokens in 8 segments. It stays near the unsplit call (not bit-identical).
+#[test]
+fn the_split_gives_one_set_of_bits_on_every_path() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let x = PrefillInputs::random(&[1024], 43);
+    let allocated = prefill(&gpu, &kernels, &x, Path::Split { workspace: false, prepared: false, graph: false })
+        .expect("split, states allocated");
+    for (prepared, graph) in [(false, false), (true, false), (true, true)] {
+        let path = Path::Split { workspace: true, prepared, graph };
+        let got = prefill(&gpu, &kernels, &x, path).expect("split, states in the workspace");
+        assert!(got.0 == allocated.0, "{path:?}: outputs differ from the split with allocated states");
+        assert!(got.1 == allocated.1, "{path:?}: final states differ from the split with allocated states");
+    }
+    let unsplit = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
+    // Outputs are bf16, final states f32.
+    let values = |bytes: &[u8], bf16: bool| -> Vec<f32> {
+        match bf16 {
+            true => bytes.chunks(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            false => bytes.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        }
+    };
+    for (what, a, b, bf16) in
+        [("outputs", &allocated.0, &unsplit.0, true), ("final states", &allocated.1, &unsplit.1, false)]
+    {
+        let (a, b) = (values(a, bf16), values(b, bf16));
+        let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let scale = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
+        assert!(a.iter().all(|v| v.is_finite()) && err <= 2e-2 * scale, "{what}: {err} apart, scale {scale}");
     }
 }

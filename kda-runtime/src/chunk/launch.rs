@@ -1,6 +1,7 @@
 //! `chunk_kda`: validate, pick the kernel variant, bind and launch.
 
 use cudarc::driver::CudaStream;
+use kda_dsl::tile::FILL_WARPS_MAX;
 use kda_dsl::DType;
 pub use kda_kernels::chunk::ChunkShape;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
@@ -94,9 +95,11 @@ impl ChunkTuning {
         if !matches!(warps, 1 | 2 | 4 | 8)
             || !(1..=8).contains(&min_blocks)
             || !(2..=8).contains(&stages)
-            || fill_warps > 2
+            || fill_warps > FILL_WARPS_MAX as usize
         {
-            return bad("warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to 2");
+            return bad(&format!(
+                "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
+            ));
         }
         if let Some(nseg) = self.split {
             split::check_split(plan, nseg)?;
@@ -597,12 +600,17 @@ mod tests {
             shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0 },
             ..ok
         };
-        let shapes = "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to 2";
+        let shapes =
+            format!("warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}");
+        let shapes = shapes.as_str();
         refused(shape(3, 2, 2), shapes);
         refused(shape(8, 9, 2), shapes);
         refused(shape(8, 2, 1), shapes);
         refused(shape(8, 2, 9), shapes);
-        refused(ChunkTuning { shape: ChunkShape { fill_warps: 3, ..ok.shape }, ..ok }, shapes);
+        refused(
+            ChunkTuning { shape: ChunkShape { fill_warps: FILL_WARPS_MAX as usize + 1, ..ok.shape }, ..ok },
+            shapes,
+        );
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
         refused(ChunkTuning { prepared: true, ..ok }, "prepared only with a workspace");
         refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");

@@ -76,9 +76,8 @@ pub const RANGE_MIN_CHUNKS: usize = 512;
 
 /// The fewest value heads a call takes [`default_ranges`] for. A range's chain shares its SMs
 /// with the next range's preparation, which slows it: with 32 value heads (a chain block on
-/// almost every SM) the overlap still wins (B = 1, T = 32768: 1.66 ms against 1.83 in one
-/// range), with 8 it loses (1.268 against 1.214; docs/performance.md, 2026-12-02 runs 23 and
-/// 24). 16 was not measured.
+/// almost every SM) the overlap still wins, with 8 it loses (docs/performance.md, 2026-12-02
+/// runs 23 and 24; 16 not measured).
 pub const RANGE_MIN_VALUE_HEADS: usize = 32;
 
 /// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:

@@ -62,10 +62,9 @@ impl ChunkShape {
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
     /// to a load's latency from memory, so it stages 3 chunks ahead; and a warp of its own
-    /// issues the fills, whose address arithmetic was on the step's path (the chain 1.46 to
-    /// 0.97 ms alone at B = 1, T = 32768). The fastest of `kda bench --sweep-chunk`
-    /// (docs/performance.md, 2026-12-01 run 8 and 2026-12-02). Its arithmetic depends on none
-    /// of it, so the bits stay the fused kernel's.
+    /// issues the fills, whose address arithmetic was on the step's path. The fastest of `kda
+    /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
+    /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
     pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1 };
 }
 

@@ -39,8 +39,8 @@ fn split_hi_lo(x: Tile, hi: Tile, lo: Tile) {
     }
 }
 
-/// Value rows of the state per block: 4 blocks per (sequence, value head), so a call of few
-/// heads has as many blocks as its chunk passes.
+/// Value rows of the state per block: 4 blocks per (sequence, value head) instead of one, so a
+/// call of few heads keeps more SMs busy in its serial merge.
 pub const MERGE_ROWS: usize = 32;
 
 /// `starts[n·NSEG + s] = S_s` and `fin[n] = S_NSEG`, with `S_0 = init[n]` (or zeros) and

@@ -99,7 +99,7 @@ pub fn simulate_all() -> usize {
         .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_i64_f16_gva2_empty_and_one_token"))
     {
         let case = format!("chunk/{}_two_kernel_path", f.name);
-        let chain = kda_kernels::chunk::ChunkShape { warps: 2, fill_warps: 1, ..f.cfg.shape };
+        let chain = kda_kernels::chunk::ChunkShape::PREPARED;
         match kda_kernels::chunk_check::two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), chain, 3) {
             Ok(same) => {
                 failures += usize::from(!same);

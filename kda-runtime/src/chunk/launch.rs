@@ -36,7 +36,7 @@ pub struct ChunkResult {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkTuning {
     /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8; `stages` 2 to
-    /// 8).
+    /// 8; `fill_warps` 0 to [`FILL_WARPS_MAX`]).
     pub shape: ChunkShape,
     /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
     /// without `state_indices`, `T` a multiple of `16 · split`. Its states (three f32 tensors

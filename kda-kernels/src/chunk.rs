@@ -188,10 +188,10 @@ impl Default for ChunkConfig {
     }
 }
 
-impl ChunkConfig {
+impl ChunkStates {
     /// A short stable name.
     pub fn key(&self) -> String {
-        let states = match self.states {
+        match *self {
             ChunkStates::Zeros { store_final } => format!("zeros{}", if store_final { "_final" } else { "" }),
             ChunkStates::PerSequence { store_final } => format!("init{}", if store_final { "_final" } else { "" }),
             ChunkStates::Pool { indices, has_initial } => {
@@ -201,7 +201,67 @@ impl ChunkConfig {
                     has_initial.map(|d| format!("_has{}", d.name())).unwrap_or_default()
                 )
             }
-        };
+        }
+    }
+
+    /// Whether a sequence may start from a given state (`state[n]` or its pool slot).
+    pub(crate) fn reads_state(&self) -> bool {
+        !matches!(self, ChunkStates::Zeros { .. })
+    }
+
+    /// Whether the states are the decode pool, read and written in place.
+    pub(crate) fn pool(&self) -> bool {
+        matches!(self, ChunkStates::Pool { .. })
+    }
+
+    /// Whether final states go to `final_state[n]`.
+    pub(crate) fn store_final(&self) -> bool {
+        matches!(self, ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true })
+    }
+
+    /// `state_indices`' dtype (i32 where there is none).
+    pub(crate) fn indices(&self) -> DType {
+        match *self {
+            ChunkStates::Pool { indices, .. } => indices,
+            _ => DType::I32,
+        }
+    }
+
+    /// `has_initial_state`'s dtype, when given.
+    pub(crate) fn has_initial(&self) -> Option<DType> {
+        match *self {
+            ChunkStates::Pool { has_initial, .. } => has_initial,
+            _ => None,
+        }
+    }
+}
+
+/// Sequence `n`'s state slot: `n`, or with the pool `state_indices[n]` when it lies inside the
+/// pool's `p` slots and -1 (padding) otherwise.
+#[kda_macros::kernel_fn]
+pub(crate) fn state_slot(pool: bool, state_indices: Tensor, n: Val, p: Val) -> Val {
+    let mut slot = n;
+    if pool {
+        let raw = state_indices[n];
+        slot = select(raw >= 0 && raw < p, raw as i32, -1);
+    }
+    slot
+}
+
+/// Whether sequence `n`, in state slot `slot`, starts from that slot's state: not padding, and
+/// (when `has_initial_state` is given) its entry nonzero.
+#[kda_macros::kernel_fn]
+pub(crate) fn starts_from_slot(with_has_initial: bool, has_initial: Tensor, n: Val, slot: Val) -> Val {
+    let mut from_state = slot >= 0;
+    if with_has_initial {
+        from_state = slot >= 0 && has_initial[n] != 0;
+    }
+    from_state
+}
+
+impl ChunkConfig {
+    /// A short stable name.
+    pub fn key(&self) -> String {
         let gate = match self.gate {
             ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
             ChunkGate::Precomputed => "pre".to_string(),
@@ -213,7 +273,7 @@ impl ChunkConfig {
             gate,
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
-            states,
+            self.states.key(),
             self.shape.warps,
             self.shape.min_blocks,
             // Two stages, the fused kernel's, go unnamed.
@@ -230,29 +290,23 @@ impl ChunkConfig {
     }
 
     fn reads_state(&self) -> bool {
-        !matches!(self.states, ChunkStates::Zeros { .. })
+        self.states.reads_state()
     }
 
     fn pool(&self) -> bool {
-        matches!(self.states, ChunkStates::Pool { .. })
+        self.states.pool()
     }
 
     fn store_final(&self) -> bool {
-        matches!(self.states, ChunkStates::Zeros { store_final: true } | ChunkStates::PerSequence { store_final: true })
+        self.states.store_final()
     }
 
     fn indices(&self) -> DType {
-        match self.states {
-            ChunkStates::Pool { indices, .. } => indices,
-            _ => DType::I32,
-        }
+        self.states.indices()
     }
 
     fn has_initial(&self) -> Option<DType> {
-        match self.states {
-            ChunkStates::Pool { has_initial, .. } => has_initial,
-            _ => None,
-        }
+        self.states.has_initial()
     }
 }
 
@@ -609,17 +663,8 @@ pub fn chunk(
     }
     // The state slot (-1: padding, which writes zero output rows and touches no state) and
     // whether the sequence starts from it.
-    let mut slot = n;
-    // A run-time bool (true here), which the pool's checks below may replace.
-    let mut from_state = n >= 0;
-    if cfg.pool() {
-        let raw = state_indices[n];
-        slot = select(raw >= 0 && raw < P, raw as i32, -1);
-        from_state = slot >= 0;
-        if cfg.has_initial().is_some() {
-            from_state = slot >= 0 && has_initial[n] != 0;
-        }
-    }
+    let slot = state_slot(cfg.pool(), state_indices, n, P);
+    let from_state = starts_from_slot(cfg.has_initial().is_some(), has_initial, n, slot);
     let live = slot >= 0;
 
     let s = fragment([bv, 128], F32);
@@ -688,7 +733,13 @@ pub fn chunk(
     // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
     // `c`, so the loop divides nothing (as `chunk_prep` finds it).
     let d0 = (bos + pad) / 16;
-    for c in pipelined(0, ceil_div(eos - bos, 16), stages = cfg.shape.stages) {
+    let mut chunks = ceil_div(eos - bos, 16);
+    if !output {
+        // A padding slot writes no output rows here, so it has nothing to do: the split's
+        // state passes leave out the segments they do not need so.
+        chunks = select(live, chunks, 0);
+    }
+    for c in pipelined(0, chunks, stages = cfg.shape.stages) {
         // The chunk's first token and its workspace row (the fills see them for the chunk
         // they fetch).
         let t0 = bos + 16 * c;

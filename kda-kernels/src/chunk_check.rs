@@ -224,3 +224,81 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
     };
     Ok(ChunkOutputs { out: tensor_values(&args, "out", dt), final_state })
 }
+
+/// Runs a call split every `seg` tokens (`chunk_split.rs`) in the simulator, pass by pass as
+/// the launcher runs it: the schedule, the transitions and the states from zeros (into
+/// NaN-poisoned tables), the merge, the output pass and the finish. `cfg` is the call's config
+/// (its preparation says whether the passes read a prepared workspace); the output and final
+/// states start as NaN, a pool as `x` gives it.
+pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkOutputs, String> {
+    use crate::chunk_merge::{chunk_finish, chunk_merge};
+    use crate::chunk_segments::{max_segments, simulate_segments};
+    use crate::chunk_split::split_configs;
+    let c = split_configs(cfg);
+    let nseq = x.sequences();
+    let (pool_slots, pool) = (x.pool_slots(), cfg.states.pool());
+    let indices = x.state_indices.clone().unwrap_or_else(|| vec![0]);
+    let cu = x.cu_seqlens.clone().unwrap_or_else(|| vec![0]);
+    let tab = simulate_segments(&c.segments, &cu, x.t, nseq, &indices, pool_slots, seg)?;
+    let ns = max_segments(nseq, x.b * x.t, seg);
+    let state = x.hv * D * D;
+    // The segments as a varlen batch over the same token rows, their states in the tables.
+    let segments = |indices: &[i64], table: Vec<f64>, has_initial: Option<Vec<i64>>| ChunkInputs {
+        b: 1,
+        t: x.b * x.t,
+        cu_seqlens: Some(tab.seg_cu.clone()),
+        initial: Some(table),
+        state_indices: Some(indices.to_vec()),
+        has_initial,
+        ..x.clone()
+    };
+    let poisoned = || vec![f64::NAN; ns * state];
+    let m = simulate_chunk(&c.transition, &segments(&tab.split, poisoned(), None))?.final_state;
+    let h = simulate_chunk(&c.from_zeros, &segments(&tab.split, poisoned(), Some(tab.fresh.clone())))?.final_state;
+
+    let t = |n: &str, v: &[f64], d: DType| (n.to_string(), SimArg::Tensor(to_bytes(v, d)));
+    let i = |n: &str, v: usize| (n.to_string(), SimArg::I32(v as i32));
+    let ints = |v: &[i64]| v.iter().map(|e| *e as f64).collect::<Vec<_>>();
+    let st = cfg.state_dtype;
+    let (state_t, slots) = match (&x.initial, cfg.states) {
+        (Some(s), ChunkStates::PerSequence { .. } | ChunkStates::Pool { .. }) => (s.clone(), s.len() / state),
+        _ => (vec![0.0; state], 1),
+    };
+    let mut common = vec![
+        t("state", &state_t, st),
+        i("P", slots),
+        t("seg_first", &ints(&tab.seg_first), DType::I32),
+        i("NF", nseq + 1),
+        i("NS", ns),
+        i("HV", x.hv),
+        i("S1", D),
+        i("S2", D),
+        i("NSEQ", nseq),
+    ];
+    match (pool, &x.state_indices) {
+        (true, Some(idx)) => common.extend([t("state_indices", &ints(idx), cfg.states.indices()), i("NI", nseq)]),
+        _ => common.extend([t("state_indices", &[0.0], DType::I32), i("NI", 1)]),
+    }
+    let mut merge_args = common.clone();
+    match (cfg.states.has_initial(), &x.has_initial) {
+        (Some(d), Some(hi)) => merge_args.extend([t("has_initial", &ints(hi), d), i("NH", nseq)]),
+        _ => merge_args.extend([t("has_initial", &[0.0], DType::I32), i("NH", 1)]),
+    }
+    merge_args.extend([t("h", &h, DType::F32), t("m", &m, DType::F32), t("starts", &poisoned(), DType::F32)]);
+    simulate(&chunk_merge(&c.merge).map_err(|e| e.to_string())?, &mut merge_args)?;
+    let starts = tensor_values(&merge_args, "starts", DType::F32);
+
+    let pass4 = simulate_chunk(&c.output, &segments(&tab.live, starts, None))?;
+    let mut final_state = vec![];
+    if let Some(f) = &c.finish {
+        let mut args = common;
+        args.extend([
+            t("final_state", &vec![f64::NAN; nseq * state], st),
+            i("F", nseq),
+            t("ends", &pass4.final_state, DType::F32),
+        ]);
+        simulate(&chunk_finish(f).map_err(|e| e.to_string())?, &mut args)?;
+        final_state = tensor_values(&args, if pool { "state" } else { "final_state" }, st);
+    }
+    Ok(ChunkOutputs { out: pass4.out, final_state })
+}

@@ -11,6 +11,8 @@ pub mod chunk_merge;
 pub mod chunk_order;
 pub mod chunk_prep;
 pub mod chunk_ref;
+pub mod chunk_segments;
+pub mod chunk_split;
 pub mod decode;
 pub mod decode_families;
 pub mod decode_ref;
@@ -93,30 +95,64 @@ pub fn chunk_prep_variant(cfg: chunk_prep::PrepConfig) -> Variant {
     }
 }
 
-/// The preparation configs shipped: the bench cases' (dense and varlen).
+/// The preparation configs shipped: the bench cases' (dense and varlen), and the split's
+/// (over its segments, [`split_configs_shipped`]).
 pub fn chunk_prep_configs() -> Vec<chunk_prep::PrepConfig> {
     let d = chunk_prep::PrepConfig::default();
-    vec![d.clone(), chunk_prep::PrepConfig { varlen: Some(kda_dsl::DType::I64), ..d }]
+    let split = split_configs_shipped().prep.expect("the shipped split is prepared");
+    vec![d.clone(), chunk_prep::PrepConfig { varlen: Some(kda_dsl::DType::I64), ..d }, split]
 }
 
-/// The variant of a split-merge config (compiled on first use; the split is opt-in and not
-/// shipped yet).
+/// The variant of a split-merge config ([`chunk_merge::chunk_merge`]); shipped when it is the
+/// one of [`split_configs_shipped`].
 pub fn chunk_merge_variant(cfg: chunk_merge::MergeConfig) -> Variant {
     Variant {
         family: "chunk_merge",
         name: cfg.key(),
-        default: false,
+        default: cfg == chunk_merge::MergeConfig::default(),
         build: std::sync::Arc::new(move || chunk_merge::chunk_merge(&cfg)),
     }
 }
 
+/// The variant of a split-finish config ([`chunk_merge::chunk_finish`]).
+pub fn chunk_finish_variant(cfg: chunk_merge::MergeConfig) -> Variant {
+    Variant {
+        family: "chunk_finish",
+        name: cfg.key(),
+        default: cfg == chunk_merge::MergeConfig::default(),
+        build: std::sync::Arc::new(move || chunk_merge::chunk_finish(&cfg)),
+    }
+}
+
+/// The variant of a segment-schedule config ([`chunk_segments::chunk_segments`]).
+pub fn chunk_segments_variant(cfg: chunk_segments::SegmentsConfig) -> Variant {
+    Variant {
+        family: "chunk_segments",
+        name: cfg.key(),
+        default: cfg == chunk_segments::SegmentsConfig::default(),
+        build: std::sync::Arc::new(move || chunk_segments::chunk_segments(&cfg)),
+    }
+}
+
+/// The split's kernels shipped: those of the bench case's call over a prepared workspace
+/// (dense, f32 states in and out), which `chunk_kda` splits with few value heads.
+pub fn split_configs_shipped() -> chunk_split::SplitConfigs {
+    let call = chunk::ChunkConfig {
+        preparation: chunk::Preparation::Workspace,
+        shape: chunk::ChunkShape::PREPARED,
+        ..chunk::ChunkConfig::default()
+    };
+    chunk_split::split_configs(&call)
+}
+
 /// The chunk configs shipped: the bench cases' variant (dense and varlen), the decode pool in
-/// place, the precomputed gate, and the bench case's chain over a prepared workspace (the
-/// two-kernel path a call with a workspace and few chains takes).
+/// place, the precomputed gate, the bench case's chain over a prepared workspace (the
+/// two-kernel path a call with a workspace and few chains takes), and the split's three
+/// passes ([`split_configs_shipped`]).
 pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
     use chunk::{ChunkConfig as C, ChunkGate, ChunkStates, Preparation};
     let d = C::default();
-    vec![
+    let mut configs = vec![
         d.clone(),
         C { preparation: Preparation::Workspace, shape: chunk::ChunkShape::PREPARED, ..d.clone() },
         C { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
@@ -126,7 +162,10 @@ pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
             ..d.clone()
         },
         C { gate: ChunkGate::Precomputed, ..d },
-    ]
+    ];
+    let split = split_configs_shipped();
+    configs.extend([split.transition, split.from_zeros, split.output]);
+    configs
 }
 
 /// The GEMM configs shipped (and covered by snapshots and ptxas).
@@ -160,5 +199,15 @@ pub fn variants() -> Vec<Variant> {
         .chain(decode_configs().into_iter().map(decode_variant))
         .chain(chunk_configs().into_iter().map(chunk_variant))
         .chain(chunk_prep_configs().into_iter().map(chunk_prep_variant))
+        .chain(split_kernels_shipped())
         .collect()
+}
+
+/// The split's own kernels shipped (its chunk passes and preparation are in
+/// [`chunk_configs`] and [`chunk_prep_configs`]): the schedule, the merge and the finish.
+fn split_kernels_shipped() -> Vec<Variant> {
+    let split = split_configs_shipped();
+    let mut out = vec![chunk_segments_variant(split.segments), chunk_merge_variant(split.merge)];
+    out.extend(split.finish.map(chunk_finish_variant));
+    out
 }

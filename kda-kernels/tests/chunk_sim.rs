@@ -2,8 +2,8 @@
 
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkRun, ChunkShape, ChunkStates, Preparation};
-use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, tolerance};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
+use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, simulate_split, tolerance};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
@@ -114,11 +114,17 @@ fn pack(parts: &[&ChunkInputs], varlen: bool) -> ChunkInputs {
     }
 }
 
-/// Sequence `n`'s output rows and final state from a simulated call on `x`.
+/// Sequence `n`'s output rows and final state from a simulated call on `x` (with a pool, its
+/// slot's state; none for padding).
 fn sequence_of(x: &ChunkInputs, got: &ChunkOutputs, n: usize) -> (Vec<f64>, Vec<f64>) {
     let (tok0, len) = x.span(n);
     let (row, st) = (x.hv * 128, x.hv * 128 * 128);
-    (got.out[tok0 * row..(tok0 + len) * row].to_vec(), got.final_state[n * st..(n + 1) * st].to_vec())
+    let slot = match &x.state_indices {
+        Some(idx) => usize::try_from(idx[n]).ok().filter(|s| *s < x.pool_slots()),
+        None => Some(n),
+    };
+    let state = slot.map_or(vec![], |s| got.final_state[s * st..(s + 1) * st].to_vec());
+    (got.out[tok0 * row..(tok0 + len) * row].to_vec(), state)
 }
 
 /// KDA-SPEC `chunk_kda` "Batch invariance": a 37-token sequence's output rows and final state
@@ -389,49 +395,58 @@ fn final_state_is_affine_in_the_initial_state() {
     assert!(err < 1e-2, "{err:.3e}");
 }
 
-/// The split's merge: every segment's start state and the final one match the f64 chain
-/// `S_{s+1} = S_s M_s + H_s`, to f32 accuracy (the bf16 hi/lo products).
+/// The split's merge: every segment's start state matches the f64 chain `S_{s+1} = S_s M_s +
+/// H_s` from each sequence's initial state, to f32 accuracy (the bf16 hi/lo products), for
+/// sequences of 3, 1 and 2 segments; slots past the last segment stay untouched.
 #[test]
 fn merge_chains_segment_states() {
     use kda_dsl::sim::SimArg;
     use kda_kernels::chunk_merge::{chunk_merge, MergeConfig};
     use kda_kernels::reference::{rel_err, to_bytes};
-    let (n, hv, nseg, d) = (2usize, 1usize, 3usize, 128usize);
+    let (hv, d) = (1usize, 128usize);
+    let seg_first = [0usize, 3, 4, 6];
+    let (n, ns) = (seg_first.len() - 1, 7usize);
     let mut rng = Rng::new(51);
     let state = d * d;
     let init: Vec<f64> = rng.normals(n * hv * state, F32).iter().map(|x| 0.1 * x).collect();
-    let h: Vec<f64> = rng.normals(n * nseg * hv * state, F32).iter().map(|x| 0.1 * x).collect();
+    let h: Vec<f64> = rng.normals(ns * hv * state, F32).iter().map(|x| 0.1 * x).collect();
     let m: Vec<f64> = rng
-        .normals(n * nseg * hv * state, F32)
+        .normals(ns * hv * state, F32)
         .iter()
         .enumerate()
         .map(|(e, x)| 0.05 * x + if (e % state) / d == e % d { 0.9 } else { 0.0 })
         .collect();
-    let def = chunk_merge(&MergeConfig { state_dtype: F32, initial: true }).expect("builds");
-    let t = |name: &str, v: &[f64]| (name.to_string(), SimArg::Tensor(to_bytes(v, F32)));
+    let cfg = MergeConfig { state_dtype: F32, states: ChunkStates::PerSequence { store_final: true } };
+    let def = chunk_merge(&cfg).expect("builds");
+    let t = |name: &str, v: &[f64], dt| (name.to_string(), SimArg::Tensor(to_bytes(v, dt)));
     let i = |name: &str, v: usize| (name.to_string(), SimArg::I32(v as i32));
+    let firsts: Vec<f64> = seg_first.iter().map(|v| *v as f64).collect();
     let mut args = vec![
-        t("init", &init),
-        t("h", &h),
-        t("m", &m),
-        t("starts", &vec![f64::NAN; n * nseg * hv * state]),
-        t("fin", &vec![f64::NAN; n * hv * state]),
-        i("N", n),
+        t("state", &init, F32),
+        i("P", n),
+        t("state_indices", &[0.0], I32),
+        i("NI", 1),
+        t("has_initial", &[0.0], I32),
+        i("NH", 1),
+        t("seg_first", &firsts, I32),
+        i("NF", n + 1),
+        t("h", &h, F32),
+        t("m", &m, F32),
+        t("starts", &vec![f64::NAN; ns * hv * state], F32),
+        i("NS", ns),
         i("HV", hv),
-        i("NS", n * nseg),
         i("S1", d),
         i("S2", d),
-        i("NSEG", nseg),
+        i("NSEQ", n),
     ];
     kda_kernels::check::simulate(&def, &mut args).expect("simulates");
-    let got_starts = kda_kernels::check::tensor_values(&args, "starts", F32);
-    let got_fin = kda_kernels::check::tensor_values(&args, "fin", F32);
-    let (mut want_starts, mut want_fin) = (vec![], vec![]);
+    let got = kda_kernels::check::tensor_values(&args, "starts", F32);
+    let mut want = vec![];
     for seq in 0..n {
         let mut s = init[seq * state..(seq + 1) * state].to_vec();
-        for sg in 0..nseg {
-            want_starts.extend_from_slice(&s);
-            let at = (seq * nseg + sg) * state;
+        for sg in seg_first[seq]..seg_first[seq + 1] {
+            want.extend_from_slice(&s);
+            let at = sg * state;
             s = (0..state)
                 .map(|e| {
                     let (v, k) = (e / d, e % d);
@@ -439,74 +454,103 @@ fn merge_chains_segment_states() {
                 })
                 .collect();
         }
-        want_fin.extend_from_slice(&s);
     }
-    let (es, ef) = (rel_err(&got_starts, &want_starts), rel_err(&got_fin, &want_fin));
-    eprintln!("merge: starts {es:.2e}, final {ef:.2e}");
-    assert!(es < 1e-4 && ef < 1e-4, "starts {es:.3e}, final {ef:.3e}");
+    let used = seg_first[n] * state;
+    let err = rel_err(&got[..used], &want);
+    eprintln!("merge: starts {err:.2e}");
+    assert!(err < 1e-4, "starts {err:.3e}");
+    assert!(got[used..].iter().all(|v| v.is_nan()), "a slot past the last segment was written");
 }
 
-/// The exact long-sequence split, run through the simulator as the launcher would run it: a
-/// dense `[B, T]` call cut into `nseg` segments of `T / nseg` tokens is the dense batch
-/// `[B · nseg, T / nseg]` of the same tensors. Pass 1 runs it from zeros (each segment's `H`)
-/// and in transition mode (each segment's `M`); the merge chains the start states from the
-/// initial ones; pass 2 reruns every segment from its start. Outputs and final states match
-/// the unsplit kernel and the f64 recurrence.
+/// The exact split (`chunk_split.rs`), every pass through the simulator as the launcher runs
+/// it, against the unsplit kernel and the f64 recurrence: varlen with zero-length, one-token,
+/// exactly-one-segment and several-segment sequences; dense; the pool with padding and fresh
+/// slots and a bf16 state; the fused passes and the passes over a prepared workspace. A
+/// sequence of at most one segment gives the unsplit call's bits; a longer one stays within
+/// rounding of them.
 #[test]
 fn split_equals_unsplit() {
-    use kda_dsl::sim::SimArg;
-    use kda_kernels::check::{simulate, tensor_values};
-    use kda_kernels::chunk_merge::{chunk_merge, MergeConfig};
-    use kda_kernels::reference::to_bytes;
-    let (b, t, nseg, d) = (2usize, 64usize, 4usize, 128usize);
-    let spec =
-        ChunkSpec { lengths: Lengths::Dense { b, t }, initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
-    let x = ChunkInputs::random(&mut Rng::new(61), &spec);
-    let cfg = ChunkConfig::default();
-    let unsplit = simulate_chunk(&cfg, &x).expect("simulates");
-    // The segments as a dense batch: the same arrays, B · nseg rows of T / nseg tokens.
-    let segs = ChunkInputs { b: b * nseg, t: t / nseg, initial: None, ..x.clone() };
-    let zeros = ChunkConfig { states: ChunkStates::Zeros { store_final: true }, ..cfg.clone() };
-    let h = simulate_chunk(&ChunkConfig { run: ChunkRun::StatesOnly, ..zeros.clone() }, &segs).expect("H pass");
-    // Without its output rows, the pass's states are the full run's, bit for bit.
-    let h_with_output = simulate_chunk(&zeros, &segs).expect("H pass with output");
-    assert!(bits(&h.final_state) == bits(&h_with_output.final_state), "a states-only run changed the states");
-    assert!(h.out.iter().all(|v| v.is_nan()), "a states-only run wrote output rows");
-    // So does the chain over a workspace (it skips the queries' fills too).
-    let chain = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..zeros.clone() };
-    let h_chain = simulate_chunk(&ChunkConfig { run: ChunkRun::StatesOnly, ..chain }, &segs).expect("H pass, chain");
-    assert!(bits(&h_chain.final_state) == bits(&h.final_state), "the chain's states-only run differs");
-    let h = h.final_state;
-    let m =
-        simulate_chunk(&ChunkConfig { run: ChunkRun::Transition, ..zeros.clone() }, &segs).expect("M pass").final_state;
-    let state = x.hv * d * d;
-    let def = chunk_merge(&MergeConfig { state_dtype: F32, initial: true }).expect("builds");
-    let tt = |name: &str, v: &[f64]| (name.to_string(), SimArg::Tensor(to_bytes(v, F32)));
-    let i = |name: &str, v: usize| (name.to_string(), SimArg::I32(v as i32));
-    let mut args = vec![
-        tt("init", x.initial.as_ref().expect("an initial state")),
-        tt("h", &h),
-        tt("m", &m),
-        tt("starts", &vec![f64::NAN; b * nseg * state]),
-        tt("fin", &vec![f64::NAN; b * state]),
-        i("N", b),
-        i("HV", x.hv),
-        i("NS", b * nseg),
-        i("S1", d),
-        i("S2", d),
-        i("NSEG", nseg),
+    let seg = 32;
+    let cases = [
+        ("varlen 0 | 1 | 32 | 70, fused", Lengths::Varlen(vec![0, 1, 32, 70]), InitialSpec::PerSequence, F32, false),
+        ("dense 2 x 70, prepared", Lengths::Dense { b: 2, t: 70 }, InitialSpec::None, F32, true),
+        (
+            "pool, bf16 state, prepared",
+            Lengths::Varlen(vec![65, 9, 40, 33, 3]),
+            InitialSpec::Pool { slots: 6 },
+            BF16,
+            true,
+        ),
     ];
-    simulate(&def, &mut args).expect("merge");
-    let starts = tensor_values(&args, "starts", F32);
-    let fin = tensor_values(&args, "fin", F32);
-    let rerun = ChunkConfig { states: ChunkStates::PerSequence { store_final: false }, ..cfg.clone() };
-    let out = simulate_chunk(&rerun, &ChunkInputs { initial: Some(starts), ..segs }).expect("pass 2").out;
-    let want = chunk_reference(&x);
-    let (eo, ef) = (rel_err(&out, &unsplit.out), rel_err(&fin, &unsplit.final_state));
-    let (ro, rf) = (rel_err(&out, &want.out), rel_err(&fin, &want.final_state));
-    eprintln!("split against unsplit: out {eo:.2e}, final {ef:.2e}; against f64: out {ro:.2e}, final {rf:.2e}");
-    assert!(out.iter().all(|v| v.is_finite()) && fin.iter().all(|v| v.is_finite()));
-    assert!(eo < 1e-2 && ef < 1e-2 && ro < 1e-2 && rf < 1e-2, "{eo:.2e} {ef:.2e} {ro:.2e} {rf:.2e}");
+    for (i, (name, lengths, initial, state_dtype, prepared)) in cases.into_iter().enumerate() {
+        let spec = ChunkSpec { lengths, initial, state_dtype, ..ChunkSpec::default() };
+        let x = ChunkInputs::random(&mut Rng::new(71 + i as u64), &spec);
+        let states = match initial {
+            InitialSpec::None => ChunkStates::Zeros { store_final: true },
+            InitialSpec::PerSequence => ChunkStates::PerSequence { store_final: true },
+            InitialSpec::Pool { .. } => ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+        };
+        let mut cfg =
+            ChunkConfig { state_dtype, states, varlen: x.cu_seqlens.as_ref().map(|_| I32), ..ChunkConfig::default() };
+        if prepared {
+            cfg = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..cfg };
+        }
+        let unsplit = simulate_chunk(&cfg, &x).unwrap_or_else(|e| panic!("{name}, unsplit: {e}"));
+        let got = simulate_split(&cfg, &x, seg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = compare_chunk(&cfg, &x, got.clone(), &chunk_reference(&x));
+        assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{name}: unwritten, padding or untouched slots");
+        let (to, ts) = tolerance(&cfg);
+        assert!(r.out_err <= to && r.state_err <= ts, "{name}: out {:.3e} state {:.3e}", r.out_err, r.state_err);
+        for n in 0..x.sequences() {
+            let ((out, st), (want_out, want_st)) = (sequence_of(&x, &got, n), sequence_of(&x, &unsplit, n));
+            if x.span(n).1 <= seg {
+                assert!(
+                    bits(&out) == bits(&want_out) && bits(&st) == bits(&want_st),
+                    "{name}: sequence {n} changed bits"
+                );
+            } else {
+                let (eo, es) = (rel_err(&out, &want_out), rel_err(&st, &want_st));
+                eprintln!("{name}: sequence {n} ({} tokens) against unsplit: out {eo:.2e} state {es:.2e}", x.span(n).1);
+                assert!(eo < 1e-2 && es < 1e-2, "{name}: sequence {n} against unsplit: out {eo:.2e} state {es:.2e}");
+            }
+        }
+        eprintln!("{name}: out {:.2e} state {:.2e} against f64", r.out_err, r.state_err);
+    }
+}
+
+/// A states-only run (the split's segments from zeros) leaves the final states of the full
+/// run, bit for bit, fused and over a prepared workspace, and writes no output row.
+#[test]
+fn a_states_only_run_keeps_the_states_bits() {
+    use kda_kernels::chunk::ChunkRun;
+    let spec = ChunkSpec { lengths: Lengths::Dense { b: 2, t: 40 }, ..ChunkSpec::default() };
+    let x = ChunkInputs::random(&mut Rng::new(62), &spec);
+    let zeros = ChunkConfig { states: ChunkStates::Zeros { store_final: true }, ..ChunkConfig::default() };
+    let full = simulate_chunk(&zeros, &x).expect("full run");
+    let chain = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..zeros.clone() };
+    for cfg in [zeros, chain] {
+        let got = simulate_chunk(&ChunkConfig { run: ChunkRun::StatesOnly, ..cfg.clone() }, &x).expect("states only");
+        assert!(bits(&got.final_state) == bits(&full.final_state), "{}: the states changed", cfg.key());
+        assert!(got.out.iter().all(|v| v.is_nan()), "{}: output rows written", cfg.key());
+    }
+}
+
+/// KDA-SPEC `chunk_kda` "Batch invariance" under the split: a 70-token sequence (3 segments of
+/// 32) gives the same bits alone (dense B = 1) and varlen-packed after sequences of 19 and 40
+/// tokens, so that its segments start off the packed tensor's segment grid.
+#[test]
+fn split_is_batch_invariant_bit_for_bit() {
+    let seg = 32;
+    let x = one_sequence(81, 70);
+    let other = |seed, t| ChunkInputs { a_log: x.a_log.clone(), dt_bias: x.dt_bias.clone(), ..one_sequence(seed, t) };
+    let dense = ChunkConfig::default();
+    let varlen = ChunkConfig { varlen: Some(I32), ..ChunkConfig::default() };
+    let alone = simulate_split(&dense, &x, seg).expect("alone");
+    let packed = pack(&[&other(82, 19), &other(83, 40), &x], true);
+    let got = simulate_split(&varlen, &packed, seg).expect("packed");
+    let ((out, st), (want_out, want_st)) = (sequence_of(&packed, &got, 2), sequence_of(&x, &alone, 0));
+    assert!(bits(&out) == bits(&want_out), "output rows differ from the sequence alone");
+    assert!(bits(&st) == bits(&want_st), "final state differs from the sequence alone");
 }
 
 /// NaN and infinities in one sequence's inputs (and initial state) leave every other sequence's

@@ -9,6 +9,7 @@ use kda_dsl::Target;
 use kda_kernels::chunk::ChunkConfig;
 use kda_kernels::chunk_merge::MergeConfig;
 use kda_kernels::chunk_prep::PrepConfig;
+use kda_kernels::chunk_segments::SegmentsConfig;
 use kda_kernels::decode::DecodeConfig;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::Variant;
@@ -62,6 +63,8 @@ pub struct Kernels {
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
     chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
     chunk_merge: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
+    chunk_finish: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
+    chunk_segments: Mutex<HashMap<SegmentsConfig, Arc<Ready>>>,
     chunk_prep: Mutex<HashMap<PrepConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
@@ -112,6 +115,17 @@ impl Kernels {
     /// The compiled merge kernel of the long-sequence split for `cfg` (compiled on first use).
     pub fn chunk_merge(&self, cfg: &MergeConfig) -> Result<Arc<Ready>, RuntimeError> {
         self.ready(&self.chunk_merge, cfg, || kda_kernels::chunk_merge_variant(cfg.clone()))
+    }
+
+    /// The compiled finish kernel of the long-sequence split for `cfg` (compiled on first use).
+    pub fn chunk_finish(&self, cfg: &MergeConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk_finish, cfg, || kda_kernels::chunk_finish_variant(cfg.clone()))
+    }
+
+    /// The compiled segment schedule of the long-sequence split for `cfg` (compiled on first
+    /// use).
+    pub fn chunk_segments(&self, cfg: &SegmentsConfig) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk_segments, cfg, || kda_kernels::chunk_segments_variant(cfg.clone()))
     }
 
     fn ready<K: std::hash::Hash + Eq + Clone>(

@@ -11,12 +11,14 @@
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
 //!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel; a dense call that can
-//!   take token ranges also needs the thread's highest-priority stream, which is created here.
+//!   adds the chain over a prepared workspace and its preparation kernel; with at most
+//!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
+//!   ([`chunk_split_variants`]); a call that can take token ranges or the split also needs the
+//!   thread's highest-priority stream, which is created here.
 
+use crate::chunk::{chunk_split_variants, chunk_variants, may_take_ranges, plan_chunk, ChunkArgs};
 #[cfg(doc)]
-use crate::chunk::PREPARED_MAX_CHAINS;
-use crate::chunk::{chunk_variants, may_take_ranges, plan_chunk, ChunkArgs};
+use crate::chunk::{PREPARED_MAX_CHAINS, SPLIT_MAX_VALUE_HEADS};
 use crate::decode::{decode_variants, plan_decode, DecodeArgs};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
@@ -41,17 +43,31 @@ pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result
 /// that the thread can capture the call into a CUDA graph at once.
 pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<usize, RuntimeError> {
     let plan = plan_chunk(args)?;
-    if may_take_ranges(&plan) {
+    let split = chunk_split_variants(&plan);
+    if may_take_ranges(&plan) || split.is_some() {
         gpu.high_priority_stream()?;
     }
-    let (chains, prep) = chunk_variants(&plan);
+    let (mut chains, prep) = chunk_variants(&plan);
+    let mut preps: Vec<_> = prep.into_iter().collect();
+    let mut loaded = 0;
+    if let Some(c) = split {
+        chains.extend([c.transition, c.from_zeros, c.output]);
+        preps.extend(c.prep);
+        load(gpu, kernels, &*kernels.chunk_segments(&c.segments)?)?;
+        load(gpu, kernels, &*kernels.chunk_merge(&c.merge)?)?;
+        loaded += 2;
+        if let Some(f) = &c.finish {
+            load(gpu, kernels, &*kernels.chunk_finish(f)?)?;
+            loaded += 1;
+        }
+    }
     for cfg in &chains {
         load(gpu, kernels, &*kernels.chunk(cfg)?)?;
     }
-    if let Some(p) = &prep {
+    for p in &preps {
         load(gpu, kernels, &*kernels.chunk_prep(p)?)?;
     }
-    Ok(chains.len() + usize::from(prep.is_some()))
+    Ok(loaded + chains.len() + preps.len())
 }
 
 fn load(gpu: &Gpu, kernels: &Kernels, ready: &Ready) -> Result<(), RuntimeError> {

@@ -215,14 +215,14 @@ enum Path {
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
     /// a CUDA graph after one eager call and replayed.
     Ranges { graph: bool },
-    /// The exact split into [`SPLIT`] segments (`ChunkTuning::split`): its states allocated by
+    /// The exact split every [`SPLIT`] tokens (`ChunkTuning::split`): its tables allocated by
     /// the call, or (`workspace`) in a workspace of `chunk_split_workspace_bytes`, its
     /// segments' operands `prepared` or not, eager or (with a workspace) replayed from a graph.
     Split { workspace: bool, prepared: bool, graph: bool },
 }
 
-/// Segments of [`Path::Split`].
-const SPLIT: usize = 8;
+/// Tokens per segment of [`Path::Split`].
+const SPLIT: usize = 128;
 
 /// One prefill call: dense `[1, T]` for one sequence, varlen-packed (i32 `cu_seqlens`) for
 /// more, along `path`. The output and final-state bytes.
@@ -299,7 +299,9 @@ fn prefill_batch_invariance() {
     }
     let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
     let x = PrefillInputs::random(&LENS, 31);
-    for path in [Path::Fused, Path::TwoKernel] {
+    // With the split, 200 and 129 tokens are two segments of 128 and the rest.
+    let split = Path::Split { workspace: true, prepared: true, graph: false };
+    for path in [Path::Fused, Path::TwoKernel, split] {
         let (out, fin) = prefill(&gpu, &kernels, &x, path).expect("packed");
         for n in 0..LENS.len() {
             let (o1, f1) = prefill(&gpu, &kernels, &x.sequence(n), path).expect("alone");
@@ -328,7 +330,7 @@ fn prefill_isolation() {
     let s3_last: usize = LENS[..4].iter().sum::<usize>() - 1;
     bad.g[s3_last * HV * D] = f32::NEG_INFINITY;
     bad.beta[s3_last * HV] = f32::NAN;
-    for path in [Path::Fused, Path::TwoKernel] {
+    for path in [Path::Fused, Path::TwoKernel, Path::Split { workspace: true, prepared: true, graph: false }] {
         let (out_clean, fin_clean) = prefill(&gpu, &kernels, &clean, path).expect("clean");
         let (out_bad, fin_bad) = prefill(&gpu, &kernels, &bad, path).expect("poisoned");
         for n in [0, 2, 4, 5] {
@@ -360,7 +362,7 @@ fn prefill_in_token_ranges_is_bit_identical() {
 /// The split gives the same bits whether its states are allocated by the call or live in the
 /// caller's workspace, over prepared operands or not (the two-kernel path's bits are the fused
 /// kernel's), and replayed from a CUDA graph (allocation-free with a workspace): one sequence
-/// of 1024 tokens in 8 segments. It stays near the unsplit call (not bit-identical).
+/// of 1024 tokens in 8 segments of 128. It stays near the unsplit call (not bit-identical).
 #[test]
 fn the_split_gives_one_set_of_bits_on_every_path() {
     if skip_without_gpu() {

@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -108,9 +108,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][fFILL]
-/// [sSEGMENTS][p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default
+/// [sTOKENS][p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default
 /// without it), `f` that many fill warps issuing the pipeline's fills, `s`
-/// the exact split into that many segments per sequence, `p` the two-kernel path
+/// the exact split into segments of that many tokens, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
 /// and 4x3 when none is given), over the five bench cases and one with few heads
 /// ([`super::chunk_gpu::sweep_prefill_cases`]), optionally only the cases whose name contains
@@ -134,7 +134,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         for (name, tune) in &shapes {
             match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune)) {
                 Ok(r) => out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s),
-                // A split the case cannot take (varlen, or T not a multiple) is skipped, saying so.
+                // A tuning the case cannot take is skipped, saying so.
                 Err(e) => out!("{:<36} {name:<8} skipped: {e}", c.name),
             }
         }
@@ -142,15 +142,16 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]]`, as
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]]`, as
 /// the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkShape, ChunkTuning};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sSEGMENTS][p[BLOCKS][rRANGES]]; {USAGE}");
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
     // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
-    // `sSEGMENTS` (the split), `fFILL` (fill warps) and `xSTAGES`.
+    // `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps) and
+    // `xSTAGES`.
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a, None),
@@ -399,7 +400,7 @@ mod tests {
             ("2x8p", tune(shape(2, 8, ChunkShape::PREPARED.stages), None, true, None, None)),
             ("2x8x4pr8", tune(shape(2, 8, 4), None, true, None, Some(8))),
             ("2x8x3p256", tune(shape(2, 8, 3), None, true, Some(256), None)),
-            ("8x2s8p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(8), true, None, None)),
+            ("8x2s4096p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(4096), true, None, None)),
             ("2x4x4f1pr8", tune(ChunkShape { fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, Some(8))),
         ];
         for (text, want) in cases {

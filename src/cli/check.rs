@@ -112,6 +112,34 @@ pub fn simulate_all() -> usize {
             }
         }
     }
+    // The exact split, every pass in the simulator, on the pool family with segments of 16
+    // tokens (every sequence past one chunk splits).
+    for (i, f) in families.iter().enumerate().filter(|(_, f)| f.name == "varlen_pool_bf16_state_gva4_padding_empty") {
+        let case = format!("chunk/{}_split_every_16", f.name);
+        let x = f.inputs(i as u64);
+        match kda_kernels::chunk_check::simulate_split(&f.cfg, &x, 16) {
+            Ok(got) => {
+                let c = kda_kernels::chunk_check::compare_chunk(
+                    &f.cfg,
+                    &x,
+                    got,
+                    &kda_kernels::chunk_ref::chunk_reference(&x),
+                );
+                let (to, ts) = kda_kernels::chunk_check::tolerance(&f.cfg);
+                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+                failures += usize::from(!ok);
+                let why = format!(
+                    " (out {:.2e}/{to:.0e}, state {:.2e}/{ts:.0e}, bad elements {}, untouched changed {})",
+                    c.out_err, c.state_err, c.bad_elements, c.untouched_changed
+                );
+                model_row(&case, c.out_err.max(c.state_err), to.max(ts), ok, &why);
+            }
+            Err(e) => {
+                failures += 1;
+                out!("{case:<52} FAIL: {e}");
+            }
+        }
+    }
     match kda_kernels::selftest::selftests(3) {
         Ok(tests) => {
             for t in tests {

@@ -177,7 +177,8 @@ pub fn poisoned_workspace(
 }
 
 /// One call on the GPU, checking the API picks `cfg` (the fused kernel, or with `prepared` the
-/// two-kernel path over a poisoned workspace); returns what it wrote.
+/// two-kernel path over a poisoned workspace); returns what it wrote, and the segment length
+/// of the split the call took (`tune`'s, or with a workspace the API's default), if any.
 #[allow(clippy::too_many_arguments)] // a case, its tensors and how to call
 pub fn run_chunk_on_gpu(
     gpu: &Gpu,
@@ -188,7 +189,7 @@ pub fn run_chunk_on_gpu(
     t: &ChunkTensors,
     tune: Option<ChunkTuning>,
     prepared: bool,
-) -> Result<ChunkOutputs, String> {
+) -> Result<(ChunkOutputs, Option<usize>), String> {
     let views = t.views();
     let mut args = chunk_args(x, &views);
     let plan = plan_chunk(&args).map_err(|e| e.to_string())?;
@@ -202,6 +203,10 @@ pub fn run_chunk_on_gpu(
     let ws = if prepared { Some(poisoned_workspace(gpu, s, &args, tune)?) } else { None };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
+    let split = match tune {
+        Some(t) => t.split,
+        None => ChunkTuning::for_call(&plan_chunk(&args).map_err(|e| e.to_string())?).split,
+    };
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -213,11 +218,11 @@ pub fn run_chunk_on_gpu(
         (None, Some(p), ChunkStates::Pool { .. }) => from_bytes(&bytes(p)?, cfg.state_dtype),
         _ => vec![],
     };
-    Ok(ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state })
+    Ok((ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state }, split))
 }
 
 /// One prefill conformance case: what the API must pick for the spec, and a launch shape that
-/// overrides its choice (the opt-in split).
+/// overrides its choice (token ranges, or the split at a chosen segment length).
 struct ChunkCase {
     name: String,
     cfg: ChunkConfig,
@@ -236,6 +241,16 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     // and the ranges' chains at it.
     let four_ranges =
         ChunkTuning { shape: ChunkShape::FUSED, split: None, prepared: true, prep_blocks: None, ranges: Some(4) };
+    // The split every `seg` tokens, at the fused kernel's shape (both runs take it).
+    let split = |seg| ChunkTuning {
+        shape: ChunkShape::FUSED,
+        split: Some(seg),
+        prepared: false,
+        prep_blocks: None,
+        ranges: None,
+    };
+    // Segments of the varlen split row: the default's at full size.
+    let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };
     vec![
         ChunkCase {
             name: format!("chunk B=2 T={t_dense} H={h_dense} bf16, f32 state in and out"),
@@ -314,16 +329,28 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: Some(four_ranges),
         },
         ChunkCase {
-            name: format!("chunk split in 8 segments, B=2 T={t_split} H=2 HV=4"),
-            cfg: d,
+            name: format!("chunk split every {} tokens, B=2 T={t_split} H=2 HV=4", t_split / 8),
+            cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
-            tune: Some(ChunkTuning {
-                shape: ChunkShape::FUSED,
-                split: Some(8),
-                prepared: false,
-                prep_blocks: None,
-                ranges: None,
-            }),
+            tune: Some(split(t_split / 8)),
+        },
+        ChunkCase {
+            name: format!("chunk split every {seg_varlen} tokens, varlen pool, bf16 state"),
+            cfg: ChunkConfig {
+                state_dtype: BF16,
+                varlen: Some(I64),
+                states: ChunkStates::Pool { indices: I64, has_initial: Some(I32) },
+                ..d
+            },
+            spec: ChunkSpec {
+                lengths: Lengths::Varlen(vec![2 * seg_varlen + 5, 17, 0, seg_varlen, seg_varlen + 1, 3 * seg_varlen]),
+                h: 2,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 8 },
+                state_dtype: BF16,
+                ..ChunkSpec::default()
+            },
+            tune: Some(split(seg_varlen)),
         },
     ]
 }
@@ -342,10 +369,14 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                 .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t, tune, prepared))
         };
         match run(false).and_then(|fused| Ok((run(true)?, fused))) {
-            Ok((prepared, got)) => {
+            Ok(((prepared, split_ws), (got, split))) => {
                 let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
                 let same =
                     bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
+                // A split differs from the unsplit chain by rounding: with a workspace alone
+                // (the API's default split), the two runs are compared with the reference only.
+                let alike = split_ws == split;
+                let same = same || !alike;
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
                 let (to, ts) = tolerance(&cfg);
                 let ok =
@@ -359,7 +390,11 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                     c.state_err,
                     c.bad_elements,
                     c.untouched_changed,
-                    if same { "bit-identical" } else { "DIFFERS" }
+                    match (alike, same) {
+                        (false, _) => "split, within tolerance",
+                        (true, true) => "bit-identical",
+                        (true, false) => "DIFFERS",
+                    }
                 );
             }
             Err(e) => {

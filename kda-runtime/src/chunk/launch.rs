@@ -38,14 +38,17 @@ pub struct ChunkTuning {
     /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8; `stages` 2 to
     /// 8; `fill_warps` 0 to [`FILL_WARPS_MAX`]).
     pub shape: ChunkShape,
-    /// Segments per sequence for the exact long-sequence split (`split.rs`): dense calls
-    /// without `state_indices`, `T` a multiple of `16 · split`. Its states (three f32 tensors
-    /// of `[B · split, HV, 128, 128]`, and scratch final states when the call returns none)
-    /// live in the `workspace`, which must then hold [`super::chunk_split_workspace_bytes`];
-    /// without one they are allocated and freed before returning, which waits for its
-    /// kernels (not graph-capturable). Its transitions run on the thread's highest-priority
-    /// stream (capture it as for `ranges`). `None`: each sequence runs as one chain. Opt-in:
-    /// its results are not bit-identical to the unsplit call's.
+    /// Tokens per segment of the exact long-sequence split (`split.rs`), a positive multiple
+    /// of 16: every sequence longer than that is cut into segments of that many tokens from
+    /// its first (a function of its length alone, so batch invariance holds), and a sequence
+    /// no longer runs as one segment with the unsplit bits. The schedule, the segments'
+    /// prepared operands and their states live in the `workspace`, which must then hold
+    /// [`super::chunk_split_workspace_bytes`]; without one they are allocated and freed before
+    /// returning, which waits for its kernels (not graph-capturable). Its transitions run on
+    /// the thread's highest-priority stream (capture it as for `ranges`).
+    /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with a
+    /// workspace, at most [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more tokens than
+    /// that. `None`: each sequence runs as one chain.
     pub split: Option<usize>,
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
@@ -75,11 +78,15 @@ pub struct ChunkTuning {
 pub const PREPARED_MAX_CHAINS: usize = 132;
 
 impl ChunkTuning {
-    /// What [`chunk_kda`] picks: the two-kernel path when a workspace is given and the call
-    /// has at most [`PREPARED_MAX_CHAINS`] chains, each path at its shape ([`ChunkShape`]);
-    /// on that path, token ranges for a call that can take them: as many as hold
+    /// What [`chunk_kda`] picks: with a workspace, the split over a prepared workspace for a
+    /// call of few value heads and long sequences (`split.rs`); otherwise the two-kernel path
+    /// when a workspace is given and the call has at most [`PREPARED_MAX_CHAINS`] chains,
+    /// each path at its shape ([`ChunkShape`]); on that path, token ranges for a call that can take them: as many as hold
     /// [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that is two or more.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
+        if plan.workspace && split::splits_by_default(plan) {
+            return ChunkTuning { split: Some(split::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(true) };
+        }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
         let ranges = if prepared { ranges::default_ranges(plan) } else { None };
@@ -101,8 +108,8 @@ impl ChunkTuning {
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
         }
-        if let Some(nseg) = self.split {
-            split::check_split(plan, nseg)?;
+        if let Some(seg) = self.split {
+            split::check_split(plan, seg)?;
         }
         if self.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
             return bad("prep_blocks from 1 to 2^31 - 1");
@@ -118,7 +125,7 @@ impl ChunkTuning {
 
     /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
     /// workspace, [`ChunkShape::FUSED`] otherwise.
-    fn of_path(prepared: bool) -> ChunkTuning {
+    pub(super) fn of_path(prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
         ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None }
     }
@@ -375,8 +382,8 @@ fn launch_plan(
         (None, None) => unreachable!("allocated above"),
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
-    if let Some(nseg) = tune.split {
-        split::launch(gpu, kernels, stream, args, plan, tune, nseg, out_ptr, final_view)?;
+    if let Some(seg) = tune.split {
+        split::launch(gpu, kernels, stream, args, plan, tune, seg, out_ptr, final_view)?;
         return Ok(ChunkResult { output, final_state });
     }
     if let Some(n) = tune.ranges {

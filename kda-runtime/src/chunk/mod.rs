@@ -10,7 +10,9 @@
 //! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
 //!   caller's stream: the fused kernel, or with a `workspace` the preparation kernel and then
 //!   the chain over its output (`prepared.rs`), bit-identical to it, at B = 1 in token ranges
-//!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again.
+//!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again;
+//!   with few value heads, long sequences split exactly into segments whose chains run side
+//!   by side (`split.rs`), within rounding of one chain.
 
 pub mod args;
 pub mod checked;
@@ -28,7 +30,7 @@ pub use launch::{
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub(crate) use ranges::may_take_ranges;
 pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
-pub use split::chunk_split_workspace_bytes;
+pub use split::{chunk_split_variants, chunk_split_workspace_bytes, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
 
 /// What the chunk modules' tests share.
 #[cfg(test)]

@@ -150,11 +150,25 @@ pub struct ChunkPlan {
     pub workspace: bool,
 }
 
-/// Bytes of scratch the two-kernel path needs for a call ([`ChunkArgs::workspace`]): per
-/// value head and workspace row ([`prep_rows`]: the tokens rounded up to whole chunks per dense
-/// row, plus 15 per varlen sequence), the prepared operands in bf16; then per 16 rows a chunk's
-/// decay and betas in f32. Saturates at `usize::MAX` for shapes no device could hold.
+/// Bytes of the workspace a call takes ([`ChunkArgs::workspace`]): the two-kernel path's
+/// prepared operands, or for a call [`chunk_kda`](super::chunk_kda) splits by default (few
+/// value heads, long sequences: `split.rs`) the split's workspace,
+/// [`chunk_split_workspace_bytes`](super::chunk_split_workspace_bytes) at
+/// [`SPLIT_SEGMENT_TOKENS`](super::SPLIT_SEGMENT_TOKENS). Saturates at `usize::MAX` for shapes
+/// no device could hold.
 pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
+    let prep = chunk_workspace_bytes_unsplit(plan);
+    if super::split::splits_by_default(plan) {
+        prep.max(super::chunk_split_workspace_bytes(plan, super::SPLIT_SEGMENT_TOKENS))
+    } else {
+        prep
+    }
+}
+
+/// Bytes of the two-kernel path's workspace: per value head and workspace row ([`prep_rows`]:
+/// the tokens rounded up to whole chunks per dense row, plus 15 per varlen sequence), the
+/// prepared operands in bf16; then per 16 rows a chunk's decay and betas in f32.
+pub(crate) fn chunk_workspace_bytes_unsplit(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
     let heads = wb.saturating_mul(plan.value_heads);
     let prep = heads.saturating_mul(tp).saturating_mul(PREP_COLS * 2);

@@ -1,31 +1,26 @@
-//! The exact long-sequence split of a dense call (opt-in: [`ChunkTuning::split`]).
+//! The exact long-sequence split (CHUNK-ALGORITHM.md, the transition form), run over the
+//! segment schedule the device builds (`kda_kernels::chunk_split` has the passes).
 //!
-//! With `T` a multiple of `16 · nseg`, the tensors `[B, T, ..]` are exactly the dense batch
-//! `[B · nseg, T / nseg, ..]` of the sequences' segments, so every pass is the chunk kernel on
-//! that batch (CHUNK-ALGORITHM.md, the transition form):
-//! 1. from zeros, each segment's final state `H` (no output rows: pass 4 writes them);
-//! 2. in transition mode (from the identity, `v = 0`), each segment's `K x K` transition `M`;
-//! 3. the merge chains `S_{s+1} = S_s M_s + H_s` from each sequence's initial state, writing
-//!    every segment's start and the final states;
-//! 4. from its start state, every segment's output rows.
+//! Every sequence is cut into segments of `seg` tokens from its first token, a function of its
+//! length alone, so a sequence splits alike alone, in a dense batch and varlen-packed (batch
+//! invariance). A sequence of at most `seg` tokens is one segment, with the unsplit call's
+//! bits. [`chunk_kda`](super::chunk_kda) splits every sequence longer than
+//! [`SPLIT_SEGMENT_TOKENS`] when the call has at most [`SPLIT_MAX_VALUE_HEADS`] value heads and
+//! a workspace; [`ChunkTuning::split`] asks for it (or another segment length) on any call.
 //!
-//! With a workspace ([`ChunkTuning::prepared`]) the segments' operands are prepared once
-//! first, and the three chunk passes read them. Passes 1 and 2 are independent: the second
-//! runs on the thread's highest-priority stream beside the first.
-//!
-//! The segments' states live in the caller's workspace when one is given
-//! ([`chunk_split_workspace_bytes`] sizes it), after the prepared operands; without one they
+//! The schedule, the segments' prepared operands and their three f32 state tables live in the
+//! caller's workspace ([`chunk_split_workspace_bytes`] sizes it, and
+//! [`super::chunk_workspace_bytes`] includes it for calls split by default); without one they
 //! are allocated for the call and freed after it.
-//!
-//! The split depends on `T` alone, so a sequence's result does not depend on the rest of the
-//! batch.
 
-use kda_kernels::chunk::{ChunkConfig, ChunkRun, Preparation};
+use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_merge::MergeConfig;
+use kda_kernels::chunk_segments::{max_segments, SegmentsConfig};
+use kda_kernels::chunk_split::{split_configs, SplitConfigs};
 
 use super::args::ChunkArgs;
 use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkPlan, FinalState, InitialState};
+use super::plan::{chunk_workspace_bytes_unsplit, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::Kernels;
@@ -37,194 +32,319 @@ use kda_dsl::DType;
 /// Head dimension (K = V).
 const D: usize = crate::validate::HEAD_DIM;
 
-/// The split's workspace: three f32 tensors of `[B · nseg, HV, 128, 128]`.
-pub(super) struct SplitWorkspace {
-    /// Each segment's final state from zeros.
-    pub h: TensorView,
-    /// Each segment's transition.
-    pub m: TensorView,
-    /// Each segment's start state.
-    pub starts: TensorView,
-}
+/// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096
+/// tokens measured faster than 2048 or 8192 (docs/performance.md, 2026-12-02, run 24).
+pub const SPLIT_SEGMENT_TOKENS: usize = 4096;
 
-/// The shape of each workspace tensor of a split into `nseg` segments.
-pub(super) fn workspace_shape(plan: &ChunkPlan, nseg: usize) -> [usize; 4] {
-    [plan.batch * nseg, plan.value_heads, D, D]
-}
+/// The most value heads at which [`chunk_kda`](super::chunk_kda) splits long sequences: with
+/// few heads the serial chains leave most SMs idle and the split's extra passes run on them;
+/// at 32 heads the chains already fill the GPU and the split measured slower
+/// (docs/performance.md, 2026-12-02, runs 23 and 24). A function of the model's shape, not of
+/// the batch, so batch invariance holds.
+pub const SPLIT_MAX_VALUE_HEADS: usize = 16;
+
+/// Segments at most in one grid axis of the split's passes.
+const GRID_YZ: usize = 65535;
 
 /// Alignment of each part of a split call's workspace, in bytes.
 const PART_ALIGN: usize = 256;
 
-/// Where each part of a split call's workspace lies, in bytes from its start: the prepared
-/// operands (any workspace holds [`chunk_workspace_bytes`]; only [`ChunkTuning::prepared`]
-/// uses them), then `H`, `M` and the start states, then scratch final states when the call
-/// returns none; every part [`PART_ALIGN`]-aligned.
+/// Whether [`chunk_kda`](super::chunk_kda) splits a call of this shape when given a workspace
+/// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than [`SPLIT_SEGMENT_TOKENS`],
+/// and a schedule within the grid's limits).
+pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
+    plan.value_heads <= SPLIT_MAX_VALUE_HEADS
+        && plan.seq_len > SPLIT_SEGMENT_TOKENS
+        && check_split(plan, SPLIT_SEGMENT_TOKENS).is_ok()
+}
+
+/// The split's kernels a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
+/// when [`chunk_kda`](super::chunk_kda) splits it: for calls with a workspace and at most
+/// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
+pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
+    (plan.workspace && plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
+        .then(|| split_configs(&tuned_config(plan, ChunkTuning::of_path(true))))
+}
+
+/// The segments' call: every segment a varlen sequence over the call's token rows (`[1, B · T]`),
+/// its state a slot of an f32 table of `NS` slots, read and written in place.
+fn segment_plan(plan: &ChunkPlan, seg: usize) -> ChunkPlan {
+    let ns = max_segments(plan.nseq, plan.total_tokens, seg);
+    ChunkPlan {
+        nseq: ns,
+        batch: 1,
+        seq_len: plan.total_tokens,
+        squeeze_varlen: false,
+        varlen: Some(DType::I32),
+        output_shape: [1, plan.total_tokens, plan.value_heads, D],
+        initial: InitialState::Pool { dtype: DType::F32, indices: DType::I32, has_initial: None, pool: ns },
+        final_out: FinalState::Pool,
+        state_dtype: DType::F32,
+        max_seqlen: None,
+        checked: false,
+        workspace: true,
+        ..plan.clone()
+    }
+}
+
+/// Where each part of a split call's workspace lies, in bytes from its start, each
+/// [`PART_ALIGN`]-aligned: the segments' prepared operands, the schedule's i32 tables, then
+/// the `M`, `H` and start-state tables.
 struct SplitLayout {
-    /// Bytes of each of `H`, `M` and the start states.
-    states: usize,
-    /// Where `H` starts (the prepared operands come first).
-    h: usize,
-    /// Where the scratch final states start, and their bytes (0 when the call returns its own).
-    scratch: (usize, usize),
+    /// Segments `NS`.
+    segments: usize,
+    /// Bytes of the prepared operands (at the start).
+    prep: usize,
+    /// Where `seg_cu`, `seg_first`, `live`, `split` and `fresh` start.
+    tables: [usize; 5],
+    /// Where the state tables start, and the bytes of each.
+    states: (usize, usize),
     /// Bytes of the whole workspace.
     total: usize,
 }
 
 impl SplitLayout {
-    fn of(plan: &ChunkPlan, nseg: usize) -> SplitLayout {
-        let prep = chunk_workspace_bytes(plan).next_multiple_of(PART_ALIGN);
-        let states = workspace_shape(plan, nseg).iter().product::<usize>() * 4;
-        let scratch_bytes = match plan.final_out {
-            FinalState::None => plan.nseq * plan.value_heads * D * D * plan.state_dtype.size_bytes(),
-            _ => 0,
-        };
-        let scratch = prep + 3 * states.next_multiple_of(PART_ALIGN);
-        SplitLayout { states, h: prep, scratch: (scratch, scratch_bytes), total: scratch + scratch_bytes }
-    }
-
-    /// Where state tensor `i` (0 `H`, 1 `M`, 2 the starts) begins.
-    fn state(&self, i: usize) -> usize {
-        self.h + i * self.states.next_multiple_of(PART_ALIGN)
+    fn of(plan: &ChunkPlan, seg: usize) -> SplitLayout {
+        let seg_plan = segment_plan(plan, seg);
+        let ns = seg_plan.nseq;
+        let prep = chunk_workspace_bytes_unsplit(&seg_plan);
+        let mut at = prep.next_multiple_of(PART_ALIGN);
+        let mut tables = [0; 5];
+        for (table, entries) in tables.iter_mut().zip([ns + 1, plan.nseq + 1, ns, ns, ns]) {
+            *table = at;
+            at = (at + 4 * entries).next_multiple_of(PART_ALIGN);
+        }
+        let state_bytes = (ns * plan.value_heads * D * D * 4).next_multiple_of(PART_ALIGN);
+        SplitLayout { segments: ns, prep, tables, states: (at, state_bytes), total: at + 3 * state_bytes }
     }
 }
 
-/// Bytes of the workspace a call of `plan` split into `nseg` segments
-/// ([`ChunkTuning::split`]) takes from the caller: [`super::chunk_workspace_bytes`] (the
-/// prepared operands), then three f32 states of `[B · nseg, HV, 128, 128]`, then scratch final
-/// states when the call returns none.
-pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, nseg: usize) -> usize {
-    SplitLayout::of(plan, nseg).total
+/// Bytes of the workspace a call of `plan` split every `seg` tokens ([`ChunkTuning::split`])
+/// takes from the caller: the segments' prepared operands, the schedule and three f32 state
+/// tables of `[N + B · T / seg, HV, 128, 128]`.
+pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, seg: usize) -> usize {
+    SplitLayout::of(plan, seg).total
 }
 
 /// A workspace given to a split call holds [`chunk_split_workspace_bytes`]; the error names
 /// `workspace` otherwise.
-pub(super) fn check_split_workspace(args: &ChunkArgs, plan: &ChunkPlan, nseg: usize) -> Result<(), RuntimeError> {
-    let need = chunk_split_workspace_bytes(plan, nseg);
+fn check_split_workspace(args: &ChunkArgs, plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeError> {
+    let need = chunk_split_workspace_bytes(plan, seg);
     match args.workspace {
         Some(w) if w.size_bytes() < need => Err(RuntimeError::bad_argument(
             "workspace",
-            format!("at least chunk_split_workspace_bytes = {need} bytes for a split into {nseg} segments"),
+            format!("at least chunk_split_workspace_bytes = {need} bytes for a split every {seg} tokens"),
             format!("{} bytes", w.size_bytes()),
         )),
         _ => Ok(()),
     }
 }
 
-/// One launch of the split: the kernel's config and its arguments.
-pub(super) enum SplitLaunch {
-    /// With a workspace, first: the segments' preparation (the segment call's plan, config and
-    /// chunk-kernel arguments, from which the preparation takes its own).
-    Prepare(ChunkPlan, ChunkConfig, ChunkKernelArgs),
-    /// A chunk-kernel pass.
-    Chunk(ChunkConfig, ChunkKernelArgs),
-    /// The merge.
-    Merge(MergeConfig, Vec<(&'static str, KernelArg)>),
-}
-
-/// Whether a planned call can take the split into `nseg` segments; the reason when not.
-pub(super) fn check_split(plan: &ChunkPlan, nseg: usize) -> Result<(), RuntimeError> {
-    let why = if nseg < 2 {
-        Some("at least 2 segments".to_string())
-    } else if plan.varlen.is_some() {
-        Some("a dense call (varlen calls are not split yet)".to_string())
-    } else if matches!(plan.initial, InitialState::Pool { .. }) {
-        Some("a call without state_indices".to_string())
-    } else if !plan.seq_len.is_multiple_of(16 * nseg) {
-        Some(format!("T = {} a multiple of 16 · {nseg}", plan.seq_len))
-    } else if plan.batch * nseg > 65535 {
-        Some(format!("B · segments = {} at most 65535", plan.batch * nseg))
+/// Whether a planned call can be split every `seg` tokens; the reason (named `tune`) when not.
+pub(super) fn check_split(plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeError> {
+    let ns = max_segments(plan.nseq, plan.total_tokens, seg.max(1));
+    let why = if seg == 0 || !seg.is_multiple_of(16) {
+        Some("a segment length that is a positive multiple of 16 tokens".to_string())
+    } else if ns > GRID_YZ {
+        Some(format!("at most {GRID_YZ} segments (this call has up to {ns})"))
+    } else if plan.total_tokens > i32::MAX as usize {
+        Some("fewer than 2^31 tokens".to_string())
     } else {
         None
     };
     match why {
         Some(w) => {
-            Err(RuntimeError::bad_argument("tune", format!("a split into {nseg} segments needs {w}"), "this call"))
+            Err(RuntimeError::bad_argument("tune", format!("a split every {seg} tokens needs {w}"), "this call"))
         }
         None => Ok(()),
     }
 }
 
-/// The launches of a split call, in order: the preparation (with a workspace), the
-/// transitions, the states from zeros, the merge and the outputs. `out_ptr` is the output, `fin` the final
-/// states (the caller's, the allocated ones, or scratch of the plan's state dtype when the
-/// call returns none).
+/// One launch of the split, in order: the kernel's config and its arguments.
+pub(super) enum SplitLaunch {
+    /// The segment schedule.
+    Segments(SegmentsConfig, Vec<(&'static str, KernelArg)>),
+    /// With a workspace path: the segments' preparation (the segments' plan, the output pass's
+    /// config and arguments, from which the preparation takes its own).
+    Prepare(Box<ChunkPlan>, ChunkConfig, ChunkKernelArgs),
+    /// A chunk pass over the segments; the transitions first.
+    Chunk(ChunkConfig, ChunkKernelArgs),
+    /// The merge.
+    Merge(MergeConfig, Vec<(&'static str, KernelArg)>),
+    /// The finish, when the call writes final states or a pool.
+    Finish(MergeConfig, Vec<(&'static str, KernelArg)>),
+}
+
+/// The split's tables, as views into its workspace.
+pub(super) struct SplitTables {
+    seg_cu: TensorView,
+    seg_first: TensorView,
+    live: TensorView,
+    split: TensorView,
+    fresh: TensorView,
+    m: TensorView,
+    h: TensorView,
+    starts: TensorView,
+    /// The segments' prepared operands.
+    prep: TensorView,
+}
+
+impl SplitTables {
+    /// The tables of a split workspace at `base` (laid out by [`SplitLayout`]).
+    fn at(base: u64, plan: &ChunkPlan, layout: &SplitLayout, dev: usize) -> Result<SplitTables, RuntimeError> {
+        let ns = layout.segments;
+        let view = |off: usize, shape: &[usize], dtype| TensorView::describe(base + off as u64, shape, dtype, dev);
+        let state = |i: usize| view(layout.states.0 + i * layout.states.1, &[ns, plan.value_heads, D, D], DType::F32);
+        let t = layout.tables;
+        Ok(SplitTables {
+            seg_cu: view(t[0], &[ns + 1], DType::I32)?,
+            seg_first: view(t[1], &[plan.nseq + 1], DType::I32)?,
+            live: view(t[2], &[ns], DType::I32)?,
+            split: view(t[3], &[ns], DType::I32)?,
+            fresh: view(t[4], &[ns], DType::I32)?,
+            m: state(0)?,
+            h: state(1)?,
+            starts: state(2)?,
+            prep: view(0, &[layout.prep.div_ceil(4)], DType::F32)?,
+        })
+    }
+}
+
+/// The launches of a call split every `seg` tokens, in order (`split.rs` in kda-kernels): the
+/// schedule, the preparation (on the workspace path), the transitions, the states from zeros,
+/// the merge, the outputs and the finish. `out_ptr` is the output, `fin` the final states (the
+/// caller's or the allocated ones) when the call writes them.
 pub(super) fn split_launches(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
-    nseg: usize,
+    seg: usize,
     out_ptr: u64,
-    ws: &SplitWorkspace,
-    fin: TensorView,
+    tables: &SplitTables,
+    fin: Option<TensorView>,
 ) -> Result<Vec<SplitLaunch>, RuntimeError> {
-    check_split(plan, nseg)?;
+    check_split(plan, seg)?;
     let dev = args.q.device();
-    let (nb, len, hv) = (plan.batch * nseg, plan.seq_len / nseg, plan.value_heads);
-    let seg = |x: &TensorView, tail: &[usize]| {
-        let shape: Vec<usize> = [&[nb, len][..], tail].concat();
+    let (tokens, hv) = (plan.total_tokens, plan.value_heads);
+    let rows = |x: &TensorView, tail: &[usize]| {
+        let shape: Vec<usize> = [&[1, tokens][..], tail].concat();
         TensorView::describe(x.ptr(), &shape, x.dtype(), dev)
     };
-    let q = seg(args.q, &[plan.heads, D])?;
-    let k = seg(args.k, &[plan.heads, D])?;
-    let v = seg(args.v, &[hv, D])?;
-    let g = seg(args.g, &[hv, D])?;
-    let beta = seg(args.beta, &[hv])?;
-    let out = TensorView::describe(out_ptr, &[nb, len, hv, D], plan.dtype, dev)?;
-    // A pass over the segments: the caller's call reshaped, with the pass's states.
-    let pass = |initial: Option<&TensorView>, final_state: Option<&TensorView>, run: ChunkRun| {
+    let q = rows(args.q, &[plan.heads, D])?;
+    let k = rows(args.k, &[plan.heads, D])?;
+    let v = rows(args.v, &[hv, D])?;
+    let g = rows(args.g, &[hv, D])?;
+    let beta = rows(args.beta, &[hv])?;
+    let out = TensorView::describe(out_ptr, &[1, tokens, hv, D], plan.dtype, dev)?;
+    let call = tuned_config(plan, ChunkTuning { split: None, ranges: None, ..tune });
+    let c = split_configs(&call);
+    let seg_plan = segment_plan(plan, seg);
+    let ns = seg_plan.nseq;
+    // A chunk pass over the segments: the call's inputs as `[1, B · T]` rows, `table` its
+    // states, `indices` the segments it runs.
+    let pass = |cfg: &ChunkConfig, table: &TensorView, indices: &TensorView, has_initial: Option<&TensorView>| {
         let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
-        // The segments' workspace rows are the call's, in the same order (whole chunks).
-        a.workspace = args.workspace.filter(|_| tune.prepared);
-        a.initial_state = initial;
-        a.output_final_state = final_state.is_some();
-        a.final_state = final_state;
-        // The caller's call was planned and this is its reshape: a failure is a bug here.
-        let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("the split's segment call: {e}")))?;
-        let cfg = ChunkConfig { run, ..tuned_config(&p, tune) };
-        let bound = kernel_args(&a, &p, &cfg, out.ptr(), final_state.copied())?;
-        Ok::<_, RuntimeError>((p, cfg, bound))
-    };
-    let initial = !matches!(plan.initial, InitialState::Zeros);
-    let merge_cfg = MergeConfig { state_dtype: plan.state_dtype, initial };
-    // Without an initial state, `init` is never read: it binds as `fin`, which has its shape.
-    let init = match args.initial_state.filter(|_| initial) {
-        Some(s) => *s,
-        None => fin,
+        a.cu_seqlens = Some(&tables.seg_cu);
+        a.initial_state = Some(table);
+        a.state_indices = Some(indices);
+        a.has_initial_state = has_initial;
+        a.workspace = (cfg.preparation == Preparation::Workspace).then_some(&tables.prep);
+        let initial = InitialState::Pool {
+            dtype: DType::F32,
+            indices: DType::I32,
+            has_initial: has_initial.map(|_| DType::I32),
+            pool: ns,
+        };
+        let p = ChunkPlan { initial, ..seg_plan.clone() };
+        Ok::<_, RuntimeError>((p.clone(), kernel_args(&a, &p, cfg, out.ptr(), None)?))
     };
     use KernelArg::{Tensor as T, I32};
-    let nseg_arg = i32::try_from(nseg)
-        .map_err(|_| RuntimeError::bad_argument("tune", "fewer than 2^31 segments", nseg.to_string()))?;
-    let merge = vec![
-        ("init", T(init)),
-        ("h", T(ws.h)),
-        ("m", T(ws.m)),
-        ("starts", T(ws.starts)),
-        ("fin", T(fin)),
-        ("NSEG", I32(nseg_arg)),
+    let dim = |name: &str, n: usize| {
+        i32::try_from(n).map_err(|_| RuntimeError::bad_argument(name, "fewer than 2^31", n.to_string()))
+    };
+    let empty = |shape: &[usize], dtype| TensorView::describe(0, shape, dtype, dev);
+    let state_shape = [0, hv, D, D];
+    // The call's own state tensors, or empty placeholders the kernels never read.
+    let (pool, pool_slots) = match (plan.initial, args.initial_state) {
+        (InitialState::Pool { pool, .. }, Some(s)) => (Some(*s), pool),
+        _ => (None, 0),
+    };
+    let initial = match (plan.initial, args.initial_state) {
+        (InitialState::Zeros, _) | (_, None) => empty(&state_shape, plan.state_dtype)?,
+        (_, Some(s)) => *s,
+    };
+    let index = |t: Option<&TensorView>| t.copied().map_or_else(|| empty(&[0], DType::I32), Ok);
+    let (state_indices, has_initial) = match plan.initial {
+        InitialState::Pool { .. } => (index(args.state_indices)?, index(args.has_initial_state)?),
+        _ => (empty(&[0], DType::I32)?, empty(&[0], DType::I32)?),
+    };
+    let cu = match plan.varlen {
+        Some(_) => index(args.cu_seqlens)?,
+        None => empty(&[0], DType::I32)?,
+    };
+    let segments = vec![
+        ("cu_seqlens", T(cu)),
+        ("state_indices", T(state_indices)),
+        ("seg_cu", T(tables.seg_cu)),
+        ("seg_first", T(tables.seg_first)),
+        ("live", T(tables.live)),
+        ("split", T(tables.split)),
+        ("fresh", T(tables.fresh)),
+        ("NSEQ", I32(dim("cu_seqlens", plan.nseq)?)),
+        ("T", I32(dim("q", plan.seq_len)?)),
+        ("P", I32(dim("initial_state", pool_slots)?)),
+        ("SEG", I32(dim("tune", seg)?)),
     ];
-    let chunk = |(_, cfg, bound): (ChunkPlan, ChunkConfig, _)| SplitLaunch::Chunk(cfg, bound);
-    let first = pass(None, Some(&ws.h), ChunkRun::StatesOnly)?;
-    // With a workspace, the segments' operands are prepared once for all three passes.
-    let prepare = (first.1.preparation == Preparation::Workspace)
-        .then(|| SplitLaunch::Prepare(first.0.clone(), first.1.clone(), first.2));
-    // The transitions come before the states from zeros: the launcher runs them on a stream
-    // of their own that waits only for what was issued before them (the preparation).
-    Ok(prepare
-        .into_iter()
-        .chain([
-            chunk(pass(None, Some(&ws.m), ChunkRun::Transition)?),
-            chunk(first),
-            SplitLaunch::Merge(merge_cfg, merge),
-            chunk(pass(Some(&ws.starts), None, ChunkRun::Output)?),
-        ])
-        .collect())
+    let merge = vec![
+        ("state", T(initial)),
+        ("state_indices", T(state_indices)),
+        ("has_initial", T(has_initial)),
+        ("seg_first", T(tables.seg_first)),
+        ("h", T(tables.h)),
+        ("m", T(tables.m)),
+        ("starts", T(tables.starts)),
+        ("NSEQ", I32(dim("cu_seqlens", plan.nseq)?)),
+    ];
+    let transition = pass(&c.transition, &tables.m, &tables.split, None)?;
+    let from_zeros = pass(&c.from_zeros, &tables.h, &tables.split, Some(&tables.fresh))?;
+    let output = pass(&c.output, &tables.starts, &tables.live, None)?;
+    let mut steps = vec![SplitLaunch::Segments(c.segments.clone(), segments)];
+    if c.output.preparation == Preparation::Workspace {
+        steps.push(SplitLaunch::Prepare(Box::new(output.0.clone()), c.output.clone(), output.1));
+    }
+    steps.extend([
+        SplitLaunch::Chunk(c.transition.clone(), transition.1),
+        SplitLaunch::Chunk(c.from_zeros.clone(), from_zeros.1),
+        SplitLaunch::Merge(c.merge.clone(), merge),
+        SplitLaunch::Chunk(c.output.clone(), output.1),
+    ]);
+    if let Some(f) = c.finish {
+        let final_state = match (pool, fin) {
+            (Some(_), _) => empty(&state_shape, plan.state_dtype)?,
+            (None, Some(t)) => t,
+            (None, None) => return Err(RuntimeError::Unsupported("the split's final states are missing".into())),
+        };
+        steps.push(SplitLaunch::Finish(
+            f,
+            vec![
+                ("state", T(pool.unwrap_or(empty(&state_shape, plan.state_dtype)?))),
+                ("final_state", T(final_state)),
+                ("state_indices", T(state_indices)),
+                ("seg_first", T(tables.seg_first)),
+                ("ends", T(tables.starts)),
+                ("NSEQ", I32(dim("cu_seqlens", plan.nseq)?)),
+            ],
+        ));
+    }
+    Ok(steps)
 }
 
-/// Runs a split call on `stream`: the segments' states in the caller's workspace (refused,
-/// naming `workspace`, when it is smaller than [`chunk_split_workspace_bytes`]) or, without
-/// one, allocated for the call and freed after it (which waits for its kernels); then the
-/// launches, the transitions beside the segments from zeros.
+/// Runs a call split every `seg` tokens on `stream`: its tables in the caller's workspace
+/// (refused, naming `workspace`, when it is smaller than [`chunk_split_workspace_bytes`]) or,
+/// without one, allocated for the call and freed after it (which waits for its kernels); then
+/// the launches, the transitions on the thread's highest-priority stream beside the states
+/// from zeros.
 #[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
 pub(super) fn launch(
     gpu: &Gpu,
@@ -233,59 +353,37 @@ pub(super) fn launch(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
-    nseg: usize,
+    seg: usize,
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<(), RuntimeError> {
-    let layout = SplitLayout::of(plan, nseg);
-    let shape = workspace_shape(plan, nseg);
-    let fin_shape = [plan.nseq, plan.value_heads, D, D];
-    let returns_final = !matches!(plan.final_out, FinalState::None);
-    check_split_workspace(args, plan, nseg)?;
-    let mut owned = vec![];
-    let (ws, scratch) = match args.workspace {
-        Some(w) => {
-            let dev = w.device();
-            let at = |off: usize, shape: &[usize], dtype| TensorView::describe(w.ptr() + off as u64, shape, dtype, dev);
-            let ws = SplitWorkspace {
-                h: at(layout.state(0), &shape, DType::F32)?,
-                m: at(layout.state(1), &shape, DType::F32)?,
-                starts: at(layout.state(2), &shape, DType::F32)?,
-            };
-            let scratch = (!returns_final).then(|| at(layout.scratch.0, &fin_shape, plan.state_dtype)).transpose()?;
-            (ws, scratch)
-        }
+    check_split(plan, seg)?;
+    check_split_workspace(args, plan, seg)?;
+    let layout = SplitLayout::of(plan, seg);
+    let mut owned = None;
+    let (base, dev) = match args.workspace {
+        Some(w) => (w.ptr(), w.device()),
         None => {
-            let mut alloc = |shape: &[usize], dtype| -> Result<TensorView, RuntimeError> {
-                let t = DeviceTensor::zeros(gpu, stream, shape, dtype)?;
-                let v = t.view();
-                owned.push(t);
-                Ok(v)
-            };
-            let ws = SplitWorkspace {
-                h: alloc(&shape, DType::F32)?,
-                m: alloc(&shape, DType::F32)?,
-                starts: alloc(&shape, DType::F32)?,
-            };
-            let scratch = if returns_final { None } else { Some(alloc(&fin_shape, plan.state_dtype)?) };
-            (ws, scratch)
+            let t = DeviceTensor::zeros(gpu, stream, &[layout.total.div_ceil(4)], DType::F32)?;
+            let at = (t.view().ptr(), t.view().device());
+            owned = Some(t);
+            at
         }
     };
-    // The merge writes final states; scratch ones when the call returns none.
-    let fin = match (scratch, final_view.filter(|_| returns_final)) {
-        (Some(t), _) => t,
-        (None, Some(v)) => v,
-        (None, None) => unreachable!("final states or scratch above"),
-    };
+    let tables = SplitTables::at(base, plan, &layout, dev)?;
+    let fin = final_view.filter(|_| !matches!(plan.final_out, FinalState::None));
     let mut transitions_beside = None;
-    for step in split_launches(args, plan, tune, nseg, out_ptr, &ws, fin)? {
+    for step in split_launches(args, plan, tune, seg, out_ptr, &tables, fin)? {
         match step {
+            SplitLaunch::Segments(cfg, bound) => {
+                launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(&cfg)?, &bound)?
+            }
             SplitLaunch::Prepare(p, cfg, bound) => {
                 super::prepared::launch_preparation(gpu, kernels, stream, &p, &cfg, &bound, tune.prep_blocks)?
             }
-            // The transitions do not depend on the segments from zeros: they run on the
+            // The transitions do not depend on the states from zeros: they run on the
             // thread's highest-priority stream beside them, and the merge waits for both.
-            SplitLaunch::Chunk(cfg, bound) if cfg.run == ChunkRun::Transition => {
+            SplitLaunch::Chunk(cfg, bound) if cfg.run == kda_kernels::chunk::ChunkRun::Transition => {
                 let beside = gpu.high_priority_stream()?;
                 beside.join(stream).op("cuStreamWaitEvent")?;
                 launch_ready(gpu, kernels, &beside, &*kernels.chunk(&cfg)?, &bound)?;
@@ -298,10 +396,13 @@ pub(super) fn launch(
                 }
                 launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?
             }
+            SplitLaunch::Finish(cfg, bound) => {
+                launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(&cfg)?, &bound)?
+            }
         }
     }
-    // Allocated states are freed here with cuMemFree, which waits for the work queued on
-    // them (so such a call returns once its kernels have run).
+    // An allocated workspace is freed here with cuMemFree, which waits for the work queued on
+    // it (so such a call returns once its kernels have run).
     drop(owned);
     Ok(())
 }
@@ -309,110 +410,125 @@ pub(super) fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::plan::plan_chunk;
     use crate::chunk::testing::tv;
     use crate::launch::bind_args;
-    use kda_dsl::DType;
 
-    /// Every launch of a split binds to its compiled kernel, with and without initial and
-    /// final states, for f32 and bf16 states; calls that cannot be split say why.
+    /// Every launch of a split binds to its compiled kernel, dense and varlen, with and without
+    /// initial and final states, with the pool, for f32 and bf16 states, fused and over a
+    /// prepared workspace; segment lengths that are not multiples of 16 are refused.
     #[test]
     fn split_launches_bind_to_their_kernels() {
-        let (b, t, h, hv, nseg) = (2, 64, 1, 2, 4);
-        let tune = ChunkTuning {
-            shape: super::super::ChunkShape::FUSED,
-            split: Some(nseg),
-            prepared: false,
-            prep_blocks: None,
-            ranges: None,
-        };
-        let (q, k) = (tv(1, &[b, t, h, D], DType::BF16), tv(2, &[b, t, h, D], DType::BF16));
-        let (v, g) = (tv(3, &[b, t, hv, D], DType::BF16), tv(4, &[b, t, hv, D], DType::BF16));
-        let beta = tv(5, &[b, t, hv], DType::BF16);
-        let out = tv(6, &[b, t, hv, D], DType::BF16);
-        let (a_log, dt_bias) = (tv(7, &[hv], DType::F32), tv(8, &[hv, D], DType::F32));
-        let ws_shape = [b * nseg, hv, D, D];
-        let ws = SplitWorkspace {
-            h: tv(9, &ws_shape, DType::F32),
-            m: tv(10, &ws_shape, DType::F32),
-            starts: tv(11, &ws_shape, DType::F32),
-        };
-        for (state_dtype, with_initial, with_final) in
-            [(DType::F32, true, true), (DType::BF16, true, false), (DType::F32, false, true)]
-        {
-            let init = tv(12, &[b, hv, D, D], state_dtype);
-            let fin = tv(13, &[b, hv, D, D], state_dtype);
+        let (h, hv, seg) = (1, 2, 32);
+        for (varlen, pool, state_dtype, with_initial, with_final, prepared) in [
+            (false, false, DType::F32, true, true, true),
+            (false, false, DType::BF16, true, false, false),
+            (true, false, DType::F32, false, true, true),
+            (true, true, DType::F32, true, false, true),
+            (false, true, DType::BF16, true, false, false),
+        ] {
+            let (n, t) = (3, 70);
+            let lead = if varlen { vec![1, n * t] } else { vec![n, t] };
+            let mk = |id, tail: &[usize], d| tv(id, &[lead.as_slice(), tail].concat(), d);
+            let (q, k) = (mk(1, &[h, D], DType::BF16), mk(2, &[h, D], DType::BF16));
+            let (v, g) = (mk(3, &[hv, D], DType::BF16), mk(4, &[hv, D], DType::BF16));
+            let beta = mk(5, &[hv], DType::BF16);
+            let out = mk(6, &[hv, D], DType::BF16);
+            let (a_log, dt_bias) = (tv(7, &[hv], DType::F32), tv(8, &[hv, D], DType::F32));
+            let cu = tv(9, &[n + 1], DType::I64);
+            let init = tv(12, &[if pool { 5 } else { n }, hv, D, D], state_dtype);
+            let fin = tv(13, &[n, hv, D, D], state_dtype);
+            let slots = tv(14, &[n], DType::I64);
+            let has = tv(15, &[n], DType::I32);
+            let ws = tv(16, &[1 << 24], DType::F32);
             let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
             args.a_log = Some(&a_log);
             args.dt_bias = Some(&dt_bias);
             args.output = Some(&out);
+            args.cu_seqlens = varlen.then_some(&cu);
             args.initial_state = with_initial.then_some(&init);
+            args.state_indices = pool.then_some(&slots);
+            args.has_initial_state = pool.then_some(&has);
             args.output_final_state = with_final;
             args.final_state = with_final.then_some(&fin);
+            args.workspace = Some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");
-            let steps = split_launches(&args, &plan, tune, nseg, out.ptr(), &ws, fin).expect("launches");
-            // The transitions come first, so their stream waits for nothing the states from
-            // zeros issue.
-            let runs: Vec<Option<ChunkRun>> = steps
-                .iter()
-                .map(|s| match s {
-                    SplitLaunch::Chunk(cfg, _) => Some(cfg.run),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(runs, [Some(ChunkRun::Transition), Some(ChunkRun::StatesOnly), None, Some(ChunkRun::Output)]);
+            let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(prepared) };
+            let layout = SplitLayout::of(&plan, seg);
+            let tables = SplitTables::at(ws.ptr(), &plan, &layout, 0).expect("tables");
+            let steps = split_launches(&args, &plan, tune, seg, out.ptr(), &tables, with_final.then_some(fin))
+                .expect("launches");
+            let finishes = steps.iter().filter(|s| matches!(s, SplitLaunch::Finish(..))).count();
+            assert_eq!(finishes, usize::from(with_final || pool), "a finish exactly when states are written");
             for step in steps {
                 let (def, bound) = match step {
-                    SplitLaunch::Prepare(..) => unreachable!("no workspace"),
+                    SplitLaunch::Segments(cfg, bound) => (kda_kernels::chunk_segments::chunk_segments(&cfg), bound),
+                    SplitLaunch::Prepare(seg_plan, cfg, bound) => {
+                        let p = kda_kernels::chunk_prep::PrepConfig::of(&cfg);
+                        let def = kda_kernels::chunk_prep::chunk_prep(&p);
+                        let kernel = kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
+                        let prep = super::super::prepared::preparation_args(&kernel, &seg_plan, &bound, None);
+                        bind_args(&kernel, prep.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
+                        continue;
+                    }
                     SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound.to_vec()),
                     SplitLaunch::Merge(cfg, bound) => (kda_kernels::chunk_merge::chunk_merge(&cfg), bound),
+                    SplitLaunch::Finish(cfg, bound) => (kda_kernels::chunk_merge::chunk_finish(&cfg), bound),
                 };
                 let kernel = kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
                 bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
             }
-            // 64 tokens do not split into 3 segments of whole chunks.
-            let e = split_launches(&args, &plan, tune, 3, out.ptr(), &ws, fin).err().expect("refused");
-            assert!(e.to_string().contains("a multiple of 16"), "{e}");
+            let e = split_launches(&args, &plan, tune, 40, out.ptr(), &tables, None).err().expect("refused");
+            assert!(e.to_string().contains("multiple of 16"), "{e}");
         }
     }
 
-    /// The workspace of a split: the prepared operands' room first, then `H`, `M` and the starts,
-    /// then scratch final states only for a call that returns none, each part aligned and
-    /// apart; a smaller workspace is refused by name.
+    /// The workspace of a split: the prepared operands first, then the schedule's tables and
+    /// the three state tables, each part aligned and apart; a smaller workspace is refused by
+    /// name.
     #[test]
     fn a_split_workspace_holds_its_parts_in_order() {
-        let (b, t, hv, nseg) = (2, 64, 2, 4);
+        let (b, t, hv, seg) = (2, 100, 2, 32);
         let bf16 = |id, heads| tv(id, &[b, t, heads, D], DType::BF16);
         let (q, k, v, g) = (bf16(1, 1), bf16(2, 1), bf16(3, hv), bf16(4, hv));
         let beta = tv(5, &[b, t, hv], DType::BF16);
-        let fin = tv(6, &[b, hv, D, D], DType::F32);
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
-        let bare = plan_chunk(&args).expect("a valid call");
-        args.output_final_state = true;
-        args.final_state = Some(&fin);
-        let with_final = plan_chunk(&args).expect("a valid call");
-        let states = b * nseg * hv * D * D * 4;
-        for plan in [&bare, &with_final] {
-            let l = SplitLayout::of(plan, nseg);
-            let prep = chunk_workspace_bytes(plan);
-            assert!(l.h >= prep && l.h.is_multiple_of(256) && l.h < prep + 256, "H after the operands");
-            for i in 0..3 {
-                assert_eq!(l.states, states);
-                assert!(l.state(i).is_multiple_of(256));
-                assert!(i == 0 || l.state(i) >= l.state(i - 1) + states, "state {i} after the one before");
-            }
-            assert!(l.scratch.0 >= l.state(2) + states);
-            let esz = plan.state_dtype.size_bytes();
-            let scratch = if plan.final_out == FinalState::None { b * hv * D * D * esz } else { 0 };
-            assert_eq!((l.scratch.1, l.total), (scratch, l.scratch.0 + scratch));
-            assert_eq!(chunk_split_workspace_bytes(plan, nseg), l.total);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let l = SplitLayout::of(&plan, seg);
+        let ns = max_segments(b, b * t, seg);
+        assert_eq!(l.segments, ns);
+        assert!(l.tables[0] >= l.prep && l.tables.iter().all(|t| t.is_multiple_of(PART_ALIGN)));
+        assert!(l.states.0 >= l.tables[4] + 4 * ns && l.states.0.is_multiple_of(PART_ALIGN));
+        assert!(l.states.1 >= ns * hv * D * D * 4 && l.states.1.is_multiple_of(PART_ALIGN));
+        assert_eq!(l.total, l.states.0 + 3 * l.states.1);
+        let tables = SplitTables::at(0, &plan, &l, 0).expect("tables");
+        let mut parts: Vec<(u64, usize)> = [
+            &tables.prep,
+            &tables.seg_cu,
+            &tables.seg_first,
+            &tables.live,
+            &tables.split,
+            &tables.fresh,
+            &tables.m,
+            &tables.h,
+            &tables.starts,
+        ]
+        .iter()
+        .map(|t| (t.ptr(), t.size_bytes()))
+        .collect();
+        parts.sort();
+        for w in parts.windows(2) {
+            assert!(w[0].0 + w[0].1 as u64 <= w[1].0, "parts overlap: {w:?}");
         }
-        let need = chunk_split_workspace_bytes(&with_final, nseg);
+        let last = parts.last().expect("parts");
+        assert!(last.0 as usize + last.1 <= l.total, "a part past the end");
+        let need = chunk_split_workspace_bytes(&plan, seg);
         let short = tv(7, &[need / 4 - 1], DType::F32);
         args.workspace = Some(&short);
-        let e = check_split_workspace(&args, &with_final, nseg).expect_err("too small").to_string();
+        let e = check_split_workspace(&args, &plan, seg).expect_err("too small").to_string();
         assert!(e.contains("workspace") && e.contains("chunk_split_workspace_bytes"), "{e}");
         let enough = tv(7, &[need / 4], DType::F32);
         args.workspace = Some(&enough);
-        check_split_workspace(&args, &with_final, nseg).expect("large enough");
+        check_split_workspace(&args, &plan, seg).expect("large enough");
     }
 }

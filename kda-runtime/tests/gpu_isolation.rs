@@ -9,7 +9,8 @@
 
 use kda_dsl::dtype::DType::{self, BF16, F32, I32};
 use kda_runtime::chunk::{
-    chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkTuning,
+    chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkShape,
+    ChunkTuning,
 };
 use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
 
@@ -265,7 +266,10 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
             let plan = plan_chunk(&args)?;
             let tune = match path {
                 Path::Split { prepared, .. } => {
-                    ChunkTuning { split: Some(SPLIT), prepared, ranges: None, ..ChunkTuning::for_call(&plan) }
+                    // The fused kernel's shape either way: its in-kernel preparation reduces
+                    // in an order set by its warps.
+                    let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
+                    ChunkTuning { shape, split: Some(SPLIT), prepared, prep_blocks: None, ranges: None }
                 }
                 _ => ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) },
             };

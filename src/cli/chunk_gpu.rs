@@ -167,7 +167,7 @@ pub fn poisoned_workspace(
 ) -> Result<DeviceTensor, String> {
     let plan = plan_chunk(args).map_err(|e| e.to_string())?;
     let bytes = match tune.and_then(|t| t.split) {
-        Some(nseg) => chunk_split_workspace_bytes(&plan, nseg),
+        Some(seg) => chunk_split_workspace_bytes(&plan, seg),
         None => chunk_workspace_bytes(&plan),
     };
     let words = bytes.div_ceil(4);

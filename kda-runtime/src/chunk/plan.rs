@@ -159,7 +159,7 @@ pub struct ChunkPlan {
 pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
     let prep = chunk_workspace_bytes_unsplit(plan);
     if super::split::splits_by_default(plan) {
-        prep.max(super::chunk_split_workspace_bytes(plan, super::SPLIT_SEGMENT_TOKENS))
+        prep.max(super::split::split_layout_bytes(plan, super::SPLIT_SEGMENT_TOKENS))
     } else {
         prep
     }

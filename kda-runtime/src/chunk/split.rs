@@ -121,8 +121,14 @@ impl SplitLayout {
 
 /// Bytes of the workspace a call of `plan` split every `seg` tokens ([`ChunkTuning::split`])
 /// takes from the caller: the segments' prepared operands, the schedule and three f32 state
-/// tables of `[N + B · T / seg, HV, 128, 128]`.
+/// tables of `[N + B · T / seg, HV, 128, 128]`; at least [`super::chunk_workspace_bytes`],
+/// which every workspace holds.
 pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, seg: usize) -> usize {
+    split_layout_bytes(plan, seg).max(super::chunk_workspace_bytes(plan))
+}
+
+/// Bytes of the split's own workspace parts ([`SplitLayout`]).
+pub(super) fn split_layout_bytes(plan: &ChunkPlan, seg: usize) -> usize {
     SplitLayout::of(plan, seg).total
 }
 

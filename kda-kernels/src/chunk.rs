@@ -702,9 +702,9 @@ pub fn chunk(
     // columns wide under the other; the element-wise products need one copy of `l_sh` and
     // `m_sh`, not one per warp.
     let gl = shared([16, keys], F32);
-    let kf = fragment([16, 128], F32);
-    let qf = fragment([16, 128], F32);
-    let sq = fragment([16, 128], F32);
+    let kf = fragment([16, 128], F32, lanes_per_row = 32);
+    let qf = fragment([16, 128], F32, lanes_per_row = 32);
+    let sq = fragment([16, 128], F32, lanes_per_row = 32);
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
     let kd_sh = shared([16, 128], BF16);

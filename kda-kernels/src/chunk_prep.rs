@@ -148,9 +148,9 @@ pub fn chunk_prep(
     let g_sh = shared([16, 128], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
     let gl = shared([16, 128], F32);
-    let kf = fragment([16, 128], F32);
-    let qf = fragment([16, 128], F32);
-    let sq = fragment([16, 128], F32);
+    let kf = fragment([16, 128], F32, lanes_per_row = 32);
+    let qf = fragment([16, 128], F32, lanes_per_row = 32);
+    let sq = fragment([16, 128], F32, lanes_per_row = 32);
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
     let kd_sh = shared([16, 128], BF16);

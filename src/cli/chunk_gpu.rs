@@ -447,12 +447,17 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
     ]
 }
 
-/// The sweeps' cases: the peer bench's five, and one long sequence with few heads
+/// The sweeps' cases: the peer bench's five; one long sequence with few heads
 /// (`prefill_b1_t32768_h8`, the shape cuLA publishes its intra-sequence split at), where one
-/// chain per head leaves most SMs idle.
+/// chain per head leaves most SMs idle; and the varlen16 lengths with few heads, where the
+/// split's extra passes meet more chains.
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
-    cases.push(PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None });
+    let s16: usize = VARLEN16.iter().sum();
+    cases.extend([
+        PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_varlen16_s65536_h8", b: 1, t: s16, h: 8, hv: 8, lens: Some(VARLEN16.to_vec()) },
+    ]);
     cases
 }
 

@@ -80,7 +80,8 @@ fn segment_plan(plan: &ChunkPlan, seg: usize) -> ChunkPlan {
         initial: InitialState::Pool { dtype: DType::F32, indices: DType::I32, has_initial: None, pool: ns },
         final_out: FinalState::Pool,
         state_dtype: DType::F32,
-        max_seqlen: None,
+        // No segment is longer: the preparation's grid takes it (about 8 chunks per block).
+        max_seqlen: Some(seg),
         checked: false,
         workspace: true,
         ..plan.clone()

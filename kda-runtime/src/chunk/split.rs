@@ -33,7 +33,8 @@ use kda_dsl::DType;
 const D: usize = crate::validate::HEAD_DIM;
 
 /// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096
-/// tokens measured faster than 2048 or 8192 (docs/performance.md, 2026-12-02, run 24).
+/// tokens measured faster than 2048 or 8192 (docs/performance.md, 2026-12-02 run 24 and
+/// 2026-12-03 run 26).
 pub const SPLIT_SEGMENT_TOKENS: usize = 4096;
 
 /// The most value heads at which [`chunk_kda`](super::chunk_kda) splits long sequences: with

@@ -449,14 +449,16 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
 
 /// The sweeps' cases: the peer bench's five; one long sequence with few heads
 /// (`prefill_b1_t32768_h8`, the shape cuLA publishes its intra-sequence split at), where one
-/// chain per head leaves most SMs idle; and the varlen16 lengths with few heads, where the
-/// split's extra passes meet more chains.
+/// chain per head leaves most SMs idle; the varlen16 lengths with few heads, where the
+/// split's extra passes meet more chains; and 32 sequences of 8192 tokens on 8 heads, every
+/// one split, on a GPU the unsplit chains already fill.
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
     let s16: usize = VARLEN16.iter().sum();
     cases.extend([
         PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
         PrefillCase { name: "prefill_varlen16_s65536_h8", b: 1, t: s16, h: 8, hv: 8, lens: Some(VARLEN16.to_vec()) },
+        PrefillCase { name: "prefill_b32_t8192_h8", b: 32, t: 8192, h: 8, hv: 8, lens: None },
     ]);
     cases
 }

@@ -40,8 +40,8 @@ pub struct ChunkTuning {
     pub shape: ChunkShape,
     /// Tokens per segment of the exact long-sequence split (`split.rs`), a positive multiple
     /// of 16: every sequence longer than that is cut into segments of that many tokens from
-    /// its first (a function of its length alone, so batch invariance holds), and a sequence
-    /// no longer runs as one segment with the unsplit bits. The schedule, the segments'
+    /// its first (a function of its length alone, so batch invariance holds); a sequence no
+    /// longer than that runs as one segment, with the unsplit bits. The schedule, the segments'
     /// prepared operands and their states live in the `workspace`, which must then hold
     /// [`super::chunk_split_workspace_bytes`]; without one they are allocated and freed before
     /// returning, which waits for its kernels (not graph-capturable). Its transitions run on
@@ -81,8 +81,9 @@ impl ChunkTuning {
     /// What [`chunk_kda`] picks: with a workspace, the split over a prepared workspace for a
     /// call of few value heads and long sequences (`split.rs`); otherwise the two-kernel path
     /// when a workspace is given and the call has at most [`PREPARED_MAX_CHAINS`] chains,
-    /// each path at its shape ([`ChunkShape`]); on that path, token ranges for a call that can take them: as many as hold
-    /// [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that is two or more.
+    /// each path at its shape ([`ChunkShape`]); on that path, token ranges for a call that can
+    /// take them: as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most
+    /// [`DEFAULT_RANGES`], when that is two or more.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         if plan.workspace && split::splits_by_default(plan) {
             return ChunkTuning { split: Some(split::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(true) };

@@ -60,7 +60,7 @@ pub struct ChunkTuning {
     /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
     /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
     /// preparation of the next. Capture such a call into a graph only on a thread that has
-    /// created that stream: by [`crate::preload_chunk`] or by one eager call. Dense calls with
+    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Dense calls with
     /// B = 1, at least one token, a workspace, and f32 final states (`output_final_state`) or
     /// an f32 pool (`state_indices`); the same bits as one range. `None`: one range.
     /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's

@@ -63,21 +63,21 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
     }
 }
 
-/// The most token ranges [`default_ranges`] cuts a call into: the fastest of `kda bench
-/// --sweep-chunk` at B = 1, T = 32768 with the chain's fill warp (4 against 8 and 16;
-/// docs/performance.md, 2026-12-02 run 15).
+/// The most token ranges [`super::ChunkTuning::for_call`] cuts a call into: the fastest of
+/// `kda bench --sweep-chunk` at B = 1, T = 32768 with the chain's fill warp (4 against 8 and
+/// 16; docs/performance.md, 2026-12-02 run 15).
 pub const DEFAULT_RANGES: usize = 4;
 
-/// The fewest chunks a range of [`default_ranges`] holds: the length of the ranges measured
-/// fastest (4 of 8192 tokens at T = 32768). Each range costs two launches and two stream
-/// hand-offs, and the overlap it buys is one range's preparation; shorter ones measured
-/// slower.
+/// The fewest chunks a token range of [`super::ChunkTuning::for_call`] holds: the length of
+/// the ranges measured fastest (4 of 8192 tokens at T = 32768). Each range costs two launches
+/// and two stream hand-offs, and the overlap it buys is one range's preparation; shorter ones
+/// measured slower.
 pub const RANGE_MIN_CHUNKS: usize = 512;
 
-/// The fewest value heads a call takes [`default_ranges`] for. A range's chain shares its SMs
-/// with the next range's preparation, which slows it: with 32 value heads (a chain block on
-/// almost every SM) the overlap still wins, with 8 it loses (docs/performance.md, 2026-12-02
-/// runs 23 and 24; 16 not measured).
+/// The fewest value heads at which [`super::ChunkTuning::for_call`] cuts a call into token
+/// ranges. A range's chain shares its SMs with the next range's preparation, which slows it:
+/// with 32 value heads (a chain block on almost every SM) the overlap still wins, with 8 it
+/// loses (docs/performance.md, 2026-12-02 runs 23 and 24; 16 not measured).
 pub const RANGE_MIN_VALUE_HEADS: usize = 32;
 
 /// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:

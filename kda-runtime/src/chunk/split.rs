@@ -491,6 +491,42 @@ mod tests {
         }
     }
 
+    /// `chunk_kda` splits with a workspace, at most 16 value heads and more than 4096 tokens
+    /// (per sequence dense, in all varlen), and never without a workspace;
+    /// `chunk_workspace_bytes` covers the split's tables exactly when it splits.
+    #[test]
+    fn the_default_split_goes_by_heads_and_length() {
+        let ws = tv(20, &[1 << 28], DType::F32);
+        let plan_of = |lead: &[usize], hv: usize, varlen: bool, with_ws: bool| {
+            let mk = |id, tail: &[usize]| tv(id, &[lead, tail].concat(), DType::BF16);
+            let (q, k, v, g, beta) = (mk(1, &[1, D]), mk(2, &[1, D]), mk(3, &[hv, D]), mk(4, &[hv, D]), mk(5, &[hv]));
+            let cu = tv(6, &[3], DType::I32);
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.cu_seqlens = varlen.then_some(&cu);
+            args.workspace = with_ws.then_some(&ws);
+            plan_chunk(&args).expect("a valid call")
+        };
+        let t = SPLIT_SEGMENT_TOKENS;
+        for (lead, hv, varlen, with_ws, splits) in [
+            (vec![1, 8 * t], 8, false, true, true),
+            (vec![2, t + 16], SPLIT_MAX_VALUE_HEADS, false, true, true),
+            (vec![1, 8 * t], 32, false, true, false),
+            (vec![4, t], 8, false, true, false),
+            (vec![1, 4 * t], 8, true, true, true),
+            (vec![1, t], 8, true, true, false),
+            (vec![1, 8 * t], 8, false, false, false),
+        ] {
+            let plan = plan_of(&lead, hv, varlen, with_ws);
+            let got = ChunkTuning::for_call(&plan).split;
+            assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen {varlen}, workspace {with_ws}");
+            let unsplit = chunk_workspace_bytes_unsplit(&plan);
+            let need = super::super::chunk_workspace_bytes(&plan);
+            if with_ws {
+                assert_eq!(need > unsplit, splits, "{lead:?}: the workspace covers the split");
+            }
+        }
+    }
+
     /// The workspace of a split: the prepared operands first, then the schedule's tables and
     /// the three state tables, each part aligned and apart; a smaller workspace is refused by
     /// name.

@@ -288,26 +288,6 @@ impl ChunkConfig {
         )
         .to_lowercase()
     }
-
-    fn reads_state(&self) -> bool {
-        self.states.reads_state()
-    }
-
-    fn pool(&self) -> bool {
-        self.states.pool()
-    }
-
-    fn store_final(&self) -> bool {
-        self.states.store_final()
-    }
-
-    fn indices(&self) -> DType {
-        self.states.indices()
-    }
-
-    fn has_initial(&self) -> Option<DType> {
-        self.states.has_initial()
-    }
 }
 
 /// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
@@ -612,8 +592,8 @@ pub fn chunk(
     dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
     state: GlobalMut<(P, HV, S1, S2), { cfg.state_dtype }>,
     final_state: GlobalMut<(F, HV, S1, S2), { cfg.state_dtype }>,
-    state_indices: Global<(NI,), { cfg.indices() }>,
-    has_initial: Global<(NH,), { cfg.has_initial().unwrap_or(I32) }>,
+    state_indices: Global<(NI,), { cfg.states.indices() }>,
+    has_initial: Global<(NH,), { cfg.states.has_initial().unwrap_or(I32) }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
     prep: Global<(WB, TP, HV, PW), BF16>,
     prep_decay: Global<(WB, TC, HV, DW), F32>,
@@ -663,8 +643,8 @@ pub fn chunk(
     }
     // The state slot (-1: padding, which writes zero output rows and touches no state) and
     // whether the sequence starts from it.
-    let slot = state_slot(cfg.pool(), state_indices, n, P);
-    let from_state = starts_from_slot(cfg.has_initial().is_some(), has_initial, n, slot);
+    let slot = state_slot(cfg.states.pool(), state_indices, n, P);
+    let from_state = starts_from_slot(cfg.states.has_initial().is_some(), has_initial, n, slot);
     let live = slot >= 0;
 
     let s = fragment([bv, 128], F32);
@@ -672,7 +652,7 @@ pub fn chunk(
         for (a, j) in parallel(s) {
             s[a][j] = select(v0 + a == j, 1.0, 0.0);
         }
-    } else if cfg.reads_state() {
+    } else if cfg.states.reads_state() {
         if from_state {
             copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
         } else {
@@ -825,10 +805,10 @@ pub fn chunk(
         }
     }
 
-    if cfg.store_final() {
+    if cfg.states.store_final() {
         copy(s, final_state.tile_at([n, hv, v0, 0], [1, 1, bv, 128]));
     }
-    if cfg.pool() {
+    if cfg.states.pool() {
         if live {
             copy(s, state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]));
         }

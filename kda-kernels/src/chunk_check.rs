@@ -39,6 +39,13 @@ pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, S
     Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
 }
 
+/// Runs one call split every `seg` tokens in the simulator ([`simulate_split`]) and compares it
+/// with [`chunk_reference`], per (sequence, value head).
+pub fn check_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkCompare, String> {
+    let got = simulate_split(cfg, x, seg)?;
+    Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
+}
+
 /// Whether the two-kernel path (`chunk_prep` over `prep_blocks` blocks per sequence and head,
 /// then `chunk` over its workspace in blocks of the `chain` shape) writes exactly the fused
 /// kernel's bits for `cfg`'s call, in the simulator.

@@ -3,7 +3,7 @@
 use kda_dsl::DType::{BF16, F32, I32};
 use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
-use kda_kernels::chunk_check::{check_chunk, compare_chunk, simulate_chunk, simulate_split, tolerance};
+use kda_kernels::chunk_check::{check_chunk, check_split, compare_chunk, simulate_chunk, simulate_split, tolerance};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
@@ -496,13 +496,13 @@ fn split_equals_unsplit() {
             cfg = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..cfg };
         }
         let unsplit = simulate_chunk(&cfg, &x).unwrap_or_else(|e| panic!("{name}, unsplit: {e}"));
-        let got = simulate_split(&cfg, &x, seg).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let r = compare_chunk(&cfg, &x, got.clone(), &chunk_reference(&x));
+        let r = check_split(&cfg, &x, seg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = &r.got;
         assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{name}: unwritten, padding or untouched slots");
         let (to, ts) = tolerance(&cfg);
         assert!(r.out_err <= to && r.state_err <= ts, "{name}: out {:.3e} state {:.3e}", r.out_err, r.state_err);
         for n in 0..x.sequences() {
-            let ((out, st), (want_out, want_st)) = (sequence_of(&x, &got, n), sequence_of(&x, &unsplit, n));
+            let ((out, st), (want_out, want_st)) = (sequence_of(&x, got, n), sequence_of(&x, &unsplit, n));
             if x.span(n).1 <= seg {
                 assert!(
                     bits(&out) == bits(&want_out) && bits(&st) == bits(&want_st),

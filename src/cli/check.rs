@@ -74,22 +74,7 @@ pub fn simulate_all() -> usize {
     // Prefill: one small call per config family, against the f64 token recurrence.
     for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
         let case = format!("chunk/{}", f.name);
-        match kda_kernels::chunk_check::check_chunk(&f.cfg, &f.inputs(i as u64)) {
-            Ok(c) => {
-                let (to, ts) = kda_kernels::chunk_check::tolerance(&f.cfg);
-                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
-                failures += usize::from(!ok);
-                let why = format!(
-                    " (out {:.2e}/{to:.0e}, state {:.2e}/{ts:.0e}, bad elements {}, untouched changed {})",
-                    c.out_err, c.state_err, c.bad_elements, c.untouched_changed
-                );
-                model_row(&case, c.out_err.max(c.state_err), to.max(ts), ok, &why);
-            }
-            Err(e) => {
-                failures += 1;
-                out!("{case:<52} FAIL: {e}");
-            }
-        }
+        failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_chunk(&f.cfg, &f.inputs(i as u64)));
     }
     // The two-kernel path against the fused kernel, bit for bit, on a dense and a varlen family.
     let families = kda_kernels::chunk_families::chunk_families();
@@ -116,29 +101,7 @@ pub fn simulate_all() -> usize {
     // tokens (every sequence past one chunk splits).
     for (i, f) in families.iter().enumerate().filter(|(_, f)| f.name == "varlen_pool_bf16_state_gva4_padding_empty") {
         let case = format!("chunk/{}_split_every_16", f.name);
-        let x = f.inputs(i as u64);
-        match kda_kernels::chunk_check::simulate_split(&f.cfg, &x, 16) {
-            Ok(got) => {
-                let c = kda_kernels::chunk_check::compare_chunk(
-                    &f.cfg,
-                    &x,
-                    got,
-                    &kda_kernels::chunk_ref::chunk_reference(&x),
-                );
-                let (to, ts) = kda_kernels::chunk_check::tolerance(&f.cfg);
-                let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
-                failures += usize::from(!ok);
-                let why = format!(
-                    " (out {:.2e}/{to:.0e}, state {:.2e}/{ts:.0e}, bad elements {}, untouched changed {})",
-                    c.out_err, c.state_err, c.bad_elements, c.untouched_changed
-                );
-                model_row(&case, c.out_err.max(c.state_err), to.max(ts), ok, &why);
-            }
-            Err(e) => {
-                failures += 1;
-                out!("{case:<52} FAIL: {e}");
-            }
-        }
+        failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));
     }
     match kda_kernels::selftest::selftests(3) {
         Ok(tests) => {
@@ -179,4 +142,30 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     }
     out!("{}", if failures == 0 { "all checks passed".to_string() } else { format!("{failures} check(s) FAILED") });
     Ok(i32::from(failures > 0))
+}
+
+/// Prints one prefill row of `kda check` from a simulated call's comparison with the f64
+/// reference (within the config's tolerance, every output element written, no untouched state
+/// slot changed); returns 1 on a failure.
+fn chunk_row(
+    case: &str,
+    cfg: &kda_kernels::chunk::ChunkConfig,
+    compared: Result<kda_kernels::chunk_check::ChunkCompare, String>,
+) -> usize {
+    match compared {
+        Ok(c) => {
+            let (to, ts) = kda_kernels::chunk_check::tolerance(cfg);
+            let ok = c.out_err <= to && c.state_err <= ts && c.bad_elements == 0 && c.untouched_changed == 0;
+            let why = format!(
+                " (out {:.2e}/{to:.0e}, state {:.2e}/{ts:.0e}, bad elements {}, untouched changed {})",
+                c.out_err, c.state_err, c.bad_elements, c.untouched_changed
+            );
+            model_row(case, c.out_err.max(c.state_err), to.max(ts), ok, &why);
+            usize::from(!ok)
+        }
+        Err(e) => {
+            out!("{case:<52} FAIL: {e}");
+            1
+        }
+    }
 }

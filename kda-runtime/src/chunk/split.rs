@@ -365,6 +365,7 @@ pub(super) fn launch(
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<(), RuntimeError> {
+    // Before the layout, which divides by `seg`.
     check_split(plan, seg)?;
     check_split_workspace(args, plan, seg)?;
     let layout = SplitLayout::of(plan, seg);

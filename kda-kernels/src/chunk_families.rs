@@ -68,7 +68,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
                 ..d.clone()
             },
             ChunkSpec {
-                lengths: Lengths::Varlen(vec![20, 7, 0, 16, 3, 9]),
+                lengths: Lengths::Varlen(vec![40, 7, 0, 16, 3, 9]),
                 h: 1,
                 hv: 4,
                 initial: InitialSpec::Pool { slots: 8 },

@@ -2,8 +2,10 @@
 //! the host), so that a varlen call splits each sequence exactly as a dense call of it would.
 //!
 //! A sequence of `L` tokens is cut into segments of `SEG` tokens (a multiple of 16) from its
-//! first token, the last one holding the rest: `max(1, ceil(L / SEG))` segments, a function of
-//! `L` alone. Numbered in sequence order, they are a varlen batch of their own: `seg_cu`
+//! first token, the last one holding the rest, when it has more than two segments' worth
+//! ([`segment_count`]): a function of `L` alone. Two segments would gain nothing: the split's
+//! passes run one after the other, each as long as one segment, so two of them take as long
+//! as the sequence's own chain, and a full GPU pays for the extra work. Numbered in sequence order, they are a varlen batch of their own: `seg_cu`
 //! holds their boundaries among the packed token rows (a dense `[B, T]` call's rows
 //! flattened), `seg_first[n]` sequence `n`'s first segment and `seg_first[NSEQ]` their count.
 //! A call of `NSEQ` sequences over `T` packed tokens has at most `NSEQ + T / SEG` segments
@@ -22,6 +24,17 @@ use kda_macros::kernel;
 
 /// Sequences the schedule scans per step (its block's threads).
 pub const SCAN_TILE: usize = 256;
+
+/// The segments a sequence of `len` tokens is cut into, every `seg` tokens: one up to
+/// `2 · seg` tokens, else `ceil(len / seg)` (at least 3). What `chunk_segments` computes on the
+/// device, for hosts and tests.
+pub fn segment_count(len: usize, seg: usize) -> usize {
+    if len > 2 * seg {
+        len.div_ceil(seg)
+    } else {
+        1
+    }
+}
 
 /// The most segments a call of `nseq` sequences over `tokens` packed tokens (a dense call's
 /// `B · T`) has, cut every `seg` tokens: one per sequence, plus one per whole `seg` tokens.
@@ -107,7 +120,8 @@ pub fn chunk_segments(
             let n = min(tile * SCAN_TILE + i, NSEQ - 1);
             let start = rows_of(varlen, cu_seqlens, n, T);
             let len = end_of(varlen, cu_seqlens, n, T, start) - start;
-            counts[i] = select(tile * SCAN_TILE + i < NSEQ, max(ceil_div(len, SEG), 1), 0);
+            let count = select(len > 2 * SEG, ceil_div(len, SEG), 1);
+            counts[i] = select(tile * SCAN_TILE + i < NSEQ, count, 0);
         }
         cumsum(counts, ends, 0);
         for (i,) in parallel(counts) {
@@ -239,7 +253,7 @@ mod tests {
             SegmentTables { seg_cu: vec![], seg_first: vec![], live: vec![], split: vec![], fresh: vec![0; ns] };
         for (n, &(start, end)) in rows.iter().enumerate() {
             t.seg_first.push(t.live.len() as i64);
-            let count = ((end - start + seg - 1) / seg).max(1);
+            let count = segment_count((end - start) as usize, seg as usize) as i64;
             for j in 0..count {
                 let s = t.live.len() as i64;
                 t.seg_cu.push(start + j * seg);
@@ -265,13 +279,13 @@ mod tests {
         assert_eq!(got.fresh, want.fresh, "fresh");
     }
 
-    /// Varlen lengths of zero, one, exactly a segment, a segment and one, and several
-    /// segments, in both index types; every table matches the host's, the unused segments
-    /// empty at the end.
+    /// Varlen lengths of zero, one, exactly a segment, a segment and one, exactly two (one
+    /// segment still), two and one (the first that splits, in 3) and several segments, in both
+    /// index types; every table matches the host's, the unused segments empty at the end.
     #[test]
     fn varlen_schedule_matches_the_host() {
         let seg = 32;
-        let lens = [0i64, 1, 32, 33, 100, 5, 64];
+        let lens = [0i64, 1, 32, 33, 100, 5, 64, 65];
         let mut cu = vec![0i64];
         for l in lens {
             cu.push(cu[cu.len() - 1] + l);
@@ -282,7 +296,7 @@ mod tests {
             let cfg = SegmentsConfig { varlen: Some(index), pool: None };
             let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, seg).unwrap_or_else(|e| panic!("{e}"));
             let ns = max_segments(lens.len(), t, seg);
-            assert_same(&got, &host_tables(&rows, &[true; 7], ns, seg as i64));
+            assert_same(&got, &host_tables(&rows, &[true; 8], ns, seg as i64));
         }
     }
 

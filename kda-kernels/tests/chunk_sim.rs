@@ -5,6 +5,7 @@ use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_check::{check_chunk, check_split, compare_chunk, simulate_chunk, simulate_split, tolerance};
 use kda_kernels::chunk_families::chunk_families;
+use kda_kernels::chunk_segments::segment_count;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
 use kda_kernels::decode_ref::DecodeInputs;
@@ -466,8 +467,8 @@ fn merge_chains_segment_states() {
 /// it, against the unsplit kernel and the f64 recurrence: varlen with zero-length, one-token,
 /// exactly-one-segment and several-segment sequences; dense; the pool with padding and fresh
 /// slots and a bf16 state; the fused passes and the passes over a prepared workspace. A
-/// sequence of at most one segment gives the unsplit call's bits; a longer one stays within
-/// rounding of them.
+/// sequence left whole (at most two segments' worth) gives the unsplit call's bits; a longer
+/// one stays within rounding of them.
 #[test]
 fn split_equals_unsplit() {
     let seg = 32;
@@ -476,7 +477,7 @@ fn split_equals_unsplit() {
         ("dense 2 x 70, prepared", Lengths::Dense { b: 2, t: 70 }, InitialSpec::None, F32, true),
         (
             "pool, bf16 state, prepared",
-            Lengths::Varlen(vec![65, 9, 40, 33, 3]),
+            Lengths::Varlen(vec![65, 9, 100, 33, 3]),
             InitialSpec::Pool { slots: 6 },
             BF16,
             true,
@@ -503,7 +504,7 @@ fn split_equals_unsplit() {
         assert!(r.out_err <= to && r.state_err <= ts, "{name}: out {:.3e} state {:.3e}", r.out_err, r.state_err);
         for n in 0..x.sequences() {
             let ((out, st), (want_out, want_st)) = (sequence_of(&x, got, n), sequence_of(&x, &unsplit, n));
-            if x.span(n).1 <= seg {
+            if segment_count(x.span(n).1, seg) == 1 {
                 assert!(
                     bits(&out) == bits(&want_out) && bits(&st) == bits(&want_st),
                     "{name}: sequence {n} changed bits"

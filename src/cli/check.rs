@@ -98,7 +98,7 @@ pub fn simulate_all() -> usize {
         }
     }
     // The exact split, every pass in the simulator, on the pool family with segments of 16
-    // tokens (every sequence past one chunk splits).
+    // tokens (every sequence past two chunks splits).
     for (i, f) in families.iter().enumerate().filter(|(_, f)| f.name == "varlen_pool_bf16_state_gva4_padding_empty") {
         let case = format!("chunk/{}_split_every_16", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));

@@ -451,7 +451,8 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
 /// (`prefill_b1_t32768_h8`, the shape cuLA publishes its intra-sequence split at), where one
 /// chain per head leaves most SMs idle; the varlen16 lengths with few heads, where the
 /// split's extra passes meet more chains; and 32 sequences of 8192 tokens on 8 heads, every
-/// one split, on a GPU the unsplit chains already fill.
+/// one split, on a GPU the unsplit chains already fill; then the lengths and batches at which
+/// the split's rule is set (`prefill_b1_t8192_h8` .. `prefill_b16_t16384_h8`).
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
     let s16: usize = VARLEN16.iter().sum();
@@ -459,6 +460,11 @@ pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
         PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
         PrefillCase { name: "prefill_varlen16_s65536_h8", b: 1, t: s16, h: 8, hv: 8, lens: Some(VARLEN16.to_vec()) },
         PrefillCase { name: "prefill_b32_t8192_h8", b: 32, t: 8192, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_b1_t8192_h8", b: 1, t: 8192, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_b1_t12288_h8", b: 1, t: 12288, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_b1_t16384_h8", b: 1, t: 16384, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_b4_t16384_h8", b: 4, t: 16384, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_b16_t16384_h8", b: 16, t: 16384, h: 8, hv: 8, lens: None },
     ]);
     cases
 }

@@ -39,16 +39,17 @@ pub struct ChunkTuning {
     /// 8; `fill_warps` 0 to [`FILL_WARPS_MAX`]).
     pub shape: ChunkShape,
     /// Tokens per segment of the exact long-sequence split (`split.rs`), a positive multiple
-    /// of 16: every sequence longer than that is cut into segments of that many tokens from
-    /// its first (a function of its length alone, so batch invariance holds); a sequence no
-    /// longer than that runs as one segment, with the unsplit bits. The schedule, the segments'
+    /// of 16: every sequence longer than twice that is cut into segments of that many tokens
+    /// from its first (a function of its length alone, so batch invariance holds); a shorter
+    /// one runs as one segment, with the unsplit bits (two segments would take as long as
+    /// one chain: `kda_kernels::chunk_segments::segment_count`). The schedule, the segments'
     /// prepared operands and their states live in the `workspace`, which must then hold
     /// [`super::chunk_split_workspace_bytes`]; without one they are allocated and freed before
     /// returning, which waits for its kernels (not graph-capturable). Its transitions run on
     /// the thread's highest-priority stream (capture it as for `ranges`).
     /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with a
-    /// workspace, at most [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more tokens than
-    /// that. `None`: each sequence runs as one chain.
+    /// workspace, at most [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more than twice
+    /// that many tokens. `None`: each sequence runs as one chain.
     pub split: Option<usize>,
     /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
     /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.

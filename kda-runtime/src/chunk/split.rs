@@ -1,10 +1,11 @@
 //! The exact long-sequence split (CHUNK-ALGORITHM.md, the transition form), run over the
 //! segment schedule the device builds (`kda_kernels::chunk_split` has the passes).
 //!
-//! Every sequence is cut into segments of `seg` tokens from its first token, a function of its
-//! length alone, so a sequence splits alike alone, in a dense batch and varlen-packed (batch
-//! invariance). A sequence of at most `seg` tokens is one segment, with the unsplit call's
-//! bits. [`chunk_kda`](super::chunk_kda) splits every sequence longer than
+//! Every sequence longer than `2 · seg` tokens is cut into segments of `seg` tokens from its
+//! first token, a function of its length alone, so a sequence splits alike alone, in a dense
+//! batch and varlen-packed (batch invariance). A shorter one is one segment, with the unsplit
+//! call's bits (`kda_kernels::chunk_segments::segment_count` says why).
+//! [`chunk_kda`](super::chunk_kda) splits every sequence longer than twice
 //! [`SPLIT_SEGMENT_TOKENS`] when the call has at most [`SPLIT_MAX_VALUE_HEADS`] value heads and
 //! a workspace; [`ChunkTuning::split`] asks for it (or another segment length) on any call.
 //!
@@ -34,7 +35,8 @@ const D: usize = crate::validate::HEAD_DIM;
 
 /// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096
 /// tokens measured faster than 2048 or 8192 (docs/performance.md, 2026-12-02 run 24 and
-/// 2026-12-03 run 26).
+/// 2026-12-03 runs 26 and 29); a sequence of at most twice this many stays whole (run 29:
+/// split in two it gained nothing alone and cost a third on a full GPU).
 pub const SPLIT_SEGMENT_TOKENS: usize = 4096;
 
 /// The most value heads at which [`chunk_kda`](super::chunk_kda) splits long sequences: with
@@ -51,11 +53,11 @@ const GRID_YZ: usize = 65535;
 const PART_ALIGN: usize = 256;
 
 /// Whether [`chunk_kda`](super::chunk_kda) splits a call of this shape when given a workspace
-/// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than [`SPLIT_SEGMENT_TOKENS`],
-/// and a schedule within the grid's limits).
+/// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than twice
+/// [`SPLIT_SEGMENT_TOKENS`], and a schedule within the grid's limits).
 pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
     plan.value_heads <= SPLIT_MAX_VALUE_HEADS
-        && plan.seq_len > SPLIT_SEGMENT_TOKENS
+        && plan.seq_len > 2 * SPLIT_SEGMENT_TOKENS
         && check_split(plan, SPLIT_SEGMENT_TOKENS).is_ok()
 }
 
@@ -492,7 +494,7 @@ mod tests {
         }
     }
 
-    /// `chunk_kda` splits with a workspace, at most 16 value heads and more than 4096 tokens
+    /// `chunk_kda` splits with a workspace, at most 16 value heads and more than 8192 tokens
     /// (per sequence dense, in all varlen), and never without a workspace;
     /// `chunk_workspace_bytes` covers the split's tables exactly when it splits.
     #[test]
@@ -510,11 +512,12 @@ mod tests {
         let t = SPLIT_SEGMENT_TOKENS;
         for (lead, hv, varlen, with_ws, splits) in [
             (vec![1, 8 * t], 8, false, true, true),
-            (vec![2, t + 16], SPLIT_MAX_VALUE_HEADS, false, true, true),
+            (vec![2, 2 * t + 16], SPLIT_MAX_VALUE_HEADS, false, true, true),
+            (vec![2, 2 * t], SPLIT_MAX_VALUE_HEADS, false, true, false),
             (vec![1, 8 * t], 32, false, true, false),
             (vec![4, t], 8, false, true, false),
             (vec![1, 4 * t], 8, true, true, true),
-            (vec![1, t], 8, true, true, false),
+            (vec![1, 2 * t], 8, true, true, false),
             (vec![1, 8 * t], 8, false, false, false),
         ] {
             let plan = plan_of(&lead, hv, varlen, with_ws);

@@ -523,6 +523,9 @@ mod tests {
             let plan = plan_of(&lead, hv, varlen, with_ws);
             let got = ChunkTuning::for_call(&plan).split;
             assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen {varlen}, workspace {with_ws}");
+            // The README's way out of the default split runs the call unsplit.
+            let unsplit_tuning = ChunkTuning { split: None, ..ChunkTuning::for_call(&plan) };
+            unsplit_tuning.check(&plan).unwrap_or_else(|e| panic!("{lead:?}: split: None refused: {e}"));
             let unsplit = chunk_workspace_bytes_unsplit(&plan);
             let need = super::super::chunk_workspace_bytes(&plan);
             if with_ws {

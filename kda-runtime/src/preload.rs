@@ -47,8 +47,7 @@ pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<u
     if may_take_ranges(&plan) || split.is_some() {
         gpu.high_priority_stream()?;
     }
-    let (mut chains, prep) = chunk_variants(&plan);
-    let mut preps: Vec<_> = prep.into_iter().collect();
+    let (mut chains, mut preps) = chunk_variants(&plan);
     let mut loaded = 0;
     if let Some(c) = split {
         chains.extend([c.transition, c.from_zeros, c.output]);

@@ -214,8 +214,9 @@ enum Path {
     /// A workspace: the two-kernel path where the API picks it (few chains).
     TwoKernel,
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
-    /// a CUDA graph after one eager call and replayed.
-    Ranges { graph: bool },
+    /// a CUDA graph after one eager call and replayed; one sequence given as a `varlen` call
+    /// (`cu_seqlens` `[0, T]`) or dense.
+    Ranges { graph: bool, varlen: bool },
     /// The exact split every [`SPLIT`] tokens (`ChunkTuning::split`): its tables allocated by
     /// the call, or (`workspace`) in a workspace of `chunk_split_workspace_bytes`, its
     /// segments' operands `prepared` or not, eager or (with a workspace) replayed from a graph.
@@ -249,7 +250,7 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.output = Some(&views[6]);
     args.output_final_state = true;
     args.final_state = Some(&views[7]);
-    args.cu_seqlens = (n > 1).then_some(&views[8]);
+    args.cu_seqlens = (n > 1 || matches!(path, Path::Ranges { varlen: true, .. })).then_some(&views[8]);
     let ws_bytes = match path {
         Path::Fused | Path::Split { workspace: false, .. } => None,
         Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)),
@@ -262,7 +263,7 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
         Path::Fused | Path::TwoKernel => {
             chunk_kda(gpu, kernels, &s, &args)?;
         }
-        Path::Ranges { graph } | Path::Split { graph, .. } => {
+        Path::Ranges { graph, .. } | Path::Split { graph, .. } => {
             let plan = plan_chunk(&args)?;
             let tune = match path {
                 Path::Split { prepared, .. } => {
@@ -348,7 +349,8 @@ fn prefill_isolation() {
 }
 
 /// Token ranges (the two-kernel path cut into 4 ranges, chains on a second stream) give the bits
-/// of the fused kernel, eagerly and replayed from a CUDA graph: one sequence of 1000 tokens.
+/// of the fused kernel, eagerly and replayed from a CUDA graph, dense and as a varlen call of
+/// the one sequence: 1000 tokens.
 #[test]
 fn prefill_in_token_ranges_is_bit_identical() {
     if skip_without_gpu() {
@@ -357,10 +359,10 @@ fn prefill_in_token_ranges_is_bit_identical() {
     let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
     let x = PrefillInputs::random(&[1000], 41);
     let fused = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
-    for graph in [false, true] {
-        let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph }).expect("in token ranges");
-        assert!(ranges.0 == fused.0, "graph {graph}: outputs differ from the fused kernel's");
-        assert!(ranges.1 == fused.1, "graph {graph}: final states differ from the fused kernel's");
+    for (graph, varlen) in [(false, false), (true, false), (false, true), (true, true)] {
+        let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph, varlen }).expect("in token ranges");
+        assert!(ranges.0 == fused.0, "graph {graph}, varlen {varlen}: outputs differ from the fused kernel's");
+        assert!(ranges.1 == fused.1, "graph {graph}, varlen {varlen}: final states differ from the fused kernel's");
     }
 }
 

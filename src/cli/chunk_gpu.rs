@@ -452,7 +452,8 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
 /// chain per head leaves most SMs idle; the varlen16 lengths with few heads, where the
 /// split's extra passes meet more chains; and 32 sequences of 8192 tokens on 8 heads, every
 /// one split, on a GPU the unsplit chains already fill; then the lengths and batches at which
-/// the split's rule is set (`prefill_b1_t8192_h8` .. `prefill_b16_t16384_h8`).
+/// the split's rule is set (`prefill_b1_t8192_h8` .. `prefill_b16_t16384_h8`); and the B = 1
+/// row as a varlen call of its one sequence, as engines make it (`prefill_varlen1_t32768_h32`).
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
     let s16: usize = VARLEN16.iter().sum();
@@ -465,6 +466,7 @@ pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
         PrefillCase { name: "prefill_b1_t16384_h8", b: 1, t: 16384, h: 8, hv: 8, lens: None },
         PrefillCase { name: "prefill_b4_t16384_h8", b: 4, t: 16384, h: 8, hv: 8, lens: None },
         PrefillCase { name: "prefill_b16_t16384_h8", b: 16, t: 16384, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_varlen1_t32768_h32", b: 1, t: 32768, h: 32, hv: 32, lens: Some(vec![32768]) },
     ]);
     cases
 }

@@ -61,9 +61,11 @@ pub struct ChunkTuning {
     /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
     /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
     /// preparation of the next. Capture such a call into a graph only on a thread that has
-    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Dense calls with
-    /// B = 1, at least one token, a workspace, and f32 final states (`output_final_state`) or
-    /// an f32 pool (`state_indices`); the same bits as one range. `None`: one range.
+    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Calls of
+    /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
+    /// caller's contract, and the ranges run it as the dense call), at least one token, a
+    /// workspace, and f32 final states (`output_final_state`) or an f32 pool
+    /// (`state_indices`); the same bits as one range. `None`: one range.
     /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's
     /// calls share that stream, so their chains run in call order even when the calls are on
     /// different streams (each call still waits only for work enqueued before it).
@@ -140,23 +142,39 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
 
 /// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
 /// whatever its batch: the fused kernel, and with a workspace the chain over a prepared one
-/// (taken at most [`PREPARED_MAX_CHAINS`] chains), for a pool with `has_initial_state` also its
-/// form without it (token ranges after the first); and the preparation they need.
-pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Option<PrepConfig>) {
+/// (taken at most [`PREPARED_MAX_CHAINS`] chains); for a call that can take token ranges also
+/// the form the ranges after the first take (from the final states, or from the pool without
+/// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
+/// the preparations they need.
+pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
     let fused = tuned_config(plan, ChunkTuning::of_path(false));
     if !plan.workspace {
-        return (vec![fused], None);
+        return (vec![fused], vec![]);
     }
     let prepared = tuned_config(plan, ChunkTuning::of_path(true));
-    let prep = PrepConfig::of(&prepared);
-    let mut chains = vec![fused, prepared.clone()];
-    // Token ranges after the first read the pool without `has_initial_state`.
-    if let (true, ChunkStates::Pool { indices, has_initial: Some(_) }) =
-        (ranges::may_take_ranges(plan), prepared.states)
-    {
-        chains.push(ChunkConfig { states: ChunkStates::Pool { indices, has_initial: None }, ..prepared });
+    let mut chains = vec![fused];
+    let mut preps = vec![PrepConfig::of(&prepared)];
+    if !ranges::may_take_ranges(plan) {
+        chains.push(prepared);
+        return (chains, preps);
     }
-    (chains, Some(prep))
+    // Token ranges after the first start from the state the one before left: the pool without
+    // `has_initial_state`, or the final states.
+    let later = match prepared.states {
+        ChunkStates::Pool { indices, .. } => ChunkStates::Pool { indices, has_initial: None },
+        _ => ChunkStates::PerSequence { store_final: true },
+    };
+    let mut range_chains = vec![prepared.clone()];
+    if later != prepared.states {
+        range_chains.push(ChunkConfig { states: later, ..prepared.clone() });
+    }
+    if prepared.varlen.is_some() {
+        let dense: Vec<ChunkConfig> = range_chains.iter().map(|c| ChunkConfig { varlen: None, ..c.clone() }).collect();
+        preps.push(PrepConfig::of(&dense[0]));
+        range_chains.extend(dense);
+    }
+    chains.extend(range_chains);
+    (chains, preps)
 }
 
 pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {

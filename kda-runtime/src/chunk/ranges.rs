@@ -12,7 +12,8 @@
 //! so no order of execution can deadlock.
 //!
 //! Each range is the chunk kernel on a view of the call (B = 1: a range of tokens is a dense
-//! `[1, L, ..]` view), its state carried from one range to the next in the f32 final states,
+//! `[1, L, ..]` view; a varlen call of one sequence is the same call, its `cu_seqlens` being
+//! `[0, S]` by the caller's contract, so it never reads them), its state carried from one range to the next in the f32 final states,
 //! or with `state_indices` in the f32 pool slots themselves (each range reads and writes them
 //! in place; only the first honours `has_initial_state`). So the bits are those of the whole
 //! call (the simulator tests `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit`
@@ -45,8 +46,8 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some("at least 2 ranges")
     } else if !plan.workspace {
         Some("a workspace (it runs the two-kernel path)")
-    } else if plan.varlen.is_some() || plan.batch != 1 {
-        Some("a dense call with B = 1")
+    } else if plan.batch != 1 || plan.nseq != 1 {
+        Some("one sequence (a dense call with B = 1, or varlen with one)")
     } else if plan.seq_len == 0 {
         Some("at least one token")
     } else if !f32_carry {
@@ -136,6 +137,9 @@ pub(super) fn range_launches(
     };
     let dt = plan.dtype;
     let tune = ChunkTuning { prepared: true, split: None, ranges: None, ..tune };
+    // The ranges are dense calls, so their workspace parts are sized as a dense call's: those
+    // fit the call's own workspace, a varlen call's included (its rows have room for 15 more).
+    let dense = ChunkPlan { varlen: None, batch: 1, ..plan.clone() };
     let mut launches = vec![];
     let mut ws_at = ws.ptr();
     for (r, (t0, t1)) in token_ranges(plan.seq_len, nranges).into_iter().enumerate() {
@@ -167,7 +171,7 @@ pub(super) fn range_launches(
         }
         // The range's own part of the workspace, sized by the call's shape at the range's
         // length (what the range's plan will ask for), 16-byte aligned.
-        let need = chunk_workspace_bytes(&ChunkPlan { seq_len: t1 - t0, ..plan.clone() }).next_multiple_of(16);
+        let need = chunk_workspace_bytes(&ChunkPlan { seq_len: t1 - t0, ..dense.clone() }).next_multiple_of(16);
         let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
         ws_at += need as u64;
         a.workspace = Some(&part);
@@ -359,6 +363,55 @@ mod tests {
         assert!(!may_take_ranges(&few_heads));
     }
 
+    /// A varlen call of one sequence takes the token ranges a dense B = 1 call of it takes: the
+    /// same launches, configs and arguments (its `cu_seqlens` bound nowhere), every variant
+    /// among those `chunk_variants` preloads; with two sequences it takes none.
+    #[test]
+    fn a_varlen_call_of_one_sequence_runs_as_the_dense_call() {
+        let (t, hv) = (16 * RANGE_MIN_CHUNKS * 2, RANGE_MIN_VALUE_HEADS);
+        // 16 GiB apart: long calls' tensors must not overlap.
+        let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
+        let (q, k) = (at(1, &[1, t, 2, D], DType::BF16), at(2, &[1, t, 2, D], DType::BF16));
+        let (v, g) = (at(3, &[1, t, hv, D], DType::BF16), at(4, &[1, t, hv, D], DType::BF16));
+        let (beta, out) = (at(5, &[1, t, hv], DType::BF16), at(6, &[1, t, hv, D], DType::BF16));
+        let (ws, fin) = (at(7, &[1 << 30], DType::F32), at(8, &[1, hv, D, D], DType::F32));
+        let (cu1, cu2) = (at(9, &[2], DType::I32), at(10, &[3], DType::I32));
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.output = Some(&out);
+        args.workspace = Some(&ws);
+        args.output_final_state = true;
+        args.final_state = Some(&fin);
+        let dense = plan_chunk(&args).expect("a valid dense call");
+        let dense_tune = ChunkTuning::for_call(&dense);
+        let want = range_launches(&args, &dense, dense_tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("dense");
+        args.cu_seqlens = Some(&cu1);
+        let varlen = plan_chunk(&args).expect("a valid varlen call");
+        let tune = ChunkTuning::for_call(&varlen);
+        assert_eq!(tune.ranges, Some(2), "one sequence of {t} tokens");
+        assert_eq!(tune, dense_tune);
+        assert!(may_take_ranges(&varlen));
+        let got = range_launches(&args, &varlen, tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("varlen");
+        // The dense call's parts fit its workspace (`range_launches_bind_to_their_kernels`).
+        assert!(chunk_workspace_bytes(&dense) <= chunk_workspace_bytes(&varlen), "the parts fit");
+        let (chains, preps) = crate::chunk::chunk_variants(&varlen);
+        assert_eq!(got.len(), want.len());
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.cfg, w.cfg, "range {r}: config");
+            assert_eq!(format!("{:?}", g.bound), format!("{:?}", w.bound), "range {r}: arguments");
+            assert!(chains.contains(&g.cfg), "range {r}: {} is not preloaded", g.cfg.key());
+            let prep = kda_kernels::chunk_prep::PrepConfig::of(&g.cfg);
+            assert!(preps.contains(&prep), "range {r}: its preparation {} is not preloaded", prep.key());
+            assert_ne!(tensor_at(&g.bound, "cu_seqlens"), cu1.ptr(), "range {r}: reads cu_seqlens");
+        }
+        let fin2 = at(11, &[2, hv, D, D], DType::F32);
+        args.cu_seqlens = Some(&cu2);
+        args.final_state = Some(&fin2);
+        let two = plan_chunk(&args).expect("a valid varlen call");
+        assert_eq!(ChunkTuning::for_call(&two).ranges, None, "two sequences");
+        let e = check_ranges(&two, 2).expect_err("two sequences");
+        assert!(e.to_string().contains("one sequence"), "{e}");
+    }
+
     #[test]
     fn calls_the_ranges_cannot_take_are_refused_by_name() {
         let (q, k) = (tv(1, &[2, 64, 2, D], DType::BF16), tv(2, &[2, 64, 2, D], DType::BF16));
@@ -369,7 +422,7 @@ mod tests {
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
         let e = check_ranges(&plan, 4).expect_err("B = 2");
-        assert!(e.to_string().contains("tune") && e.to_string().contains("B = 1"), "{e}");
+        assert!(e.to_string().contains("tune") && e.to_string().contains("one sequence"), "{e}");
         // No token: the final states would be nobody's to write.
         let (q, k) = (tv(1, &[1, 0, 2, D], DType::BF16), tv(2, &[1, 0, 2, D], DType::BF16));
         let (v, g, beta) =

@@ -5,9 +5,10 @@
 //! first token, the last one holding the rest, when it has more than two segments' worth
 //! ([`segment_count`]): a function of `L` alone. Two segments would gain nothing: the split's
 //! passes run one after the other, each as long as one segment, so two of them take as long
-//! as the sequence's own chain, and a full GPU pays for the extra work. Numbered in sequence order, they are a varlen batch of their own: `seg_cu`
-//! holds their boundaries among the packed token rows (a dense `[B, T]` call's rows
-//! flattened), `seg_first[n]` sequence `n`'s first segment and `seg_first[NSEQ]` their count.
+//! as the sequence's own chain, and a full GPU pays for the extra work. Numbered in sequence
+//! order, the segments are a varlen batch of their own: `seg_cu` holds their boundaries among
+//! the packed token rows (a dense `[B, T]` call's rows flattened), `seg_first[n]` sequence
+//! `n`'s first segment and `seg_first[NSEQ]` their count.
 //! A call of `NSEQ` sequences over `T` packed tokens has at most `NSEQ + T / SEG` segments
 //! (see [`max_segments`]); the launcher sizes every table so.
 //!

@@ -13,12 +13,13 @@
 //!
 //! Each range is the chunk kernel on a view of the call (B = 1: a range of tokens is a dense
 //! `[1, L, ..]` view; a varlen call of one sequence is the same call, its `cu_seqlens` being
-//! `[0, S]` by the caller's contract, so it never reads them), its state carried from one range to the next in the f32 final states,
-//! or with `state_indices` in the f32 pool slots themselves (each range reads and writes them
-//! in place; only the first honours `has_initial_state`). So the bits are those of the whole
-//! call (the simulator tests `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit`
-//! and `token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit`): chunks start
-//! at the same tokens and the state goes through memory exactly. Each range has its own part
+//! `[0, S]` by the caller's contract, so it never reads them), its state carried from one
+//! range to the next in the f32 final states, or with `state_indices` in the f32 pool slots
+//! themselves (each range reads and writes them in place; only the first honours
+//! `has_initial_state`). So the bits are those of the whole call (the simulator tests
+//! `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit` and
+//! `token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit`): chunks start at
+//! the same tokens and the state goes through memory exactly. Each range has its own part
 //! of the workspace.
 
 use cudarc::driver::CudaStream;

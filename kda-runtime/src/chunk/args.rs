@@ -65,10 +65,12 @@ pub struct ChunkArgs<'a> {
     /// state (zeros are used otherwise). Only with `state_indices`. Default `None`: every slot
     /// holds one.
     pub has_initial_state: Option<&'a TensorView>,
-    /// Rust extra: the longest sequence's token count. The launch does not need it: only the
-    /// two-kernel path's preparation grid shrinks to it (a wrong hint costs time, never a
-    /// chunk), and the checked mode reports a hint shorter than the longest sequence. Default
-    /// `None`: unknown.
+    /// Rust extra: the longest sequence's token count. The launch does not need it: the
+    /// two-kernel path's preparation grid shrinks to it, and a call whose hint leaves no
+    /// sequence long enough to split skips the split's launches (its sequences would each be
+    /// one segment, with the same bits). A hint shorter than the longest sequence never costs
+    /// a chunk or a bound: it costs time, or leaves a long sequence unsplit (other rounding);
+    /// the checked mode reports it. Default `None`: unknown.
     pub max_seqlen: Option<usize>,
     /// Rust extra: opt-in checked mode, which reads the index tensors (`cu_seqlens`,
     /// `state_indices`) back and reports values out of range (not graph-safe). Default false.

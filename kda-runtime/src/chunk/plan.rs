@@ -134,8 +134,9 @@ pub struct ChunkPlan {
     pub state_dtype: DType,
     /// `dt_bias`' dtype (f32 or bf16) when the lower-bound gate reads it; `None` otherwise.
     pub dt_bias: Option<DType>,
-    /// The caller's `max_seqlen` hint, as given: the launch does not depend on it; the checked
-    /// mode verifies it against `cu_seqlens` (whose contents are otherwise not read on the host).
+    /// The caller's `max_seqlen` hint, as given ([`ChunkArgs::max_seqlen`] says what it
+    /// changes); the checked mode verifies it against `cu_seqlens` (whose contents are
+    /// otherwise not read on the host).
     pub max_seqlen: Option<usize>,
     /// Whether the opt-in checked mode was requested (read the index tensors back first).
     pub checked: bool,
@@ -148,6 +149,17 @@ pub struct ChunkPlan {
     /// Whether a `workspace` (large enough) was given: calls with at most
     /// [`PREPARED_MAX_CHAINS`](super::PREPARED_MAX_CHAINS) chains then take the two-kernel path.
     pub workspace: bool,
+}
+
+impl ChunkPlan {
+    /// The most tokens a sequence of the call can have: a dense call's `T`; a varlen call's
+    /// `S`, or its `max_seqlen` hint when shorter.
+    pub fn longest_sequence(&self) -> usize {
+        match (self.varlen, self.max_seqlen) {
+            (Some(_), Some(hint)) => hint.min(self.seq_len),
+            _ => self.seq_len,
+        }
+    }
 }
 
 /// Bytes of the workspace a call takes ([`ChunkArgs::workspace`]): the two-kernel path's

@@ -29,10 +29,7 @@ const PREP_CHUNKS_PER_BLOCK: usize = 8;
 /// the grid stays near [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any
 /// value covers them all: a wrong hint costs time, never a chunk.
 pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
-    let longest = match (plan.varlen, plan.max_seqlen) {
-        (Some(_), Some(hint)) => hint.min(plan.seq_len),
-        _ => plan.seq_len,
-    };
+    let longest = plan.longest_sequence();
     let cap = (PREP_BLOCKS / (plan.nseq * plan.value_heads).max(1)).max(1);
     longest.div_ceil(16 * PREP_CHUNKS_PER_BLOCK).clamp(1, cap)
 }

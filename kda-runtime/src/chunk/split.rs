@@ -54,10 +54,11 @@ const PART_ALIGN: usize = 256;
 
 /// Whether [`chunk_kda`](super::chunk_kda) splits a call of this shape when given a workspace
 /// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than twice
-/// [`SPLIT_SEGMENT_TOKENS`], and a schedule within the grid's limits).
+/// [`SPLIT_SEGMENT_TOKENS`] by the shapes and the `max_seqlen` hint, and a schedule within the
+/// grid's limits).
 pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
     plan.value_heads <= SPLIT_MAX_VALUE_HEADS
-        && plan.seq_len > 2 * SPLIT_SEGMENT_TOKENS
+        && plan.longest_sequence() > 2 * SPLIT_SEGMENT_TOKENS
         && check_split(plan, SPLIT_SEGMENT_TOKENS).is_ok()
 }
 
@@ -495,34 +496,38 @@ mod tests {
     }
 
     /// `chunk_kda` splits with a workspace, at most 16 value heads and more than 8192 tokens
-    /// (per sequence dense, in all varlen), and never without a workspace;
-    /// `chunk_workspace_bytes` covers the split's tables exactly when it splits.
+    /// (per sequence dense, in all or by the `max_seqlen` hint varlen), and never without a
+    /// workspace; `chunk_workspace_bytes` covers the split's tables exactly when it splits.
     #[test]
     fn the_default_split_goes_by_heads_and_length() {
         let ws = tv(20, &[1 << 28], DType::F32);
-        let plan_of = |lead: &[usize], hv: usize, varlen: bool, with_ws: bool| {
+        let plan_of = |lead: &[usize], hv: usize, varlen: Option<Option<usize>>, with_ws: bool| {
             let mk = |id, tail: &[usize]| tv(id, &[lead, tail].concat(), DType::BF16);
             let (q, k, v, g, beta) = (mk(1, &[1, D]), mk(2, &[1, D]), mk(3, &[hv, D]), mk(4, &[hv, D]), mk(5, &[hv]));
             let cu = tv(6, &[3], DType::I32);
             let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
-            args.cu_seqlens = varlen.then_some(&cu);
+            args.cu_seqlens = varlen.map(|_| &cu);
+            args.max_seqlen = varlen.flatten();
             args.workspace = with_ws.then_some(&ws);
             plan_chunk(&args).expect("a valid call")
         };
         let t = SPLIT_SEGMENT_TOKENS;
+        let (dense, varlen, hint) = (None, Some(None), |h| Some(Some(h)));
         for (lead, hv, varlen, with_ws, splits) in [
-            (vec![1, 8 * t], 8, false, true, true),
-            (vec![2, 2 * t + 16], SPLIT_MAX_VALUE_HEADS, false, true, true),
-            (vec![2, 2 * t], SPLIT_MAX_VALUE_HEADS, false, true, false),
-            (vec![1, 8 * t], 32, false, true, false),
-            (vec![4, t], 8, false, true, false),
-            (vec![1, 4 * t], 8, true, true, true),
-            (vec![1, 2 * t], 8, true, true, false),
-            (vec![1, 8 * t], 8, false, false, false),
+            (vec![1, 8 * t], 8, dense, true, true),
+            (vec![2, 2 * t + 16], SPLIT_MAX_VALUE_HEADS, dense, true, true),
+            (vec![2, 2 * t], SPLIT_MAX_VALUE_HEADS, dense, true, false),
+            (vec![1, 8 * t], 32, dense, true, false),
+            (vec![4, t], 8, dense, true, false),
+            (vec![1, 4 * t], 8, varlen, true, true),
+            (vec![1, 2 * t], 8, varlen, true, false),
+            (vec![1, 4 * t], 8, hint(2 * t), true, false),
+            (vec![1, 4 * t], 8, hint(2 * t + 1), true, true),
+            (vec![1, 8 * t], 8, dense, false, false),
         ] {
             let plan = plan_of(&lead, hv, varlen, with_ws);
             let got = ChunkTuning::for_call(&plan).split;
-            assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen {varlen}, workspace {with_ws}");
+            assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen (hint) {varlen:?}, workspace {with_ws}");
             // The README's way out of the default split runs the call unsplit.
             let unsplit_tuning = ChunkTuning { split: None, ..ChunkTuning::for_call(&plan) };
             unsplit_tuning.check(&plan).unwrap_or_else(|e| panic!("{lead:?}: split: None refused: {e}"));

@@ -1,8 +1,9 @@
 //! The kernels of the exact long-sequence split (CHUNK-ALGORITHM.md, the transition form), as
 //! configs derived from the call's own, and the order they run in.
 //!
-//! Every sequence is cut into segments of `SEG` tokens by `chunk_segments` (a function of its
-//! length alone, so a varlen call and a dense one cut a sequence alike). The segments are a
+//! Every sequence longer than `2 · SEG` tokens is cut into segments of `SEG` tokens by
+//! `chunk_segments` ([`crate::chunk_segments::segment_count`]: a function of its length alone,
+//! so a varlen call and a dense one cut a sequence alike). The segments are a
 //! varlen batch of their own (`cu_seqlens` = the schedule's `seg_cu`, i32), each with a state
 //! slot in three f32 tables of `[NS, HV, 128, 128]`, which the chunk passes read and write as
 //! a pool (`ChunkStates::Pool` with i32 indices):
@@ -16,7 +17,7 @@
 //!    start, writing the output rows and leaving its end state in the starts table;
 //! 5. [`SplitConfigs::finish`]: each sequence's last end state to its final state or pool slot.
 //!
-//! A sequence of at most `SEG` tokens is one segment: passes 1 and 2 skip it, the merge copies
+//! A sequence of at most `2 · SEG` tokens is one segment: passes 1 and 2 skip it, the merge copies
 //! its initial state to its start, and pass 4 runs the unsplit call's arithmetic on it, so its
 //! results are the unsplit call's bits. With [`Preparation::Workspace`] the segments' operands
 //! are prepared once (`chunk_prep` over the segments) and all three chunk passes read them.

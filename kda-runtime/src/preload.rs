@@ -11,7 +11,9 @@
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
 //!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel; with at most
+//!   adds the chain over a prepared workspace and its preparation kernel, and for a call that
+//!   can take token ranges the ranges' later form (from the carried state) and, varlen, the
+//!   dense forms of both with their preparation (the ranges are dense calls); with at most
 //!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
 //!   ([`chunk_split_variants`]); a call that can take token ranges or the split also needs the
 //!   thread's highest-priority stream, which is created here.

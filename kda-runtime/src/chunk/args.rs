@@ -37,7 +37,10 @@ pub struct ChunkArgs<'a> {
     /// `state_indices` (the final states then go to the pool). Default false.
     pub output_final_state: bool,
     /// Cumulative sequence lengths `[N + 1]`, i32 or i64, for varlen (sequence `n` owns tokens
-    /// `cu_seqlens[n] .. cu_seqlens[n + 1]`). Default `None`: dense, `N = B`.
+    /// `cu_seqlens[n] .. cu_seqlens[n + 1]`), rising from 0 to `S` (the caller's contract, which
+    /// the checked mode verifies; padding tokens past the last sequence are outside it). Never
+    /// read on the host; a call of one sequence in token ranges does not read it at all (its
+    /// sequence is `0 .. S`). Default `None`: dense, `N = B`.
     pub cu_seqlens: Option<&'a TensorView>,
     /// Log decay `[HV]` f32 (`A_log` in the reference); given together with `dt_bias`, it
     /// selects the lower-bound gate rule. Default `None`: the precomputed rule.

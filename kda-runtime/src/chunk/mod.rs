@@ -9,7 +9,8 @@
 //!   `state_indices`;
 //! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
 //!   caller's stream: the fused kernel, or with a `workspace` the preparation kernel and then
-//!   the chain over its output (`prepared.rs`), bit-identical to it, at B = 1 in token ranges
+//!   the chain over its output (`prepared.rs`), bit-identical to it, for a call of one
+//!   sequence in token ranges
 //!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again;
 //!   with few value heads, long sequences split exactly into segments whose chains run side
 //!   by side (`split.rs`), within rounding of one chain.

@@ -166,8 +166,10 @@ impl ChunkPlan {
 /// prepared operands, or for a call [`chunk_kda`](super::chunk_kda) splits by default (few
 /// value heads, long sequences: `split.rs`) the split's workspace,
 /// [`chunk_split_workspace_bytes`](super::chunk_split_workspace_bytes) at
-/// [`SPLIT_SEGMENT_TOKENS`](super::SPLIT_SEGMENT_TOKENS). Saturates at `usize::MAX` for shapes
-/// no device could hold.
+/// [`SPLIT_SEGMENT_TOKENS`](super::SPLIT_SEGMENT_TOKENS). From the shapes and the `max_seqlen`
+/// hint (a varlen call whose hint leaves no sequence long enough to split needs no split
+/// tables): a workspace sized with a hint is refused, by name, for the same call with a longer
+/// hint or none. Saturates at `usize::MAX` for shapes no device could hold.
 pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
     let prep = chunk_workspace_bytes_unsplit(plan);
     if super::split::splits_by_default(plan) {

@@ -28,7 +28,7 @@ use kda_kernels::chunk::ChunkConfig;
 
 use super::args::ChunkArgs;
 use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{chunk_workspace_bytes, plan_chunk, ChunkPlan, FinalState, InitialState};
+use super::plan::{chunk_workspace_bytes_unsplit, plan_chunk, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::Kernels;
@@ -138,8 +138,9 @@ pub(super) fn range_launches(
     };
     let dt = plan.dtype;
     let tune = ChunkTuning { prepared: true, split: None, ranges: None, ..tune };
-    // The ranges are dense calls, so their workspace parts are sized as a dense call's: those
-    // fit the call's own workspace, a varlen call's included (its rows have room for 15 more).
+    // The ranges are dense calls that never split, so their workspace parts are sized as an
+    // unsplit dense call's: together no more than the call's own workspace, a varlen call's
+    // included (its rows have room for 15 more).
     let dense = ChunkPlan { varlen: None, batch: 1, ..plan.clone() };
     let mut launches = vec![];
     let mut ws_at = ws.ptr();
@@ -170,14 +171,16 @@ pub(super) fn range_launches(
                 a.has_initial_state = args.has_initial_state.filter(|_| r == 0);
             }
         }
-        // The range's own part of the workspace, sized by the call's shape at the range's
-        // length (what the range's plan will ask for), 16-byte aligned.
-        let need = chunk_workspace_bytes(&ChunkPlan { seq_len: t1 - t0, ..dense.clone() }).next_multiple_of(16);
+        // The range's own part of the workspace: its prepared operands, 16-byte aligned.
+        let need = chunk_workspace_bytes_unsplit(&ChunkPlan { seq_len: t1 - t0, ..dense.clone() }).next_multiple_of(16);
         let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
         ws_at += need as u64;
-        a.workspace = Some(&part);
         // The caller's call was planned and this is a view of it: a failure is a bug here.
+        // Planned without the part, which holds no split's tables (a range of few heads would
+        // ask for them by `chunk_workspace_bytes`), and given it after.
         let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
+        let p = ChunkPlan { workspace: true, ..p };
+        a.workspace = Some(&part);
         let cfg = tuned_config(&p, tune);
         let bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
         launches.push(RangeLaunch { plan: p, cfg, bound });
@@ -219,6 +222,7 @@ pub(super) fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::plan::chunk_workspace_bytes;
     use crate::chunk::testing::tv;
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
@@ -285,7 +289,7 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "q"), q.ptr() + (48 * r * h * D * 2) as u64, "range {r}");
             assert_eq!(tensor_at(&l.bound, "out"), out.ptr() + (48 * r * hv * D * 2) as u64, "range {r}");
             assert_eq!(tensor_at(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
-            ws_end += chunk_workspace_bytes(&l.plan).next_multiple_of(16) as u64;
+            ws_end += chunk_workspace_bytes_unsplit(&l.plan).next_multiple_of(16) as u64;
         }
         assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
     }
@@ -411,6 +415,42 @@ mod tests {
         assert_eq!(ChunkTuning::for_call(&two).ranges, None, "two sequences");
         let e = check_ranges(&two, 2).expect_err("two sequences");
         assert!(e.to_string().contains("one sequence"), "{e}");
+    }
+
+    /// The ranges' workspace parts fit the call's own workspace, sized exactly, when the call
+    /// has few heads (its ranges, longer than a split's threshold, never split): dense in 5
+    /// and 4 ranges, and varlen with a `max_seqlen` hint shorter than its one sequence (a
+    /// wrong hint: its workspace holds no split tables).
+    #[test]
+    fn range_parts_fit_the_workspace_of_calls_with_few_heads() {
+        let hv = 8;
+        for (t, nranges, hint) in [(41040, 5, None), (32832, 4, None), (20000, 2, Some(100))] {
+            // 16 GiB apart: long calls' tensors must not overlap.
+            let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
+            let (q, k) = (at(1, &[1, t, 2, D], DType::BF16), at(2, &[1, t, 2, D], DType::BF16));
+            let (v, g) = (at(3, &[1, t, hv, D], DType::BF16), at(4, &[1, t, hv, D], DType::BF16));
+            let (beta, out) = (at(5, &[1, t, hv], DType::BF16), at(6, &[1, t, hv, D], DType::BF16));
+            let (fin, cu) = (at(8, &[1, hv, D, D], DType::F32), at(9, &[2], DType::I32));
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.output = Some(&out);
+            args.output_final_state = true;
+            args.final_state = Some(&fin);
+            if hint.is_some() {
+                args.cu_seqlens = Some(&cu);
+                args.max_seqlen = hint;
+            }
+            let need = chunk_workspace_bytes(&plan_chunk(&args).expect("a valid call"));
+            let ws = at(7, &[need.div_ceil(4)], DType::F32);
+            args.workspace = Some(&ws);
+            let plan = plan_chunk(&args).expect("a valid call");
+            let tune = ChunkTuning { ranges: Some(nranges), ..ChunkTuning::of_path(true) };
+            tune.check(&plan).unwrap_or_else(|e| panic!("T = {t}: {e}"));
+            let launches = range_launches(&args, &plan, tune, nranges, out.ptr(), Some(fin)).expect("launches");
+            let last = launches.last().expect("ranges");
+            let end = tensor_at(&last.bound, "prep") + chunk_workspace_bytes_unsplit(&last.plan) as u64;
+            let end = end - ws.ptr();
+            assert!(end <= need as u64, "T = {t} in {nranges}: the parts end at byte {end} of {need}");
+        }
     }
 
     #[test]

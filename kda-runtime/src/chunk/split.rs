@@ -16,7 +16,7 @@
 
 use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_merge::MergeConfig;
-use kda_kernels::chunk_segments::{max_segments, SegmentsConfig};
+use kda_kernels::chunk_segments::{max_segments, segment_count, SegmentsConfig};
 use kda_kernels::chunk_split::{split_configs, SplitConfigs};
 
 use super::args::ChunkArgs;
@@ -58,7 +58,7 @@ const PART_ALIGN: usize = 256;
 /// grid's limits).
 pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
     plan.value_heads <= SPLIT_MAX_VALUE_HEADS
-        && plan.longest_sequence() > 2 * SPLIT_SEGMENT_TOKENS
+        && segment_count(plan.longest_sequence(), SPLIT_SEGMENT_TOKENS) > 1
         && check_split(plan, SPLIT_SEGMENT_TOKENS).is_ok()
 }
 
@@ -84,7 +84,9 @@ fn segment_plan(plan: &ChunkPlan, seg: usize) -> ChunkPlan {
         initial: InitialState::Pool { dtype: DType::F32, indices: DType::I32, has_initial: None, pool: ns },
         final_out: FinalState::Pool,
         state_dtype: DType::F32,
-        // No segment is longer: the preparation's grid takes it (about 8 chunks per block).
+        // The preparation's grid by the split segments' length (about 8 chunks per block, as
+        // run 27 measured); a sequence left whole, up to twice as long, strides over up to 16
+        // per block (any grid covers every chunk).
         max_seqlen: Some(seg),
         checked: false,
         workspace: true,
@@ -154,8 +156,8 @@ fn check_split_workspace(args: &ChunkArgs, plan: &ChunkPlan, seg: usize) -> Resu
 /// Whether a planned call can be split every `seg` tokens; the reason (named `tune`) when not.
 pub(super) fn check_split(plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeError> {
     let ns = max_segments(plan.nseq, plan.total_tokens, seg.max(1));
-    let why = if seg == 0 || !seg.is_multiple_of(16) {
-        Some("a segment length that is a positive multiple of 16 tokens".to_string())
+    let why = if seg == 0 || !seg.is_multiple_of(16) || seg > i32::MAX as usize / 2 {
+        Some("a segment length that is a positive multiple of 16 tokens, below 2^30".to_string())
     } else if ns > GRID_YZ {
         Some(format!("at most {GRID_YZ} segments (this call has up to {ns})"))
     } else if plan.total_tokens > i32::MAX as usize {

@@ -211,8 +211,11 @@ impl PrefillInputs {
 enum Path {
     /// No workspace: the fused kernel.
     Fused,
-    /// A workspace: the two-kernel path where the API picks it (few chains).
+    /// A workspace: the two-kernel path where the API picks it (few chains), or with few
+    /// heads and long calls the split.
     TwoKernel,
+    /// As [`Path::TwoKernel`], with the `max_seqlen` hint (the longest sequence).
+    Hinted,
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
     /// a CUDA graph after one eager call and replayed; one sequence given as a `varlen` call
     /// (`cu_seqlens` `[0, T]`) or dense.
@@ -251,16 +254,17 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.output_final_state = true;
     args.final_state = Some(&views[7]);
     args.cu_seqlens = (n > 1 || matches!(path, Path::Ranges { varlen: true, .. })).then_some(&views[8]);
+    args.max_seqlen = (path == Path::Hinted).then(|| x.lens.iter().copied().max().unwrap_or(0));
     let ws_bytes = match path {
         Path::Fused | Path::Split { workspace: false, .. } => None,
         Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)),
-        Path::TwoKernel | Path::Ranges { .. } => Some(chunk_workspace_bytes(&plan_chunk(&args)?)),
+        Path::TwoKernel | Path::Hinted | Path::Ranges { .. } => Some(chunk_workspace_bytes(&plan_chunk(&args)?)),
     };
     let ws_tensor = ws_bytes.map(|bytes| DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)).transpose()?;
     let ws_view = ws_tensor.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
     match path {
-        Path::Fused | Path::TwoKernel => {
+        Path::Fused | Path::TwoKernel | Path::Hinted => {
             chunk_kda(gpu, kernels, &s, &args)?;
         }
         Path::Ranges { graph, .. } | Path::Split { graph, .. } => {
@@ -363,6 +367,25 @@ fn prefill_in_token_ranges_is_bit_identical() {
         let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph, varlen }).expect("in token ranges");
         assert!(ranges.0 == fused.0, "graph {graph}, varlen {varlen}: outputs differ from the fused kernel's");
         assert!(ranges.1 == fused.1, "graph {graph}, varlen {varlen}: final states differ from the fused kernel's");
+    }
+}
+
+/// A varlen call of few heads and more than 8192 tokens takes the split's path when given a
+/// workspace, though no sequence here is long enough to split, unless its `max_seqlen` hint
+/// says so (then the two-kernel path alone): both give the fused kernel's bits, since a
+/// sequence left whole keeps them.
+#[test]
+fn a_max_seqlen_hint_changes_no_bits() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let x = PrefillInputs::random(&[5000, 37, 4100], 47);
+    let fused = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
+    for path in [Path::TwoKernel, Path::Hinted] {
+        let got = prefill(&gpu, &kernels, &x, path).expect("with a workspace");
+        assert!(got.0 == fused.0, "{path:?}: outputs differ from the fused kernel's");
+        assert!(got.1 == fused.1, "{path:?}: final states differ from the fused kernel's");
     }
 }
 

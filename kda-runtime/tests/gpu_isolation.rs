@@ -290,6 +290,13 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     Ok((out.to_bytes(&s)?, fin.to_bytes(&s)?))
 }
 
+/// Asserts that a call's outputs and final states (`prefill`'s bytes) are `want`'s, bit for
+/// bit; `what` names the call, `whose` the one it is compared with.
+fn assert_same_bits(got: &(Vec<u8>, Vec<u8>), want: &(Vec<u8>, Vec<u8>), what: &str, whose: &str) {
+    assert!(got.0 == want.0, "{what}: outputs differ from {whose}");
+    assert!(got.1 == want.1, "{what}: final states differ from {whose}");
+}
+
 /// Lengths around the chunk size: shorter than a chunk, one token, whole chunks and ragged.
 const LENS: [usize; 6] = [37, 200, 1, 129, 64, 16];
 const TOKEN_ROW: usize = HV * D * 2;
@@ -365,8 +372,7 @@ fn prefill_in_token_ranges_is_bit_identical() {
     let fused = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
     for (graph, varlen) in [(false, false), (true, false), (false, true), (true, true)] {
         let ranges = prefill(&gpu, &kernels, &x, Path::Ranges { graph, varlen }).expect("in token ranges");
-        assert!(ranges.0 == fused.0, "graph {graph}, varlen {varlen}: outputs differ from the fused kernel's");
-        assert!(ranges.1 == fused.1, "graph {graph}, varlen {varlen}: final states differ from the fused kernel's");
+        assert_same_bits(&ranges, &fused, &format!("graph {graph}, varlen {varlen}"), "the fused kernel's");
     }
 }
 
@@ -384,8 +390,7 @@ fn a_max_seqlen_hint_changes_no_bits() {
     let fused = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
     for path in [Path::TwoKernel, Path::Hinted] {
         let got = prefill(&gpu, &kernels, &x, path).expect("with a workspace");
-        assert!(got.0 == fused.0, "{path:?}: outputs differ from the fused kernel's");
-        assert!(got.1 == fused.1, "{path:?}: final states differ from the fused kernel's");
+        assert_same_bits(&got, &fused, &format!("{path:?}"), "the fused kernel's");
     }
 }
 
@@ -405,8 +410,7 @@ fn the_split_gives_one_set_of_bits_on_every_path() {
     for (prepared, graph) in [(false, false), (true, false), (true, true)] {
         let path = Path::Split { workspace: true, prepared, graph };
         let got = prefill(&gpu, &kernels, &x, path).expect("split, states in the workspace");
-        assert!(got.0 == allocated.0, "{path:?}: outputs differ from the split with allocated states");
-        assert!(got.1 == allocated.1, "{path:?}: final states differ from the split with allocated states");
+        assert_same_bits(&got, &allocated, &format!("{path:?}"), "the split with allocated states");
     }
     let unsplit = prefill(&gpu, &kernels, &x, Path::Fused).expect("fused");
     // Outputs are bf16, final states f32.

@@ -111,7 +111,7 @@ pub enum Preparation {
     Workspace,
 }
 
-/// Columns of one token's row of the prepared-operand workspace (bf16): `kd`, `qd`, `kr`
+/// Columns of one token's row of the prepared-operand workspace (in [`ChunkOperands`]' type): `kd`, `qd`, `kr`
 /// (128 each), then the token's rows of `INV` and `Mqk` (16 each).
 pub const PREP_COLS: usize = 3 * 128 + 2 * 16;
 /// Where each prepared operand starts in a workspace row.
@@ -127,6 +127,30 @@ pub(crate) const PREP_MQK: usize = 400;
 pub const PREP_DECAY_COLS: usize = 128 + 16;
 /// Where the betas start in a row of the f32 workspace.
 pub(crate) const PREP_BETA: usize = 128;
+
+/// The element type the state's products round their operands to: `kd`, `qd`, `kr`, `INV`,
+/// `Mqk` (and the prepared workspace holding them), the state `S` and `U`. The products
+/// accumulate in f32 either way, at the same speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkOperands {
+    /// f16: 11 significant bits, so prefill then decode agree with prefill of the whole
+    /// sequence within 1e-3 (f32 states). Finite up to 65504: the values, the state and (without
+    /// l2norm) the keys must stay below it, or the results turn Inf.
+    F16,
+    /// bf16: f32's range, 8 significant bits (the states drift about 3e-3 from decode's f32
+    /// arithmetic). For values or states beyond f16's range.
+    Bf16,
+}
+
+impl ChunkOperands {
+    /// The element type.
+    pub fn dtype(self) -> DType {
+        match self {
+            ChunkOperands::F16 => DType::F16,
+            ChunkOperands::Bf16 => DType::BF16,
+        }
+    }
+}
 
 /// What a chunk run produces. The exact long-sequence split (CHUNK-ALGORITHM.md) runs its
 /// segments twice without output rows before the run that writes them.
@@ -167,6 +191,8 @@ pub struct ChunkConfig {
     pub run: ChunkRun,
     /// Where the prepared operands come from.
     pub preparation: Preparation,
+    /// The state's products' operand type.
+    pub operands: ChunkOperands,
 }
 
 impl Default for ChunkConfig {
@@ -184,6 +210,7 @@ impl Default for ChunkConfig {
             shape: ChunkShape::FUSED,
             run: ChunkRun::Output,
             preparation: Preparation::InKernel,
+            operands: ChunkOperands::F16,
         }
     }
 }
@@ -267,7 +294,7 @@ impl ChunkConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -284,7 +311,9 @@ impl ChunkConfig {
                 ChunkRun::StatesOnly => "_states",
                 ChunkRun::Transition => "_transition",
             },
-            if self.preparation == Preparation::Workspace { "_prepared" } else { "" }
+            if self.preparation == Preparation::Workspace { "_prepared" } else { "" },
+            // f16, the default, goes unnamed.
+            if self.operands == ChunkOperands::Bf16 { "_opbf16" } else { "" }
         )
         .to_lowercase()
     }
@@ -354,12 +383,16 @@ fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq:
     }
 }
 
-/// The prepared operands in bf16: `kd = k̂ 2^G`, `qd = scale q̂ 2^G`, `kr = k̂ 2^(Γ - G)`, and
-/// `ki = k̂ 2^-G` for the lower-bound gate, or the plain f32 rows `kn_sh`, `qn_sh` for the
-/// element-wise products of a precomputed one.
+/// The prepared operands, in the state products' operand type: `kd = k̂ 2^G`,
+/// `qd = scale q̂ 2^G`, `kr = k̂ 2^(Γ - G)` (none above `|k̂|` or `scale |q̂|`). For the
+/// lower-bound gate also `ki = k̂ 2^-G` in bf16 (up to 2^115: only bf16 or f32 hold it), and,
+/// when `key_copies` (operands other than bf16), bf16 copies `kdk`, `qdk` of `kd`, `qd` for its
+/// products with `ki` (an mma multiplies one type). For a precomputed gate, the plain f32 rows
+/// `kn_sh`, `qn_sh` for the element-wise products.
 #[kda_macros::kernel_fn]
 fn prepare_operands(
     lower: bool,
+    key_copies: bool,
     kf: Tile,
     qf: Tile,
     gl: Tile,
@@ -367,6 +400,8 @@ fn prepare_operands(
     qd_sh: Tile,
     kr_sh: Tile,
     ki_sh: Tile,
+    kdk_sh: Tile,
+    qdk_sh: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
     nv: Val,
@@ -376,11 +411,17 @@ fn prepare_operands(
         let gi = gl[i][j];
         let kn = kf[i][j];
         let qn = qf[i][j] * scale;
-        kd_sh[i][j] = kn * exp2(gi);
-        qd_sh[i][j] = qn * exp2(gi);
+        let kd = kn * exp2(gi);
+        let qd = qn * exp2(gi);
+        kd_sh[i][j] = kd;
+        qd_sh[i][j] = qd;
         kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
         if lower {
             ki_sh[i][j] = kn * exp2(-gi);
+            if key_copies {
+                kdk_sh[i][j] = kd;
+                qdk_sh[i][j] = qd;
+            }
         } else {
             kn_sh[i][j] = kn;
             qn_sh[i][j] = qn;
@@ -465,6 +506,7 @@ fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
 #[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
 pub(crate) fn prepare_chunk(
     lower: bool,
+    key_copies: bool,
     l2norm: bool,
     g_sh: Tile,
     dt_sh: Tile,
@@ -483,6 +525,8 @@ pub(crate) fn prepare_chunk(
     qd_sh: Tile,
     kr_sh: Tile,
     ki_sh: Tile,
+    kdk_sh: Tile,
+    qdk_sh: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
     la: Tile,
@@ -500,8 +544,14 @@ pub(crate) fn prepare_chunk(
 ) {
     gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
     load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-    prepare_operands(lower, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kn_sh, qn_sh, nv, scale);
-    key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+    prepare_operands(
+        lower, key_copies, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kdk_sh, qdk_sh, kn_sh, qn_sh, nv, scale,
+    );
+    if key_copies {
+        key_products(lower, kdk_sh, qdk_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+    } else {
+        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+    }
     invert_unit_lower(l_sh, cols, x, inv_sh);
 }
 
@@ -595,7 +645,7 @@ pub fn chunk(
     state_indices: Global<(NI,), { cfg.states.indices() }>,
     has_initial: Global<(NH,), { cfg.states.has_initial().unwrap_or(I32) }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
-    prep: Global<(WB, TP, HV, PW), BF16>,
+    prep: Global<(WB, TP, HV, PW), { cfg.operands.dtype() }>,
     prep_decay: Global<(WB, TC, HV, DW), F32>,
     out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
     NSEQ: Dim,
@@ -687,22 +737,26 @@ pub fn chunk(
     let sq = fragment([16, 128], F32, lanes_per_row = 32);
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
-    let kd_sh = shared([16, 128], BF16);
-    let qd_sh = shared([16, 128], BF16);
-    let kr_sh = shared([16, 128], BF16);
+    let op = cfg.operands.dtype();
+    let kd_sh = shared([16, 128], op);
+    let qd_sh = shared([16, 128], op);
+    let kr_sh = shared([16, 128], op);
     let ki_sh = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
+    let key_copies = lower && !prepared && op != BF16;
+    let kdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
+    let qdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
     let kn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
     let la = fragment([bv, 16], F32);
     let ma = fragment([bv, 16], F32);
     let l_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
     let m_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
-    let mq_sh = shared([16, 16], BF16);
+    let mq_sh = shared([16, 16], op);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);
     let cols = shared([16], F32);
     let x = local([16], F32);
-    let inv_sh = shared([16, 16], BF16);
+    let inv_sh = shared([16, 16], op);
     // The state's products.
     let wt = fragment([bv, 16], F32);
     let ot = fragment([bv, 16], F32);
@@ -754,6 +808,7 @@ pub fn chunk(
         if !prepared {
             prepare_chunk(
                 lower,
+                key_copies,
                 cfg.l2norm,
                 g_sh,
                 dt_sh,
@@ -772,6 +827,8 @@ pub fn chunk(
                 qd_sh,
                 kr_sh,
                 ki_sh,
+                kdk_sh,
+                qdk_sh,
                 kn_sh,
                 qn_sh,
                 la,

@@ -2,7 +2,7 @@
 //! family (K = V = 128, a few heads, T ≤ 64), covering the flags pairwise rather than as a full
 //! product so the suite stays fast.
 
-use crate::chunk::{ChunkConfig, ChunkGate, ChunkStates};
+use crate::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkStates};
 use crate::chunk_ref::{ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use crate::reference::Rng;
 use kda_dsl::DType::{BF16, F16, I32, I64};
@@ -118,6 +118,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             ChunkConfig { gate: ChunkGate::Precomputed, states: zeros, ..d.clone() },
             ChunkSpec { gate: GateSpec::PrecomputedFixed(-20.0), ..ChunkSpec::default() },
         ),
+        f("dense_t37_bf16_operands", ChunkConfig { operands: ChunkOperands::Bf16, ..d.clone() }, init.clone()),
         f(
             "no_l2norm_t48",
             ChunkConfig { l2norm: false, states: zeros, ..d },

@@ -15,8 +15,8 @@
 //! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    prepare_chunk, sequence_end, sequence_start, ChunkGate, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS,
-    PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    prepare_chunk, sequence_end, sequence_start, ChunkGate, ChunkOperands, Preparation, PREP_BETA, PREP_COLS,
+    PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -44,6 +44,8 @@ pub struct PrepConfig {
     /// fused kernel's. The reading `chunk` variant's own warp count does not matter (each
     /// warp's value rows see the same products).
     pub warps: usize,
+    /// The operand type of the workspace it writes (the reading variant's).
+    pub operands: ChunkOperands,
 }
 
 impl Default for PrepConfig {
@@ -56,6 +58,7 @@ impl Default for PrepConfig {
             l2norm: true,
             varlen: None,
             warps: PREP_WARPS,
+            operands: ChunkOperands::F16,
         }
     }
 }
@@ -71,6 +74,7 @@ impl PrepConfig {
             l2norm: cfg.l2norm,
             varlen: cfg.varlen,
             warps: PREP_WARPS,
+            operands: cfg.operands,
         }
     }
 
@@ -81,12 +85,13 @@ impl PrepConfig {
             ChunkGate::Precomputed => "pre".to_string(),
         };
         format!(
-            "{}_{}{}_cu{}_w{}",
+            "{}_{}{}_cu{}_w{}{}",
             self.dtype,
             gate,
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
-            self.warps
+            self.warps,
+            if self.operands == ChunkOperands::Bf16 { "_opbf16" } else { "" }
         )
         .to_lowercase()
     }
@@ -114,7 +119,7 @@ pub fn chunk_prep(
     a_log: Global<(HVA,), F32>,
     dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
-    prep: GlobalMut<(WB, TP, HV, PW), BF16>,
+    prep: GlobalMut<(WB, TP, HV, PW), { cfg.operands.dtype() }>,
     prep_decay: GlobalMut<(WB, TC, HV, DW), F32>,
     NSEQ: Dim,
     NX: Dim,
@@ -153,10 +158,14 @@ pub fn chunk_prep(
     let sq = fragment([16, 128], F32, lanes_per_row = 32);
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
-    let kd_sh = shared([16, 128], BF16);
-    let qd_sh = shared([16, 128], BF16);
-    let kr_sh = shared([16, 128], BF16);
+    let op = cfg.operands.dtype();
+    let kd_sh = shared([16, 128], op);
+    let qd_sh = shared([16, 128], op);
+    let kr_sh = shared([16, 128], op);
     let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
+    let key_copies = lower && op != BF16;
+    let kdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
+    let qdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
     let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     // 16 x 16 products on the first warp (`key_products`): the other warps skip them, and
@@ -166,12 +175,12 @@ pub fn chunk_prep(
     let ma = fragment([16, 16], F32);
     let l_sh = shared([16, 16], F32);
     let m_sh = shared([16, 16], F32);
-    let mq_sh = shared([16, 16], BF16);
+    let mq_sh = shared([16, 16], op);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);
     let cols = shared([16], F32);
     let xs = local([16], F32);
-    let inv_sh = shared([16, 16], BF16);
+    let inv_sh = shared([16, 16], op);
 
     let chunks = ceil_div(eos - bos, 16);
     // The decay table's row of the sequence's first chunk: chunk `c`'s is this plus `c`, so
@@ -189,6 +198,7 @@ pub fn chunk_prep(
 
         prepare_chunk(
             lower,
+            key_copies,
             cfg.l2norm,
             g_sh,
             dt_sh,
@@ -207,6 +217,8 @@ pub fn chunk_prep(
             qd_sh,
             kr_sh,
             ki_sh,
+            kdk_sh,
+            qdk_sh,
             kn_sh,
             qn_sh,
             la,

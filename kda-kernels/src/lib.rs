@@ -100,12 +100,18 @@ pub fn chunk_prep_variant(cfg: chunk_prep::PrepConfig) -> Variant {
     variant_of("chunk_prep", cfg, key, chunk_prep::chunk_prep)
 }
 
-/// The preparation configs shipped: the bench cases' (dense and varlen), and the split's
+/// The preparation configs shipped: the bench cases' (dense and varlen, and dense with bf16
+/// operands), and the split's
 /// (over its segments, [`split_configs_shipped`]).
 pub fn chunk_prep_configs() -> Vec<chunk_prep::PrepConfig> {
     let d = chunk_prep::PrepConfig::default();
     let split = split_configs_shipped().prep.expect("the shipped split is prepared");
-    vec![d.clone(), chunk_prep::PrepConfig { varlen: Some(kda_dsl::DType::I64), ..d }, split]
+    vec![
+        d.clone(),
+        chunk_prep::PrepConfig { varlen: Some(kda_dsl::DType::I64), ..d.clone() },
+        chunk_prep::PrepConfig { operands: chunk::ChunkOperands::Bf16, ..d },
+        split,
+    ]
 }
 
 /// The variant of a split-merge config ([`chunk_merge::chunk_merge`]); shipped when it is the
@@ -140,8 +146,9 @@ pub fn split_configs_shipped() -> chunk_split::SplitConfigs {
 
 /// The chunk configs shipped: the bench cases' variant (dense and varlen), the decode pool in
 /// place, the precomputed gate, the bench case's chain over a prepared workspace (the
-/// two-kernel path a call with a workspace and few chains takes), and the split's three
-/// passes ([`split_configs_shipped`]).
+/// two-kernel path a call with a workspace and few chains takes), the bench case's fused and
+/// prepared chains with bf16 operands ([`chunk::ChunkOperands`]), and the split's three passes
+/// ([`split_configs_shipped`]).
 pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
     use chunk::{ChunkConfig as C, ChunkGate, ChunkStates, Preparation};
     let d = C::default();
@@ -154,7 +161,14 @@ pub fn chunk_configs() -> Vec<chunk::ChunkConfig> {
             states: ChunkStates::Pool { indices: kda_dsl::DType::I32, has_initial: Some(kda_dsl::DType::I32) },
             ..d.clone()
         },
-        C { gate: ChunkGate::Precomputed, ..d },
+        C { gate: ChunkGate::Precomputed, ..d.clone() },
+        C { operands: chunk::ChunkOperands::Bf16, ..d.clone() },
+        C {
+            operands: chunk::ChunkOperands::Bf16,
+            preparation: Preparation::Workspace,
+            shape: chunk::ChunkShape::PREPARED,
+            ..d
+        },
     ];
     let split = split_configs_shipped();
     configs.extend([split.transition, split.from_zeros, split.output]);

@@ -4,7 +4,7 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkRun, ChunkShape, ChunkStates, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
@@ -102,6 +102,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             },
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
+            operands: x.of(&[ChunkOperands::F16, ChunkOperands::Bf16]),
         };
         let p = PrepConfig {
             dtype: x.dt(),
@@ -110,6 +111,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             l2norm: x.b(),
             varlen: x.opt_dt(),
             warps: x.of(&[1, 2, 4, 8, 5]),
+            operands: c.operands,
         };
         let g = GemmConfig {
             dtype: x.dt(),

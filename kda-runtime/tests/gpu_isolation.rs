@@ -274,7 +274,14 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
                     // The fused kernel's shape either way: its in-kernel preparation reduces
                     // in an order set by its warps.
                     let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
-                    ChunkTuning { shape, split: Some(SPLIT), prepared, prep_blocks: None, ranges: None }
+                    ChunkTuning {
+                        shape,
+                        split: Some(SPLIT),
+                        prepared,
+                        prep_blocks: None,
+                        ranges: None,
+                        ..ChunkTuning::for_call(&plan)
+                    }
                 }
                 _ => ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) },
             };

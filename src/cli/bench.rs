@@ -8,7 +8,7 @@ use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kerne
 use std::io::Write;
 
 const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -108,10 +108,11 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][fFILL]
-/// [sTOKENS][p[BLOCKS][rRANGES]]`: `x` the pipeline's depth in chunks (the path's default
+/// [sTOKENS][p[BLOCKS][rRANGES]][b]`: `x` the pipeline's depth in chunks (the path's default
 /// without it), `f` that many fill warps issuing the pipeline's fills, `s`
 /// the exact split into segments of that many tokens, `p` the two-kernel path
-/// with that many preparation blocks per chain, `r` that path in token ranges; 8x1, 8x2, 4x2
+/// with that many preparation blocks per chain, `r` that path in token ranges, `b` bf16
+/// operands for the state's products (f16 without it); 8x1, 8x2, 4x2
 /// and 4x3 when none is given), over the five bench cases and one with few heads
 /// ([`super::chunk_gpu::sweep_prefill_cases`]), optionally only the cases whose name contains
 /// `--case NAME`: how the default was chosen.
@@ -142,16 +143,20 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]]`, as
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b]`, as
 /// the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
-    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]]; {USAGE}");
+    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
+    // From the end: `b` (bf16 operands for the state's products), `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
     // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
     // `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps) and
     // `xSTAGES`.
+    let (a, operands) = match a.strip_suffix('b') {
+        Some(rest) => (rest, ChunkOperands::Bf16),
+        None => (a, ChunkOperands::F16),
+    };
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a, None),
@@ -178,7 +183,7 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
     let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps };
-    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges })
+    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands })
 }
 
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ): how the shipped default was chosen.
@@ -388,13 +393,19 @@ pub fn time_gemm(
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
-    use kda_runtime::chunk::{ChunkShape, ChunkTuning};
+    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
     fn chunk_shapes_parse_every_part() {
         let shape = |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages, fill_warps: 0 };
-        let tune =
-            |shape, split, prepared, prep_blocks, ranges| ChunkTuning { shape, split, prepared, prep_blocks, ranges };
+        let tune = |shape, split, prepared, prep_blocks, ranges| ChunkTuning {
+            shape,
+            split,
+            prepared,
+            prep_blocks,
+            ranges,
+            operands: ChunkOperands::F16,
+        };
         let cases = [
             ("8x2", tune(shape(8, 2, ChunkShape::FUSED.stages), None, false, None, None)),
             ("2x8p", tune(shape(2, 8, ChunkShape::PREPARED.stages), None, true, None, None)),
@@ -402,11 +413,19 @@ mod tests {
             ("2x8x3p256", tune(shape(2, 8, 3), None, true, Some(256), None)),
             ("8x2s4096p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(4096), true, None, None)),
             ("2x4x4f1pr8", tune(ChunkShape { fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, Some(8))),
+            (
+                "2x4x4f1pr4b",
+                ChunkTuning {
+                    operands: ChunkOperands::Bf16,
+                    ..tune(ChunkShape { fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, Some(4))
+                },
+            ),
+            ("8x2b", ChunkTuning { operands: ChunkOperands::Bf16, ..tune(shape(8, 2, 2), None, false, None, None) }),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
-        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f"] {
+        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb"] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");
         }

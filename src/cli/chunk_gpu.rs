@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, ChunkStates};
+use kda_kernels::chunk::{ChunkConfig, ChunkOperands, ChunkStates};
 use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
@@ -239,8 +239,14 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
     // The two-kernel path in 4 token ranges, at the shape both runs take: the fused kernel's,
     // and the ranges' chains at it.
-    let four_ranges =
-        ChunkTuning { shape: ChunkShape::FUSED, split: None, prepared: true, prep_blocks: None, ranges: Some(4) };
+    let four_ranges = ChunkTuning {
+        shape: ChunkShape::FUSED,
+        split: None,
+        prepared: true,
+        prep_blocks: None,
+        ranges: Some(4),
+        operands: ChunkOperands::F16,
+    };
     // The split every `seg` tokens, at the fused kernel's shape (both runs take it).
     let split = |seg| ChunkTuning {
         shape: ChunkShape::FUSED,
@@ -248,6 +254,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
         prepared: false,
         prep_blocks: None,
         ranges: None,
+        operands: ChunkOperands::F16,
     };
     // Segments of the varlen split row: the default's at full size.
     let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };

@@ -3,8 +3,8 @@
 use cudarc::driver::CudaStream;
 use kda_dsl::tile::FILL_WARPS_MAX;
 use kda_dsl::DType;
-pub use kda_kernels::chunk::ChunkShape;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
+pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
@@ -70,6 +70,12 @@ pub struct ChunkTuning {
     /// calls share that stream, so their chains run in call order even when the calls are on
     /// different streams (each call still waits only for work enqueued before it).
     pub ranges: Option<usize>,
+    /// The element type the state's products round their operands to (and the prepared
+    /// workspace holds). [`ChunkTuning::for_call`] sets [`ChunkOperands::F16`]: the states stay
+    /// within 1e-3 of decode's f32 arithmetic, while values, states and (without l2norm) keys
+    /// stay below f16's 65504. [`ChunkOperands::Bf16`] takes f32's range at 8 significant bits.
+    /// Either runs at the same speed.
+    pub operands: ChunkOperands,
 }
 
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
@@ -131,7 +137,7 @@ impl ChunkTuning {
     /// workspace, [`ChunkShape::FUSED`] otherwise.
     pub(super) fn of_path(prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
-        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None }
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands: ChunkOperands::F16 }
     }
 }
 
@@ -198,6 +204,7 @@ pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         shape: tune.shape,
         run: kda_kernels::chunk::ChunkRun::Output,
         preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
+        operands: tune.operands,
     }
 }
 
@@ -257,18 +264,18 @@ pub(crate) fn kernel_args(
     };
     let nseq = i32::try_from(plan.nseq)
         .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
-    // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (bf16), then the
+    // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (16-bit), then the
     // decays and betas `[WB, TP / 16 rounded up, HV, PREP_DECAY_COLS]` (f32).
     let (prep, prep_decay) = match (cfg.preparation, args.workspace) {
         (Preparation::Workspace, Some(ws)) => {
             let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
             let decay_at = ws.ptr() + workspace_prep_bytes(plan) as u64;
             (
-                view(ws.ptr(), &[wb, tp, hv, PREP_COLS], DType::BF16)?,
+                view(ws.ptr(), &[wb, tp, hv, PREP_COLS], cfg.operands.dtype())?,
                 view(decay_at, &[wb, tp.div_ceil(16), hv, PREP_DECAY_COLS], DType::F32)?,
             )
         }
-        _ => (view(0, &[0, 0, hv, 0], DType::BF16)?, view(0, &[0, 0, hv, 0], DType::F32)?),
+        _ => (view(0, &[0, 0, hv, 0], cfg.operands.dtype())?, view(0, &[0, 0, hv, 0], DType::F32)?),
     };
     use KernelArg::{Tensor as T, F32, I32};
     Ok([

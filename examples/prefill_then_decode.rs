@@ -1,7 +1,8 @@
 //! Prefill into the decode state pool, then decode from it: `chunk_kda` writes each prompt's
 //! final state into its pool slot through `state_indices`, and `gated_delta_rule_decode`
 //! continues from those slots in place. The example checks the decoded token against a prefill
-//! of the whole sequence (prompt and token), which must agree within bf16 rounding.
+//! of the whole sequence (prompt and token): the f32 pool states within 1e-3 (the chunk
+//! kernel's f16 operands), the bf16 outputs within their own rounding (about 1e-2).
 //!
 //! `cargo run --release --example prefill_then_decode` (needs a GPU; says so otherwise).
 
@@ -173,7 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let as64 = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
     let (pools_a, pools_b) = (pool.to_f32_vec(&s)?, fresh.to_f32_vec(&s)?);
     println!(
-        "decoded token against the whole-sequence prefill: output {:.2e}, pool states {:.2e} (bf16 rounding: about 1e-2)",
+        "decoded token against the whole-sequence prefill: output {:.2e} (bf16 rounding: about 1e-2), pool states {:.2e} (within 1e-3)",
         rel_err(&as64(&decoded), &as64(&last)),
         rel_err(&as64(&pools_a), &as64(&pools_b)),
     );

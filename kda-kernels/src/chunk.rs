@@ -383,49 +383,50 @@ fn load_normalized(l2norm: bool, k_sh: Tile, q_sh: Tile, kf: Tile, qf: Tile, sq:
     }
 }
 
-/// The prepared operands, in the state products' operand type: `kd = k̂ 2^G`,
-/// `qd = scale q̂ 2^G`, `kr = k̂ 2^(Γ - G)` (none above `|k̂|` or `scale |q̂|`). For the
-/// lower-bound gate also `ki = k̂ 2^-G` in bf16 (up to 2^115: only bf16 or f32 hold it), and,
-/// when `key_copies` (operands other than bf16), bf16 copies `kdk`, `qdk` of `kd`, `qd` for its
-/// products with `ki` (an mma multiplies one type). For a precomputed gate, the plain f32 rows
-/// `kn_sh`, `qn_sh` for the element-wise products.
+/// The prepared operands, computed in place in registers: `qd = scale q̂ 2^G` into `qf`,
+/// `kd = k̂ 2^G` into `kf`, `kr = k̂ 2^(Γ - G)` into `sq` (none above `|k̂|` or `scale |q̂|`),
+/// for the caller to store in the state products' operand type. For the lower-bound gate also
+/// `ki = k̂ 2^-G` into `ki_sh` and `kd`, `qd` into `kd_key`, `qd_key` for their products with
+/// it, all bf16 (`ki` reaches 2^115: only bf16 or f32 hold it, and an mma multiplies one type);
+/// for a precomputed gate, the plain f32 rows `kn_sh`, `qn_sh` for the element-wise products.
+/// Stores from registers go out in vectors.
 #[kda_macros::kernel_fn]
 fn prepare_operands(
     lower: bool,
-    key_copies: bool,
     kf: Tile,
     qf: Tile,
+    sq: Tile,
     gl: Tile,
-    kd_sh: Tile,
-    qd_sh: Tile,
-    kr_sh: Tile,
     ki_sh: Tile,
-    kdk_sh: Tile,
-    qdk_sh: Tile,
+    kd_key: Tile,
+    qd_key: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
     nv: Val,
     scale: Val,
 ) {
+    for (i, j) in parallel(qf) {
+        qf[i][j] = qf[i][j] * scale;
+    }
+    if lower {
+        for (i, j) in parallel(kf) {
+            sq[i][j] = kf[i][j] * exp2(-gl[i][j]);
+        }
+        copy(sq, ki_sh);
+    } else {
+        copy(kf, kn_sh);
+        copy(qf, qn_sh);
+    }
     for (i, j) in parallel(kf) {
         let gi = gl[i][j];
-        let kn = kf[i][j];
-        let qn = qf[i][j] * scale;
-        let kd = kn * exp2(gi);
-        let qd = qn * exp2(gi);
-        kd_sh[i][j] = kd;
-        qd_sh[i][j] = qd;
-        kr_sh[i][j] = kn * exp2(gl[nv - 1][j] - gi);
-        if lower {
-            ki_sh[i][j] = kn * exp2(-gi);
-            if key_copies {
-                kdk_sh[i][j] = kd;
-                qdk_sh[i][j] = qd;
-            }
-        } else {
-            kn_sh[i][j] = kn;
-            qn_sh[i][j] = qn;
-        }
+        let decay = exp2(gi);
+        sq[i][j] = kf[i][j] * exp2(gl[nv - 1][j] - gi);
+        kf[i][j] = kf[i][j] * decay;
+        qf[i][j] = qf[i][j] * decay;
+    }
+    if lower {
+        copy(kf, kd_key);
+        copy(qf, qd_key);
     }
 }
 
@@ -499,14 +500,15 @@ fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
     }
 }
 
-/// Every state-independent step of one chunk, in order: the gate and beta, the normalized
-/// keys, the prepared operands, the key products and the solve. The fused kernel and
-/// `chunk_prep` both run exactly this, which is what makes their results the same bits.
+/// The state-independent steps of one chunk up to its prepared operands, in order: the gate
+/// and beta, the normalized keys and the operands ([`prepare_operands`]: `kd`, `qd`, `kr` left
+/// in `kf`, `qf`, `sq`). Each kernel then stores those three where its chain reads them and
+/// runs [`solve_chunk`]. The fused kernel and `chunk_prep` both run exactly this, which is
+/// what makes their results the same bits.
 #[kda_macros::kernel_fn]
 #[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
-pub(crate) fn prepare_chunk(
+pub(crate) fn prepare_keys(
     lower: bool,
-    key_copies: bool,
     l2norm: bool,
     g_sh: Tile,
     dt_sh: Tile,
@@ -521,14 +523,34 @@ pub(crate) fn prepare_chunk(
     sq: Tile,
     rk: Tile,
     rq: Tile,
-    kd_sh: Tile,
-    qd_sh: Tile,
-    kr_sh: Tile,
     ki_sh: Tile,
-    kdk_sh: Tile,
-    qdk_sh: Tile,
+    kd_key: Tile,
+    qd_key: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
+    nv: Val,
+    ea: Val,
+    lower_bound: Val,
+    scale: Val,
+) {
+    gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+    load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
+    prepare_operands(lower, kf, qf, sq, gl, ki_sh, kd_key, qd_key, kn_sh, qn_sh, nv, scale);
+}
+
+/// The key products and the solve, after [`prepare_keys`]: `INV` into `inv_sh`, `Mqk` into
+/// `mq_sh`.
+#[kda_macros::kernel_fn]
+#[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
+pub(crate) fn solve_chunk(
+    lower: bool,
+    kd_key: Tile,
+    qd_key: Tile,
+    ki_sh: Tile,
+    kn_sh: Tile,
+    qn_sh: Tile,
+    gl: Tile,
+    bt_sh: Tile,
     la: Tile,
     ma: Tile,
     l_sh: Tile,
@@ -537,21 +559,8 @@ pub(crate) fn prepare_chunk(
     cols: Tile,
     x: Tile,
     inv_sh: Tile,
-    nv: Val,
-    ea: Val,
-    lower_bound: Val,
-    scale: Val,
 ) {
-    gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
-    load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-    prepare_operands(
-        lower, key_copies, kf, qf, gl, kd_sh, qd_sh, kr_sh, ki_sh, kdk_sh, qdk_sh, kn_sh, qn_sh, nv, scale,
-    );
-    if key_copies {
-        key_products(lower, kdk_sh, qdk_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-    } else {
-        key_products(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-    }
+    key_products(lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
     invert_unit_lower(l_sh, cols, x, inv_sh);
 }
 
@@ -742,9 +751,9 @@ pub fn chunk(
     let qd_sh = shared([16, 128], op);
     let kr_sh = shared([16, 128], op);
     let ki_sh = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
-    let key_copies = lower && !prepared && op != BF16;
-    let kdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
-    let qdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
+    // The lower-bound gate's key products read `kd` and `qd` in bf16, whatever the operands.
+    let kd_key = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
+    let qd_key = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
     let kn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
     let la = fragment([bv, 16], F32);
@@ -806,9 +815,8 @@ pub fn chunk(
         let nv = min(eos - t0, 16);
 
         if !prepared {
-            prepare_chunk(
+            prepare_keys(
                 lower,
-                key_copies,
                 cfg.l2norm,
                 g_sh,
                 dt_sh,
@@ -823,26 +831,21 @@ pub fn chunk(
                 sq,
                 rk,
                 rq,
-                kd_sh,
-                qd_sh,
-                kr_sh,
                 ki_sh,
-                kdk_sh,
-                qdk_sh,
+                kd_key,
+                qd_key,
                 kn_sh,
                 qn_sh,
-                la,
-                ma,
-                l_sh,
-                m_sh,
-                mq_sh,
-                cols,
-                x,
-                inv_sh,
                 nv,
                 ea,
                 lower_bound,
                 scale,
+            );
+            copy(kf, kd_sh);
+            copy(qf, qd_sh);
+            copy(sq, kr_sh);
+            solve_chunk(
+                lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
             );
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);

@@ -15,8 +15,8 @@
 //! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    prepare_chunk, sequence_end, sequence_start, ChunkGate, ChunkOperands, Preparation, PREP_BETA, PREP_COLS,
-    PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, Preparation, PREP_BETA,
+    PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -158,14 +158,13 @@ pub fn chunk_prep(
     let sq = fragment([16, 128], F32, lanes_per_row = 32);
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
+    // `kd`, `qd` and `kr` go from registers to the workspace; the lower-bound gate's key
+    // products read `kd` and `qd` in bf16 here.
     let op = cfg.operands.dtype();
-    let kd_sh = shared([16, 128], op);
-    let qd_sh = shared([16, 128], op);
-    let kr_sh = shared([16, 128], op);
-    let ki_sh = shared([16, if lower { 128 } else { 8 }], BF16);
-    let key_copies = lower && op != BF16;
-    let kdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
-    let qdk_sh = shared([16, if key_copies { 128 } else { 8 }], BF16);
+    let keys = if lower { 128 } else { 8 };
+    let kd_sh = shared([16, keys], BF16);
+    let qd_sh = shared([16, keys], BF16);
+    let ki_sh = shared([16, keys], BF16);
     let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     // 16 x 16 products on the first warp (`key_products`): the other warps skip them, and
@@ -196,9 +195,8 @@ pub fn chunk_prep(
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         let nv = min(eos - t0, 16);
 
-        prepare_chunk(
+        prepare_keys(
             lower,
-            key_copies,
             cfg.l2norm,
             g_sh,
             dt_sh,
@@ -213,31 +211,21 @@ pub fn chunk_prep(
             sq,
             rk,
             rq,
+            ki_sh,
             kd_sh,
             qd_sh,
-            kr_sh,
-            ki_sh,
-            kdk_sh,
-            qdk_sh,
             kn_sh,
             qn_sh,
-            la,
-            ma,
-            l_sh,
-            m_sh,
-            mq_sh,
-            cols,
-            xs,
-            inv_sh,
             nv,
             ea,
             lower_bound,
             scale,
         );
+        copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
+        copy(qf, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
+        copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
+        solve_chunk(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, xs, inv_sh);
 
-        copy(kd_sh, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
-        copy(qd_sh, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
-        copy(kr_sh, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));
         copy(eg_sh, prep_decay.tile_at([bi, d0 + c, hv, 0], [1, 1, 1, 128]));

@@ -819,3 +819,60 @@ fn fill_warps_need_a_pipeline_and_at_most_four() {
     let e = refusal(staged_products(&FillCfg { fill_warps: 5, stages: 2 }));
     assert!(e.contains("fill_warps = 5") && e.contains("expected 0 to 4"), "{e}");
 }
+
+/// A tile fragment stored into shared tiles of f32, bf16 and f16, then read back out through
+/// global memory: the rows a warp holds with 32 lanes per row, and mma-style ones.
+#[kernel]
+fn fragment_to_shared(
+    cfg: &Cfg,
+    x: Global<(R, C), F32>,
+    y32: GlobalMut<(R, C), F32>,
+    yb: GlobalMut<(R, C), BF16>,
+    yh: GlobalMut<(R, C), F16>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    assume_extent(C, 128);
+    let f = fragment([cfg.rows, 128], F32, lanes_per_row = 32);
+    let g = fragment([cfg.rows, 128], F32);
+    let s32 = shared([cfg.rows, 128], F32);
+    let sb = shared([cfg.rows, 128], BF16);
+    let sh = shared([cfg.rows, 128], F16);
+    copy(x.tile([0, 0], [cfg.rows, 128]), f);
+    copy(x.tile([0, 0], [cfg.rows, 128]), g);
+    copy(f, s32);
+    copy(f, sb);
+    copy(g, sh);
+    copy(s32, y32.tile([0, 0], [cfg.rows, 128]));
+    copy(sb, yb.tile([0, 0], [cfg.rows, 128]));
+    copy(sh, yh.tile([0, 0], [cfg.rows, 128]));
+}
+
+#[test]
+fn tile_fragments_store_into_shared_tiles_in_vectors() {
+    for threads in [32, 128] {
+        let cfg = Cfg { rows: 16, cols: 128, threads };
+        let (r, c) = (16, 128);
+        let x: Vec<f64> = Rng::new(5).normals(r * c, DType::F32);
+        let mut args = vec![
+            t("x", &x, DType::F32),
+            i("R", r),
+            i("C", c),
+            t("y32", &vec![f64::NAN; r * c], DType::F32),
+            t("yb", &vec![f64::NAN; r * c], DType::BF16),
+            t("yh", &vec![f64::NAN; r * c], DType::F16),
+        ];
+        let def = fragment_to_shared(&cfg).expect("builds");
+        simulate(&def, &mut args).expect("runs");
+        assert_eq!(tensor_values(&args, "y32", DType::F32), x, "{threads} threads: f32");
+        for (name, d) in [("yb", DType::BF16), ("yh", DType::F16)] {
+            let want: Vec<f64> = x.iter().map(|v| round_to(*v, d)).collect();
+            assert_eq!(tensor_values(&args, name, d), want, "{threads} threads: {d:?}");
+        }
+        let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect("compiles").ptx;
+        assert!(!ptx.contains("st.shared.b16") && !ptx.contains("st.shared.f32 "), "{threads} threads: element stores");
+        assert!(
+            ptx.contains("st.shared.v4.f32") && ptx.contains("st.shared.v2.b32"),
+            "{threads} threads: vector stores"
+        );
+    }
+}

@@ -657,13 +657,17 @@ impl Lower<'_> {
             (BufLayout::Shared(_), BufLayout::Fragment(l)) | (BufLayout::Fragment(l), BufLayout::Shared(_)) => {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
                 let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
-                // A thread's `vec` adjacent columns start at a multiple of `vec`; loaded in runs
+                // A thread's `vec` adjacent columns start at a multiple of `vec`; accessed in runs
                 // of at most 16 bytes, each run lies in one 16-byte chunk of a swizzled tile.
-                let esize = sdt.size_bytes() as u32;
+                let (shared_dt, frag_dt) = if to_frag { (sdt, ddt) } else { (ddt, sdt) };
+                let esize = shared_dt.size_bytes() as u32;
                 let run = l.vec.min(16 / esize);
-                let floats = matches!(sdt, DType::F32 | DType::BF16 | DType::F16);
-                if to_frag && floats && run >= 2 && l.kind != FragmentKind::Rows {
-                    // One aligned vector load per run (16-bit pairs widen in registers).
+                let floats = matches!(shared_dt, DType::F32 | DType::BF16 | DType::F16);
+                // One aligned vector access per run: loads widen 16-bit pairs in registers, stores
+                // pack them. A tile fragment holds each element once, so every thread stores its
+                // own runs (vector fragments, replicated over warps, store element by element
+                // from their owners below).
+                if floats && run >= 2 && (l.kind == FragmentKind::Tile || (to_frag && l.kind != FragmentKind::Rows)) {
                     let fast = if two_d && run == l.vec { self.swizzled_runs(sh, l) } else { None };
                     let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
                     let mut k = 0;
@@ -682,7 +686,11 @@ impl Lower<'_> {
                             }
                         };
                         let regs: Vec<Reg> = (k..k + run).map(|j| self.regs[fr][j as usize]).collect();
-                        self.run_load(Space::Shared, a, off, sdt, None, ddt, &regs);
+                        if to_frag {
+                            self.run_load(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                        } else {
+                            self.run_store(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                        }
                         k += run;
                     }
                     return Ok(());

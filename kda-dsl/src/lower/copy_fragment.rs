@@ -58,7 +58,7 @@ impl Lower<'_> {
             if load {
                 self.run_load(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
             } else {
-                self.run_store(addr, offset, gb.dtype, valid, dt, &regs);
+                self.run_store(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
             }
             s += run;
         }
@@ -128,10 +128,21 @@ impl Lower<'_> {
         }
     }
 
-    /// `src.len()` adjacent elements of a `dt` tile to `addr + offset` (skipped where `valid` is
-    /// false): one vector store, 16-bit types packed in pairs.
-    pub(super) fn run_store(&mut self, addr: Reg, offset: i64, to: DType, valid: Option<Reg>, dt: DType, src: &[Reg]) {
+    /// `src.len()` adjacent elements of a `dt` tile to `addr + offset` in `space` (skipped
+    /// where `valid` is false): one vector store, 16-bit types packed in pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_store(
+        &mut self,
+        space: Space,
+        addr: Reg,
+        offset: i64,
+        to: DType,
+        valid: Option<Reg>,
+        dt: DType,
+        src: &[Reg],
+    ) {
         if src.len() == 1 {
+            debug_assert_eq!(space, Space::Global, "a one-element run into shared memory");
             let v = V { s: Src::Reg(src[0]), ty: value_type(dt) };
             self.masked_store(addr, offset, to, v, valid);
             return;
@@ -148,7 +159,7 @@ impl Lower<'_> {
             }
             (Ty::B32, words)
         };
-        let op = Op::St { space: Space::Global, ty, addr, offset, vals };
+        let op = Op::St { space, ty, addr, offset, vals };
         match valid {
             Some(p) => self.em.emit_if(p, true, op),
             None => self.em.emit(op),

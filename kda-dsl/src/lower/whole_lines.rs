@@ -109,7 +109,7 @@ impl Lower<'_> {
                 let second: Vec<Reg> = (0..4).map(|k| pick(self, hi[k], got[k])).collect();
                 for (row, vals) in [(r, first), (r + 1, second)] {
                     let addr = at_row(self, row);
-                    self.run_store(addr, 128 * m as i64, DType::F32, valid, DType::F32, &vals);
+                    self.run_store(Space::Global, addr, 128 * m as i64, DType::F32, valid, DType::F32, &vals);
                 }
             }
         }

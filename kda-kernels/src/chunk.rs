@@ -9,15 +9,19 @@
 //! cumulative gate in log2 units and `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
 //!
 //! ```text
-//! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        bf16, in shared memory
+//! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        16-bit, in shared memory
 //! A   = strict_lower(diag(beta) kd kiᵀ)   INV = (I + A)^-1 (f32 forward substitution)
 //! Mqk = lower_incl_diag(qd kiᵀ)
 //! Wᵀ  = S kdᵀ,  Vnᵀ = beta (vᵀ - Wᵀ),  Uᵀ = Vnᵀ INVᵀ                   the transposed view
 //! Oᵀ  = S qdᵀ + Uᵀ Mqkᵀ,  S = S diag(2^Γ) + Uᵀ kr
 //! ```
 //!
-//! `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes whole (`kd_sh.replicated()`,
-//! an mma operand no warp copies); the first warp's copy feeds the solve and `Mqk`. With the
+//! The state's products take `kd`, `qd`, `kr`, `INV`, `Mqk` (and `S`, `U`) as f16 operands by
+//! default ([`ChunkOperands`]): 11 significant bits, so the states stay within 1e-3 of
+//! decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the key products take
+//! bf16 copies of `kd` and `qd`. `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes
+//! whole (`kd_key.replicated()`, an mma operand no warp copies); the first warp's copy feeds
+//! the solve and `Mqk`. With the
 //! lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`, so `2^-G`
 //! fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
 //! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a decay), and needs no `ki`. Rows past

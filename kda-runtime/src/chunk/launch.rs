@@ -650,4 +650,31 @@ mod tests {
         refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
     }
+
+    /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
+    /// preparation's and the workspace's element type (f16 by default).
+    #[test]
+    fn bf16_operands_reach_the_kernels_and_the_workspace() {
+        let (q, k) = (tv(1, &[1, 64, 2, D], DType::BF16), tv(2, &[1, 64, 2, D], DType::BF16));
+        let (v, g, beta) =
+            (tv(3, &[1, 64, 2, D], DType::BF16), tv(4, &[1, 64, 2, D], DType::BF16), tv(5, &[1, 64, 2], DType::BF16));
+        let ws = tv(6, &[1 << 20], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let default = ChunkTuning { prepared: true, ..ChunkTuning::for_call(&plan) };
+        let bf16 = ChunkTuning { operands: ChunkOperands::Bf16, ..default };
+        for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
+            tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));
+            let cfg = tuned_config(&plan, tune);
+            assert_eq!(cfg.operands.dtype(), dtype);
+            assert_eq!(PrepConfig::of(&cfg).operands, cfg.operands);
+            let bound = kernel_args(&args, &plan, &cfg, 0x9000_0000, None).expect("arguments");
+            let prep = bound.iter().find(|(name, _)| *name == "prep").expect("a prep argument");
+            match &prep.1 {
+                KernelArg::Tensor(t) => assert_eq!(t.dtype(), dtype, "the workspace's operands"),
+                _ => panic!("prep is a tensor"),
+            }
+        }
+    }
 }

@@ -66,12 +66,14 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
 }
 
 /// The most token ranges [`super::ChunkTuning::for_call`] cuts a call into: the fastest of
-/// `kda bench --sweep-chunk` at B = 1, T = 32768 with the chain's fill warp (4 against 8 and
-/// 16; docs/performance.md, 2026-12-02 run 15).
-pub const DEFAULT_RANGES: usize = 4;
+/// `kda bench --sweep-chunk` at B = 1, T = 32768 with f16 operands and vector stores of the
+/// prepared operands (2 against 3 and 4, at 32 value heads and GVA; docs/performance.md,
+/// 2026-12-03 (late) runs 36 and 37). With bf16 operands 4 had measured fastest (2026-12-02
+/// run 15).
+pub const DEFAULT_RANGES: usize = 2;
 
-/// The fewest chunks a token range of [`super::ChunkTuning::for_call`] holds: the length of
-/// the ranges measured fastest (4 of 8192 tokens at T = 32768). Each range costs two launches
+/// The fewest chunks a token range of [`super::ChunkTuning::for_call`] holds (8192 tokens: 4
+/// such ranges measured fastest at T = 32768 with bf16 operands). Each range costs two launches
 /// and two stream hand-offs, and the overlap it buys is one range's preparation; shorter ones
 /// measured slower.
 pub const RANGE_MIN_CHUNKS: usize = 512;
@@ -357,7 +359,7 @@ mod tests {
         let plan_of = |b, t, fin| plan_heads(b, t, fin, RANGE_MIN_VALUE_HEADS);
         let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin)).ranges;
         assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
-        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3));
+        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3.min(DEFAULT_RANGES)));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
         assert_eq!(ranges_of(1, 32768, false), None, "no final states to carry the state");
         assert_eq!(ranges_of(2, 32768, true), None, "B = 2");

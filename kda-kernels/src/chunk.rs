@@ -21,9 +21,8 @@
 //! decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the key products take
 //! bf16 copies of `kd` and `qd`. `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes
 //! whole (`kd_key.replicated()`, an mma operand no warp copies); the first warp's copy feeds
-//! the solve and `Mqk`. With the
-//! lower-bound gate (`g >= -5` per token) `G` stays above `-16 · 5 · log2(e) = -115`, so `2^-G`
-//! fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
+//! the solve and `Mqk`. With the lower-bound gate (`g >= -5` per token) `G` stays above
+//! `-16 · 5 · log2(e) = -115`, so `2^-G` fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
 //! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a decay), and needs no `ki`. Rows past
 //! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
 //! the next sequence leaks in.
@@ -115,8 +114,8 @@ pub enum Preparation {
     Workspace,
 }
 
-/// Columns of one token's row of the prepared-operand workspace (in [`ChunkOperands`]' type): `kd`, `qd`, `kr`
-/// (128 each), then the token's rows of `INV` and `Mqk` (16 each).
+/// Columns of one token's row of the prepared-operand workspace (in the [`ChunkOperands`]
+/// type): `kd`, `qd`, `kr` (128 each), then the token's rows of `INV` and `Mqk` (16 each).
 pub const PREP_COLS: usize = 3 * 128 + 2 * 16;
 /// Where each prepared operand starts in a workspace row.
 pub(crate) const PREP_KD: usize = 0;

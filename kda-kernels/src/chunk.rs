@@ -9,7 +9,7 @@
 //! cumulative gate in log2 units and `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
 //!
 //! ```text
-//! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        16-bit, in shared memory
+//! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        16-bit
 //! A   = strict_lower(diag(beta) kd kiᵀ)   INV = (I + A)^-1 (f32 forward substitution)
 //! Mqk = lower_incl_diag(qd kiᵀ)
 //! Wᵀ  = S kdᵀ,  Vnᵀ = beta (vᵀ - Wᵀ),  Uᵀ = Vnᵀ INVᵀ                   the transposed view
@@ -17,8 +17,8 @@
 //! ```
 //!
 //! The state's products take `kd`, `qd`, `kr`, `INV`, `Mqk` (and `S`, `U`) as f16 operands by
-//! default ([`ChunkOperands`]): 11 significant bits, so the states stay within 1e-3 of
-//! decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the key products take
+//! default ([`ChunkOperands`]; the runtime takes bf16 without l2norm): 11 significant bits, so
+//! the states stay within 1e-3 of decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the key products take
 //! bf16 copies of `kd` and `qd`. `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes
 //! whole (`kd_key.replicated()`, an mma operand no warp copies); the first warp's copy feeds
 //! the solve and `Mqk`. With the lower-bound gate (`g >= -5` per token) `G` stays above
@@ -137,8 +137,9 @@ pub(crate) const PREP_BETA: usize = 128;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChunkOperands {
     /// f16: 11 significant bits, so prefill then decode agree with prefill of the whole
-    /// sequence within 1e-3 (f32 states). Finite up to 65504: the values, the state and (without
-    /// l2norm) the keys must stay below it, or the results turn Inf.
+    /// sequence within 1e-3 (f32 states). Finite up to 65504: the values and the state must
+    /// stay below it, and so (without l2norm) must `scale q·k` and the solve of `beta k·k`, or
+    /// the results turn Inf.
     F16,
     /// bf16: f32's range, 8 significant bits (the states drift about 3e-3 from decode's f32
     /// arithmetic). For values or states beyond f16's range.
@@ -845,7 +846,9 @@ pub fn chunk(
                 scale,
             );
             copy(kf, kd_sh);
-            copy(qf, qd_sh);
+            if output {
+                copy(qf, qd_sh);
+            }
             copy(sq, kr_sh);
             solve_chunk(
                 lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,

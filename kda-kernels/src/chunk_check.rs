@@ -27,7 +27,7 @@ pub struct ChunkCompare {
 }
 
 /// Error bounds `(output, state)` against the f64 reference (KDA-SPEC "Numerics to test
-/// against"): 16-bit inputs and outputs, and the state's products in bf16.
+/// against"): 16-bit inputs and outputs, and the state's products on 16-bit operands.
 pub fn tolerance(_cfg: &ChunkConfig) -> (f64, f64) {
     (1e-2, 1e-2)
 }
@@ -196,7 +196,7 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
     }
     match cfg.preparation {
         Preparation::InKernel => args.extend([
-            small("prep", DType::BF16),
+            small("prep", cfg.operands.dtype()),
             small("prep_decay", DType::F32),
             i("WB", 1),
             i("TP", 1),
@@ -210,7 +210,7 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
             let rows = wb * tp * x.hv;
             let tc = tp.div_ceil(16);
             args.extend([
-                t("prep", &vec![f64::NAN; rows * PREP_COLS], DType::BF16),
+                t("prep", &vec![f64::NAN; rows * PREP_COLS], cfg.operands.dtype()),
                 t("prep_decay", &vec![f64::NAN; wb * tc * x.hv * PREP_DECAY_COLS], DType::F32),
                 i("WB", wb),
                 i("TP", tp),

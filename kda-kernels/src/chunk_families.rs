@@ -120,8 +120,9 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
         ),
         f("dense_t37_bf16_operands", ChunkConfig { operands: ChunkOperands::Bf16, ..d.clone() }, init.clone()),
         f(
+            // Without l2norm the runtime takes bf16 operands (`default_operands`).
             "no_l2norm_t48",
-            ChunkConfig { l2norm: false, states: zeros, ..d },
+            ChunkConfig { l2norm: false, states: zeros, operands: ChunkOperands::Bf16, ..d },
             ChunkSpec { l2norm: false, lengths: Lengths::Dense { b: 1, t: 48 }, ..ChunkSpec::default() },
         ),
     ]

@@ -71,10 +71,10 @@ pub struct ChunkTuning {
     /// different streams (each call still waits only for work enqueued before it).
     pub ranges: Option<usize>,
     /// The element type the state's products round their operands to (and the prepared
-    /// workspace holds). [`ChunkTuning::for_call`] sets [`ChunkOperands::F16`]: the states stay
-    /// within 1e-3 of decode's f32 arithmetic, while values, states and (without l2norm) keys
-    /// stay below f16's 65504. [`ChunkOperands::Bf16`] takes f32's range at 8 significant bits.
-    /// Either runs at the same speed.
+    /// workspace holds). [`ChunkTuning::for_call`] sets [`default_operands`]: with l2norm
+    /// [`ChunkOperands::F16`] (the states within 1e-3 of decode's f32 arithmetic, while values
+    /// and states stay below f16's 65504), without it [`ChunkOperands::Bf16`] (f32's range at
+    /// 8 significant bits). Either runs at the same speed.
     pub operands: ChunkOperands,
 }
 
@@ -95,12 +95,12 @@ impl ChunkTuning {
     /// [`DEFAULT_RANGES`], when that is two or more.
     pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
         if plan.workspace && split::splits_by_default(plan) {
-            return ChunkTuning { split: Some(split::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(true) };
+            return ChunkTuning { split: Some(split::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
         let ranges = if prepared { ranges::default_ranges(plan) } else { None };
-        ChunkTuning { ranges, ..ChunkTuning::of_path(prepared) }
+        ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
 
     /// Whether a planned call can run so: the shape in range, and the split, the preparation
@@ -134,10 +134,24 @@ impl ChunkTuning {
     }
 
     /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
-    /// workspace, [`ChunkShape::FUSED`] otherwise.
-    pub(super) fn of_path(prepared: bool) -> ChunkTuning {
+    /// workspace, [`ChunkShape::FUSED`] otherwise; the call's operands
+    /// ([`default_operands`]).
+    pub(super) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
-        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands: ChunkOperands::F16 }
+        let operands = default_operands(plan);
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands }
+    }
+}
+
+/// The operands [`ChunkTuning::for_call`] picks: f16 with l2-normalized queries and keys (the
+/// gated keys, `Mqk` and the solve are then bounded by 1 and `scale`, and values and states
+/// stay far below f16's 65504 in practice); bf16 without, where `scale q·k` and the solve of
+/// `beta k·k` grow with the caller's own norms.
+pub fn default_operands(plan: &ChunkPlan) -> ChunkOperands {
+    if plan.l2norm {
+        ChunkOperands::F16
+    } else {
+        ChunkOperands::Bf16
     }
 }
 
@@ -153,11 +167,11 @@ pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
 /// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
 /// the preparations they need.
 pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
-    let fused = tuned_config(plan, ChunkTuning::of_path(false));
+    let fused = tuned_config(plan, ChunkTuning::of_path(plan, false));
     if !plan.workspace {
         return (vec![fused], vec![]);
     }
-    let prepared = tuned_config(plan, ChunkTuning::of_path(true));
+    let prepared = tuned_config(plan, ChunkTuning::of_path(plan, true));
     let mut chains = vec![fused];
     let mut preps = vec![PrepConfig::of(&prepared)];
     if !ranges::may_take_ranges(plan) {
@@ -652,7 +666,8 @@ mod tests {
     }
 
     /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
-    /// preparation's and the workspace's element type (f16 by default).
+    /// preparation's and the workspace's element type (f16 by default, bf16 by default
+    /// without l2norm).
     #[test]
     fn bf16_operands_reach_the_kernels_and_the_workspace() {
         let (q, k) = (tv(1, &[1, 64, 2, D], DType::BF16), tv(2, &[1, 64, 2, D], DType::BF16));
@@ -664,6 +679,12 @@ mod tests {
         let plan = plan_chunk(&args).expect("a valid call");
         let default = ChunkTuning { prepared: true, ..ChunkTuning::for_call(&plan) };
         let bf16 = ChunkTuning { operands: ChunkOperands::Bf16, ..default };
+        assert_eq!(default_operands(&plan), ChunkOperands::F16, "with l2norm (the default)");
+        args.use_qk_l2norm_in_kernel = Some(false);
+        let unnormalized = plan_chunk(&args).expect("a valid call");
+        assert_eq!(ChunkTuning::for_call(&unnormalized).operands, ChunkOperands::Bf16, "without l2norm");
+        assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
+        args.use_qk_l2norm_in_kernel = None;
         for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
             tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));
             let cfg = tuned_config(&plan, tune);

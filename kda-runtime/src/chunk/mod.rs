@@ -26,8 +26,8 @@ mod split;
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
 pub use launch::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_variants, ChunkOperands, ChunkResult, ChunkShape, ChunkTuning,
-    PREPARED_MAX_CHAINS,
+    chunk_config, chunk_kda, chunk_kda_tuned, chunk_variants, default_operands, ChunkOperands, ChunkResult, ChunkShape,
+    ChunkTuning, PREPARED_MAX_CHAINS,
 };
 pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub(crate) use ranges::may_take_ranges;

@@ -445,7 +445,7 @@ mod tests {
             let ws = at(7, &[need.div_ceil(4)], DType::F32);
             args.workspace = Some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");
-            let tune = ChunkTuning { ranges: Some(nranges), ..ChunkTuning::of_path(true) };
+            let tune = ChunkTuning { ranges: Some(nranges), ..ChunkTuning::of_path(&plan, true) };
             tune.check(&plan).unwrap_or_else(|e| panic!("T = {t}: {e}"));
             let launches = range_launches(&args, &plan, tune, nranges, out.ptr(), Some(fin)).expect("launches");
             let last = launches.last().expect("ranges");

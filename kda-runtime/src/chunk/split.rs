@@ -67,7 +67,7 @@ pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
 /// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
 pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
     (plan.workspace && plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
-        .then(|| split_configs(&tuned_config(plan, ChunkTuning::of_path(true))))
+        .then(|| split_configs(&tuned_config(plan, ChunkTuning::of_path(plan, true))))
 }
 
 /// The segments' call: every segment a varlen sequence over the call's token rows (`[1, B · T]`),
@@ -467,7 +467,7 @@ mod tests {
             args.final_state = with_final.then_some(&fin);
             args.workspace = Some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");
-            let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(prepared) };
+            let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(&plan, prepared) };
             let layout = SplitLayout::of(&plan, seg);
             let tables = SplitTables::at(ws.ptr(), &plan, &layout, 0).expect("tables");
             let steps = split_launches(&args, &plan, tune, seg, out.ptr(), &tables, with_final.then_some(fin))

@@ -46,28 +46,31 @@ impl Variant {
     }
 }
 
-/// The variant of `cfg` in `family`, named by its key, built by `build`; the family's default
+/// The variant of `cfg` in `family`, named by `key`, built by `build`; the family's default
 /// when `cfg` is its config type's default.
-fn variant_of<C>(family: &'static str, cfg: C, key: String, build: fn(&C) -> Result<KernelDef, Diag>) -> Variant
+fn variant_of<C>(
+    family: &'static str,
+    cfg: C,
+    key: fn(&C) -> String,
+    build: fn(&C) -> Result<KernelDef, Diag>,
+) -> Variant
 where
     C: Default + PartialEq + Send + Sync + 'static,
 {
     let default = cfg == C::default();
-    Variant { family, name: key, default, build: std::sync::Arc::new(move || build(&cfg)) }
+    Variant { family, name: key(&cfg), default, build: std::sync::Arc::new(move || build(&cfg)) }
 }
 
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
 pub fn gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     // The first of `gemm_configs()` is the default config.
-    let key = cfg.key();
-    variant_of("gemm", cfg, key, gemm::gemm)
+    variant_of("gemm", cfg, gemm::GemmConfig::key, gemm::gemm)
 }
 
 /// The variant of a decode config; shipped when it is one of [`decode_configs`], otherwise
 /// compiled on first use like any config.
 pub fn decode_variant(cfg: decode::DecodeConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("decode", cfg, key, decode::decode)
+    variant_of("decode", cfg, decode::DecodeConfig::key, decode::decode)
 }
 
 /// The decode configs shipped: the bench cases' variants, each with the launch shape the API
@@ -88,16 +91,14 @@ pub fn decode_configs() -> Vec<decode::DecodeConfig> {
 /// The variant of a chunk config; shipped when it is one of [`chunk_configs`], otherwise
 /// compiled on first use like any config.
 pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("chunk", cfg, key, chunk::chunk)
+    variant_of("chunk", cfg, chunk::ChunkConfig::key, chunk::chunk)
 }
 
 /// The variant of a chunk-preparation config, which fills the workspace the `chunk` variant
 /// with [`chunk::Preparation::Workspace`] reads; shipped when it is one of
 /// [`chunk_prep_configs`].
 pub fn chunk_prep_variant(cfg: chunk_prep::PrepConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("chunk_prep", cfg, key, chunk_prep::chunk_prep)
+    variant_of("chunk_prep", cfg, chunk_prep::PrepConfig::key, chunk_prep::chunk_prep)
 }
 
 /// The preparation configs shipped: the bench cases' (dense and varlen, and dense with bf16
@@ -117,20 +118,17 @@ pub fn chunk_prep_configs() -> Vec<chunk_prep::PrepConfig> {
 /// The variant of a split-merge config ([`chunk_merge::chunk_merge`]); shipped when it is the
 /// one of [`split_configs_shipped`].
 pub fn chunk_merge_variant(cfg: chunk_merge::MergeConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("chunk_merge", cfg, key, chunk_merge::chunk_merge)
+    variant_of("chunk_merge", cfg, chunk_merge::MergeConfig::key, chunk_merge::chunk_merge)
 }
 
 /// The variant of a split-finish config ([`chunk_merge::chunk_finish`]).
 pub fn chunk_finish_variant(cfg: chunk_merge::MergeConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("chunk_finish", cfg, key, chunk_merge::chunk_finish)
+    variant_of("chunk_finish", cfg, chunk_merge::MergeConfig::key, chunk_merge::chunk_finish)
 }
 
 /// The variant of a segment-schedule config ([`chunk_segments::chunk_segments`]).
 pub fn chunk_segments_variant(cfg: chunk_segments::SegmentsConfig) -> Variant {
-    let key = cfg.key();
-    variant_of("chunk_segments", cfg, key, chunk_segments::chunk_segments)
+    variant_of("chunk_segments", cfg, chunk_segments::SegmentsConfig::key, chunk_segments::chunk_segments)
 }
 
 /// The split's kernels shipped: those of the bench case's call over a prepared workspace

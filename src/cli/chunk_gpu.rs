@@ -237,25 +237,18 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     use kda_kernels::chunk::ChunkGate;
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
-    // The two-kernel path in 4 token ranges, at the shape both runs take: the fused kernel's,
-    // and the ranges' chains at it.
-    let four_ranges = ChunkTuning {
+    // Explicit tunings at the fused kernel's shape (both runs of a comparison take it): the
+    // two-kernel path in 4 token ranges, and the split every `seg` tokens.
+    let fused = ChunkTuning {
         shape: ChunkShape::FUSED,
         split: None,
-        prepared: true,
-        prep_blocks: None,
-        ranges: Some(4),
-        operands: ChunkOperands::F16,
-    };
-    // The split every `seg` tokens, at the fused kernel's shape (both runs take it).
-    let split = |seg| ChunkTuning {
-        shape: ChunkShape::FUSED,
-        split: Some(seg),
         prepared: false,
         prep_blocks: None,
         ranges: None,
         operands: ChunkOperands::F16,
     };
+    let four_ranges = ChunkTuning { prepared: true, ranges: Some(4), ..fused };
+    let split = |seg| ChunkTuning { split: Some(seg), ..fused };
     // Segments of the varlen split row: the default's at full size.
     let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };
     vec![

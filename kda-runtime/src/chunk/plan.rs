@@ -181,7 +181,8 @@ pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
 
 /// Bytes of the two-kernel path's workspace: per value head and workspace row ([`prep_rows`]:
 /// the tokens rounded up to whole chunks per dense row, plus 15 per varlen sequence), the
-/// prepared operands in 16 bits (f16 or bf16, `ChunkOperands`); then per 16 rows a chunk's decay and betas in f32.
+/// prepared operands in 16 bits (f16 or bf16, `ChunkOperands`); then per 16 rows a chunk's
+/// decay and betas in f32.
 pub(crate) fn chunk_workspace_bytes_unsplit(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
     let heads = wb.saturating_mul(plan.value_heads);

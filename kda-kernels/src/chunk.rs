@@ -33,6 +33,7 @@
 //! the same values in the same order, so the same bits.
 
 use crate::chunk_order::{longest_first, ORDERED_MAX_SEQUENCES};
+use kda_dsl::builder::Tile;
 use kda_dsl::DType;
 use kda_macros::kernel;
 
@@ -504,34 +505,76 @@ fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
     }
 }
 
+/// The tiles of one chunk's key preparation and solve, as each kernel lays them out, passed
+/// whole to [`prepare_keys`] and [`solve_chunk`].
+#[derive(Clone, Copy)]
+pub(crate) struct KeyTiles {
+    /// The staged inputs: the gate (raw), `dt_bias`, beta (raw), keys and queries.
+    pub g_sh: Tile,
+    pub dt_sh: Tile,
+    pub b_sh: Tile,
+    pub k_sh: Tile,
+    pub q_sh: Tile,
+    /// The gate's cumulative sum in log2 units, beta, and the chunk's decay `2^Γ`.
+    pub gl: Tile,
+    pub bt_sh: Tile,
+    pub eg_sh: Tile,
+    /// Row fragments: the keys and queries (then `kd`, `qd`), a scratch (then `kr`), and the
+    /// rows' squared norms.
+    pub kf: Tile,
+    pub qf: Tile,
+    pub sq: Tile,
+    pub rk: Tile,
+    pub rq: Tile,
+    /// The lower-bound gate's bf16 key-product operands `ki`, `kd`, `qd`; the precomputed
+    /// gate's f32 rows.
+    pub ki_sh: Tile,
+    pub kd_key: Tile,
+    pub qd_key: Tile,
+    pub kn_sh: Tile,
+    pub qn_sh: Tile,
+    /// The key products (accumulators, then rows), `Mqk`, and the solve's columns, lane
+    /// vector and result `INV`.
+    pub la: Tile,
+    pub ma: Tile,
+    pub l_sh: Tile,
+    pub m_sh: Tile,
+    pub mq_sh: Tile,
+    pub cols: Tile,
+    pub x: Tile,
+    pub inv_sh: Tile,
+}
+
 /// The state-independent steps of one chunk up to its prepared operands, in order: the gate
 /// and beta, the normalized keys and the operands ([`prepare_operands`]: `kd`, `qd`, `kr` left
 /// in `kf`, `qf`, `sq`). Each kernel then stores those three where its chain reads them and
 /// runs [`solve_chunk`]. The fused kernel and `chunk_prep` both run exactly this, which is
 /// what makes their results the same bits.
 #[kda_macros::kernel_fn]
-#[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
 pub(crate) fn prepare_keys(
     lower: bool,
     l2norm: bool,
-    g_sh: Tile,
-    dt_sh: Tile,
-    b_sh: Tile,
-    k_sh: Tile,
-    q_sh: Tile,
-    gl: Tile,
-    bt_sh: Tile,
-    eg_sh: Tile,
-    kf: Tile,
-    qf: Tile,
-    sq: Tile,
-    rk: Tile,
-    rq: Tile,
-    ki_sh: Tile,
-    kd_key: Tile,
-    qd_key: Tile,
-    kn_sh: Tile,
-    qn_sh: Tile,
+    KeyTiles {
+        g_sh,
+        dt_sh,
+        b_sh,
+        k_sh,
+        q_sh,
+        gl,
+        bt_sh,
+        eg_sh,
+        kf,
+        qf,
+        sq,
+        rk,
+        rq,
+        ki_sh,
+        kd_key,
+        qd_key,
+        kn_sh,
+        qn_sh,
+        ..
+    }: KeyTiles,
     nv: Val,
     ea: Val,
     lower_bound: Val,
@@ -545,24 +588,9 @@ pub(crate) fn prepare_keys(
 /// The key products and the solve, after [`prepare_keys`]: `INV` into `inv_sh`, `Mqk` into
 /// `mq_sh`.
 #[kda_macros::kernel_fn]
-#[allow(clippy::too_many_arguments)] // the chunk's tiles, named as the steps name them
 pub(crate) fn solve_chunk(
     lower: bool,
-    kd_key: Tile,
-    qd_key: Tile,
-    ki_sh: Tile,
-    kn_sh: Tile,
-    qn_sh: Tile,
-    gl: Tile,
-    bt_sh: Tile,
-    la: Tile,
-    ma: Tile,
-    l_sh: Tile,
-    m_sh: Tile,
-    mq_sh: Tile,
-    cols: Tile,
-    x: Tile,
-    inv_sh: Tile,
+    KeyTiles { kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh, .. }: KeyTiles,
 ) {
     key_products(lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
     invert_unit_lower(l_sh, cols, x, inv_sh);
@@ -735,16 +763,16 @@ pub fn chunk(
 
     // The chunk's inputs, staged by the pipeline. Tiles a config does not use are 8 columns
     // wide.
-    let keys = if prepared { 8 } else { 128 };
-    let q_sh = shared([16, keys], cfg.dtype);
-    let k_sh = shared([16, keys], cfg.dtype);
-    let g_sh = shared([16, keys], cfg.dtype);
+    let key_cols = if prepared { 8 } else { 128 };
+    let q_sh = shared([16, key_cols], cfg.dtype);
+    let k_sh = shared([16, key_cols], cfg.dtype);
+    let g_sh = shared([16, key_cols], cfg.dtype);
     let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
     // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
     // columns wide under the other; the element-wise products need one copy of `l_sh` and
     // `m_sh`, not one per warp.
-    let gl = shared([16, keys], F32);
+    let gl = shared([16, key_cols], F32);
     let kf = fragment([16, 128], F32, lanes_per_row = 32);
     let qf = fragment([16, 128], F32, lanes_per_row = 32);
     let sq = fragment([16, 128], F32, lanes_per_row = 32);
@@ -770,6 +798,11 @@ pub fn chunk(
     let cols = shared([16], F32);
     let x = local([16], F32);
     let inv_sh = shared([16, 16], op);
+    #[rustfmt::skip]
+    let keys = KeyTiles {
+        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key, kn_sh, qn_sh,
+        la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
+    };
     // The state's products.
     let wt = fragment([bv, 16], F32);
     let ot = fragment([bv, 16], F32);
@@ -819,40 +852,13 @@ pub fn chunk(
         let nv = min(eos - t0, 16);
 
         if !prepared {
-            prepare_keys(
-                lower,
-                cfg.l2norm,
-                g_sh,
-                dt_sh,
-                b_sh,
-                k_sh,
-                q_sh,
-                gl,
-                bt_sh,
-                eg_sh,
-                kf,
-                qf,
-                sq,
-                rk,
-                rq,
-                ki_sh,
-                kd_key,
-                qd_key,
-                kn_sh,
-                qn_sh,
-                nv,
-                ea,
-                lower_bound,
-                scale,
-            );
+            prepare_keys(lower, cfg.l2norm, keys, nv, ea, lower_bound, scale);
             copy(kf, kd_sh);
             if output {
                 copy(qf, qd_sh);
             }
             copy(sq, kr_sh);
-            solve_chunk(
-                lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
-            );
+            solve_chunk(lower, keys);
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a

@@ -15,8 +15,8 @@
 //! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, Preparation, PREP_BETA,
-    PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, KeyTiles, Preparation,
+    PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -180,6 +180,11 @@ pub fn chunk_prep(
     let cols = shared([16], F32);
     let xs = local([16], F32);
     let inv_sh = shared([16, 16], op);
+    #[rustfmt::skip]
+    let keys = KeyTiles {
+        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key: kd_sh, qd_key: qd_sh,
+        kn_sh, qn_sh, la, ma, l_sh, m_sh, mq_sh, cols, x: xs, inv_sh,
+    };
 
     let chunks = ceil_div(eos - bos, 16);
     // The decay table's row of the sequence's first chunk: chunk `c`'s is this plus `c`, so
@@ -195,36 +200,11 @@ pub fn chunk_prep(
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         let nv = min(eos - t0, 16);
 
-        prepare_keys(
-            lower,
-            cfg.l2norm,
-            g_sh,
-            dt_sh,
-            b_sh,
-            k_sh,
-            q_sh,
-            gl,
-            bt_sh,
-            eg_sh,
-            kf,
-            qf,
-            sq,
-            rk,
-            rq,
-            ki_sh,
-            kd_sh,
-            qd_sh,
-            kn_sh,
-            qn_sh,
-            nv,
-            ea,
-            lower_bound,
-            scale,
-        );
+        prepare_keys(lower, cfg.l2norm, keys, nv, ea, lower_bound, scale);
         copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
         copy(qf, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
         copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
-        solve_chunk(lower, kd_sh, qd_sh, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, xs, inv_sh);
+        solve_chunk(lower, keys);
 
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));

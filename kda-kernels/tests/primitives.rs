@@ -666,6 +666,58 @@ fn kernel_helpers_are_inlined_where_they_are_called() {
     assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
 }
 
+/// The tiles of [`row_sums`] and [`scale_rows`], passed as one argument.
+#[derive(Clone, Copy)]
+struct RowTiles {
+    f: kda_dsl::builder::Tile,
+    sums: kda_dsl::builder::Tile,
+    scaled: kda_dsl::builder::Tile,
+}
+
+/// `sums = rowsum(f)`: a helper taking the struct and leaving a field out.
+#[kda_macros::kernel_fn]
+fn row_sums(RowTiles { f, sums, .. }: RowTiles) {
+    reduce_sum(f, sums, 1);
+}
+
+/// `scaled = a f + sums`: binding fields under other names.
+#[kda_macros::kernel_fn]
+fn scale_rows(RowTiles { f: rows, sums, scaled: out }: RowTiles, a: Val) {
+    for (i, j) in parallel(rows) {
+        out[i][j] = a * rows[i][j] + sums[i];
+    }
+}
+
+#[kernel]
+fn with_tile_struct(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let f = fragment([cfg.rows, cfg.cols], F32);
+    let sums = fragment([cfg.rows], F32);
+    let scaled = fragment([cfg.rows, cfg.cols], F32);
+    let tiles = RowTiles { f, sums, scaled };
+    copy(x.tile([0, 0], [cfg.rows, cfg.cols]), f);
+    row_sums(tiles);
+    scale_rows(tiles, 3.0);
+    copy(scaled, y.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
+#[test]
+fn a_struct_of_tiles_passes_its_tiles_to_a_helper() {
+    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
+    let (r, c) = (16, 32);
+    let x = Rng::new(6).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&with_tile_struct(&cfg).expect("builds"), &mut args).expect("runs");
+    let got = tensor_values(&args, "y", DType::F32);
+    let want: Vec<f64> = (0..r * c)
+        .map(|e| {
+            let row: f64 = x[(e / c) * c..(e / c + 1) * c].iter().sum();
+            3.0 * x[e] + row
+        })
+        .collect();
+    assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+}
+
 /// A `let` feeding a fill from a global tensor the body writes (the fill would read it before
 /// the body's earlier iterations wrote it).
 #[kernel]

@@ -28,6 +28,7 @@ impl Cx {
                     id.span(),
                     format!("`{id}` is a global tensor; read an element as `{id}[i]` or a box with `copy`"),
                 ),
+                Some((Kind::Tiles, id)) => err(id.span(), format!("`{id}` is a struct of tiles, not a value")),
                 Some((_, id)) => {
                     err(id.span(), format!("`{id}` is a tile; read an element as `{id}[i][j]` inside `parallel`"))
                 }

@@ -33,8 +33,12 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// (or another helper) calls it as a statement, `step(a, b, x)`, or as a value when it returns
 /// `Val`. Parameters typed `Tile`, `Tensor` and `Val` take the caller's tiles, global tensors
 /// and kernel values (a `Val` also takes a host number); any other type is a host value (a
-/// config, a count), as in a kernel. A call passes at least one tile, tensor or kernel value:
-/// a call of host values alone is host Rust.
+/// config, a count), as in a kernel. A parameter written as a struct pattern,
+/// `KeyTiles { k_sh, q_sh, .. }: KeyTiles`, takes a struct of tiles (a `Copy` Rust struct whose
+/// fields are `kda_dsl::builder::Tile`s, built in the caller as `let keys = KeyTiles { k_sh,
+/// q_sh };`) and binds each named field as a tile, so a step of many tiles takes them as one
+/// argument. A call passes at least one tile, tensor, struct of tiles or kernel value: a call
+/// of host values alone is host Rust.
 /// Its body is written as a kernel body (no `launch`, and no element stores to global tensors:
 /// those belong to the `parallel` of the caller).
 #[proc_macro_attribute]
@@ -59,8 +63,24 @@ fn attribute(name: &str, attr: TokenStream, item: TokenStream, expand: fn(ItemFn
 enum Kind {
     Tensor,
     Tile,
+    /// A host struct whose fields are tiles (`let keys = KeyTiles { k_sh, q_sh };`), passed
+    /// whole to a helper that destructures it.
+    Tiles,
     Val,
     Host,
+}
+
+impl Kind {
+    /// What a name of this kind is, for errors: "`x` is a tile".
+    fn noun(self) -> &'static str {
+        match self {
+            Kind::Tensor => "a global tensor",
+            Kind::Tile => "a tile",
+            Kind::Tiles => "a struct of tiles",
+            Kind::Val => "a scalar",
+            Kind::Host => "a host value",
+        }
+    }
 }
 
 struct Cx {
@@ -225,7 +245,17 @@ fn expand_fn(f: ItemFn) -> syn::Result<TS> {
     let mut vals = vec![];
     for a in &f.sig.inputs {
         let FnArg::Typed(pt) = a else { return err(a.span(), "a kernel helper is a free function") };
-        let Pat::Ident(pi) = &*pt.pat else { return err(pt.pat.span(), "expected a parameter name") };
+        if let Pat::Struct(ps) = &*pt.pat {
+            for field in tile_fields(ps)? {
+                cx.bind(&field.to_string(), Kind::Tile);
+            }
+            let ty = &pt.ty;
+            params.push(quote!(#ps: #ty));
+            continue;
+        }
+        let Pat::Ident(pi) = &*pt.pat else {
+            return err(pt.pat.span(), "expected a parameter name, or a struct pattern naming tiles");
+        };
         let ident = &pi.ident;
         let kind = match &*pt.ty {
             Type::Path(p) if p.path.is_ident("Tile") => Some((Kind::Tile, quote!(::kda_dsl::builder::Tile))),
@@ -275,6 +305,20 @@ fn expand_fn(f: ItemFn) -> syn::Result<TS> {
             #tail
         }
     })
+}
+
+/// The names a struct-pattern parameter binds (`KeyTiles { k_sh, q: q_sh, .. }`: `k_sh` and
+/// `q_sh`), each a tile; a nested or literal field pattern is an error at that field.
+fn tile_fields(ps: &syn::PatStruct) -> syn::Result<Vec<syn::Ident>> {
+    ps.fields
+        .iter()
+        .map(|f| match &*f.pat {
+            Pat::Ident(pi) if pi.subpat.is_none() && pi.by_ref.is_none() => Ok(pi.ident.clone()),
+            other => {
+                err(other.span(), "a struct of tiles binds each field to a name: `KeyTiles { k_sh, q: q_sh, .. }`")
+            }
+        })
+        .collect()
 }
 
 fn dim_ident(t: &Type) -> syn::Result<syn::Ident> {

@@ -172,6 +172,11 @@ impl Cx {
                 _ => {}
             }
         }
+        if let Expr::Struct(st) = e {
+            if self.is_dsl(e) {
+                return self.tile_struct(&l.pat, st);
+            }
+        }
         if self.is_dsl(e) {
             let Pat::Ident(pi) = &l.pat else {
                 return err(l.pat.span(), "a kernel value binds to one name");
@@ -191,6 +196,28 @@ impl Cx {
         // Host value: plain Rust; its names shadow kernel names.
         self.bind_pat_host(&l.pat);
         Ok(quote!(#l))
+    }
+
+    /// `let keys = KeyTiles { k_sh, q: q_sh };`: a host struct of tiles for a helper that takes
+    /// it whole (each field a tile of the kernel; no `..base`, which could hide a field).
+    pub(crate) fn tile_struct(&mut self, pat: &Pat, st: &syn::ExprStruct) -> syn::Result<TS> {
+        let Pat::Ident(pi) = pat else {
+            return err(pat.span(), "a struct of tiles binds to one name");
+        };
+        if let Some(rest) = &st.rest {
+            return err(rest.span(), "a struct of tiles names every field; `..base` is not supported in a kernel");
+        }
+        for f in &st.fields {
+            match self.ident_kind(&f.expr) {
+                Some((Kind::Tile, _)) => {}
+                Some((k, id)) => {
+                    return err(id.span(), format!("a struct in a kernel holds tiles; `{id}` is {}", k.noun()));
+                }
+                None => return err(f.expr.span(), "a struct in a kernel holds tiles, each named by its `let`"),
+            }
+        }
+        self.bind(&pi.ident.to_string(), Kind::Tiles);
+        Ok(quote!(let #pi = #st;))
     }
 
     pub(crate) fn bind_pat_host(&mut self, p: &Pat) {
@@ -373,7 +400,7 @@ impl Cx {
         let args = args
             .iter()
             .map(|a| match self.ident_kind(a) {
-                Some((Kind::Tile | Kind::Tensor, id)) => Ok(quote!(#id)),
+                Some((Kind::Tile | Kind::Tensor | Kind::Tiles, id)) => Ok(quote!(#id)),
                 _ if self.is_dsl(a) => self.val(a),
                 _ => Ok(quote!(#a)),
             })
@@ -386,6 +413,9 @@ impl Cx {
             Some((Kind::Tile, id)) => Ok(quote!(&#id)),
             Some((Kind::Tensor, id)) => {
                 err(id.span(), format!("`{id}` is a global tensor; {what} needs a tile (shared, fragment or local)"))
+            }
+            Some((Kind::Tiles, id)) => {
+                err(id.span(), format!("`{id}` is a struct of tiles; {what} needs one tile (a field a helper binds)"))
             }
             Some((_, id)) => err(id.span(), format!("`{id}` is a scalar; {what} needs a tile")),
             None => err(e.span(), format!("{what} needs a tile name here")),
@@ -401,7 +431,7 @@ impl Cx {
                     "tile" | "tile_at" => {
                         let Some((Kind::Tensor, id)) = self.ident_kind(&m.receiver) else {
                             if let Some((k, id)) = self.ident_kind(&m.receiver) {
-                                let kind = if k == Kind::Tile { "a tile" } else { "a scalar" };
+                                let kind = k.noun();
                                 return err(
                                     id.span(),
                                     format!(
@@ -622,7 +652,10 @@ impl Cx {
                 Kind::Tile => {
                     err(id.span(), format!("`{id}` is a tile; assign its elements (`{id}[i][j] = ..`) or `fill` it"))
                 }
-                _ => err(id.span(), format!("`{id}` is a global tensor; write it with `copy` or element stores")),
+                Kind::Tensor => {
+                    err(id.span(), format!("`{id}` is a global tensor; write it with `copy` or element stores"))
+                }
+                k => err(id.span(), format!("`{id}` is {}; it cannot be assigned in a kernel", k.noun())),
             };
         }
         if let Expr::Index(_) = left {

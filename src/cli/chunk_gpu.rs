@@ -289,6 +289,12 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
+            name: "chunk B=2 T=1000 H=4 without l2norm, bf16 operands".into(),
+            cfg: ChunkConfig { l2norm: false, operands: ChunkOperands::Bf16, ..d.clone() },
+            spec: ChunkSpec { l2norm: false, lengths: Lengths::Dense { b: 2, t: 1000 }, h: 4, hv: 4, ..init.clone() },
+            tune: None,
+        },
+        ChunkCase {
             name: "chunk precomputed gate -20 per token, T=777".into(),
             cfg: ChunkConfig {
                 gate: ChunkGate::Precomputed,

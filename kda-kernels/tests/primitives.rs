@@ -639,6 +639,24 @@ fn add_row_sums(f: Tile, sums: Tile, rounds: usize) {
     }
 }
 
+/// Runs a `[16, 32]` kernel of `x` to `y` in the simulator on random `x` (seed `seed`) and
+/// checks `y = a x + rowsum(x)`.
+fn check_scaled_row_sums(kernel: fn(&Cfg) -> Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>, seed: u64, a: f64) {
+    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
+    let (r, c) = (16, 32);
+    let x = Rng::new(seed).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    simulate(&kernel(&cfg).expect("builds"), &mut args).expect("runs");
+    let got = tensor_values(&args, "y", DType::F32);
+    let want: Vec<f64> = (0..r * c)
+        .map(|e| {
+            let row: f64 = x[(e / c) * c..(e / c + 1) * c].iter().sum();
+            a * x[e] + row
+        })
+        .collect();
+    assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+}
+
 #[kernel]
 fn with_helpers(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
     let (_bx,) = launch(grid = [1], threads = cfg.threads);
@@ -651,19 +669,7 @@ fn with_helpers(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
 
 #[test]
 fn kernel_helpers_are_inlined_where_they_are_called() {
-    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
-    let (r, c) = (16, 32);
-    let x = Rng::new(5).normals(r * c, DType::F32);
-    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
-    simulate(&with_helpers(&cfg).expect("builds"), &mut args).expect("runs");
-    let got = tensor_values(&args, "y", DType::F32);
-    let want: Vec<f64> = (0..r * c)
-        .map(|e| {
-            let row: f64 = x[(e / c) * c..(e / c + 1) * c].iter().sum();
-            2.0 * x[e] + row
-        })
-        .collect();
-    assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+    check_scaled_row_sums(with_helpers, 5, 2.0);
 }
 
 /// The tiles of [`row_sums`] and [`scale_rows`], passed as one argument.
@@ -703,19 +709,7 @@ fn with_tile_struct(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>
 
 #[test]
 fn a_struct_of_tiles_passes_its_tiles_to_a_helper() {
-    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
-    let (r, c) = (16, 32);
-    let x = Rng::new(6).normals(r * c, DType::F32);
-    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
-    simulate(&with_tile_struct(&cfg).expect("builds"), &mut args).expect("runs");
-    let got = tensor_values(&args, "y", DType::F32);
-    let want: Vec<f64> = (0..r * c)
-        .map(|e| {
-            let row: f64 = x[(e / c) * c..(e / c + 1) * c].iter().sum();
-            3.0 * x[e] + row
-        })
-        .collect();
-    assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+    check_scaled_row_sums(with_tile_struct, 6, 3.0);
 }
 
 /// A `let` feeding a fill from a global tensor the body writes (the fill would read it before

@@ -509,32 +509,32 @@ fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
 /// whole to [`prepare_keys`] and [`solve_chunk`].
 #[derive(Clone, Copy)]
 pub(crate) struct KeyTiles {
-    /// The staged inputs: the gate (raw), `dt_bias`, beta (raw), keys and queries.
+    // The staged inputs: the gate (raw), `dt_bias`, beta (raw), keys and queries.
     pub g_sh: Tile,
     pub dt_sh: Tile,
     pub b_sh: Tile,
     pub k_sh: Tile,
     pub q_sh: Tile,
-    /// The gate's cumulative sum in log2 units, beta, and the chunk's decay `2^Γ`.
+    // The gate's cumulative sum in log2 units, beta, and the chunk's decay `2^Γ`.
     pub gl: Tile,
     pub bt_sh: Tile,
     pub eg_sh: Tile,
-    /// Row fragments: the keys and queries (then `kd`, `qd`), a scratch (then `kr`), and the
-    /// rows' squared norms.
+    // Row fragments: the keys and queries (then `kd`, `qd`), a scratch (then `kr`), and the
+    // rows' squared norms.
     pub kf: Tile,
     pub qf: Tile,
     pub sq: Tile,
     pub rk: Tile,
     pub rq: Tile,
-    /// The lower-bound gate's bf16 key-product operands `ki`, `kd`, `qd`; the precomputed
-    /// gate's f32 rows.
+    // The lower-bound gate's bf16 key-product operands `ki`, `kd`, `qd`; the precomputed
+    // gate's f32 rows.
     pub ki_sh: Tile,
     pub kd_key: Tile,
     pub qd_key: Tile,
     pub kn_sh: Tile,
     pub qn_sh: Tile,
-    /// The key products (accumulators, then rows), `Mqk`, and the solve's columns, lane
-    /// vector and result `INV`.
+    // The key products (accumulators, then rows), `Mqk`, and the solve's columns, lane
+    // vector and result `INV`.
     pub la: Tile,
     pub ma: Tile,
     pub l_sh: Tile,

@@ -17,15 +17,15 @@
 //! ```
 //!
 //! The state's products take `kd`, `qd`, `kr`, `INV`, `Mqk` (and `S`, `U`) as f16 operands by
-//! default ([`ChunkOperands`]; the runtime takes bf16 without l2norm): 11 significant bits, so
-//! the states stay within 1e-3 of decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the key products take
-//! bf16 copies of `kd` and `qd`. `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every warp computes
-//! whole (`kd_key.replicated()`, an mma operand no warp copies); the first warp's copy feeds
-//! the solve and `Mqk`. With the lower-bound gate (`g >= -5` per token) `G` stays above
-//! `-16 · 5 · log2(e) = -115`, so `2^-G` fits f32 and bf16. A precomputed gate has no bound: that variant computes `A` and `Mqk`
-//! element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a decay), and needs no `ki`. Rows past
-//! the sequence's end read as zero (bounded boxes) and get `g = 0` by a select, so nothing of
-//! the next sequence leaks in.
+//! default ([`ChunkOperands`]; the runtime takes bf16 without l2norm): 11 significant bits, so the
+//! states stay within 1e-3 of decode's f32 arithmetic. `ki` reaches 2^115, past f16's range, so the
+//! key products take bf16 copies of `kd` and `qd`. `kd kiᵀ` and `qd kiᵀ` are 16 x 16 products every
+//! warp computes whole (`kd_key.replicated()`, an mma operand no warp copies); the first warp's
+//! copy feeds the solve and `Mqk`. With the lower-bound gate (`g >= -5` per token) `G` stays above
+//! `-16 · 5 · log2(e) = -115`, so `2^-G` fits f32 and bf16. A precomputed gate has no bound: that
+//! variant computes `A` and `Mqk` element-wise with `2^(G_i - G_j)`, `j <= i` (never above 1 for a
+//! decay), and needs no `ki`. Rows past the sequence's end read as zero (bounded boxes) and get
+//! `g = 0` by a select, so nothing of the next sequence leaks in.
 //!
 //! Everything above `Wᵀ` depends on the chunk's inputs alone, and so do beta and the decay.
 //! With [`Preparation::Workspace`] the kernel reads them from the workspace

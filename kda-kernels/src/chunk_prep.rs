@@ -161,10 +161,10 @@ pub fn chunk_prep(
     // `kd`, `qd` and `kr` go from registers to the workspace; the lower-bound gate's key
     // products read `kd` and `qd` in bf16 here.
     let op = cfg.operands.dtype();
-    let keys = if lower { 128 } else { 8 };
-    let kd_sh = shared([16, keys], BF16);
-    let qd_sh = shared([16, keys], BF16);
-    let ki_sh = shared([16, keys], BF16);
+    let key_cols = if lower { 128 } else { 8 };
+    let kd_key = shared([16, key_cols], BF16);
+    let qd_key = shared([16, key_cols], BF16);
+    let ki_sh = shared([16, key_cols], BF16);
     let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
     // 16 x 16 products on the first warp (`key_products`): the other warps skip them, and
@@ -178,12 +178,12 @@ pub fn chunk_prep(
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);
     let cols = shared([16], F32);
-    let xs = local([16], F32);
+    let x = local([16], F32);
     let inv_sh = shared([16, 16], op);
     #[rustfmt::skip]
     let keys = KeyTiles {
-        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key: kd_sh, qd_key: qd_sh,
-        kn_sh, qn_sh, la, ma, l_sh, m_sh, mq_sh, cols, x: xs, inv_sh,
+        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key,
+        kn_sh, qn_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
     };
 
     let chunks = ceil_div(eos - bos, 16);

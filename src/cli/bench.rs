@@ -149,10 +149,10 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `b` (bf16 operands for the state's products), `rRANGES` (the two-kernel path in that many token ranges), `p[BLOCKS]`
-    // (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)), then
-    // `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps) and
-    // `xSTAGES`.
+    // From the end: `b` (bf16 operands for the state's products), `rRANGES` (the two-kernel
+    // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
+    // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
+    // tokens), `fFILL` (fill warps) and `xSTAGES`.
     let (a, operands) = match a.strip_suffix('b') {
         Some(rest) => (rest, ChunkOperands::Bf16),
         None => (a, ChunkOperands::F16),

@@ -455,7 +455,7 @@ pub(super) fn launch_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::testing::tv;
+    use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::launch::bind_args;
     use crate::random_calls::{check_random_calls, DTYPES};
 
@@ -633,9 +633,7 @@ mod tests {
     /// Every refusal of a tuning names `tune` and says what it expected; the defaults pass.
     #[test]
     fn tunings_a_call_cannot_take_are_refused_by_name() {
-        let (q, k) = (tv(1, &[1, 64, 2, D], DType::BF16), tv(2, &[1, 64, 2, D], DType::BF16));
-        let (v, g, beta) =
-            (tv(3, &[1, 64, 2, D], DType::BF16), tv(4, &[1, 64, 2, D], DType::BF16), tv(5, &[1, 64, 2], DType::BF16));
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 64, 2);
         let args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         let plan = plan_chunk(&args).expect("a valid call");
         let ok = ChunkTuning::for_call(&plan);
@@ -670,9 +668,7 @@ mod tests {
     /// without l2norm).
     #[test]
     fn bf16_operands_reach_the_kernels_and_the_workspace() {
-        let (q, k) = (tv(1, &[1, 64, 2, D], DType::BF16), tv(2, &[1, 64, 2, D], DType::BF16));
-        let (v, g, beta) =
-            (tv(3, &[1, 64, 2, D], DType::BF16), tv(4, &[1, 64, 2, D], DType::BF16), tv(5, &[1, 64, 2], DType::BF16));
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 64, 2);
         let ws = tv(6, &[1 << 20], DType::F32);
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         args.workspace = Some(&ws);

@@ -45,4 +45,12 @@ pub(crate) mod testing {
     pub(crate) fn tv(id: u64, shape: &[usize], dtype: DType) -> TensorView {
         TensorView::describe(0x10_0000 * id, shape, dtype, 0).expect("a view")
     }
+
+    /// The five bf16 inputs `q, k, v, g, beta` of a dense call of `b` rows of `t` tokens on
+    /// `h` heads (as many value heads), at ids 1 to 5.
+    pub(crate) fn dense_bf16_inputs(b: usize, t: usize, h: usize) -> [TensorView; 5] {
+        let rows = |id, heads_tail: &[usize]| tv(id, &[&[b, t][..], heads_tail].concat(), DType::BF16);
+        let d = crate::validate::HEAD_DIM;
+        [rows(1, &[h, d]), rows(2, &[h, d]), rows(3, &[h, d]), rows(4, &[h, d]), rows(5, &[h])]
+    }
 }

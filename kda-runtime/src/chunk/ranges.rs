@@ -225,7 +225,7 @@ pub(super) fn launch(
 mod tests {
     use super::*;
     use crate::chunk::plan::chunk_workspace_bytes;
-    use crate::chunk::testing::tv;
+    use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
 
@@ -457,9 +457,7 @@ mod tests {
 
     #[test]
     fn calls_the_ranges_cannot_take_are_refused_by_name() {
-        let (q, k) = (tv(1, &[2, 64, 2, D], DType::BF16), tv(2, &[2, 64, 2, D], DType::BF16));
-        let (v, g, beta) =
-            (tv(3, &[2, 64, 2, D], DType::BF16), tv(4, &[2, 64, 2, D], DType::BF16), tv(5, &[2, 64, 2], DType::BF16));
+        let [q, k, v, g, beta] = dense_bf16_inputs(2, 64, 2);
         let ws = tv(11, &[1 << 20], DType::F32);
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         args.workspace = Some(&ws);
@@ -467,9 +465,7 @@ mod tests {
         let e = check_ranges(&plan, 4).expect_err("B = 2");
         assert!(e.to_string().contains("tune") && e.to_string().contains("one sequence"), "{e}");
         // No token: the final states would be nobody's to write.
-        let (q, k) = (tv(1, &[1, 0, 2, D], DType::BF16), tv(2, &[1, 0, 2, D], DType::BF16));
-        let (v, g, beta) =
-            (tv(3, &[1, 0, 2, D], DType::BF16), tv(4, &[1, 0, 2, D], DType::BF16), tv(5, &[1, 0, 2], DType::BF16));
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 0, 2);
         let fin = tv(6, &[1, 2, D, D], DType::F32);
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         args.workspace = Some(&ws);

@@ -113,3 +113,38 @@ fn emit_into_a_reader_that_stops_early_exits_cleanly() {
     let out = child.wait_with_output().expect("exits");
     assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn every_command_takes_help_and_the_tool_its_version() {
+    for cmd in ["list", "emit", "check", "bench", "demo"] {
+        for flag in ["--help", "-h"] {
+            let (code, out, err) = kda(&[cmd, flag]);
+            assert_eq!(code, 0, "kda {cmd} {flag}: {err}");
+            assert!(out.starts_with(&format!("usage: kda {cmd}")), "kda {cmd} {flag}: {out}");
+        }
+    }
+    let (code, out, _) = kda(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("--version"), "{out}");
+    for flag in ["--version", "-V"] {
+        let (code, out, _) = kda(&[flag]);
+        assert_eq!(code, 0);
+        assert_eq!(out.trim(), format!("kda {}", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+#[test]
+fn check_on_the_gpu_without_one_runs_nothing_and_says_so_by_its_status() {
+    if kda_runtime::gpu_available() {
+        eprintln!("skipped: this machine has a GPU, so `kda check --gpu` would run");
+        return;
+    }
+    let (code, out, _) = kda(&["check", "--gpu", "--quick"]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("GPU checks not run"), "{out}");
+    for bad in [&["check", "--quick"][..], &["check", "--allow-no-gpu"], &["check", "--gpu", "x"]] {
+        let (code, _, err) = kda(bad);
+        assert_eq!(code, 2, "{bad:?}");
+        assert!(err.contains("usage: kda check"), "{bad:?}: {err}");
+    }
+}

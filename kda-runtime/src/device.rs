@@ -2,8 +2,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-#[cfg(feature = "dynamic-loading")]
-use cudarc::driver::sys;
 use cudarc::driver::{result, CudaContext, CudaStream};
 
 use crate::error::{DriverResultExt, RuntimeError};
@@ -24,10 +22,10 @@ pub fn device_count() -> Result<usize, RuntimeError> {
 }
 
 fn probe_devices() -> Result<usize, RuntimeError> {
-    // Loaded at run time, the library may be absent (linked, it is there or nothing runs).
-    #[cfg(feature = "dynamic-loading")]
-    // SAFETY: only tries to open the library by its usual names; calls nothing in it.
-    if !unsafe { sys::is_culib_present() } {
+    // Whether cudarc loads the library at run time or links it is decided by the whole build's
+    // features (an engine's `dynamic-linking` wins over kda's fallback), which this crate cannot
+    // see; so probe for the library itself either way. Linked, it is there or nothing runs.
+    if !driver_library_present() {
         return Err(RuntimeError::NoGpu);
     }
     // A driver too old to export an entry point makes cudarc panic; treat that as no GPU.
@@ -37,6 +35,19 @@ fn probe_devices() -> Result<usize, RuntimeError> {
         Ok(usize::try_from(n).unwrap_or(0))
     });
     probe.unwrap_or(Err(RuntimeError::NoGpu))
+}
+
+/// The names the CUDA driver library goes by: the unversioned development link, the driver's
+/// own soname (installed without the development files), and Windows' name.
+const DRIVER_LIBRARY_NAMES: [&str; 3] = ["libcuda.so", "libcuda.so.1", "nvcuda.dll"];
+
+/// Whether the CUDA driver library opens under one of [`DRIVER_LIBRARY_NAMES`].
+fn driver_library_present() -> bool {
+    DRIVER_LIBRARY_NAMES.iter().any(|&name| {
+        // SAFETY: opening the driver library runs only its initializers, as cudarc's own loading
+        // does; nothing in it is called here, and the handle is closed at once.
+        unsafe { libloading::Library::new(name) }.is_ok()
+    })
 }
 
 thread_local! {

@@ -2,14 +2,20 @@
 //! launches of [`kda_dsl::artifact::CompiledKernel`]s, and event / CUDA-graph timing.
 //!
 //! Everything is built on the CUDA driver API through cudarc, loaded at run time by default
-//! (feature `dynamic-loading`; `dynamic-linking` links it at build time instead): on a machine
-//! without a driver, [`gpu_available`] is false and [`Gpu::new`] fails with
-//! [`RuntimeError::NoGpu`]; nothing panics.
+//! (feature `fallback-dynamic-loading`, which yields to a `dynamic-linking` anywhere in the
+//! build): on a machine without a driver, [`gpu_available`] is false and [`Gpu::new`] fails
+//! with [`RuntimeError::NoGpu`]; nothing panics. The CUDA version of the bindings is the
+//! feature `cuda-12080` by default, or the engine's own cudarc choice with default features
+//! off (12.0 or newer).
 
 #![warn(missing_docs)]
 
-#[cfg(not(any(feature = "dynamic-loading", feature = "dynamic-linking")))]
-compile_error!("kda-runtime needs one of its features `dynamic-loading` (the default) or `dynamic-linking`");
+// The Hopper work needs the tensor-map entry points, which cudarc binds from CUDA 12.0 on.
+const _: () = assert!(
+    cudarc::driver::sys::CUDA_VERSION >= 12000,
+    "kda needs cudarc's CUDA bindings 12.0 or newer: enable a cudarc feature `cuda-12000` or later (kda's default \
+     `cuda-12080`), or `cuda-version-from-build-system` with CUDA 12 or newer installed"
+);
 
 #[cfg(test)]
 mod alloc_free;

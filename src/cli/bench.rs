@@ -7,7 +7,7 @@ use kda_kernels::reference::Rng;
 use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
-const USAGE: &str =
+pub(crate) const USAGE: &str =
     "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {

@@ -128,14 +128,27 @@ pub fn simulate_all() -> usize {
     failures
 }
 
+/// The exit status of `kda check --gpu` on a machine without a GPU.
+pub const NO_GPU: i32 = 3;
+
 pub fn run(args: &[String]) -> Result<i32, String> {
     use super::gpu_checks::Scale;
-    let gpu = match args {
-        [] => None,
-        [g] if g == "--gpu" => Some(Scale::Full),
-        [g, q] if g == "--gpu" && q == "--quick" => Some(Scale::Quick),
-        _ => return Err("usage: kda check [--gpu [--quick]]".into()),
+    let usage = "usage: kda check [--gpu [--quick] [--allow-no-gpu]]";
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    if args.iter().any(|a| !matches!(a.as_str(), "--gpu" | "--quick" | "--allow-no-gpu")) {
+        return Err(usage.into());
+    }
+    let gpu = match (has("--gpu"), has("--quick")) {
+        (false, false) if !has("--allow-no-gpu") => None,
+        (true, quick) => Some(if quick { Scale::Quick } else { Scale::Full }),
+        _ => return Err(format!("--quick and --allow-no-gpu go with --gpu; {usage}")),
     };
+    // A GPU run that cannot run says so by its status before doing anything else, so that a
+    // script (scripts/sanitize) cannot take "nothing ran" for "nothing failed".
+    if gpu.is_some() && !kda_runtime::gpu_available() && !has("--allow-no-gpu") {
+        out!("GPU checks not run: no CUDA driver (libcuda) or no device on this machine (--allow-no-gpu runs the simulator checks alone and exits 0)");
+        return Ok(NO_GPU);
+    }
     let mut failures = simulate_all();
     if let Some(scale) = gpu {
         failures += super::gpu_checks::gpu_checks(scale)?;

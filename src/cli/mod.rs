@@ -29,18 +29,31 @@ mod emit;
 pub mod gpu_checks;
 mod list;
 
-const USAGE: &str = "usage: kda <command>
+const USAGE: &str = "usage: kda <command> [--help]
   list                                   kernels and their shipped configs
   emit NAME [CONFIG] [--target sm_80|sm_90]
                                          PTX of a variant on stdout (default config when omitted)
-  check [--gpu [--quick]]                every kernel family through the simulator against its
-                                         reference (with --gpu: on the GPU too; --quick: small
-                                         shapes); exit 1 on failure
+  check [--gpu [--quick] [--allow-no-gpu]]
+                                         every kernel family through the simulator against its
+                                         reference (with --gpu: on the GPU too); exit 1 on failure
   bench [--json FILE] [--case NAME]      GPU timings (and JSON lines), the cases whose name
                                          contains NAME; --sweep-gemm, --sweep-decode and
                                          --sweep-chunk time launch shapes
   demo                                   the main job: run and check the kernels on the GPU, or
-                                         without one, compile everything and run `check`";
+                                         without one, compile everything and run `check`
+  --version                              the version";
+
+/// Each command's `--help`: its usage and what it does.
+fn command_help(cmd: &str) -> Option<&'static str> {
+    Some(match cmd {
+        "list" => "usage: kda list\n\nLists every shipped kernel variant by family and config name; `(default)` marks\nthe config `kda emit NAME` prints without one.",
+        "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise.",
+        "check" => "usage: kda check [--gpu [--quick] [--allow-no-gpu]]\n\nRuns every kernel family through the simulator against its f64 reference and\nprints a row per case. --gpu adds the GPU cases at real shapes (--quick: small and\nragged shapes, for compute-sanitizer). Exit status: 0 all passed, 1 a check failed,\n2 bad usage, 3 --gpu without a GPU (nothing run; --allow-no-gpu runs the simulator\nchecks and exits 0).",
+        "bench" => bench::USAGE,
+        "demo" => "usage: kda demo\n\nThe main job. With a GPU: runs the kernels at real shapes against the f64 reference,\nthen times the GEMM and one prefill case. Without one: says so, compiles every\nshipped variant for every target and runs the simulator checks.",
+        _ => return None,
+    })
+}
 
 /// Runs the tool with `args` (without the program name); returns the exit code.
 pub fn run(args: &[String]) -> i32 {
@@ -49,7 +62,12 @@ pub fn run(args: &[String]) -> i32 {
         return 2;
     };
     let rest = &args[1..];
+    let asks_help = rest.iter().any(|a| a == "--help" || a == "-h");
     let r = match cmd.as_str() {
+        _ if asks_help && command_help(cmd).is_some() => {
+            out!("{}", command_help(cmd).unwrap_or(USAGE));
+            Ok(0)
+        }
         "list" => list::run(rest),
         "emit" => emit::run(rest),
         "check" => check::run(rest),
@@ -57,6 +75,10 @@ pub fn run(args: &[String]) -> i32 {
         "demo" => demo::run(rest),
         "-h" | "--help" | "help" => {
             out!("{USAGE}");
+            Ok(0)
+        }
+        "-V" | "--version" => {
+            out!("kda {}", env!("CARGO_PKG_VERSION"));
             Ok(0)
         }
         other => Err(format!("unknown command `{other}`\n{USAGE}")),

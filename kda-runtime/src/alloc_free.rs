@@ -5,7 +5,7 @@
 
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 
-use crate::chunk::{chunk_config, plan_chunk, ChunkArgs};
+use crate::chunk::{plan_chunk, ChunkArgs};
 use crate::decode::{decode_config, decode_shape, plan_decode, DecodeArgs};
 use crate::kernels::Kernels;
 use crate::launch::bind_planned;
@@ -40,7 +40,7 @@ fn with_decode_call(f: impl FnOnce(&dyn Fn())) {
     let kernels = Kernels::new();
     let call = || {
         let plan = plan_decode(&args).expect("a valid call");
-        let cfg = super::decode::launch::tuned_config(&plan, decode_shape(&plan));
+        let cfg = super::decode::launch::chunk_tuned_config(&plan, decode_shape(&plan));
         assert_eq!(cfg, decode_config(&plan));
         let ready = kernels.decode(&cfg).expect("compiles");
         let bound = super::decode::launch::kernel_args(&args, &plan, &cfg, out, None, 1).expect("arguments");
@@ -60,8 +60,8 @@ fn a_warm_decode_call_plans_looks_up_and_binds_without_allocating() {
 }
 
 /// Runs `f` with a prefill call's host work (as [`with_decode_call`], and the preparation's
-/// binding on the two-kernel path), for 2 sequences of 300 tokens on 4 value heads, without and
-/// with a workspace (`f` gets whether one was given).
+/// binding on the two-kernel path), for 2 sequences of 300 tokens on 4 value heads, on the
+/// fused path (no workspace) and the two-kernel path (a workspace; `f` gets which).
 fn with_prefill_calls(mut f: impl FnMut(bool, &dyn Fn())) {
     let (b, t, h, hv) = (2, 300, 2, 4);
     let (q, k) = (tv(1, &[b, t, h, D], BF16), tv(2, &[b, t, h, D], BF16));
@@ -83,11 +83,12 @@ fn with_prefill_calls(mut f: impl FnMut(bool, &dyn Fn())) {
         let kernels = Kernels::new();
         let call = || {
             let plan = plan_chunk(&args).expect("a valid call");
-            let cfg = chunk_config(&plan);
+            let tune = crate::chunk::ChunkTuning::of_path(&plan, workspace.is_some());
+            let cfg = crate::chunk::launch::chunk_tuned_config(&plan, tune);
             let ready = kernels.chunk(&cfg).expect("compiles");
             let bound = super::chunk::launch::kernel_args(&args, &plan, &cfg, out.ptr(), Some(fin)).expect("arguments");
             bind_planned(&ready.kernel, &ready.binding, &bound).expect("binds");
-            if plan.workspace {
+            if tune.prepared {
                 let prep = kernels.chunk_prep(&kda_kernels::chunk_prep::PrepConfig::of(&cfg)).expect("compiles");
                 let prep_args = super::chunk::prepared::preparation_args(&prep.kernel, &plan, &bound, None);
                 bind_planned(&prep.kernel, &prep.binding, prep_args.as_slice()).expect("binds");

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{result, CudaContext, CudaStream};
 
 use crate::error::{DriverResultExt, RuntimeError};
+use kda_dsl::Target;
 
 /// True when the CUDA driver library can be loaded and reports at least one device.
 ///
@@ -55,11 +56,70 @@ thread_local! {
     static HIGH_PRIORITY: std::cell::RefCell<Vec<(usize, Arc<CudaStream>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What kda's choices depend on in a device, read once when a [`Gpu`] is made: a plain value,
+/// so that every choice made from it is a pure function, tested for each kind of device on a
+/// machine without one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// The compute capability `(major, minor)`.
+    pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
+    pub sm_count: usize,
+    /// Shared memory a block may opt in to, in bytes.
+    pub shared_per_block_optin: usize,
+}
+
+impl DeviceLimits {
+    /// An A100 (sm_80): 108 SMs, 163 KB of shared memory per block.
+    pub const A100: DeviceLimits =
+        DeviceLimits { compute_capability: (8, 0), sm_count: 108, shared_per_block_optin: 166_912 };
+    /// An RTX 3090 (sm_86; A10 and RTX 30 parts share the 99 KB per block).
+    pub const RTX_3090: DeviceLimits =
+        DeviceLimits { compute_capability: (8, 6), sm_count: 82, shared_per_block_optin: 101_376 };
+    /// An L40S (sm_89; L4 and RTX 40 parts share the 99 KB per block).
+    pub const L40S: DeviceLimits =
+        DeviceLimits { compute_capability: (8, 9), sm_count: 142, shared_per_block_optin: 101_376 };
+    /// An H200 (sm_90, as the H100 SXM): 132 SMs, 227 KB per block.
+    pub const H200: DeviceLimits =
+        DeviceLimits { compute_capability: (9, 0), sm_count: 132, shared_per_block_optin: 232_448 };
+
+    /// The PTX target kda compiles for on this device: sm_80 from compute capability 8.0 up
+    /// (the driver compiles it for the device; PTX ISA 7.0 needs a CUDA 11.0 driver or newer).
+    /// Below 8.0 the kernels' instructions (bf16 `mma.sync`, `cp.async`, `ldmatrix`) do not
+    /// exist: an error naming the device's capability and the one needed.
+    pub fn target(&self) -> Result<Target, RuntimeError> {
+        let (major, minor) = self.compute_capability;
+        if major < 8 {
+            return Err(RuntimeError::bad_argument(
+                "gpu",
+                "a GPU of compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell)",
+                format!("compute capability {major}.{minor}"),
+            ));
+        }
+        Ok(Target::Sm80)
+    }
+
+    /// Reads the limits of `ctx`'s device.
+    fn read(ctx: &CudaContext) -> Result<DeviceLimits, RuntimeError> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let attribute = |a| ctx.attribute(a).op("cuDeviceGetAttribute").map(|v| usize::try_from(v).unwrap_or(0));
+        Ok(DeviceLimits {
+            compute_capability: (
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+            ),
+            sm_count: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            shared_per_block_optin: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        })
+    }
+}
+
 /// One GPU: the primary CUDA context of a device ordinal.
 #[derive(Clone, Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     name: String,
+    limits: DeviceLimits,
 }
 
 impl Gpu {
@@ -67,7 +127,8 @@ impl Gpu {
     /// module loads then use that context.
     pub fn from_context(ctx: Arc<CudaContext>) -> Result<Gpu, RuntimeError> {
         let name = ctx.name().op("cuDeviceGetName")?;
-        Ok(Gpu { ctx, name })
+        let limits = DeviceLimits::read(&ctx)?;
+        Ok(Gpu { ctx, name, limits })
     }
 
     /// Opens device `ordinal`; [`RuntimeError::NoGpu`] without a driver or device,
@@ -84,9 +145,7 @@ impl Gpu {
                 ordinal.to_string(),
             ));
         }
-        let ctx = CudaContext::new(ordinal).op("cuDevicePrimaryCtxRetain")?;
-        let name = ctx.name().op("cuDeviceGetName")?;
-        Ok(Gpu { ctx, name })
+        Gpu::from_context(CudaContext::new(ordinal).op("cuDevicePrimaryCtxRetain")?)
     }
 
     /// The device ordinal.
@@ -102,6 +161,11 @@ impl Gpu {
     /// The compute capability `(major, minor)`.
     pub fn compute_capability(&self) -> Result<(i32, i32), RuntimeError> {
         self.ctx.compute_capability().op("cuDeviceGetAttribute")
+    }
+
+    /// The device's limits, as read when this `Gpu` was made.
+    pub fn limits(&self) -> DeviceLimits {
+        self.limits
     }
 
     /// The underlying cudarc context.
@@ -154,5 +218,22 @@ impl Gpu {
                 format!("a stream on device {on}"),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The target is a function of the compute capability alone: sm_80 PTX from 8.0 up,
+    /// an error naming `gpu` and the capability below.
+    #[test]
+    fn the_target_follows_the_compute_capability() {
+        let of = |cc| DeviceLimits { compute_capability: cc, ..DeviceLimits::H200 }.target();
+        for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            assert_eq!(of(cc).unwrap_or_else(|e| panic!("{cc:?}: {e}")), Target::Sm80, "{cc:?}");
+        }
+        let e = of((7, 5)).expect_err("Turing").to_string();
+        assert!(e.contains("gpu") && e.contains("8.0 or newer") && e.contains("7.5"), "{e}");
     }
 }

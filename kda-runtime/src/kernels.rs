@@ -18,6 +18,9 @@ use crate::binding::BindPlan;
 use crate::cache::{LoadedKernel, ModuleCache};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::tensor::TensorView;
+use crate::workspace::KeptWorkspaces;
+use cudarc::driver::CudaStream;
 
 /// A compiled kernel, the id its module is cached under, and its names resolved for binding.
 pub struct Ready {
@@ -40,6 +43,8 @@ impl Ready {
         if let Some((_, k)) = self.devices().iter().find(|(o, _)| *o == ordinal) {
             return Ok(k.clone());
         }
+        // A device the kernels cannot run on gets a typed error, not the driver's load error.
+        gpu.limits().target()?;
         let k = modules.get_or_load(gpu, &self.kernel, &self.id)?;
         let mut devices = self.devices();
         if !devices.iter().any(|(o, _)| *o == ordinal) {
@@ -54,7 +59,9 @@ impl Ready {
     }
 }
 
-/// Compiles shipped variants on first use and keeps their modules loaded.
+/// Compiles shipped variants on first use and keeps their modules loaded; also keeps the
+/// prefill workspaces of calls that give none. Dropping it frees those workspaces: a CUDA
+/// graph captured from such a call must not outlive it.
 #[derive(Default)]
 pub struct Kernels {
     compiled: Mutex<HashMap<String, Arc<CompiledKernel>>>,
@@ -68,6 +75,8 @@ pub struct Kernels {
     chunk_prep: Mutex<HashMap<PrepConfig, Arc<Ready>>>,
     /// Loaded modules per (device, kernel, config).
     pub modules: ModuleCache,
+    /// The prefill workspaces kept per (device, stream) for calls that give none.
+    workspaces: KeptWorkspaces,
 }
 
 impl Kernels {
@@ -90,6 +99,36 @@ impl Kernels {
         );
         map.insert(id, k.clone());
         Ok(k)
+    }
+
+    /// Bytes of the prefill workspace kept for `stream` on `gpu` (0 when none is kept): what a
+    /// `chunk_kda` call without a `workspace` uses (`kda_runtime::workspace` in the source says
+    /// how it grows), sized ahead by [`crate::preload::preload_chunk`].
+    pub fn kept_workspace_bytes(&self, gpu: &Gpu, stream: &CudaStream) -> usize {
+        self.workspaces.bytes(gpu, stream)
+    }
+
+    /// The workspace kept for `stream` on `gpu`, grown to `bytes` first when smaller (never
+    /// under a CUDA graph capture: then an error naming `workspace`).
+    pub(crate) fn kept_workspace(
+        &self,
+        gpu: &Gpu,
+        stream: &CudaStream,
+        bytes: usize,
+    ) -> Result<TensorView, RuntimeError> {
+        self.workspaces.at_least(gpu, stream, bytes)
+    }
+
+    /// Frees the prefill workspaces kept for calls without one (also outgrown ones, which
+    /// graphs captured earlier may still use), after waiting for the devices' work. The next
+    /// such call allocates again.
+    ///
+    /// # Safety
+    /// No CUDA graph captured from a `chunk_kda` call without a `workspace` (made with these
+    /// `Kernels`) may be launched afterwards, and no other thread may be making such a call.
+    pub unsafe fn release_workspaces(&self) -> Result<(), RuntimeError> {
+        // SAFETY: the caller's contract, as above.
+        unsafe { self.workspaces.release() }
     }
 
     /// The compiled GEMM for `cfg` (compiled on first use).

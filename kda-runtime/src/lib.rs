@@ -36,10 +36,11 @@ pub mod slice_view;
 pub mod tensor;
 pub mod timing;
 mod validate;
+mod workspace;
 
 pub use cache::{LoadedKernel, ModuleCache};
 pub use cudarc::driver::CudaStream;
-pub use device::{device_count, gpu_available, Gpu};
+pub use device::{device_count, gpu_available, DeviceLimits, Gpu};
 pub use error::RuntimeError;
 pub use gemm::{gemm, plan_gemm};
 pub use kernels::Kernels;

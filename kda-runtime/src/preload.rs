@@ -9,8 +9,8 @@
 //!   than 65535 (f32 state) or 131070 (16-bit state) sequences
 //!   (the table of [`kda_kernels::decode::DecodeCallKind`], [`kda_kernels::decode::DecodeShape::for_call`]);
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
-//!   dtype, the initial and final states (and the pool's index dtypes); with a workspace, the
-//!   two-kernel path for at most [`PREPARED_MAX_CHAINS`] (sequence, value head) chains, which
+//!   dtype, the initial and final states (and the pool's index dtypes); the two-kernel path for
+//!   at most [`prepared_max_chains`] (sequence, value head) chains, which
 //!   adds the chain over a prepared workspace and its preparation kernel, and for a call that
 //!   can take token ranges the ranges' later form (from the carried state) and, varlen, the
 //!   dense forms of both with their preparation (the ranges are dense calls); with at most
@@ -18,13 +18,16 @@
 //!   ([`chunk_split_variants`]); a call that can take token ranges or the split also needs the
 //!   thread's highest-priority stream, which is created here.
 
-use crate::chunk::{chunk_split_variants, chunk_variants, may_take_ranges, plan_chunk, ChunkArgs};
+use crate::chunk::{
+    chunk_split_variants, chunk_variants, chunk_workspace_bound, may_take_ranges, plan_chunk, ChunkArgs,
+};
 #[cfg(doc)]
-use crate::chunk::{PREPARED_MAX_CHAINS, SPLIT_MAX_VALUE_HEADS};
+use crate::chunk::{prepared_max_chains, SPLIT_MAX_VALUE_HEADS};
 use crate::decode::{decode_variants, plan_decode, DecodeArgs};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
+use cudarc::driver::CudaStream;
 
 /// Compiles and loads on `gpu` every decode variant a call like `args` can pick (the same
 /// dtypes, flags and optional tensors; any batch size, and for varlen calls one or several
@@ -39,12 +42,28 @@ pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result
 }
 
 /// Compiles and loads on `gpu` every prefill variant a call like `args` can pick (the same
-/// dtypes, flags and optional tensors, a workspace given or not; any batch). Returns how many
-/// kernels that is. Nothing is launched. When such a call can take token ranges, it also
-/// creates the calling thread's highest-priority stream ([`Gpu::high_priority_stream`]), so
-/// that the thread can capture the call into a CUDA graph at once.
-pub fn preload_chunk(gpu: &Gpu, kernels: &Kernels, args: &ChunkArgs) -> Result<usize, RuntimeError> {
+/// dtypes, flags and optional tensors; any batch), and, when `args` gives no workspace, grows
+/// the workspace `kernels` keeps for `stream` to [`chunk_workspace_bound`] of `args`' call: then
+/// every call on `stream` with at most its tokens, sequences and value heads that gives no
+/// workspace runs without allocating (call it before the engine profiles its free memory,
+/// with its largest call; [`Kernels::kept_workspace_bytes`] tells the size). Returns how many
+/// kernels it loaded. Nothing is launched. When such a call can take token ranges or the
+/// split, it also creates the calling thread's highest-priority stream
+/// ([`Gpu::high_priority_stream`]), so that the thread can capture the call into a CUDA graph
+/// at once.
+pub fn preload_chunk(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    args: &ChunkArgs,
+) -> Result<usize, RuntimeError> {
     let plan = plan_chunk(args)?;
+    if args.workspace.is_none() {
+        let bound = chunk_workspace_bound(plan.total_tokens, plan.nseq, plan.value_heads);
+        if bound > 0 {
+            kernels.kept_workspace(gpu, stream, bound)?;
+        }
+    }
     let split = chunk_split_variants(&plan);
     if may_take_ranges(&plan) || split.is_some() {
         gpu.high_priority_stream()?;

@@ -711,21 +711,24 @@ fn calls_past_the_launch_limits_are_rejected_by_the_plan() {
 // ---- the workspace ----
 
 #[test]
-fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
-    use kda_runtime::chunk::chunk_workspace_bytes;
+fn the_workspace_a_call_takes_follows_its_path_never_the_argument() {
+    use kda_runtime::chunk::{chunk_workspace_bound, chunk_workspace_bytes};
+    use kda_runtime::DeviceLimits;
     let c = Case::new(2, 37);
     let plain = c.plan(|_| {});
-    assert!(!plain.workspace);
     // Two rows of 48 tokens (whole chunks), HV = 4: 416 bf16 per token, 144 f32 per chunk
-    // (the decay and the betas).
-    let need = chunk_workspace_bytes(&plain);
-    assert_eq!(need, 2 * HV * (48 * 416 * 2 + 3 * 144 * 4));
+    // (the decay and the betas). 8 chains take the two-kernel path on any of these devices.
+    let need = 2 * HV * (48 * 416 * 2 + 3 * 144 * 4);
+    for device in [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H200] {
+        assert_eq!(chunk_workspace_bytes(&plain, &device), need, "{device:?}");
+    }
+    // More chains than SMs: the fused kernel, which takes none.
+    let few_sms = DeviceLimits { sm_count: 4, ..DeviceLimits::H200 };
+    assert_eq!(chunk_workspace_bytes(&plain, &few_sms), 0);
+    assert!(chunk_workspace_bound(2 * 37, 2, HV) >= need);
+    // A workspace, however large, changes nothing in the plan; a bad one is still refused.
     let exact = tv(9, &[need / 4], F32);
-    assert!(c.plan(|a| a.workspace = Some(&exact)).workspace);
-    let bytes = tv(9, &[need / 2], BF16);
-    assert!(c.plan(|a| a.workspace = Some(&bytes)).workspace);
-    let short = tv(9, &[need / 4 - 1], F32);
-    err(c.run(|a| a.workspace = Some(&short)), "workspace", "at least chunk_workspace_bytes");
+    assert_eq!(c.plan(|a| a.workspace = Some(&exact)), plain);
     let misaligned = at(0x9008, exact);
     err(c.run(|a| a.workspace = Some(&misaligned)), "workspace", "aligned");
     let elsewhere = on(1, exact);
@@ -733,24 +736,24 @@ fn a_workspace_holds_chunk_workspace_bytes_and_selects_the_two_kernel_path() {
     // Varlen: 15 rows more per sequence for the last chunks, and an f32 row per 16 rows.
     let v = Case::varlen(100, 3, I32, true);
     let vp = v.plan(|_| {});
-    assert_eq!(chunk_workspace_bytes(&vp), HV * (145 * 416 * 2 + 10 * 144 * 4));
+    assert_eq!(chunk_workspace_bytes(&vp, &DeviceLimits::H200), HV * (145 * 416 * 2 + 10 * 144 * 4));
 }
 
-/// The variants a kind of call can pick include the one each batch picks, with and without a
-/// workspace; with one, the preparation of the two-kernel path comes with them.
+/// The variants a kind of call can pick include the one each batch picks on each device, and
+/// the preparation of the two-kernel path.
 #[test]
 fn chunk_variants_cover_every_batch_size() {
-    use kda_runtime::chunk::{chunk_config, chunk_variants, PREPARED_MAX_CHAINS};
-    let ws = tv(9, &[1 << 30], F32);
-    for workspace in [None, Some(&ws)] {
-        let few = Case::new(1, 64);
-        let (variants, prep) = chunk_variants(&few.plan(|a| a.workspace = workspace));
-        assert_eq!(prep.len(), usize::from(workspace.is_some()));
+    use kda_runtime::chunk::{chunk_config, chunk_variants, prepared_max_chains};
+    use kda_runtime::DeviceLimits;
+    let few = Case::new(1, 64);
+    let (variants, prep) = chunk_variants(&few.plan(|_| {}));
+    assert_eq!(prep.len(), 1);
+    for device in [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H200] {
         // HV = 4: 40 sequences are more chains than the two-kernel path takes.
-        const { assert!(40 * HV > PREPARED_MAX_CHAINS) };
+        assert!(40 * HV > prepared_max_chains(&device));
         for b in [1, 2, 40] {
             let c = Case::new(b, 64);
-            let cfg = chunk_config(&c.plan(|a| a.workspace = workspace));
+            let cfg = chunk_config(&c.plan(|_| {}), &device);
             assert!(variants.contains(&cfg), "B = {b}: {} not among {variants:?}", cfg.key());
         }
     }

@@ -209,19 +209,22 @@ impl PrefillInputs {
 /// How a test's prefill call runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Path {
-    /// No workspace: the fused kernel.
+    /// The fused kernel (`ChunkTuning::fused`), no workspace.
     Fused,
-    /// A workspace: the two-kernel path where the API picks it (few chains), or with few
-    /// heads and long calls the split.
+    /// The API's path (the two-kernel path for few chains, or with few heads and long calls
+    /// the split) in a workspace of `chunk_workspace_bytes`.
     TwoKernel,
     /// As [`Path::TwoKernel`], with the `max_seqlen` hint (the longest sequence).
     Hinted,
+    /// The API's path with no workspace argument: the one `Kernels` keeps for the stream,
+    /// eager, or (`graph`) sized by `preload_chunk` and replayed from a CUDA graph.
+    Kept { graph: bool },
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
     /// a CUDA graph after one eager call and replayed; one sequence given as a `varlen` call
     /// (`cu_seqlens` `[0, T]`) or dense.
     Ranges { graph: bool, varlen: bool },
-    /// The exact split every [`SPLIT`] tokens (`ChunkTuning::split`): its tables allocated by
-    /// the call, or (`workspace`) in a workspace of `chunk_split_workspace_bytes`, its
+    /// The exact split every [`SPLIT`] tokens (`ChunkTuning::split`): its tables in the
+    /// workspace kda keeps, or (`workspace`) in one of `chunk_split_workspace_bytes`, its
     /// segments' operands `prepared` or not, eager or (with a workspace) replayed from a graph.
     Split { workspace: bool, prepared: bool, graph: bool },
 }
@@ -256,16 +259,27 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.cu_seqlens = (n > 1 || matches!(path, Path::Ranges { varlen: true, .. })).then_some(&views[8]);
     args.max_seqlen = (path == Path::Hinted).then(|| x.lens.iter().copied().max().unwrap_or(0));
     let ws_bytes = match path {
-        Path::Fused | Path::Split { workspace: false, .. } => None,
-        Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)),
-        Path::TwoKernel | Path::Hinted | Path::Ranges { .. } => Some(chunk_workspace_bytes(&plan_chunk(&args)?)),
+        Path::Fused | Path::Kept { .. } | Path::Split { workspace: false, .. } => None,
+        Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)?),
+        Path::TwoKernel | Path::Hinted | Path::Ranges { .. } => {
+            Some(chunk_workspace_bytes(&plan_chunk(&args)?, &gpu.limits()))
+        }
     };
     let ws_tensor = ws_bytes.map(|bytes| DeviceTensor::zeros(gpu, &s, &[bytes.div_ceil(4).max(1)], F32)).transpose()?;
     let ws_view = ws_tensor.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
     match path {
-        Path::Fused | Path::TwoKernel | Path::Hinted => {
+        Path::Fused => {
+            chunk_kda_tuned(gpu, kernels, &s, &args, ChunkTuning::fused(&plan_chunk(&args)?))?;
+        }
+        Path::TwoKernel | Path::Hinted | Path::Kept { graph: false } => {
             chunk_kda(gpu, kernels, &s, &args)?;
+        }
+        Path::Kept { graph: true } => {
+            kda_runtime::preload::preload_chunk(gpu, kernels, &s, &args)?;
+            let kept = kernels.kept_workspace_bytes(gpu, &s);
+            time_graph_ms(gpu, &s, 3, || chunk_kda(gpu, kernels, &s, &args).map(|_| ()))?;
+            assert_eq!(kernels.kept_workspace_bytes(gpu, &s), kept, "the preloaded workspace sufficed");
         }
         Path::Ranges { graph, .. } | Path::Split { graph, .. } => {
             let plan = plan_chunk(&args)?;
@@ -280,10 +294,10 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
                         prepared,
                         prep_blocks: None,
                         ranges: None,
-                        ..ChunkTuning::for_call(&plan)
+                        ..ChunkTuning::for_call(&plan, &gpu.limits())
                     }
                 }
-                _ => ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan) },
+                _ => ChunkTuning { ranges: Some(4), prepared: true, ..ChunkTuning::for_call(&plan, &gpu.limits()) },
             };
             let call = || chunk_kda_tuned(gpu, kernels, &s, &args, tune).map(|_| ());
             if graph {
@@ -399,6 +413,44 @@ fn a_max_seqlen_hint_changes_no_bits() {
         let got = prefill(&gpu, &kernels, &x, path).expect("with a workspace");
         assert_same_bits(&got, &fused, &format!("{path:?}"), "the fused kernel's");
     }
+}
+
+/// A call without a workspace runs the path a call with one runs, with its bits: one long
+/// sequence (the two-kernel path in token ranges) and a varlen batch with one sequence past the
+/// split's threshold, eager and from a graph after `preload_chunk`. Under capture, a kept
+/// workspace too small for the call is an error naming `workspace`, and nothing is launched.
+#[test]
+fn a_call_without_a_workspace_runs_the_fast_path_with_its_bits() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    for lens in [&[20000][..], &[9000, 37, 4100]] {
+        let x = PrefillInputs::random(lens, 53);
+        let given = prefill(&gpu, &kernels, &x, Path::TwoKernel).expect("with a workspace");
+        for graph in [false, true] {
+            let kept = prefill(&gpu, &kernels, &x, Path::Kept { graph }).expect("without one");
+            assert_same_bits(&kept, &given, &format!("{lens:?}, graph {graph}"), "the call given a workspace");
+        }
+    }
+    // A fresh stream has no kept workspace: capturing a call that needs one is refused.
+    let s = gpu.new_stream().expect("a stream");
+    let t = 4096;
+    let z = |shape: &[usize], d| DeviceTensor::zeros(&gpu, &s, shape, d).expect("zeros");
+    let (q, k, v, g) =
+        (z(&[1, t, H, D], BF16), z(&[1, t, H, D], BF16), z(&[1, t, HV, D], BF16), z(&[1, t, HV, D], BF16));
+    let (beta, out) = (z(&[1, t, HV], BF16), z(&[1, t, HV, D], BF16));
+    let views = [q.view(), k.view(), v.view(), g.view(), beta.view(), out.view()];
+    let mut args = ChunkArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
+    args.output = Some(&views[5]);
+    kernels
+        .chunk(&kda_runtime::chunk::chunk_config(&plan_chunk(&args).expect("a call"), &gpu.limits()))
+        .expect("compiles");
+    s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("capture");
+    let e = chunk_kda(&gpu, &kernels, &s, &args).map(|_| ()).expect_err("no workspace to grow under capture");
+    let _ = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    assert!(e.to_string().contains("workspace") && e.to_string().contains("capture"), "{e}");
+    assert_eq!(kernels.kept_workspace_bytes(&gpu, &s), 0);
 }
 
 /// The split gives the same bits whether its states are allocated by the call or live in the

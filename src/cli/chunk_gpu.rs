@@ -9,7 +9,7 @@ use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk,
+    chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_tuned_workspace_bytes, chunk_workspace_bytes, plan_chunk,
     ChunkArgs, ChunkShape, ChunkTuning,
 };
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
@@ -166,9 +166,9 @@ pub fn poisoned_workspace(
     tune: Option<ChunkTuning>,
 ) -> Result<DeviceTensor, String> {
     let plan = plan_chunk(args).map_err(|e| e.to_string())?;
-    let bytes = match tune.and_then(|t| t.split) {
-        Some(seg) => chunk_split_workspace_bytes(&plan, seg),
-        None => chunk_workspace_bytes(&plan),
+    let bytes = match tune {
+        Some(t) => chunk_tuned_workspace_bytes(&plan, &t),
+        None => chunk_workspace_bytes(&plan, &gpu.limits()),
     };
     let words = bytes.div_ceil(4);
     let mut ws = DeviceTensor::zeros(gpu, s, &[words.max(1)], DType::F32).map_err(|e| e.to_string())?;
@@ -176,9 +176,10 @@ pub fn poisoned_workspace(
     Ok(ws)
 }
 
-/// One call on the GPU, checking the API picks `cfg` (the fused kernel, or with `prepared` the
-/// two-kernel path over a poisoned workspace); returns what it wrote, and the segment length
-/// of the split the call took (`tune`'s, or with a workspace the API's default), if any.
+/// One call on the GPU, checking the call's fused variant is `cfg`: the fused kernel (no
+/// workspace), or with `prepared` the API's path (`tune`'s, or the default) over a poisoned
+/// workspace; returns what it wrote, and the segment length of the split the call took, if
+/// any.
 #[allow(clippy::too_many_arguments)] // a case, its tensors and how to call
 pub fn run_chunk_on_gpu(
     gpu: &Gpu,
@@ -193,20 +194,21 @@ pub fn run_chunk_on_gpu(
     let views = t.views();
     let mut args = chunk_args(x, &views);
     let plan = plan_chunk(&args).map_err(|e| e.to_string())?;
-    let chosen = chunk_config(&plan);
+    let chosen = chunk_tuned_config(&plan, ChunkTuning::fused(&plan));
     if &chosen != cfg {
-        return Err(format!("the API chose {} for {}", chosen.key(), cfg.key()));
+        return Err(format!("the call's fused variant is {}, not {}", chosen.key(), cfg.key()));
     }
-    // Token ranges are a form of the two-kernel path: the fused run takes none.
-    let tune = tune.map(|t| ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t });
-    // A split's states are in the workspace when there is one, allocated for the call otherwise.
+    let tune = match (tune, prepared) {
+        // Token ranges are a form of the two-kernel path: the fused run takes none.
+        (Some(t), _) => Some(ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t }),
+        (None, false) => Some(ChunkTuning::fused(&plan)),
+        (None, true) => None,
+    };
+    // A split's states are in the workspace when there is one, in the kept one otherwise.
     let ws = if prepared { Some(poisoned_workspace(gpu, s, &args, tune)?) } else { None };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
-    let split = match tune {
-        Some(t) => t.split,
-        None => ChunkTuning::for_call(&plan_chunk(&args).map_err(|e| e.to_string())?).split,
-    };
+    let split = tune.unwrap_or_else(|| ChunkTuning::for_call(&plan, &gpu.limits())).split;
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),

@@ -78,11 +78,12 @@ pub struct ChunkArgs<'a> {
     /// Rust extra: opt-in checked mode, which reads the index tensors (`cu_seqlens`,
     /// `state_indices`) back and reports values out of range (not graph-safe). Default false.
     pub checked: bool,
-    /// Rust extra: scratch memory for the two-kernel path, any dtype and shape, of at least
-    /// [`chunk_workspace_bytes`](super::chunk_workspace_bytes) bytes, 16-byte aligned. With it
-    /// the call prepares every chunk's state-independent operands in parallel first, then runs
-    /// each sequence's chain on them: the same bits as without it (the fused kernel), in less
-    /// time for long sequences. Default `None`: the fused kernel, no scratch.
+    /// Rust extra: scratch memory for the paths that take one (the two-kernel path, token
+    /// ranges, the long-sequence split), any dtype and shape, 16-byte aligned, of at least
+    /// [`chunk_workspace_bytes`](super::chunk_workspace_bytes) bytes (0 for a fused call: then
+    /// any workspace or none). The path never depends on it: default `None` takes the
+    /// workspace [`Kernels`](crate::Kernels) keeps for the call's stream, grown on first use
+    /// (outside a CUDA graph capture; [`crate::preload::preload_chunk`] sizes it ahead).
     pub workspace: Option<&'a TensorView>,
 }
 

@@ -9,11 +9,14 @@ use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 use super::args::ChunkArgs;
 use super::checked::check_chunk_indices;
-use super::plan::{plan_chunk, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState};
+use super::plan::{
+    chunk_workspace_bytes_unsplit, plan_chunk, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState,
+};
+use super::workspace::{check_workspace, chunk_tuned_workspace_bytes};
 use super::{prepared, ranges, split};
 #[cfg(doc)]
 use super::{DEFAULT_RANGES, RANGE_MIN_CHUNKS};
-use crate::device::Gpu;
+use crate::device::{DeviceLimits, Gpu};
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
 use crate::launch::{launch_planned, KernelArg};
@@ -78,27 +81,29 @@ pub struct ChunkTuning {
     pub operands: ChunkOperands,
 }
 
-/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path
-/// when given a workspace: one fused block per SM of an H200 (132 SMs) or fewer. There the
-/// fused kernel leaves SMs idle and each chain's chunk step is the whole time, so preparing
-/// every chunk in parallel first pays; with two fused blocks per SM the fused kernel wins
-/// (docs/performance.md, runs 6 and 8). Both paths give the same bits, so the choice cannot
-/// break batch invariance.
-pub const PREPARED_MAX_CHAINS: usize = 132;
+/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path:
+/// one fused block per SM or fewer. There the fused kernel leaves SMs idle and each chain's
+/// chunk step is the whole time, so preparing every chunk in parallel first pays; with two
+/// fused blocks per SM the fused kernel wins (docs/performance.md, runs 6 and 8, on an H200's
+/// 132 SMs). Both paths give the same bits, so the choice cannot break batch invariance.
+pub fn prepared_max_chains(device: &DeviceLimits) -> usize {
+    device.sm_count
+}
 
 impl ChunkTuning {
-    /// What [`chunk_kda`] picks: with a workspace, the split over a prepared workspace for a
-    /// call of few value heads and long sequences (`split.rs`); otherwise the two-kernel path
-    /// when a workspace is given and the call has at most [`PREPARED_MAX_CHAINS`] chains,
-    /// each path at its shape ([`ChunkShape`]); on that path, token ranges for a call that can
-    /// take them: as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most
-    /// [`DEFAULT_RANGES`], when that is two or more.
-    pub fn for_call(plan: &ChunkPlan) -> ChunkTuning {
-        if plan.workspace && split::splits_by_default(plan) {
+    /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a
+    /// workspace was given): the split over prepared operands for a call of few value heads
+    /// and long sequences (`split.rs`); otherwise the two-kernel path for a call of at most
+    /// [`prepared_max_chains`] chains, the fused kernel for more, each path at its shape
+    /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
+    /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
+    /// is two or more.
+    pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
+        if split::splits_by_default(plan) {
             return ChunkTuning { split: Some(split::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
-        let prepared = plan.workspace && chains <= PREPARED_MAX_CHAINS;
+        let prepared = chains <= prepared_max_chains(device);
         let ranges = if prepared { ranges::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
@@ -119,7 +124,7 @@ impl ChunkTuning {
             ));
         }
         if let Some(seg) = self.split {
-            split::check_split(plan, seg)?;
+            split::check_split(plan, seg, "tune")?;
         }
         if self.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
             return bad("prep_blocks from 1 to 2^31 - 1");
@@ -127,16 +132,18 @@ impl ChunkTuning {
         if let Some(n) = self.ranges {
             ranges::check_ranges(plan, n)?;
         }
-        if self.prepared && !plan.workspace {
-            return bad("prepared only with a workspace");
-        }
         Ok(())
+    }
+
+    /// The fused kernel alone, at its shape: no workspace, no split.
+    pub fn fused(plan: &ChunkPlan) -> ChunkTuning {
+        ChunkTuning::of_path(plan, false)
     }
 
     /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
     /// workspace, [`ChunkShape::FUSED`] otherwise; the call's operands
     /// ([`default_operands`]).
-    pub(super) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
+    pub(crate) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
         let operands = default_operands(plan);
         ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands }
@@ -155,23 +162,20 @@ pub fn default_operands(plan: &ChunkPlan) -> ChunkOperands {
     }
 }
 
-/// The kernel variant a validated call needs.
-pub fn chunk_config(plan: &ChunkPlan) -> ChunkConfig {
-    tuned_config(plan, ChunkTuning::for_call(plan))
+/// The chain's kernel variant a validated call runs on `device`.
+pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
+    chunk_tuned_config(plan, ChunkTuning::for_call(plan, device))
 }
 
 /// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
-/// whatever its batch: the fused kernel, and with a workspace the chain over a prepared one
-/// (taken at most [`PREPARED_MAX_CHAINS`] chains); for a call that can take token ranges also
+/// whatever its batch: the fused kernel, the chain over prepared operands (taken at most
+/// [`prepared_max_chains`] chains); for a call that can take token ranges also
 /// the form the ranges after the first take (from the final states, or from the pool without
 /// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
 /// the preparations they need.
 pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
-    let fused = tuned_config(plan, ChunkTuning::of_path(plan, false));
-    if !plan.workspace {
-        return (vec![fused], vec![]);
-    }
-    let prepared = tuned_config(plan, ChunkTuning::of_path(plan, true));
+    let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
+    let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
     let mut chains = vec![fused];
     let mut preps = vec![PrepConfig::of(&prepared)];
     if !ranges::may_take_ranges(plan) {
@@ -197,7 +201,8 @@ pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
     (chains, preps)
 }
 
-pub(crate) fn tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
+/// The chain's kernel variant a validated call runs with `tune`.
+pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     let store_final = !matches!(plan.final_out, FinalState::None);
     let states = match plan.initial {
         InitialState::Zeros => ChunkStates::Zeros { store_final },
@@ -280,12 +285,17 @@ pub(crate) fn kernel_args(
         .map_err(|_| RuntimeError::bad_argument("cu_seqlens", "fewer than 2^31 sequences", plan.nseq.to_string()))?;
     // The workspace as the prepared operands `[WB, TP, HV, PREP_COLS]` (16-bit), then the
     // decays and betas `[WB, TP / 16 rounded up, HV, PREP_DECAY_COLS]` (f32).
+    // Without a workspace only when the path takes none (no token rows): empty at address 0.
     let (prep, prep_decay) = match (cfg.preparation, args.workspace) {
-        (Preparation::Workspace, Some(ws)) => {
+        (Preparation::Workspace, ws) => {
+            let base = ws.map_or(0, |w| w.ptr());
+            if ws.is_none() && chunk_workspace_bytes_unsplit(plan) > 0 {
+                return Err(RuntimeError::bad_argument("workspace", "a workspace for the two-kernel path", "none"));
+            }
             let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
-            let decay_at = ws.ptr() + workspace_prep_bytes(plan) as u64;
+            let decay_at = base + workspace_prep_bytes(plan) as u64;
             (
-                view(ws.ptr(), &[wb, tp, hv, PREP_COLS], cfg.operands.dtype())?,
+                view(base, &[wb, tp, hv, PREP_COLS], cfg.operands.dtype())?,
                 view(decay_at, &[wb, tp.div_ceil(16), hv, PREP_DECAY_COLS], DType::F32)?,
             )
         }
@@ -318,16 +328,17 @@ pub(crate) fn kernel_args(
 ///
 /// Validates every argument first (typed errors, nothing launched on a bad call). Allocates only
 /// the outputs not given (`output`, and the final states when `output_final_state` is set without
-/// a `final_state` buffer); with them given it allocates nothing, synchronizes nothing and reads
-/// nothing back, so it can be captured in a CUDA graph (load its variants first:
-/// [`crate::preload::preload_chunk`]; what picks one is listed there).
-/// `cu_seqlens` is never read on the host; `checked` reads `cu_seqlens` and `state_indices`
-/// back and reports values the kernel would clamp or skip (not graph-safe).
+/// a `final_state` buffer), and without a `workspace` grows the one [`Kernels`] keeps for
+/// `stream` when the call needs more; with the outputs given and the workspace the caller's or
+/// preloaded ([`crate::preload::preload_chunk`], which also loads the variants a call can pick)
+/// it allocates nothing, synchronizes nothing and reads nothing back, so it can be captured in
+/// a CUDA graph. `cu_seqlens` is never read on the host; `checked` reads `cu_seqlens` and
+/// `state_indices` back and reports values the kernel would clamp or skip (not graph-safe).
 ///
-/// The chain's grid is one block per (`16 · warps` value rows, value head, sequence), sized
-/// from the shapes alone. With a `workspace` and at most [`PREPARED_MAX_CHAINS`] chains the
-/// chunks are prepared first by `chunk_prep` (its grid may shrink to the `max_seqlen` hint),
-/// with the same bits as the fused kernel.
+/// The path is [`ChunkTuning::for_call`]'s, from the shapes and the device: the chain's grid is
+/// one block per (`16 · warps` value rows, value head, sequence); with at most
+/// [`prepared_max_chains`] chains the chunks are prepared first by `chunk_prep` (its grid may
+/// shrink to the `max_seqlen` hint), with the same bits as the fused kernel.
 ///
 /// ```
 /// use kda_dsl::DType::{BF16, F32};
@@ -359,7 +370,13 @@ pub fn chunk_kda(
     args: &ChunkArgs,
 ) -> Result<ChunkResult, RuntimeError> {
     let plan = plan_chunk(args)?;
-    launch_plan(gpu, kernels, stream, args, &plan, ChunkTuning::for_call(&plan))
+    let tune = ChunkTuning::for_call(&plan, &gpu.limits());
+    // The default split has limits of its own (segments per grid axis): a call past them is
+    // refused, by the argument that makes it so, rather than run unsplit with other bits.
+    if let Some(seg) = tune.split {
+        split::check_split(&plan, seg, if plan.varlen.is_some() { "cu_seqlens" } else { "q" })?;
+    }
+    launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
 
 /// [`chunk_kda`] with an explicit launch shape (for tuning; `warps` must be 1, 2, 4 or 8,
@@ -423,6 +440,20 @@ fn launch_plan(
         (None, None) => unreachable!("allocated above"),
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
+    let kept;
+    let args = &match args.workspace {
+        Some(w) => {
+            check_workspace(w, chunk_tuned_workspace_bytes(plan, &tune))?;
+            *args
+        }
+        None => match chunk_tuned_workspace_bytes(plan, &tune) {
+            0 => *args,
+            need => {
+                kept = kernels.kept_workspace(gpu, stream, need)?;
+                ChunkArgs { workspace: Some(&kept), ..*args }
+            }
+        },
+    };
     if let Some(seg) = tune.split {
         split::launch(gpu, kernels, stream, args, plan, tune, seg, out_ptr, final_view)?;
         return Ok(ChunkResult { output, final_state });
@@ -431,7 +462,7 @@ fn launch_plan(
         ranges::launch(gpu, kernels, stream, args, plan, tune, n, out_ptr, final_view)?;
         return Ok(ChunkResult { output, final_state });
     }
-    let cfg = tuned_config(plan, tune);
+    let cfg = chunk_tuned_config(plan, tune);
     let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
     if cfg.preparation == Preparation::Workspace {
         prepared::launch_preparation(gpu, kernels, stream, plan, &cfg, &bound, tune.prep_blocks)?;
@@ -507,7 +538,7 @@ mod tests {
             args.final_state = final_state.then_some(&fin);
             args.workspace = prepared.then_some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");
-            let cfg = chunk_config(&plan);
+            let cfg = chunk_tuned_config(&plan, ChunkTuning::of_path(&plan, prepared));
             assert_eq!(cfg.preparation == Preparation::Workspace, prepared);
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
                 .expect("compiles");
@@ -603,7 +634,14 @@ mod tests {
                 Ok(Ok(plan)) => plan,
             };
             accepted += 1;
-            let cfg = chunk_config(&plan);
+            let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
+            let cfg = chunk_tuned_config(&plan, tune);
+            // The workspace the launch gives the call's path: the caller's or the kept one.
+            let need = super::chunk_tuned_workspace_bytes(&plan, &tune);
+            let ws = TensorView::describe(0xb000_0000, &[need.div_ceil(4)], DType::F32, q.device()).expect("a view");
+            if need > 0 && args.workspace.is_none_or(|w| w.size_bytes() < need) {
+                args.workspace = Some(&ws);
+            }
             let kernel = kernels.entry(cfg.clone()).or_insert_with(|| {
                 kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
                     .expect("compiles")
@@ -636,7 +674,7 @@ mod tests {
         let [q, k, v, g, beta] = dense_bf16_inputs(1, 64, 2);
         let args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         let plan = plan_chunk(&args).expect("a valid call");
-        let ok = ChunkTuning::for_call(&plan);
+        let ok = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
         ok.check(&plan).expect("the default tuning");
         let refused = |tune: ChunkTuning, expected: &str| {
             let e = tune.check(&plan).expect_err(expected).to_string();
@@ -658,8 +696,7 @@ mod tests {
             shapes,
         );
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
-        refused(ChunkTuning { prepared: true, ..ok }, "prepared only with a workspace");
-        refused(ChunkTuning { ranges: Some(4), ..ok }, "a workspace");
+        refused(ChunkTuning { ranges: Some(1), ..ok }, "at least 2 ranges");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
     }
 
@@ -673,17 +710,21 @@ mod tests {
         let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
-        let default = ChunkTuning { prepared: true, ..ChunkTuning::for_call(&plan) };
+        let default = ChunkTuning { prepared: true, ..ChunkTuning::for_call(&plan, &DeviceLimits::H200) };
         let bf16 = ChunkTuning { operands: ChunkOperands::Bf16, ..default };
         assert_eq!(default_operands(&plan), ChunkOperands::F16, "with l2norm (the default)");
         args.use_qk_l2norm_in_kernel = Some(false);
         let unnormalized = plan_chunk(&args).expect("a valid call");
-        assert_eq!(ChunkTuning::for_call(&unnormalized).operands, ChunkOperands::Bf16, "without l2norm");
+        assert_eq!(
+            ChunkTuning::for_call(&unnormalized, &DeviceLimits::H200).operands,
+            ChunkOperands::Bf16,
+            "without l2norm"
+        );
         assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
         args.use_qk_l2norm_in_kernel = None;
         for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
             tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));
-            let cfg = tuned_config(&plan, tune);
+            let cfg = chunk_tuned_config(&plan, tune);
             assert_eq!(cfg.operands.dtype(), dtype);
             assert_eq!(PrepConfig::of(&cfg).operands, cfg.operands);
             let bound = kernel_args(&args, &plan, &cfg, 0x9000_0000, None).expect("arguments");

@@ -7,10 +7,11 @@
 //!   a [`ChunkPlan`];
 //! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
 //!   `state_indices`;
-//! - [`chunk_kda`] launches the kernel variant the plan needs ([`chunk_config`]) on the
-//!   caller's stream: the fused kernel, or with a `workspace` the preparation kernel and then
-//!   the chain over its output (`prepared.rs`), bit-identical to it, for a call of one
-//!   sequence in token ranges
+//! - [`chunk_kda`] launches the kernel variants the plan needs on the device
+//!   ([`ChunkTuning::for_call`], [`chunk_config`]) on the caller's stream, over the caller's
+//!   `workspace` or the one [`crate::Kernels`] keeps for the stream (`workspace.rs` sizes it):
+//!   the fused kernel, or for few chains the preparation kernel and then the chain over its
+//!   output (`prepared.rs`), bit-identical to it, for a call of one sequence in token ranges
 //!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again;
 //!   with few value heads, long sequences split exactly into segments whose chains run side
 //!   by side (`split.rs`), within rounding of one chain.
@@ -22,17 +23,19 @@ pub mod plan;
 pub(crate) mod prepared;
 mod ranges;
 mod split;
+mod workspace;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
 pub use launch::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_variants, default_operands, ChunkOperands, ChunkResult, ChunkShape,
-    ChunkTuning, PREPARED_MAX_CHAINS,
+    chunk_config, chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_variants, default_operands,
+    prepared_max_chains, ChunkOperands, ChunkResult, ChunkShape, ChunkTuning,
 };
-pub use plan::{chunk_workspace_bytes, plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+pub use plan::{plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub(crate) use ranges::may_take_ranges;
 pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
 pub use split::{chunk_split_variants, chunk_split_workspace_bytes, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
+pub use workspace::{chunk_tuned_workspace_bytes, chunk_workspace_bound, chunk_workspace_bytes};
 
 /// What the chunk modules' tests share.
 #[cfg(test)]

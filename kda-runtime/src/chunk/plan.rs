@@ -146,9 +146,6 @@ pub struct ChunkPlan {
     /// and with [`InitialState::Pool`] plus `has_initial_state`, slots of sequences without an
     /// initial state get zeros.
     pub empty: bool,
-    /// Whether a `workspace` (large enough) was given: calls with at most
-    /// [`PREPARED_MAX_CHAINS`](super::PREPARED_MAX_CHAINS) chains then take the two-kernel path.
-    pub workspace: bool,
 }
 
 impl ChunkPlan {
@@ -162,30 +159,20 @@ impl ChunkPlan {
     }
 }
 
-/// Bytes of the workspace a call takes ([`ChunkArgs::workspace`]): the two-kernel path's
-/// prepared operands, or for a call [`chunk_kda`](super::chunk_kda) splits by default (few
-/// value heads, long sequences: `split.rs`) the split's workspace,
-/// [`chunk_split_workspace_bytes`](super::chunk_split_workspace_bytes) at
-/// [`SPLIT_SEGMENT_TOKENS`](super::SPLIT_SEGMENT_TOKENS). From the shapes and the `max_seqlen`
-/// hint (a varlen call whose hint leaves no sequence long enough to split needs no split
-/// tables): a workspace sized with a hint is refused, by name, for the same call with a longer
-/// hint or none. Saturates at `usize::MAX` for shapes no device could hold.
-pub fn chunk_workspace_bytes(plan: &ChunkPlan) -> usize {
-    let prep = chunk_workspace_bytes_unsplit(plan);
-    if super::split::splits_by_default(plan) {
-        prep.max(super::split::split_layout_bytes(plan, super::SPLIT_SEGMENT_TOKENS))
-    } else {
-        prep
-    }
-}
-
 /// Bytes of the two-kernel path's workspace: per value head and workspace row ([`prep_rows`]:
 /// the tokens rounded up to whole chunks per dense row, plus 15 per varlen sequence), the
 /// prepared operands in 16 bits (f16 or bf16, `ChunkOperands`); then per 16 rows a chunk's
 /// decay and betas in f32.
 pub(crate) fn chunk_workspace_bytes_unsplit(plan: &ChunkPlan) -> usize {
     let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
-    let heads = wb.saturating_mul(plan.value_heads);
+    prepared_bytes(wb, tp, plan.value_heads)
+}
+
+/// Bytes of prepared operands for `wb` workspace rows of `tp` token rows each and `hv` value
+/// heads (see [`chunk_workspace_bytes_unsplit`]); saturates at `usize::MAX`, and grows with each
+/// argument.
+pub(crate) fn prepared_bytes(wb: usize, tp: usize, hv: usize) -> usize {
+    let heads = wb.saturating_mul(hv);
     let prep = heads.saturating_mul(tp).saturating_mul(PREP_COLS * 2);
     let decay = heads.saturating_mul(tp.div_ceil(16)).saturating_mul(PREP_DECAY_COLS * 4);
     prep.saturating_add(decay)
@@ -287,22 +274,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         max_seqlen: args.max_seqlen,
         checked: args.checked,
         empty: n == 0 || total_tokens == 0,
-        workspace: false,
     })
-    .and_then(|plan| check_workspace(args, plan))
-}
-
-/// The workspace, when given, holds [`chunk_workspace_bytes`].
-fn check_workspace(args: &ChunkArgs, plan: ChunkPlan) -> Result<ChunkPlan, ChunkError> {
-    let Some(ws) = args.workspace else { return Ok(plan) };
-    let need = chunk_workspace_bytes(&plan);
-    let have = ws.size_bytes();
-    if have < need {
-        let msg =
-            format!("workspace must hold at least chunk_workspace_bytes = {need} bytes, got {have} ({}).", shape(ws));
-        return Err(invalid("workspace", msg));
-    }
-    Ok(ChunkPlan { workspace: true, ..plan })
 }
 
 /// Shapes in the reference's 4-D form, after its reference checks.

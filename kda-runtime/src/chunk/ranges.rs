@@ -27,7 +27,7 @@ use kda_dsl::DType;
 use kda_kernels::chunk::ChunkConfig;
 
 use super::args::ChunkArgs;
-use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
+use super::launch::{chunk_tuned_config, kernel_args, launch_ready, ChunkKernelArgs, ChunkTuning};
 use super::plan::{chunk_workspace_bytes_unsplit, plan_chunk, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
@@ -45,8 +45,6 @@ pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         && matches!(plan.final_out, FinalState::Given { .. } | FinalState::Allocate { .. } | FinalState::Pool);
     let why = if nranges < 2 {
         Some("at least 2 ranges")
-    } else if !plan.workspace {
-        Some("a workspace (it runs the two-kernel path)")
     } else if plan.batch != 1 || plan.nseq != 1 {
         Some("one sequence (a dense call with B = 1, or varlen with one)")
     } else if plan.seq_len == 0 {
@@ -178,12 +176,9 @@ pub(super) fn range_launches(
         let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
         ws_at += need as u64;
         // The caller's call was planned and this is a view of it: a failure is a bug here.
-        // Planned without the part, which holds no split's tables (a range of few heads would
-        // ask for them by `chunk_workspace_bytes`), and given it after.
         let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
-        let p = ChunkPlan { workspace: true, ..p };
         a.workspace = Some(&part);
-        let cfg = tuned_config(&p, tune);
+        let cfg = chunk_tuned_config(&p, tune);
         let bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
         launches.push(RangeLaunch { plan: p, cfg, bound });
     }
@@ -224,8 +219,9 @@ pub(super) fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::plan::chunk_workspace_bytes;
+    use crate::chunk::chunk_workspace_bytes;
     use crate::chunk::testing::{dense_bf16_inputs, tv};
+    use crate::device::DeviceLimits;
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
 
@@ -270,7 +266,7 @@ mod tests {
         args.final_state = Some(&fin);
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
-        let tune = ChunkTuning::for_call(&plan);
+        let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
         let launches = range_launches(&args, &plan, tune, 3, out.ptr(), Some(fin)).expect("launches");
         assert_eq!(launches.len(), 3);
         let mut ws_end = ws.ptr();
@@ -293,7 +289,10 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
             ws_end += chunk_workspace_bytes_unsplit(&l.plan).next_multiple_of(16) as u64;
         }
-        assert!(ws_end - ws.ptr() <= chunk_workspace_bytes(&plan) as u64, "the parts fit the call's workspace");
+        assert!(
+            ws_end - ws.ptr() <= chunk_workspace_bytes(&plan, &DeviceLimits::H200) as u64,
+            "the parts fit the call's workspace"
+        );
     }
 
     /// With `state_indices`, every range binds to its kernel with the pool as its state, in
@@ -314,7 +313,8 @@ mod tests {
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
         let launches =
-            range_launches(&args, &plan, ChunkTuning::for_call(&plan), 3, out.ptr(), None).expect("launches");
+            range_launches(&args, &plan, ChunkTuning::for_call(&plan, &DeviceLimits::H200), 3, out.ptr(), None)
+                .expect("launches");
         assert_eq!(launches.len(), 3);
         for (r, l) in launches.iter().enumerate() {
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
@@ -357,7 +357,7 @@ mod tests {
             plan_chunk(&args).expect("a valid call")
         };
         let plan_of = |b, t, fin| plan_heads(b, t, fin, RANGE_MIN_VALUE_HEADS);
-        let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin)).ranges;
+        let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin), &DeviceLimits::H200).ranges;
         assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3.min(DEFAULT_RANGES)));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
@@ -366,7 +366,7 @@ mod tests {
         assert!(may_take_ranges(&plan_of(2, 16, true)), "a B = 1 call of that kind can");
         assert!(!may_take_ranges(&plan_of(1, 32768, false)));
         let few_heads = plan_heads(1, 32768, true, RANGE_MIN_VALUE_HEADS / 4);
-        assert_eq!(ChunkTuning::for_call(&few_heads).ranges, None, "8 value heads");
+        assert_eq!(ChunkTuning::for_call(&few_heads, &DeviceLimits::H200).ranges, None, "8 value heads");
         assert!(!may_take_ranges(&few_heads));
     }
 
@@ -389,17 +389,20 @@ mod tests {
         args.output_final_state = true;
         args.final_state = Some(&fin);
         let dense = plan_chunk(&args).expect("a valid dense call");
-        let dense_tune = ChunkTuning::for_call(&dense);
+        let dense_tune = ChunkTuning::for_call(&dense, &DeviceLimits::H200);
         let want = range_launches(&args, &dense, dense_tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("dense");
         args.cu_seqlens = Some(&cu1);
         let varlen = plan_chunk(&args).expect("a valid varlen call");
-        let tune = ChunkTuning::for_call(&varlen);
+        let tune = ChunkTuning::for_call(&varlen, &DeviceLimits::H200);
         assert_eq!(tune.ranges, Some(2), "one sequence of {t} tokens");
         assert_eq!(tune, dense_tune);
         assert!(may_take_ranges(&varlen));
         let got = range_launches(&args, &varlen, tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("varlen");
         // The dense call's parts fit its workspace (`range_launches_bind_to_their_kernels`).
-        assert!(chunk_workspace_bytes(&dense) <= chunk_workspace_bytes(&varlen), "the parts fit");
+        assert!(
+            chunk_workspace_bytes(&dense, &DeviceLimits::H200) <= chunk_workspace_bytes(&varlen, &DeviceLimits::H200),
+            "the parts fit"
+        );
         let (chains, preps) = crate::chunk::chunk_variants(&varlen);
         assert_eq!(got.len(), want.len());
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -414,7 +417,7 @@ mod tests {
         args.cu_seqlens = Some(&cu2);
         args.final_state = Some(&fin2);
         let two = plan_chunk(&args).expect("a valid varlen call");
-        assert_eq!(ChunkTuning::for_call(&two).ranges, None, "two sequences");
+        assert_eq!(ChunkTuning::for_call(&two, &DeviceLimits::H200).ranges, None, "two sequences");
         let e = check_ranges(&two, 2).expect_err("two sequences");
         assert!(e.to_string().contains("one sequence"), "{e}");
     }
@@ -441,7 +444,7 @@ mod tests {
                 args.cu_seqlens = Some(&cu);
                 args.max_seqlen = hint;
             }
-            let need = chunk_workspace_bytes(&plan_chunk(&args).expect("a valid call"));
+            let need = chunk_workspace_bytes(&plan_chunk(&args).expect("a valid call"), &DeviceLimits::H200);
             let ws = at(7, &[need.div_ceil(4)], DType::F32);
             args.workspace = Some(&ws);
             let plan = plan_chunk(&args).expect("a valid call");

@@ -20,15 +20,16 @@ use kda_kernels::chunk_segments::{max_segments, segment_count, SegmentsConfig};
 use kda_kernels::chunk_split::{split_configs, SplitConfigs};
 
 use super::args::ChunkArgs;
-use super::launch::{kernel_args, launch_ready, tuned_config, ChunkKernelArgs, ChunkTuning};
-use super::plan::{chunk_workspace_bytes_unsplit, ChunkPlan, FinalState, InitialState};
+use super::launch::{chunk_tuned_config, kernel_args, launch_ready, ChunkKernelArgs, ChunkTuning};
+use super::plan::{prepared_bytes, ChunkPlan, FinalState, InitialState};
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::Kernels;
 use crate::launch::KernelArg;
-use crate::tensor::{DeviceTensor, TensorView};
+use crate::tensor::TensorView;
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
+use kda_kernels::chunk_prep::prep_rows;
 
 /// Head dimension (K = V).
 const D: usize = crate::validate::HEAD_DIM;
@@ -54,20 +55,19 @@ const PART_ALIGN: usize = 256;
 
 /// Whether [`chunk_kda`](super::chunk_kda) splits a call of this shape when given a workspace
 /// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than twice
-/// [`SPLIT_SEGMENT_TOKENS`] by the shapes and the `max_seqlen` hint, and a schedule within the
-/// grid's limits).
+/// [`SPLIT_SEGMENT_TOKENS`] by the shapes and the `max_seqlen` hint). Never by the grid's
+/// limits, which would make a sequence's bits depend on its batch: a call past them is refused
+/// ([`check_split`]).
 pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
-    plan.value_heads <= SPLIT_MAX_VALUE_HEADS
-        && segment_count(plan.longest_sequence(), SPLIT_SEGMENT_TOKENS) > 1
-        && check_split(plan, SPLIT_SEGMENT_TOKENS).is_ok()
+    plan.value_heads <= SPLIT_MAX_VALUE_HEADS && segment_count(plan.longest_sequence(), SPLIT_SEGMENT_TOKENS) > 1
 }
 
 /// The split's kernels a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
 /// when [`chunk_kda`](super::chunk_kda) splits it: for calls with a workspace and at most
 /// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
 pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
-    (plan.workspace && plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
-        .then(|| split_configs(&tuned_config(plan, ChunkTuning::of_path(plan, true))))
+    (plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
+        .then(|| split_configs(&chunk_tuned_config(plan, ChunkTuning::of_path(plan, true))))
 }
 
 /// The segments' call: every segment a varlen sequence over the call's token rows (`[1, B · T]`),
@@ -89,7 +89,6 @@ fn segment_plan(plan: &ChunkPlan, seg: usize) -> ChunkPlan {
         // per block (any grid covers every chunk).
         max_seqlen: Some(seg),
         checked: false,
-        workspace: true,
         ..plan.clone()
     }
 }
@@ -112,49 +111,53 @@ struct SplitLayout {
 
 impl SplitLayout {
     fn of(plan: &ChunkPlan, seg: usize) -> SplitLayout {
-        let seg_plan = segment_plan(plan, seg);
-        let ns = seg_plan.nseq;
-        let prep = chunk_workspace_bytes_unsplit(&seg_plan);
-        let mut at = prep.next_multiple_of(PART_ALIGN);
+        SplitLayout::new(plan.nseq, plan.total_tokens, plan.value_heads, seg)
+    }
+
+    /// The layout for `nseq` sequences over `tokens` packed tokens on `hv` value heads, cut
+    /// every `seg` tokens (at least 1): the segments are varlen sequences over the call's
+    /// token rows. Sizes saturate at `usize::MAX` (never panic) and grow with each argument
+    /// but `seg`.
+    fn new(nseq: usize, tokens: usize, hv: usize, seg: usize) -> SplitLayout {
+        let ns = max_segments(nseq, tokens, seg.max(1));
+        let align = |x: usize| x.checked_next_multiple_of(PART_ALIGN).unwrap_or(usize::MAX);
+        let (wb, tp) = prep_rows(1, tokens, ns, true);
+        let prep = prepared_bytes(wb, tp, hv);
+        let mut at = align(prep);
         let mut tables = [0; 5];
-        for (table, entries) in tables.iter_mut().zip([ns + 1, plan.nseq + 1, ns, ns, ns]) {
+        for (table, entries) in tables.iter_mut().zip([ns, nseq, ns, ns, ns]) {
             *table = at;
-            at = (at + 4 * entries).next_multiple_of(PART_ALIGN);
+            at = align(at.saturating_add(entries.saturating_add(1).saturating_mul(4)));
         }
-        let state_bytes = (ns * plan.value_heads * D * D * 4).next_multiple_of(PART_ALIGN);
-        SplitLayout { segments: ns, prep, tables, states: (at, state_bytes), total: at + 3 * state_bytes }
+        let state_bytes = align(ns.saturating_mul(hv).saturating_mul(D * D * 4));
+        let total = at.saturating_add(state_bytes.saturating_mul(3));
+        SplitLayout { segments: ns, prep, tables, states: (at, state_bytes), total }
     }
 }
 
 /// Bytes of the workspace a call of `plan` split every `seg` tokens ([`ChunkTuning::split`])
-/// takes from the caller: the segments' prepared operands, the schedule and three f32 state
-/// tables of `[N + B · T / seg, HV, 128, 128]`; at least [`super::chunk_workspace_bytes`],
-/// which every workspace holds.
-pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, seg: usize) -> usize {
-    split_layout_bytes(plan, seg).max(super::chunk_workspace_bytes(plan))
+/// takes: the segments' prepared operands, the schedule and three f32 state tables of
+/// `[N + B · T / seg, HV, 128, 128]`. An error naming `tune` for a segment length the call
+/// cannot be split at ([`ChunkTuning::check`]).
+pub fn chunk_split_workspace_bytes(plan: &ChunkPlan, seg: usize) -> Result<usize, RuntimeError> {
+    check_split(plan, seg, "tune")?;
+    Ok(split_layout_bytes(plan, seg))
 }
 
-/// Bytes of the split's own workspace parts ([`SplitLayout`]).
+/// Bytes of the split's workspace ([`SplitLayout`]).
 pub(super) fn split_layout_bytes(plan: &ChunkPlan, seg: usize) -> usize {
     SplitLayout::of(plan, seg).total
 }
 
-/// A workspace given to a split call holds [`chunk_split_workspace_bytes`]; the error names
-/// `workspace` otherwise.
-fn check_split_workspace(args: &ChunkArgs, plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeError> {
-    let need = chunk_split_workspace_bytes(plan, seg);
-    match args.workspace {
-        Some(w) if w.size_bytes() < need => Err(RuntimeError::bad_argument(
-            "workspace",
-            format!("at least chunk_split_workspace_bytes = {need} bytes for a split every {seg} tokens"),
-            format!("{} bytes", w.size_bytes()),
-        )),
-        _ => Ok(()),
-    }
+/// Bytes of the split's workspace for a call of at most `nseq` sequences over `tokens` tokens
+/// on `hv` value heads, cut every `seg` tokens; grows with each of the three.
+pub(super) fn split_bytes_bound(nseq: usize, tokens: usize, hv: usize, seg: usize) -> usize {
+    SplitLayout::new(nseq, tokens, hv, seg).total
 }
 
-/// Whether a planned call can be split every `seg` tokens; the reason (named `tune`) when not.
-pub(super) fn check_split(plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeError> {
+/// Whether a planned call can be split every `seg` tokens; the reason, named `arg` (`tune` for
+/// a tuning, the input that makes the default split too large otherwise), when not.
+pub(super) fn check_split(plan: &ChunkPlan, seg: usize, arg: &str) -> Result<(), RuntimeError> {
     let ns = max_segments(plan.nseq, plan.total_tokens, seg.max(1));
     let why = if seg == 0 || !seg.is_multiple_of(16) || seg > i32::MAX as usize / 2 {
         Some("a segment length that is a positive multiple of 16 tokens, below 2^30".to_string())
@@ -166,9 +169,16 @@ pub(super) fn check_split(plan: &ChunkPlan, seg: usize) -> Result<(), RuntimeErr
         None
     };
     match why {
-        Some(w) => {
-            Err(RuntimeError::bad_argument("tune", format!("a split every {seg} tokens needs {w}"), "this call"))
-        }
+        Some(w) => Err(RuntimeError::bad_argument(
+            arg,
+            format!(
+                "a split every {seg} tokens needs {w} (calls of at most {SPLIT_MAX_VALUE_HEADS} value heads split \
+                 sequences longer than {} tokens by default: split the call, give a max_seqlen hint of at most \
+                 that, or pass ChunkTuning {{ split: None, .. }} to chunk_kda_tuned)",
+                2 * SPLIT_SEGMENT_TOKENS
+            ),
+            "this call",
+        )),
         None => Ok(()),
     }
 }
@@ -236,7 +246,7 @@ pub(super) fn split_launches(
     tables: &SplitTables,
     fin: Option<TensorView>,
 ) -> Result<Vec<SplitLaunch>, RuntimeError> {
-    check_split(plan, seg)?;
+    check_split(plan, seg, "tune")?;
     let dev = args.q.device();
     let (tokens, hv) = (plan.total_tokens, plan.value_heads);
     let rows = |x: &TensorView, tail: &[usize]| {
@@ -249,7 +259,7 @@ pub(super) fn split_launches(
     let g = rows(args.g, &[hv, D])?;
     let beta = rows(args.beta, &[hv])?;
     let out = TensorView::describe(out_ptr, &[1, tokens, hv, D], plan.dtype, dev)?;
-    let call = tuned_config(plan, ChunkTuning { split: None, ranges: None, ..tune });
+    let call = chunk_tuned_config(plan, ChunkTuning { split: None, ranges: None, ..tune });
     let c = split_configs(&call);
     let seg_plan = segment_plan(plan, seg);
     let ns = seg_plan.nseq;
@@ -370,20 +380,12 @@ pub(super) fn launch(
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<(), RuntimeError> {
-    // Before the layout, which divides by `seg`.
-    check_split(plan, seg)?;
-    check_split_workspace(args, plan, seg)?;
+    check_split(plan, seg, "tune")?;
     let layout = SplitLayout::of(plan, seg);
-    let mut owned = None;
-    let (base, dev) = match args.workspace {
-        Some(w) => (w.ptr(), w.device()),
-        None => {
-            let t = DeviceTensor::zeros(gpu, stream, &[layout.total.div_ceil(4)], DType::F32)?;
-            let at = (t.view().ptr(), t.view().device());
-            owned = Some(t);
-            at
-        }
-    };
+    // `chunk_kda` gives every split a workspace: the caller's (checked against the tuning's
+    // need) or the one kept for the stream.
+    let ws = args.workspace.ok_or_else(|| RuntimeError::Unsupported("a split call without a workspace".into()))?;
+    let (base, dev) = (ws.ptr(), ws.device());
     let tables = SplitTables::at(base, plan, &layout, dev)?;
     let fin = final_view.filter(|_| !matches!(plan.final_out, FinalState::None));
     let mut transitions_beside = None;
@@ -415,9 +417,6 @@ pub(super) fn launch(
             }
         }
     }
-    // An allocated workspace is freed here with cuMemFree, which waits for the work queued on
-    // it (so such a call returns once its kernels have run).
-    drop(owned);
     Ok(())
 }
 
@@ -426,6 +425,7 @@ mod tests {
     use super::*;
     use crate::chunk::plan::plan_chunk;
     use crate::chunk::testing::tv;
+    use crate::device::DeviceLimits;
     use crate::launch::bind_args;
 
     /// Every launch of a split binds to its compiled kernel, dense and varlen, with and without
@@ -497,9 +497,9 @@ mod tests {
         }
     }
 
-    /// `chunk_kda` splits with a workspace, at most 16 value heads and more than 8192 tokens
-    /// (per sequence dense, in all or by the `max_seqlen` hint varlen), and never without a
-    /// workspace; `chunk_workspace_bytes` covers the split's tables exactly when it splits.
+    /// `chunk_kda` splits at most 16 value heads and more than 8192 tokens (per sequence
+    /// dense, in all or by the `max_seqlen` hint varlen), whether a workspace is given or not;
+    /// `chunk_workspace_bytes` is the split's workspace exactly when it splits.
     #[test]
     fn the_default_split_goes_by_heads_and_length() {
         let ws = tv(20, &[1 << 28], DType::F32);
@@ -515,30 +515,59 @@ mod tests {
         };
         let t = SPLIT_SEGMENT_TOKENS;
         let (dense, varlen, hint) = (None, Some(None), |h| Some(Some(h)));
-        for (lead, hv, varlen, with_ws, splits) in [
-            (vec![1, 8 * t], 8, dense, true, true),
-            (vec![2, 2 * t + 16], SPLIT_MAX_VALUE_HEADS, dense, true, true),
-            (vec![2, 2 * t], SPLIT_MAX_VALUE_HEADS, dense, true, false),
-            (vec![1, 8 * t], 32, dense, true, false),
-            (vec![4, t], 8, dense, true, false),
-            (vec![1, 4 * t], 8, varlen, true, true),
-            (vec![1, 2 * t], 8, varlen, true, false),
-            (vec![1, 4 * t], 8, hint(2 * t), true, false),
-            (vec![1, 4 * t], 8, hint(2 * t + 1), true, true),
-            (vec![1, 8 * t], 8, dense, false, false),
+        for (lead, hv, varlen, splits) in [
+            (vec![1, 8 * t], 8, dense, true),
+            (vec![2, 2 * t + 16], SPLIT_MAX_VALUE_HEADS, dense, true),
+            (vec![2, 2 * t], SPLIT_MAX_VALUE_HEADS, dense, false),
+            (vec![1, 8 * t], 32, dense, false),
+            (vec![4, t], 8, dense, false),
+            (vec![1, 4 * t], 8, varlen, true),
+            (vec![1, 2 * t], 8, varlen, false),
+            (vec![1, 4 * t], 8, hint(2 * t), false),
+            (vec![1, 4 * t], 8, hint(2 * t + 1), true),
         ] {
-            let plan = plan_of(&lead, hv, varlen, with_ws);
-            let got = ChunkTuning::for_call(&plan).split;
-            assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen (hint) {varlen:?}, workspace {with_ws}");
+            let plan = plan_of(&lead, hv, varlen, true);
+            assert_eq!(plan, plan_of(&lead, hv, varlen, false), "{lead:?}: the plan ignores the workspace");
+            let got = ChunkTuning::for_call(&plan, &DeviceLimits::H200).split;
+            assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen (hint) {varlen:?}");
             // The README's way out of the default split runs the call unsplit.
-            let unsplit_tuning = ChunkTuning { split: None, ..ChunkTuning::for_call(&plan) };
+            let unsplit_tuning = ChunkTuning { split: None, ..ChunkTuning::for_call(&plan, &DeviceLimits::H200) };
             unsplit_tuning.check(&plan).unwrap_or_else(|e| panic!("{lead:?}: split: None refused: {e}"));
-            let unsplit = chunk_workspace_bytes_unsplit(&plan);
-            let need = super::super::chunk_workspace_bytes(&plan);
-            if with_ws {
-                assert_eq!(need > unsplit, splits, "{lead:?}: the workspace covers the split");
+            let need = super::super::chunk_workspace_bytes(&plan, &DeviceLimits::H200);
+            if splits {
+                assert_eq!(need, split_layout_bytes(&plan, t), "{lead:?}: the split's workspace");
             }
         }
+    }
+
+    /// Past the grid's 65535 segments a call that splits by default is refused, naming the
+    /// input that makes it so, instead of running unsplit (other bits for the same sequence);
+    /// its workspace size never panics.
+    #[test]
+    fn a_default_split_past_the_grid_is_refused_not_left_unsplit() {
+        let seg = SPLIT_SEGMENT_TOKENS;
+        let plan_of = |b: usize, t: usize| {
+            let mk = |id: u64, tail: &[usize]| tv(id * (1 << 40), &[&[b, t][..], tail].concat(), DType::BF16);
+            let (q, k, v, g, beta) = (mk(1, &[1, D]), mk(2, &[1, D]), mk(3, &[2, D]), mk(4, &[2, D]), mk(5, &[2]));
+            plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call")
+        };
+        // Up to 4 segments per sequence of 3 · seg tokens (one per sequence, one per seg tokens):
+        // 16383 sequences fit, 16384 do not.
+        let fits = plan_of(16383, 3 * seg);
+        let past = plan_of(16384, 3 * seg);
+        for plan in [&fits, &past] {
+            assert_eq!(ChunkTuning::for_call(plan, &DeviceLimits::H200).split, Some(seg), "the rule is the length");
+        }
+        assert!(max_segments(fits.nseq, fits.total_tokens, seg) <= GRID_YZ);
+        check_split(&fits, seg, "q").expect("within the grid");
+        let e = check_split(&past, seg, "q").expect_err("past the grid").to_string();
+        assert!(e.contains("q") && e.contains("65535 segments") && e.contains("max_seqlen"), "{e}");
+        // Sizes never panic, whatever the segment length.
+        for s in [0, 1, 16, seg] {
+            let _ = chunk_split_workspace_bytes(&plan_of(1, i32::MAX as usize), s);
+            let _ = split_layout_bytes(&plan_of(1, i32::MAX as usize), s.max(1));
+        }
+        assert!(chunk_split_workspace_bytes(&fits, 0).is_err());
     }
 
     /// The workspace of a split: the prepared operands first, then the schedule's tables and
@@ -550,7 +579,7 @@ mod tests {
         let bf16 = |id, heads| tv(id, &[b, t, heads, D], DType::BF16);
         let (q, k, v, g) = (bf16(1, 1), bf16(2, 1), bf16(3, hv), bf16(4, hv));
         let beta = tv(5, &[b, t, hv], DType::BF16);
-        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        let args = ChunkArgs::new(&q, &k, &v, &g, &beta);
         let plan = plan_chunk(&args).expect("a valid call");
         let l = SplitLayout::of(&plan, seg);
         let ns = max_segments(b, b * t, seg);
@@ -580,13 +609,13 @@ mod tests {
         }
         let last = parts.last().expect("parts");
         assert!(last.0 as usize + last.1 <= l.total, "a part past the end");
-        let need = chunk_split_workspace_bytes(&plan, seg);
+        let need = chunk_split_workspace_bytes(&plan, seg).expect("a valid split");
+        assert_eq!(need, l.total);
+        let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(&plan, true) };
+        assert_eq!(crate::chunk::chunk_tuned_workspace_bytes(&plan, &tune), need);
         let short = tv(7, &[need / 4 - 1], DType::F32);
-        args.workspace = Some(&short);
-        let e = check_split_workspace(&args, &plan, seg).expect_err("too small").to_string();
-        assert!(e.contains("workspace") && e.contains("chunk_split_workspace_bytes"), "{e}");
-        let enough = tv(7, &[need / 4], DType::F32);
-        args.workspace = Some(&enough);
-        check_split_workspace(&args, &plan, seg).expect("large enough");
+        let e = super::super::workspace::check_workspace(&short, need).expect_err("too small").to_string();
+        assert!(e.contains("workspace") && e.contains(&format!("at least {need} bytes")), "{e}");
+        super::super::workspace::check_workspace(&tv(7, &[need / 4], DType::F32), need).expect("large enough");
     }
 }

@@ -37,7 +37,7 @@ pub struct DecodeResult {
 
 /// The kernel variant a validated call needs (with the shape [`decode_shape`] picks).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
-    tuned_config(plan, decode_shape(plan))
+    chunk_tuned_config(plan, decode_shape(plan))
 }
 
 /// Every variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
@@ -50,7 +50,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     let mut out: Vec<DecodeConfig> = vec![];
     for &multi_token in token_kinds {
         for nseq in [1, 8, MAX_GRID_Z + 1, 2 * MAX_GRID_Z + 1] {
-            let cfg = tuned_config(plan, shape_for(plan, multi_token, nseq));
+            let cfg = chunk_tuned_config(plan, shape_for(plan, multi_token, nseq));
             if !out.contains(&cfg) {
                 out.push(cfg);
             }
@@ -59,7 +59,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     out
 }
 
-pub(crate) fn tuned_config(plan: &DecodePlan, shape: DecodeShape) -> DecodeConfig {
+pub(crate) fn chunk_tuned_config(plan: &DecodePlan, shape: DecodeShape) -> DecodeConfig {
     let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
         (StateIndexing::None, _, false) => Writes::None,
         (StateIndexing::None, true, true) => Writes::PoolPerSequence,
@@ -211,7 +211,7 @@ fn launch_plan(
         (None, Some(v)) => *v,
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = tuned_config(plan, shape);
+    let cfg = chunk_tuned_config(plan, shape);
     let ready = kernels.decode(&cfg)?;
     let loaded = ready.loaded(gpu, &kernels.modules)?;
     // One wave of blocks, each taking many sequences; or the config's few per block (the

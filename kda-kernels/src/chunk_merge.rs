@@ -90,7 +90,9 @@ pub fn chunk_merge(
     let acc = fragment([MERGE_ROWS, 128], F32);
     let s_hi = shared([MERGE_ROWS, 128], BF16);
     let s_lo = shared([MERGE_ROWS, 128], BF16);
-    let m_sh = shared([128, 128], F32);
+    // M goes through registers on its way to its bf16 halves: an f32 copy in shared memory
+    // would take the block past the 99 KB of sm_86 and sm_89 parts.
+    let m_rf = fragment([128, 128], F32);
     let m_hi = shared([128, 128], BF16);
     let m_lo = shared([128, 128], BF16);
     if slot >= 0 && first < end {
@@ -102,8 +104,8 @@ pub fn chunk_merge(
         copy(acc, starts.tile_at([first, hv, v0, 0], [1, 1, MERGE_ROWS, 128]));
         for sg in serial(first, end - 1) {
             split_hi_lo(acc, s_hi, s_lo);
-            copy(m.tile_at([sg, hv, 0, 0], [1, 1, 128, 128]), m_sh);
-            split_hi_lo(m_sh, m_hi, m_lo);
+            copy(m.tile_at([sg, hv, 0, 0], [1, 1, 128, 128]), m_rf);
+            split_hi_lo(m_rf, m_hi, m_lo);
             // S M + H, from H.
             copy(h.tile_at([sg, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
             gemm(s_hi, m_hi, acc);

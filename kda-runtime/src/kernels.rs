@@ -16,7 +16,7 @@ use kda_kernels::Variant;
 
 use crate::binding::BindPlan;
 use crate::cache::{LoadedKernel, ModuleCache};
-use crate::device::Gpu;
+use crate::device::{DeviceLimits, Gpu};
 use crate::error::RuntimeError;
 use crate::tensor::TensorView;
 use crate::workspace::KeptWorkspaces;
@@ -43,14 +43,29 @@ impl Ready {
         if let Some((_, k)) = self.devices().iter().find(|(o, _)| *o == ordinal) {
             return Ok(k.clone());
         }
-        // A device the kernels cannot run on gets a typed error, not the driver's load error.
-        gpu.limits().target()?;
+        // A device the kernel cannot run on gets a typed error, not the driver's load error.
+        self.fits(&gpu.limits())?;
         let k = modules.get_or_load(gpu, &self.kernel, &self.id)?;
         let mut devices = self.devices();
         if !devices.iter().any(|(o, _)| *o == ordinal) {
             devices.push((ordinal, k.clone()));
         }
         Ok(k)
+    }
+
+    /// Whether the kernel runs on a device of `limits`: its target, and its shared memory per
+    /// block within what a block may opt in to; an error naming `gpu` and the need otherwise.
+    pub fn fits(&self, limits: &DeviceLimits) -> Result<(), RuntimeError> {
+        limits.target()?;
+        let need = self.kernel.shared_bytes as usize;
+        if need > limits.shared_per_block_optin {
+            return Err(RuntimeError::bad_argument(
+                "gpu",
+                format!("{need} bytes of shared memory per block for {}", self.id),
+                format!("a device that allows {} bytes per block", limits.shared_per_block_optin),
+            ));
+        }
+        Ok(())
     }
 
     fn devices(&self) -> std::sync::MutexGuard<'_, Vec<(usize, Arc<LoadedKernel>)>> {

@@ -93,3 +93,81 @@ pub fn preload_chunk(
 fn load(gpu: &Gpu, kernels: &Kernels, ready: &Ready) -> Result<(), RuntimeError> {
     ready.loaded(gpu, &kernels.modules).map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::testing::tv;
+    use crate::device::DeviceLimits;
+    use kda_dsl::DType::{BF16, F16, F32, I32};
+
+    /// Every kernel a prefill call can pick (the chains, preparations and the split's passes
+    /// of calls of each kind), and every shipped variant, fits an A100, an RTX 3090 (99 KB of
+    /// shared memory per block), an L40S and an H200: what `Ready::fits` checks before loading.
+    #[test]
+    fn every_variant_a_call_can_pick_fits_every_device() {
+        let kernels = Kernels::new();
+        let devices = [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H200];
+        let check = |ready: &Ready| {
+            for d in &devices {
+                ready.fits(d).unwrap_or_else(|e| panic!("{}: {e}", ready.id));
+            }
+        };
+        // (dtype, value heads, tokens, varlen, pool, gate, f32 final states)
+        for (dtype, hv, t, varlen, pool, gate) in [
+            (BF16, 32, 32768, false, false, true),
+            (BF16, 8, 32768, false, false, true),
+            (BF16, 8, 20000, true, true, true),
+            (F16, 4, 100, false, false, false),
+            (BF16, 32, 300, true, true, false),
+        ] {
+            let lead = [1, t];
+            let mk = |id: u64, tail: &[usize]| tv(id << 20, &[&lead[..], tail].concat(), dtype);
+            let (q, k, v, g, beta) =
+                (mk(1, &[2, 128]), mk(2, &[2, 128]), mk(3, &[hv, 128]), mk(4, &[hv, 128]), mk(5, &[hv]));
+            let (a_log, dt_bias) = (tv(6 << 20, &[hv], F32), tv(7 << 20, &[hv, 128], F32));
+            let cu = tv(8 << 20, &[2], I32);
+            let (init, fin) =
+                (tv(9 << 20, &[if pool { 4 } else { 1 }, hv, 128, 128], F32), tv(10 << 20, &[1, hv, 128, 128], F32));
+            let (slots, has) = (tv(11 << 20, &[1], I32), tv(12 << 20, &[1], I32));
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.cu_seqlens = varlen.then_some(&cu);
+            if gate {
+                args.a_log = Some(&a_log);
+                args.dt_bias = Some(&dt_bias);
+            }
+            args.initial_state = Some(&init);
+            if pool {
+                args.state_indices = Some(&slots);
+                args.has_initial_state = Some(&has);
+            } else {
+                args.output_final_state = true;
+                args.final_state = Some(&fin);
+            }
+            let plan = plan_chunk(&args).expect("a valid call");
+            let (chains, preps) = chunk_variants(&plan);
+            chains.iter().for_each(|c| check(&kernels.chunk(c).expect("compiles")));
+            preps.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
+            if let Some(s) = chunk_split_variants(&plan) {
+                check(&kernels.chunk_segments(&s.segments).expect("compiles"));
+                check(&kernels.chunk_merge(&s.merge).expect("compiles"));
+                s.finish.iter().for_each(|f| check(&kernels.chunk_finish(f).expect("compiles")));
+                s.prep.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
+                [s.transition, s.from_zeros, s.output].iter().for_each(|c| check(&kernels.chunk(c).expect("compiles")));
+            }
+        }
+        for v in kda_kernels::variants() {
+            let kernel = kernels.compiled(&v).expect("compiles");
+            for d in &devices {
+                assert!(kernel.shared_bytes as usize <= d.shared_per_block_optin, "{}: {d:?}", v.id());
+            }
+        }
+        // A Volta part, and a block asking for more than a part allows, are refused by name.
+        let merge = kernels.chunk_merge(&Default::default()).expect("compiles");
+        let volta = DeviceLimits { compute_capability: (7, 0), ..DeviceLimits::A100 };
+        assert!(merge.fits(&volta).expect_err("sm_70").to_string().contains("8.0 or newer"));
+        let small = DeviceLimits { shared_per_block_optin: 48 * 1024, ..DeviceLimits::A100 };
+        let e = merge.fits(&small).expect_err("48 KB").to_string();
+        assert!(e.contains("gpu") && e.contains("shared memory per block"), "{e}");
+    }
+}

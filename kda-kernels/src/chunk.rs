@@ -33,6 +33,7 @@
 //! the same values in the same order, so the same bits.
 
 use crate::chunk_order::{longest_first, ORDERED_MAX_SEQUENCES};
+use crate::rules::{beta_of, gate_of};
 use kda_dsl::builder::Tile;
 use kda_dsl::DType;
 use kda_macros::kernel;
@@ -72,14 +73,12 @@ impl ChunkShape {
     pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1 };
 }
 
-/// The gate rule of `chunk_kda` (KDA-SPEC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ChunkGate {
-    /// `g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`, with `lower_bound` in [-5, 0).
-    LowerBound,
-    /// `g` given as a natural-log decay (`g <= 0`, unbounded below).
-    Precomputed,
-}
+pub use crate::rules::Beta;
+/// The gate rule of `chunk_kda`, decode's ([`crate::rules::Gate`]). The lower-bound gate
+/// (with `lower_bound` in [-5, 0)) keeps every exponent of a chunk in f32's range, so its key
+/// products run on tensor cores; the softplus and precomputed gates are unbounded below and
+/// take the exact element-wise form.
+pub use crate::rules::Gate as ChunkGate;
 
 /// Where a sequence's state starts and where its final state goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -181,7 +180,9 @@ pub struct ChunkConfig {
     pub state_dtype: DType,
     /// Gate rule.
     pub gate: ChunkGate,
-    /// `dt_bias` element type (lower-bound gate only).
+    /// Beta rule (`Sigmoid`, the reference's, by default).
+    pub beta: Beta,
+    /// `dt_bias` element type (gates computed in the kernel only).
     pub dt_bias: DType,
     /// l2-normalize q and k.
     pub l2norm: bool,
@@ -208,6 +209,7 @@ impl Default for ChunkConfig {
             dtype: DType::BF16,
             state_dtype: DType::F32,
             gate: ChunkGate::LowerBound,
+            beta: Beta::Sigmoid,
             dt_bias: DType::F32,
             l2norm: true,
             varlen: None,
@@ -294,10 +296,7 @@ pub(crate) fn starts_from_slot(with_has_initial: bool, has_initial: Tensor, n: V
 impl ChunkConfig {
     /// A short stable name.
     pub fn key(&self) -> String {
-        let gate = match self.gate {
-            ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
-            ChunkGate::Precomputed => "pre".to_string(),
-        };
+        let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
             "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}{}",
             self.dtype,
@@ -324,23 +323,38 @@ impl ChunkConfig {
     }
 }
 
-/// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-
-/// `beta = sigmoid(b)` into `bt_sh`, 0 past the chunk's `nv` valid rows.
-#[kda_macros::kernel_fn]
-fn beta_gate(b_sh: Tile, bt_sh: Tile, nv: Val) {
-    for (i,) in parallel(bt_sh) {
-        bt_sh[i] = select(i < nv, sigmoid(b_sh[i] as f32), 0.0);
+/// The gate and beta rules in a variant key: the gate (with `dt_bias`' type where the kernel
+/// computes it), then the beta rule where it is not the reference's sigmoid.
+pub(crate) fn rules_key(gate: ChunkGate, dt_bias: DType, beta: Beta) -> String {
+    let gate = match gate {
+        ChunkGate::LowerBound => format!("lb_dt{}", dt_bias.name()),
+        ChunkGate::Softplus => format!("sp_dt{}", dt_bias.name()),
+        ChunkGate::Precomputed => "pre".to_string(),
+    };
+    match beta {
+        Beta::Sigmoid => gate,
+        other => format!("{gate}_b{}", other.key()),
     }
 }
 
-/// The chunk's gate in log2 units (0 past its `nv` valid rows) and its inclusive cumulative sum
-/// down the chunk into `gl`; beta into `bt_sh` (0 past the end); the chunk's decay of the
-/// state, `2^Γ` per key channel, into `eg_sh`.
+/// `log2(e)`: gates are natural-log decays; the kernel works in powers of two.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// Beta by `rule` into `bt_sh`, 0 past the chunk's `nv` valid rows.
+#[kda_macros::kernel_fn]
+fn beta_gate(rule: Beta, b_sh: Tile, bt_sh: Tile, nv: Val) {
+    for (i,) in parallel(bt_sh) {
+        bt_sh[i] = select(i < nv, beta_of(rule, b_sh[i] as f32), 0.0);
+    }
+}
+
+/// The chunk's gate by `gate` in log2 units (0 past its `nv` valid rows) and its inclusive
+/// cumulative sum down the chunk into `gl`; beta by `beta` into `bt_sh` (0 past the end); the
+/// chunk's decay of the state, `2^Γ` per key channel, into `eg_sh`.
 #[kda_macros::kernel_fn]
 fn gate_and_beta(
-    lower: bool,
+    gate: ChunkGate,
+    beta: Beta,
     g_sh: Tile,
     dt_sh: Tile,
     b_sh: Tile,
@@ -355,13 +369,13 @@ fn gate_and_beta(
     // slower (a longer dependent chain).
     for (i, j) in parallel(gl) {
         let mut gx = g_sh[i][j] as f32;
-        if lower {
-            gx = lower_bound * sigmoid(ea * (gx + dt_sh[j] as f32));
+        if gate.in_kernel() {
+            gx = gate_of(gate, gx + dt_sh[j] as f32, ea, lower_bound);
         }
         gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
     }
     cumsum(gl, gl, 0);
-    beta_gate(b_sh, bt_sh, nv);
+    beta_gate(beta, b_sh, bt_sh, nv);
     for (j,) in parallel(eg_sh) {
         eg_sh[j] = exp2(gl[nv - 1][j]);
     }
@@ -552,7 +566,8 @@ pub(crate) struct KeyTiles {
 /// what makes their results the same bits.
 #[kda_macros::kernel_fn]
 pub(crate) fn prepare_keys(
-    lower: bool,
+    gate: ChunkGate,
+    beta: Beta,
     l2norm: bool,
     KeyTiles {
         g_sh,
@@ -580,7 +595,10 @@ pub(crate) fn prepare_keys(
     lower_bound: Val,
     scale: Val,
 ) {
-    gate_and_beta(lower, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+    // Only the lower-bound gate bounds a chunk's exponents enough for its key products to run
+    // on tensor cores; the others take the exact element-wise form.
+    let lower = gate == ChunkGate::LowerBound;
+    gate_and_beta(gate, beta, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
     load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
     prepare_operands(lower, kf, qf, sq, gl, ki_sh, kd_key, qd_key, kn_sh, qn_sh, nv, scale);
 }
@@ -756,7 +774,7 @@ pub fn chunk(
     // The head's gate constants.
     let dt_sh = shared([if prepared { 8 } else { 128 }], cfg.dt_bias);
     let mut ea = 1.0;
-    if lower && !prepared {
+    if cfg.gate.in_kernel() && !prepared {
         ea = exp(a_log[hv]);
         copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
     }
@@ -852,7 +870,7 @@ pub fn chunk(
         let nv = min(eos - t0, 16);
 
         if !prepared {
-            prepare_keys(lower, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+            prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
             copy(kf, kd_sh);
             if output {
                 copy(qf, qd_sh);

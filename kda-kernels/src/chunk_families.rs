@@ -2,8 +2,8 @@
 //! family (K = V = 128, a few heads, T ≤ 64), covering the flags pairwise rather than as a full
 //! product so the suite stays fast.
 
-use crate::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkStates};
-use crate::chunk_ref::{ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
+use crate::chunk::{Beta, ChunkConfig, ChunkGate, ChunkOperands, ChunkStates};
+use crate::chunk_ref::{BetaSpec, ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use crate::reference::Rng;
 use kda_dsl::DType::{BF16, F16, I32, I64};
 
@@ -36,6 +36,14 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
     let zeros = ChunkStates::Zeros { store_final: true };
+    let softplus = ChunkSpec { gate: GateSpec::Softplus, lengths: Lengths::Dense { b: 2, t: 45 }, ..init.clone() };
+    let near_two = ChunkSpec {
+        beta_rule: Beta::TwoSigmoid,
+        beta: BetaSpec::Fixed(8.0),
+        identical_keys: true,
+        lengths: Lengths::Dense { b: 1, t: 48 },
+        ..init.clone()
+    };
     let f = |name, cfg, spec| ChunkFamily { name, cfg, spec };
     vec![
         f("dense_t37_initial_state", d.clone(), init.clone()),
@@ -119,6 +127,45 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             ChunkSpec { gate: GateSpec::PrecomputedFixed(-20.0), ..ChunkSpec::default() },
         ),
         f("dense_t37_bf16_operands", ChunkConfig { operands: ChunkOperands::Bf16, ..d.clone() }, init.clone()),
+        // Decode's softplus gate, unbounded below: computed in the kernel, then the precomputed
+        // gate's element-wise form; from about -20 per token to channels that never decay.
+        f(
+            "softplus_gate_minus_20_to_never_decaying",
+            ChunkConfig { gate: ChunkGate::Softplus, ..d.clone() },
+            softplus.clone(),
+        ),
+        f(
+            "softplus_gate_bf16_operands",
+            ChunkConfig { gate: ChunkGate::Softplus, operands: ChunkOperands::Bf16, ..d.clone() },
+            softplus,
+        ),
+        // `allow_neg_eigval`: beta near 2 with one key repeated, the solve's largest entries.
+        f("beta_near_2_identical_keys", ChunkConfig { beta: Beta::TwoSigmoid, ..d.clone() }, near_two.clone()),
+        f(
+            "beta_near_2_identical_keys_bf16_operands",
+            ChunkConfig { beta: Beta::TwoSigmoid, operands: ChunkOperands::Bf16, ..d.clone() },
+            near_two,
+        ),
+        // FLA's convention (beta already post-sigmoid) with decode's gate, on the pool.
+        f(
+            "varlen_pool_softplus_raw_beta",
+            ChunkConfig {
+                gate: ChunkGate::Softplus,
+                beta: Beta::Raw,
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                gate: GateSpec::Softplus,
+                beta_rule: Beta::Raw,
+                lengths: Lengths::Varlen(vec![37, 5, 0, 40]),
+                h: 1,
+                hv: 2,
+                initial: InitialSpec::Pool { slots: 5 },
+                ..ChunkSpec::default()
+            },
+        ),
         f(
             // Without l2norm the runtime takes bf16 operands (`default_operands`).
             "no_l2norm_t48",

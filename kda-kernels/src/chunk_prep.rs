@@ -18,6 +18,7 @@ use crate::chunk::{
     prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, KeyTiles, Preparation,
     PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
+use crate::rules::Beta;
 use kda_dsl::DType;
 use kda_macros::kernel;
 
@@ -32,7 +33,9 @@ pub struct PrepConfig {
     pub dtype: DType,
     /// Gate rule.
     pub gate: ChunkGate,
-    /// `dt_bias` element type (lower-bound gate only).
+    /// Beta rule.
+    pub beta: Beta,
+    /// `dt_bias` element type (gates computed in the kernel only).
     pub dt_bias: DType,
     /// l2-normalize q and k.
     pub l2norm: bool,
@@ -54,6 +57,7 @@ impl Default for PrepConfig {
         PrepConfig {
             dtype: DType::BF16,
             gate: ChunkGate::LowerBound,
+            beta: Beta::Sigmoid,
             dt_bias: DType::F32,
             l2norm: true,
             varlen: None,
@@ -70,6 +74,7 @@ impl PrepConfig {
         PrepConfig {
             dtype: cfg.dtype,
             gate: cfg.gate,
+            beta: cfg.beta,
             dt_bias: cfg.dt_bias,
             l2norm: cfg.l2norm,
             varlen: cfg.varlen,
@@ -80,10 +85,7 @@ impl PrepConfig {
 
     /// A short stable name.
     pub fn key(&self) -> String {
-        let gate = match self.gate {
-            ChunkGate::LowerBound => format!("lb_dt{}", self.dt_bias.name()),
-            ChunkGate::Precomputed => "pre".to_string(),
-        };
+        let gate = crate::chunk::rules_key(self.gate, self.dt_bias, self.beta);
         format!(
             "{}_{}{}_cu{}_w{}{}",
             self.dtype,
@@ -144,7 +146,7 @@ pub fn chunk_prep(
     }
     let dt_sh = shared([128], cfg.dt_bias);
     let mut ea = 1.0;
-    if lower {
+    if cfg.gate.in_kernel() {
         ea = exp(a_log[hv]);
         copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
     }
@@ -200,7 +202,7 @@ pub fn chunk_prep(
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
         let nv = min(eos - t0, 16);
 
-        prepare_keys(lower, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+        prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
         copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
         copy(qf, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
         copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));

@@ -9,6 +9,7 @@
 
 use crate::decode_ref::D;
 use crate::reference::{gemm_f64, l2norm, round_to, sigmoid, softplus, token_step, Rng};
+use crate::rules::{Beta, Gate};
 use kda_dsl::DType;
 
 /// Inputs of one `chunk_kda` call, as the tensors hold them (all values already rounded to
@@ -29,14 +30,19 @@ pub struct ChunkInputs {
     pub k: Vec<f64>,
     /// `[B, T, HV, 128]`.
     pub v: Vec<f64>,
-    /// `[B, T, HV, 128]`: the raw gate input of the lower-bound rule when `a_log` and `dt_bias`
-    /// are both given, else a precomputed natural-log decay (`alpha = exp(g)`).
+    /// `[B, T, HV, 128]`: the raw gate input of a gate computed from `a_log` and `dt_bias`
+    /// (the lower-bound or softplus rule), else a precomputed natural-log decay
+    /// (`alpha = exp(g)`).
     pub g: Vec<f64>,
-    /// `[B, T, HV]` logits; beta is always `sigmoid(logit)` in `chunk_kda`.
+    /// The gate rule (a missing `a_log` or `dt_bias` counts as 0).
+    pub gate: Gate,
+    /// `[B, T, HV]`: beta's input, by `beta_rule`.
     pub beta: Vec<f64>,
-    /// `[HV]`. With `dt_bias`: the lower-bound gate rule (the API requires both or neither).
+    /// How `beta` becomes beta (`Sigmoid`: the reference's logits).
+    pub beta_rule: Beta,
+    /// `[HV]`, for a gate computed from it (the API requires it with `dt_bias`).
     pub a_log: Option<Vec<f64>>,
-    /// `[HV * 128]`. With `a_log`: the lower-bound gate rule.
+    /// `[HV * 128]`, for a gate computed from it.
     pub dt_bias: Option<Vec<f64>>,
     /// Lower bound of the lower-bound gate rule (`g = lower_bound * sigmoid(..)`).
     pub lower_bound: f64,
@@ -90,11 +96,24 @@ pub enum GateSpec {
     /// The lower-bound rule: raw gate input `~ N(0, 1)`, `A_log ~ U(0, 2.8)`,
     /// `dt_bias ~ N(0, 1)` (both f32), `lower_bound = -5`.
     LowerBound,
+    /// The softplus rule over its range: raw gate input `~ U(-14, 3)`, `A_log ~ U(0, 1.6)`,
+    /// `dt_bias ~ 0.5 N(0, 1)`: from about -20 per token down the chunk to channels that decay
+    /// by under 1e-6 (`softplus(-15.5)`), which never forget.
+    Softplus,
     /// A precomputed natural-log decay `g = -softplus(N(0, 1))` per channel (never positive).
     Precomputed,
     /// A precomputed decay of this value for every channel of every token (e.g. -20: the state
     /// forgets almost all of itself at each token, the far end of the unbounded gate).
     PrecomputedFixed(f64),
+}
+
+/// Beta's inputs in a random call (their rule is [`ChunkSpec::beta_rule`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BetaSpec {
+    /// Logits `~ N(0, 1)`; for [`Beta::Raw`] their sigmoid (a post-sigmoid beta in (0, 1)).
+    Random,
+    /// This input for every token (a logit of 8 with [`Beta::TwoSigmoid`] gives beta near 2).
+    Fixed(f64),
 }
 
 /// The initial state of a random call.
@@ -127,6 +146,13 @@ pub struct ChunkSpec {
     pub hv: usize,
     /// Gate rule and its inputs.
     pub gate: GateSpec,
+    /// Beta rule.
+    pub beta_rule: Beta,
+    /// Beta's inputs.
+    pub beta: BetaSpec,
+    /// Every token of a row carries its first token's key (per head): the hard case of the
+    /// delta rule's solve (CHUNK-ALGORITHM's), with beta near 2 its largest entries.
+    pub identical_keys: bool,
     /// l2-normalize q and k in the kernel; when off, k is drawn unit-norm (then rounded) so the
     /// delta rule stays stable, as KDA-SPEC asks.
     pub l2norm: bool,
@@ -146,6 +172,9 @@ impl Default for ChunkSpec {
             h: 1,
             hv: 1,
             gate: GateSpec::LowerBound,
+            beta_rule: Beta::Sigmoid,
+            beta: BetaSpec::Random,
+            identical_keys: false,
             l2norm: true,
             initial: InitialSpec::None,
             state_dtype: DType::F32,
@@ -173,7 +202,7 @@ struct HeadRows {
     v: Vec<f64>,
     /// Natural-log decay per channel, from the gate rule.
     g: Vec<f64>,
-    /// `sigmoid(logit)` per token.
+    /// Beta per token, by the beta rule.
     beta: Vec<f64>,
 }
 
@@ -218,18 +247,37 @@ impl ChunkInputs {
                 row.iter_mut().for_each(|e| *e = round_to(*e / n, dt));
             }
         }
+        if spec.identical_keys {
+            for row in 0..b {
+                let first = k[row * t * h * D..][..h * D].to_vec();
+                for tok in 1..t {
+                    k[(row * t + tok) * h * D..][..h * D].copy_from_slice(&first);
+                }
+            }
+        }
         let v = rng.normals(b * t * hv * D, dt);
         let g = match spec.gate {
             GateSpec::LowerBound => rng.normals(b * t * hv * D, dt),
+            GateSpec::Softplus => (0..b * t * hv * D).map(|_| round_to(-14.0 + 17.0 * rng.uniform(), dt)).collect(),
             GateSpec::Precomputed => (0..b * t * hv * D).map(|_| round_to(-softplus(rng.normal()), dt)).collect(),
             GateSpec::PrecomputedFixed(x) => vec![round_to(x, dt); b * t * hv * D],
         };
-        let beta = rng.normals(b * t * hv, dt);
-        let (a_log, dt_bias) = if spec.gate == GateSpec::LowerBound {
-            let a_log = (0..hv).map(|_| round_to(rng.uniform() * 2.8, DType::F32)).collect();
-            (Some(a_log), Some(rng.normals(hv * D, DType::F32)))
-        } else {
-            (None, None)
+        let beta = match (spec.beta, spec.beta_rule) {
+            (BetaSpec::Fixed(x), _) => vec![round_to(x, dt); b * t * hv],
+            (BetaSpec::Random, Beta::Raw) => (0..b * t * hv).map(|_| round_to(sigmoid(rng.normal()), dt)).collect(),
+            (BetaSpec::Random, _) => rng.normals(b * t * hv, dt),
+        };
+        let (a_log, dt_bias, gate) = match spec.gate {
+            GateSpec::LowerBound => {
+                let a_log = (0..hv).map(|_| round_to(rng.uniform() * 2.8, DType::F32)).collect();
+                (Some(a_log), Some(rng.normals(hv * D, DType::F32)), Gate::LowerBound)
+            }
+            GateSpec::Softplus => {
+                let a_log = (0..hv).map(|_| round_to(rng.uniform() * 1.6, DType::F32)).collect();
+                let dt_bias = (0..hv * D).map(|_| round_to(0.5 * rng.normal(), DType::F32)).collect();
+                (Some(a_log), Some(dt_bias), Gate::Softplus)
+            }
+            _ => (None, None, Gate::Precomputed),
         };
         let cu_seqlens = lens.map(|l| {
             let mut cu = vec![0i64];
@@ -283,7 +331,9 @@ impl ChunkInputs {
             k,
             v,
             g,
+            gate,
             beta,
+            beta_rule: spec.beta_rule,
             a_log,
             dt_bias,
             lower_bound: -5.0,
@@ -326,12 +376,12 @@ impl ChunkInputs {
     /// The gate (natural log, per channel) of value head `hv` at flattened token row `tok`.
     fn gate(&self, tok: usize, hv: usize) -> Vec<f64> {
         let a = &self.g[(tok * self.hv + hv) * D..][..D];
-        match (&self.a_log, &self.dt_bias) {
-            (Some(a_log), Some(dt_bias)) => {
-                let ea = a_log[hv].exp();
-                (0..D).map(|j| self.lower_bound * sigmoid(ea * (a[j] + dt_bias[hv * D + j]))).collect()
-            }
-            _ => a.to_vec(),
+        let ea = self.a_log.as_ref().map_or(1.0, |a_log| a_log[hv].exp());
+        let x = |j: usize| a[j] + self.dt_bias.as_ref().map_or(0.0, |dt| dt[hv * D + j]);
+        match self.gate {
+            Gate::LowerBound => (0..D).map(|j| self.lower_bound * sigmoid(ea * x(j))).collect(),
+            Gate::Softplus => (0..D).map(|j| -ea * softplus(x(j))).collect(),
+            Gate::Precomputed => a.to_vec(),
         }
     }
 
@@ -352,7 +402,12 @@ impl ChunkInputs {
             r.k.extend(qk(&self.k));
             r.v.extend_from_slice(&self.v[(tok * self.hv + hv) * D..][..D]);
             r.g.extend(self.gate(tok, hv));
-            r.beta.push(sigmoid(self.beta[tok * self.hv + hv]));
+            let b = self.beta[tok * self.hv + hv];
+            r.beta.push(match self.beta_rule {
+                Beta::Raw => b,
+                Beta::Sigmoid => sigmoid(b),
+                Beta::TwoSigmoid => 2.0 * sigmoid(b),
+            });
         }
         r
     }

@@ -13,6 +13,7 @@
 //! without a second pass), then `S += k uᵀ`. Every specialization below is a host-side `if` on
 //! the config: the branches not taken leave no code.
 
+use crate::rules::{beta_of, gate_of};
 use kda_dsl::DType;
 use kda_macros::kernel;
 
@@ -31,27 +32,7 @@ pub fn items_per_block(nseq: usize, blocks_per_sequence: usize, resident: usize)
     nseq.div_ceil(columns).clamp(1, MAX_ITEMS)
 }
 
-/// The gate rule (KDA-SPEC "Gate rules").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Gate {
-    /// `lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`.
-    LowerBound,
-    /// `-exp(A_log) * softplus(a + dt_bias)`.
-    Softplus,
-    /// `g = a`.
-    Precomputed,
-}
-
-/// How `b` becomes beta.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Beta {
-    /// As given.
-    Raw,
-    /// `sigmoid(b)`.
-    Sigmoid,
-    /// `2 * sigmoid(b)` (`allow_neg_eigval`).
-    TwoSigmoid,
-}
+pub use crate::rules::{Beta, Gate};
 
 /// Where states are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -286,19 +267,6 @@ impl DecodeConfig {
     }
 }
 
-/// Beta from `b` by the config's rule.
-#[kda_macros::kernel_fn]
-fn beta_of(rule: Beta, b: Val) -> Val {
-    let mut bt = b;
-    if rule == Beta::Sigmoid {
-        bt = sigmoid(bt);
-    }
-    if rule == Beta::TwoSigmoid {
-        bt = 2.0 * sigmoid(bt);
-    }
-    bt
-}
-
 /// The token's decay `alpha = exp(g)` per key channel into `af`, one channel per thread through
 /// shared `a_sh`: `g` from the raw gate input `a_raw` by the gate rule (with `dt_bias` when
 /// given; `ea = exp(A_log)`).
@@ -307,17 +275,10 @@ fn beta_of(rule: Beta, b: Val) -> Val {
 fn token_decay(gate: Gate, dt_bias: bool, a_raw: Tile, dt_sh: Tile, a_sh: Tile, af: Tile, ea: Val, lower_bound: Val) {
     for (j,) in parallel(a_sh) {
         let mut x = a_raw[j] as f32;
-        if gate != Gate::Precomputed {
-            if dt_bias {
-                x = x + dt_sh[j] as f32;
-            }
-            if gate == Gate::LowerBound {
-                x = lower_bound * sigmoid(ea * x);
-            } else {
-                x = -ea * softplus(x);
-            }
+        if gate.in_kernel() && dt_bias {
+            x = x + dt_sh[j] as f32;
         }
-        a_sh[j] = exp(x);
+        a_sh[j] = exp(gate_of(gate, x, ea, lower_bound));
     }
     copy(a_sh, af);
 }

@@ -18,6 +18,7 @@ pub mod decode_families;
 pub mod decode_ref;
 pub mod gemm;
 pub mod reference;
+pub mod rules;
 pub mod selftest;
 
 use kda_dsl::tile::KernelDef;

@@ -7,7 +7,7 @@ use kda_kernels::chunk_check::{check_chunk, check_split, compare_chunk, simulate
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::chunk_segments::segment_count;
-use kda_kernels::decode::{Beta, DecodeConfig, Gate, Writes};
+use kda_kernels::decode::{Beta, DecodeConfig, Writes};
 use kda_kernels::decode_ref::DecodeInputs;
 use kda_kernels::reference::{rel_err, Rng};
 
@@ -176,7 +176,7 @@ fn slot_of(pool: &[f64], s: usize) -> Vec<f64> {
 /// slot, and once more as one 3-token call (per-token slots `[slot, s1, s2]`, the state after
 /// the last token in `s2`) that must give the same bits.
 fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
-    let Identity { dtype, state_dtype, gate, operands, seed } = *id;
+    let Identity { dtype, state_dtype, gate, beta, operands, seed } = *id;
     const T: usize = 40;
     const PRE: usize = 37;
     let d = 128;
@@ -185,7 +185,12 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
         initial: InitialSpec::Pool { slots: 4 },
         state_dtype,
         dtype,
-        gate: if gate == ChunkGate::LowerBound { GateSpec::LowerBound } else { GateSpec::Precomputed },
+        gate: match gate {
+            ChunkGate::LowerBound => GateSpec::LowerBound,
+            ChunkGate::Softplus => GateSpec::Softplus,
+            ChunkGate::Precomputed => GateSpec::Precomputed,
+        },
+        beta_rule: beta,
         ..ChunkSpec::default()
     };
     let mut whole = ChunkInputs::random(&mut Rng::new(seed), &spec);
@@ -197,11 +202,14 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
         states: ChunkStates::Pool { indices: I32, has_initial: None },
         dtype,
         gate,
+        beta,
         operands,
         ..ChunkConfig::default()
     };
     let want = chunk_reference(&whole);
-    let name = format!("{dtype:?} inputs, {state_dtype:?} pool, {gate:?} gate, {operands:?} operands, slot {slot}");
+    let name = format!(
+        "{dtype:?} inputs, {state_dtype:?} pool, {gate:?} gate, {beta:?} beta, {operands:?} operands, slot {slot}"
+    );
 
     // Path B: prefill of all 40 tokens.
     let b = simulate_chunk(&ccfg, &whole).unwrap_or_else(|e| panic!("{name}: chunk over {T}: {e}"));
@@ -235,16 +243,16 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
     // printed, to tell a change of the kernel's arithmetic from a change of its numbers.
     let prefill_rows_equal = bits(&a_pre.out) == bits(&b.out[..PRE * d]);
 
-    let lower = gate == ChunkGate::LowerBound;
+    // Decode with the layer's rules: the same enums.
     let dcfg = DecodeConfig {
         dtype,
         state_dtype,
         out_dtype: dtype,
         v_first: true,
-        gate: if lower { Gate::LowerBound } else { Gate::Precomputed },
-        a_log: lower,
-        dt_bias: if lower { Some(F32) } else { None },
-        beta: Beta::Sigmoid,
+        gate,
+        a_log: gate.in_kernel(),
+        dt_bias: gate.in_kernel().then_some(F32),
+        beta,
         l2norm: true,
         indices: Some(I32),
         writes: Writes::PoolPerToken,
@@ -320,6 +328,7 @@ struct Identity {
     dtype: kda_dsl::DType,
     state_dtype: kda_dsl::DType,
     gate: ChunkGate,
+    beta: Beta,
     operands: ChunkOperands,
     seed: u64,
 }
@@ -333,7 +342,14 @@ struct Identity {
 #[test]
 fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     let lower = ChunkGate::LowerBound;
-    let base = Identity { dtype: BF16, state_dtype: F32, gate: lower, operands: ChunkOperands::F16, seed: 31 };
+    let base = Identity {
+        dtype: BF16,
+        state_dtype: F32,
+        gate: lower,
+        beta: Beta::Sigmoid,
+        operands: ChunkOperands::F16,
+        seed: 31,
+    };
     let mut cases = vec![];
     for seed in [31, 40, 41] {
         cases.push(Identity { seed, ..base });
@@ -342,6 +358,9 @@ fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     cases.push(Identity { dtype: F16, seed: 42, ..base });
     cases.push(Identity { state_dtype: BF16, seed: 32, ..base });
     cases.push(Identity { operands: ChunkOperands::Bf16, seed: 33, ..base });
+    // One layer under decode's rules (softplus gate, raw beta) and with negative eigenvalues.
+    cases.push(Identity { gate: ChunkGate::Softplus, beta: Beta::Raw, seed: 34, ..base });
+    cases.push(Identity { beta: Beta::TwoSigmoid, seed: 35, ..base });
     for id in &cases {
         let errs = prefill_then_decode(id);
         let tight = id.state_dtype == F32 && id.operands == ChunkOperands::F16;

@@ -85,7 +85,8 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
         let c = ChunkConfig {
             dtype: x.dt(),
             state_dtype: x.dt(),
-            gate: x.of(&[ChunkGate::LowerBound, ChunkGate::Precomputed]),
+            gate: x.of(&[ChunkGate::LowerBound, ChunkGate::Softplus, ChunkGate::Precomputed]),
+            beta: x.of(&[Beta::Raw, Beta::Sigmoid, Beta::TwoSigmoid]),
             dt_bias: x.dt(),
             l2norm: x.b(),
             varlen: x.opt_dt(),
@@ -107,6 +108,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
         let p = PrepConfig {
             dtype: x.dt(),
             gate: c.gate,
+            beta: c.beta,
             dt_bias: x.dt(),
             l2norm: x.b(),
             varlen: x.opt_dt(),

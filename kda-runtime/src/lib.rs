@@ -32,6 +32,7 @@ pub mod launch;
 pub mod preload;
 #[cfg(test)]
 mod random_calls;
+pub mod rules;
 pub mod slice_view;
 pub mod tensor;
 pub mod timing;

@@ -758,3 +758,70 @@ fn chunk_variants_cover_every_batch_size() {
         }
     }
 }
+
+// ---- the gate and beta rules (one layer's, as decode takes them) ----
+
+#[test]
+fn prefill_takes_decodes_gate_and_beta_rules() {
+    use kda_runtime::chunk::{chunk_config, BetaRule};
+    use kda_runtime::DeviceLimits;
+    let head = (tv(9, &[HV], F32), tv(10, &[HV, D], F32));
+    let c = Case::new(1, 40);
+    fn with<'a>(a: &mut ChunkArgs<'a>, (a_log, dt_bias): &'a (TensorView, TensorView)) {
+        (a.a_log, a.dt_bias) = (Some(a_log), Some(dt_bias));
+    }
+    // The reference's defaults: the lower-bound gate (bound -5), beta through a sigmoid.
+    let p = c.plan(|a| with(a, &head));
+    assert_eq!((p.gate, p.beta), (ChunkGate::LowerBound { lower_bound: -5.0 }, BetaRule::Sigmoid));
+    // Decode's softplus gate; its bound is not the lower-bound gate's, so any value goes.
+    let p = c.plan(|a| {
+        with(a, &head);
+        (a.use_lower_bound, a.lower_bound) = (Some(false), Some(0.0));
+    });
+    assert_eq!(p.gate, ChunkGate::Softplus);
+    let cfg = chunk_config(&p, &DeviceLimits::H200);
+    assert_eq!((cfg.gate, cfg.beta), (kda_kernels::rules::Gate::Softplus, kda_kernels::rules::Beta::Sigmoid));
+    // Raw beta (FLA's post-sigmoid) and negative eigenvalues.
+    let p = c.plan(|a| a.apply_beta_sigmoid = Some(false));
+    assert_eq!((p.gate, p.beta), (ChunkGate::Precomputed, BetaRule::Raw));
+    assert_eq!(chunk_config(&p, &DeviceLimits::H200).beta, kda_kernels::rules::Beta::Raw);
+    assert_eq!(c.plan(|a| a.allow_neg_eigval = true).beta, BetaRule::TwoSigmoid);
+    // What cannot be meant: a gate rule without the gate's inputs, and 2 sigmoid(b) without the
+    // sigmoid.
+    for lower in [true, false] {
+        err(c.run(|a| a.use_lower_bound = Some(lower)), "use_lower_bound", "needs A_log and dt_bias");
+    }
+    err(
+        c.run(|a| (a.apply_beta_sigmoid, a.allow_neg_eigval) = (Some(false), true)),
+        "allow_neg_eigval",
+        "needs the beta sigmoid",
+    );
+    // The lower-bound gate keeps its range.
+    let r = c.run(|a| {
+        with(a, &head);
+        a.lower_bound = Some(0.0);
+    });
+    err(r, "lower_bound", "[-5, 0)");
+}
+
+/// `LayerRules` gives prefill and decode the same rules whatever their defaults.
+#[test]
+fn one_layers_rules_make_both_calls() {
+    use kda_runtime::decode::plan_decode;
+    use kda_runtime::rules::{BetaRule, GateRule, LayerRules};
+    let (a_log, dt_bias) = (tv(9, &[HV], F32), tv(10, &[HV, D], F32));
+    let c = Case::new(1, 40);
+    let step = Case::new(1, 1);
+    let pool = tv(11, &[1, HV, D, D], F32);
+    for gate in [GateRule::LowerBound { lower_bound: -3.0 }, GateRule::Softplus, GateRule::Precomputed] {
+        for beta in [BetaRule::Sigmoid, BetaRule::Raw, BetaRule::TwoSigmoid] {
+            let rules = LayerRules { a_log: Some(&a_log), dt_bias: Some(&dt_bias), gate, beta };
+            let prefill = plan_chunk(&rules.chunk_args(&c.q, &c.k, &c.v, &c.g, &c.beta)).expect("prefill");
+            let mut args = rules.decode_args(&step.q, &step.k, &step.v, &step.g, &step.beta);
+            args.state = Some(&pool);
+            let decode = plan_decode(&args).expect("decode");
+            assert_eq!((prefill.gate, prefill.beta), (gate, beta));
+            assert_eq!((decode.gate, decode.beta), (gate, beta));
+        }
+    }
+}

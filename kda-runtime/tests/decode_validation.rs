@@ -433,8 +433,11 @@ fn explicit_options_resolve() {
     assert_eq!(p.gate, GateRule::LowerBound { lower_bound: -5.0 });
     assert_eq!(p.beta, BetaRule::Sigmoid);
     assert!(!p.state_v_first);
-    let p = c.plan(|a| a.use_lower_bound = Some(true));
+    // An explicit 0 is taken as written (no decay); a missing bound is an error naming it (the
+    // reference silently runs with 0).
+    let p = c.plan(|a| (a.use_lower_bound, a.lower_bound) = (Some(true), Some(0.0)));
     assert_eq!(p.gate, GateRule::LowerBound { lower_bound: 0.0 });
+    err(c.run(|a| a.use_lower_bound = Some(true)), "lower_bound", "use_lower_bound=True needs lower_bound");
 }
 
 #[test]

@@ -78,11 +78,16 @@ pub fn simulate_all() -> usize {
     }
     // The two-kernel path against the fused kernel, bit for bit, on a dense and a varlen family.
     let families = kda_kernels::chunk_families::chunk_families();
-    for (i, f) in families
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_i64_f16_gva2_empty_and_one_token"))
-    {
+    for (i, f) in families.iter().enumerate().filter(|(_, f)| {
+        matches!(
+            f.name,
+            "dense_t37_initial_state"
+                | "varlen_i64_f16_gva2_empty_and_one_token"
+                | "softplus_gate_minus_20_to_never_decaying"
+                | "beta_near_2_identical_keys"
+                | "varlen_pool_softplus_raw_beta"
+        )
+    }) {
         let case = format!("chunk/{}_two_kernel_path", f.name);
         let chain = kda_kernels::chunk::ChunkShape::PREPARED;
         match kda_kernels::chunk_check::two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), chain, 3) {
@@ -99,7 +104,9 @@ pub fn simulate_all() -> usize {
     }
     // The exact split, every pass in the simulator, on the pool family with segments of 16
     // tokens (every sequence past two chunks splits).
-    for (i, f) in families.iter().enumerate().filter(|(_, f)| f.name == "varlen_pool_bf16_state_gva4_padding_empty") {
+    for (i, f) in families.iter().enumerate().filter(|(_, f)| {
+        matches!(f.name, "varlen_pool_bf16_state_gva4_padding_empty" | "varlen_pool_softplus_raw_beta")
+    }) {
         let case = format!("chunk/{}_split_every_16", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));
     }

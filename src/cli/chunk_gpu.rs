@@ -150,6 +150,10 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a.a_log = v.a_log.as_ref();
     a.dt_bias = v.dt_bias.as_ref();
     a.lower_bound = Some(x.lower_bound as f32);
+    // The case's gate and beta rules (`use_lower_bound` only where the kernel computes the gate).
+    a.use_lower_bound = x.gate.in_kernel().then_some(x.gate == kda_kernels::rules::Gate::LowerBound);
+    a.apply_beta_sigmoid = Some(x.beta_rule != kda_kernels::rules::Beta::Raw);
+    a.allow_neg_eigval = x.beta_rule == kda_kernels::rules::Beta::TwoSigmoid;
     a.use_qk_l2norm_in_kernel = Some(x.l2norm);
     a.output = Some(&v.out);
     a.state_indices = v.indices.as_ref();
@@ -236,7 +240,8 @@ struct ChunkCase {
 fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     let (t_dense, h_dense, t_long, t_split) = if quick { (100, 2, 256, 512) } else { (1024, 16, 32768, 4096) };
     use kda_dsl::DType::{BF16, F16, F32, I32, I64};
-    use kda_kernels::chunk::ChunkGate;
+    use kda_kernels::chunk::{Beta, ChunkGate};
+    use kda_kernels::chunk_ref::BetaSpec;
     let d = ChunkConfig::default();
     let init = ChunkSpec { initial: InitialSpec::PerSequence, ..ChunkSpec::default() };
     // Explicit tunings at the fused kernel's shape (both runs of a comparison take it): the
@@ -309,6 +314,39 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
                 hv: 2,
                 gate: GateSpec::PrecomputedFixed(-20.0),
                 ..ChunkSpec::default()
+            },
+            tune: None,
+        },
+        ChunkCase {
+            name: format!("chunk B=2 T={t_dense} softplus gate, raw beta (FLA's), pool"),
+            cfg: ChunkConfig {
+                gate: ChunkGate::Softplus,
+                beta: Beta::Raw,
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            spec: ChunkSpec {
+                gate: GateSpec::Softplus,
+                beta_rule: Beta::Raw,
+                lengths: Lengths::Dense { b: 2, t: t_dense },
+                h: 2,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 4 },
+                ..ChunkSpec::default()
+            },
+            tune: None,
+        },
+        ChunkCase {
+            name: format!("chunk B=1 T={t_dense} allow_neg_eigval, beta near 2, identical keys"),
+            cfg: ChunkConfig { beta: Beta::TwoSigmoid, ..d.clone() },
+            spec: ChunkSpec {
+                beta_rule: Beta::TwoSigmoid,
+                beta: BetaSpec::Fixed(8.0),
+                identical_keys: true,
+                lengths: Lengths::Dense { b: 1, t: t_dense },
+                h: 2,
+                hv: 2,
+                ..init.clone()
             },
             tune: None,
         },

@@ -42,8 +42,9 @@ pub struct ChunkArgs<'a> {
     /// read on the host; a call of one sequence in token ranges does not read it at all (its
     /// sequence is `0 .. S`). Default `None`: dense, `N = B`.
     pub cu_seqlens: Option<&'a TensorView>,
-    /// Log decay `[HV]` f32 (`A_log` in the reference); given together with `dt_bias`, it
-    /// selects the lower-bound gate rule. Default `None`: the precomputed rule.
+    /// Log decay `[HV]` f32 (`A_log` in the reference); given together with `dt_bias`, the
+    /// kernel computes the gate from `g` (the lower-bound rule, or softplus with
+    /// `use_lower_bound = Some(false)`). Default `None`: `g` is the precomputed log decay.
     pub a_log: Option<&'a TensorView>,
     /// Decay bias `[HV, 128]` (or flat `[HV * 128]`), f32 or bf16; given together with `a_log`.
     /// Default `None`.
@@ -51,6 +52,18 @@ pub struct ChunkArgs<'a> {
     /// Lower bound of the lower-bound gate rule, in `[-5, 0)` when that rule runs. Default
     /// `None`: -5.0.
     pub lower_bound: Option<f32>,
+    /// Rust extra (decode's parameter): with `a_log` and `dt_bias`, which gate the kernel
+    /// computes: the lower-bound rule, or with `Some(false)` decode's softplus rule
+    /// (`-exp(A_log) softplus(g + dt_bias)`, unbounded below: the exact element-wise path).
+    /// An error without `a_log` and `dt_bias`. Default `None`: the lower-bound rule (the
+    /// reference's). [`crate::rules::LayerRules`] sets it alike for prefill and decode.
+    pub use_lower_bound: Option<bool>,
+    /// Rust extra (decode's parameter): `Some(false)` takes `beta` as given (already
+    /// post-sigmoid, as FLA's `chunk_kda` takes it). Default `None`: `sigmoid(beta)`.
+    pub apply_beta_sigmoid: Option<bool>,
+    /// Rust extra (decode's parameter): beta is `2 sigmoid(beta)`, up to 2 (negative
+    /// eigenvalues); needs the sigmoid. Default false.
+    pub allow_neg_eigval: bool,
     /// L2-normalize q and k in the kernel. Default `None`: true.
     pub use_qk_l2norm_in_kernel: Option<bool>,
     /// Preallocated output, v's shape (`[S, HV, 128]` is accepted too when q is `[S, H, 128]`)
@@ -89,8 +102,9 @@ pub struct ChunkArgs<'a> {
 
 impl<'a> ChunkArgs<'a> {
     /// A call on other views of the inputs (a reshape or a token range of this call's), with
-    /// this call's gate and options (`scale`, `a_log`, `dt_bias`, `lower_bound`,
-    /// `use_qk_l2norm_in_kernel`) and every other field at its default.
+    /// this call's gate, beta and options (`scale`, `a_log`, `dt_bias`, `lower_bound`,
+    /// `use_lower_bound`, `apply_beta_sigmoid`, `allow_neg_eigval`, `use_qk_l2norm_in_kernel`)
+    /// and every other field at its default.
     pub(crate) fn on_inputs<'b>(
         &self,
         q: &'b TensorView,
@@ -107,6 +121,9 @@ impl<'a> ChunkArgs<'a> {
             a_log: self.a_log,
             dt_bias: self.dt_bias,
             lower_bound: self.lower_bound,
+            use_lower_bound: self.use_lower_bound,
+            apply_beta_sigmoid: self.apply_beta_sigmoid,
+            allow_neg_eigval: self.allow_neg_eigval,
             use_qk_l2norm_in_kernel: self.use_qk_l2norm_in_kernel,
             ..ChunkArgs::new(q, k, v, g, beta)
         }
@@ -133,6 +150,9 @@ impl<'a> ChunkArgs<'a> {
             a_log: None,
             dt_bias: None,
             lower_bound: None,
+            use_lower_bound: None,
+            apply_beta_sigmoid: None,
+            allow_neg_eigval: false,
             use_qk_l2norm_in_kernel: None,
             output: None,
             final_state: None,

@@ -3,7 +3,7 @@
 use cudarc::driver::CudaStream;
 use kda_dsl::tile::FILL_WARPS_MAX;
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate as KernelGate, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
+use kda_kernels::chunk::{ChunkConfig, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
@@ -212,10 +212,8 @@ pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     ChunkConfig {
         dtype: plan.dtype,
         state_dtype: plan.state_dtype,
-        gate: match plan.gate {
-            ChunkGate::LowerBound { .. } => KernelGate::LowerBound,
-            ChunkGate::Precomputed => KernelGate::Precomputed,
-        },
+        gate: plan.gate.kernel(),
+        beta: plan.beta,
         dt_bias: plan.dt_bias.unwrap_or(DType::F32),
         l2norm: plan.l2norm,
         varlen: plan.varlen,
@@ -261,11 +259,13 @@ pub(crate) fn kernel_args(
         (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => t,
         _ => empty_state()?,
     };
-    let (a_log, dt_bias, lower_bound) = match (plan.gate, args.a_log, args.dt_bias) {
-        (ChunkGate::LowerBound { lower_bound }, Some(a), Some(d)) => {
-            (*a, view(d.ptr(), &[hv, D], d.dtype())?, lower_bound)
-        }
-        _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?, 0.0),
+    let lower_bound = match plan.gate {
+        ChunkGate::LowerBound { lower_bound } => lower_bound,
+        _ => 0.0,
+    };
+    let (a_log, dt_bias) = match (plan.gate.in_kernel(), args.a_log, args.dt_bias) {
+        (true, Some(a), Some(d)) => (*a, view(d.ptr(), &[hv, D], d.dtype())?),
+        _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?),
     };
     let pool = matches!(plan.initial, InitialState::Pool { .. });
     let empty_index = || view(0, &[0], DType::I32);

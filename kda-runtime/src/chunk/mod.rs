@@ -31,7 +31,7 @@ pub use launch::{
     chunk_config, chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_variants, default_operands,
     prepared_max_chains, ChunkOperands, ChunkResult, ChunkShape, ChunkTuning,
 };
-pub use plan::{plan_chunk, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+pub use plan::{plan_chunk, BetaRule, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub(crate) use ranges::may_take_ranges;
 pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
 pub use split::{chunk_split_variants, chunk_split_workspace_bytes, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};

@@ -30,17 +30,10 @@ validate::arg_error_type!(
     Chunk
 );
 
-/// How the per-channel log decay is obtained from the gate input `g`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ChunkGate {
-    /// `A_log` and `dt_bias` given: `lower_bound * sigmoid(exp(A_log[hv]) * (g + dt_bias[hv]))`.
-    LowerBound {
-        /// The resolved `lower_bound` (default -5.0), in `[-5, 0)`.
-        lower_bound: f32,
-    },
-    /// Neither given: `g` is the natural-log decay itself (unbounded; must stay exact).
-    Precomputed,
-}
+pub use crate::rules::BetaRule;
+/// How the per-channel log decay is obtained from the gate input `g` (prefill takes every rule;
+/// its lower bound in `[-5, 0)`).
+pub use crate::rules::GateRule as ChunkGate;
 
 /// Where each sequence's initial state comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +104,8 @@ pub struct ChunkPlan {
     pub dtype: DType,
     /// The gate rule.
     pub gate: ChunkGate,
+    /// The beta rule (`Sigmoid` by default).
+    pub beta: BetaRule,
     /// Resolved query scale (default `128^-0.5`), finite.
     pub scale: f32,
     /// Whether q and k are L2-normalized in the kernel (`use_qk_l2norm_in_kernel`, default true).
@@ -218,7 +213,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         let msg = format!("final_state must have shape [N, HV, 128, 128] = {state_shape:?}, got {}.", shape(fs));
         return Err(invalid("final_state", msg));
     }
-    let gate = check_scalars(args)?;
+    let (gate, beta) = check_scalars(args)?;
     let tensors = [
         ("q", Some(q)),
         ("k", Some(args.k)),
@@ -261,6 +256,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         value_heads: hv,
         dtype: q.dtype(),
         gate,
+        beta,
         scale: args.scale.unwrap_or((HEAD_DIM as f64).powf(-0.5) as f32),
         l2norm: args.use_qk_l2norm_in_kernel.unwrap_or(true),
         varlen: args.cu_seqlens.map(|c| c.dtype()),
@@ -270,7 +266,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         initial,
         final_out,
         state_dtype,
-        dt_bias: args.dt_bias.filter(|_| matches!(gate, ChunkGate::LowerBound { .. })).map(|d| d.dtype()),
+        dt_bias: args.dt_bias.filter(|_| gate.in_kernel()).map(|d| d.dtype()),
         max_seqlen: args.max_seqlen,
         checked: args.checked,
         empty: n == 0 || total_tokens == 0,
@@ -540,8 +536,10 @@ fn per_sequence_ints(name: &'static str, x: &TensorView, n: usize) -> Result<DTy
 }
 
 /// `scale` and `lower_bound` must be finite (the reference does not check); the lower-bound
-/// gate needs `lower_bound` in `[-5, 0)`, FLA's safe range for the fast path. Returns the gate.
-fn check_scalars(args: &ChunkArgs) -> Result<ChunkGate, ChunkError> {
+/// gate needs `lower_bound` in `[-5, 0)`, FLA's safe range for the fast path; `use_lower_bound`
+/// needs a gate computed in the kernel, and `allow_neg_eigval` the beta sigmoid. Returns the
+/// gate and beta rules.
+fn check_scalars(args: &ChunkArgs) -> Result<(ChunkGate, BetaRule), ChunkError> {
     if let Some(scale) = args.scale.filter(|s| !s.is_finite()) {
         return Err(invalid("scale", format!("scale must be finite, got {scale}.")));
     }
@@ -549,9 +547,31 @@ fn check_scalars(args: &ChunkArgs) -> Result<ChunkGate, ChunkError> {
     if !lower_bound.is_finite() {
         return Err(invalid("lower_bound", format!("lower_bound must be finite, got {lower_bound}.")));
     }
-    // The reference checks A_log and dt_bias come together, so one of them decides the rule.
+    let sigmoid = args.apply_beta_sigmoid.unwrap_or(true);
+    if args.allow_neg_eigval && !sigmoid {
+        let msg =
+            "allow_neg_eigval needs the beta sigmoid (beta = 2 * sigmoid(beta)); drop apply_beta_sigmoid = false.";
+        return Err(invalid("allow_neg_eigval", msg.into()));
+    }
+    let beta = match (sigmoid, args.allow_neg_eigval) {
+        (false, _) => BetaRule::Raw,
+        (true, false) => BetaRule::Sigmoid,
+        (true, true) => BetaRule::TwoSigmoid,
+    };
+    // The reference checks A_log and dt_bias come together, so one of them decides whether the
+    // kernel computes the gate.
     if args.a_log.is_none() {
-        return Ok(ChunkGate::Precomputed);
+        if let Some(lower) = args.use_lower_bound {
+            let msg = format!(
+                "use_lower_bound={lower} picks the gate computed in the kernel, which needs A_log and dt_bias; without \
+                 them g is the precomputed log decay."
+            );
+            return Err(invalid("use_lower_bound", msg));
+        }
+        return Ok((ChunkGate::Precomputed, beta));
+    }
+    if !args.use_lower_bound.unwrap_or(true) {
+        return Ok((ChunkGate::Softplus, beta));
     }
     if !(-5.0..0.0).contains(&lower_bound) {
         let msg = format!(
@@ -560,7 +580,7 @@ fn check_scalars(args: &ChunkArgs) -> Result<ChunkGate, ChunkError> {
         );
         return Err(unsupported("lower_bound", msg));
     }
-    Ok(ChunkGate::LowerBound { lower_bound })
+    Ok((ChunkGate::LowerBound { lower_bound }, beta))
 }
 
 fn invalid(arg: &'static str, message: String) -> ChunkError {

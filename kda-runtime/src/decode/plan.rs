@@ -17,23 +17,7 @@ validate::arg_error_type!(
     Decode
 );
 
-/// How the per-channel log decay `g` is obtained from the gate input `a`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum GateRule {
-    /// `g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))` (`use_lower_bound`).
-    LowerBound {
-        /// The resolved `lower_bound` (default 0.0).
-        lower_bound: f32,
-    },
-    /// `g = -exp(A_log) * softplus(a + dt_bias)` (the in-kernel default).
-    Softplus,
-    /// `g = a` (`use_gate_in_kernel = false`); `A_log` and `dt_bias` are ignored.
-    Precomputed,
-}
-
-/// How beta is obtained from `b`: the kernel's own rule (`Raw` is the default,
-/// `apply_beta_sigmoid` false), one enum for the plan and the kernel config.
-pub use kda_kernels::decode::Beta as BetaRule;
+pub use crate::rules::{BetaRule, GateRule};
 
 /// How sequences and tokens map to slots of the state pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +174,16 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     let gate = match (args.use_gate_in_kernel.unwrap_or(true), args.use_lower_bound.unwrap_or(false)) {
         (false, _) => GateRule::Precomputed,
         (true, false) => GateRule::Softplus,
-        (true, true) => GateRule::LowerBound { lower_bound: args.lower_bound.unwrap_or(0.0) },
+        // The reference runs a missing bound as 0, a gate that never decays: never what a
+        // caller meant (docs/semantics.md, "Combinations the reference leaves open").
+        (true, true) => GateRule::LowerBound {
+            lower_bound: args.lower_bound.ok_or_else(|| {
+                invalid(
+                    "lower_bound",
+                    "use_lower_bound=True needs lower_bound (the reference's default 0 never decays the state).".into(),
+                )
+            })?,
+        },
     };
     let in_kernel = gate != GateRule::Precomputed;
     let dt_bias_dtype = args.dt_bias.filter(|_| in_kernel).map(|d| d.dtype());

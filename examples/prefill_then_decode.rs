@@ -1,19 +1,20 @@
 //! Prefill into the decode state pool, then decode from it: `chunk_kda` writes each prompt's
 //! final state into its pool slot through `state_indices`, and `gated_delta_rule_decode`
-//! continues from those slots in place. The example checks the decoded token against a prefill
+//! continues from those slots in place, both calls made from one `LayerRules` (the layer's
+//! gate and beta rules). The example checks the decoded token against a prefill
 //! of the whole sequence (prompt and token): the f32 pool states within 1e-3 (the chunk
 //! kernel's f16 operands), the bf16 outputs within their own rounding (about 1e-2).
 //!
 //! `cargo run --release --example prefill_then_decode` (needs a GPU; says so otherwise).
 
 use kda::kernels::reference::{rel_err, Rng};
-use kda::runtime::chunk::{chunk_kda, ChunkArgs};
-use kda::runtime::decode::{gated_delta_rule_decode, DecodeArgs};
+use kda::runtime::chunk::chunk_kda;
+use kda::runtime::decode::gated_delta_rule_decode;
+use kda::runtime::rules::{BetaRule, GateRule, LayerRules};
 use kda::{DType, DeviceTensor, Gpu, Kernels, TensorView};
 
 const D: usize = 128;
 const H: usize = 4;
-const LOWER_BOUND: f32 = -5.0;
 
 /// Host inputs of `n` tokens per sequence (row-major `[tokens, heads, D]` per tensor).
 struct Tokens {
@@ -80,7 +81,8 @@ fn upload(gpu: &Gpu, s: &kda::CudaStream, x: &Tokens, lead: &[usize]) -> Result<
     })
 }
 
-/// Prefill of the packed sequences `lens` into `pool` at `slots`; returns the output rows.
+/// Prefill of the packed sequences `lens` into `pool` at `slots` under the layer's `rules`;
+/// returns the output rows.
 #[allow(clippy::too_many_arguments)]
 fn prefill(
     gpu: &Gpu,
@@ -90,7 +92,7 @@ fn prefill(
     lens: &[usize],
     pool: &TensorView,
     slots: &TensorView,
-    gate: (&TensorView, &TensorView),
+    rules: &LayerRules,
 ) -> Result<Vec<f32>, kda::RuntimeError> {
     let total: usize = lens.iter().sum();
     let t = upload(gpu, s, x, &[total])?;
@@ -100,11 +102,8 @@ fn prefill(
     }
     let cu = DeviceTensor::from_i64(gpu, s, &[cu.len()], DType::I32, &cu)?;
     let views = (t.q.view(), t.k.view(), t.v.view(), t.g.view(), t.beta.view(), t.out.view(), cu.view());
-    let mut args = ChunkArgs::new(&views.0, &views.1, &views.2, &views.3, &views.4);
+    let mut args = rules.chunk_args(&views.0, &views.1, &views.2, &views.3, &views.4);
     args.cu_seqlens = Some(&views.6);
-    args.a_log = Some(gate.0);
-    args.dt_bias = Some(gate.1);
-    args.lower_bound = Some(LOWER_BOUND);
     args.initial_state = Some(pool);
     args.state_indices = Some(slots);
     args.output = Some(&views.5);
@@ -132,37 +131,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         whole.append(x);
         next.append(&x.rows(l, l + 1));
     }
-    // The head constants of the lower-bound gate, shared by both calls.
+    // The layer's rules, shared by both calls: the lower-bound gate with its head constants,
+    // beta through a sigmoid.
     let a_log =
         DeviceTensor::from_f32(&gpu, &s, &[H], DType::F32, &(0..H).map(|i| 0.5 * i as f32).collect::<Vec<_>>())?;
     let dt_bias = DeviceTensor::zeros(&gpu, &s, &[H * D], DType::F32)?;
     let gate = (a_log.view(), dt_bias.view());
+    let rules = LayerRules {
+        a_log: Some(&gate.0),
+        dt_bias: Some(&gate.1),
+        gate: GateRule::LowerBound { lower_bound: -5.0 },
+        beta: BetaRule::Sigmoid,
+    };
     // The pool: 8 slots of f32 V-first states; the sequences own slots 5, 2 and 7.
     let slots = DeviceTensor::from_i64(&gpu, &s, &[n], DType::I32, &[5, 2, 7])?;
 
     // 1. Prefill the prompts into the pool, then decode the next token from it, in place.
     let pool = DeviceTensor::zeros(&gpu, &s, &[8, H, D, D], DType::F32)?;
-    prefill(&gpu, &kernels, &s, &prompt, &prompts, &pool.view(), &slots.view(), (&gate.0, &gate.1))?;
+    prefill(&gpu, &kernels, &s, &prompt, &prompts, &pool.view(), &slots.view(), &rules)?;
     let t = upload(&gpu, &s, &next, &[n, 1])?;
     let views =
         (t.q.view(), t.k.view(), t.v.view(), t.g.view(), t.beta.view(), t.out.view(), pool.view(), slots.view());
-    let mut args = DecodeArgs::new(&views.0, &views.1, &views.2, &views.3, &views.4);
+    let mut args = rules.decode_args(&views.0, &views.1, &views.2, &views.3, &views.4);
     args.state = Some(&views.6);
     args.state_indices = Some(&views.7);
     args.inplace_final_state = true;
     args.output = Some(&views.5);
-    args.a_log = Some(&gate.0);
-    args.dt_bias = Some(&gate.1);
-    args.use_lower_bound = Some(true);
-    args.lower_bound = Some(LOWER_BOUND);
-    args.apply_beta_sigmoid = Some(true);
     gated_delta_rule_decode(&gpu, &kernels, &s, &args)?;
     let decoded = t.out.to_f32_vec(&s)?;
 
     // 2. Prefill the whole sequences (prompt and token) into a fresh pool.
     let fresh = DeviceTensor::zeros(&gpu, &s, &[8, H, D, D], DType::F32)?;
     let lens: Vec<usize> = prompts.iter().map(|l| l + 1).collect();
-    let full = prefill(&gpu, &kernels, &s, &whole, &lens, &fresh.view(), &slots.view(), (&gate.0, &gate.1))?;
+    let full = prefill(&gpu, &kernels, &s, &whole, &lens, &fresh.view(), &slots.view(), &rules)?;
 
     // The decoded token is the last row of each whole sequence.
     let mut last = vec![];

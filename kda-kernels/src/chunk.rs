@@ -6,7 +6,7 @@
 //! sequence. Value rows are independent in the delta rule, so the `128 / (16 · warps)` blocks of
 //! a head need nothing from each other. The block's warps prepare each chunk's keys together,
 //! once for all their rows. Per chunk of `C = 16` tokens, with `G` the in-chunk inclusive
-//! cumulative gate in log2 units and `Γ = G[last valid row]` (CHUNK-ALGORITHM.md):
+//! cumulative gate in log2 units and `Γ = G[last valid row]`:
 //!
 //! ```text
 //! kd = k̂ 2^G   qd = scale q̂ 2^G   ki = k̂ 2^-G   kr = k̂ 2^(Γ - G)        16-bit
@@ -156,7 +156,7 @@ impl ChunkOperands {
     }
 }
 
-/// What a chunk run produces. The exact long-sequence split (CHUNK-ALGORITHM.md) runs its
+/// What a chunk run produces. The exact long-sequence split runs its
 /// segments twice without output rows before the run that writes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChunkRun {

@@ -26,7 +26,7 @@ pub struct ChunkCompare {
     pub got: ChunkOutputs,
 }
 
-/// Error bounds `(output, state)` against the f64 reference (KDA-SPEC "Numerics to test
+/// Error bounds `(output, state)` against the f64 reference (docs/semantics.md "Numerics to test
 /// against"): 16-bit inputs and outputs, and the state's products on 16-bit operands.
 pub fn tolerance(_cfg: &ChunkConfig) -> (f64, f64) {
     (1e-2, 1e-2)

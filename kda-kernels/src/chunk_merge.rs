@@ -1,5 +1,5 @@
-//! The state kernels of the exact long-sequence split (CHUNK-ALGORITHM.md), over the segment
-//! schedule `chunk_segments` writes (`seg_first[n]`: sequence `n`'s first segment). Each
+//! The state kernels of the exact long-sequence split (`kda-kernels/src/chunk_split.rs`), over the
+//! segment schedule `chunk_segments` writes (`seg_first[n]`: sequence `n`'s first segment). Each
 //! segment but a sequence's last has run from zeros (its `H`) and, in the chunk kernel's
 //! transition mode, from the identity with `v = 0` (its `M`).
 //!

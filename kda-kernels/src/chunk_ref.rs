@@ -1,11 +1,11 @@
-//! The f64 reference of `chunk_kda` (KDA-SPEC), computed two ways: the token recurrence
-//! ([`chunk_reference`], the contract) and the per-chunk math of CHUNK-ALGORITHM.md
+//! The f64 reference of `chunk_kda` (docs/semantics.md), computed two ways: the token recurrence
+//! ([`chunk_reference`], the contract) and the kernels' per-chunk math (`chunk.rs`)
 //! ([`chunk_form`], the algorithm the kernel implements, so a kernel bug can be told apart
 //! from an algorithm bug), and random inputs for both ([`ChunkInputs::random`]).
 //!
 //! Both take the inputs as the tensors hold them (already rounded) and return f64 values that
 //! are not rounded to any output or state dtype: a kernel's result is compared with them under
-//! the bounds of KDA-SPEC "Numerics to test against".
+//! the bounds of docs/semantics.md, "Numerics and tests".
 
 use crate::decode_ref::D;
 use crate::reference::{gemm_f64, l2norm, round_to, sigmoid, softplus, token_step, Rng};
@@ -133,7 +133,7 @@ pub enum InitialSpec {
     },
 }
 
-/// What [`ChunkInputs::random`] draws (KDA-SPEC "Inputs for tests").
+/// What [`ChunkInputs::random`] draws (docs/semantics.md, "Numerics and tests").
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkSpec {
     /// Input dtype (`BF16` or `F16`): q, k, v, g and the beta logits are rounded to it.
@@ -151,10 +151,10 @@ pub struct ChunkSpec {
     /// Beta's inputs.
     pub beta: BetaSpec,
     /// Every token of a row carries its first token's key (per head): the hard case of the
-    /// delta rule's solve (CHUNK-ALGORITHM's), with beta near 2 its largest entries.
+    /// delta rule's solve, with beta near 2 its largest entries.
     pub identical_keys: bool,
     /// l2-normalize q and k in the kernel; when off, k is drawn unit-norm (then rounded) so the
-    /// delta rule stays stable, as KDA-SPEC asks.
+    /// delta rule stays stable, as docs/semantics.md asks.
     pub l2norm: bool,
     /// Initial state, if any.
     pub initial: InitialSpec,
@@ -224,8 +224,8 @@ impl ChunkInputs {
         }
     }
 
-    /// Random inputs drawn as `spec` says (KDA-SPEC "Inputs for tests"): normal q, k, v and beta
-    /// logits, the gate inputs of [`GateSpec`], the initial state of [`InitialSpec`].
+    /// Random inputs drawn as `spec` says (docs/semantics.md, "Numerics and tests"): normal q, k,
+    /// v and beta logits, the gate inputs of [`GateSpec`], the initial state of [`InitialSpec`].
     ///
     /// # Panics
     /// When `spec` cannot be drawn (a caller's bug): `hv` not a multiple of a nonzero `h`, or a
@@ -360,7 +360,8 @@ impl ChunkInputs {
         }
     }
 
-    /// Where sequence n's state is read from and written to (KDA-SPEC `chunk_kda`).
+    /// Where sequence n's state is read from and written to (docs/semantics.md, "Prefill
+    /// (chunk_kda)").
     fn slot(&self, n: usize) -> Slot {
         let starts = self.has_initial.as_ref().is_none_or(|h| h[n] != 0);
         let (p, have_state) = (self.pool_slots(), self.initial.is_some());
@@ -445,7 +446,7 @@ impl ChunkInputs {
     }
 }
 
-/// `chunk_kda` by KDA-SPEC's token recurrence in f64 (the step shared with decode's reference,
+/// `chunk_kda` by the token recurrence in f64 (the step shared with decode's reference,
 /// [`token_step`]); the state is carried unrounded through each sequence.
 pub fn chunk_reference(inp: &ChunkInputs) -> ChunkOutputs {
     inp.run(|x, s_vf, o| {
@@ -462,7 +463,7 @@ pub fn chunk_reference(inp: &ChunkInputs) -> ChunkOutputs {
     })
 }
 
-/// `chunk_kda` by the per-chunk math of CHUNK-ALGORITHM.md in f64, chunks of `chunk` tokens
+/// `chunk_kda` by the kernels' per-chunk math (`chunk.rs`) in f64, chunks of `chunk` tokens
 /// starting at each sequence's first token, the last partial chunk masked as the kernel masks
 /// it (rows past the end get g = 0 after the gate, k = q = v = 0, beta = 0); gates in log2
 /// units as the doc has them. Equals [`chunk_reference`] in real arithmetic for every chunk
@@ -470,7 +471,7 @@ pub fn chunk_reference(inp: &ChunkInputs) -> ChunkOutputs {
 /// -1022 in log2 units: the lower-bound rule at -5 keeps that up to `chunk = 128`
 /// (`128 * 5 * 1.44 = 923`), a precomputed -20 per token up to `chunk = 32`
 /// (`32 * 20 * 1.44 = 923`); past that the f64 form itself overflows, as the kernel's would in
-/// f32 much sooner (CHUNK-ALGORITHM "Numerical range").
+/// f32 much sooner (`chunk.rs`, on the numerical range).
 ///
 /// # Panics
 /// When `chunk` is 0 (a caller's bug).
@@ -654,7 +655,7 @@ mod tests {
         let mut x = ChunkInputs::random(&mut Rng::new(11), &base);
         x.g.iter_mut().for_each(|e| *e = 30.0);
         forms_agree("lower bound saturated", &x);
-        // No decay at all with identical keys and beta near 1 (CHUNK-ALGORITHM's hard case for
+        // No decay at all with identical keys and beta near 1 (the chunk solve's hard case for
         // the inverse): precomputed g = 0.
         let mut x =
             ChunkInputs::random(&mut Rng::new(12), &ChunkSpec { gate: GateSpec::PrecomputedFixed(0.0), ..base });

@@ -1,4 +1,4 @@
-//! The kernels of the exact long-sequence split (CHUNK-ALGORITHM.md, the transition form), as
+//! The kernels of the exact long-sequence split (the transition form), as
 //! configs derived from the call's own, and the order they run in.
 //!
 //! Every sequence longer than `2 · SEG` tokens is cut into segments of `SEG` tokens by

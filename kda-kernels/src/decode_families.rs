@@ -18,7 +18,7 @@ pub struct DecodeFamily {
     pub inputs: fn(&DecodeConfig, u64) -> DecodeInputs,
 }
 
-/// Error bounds `(output, state)` against the f64 reference (KDA-SPEC "Numerics to test
+/// Error bounds `(output, state)` against the f64 reference (docs/semantics.md "Numerics to test
 /// against"): 1e-4 when the value is f32 and computed from an f32 state, else 1e-2.
 pub fn tolerance(cfg: &DecodeConfig) -> (f64, f64) {
     let state = if cfg.state_dtype == F32 { 1e-4 } else { 1e-2 };

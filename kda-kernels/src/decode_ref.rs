@@ -1,4 +1,4 @@
-//! The f64 reference of `gated_delta_rule_decode` (KDA-SPEC), and random inputs for it.
+//! The f64 reference of `gated_delta_rule_decode` (docs/semantics.md), and random inputs for it.
 
 use crate::decode::{Beta, DecodeConfig, Gate, Writes};
 use crate::reference::{l2norm, round_to, sigmoid, softplus, token_step, Rng};
@@ -91,7 +91,7 @@ fn at(cfg: &DecodeConfig, hvs: usize, slot: usize, hv: usize, k: usize, v: usize
     }
 }
 
-/// Runs the recurrence in f64 exactly as KDA-SPEC states it.
+/// Runs the recurrence in f64 exactly as docs/semantics.md states it.
 pub fn decode_ref(cfg: &DecodeConfig, x: &DecodeInputs) -> DecodeOutputs {
     let (bt, t_all, hv_n, g_ratio) = (x.b, x.t, x.hv, x.hv / x.h);
     let mut out = vec![0.0; bt * t_all * hv_n * D];
@@ -203,7 +203,7 @@ fn store(cfg: &DecodeConfig, dst: &mut [f64], s: &[f64], hvs: usize, slot: usize
     }
 }
 
-/// Random inputs (KDA-SPEC "Inputs for tests") for a call of `b` rows of `t` tokens, or
+/// Random inputs (docs/semantics.md, "Numerics and tests") for a call of `b` rows of `t` tokens, or
 /// varlen `lens` when the config is varlen.
 #[allow(clippy::too_many_arguments)] // the call's shape, in the spec's letters
 pub fn random_inputs(

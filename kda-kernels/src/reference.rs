@@ -114,7 +114,7 @@ pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// KDA-SPEC's softplus: `x` above 20 (where `ln(1 + e^x)` is `x` to f32 precision), else
+/// the softplus: `x` above 20 (where `ln(1 + e^x)` is `x` to f32 precision), else
 /// `ln(1 + e^x)`.
 pub fn softplus(x: f64) -> f64 {
     if x > 20.0 {
@@ -124,13 +124,13 @@ pub fn softplus(x: f64) -> f64 {
     }
 }
 
-/// KDA-SPEC's l2norm: `x / sqrt(sum(x^2) + 1e-6)` (the epsilon keeps a zero row at zero).
+/// the l2norm: `x / sqrt(sum(x^2) + 1e-6)` (the epsilon keeps a zero row at zero).
 pub fn l2norm(x: &[f64]) -> Vec<f64> {
     let n = (x.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
     x.iter().map(|v| v / n).collect()
 }
 
-/// One token of KDA-SPEC's recurrence, in place on a K x V state `s` (`s[k * V + v]` holds
+/// One token of the recurrence, in place on a K x V state `s` (`s[k * V + v]` holds
 /// `S[k, v]`), shared by the decode and chunk references so the recurrence is written once:
 ///
 /// ```text

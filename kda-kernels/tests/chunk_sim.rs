@@ -128,8 +128,8 @@ fn sequence_of(x: &ChunkInputs, got: &ChunkOutputs, n: usize) -> (Vec<f64>, Vec<
     (got.out[tok0 * row..(tok0 + len) * row].to_vec(), state)
 }
 
-/// KDA-SPEC `chunk_kda` "Batch invariance": a 37-token sequence's output rows and final state
-/// are the same bits alone (dense B = 1, varlen with one sequence) and packed among others
+/// docs/semantics.md, "Prefill (chunk_kda)", batch invariance: a 37-token sequence's output rows
+/// and final state are the same bits alone (dense B = 1, varlen with one sequence) and packed among others
 /// (varlen after sequences of 19 and 0 tokens and before one of 5, so it starts off a 16-token
 /// boundary of the packed tensor; dense B = 3 as row 1).
 #[test]
@@ -169,7 +169,7 @@ fn slot_of(pool: &[f64], s: usize) -> Vec<f64> {
     pool[s * 128 * 128..(s + 1) * 128 * 128].to_vec()
 }
 
-/// KDA-SPEC "Identities worth testing": prefill of 37 tokens into a pool slot, then decode of
+/// docs/semantics.md, "Numerics and tests": prefill of 37 tokens into a pool slot, then decode of
 /// the last 3 tokens from and into that slot, equals prefill of all 40 tokens (the V-first pool
 /// round-trips between the kernels). Both paths against the f64 token recurrence over 40 tokens,
 /// and against each other. The 3 tokens are decoded as 3 one-token calls reading and writing the
@@ -377,7 +377,7 @@ fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     }
 }
 
-/// KDA-SPEC's edge cases through the kernel: identical keys with beta near 1 and no decay (the
+/// the edge cases through the kernel: identical keys with beta near 1 and no decay (the
 /// inverse's worst case: `A` is all ones below the diagonal, so INV has entries of ±1 and the
 /// Neumann product would blow up), and every gate at the lower bound (`G` reaches
 /// `-16 · 5 · log2(e) ≈ -115` in a chunk, so `2^-G` is near the top of bf16's range). Both stay
@@ -421,8 +421,8 @@ fn identical_keys_without_decay_and_every_gate_at_the_bound() {
     assert!(r.out_err <= to && r.state_err <= ts, "gates at the bound: {:.2e} {:.2e}", r.out_err, r.state_err);
 }
 
-/// The exact split of a long sequence rests on this (CHUNK-ALGORITHM.md): a segment's final
-/// state is affine in its initial one, `S_end = S_0 · M + H`, where `H` is the run from zeros
+/// The exact split of a long sequence rests on this (`kda-kernels/src/chunk_split.rs`): a
+/// segment's final state is affine in its initial one, `S_end = S_0 · M + H`, where `H` is the run from zeros
 /// and `M` (K x K) the run with `v = 0` from the identity (its state rows are those of `M`). The
 /// kernel's three runs, combined in f64, match its direct run from `S_0`.
 #[test]
@@ -593,8 +593,8 @@ fn a_states_only_run_keeps_the_states_bits() {
     }
 }
 
-/// KDA-SPEC `chunk_kda` "Batch invariance" under the split: a 70-token sequence (3 segments of
-/// 32) gives the same bits alone (dense B = 1) and varlen-packed after sequences of 19 and 40
+/// docs/semantics.md, "Prefill (chunk_kda)", batch invariance under the split: a 70-token sequence
+/// (3 segments of 32) gives the same bits alone (dense B = 1) and varlen-packed after sequences of 19 and 40
 /// tokens, so that its segments start off the packed tensor's segment grid.
 #[test]
 fn split_is_batch_invariant_bit_for_bit() {

@@ -1,6 +1,6 @@
 //! The decode kernel through the simulator: every config family of `decode_families()` against
-//! the f64 reference, and the identities of KDA-SPEC (one call of T tokens equals T calls of one,
-//! speculative decoding continues from the accepted token's state, out-of-range indices, counts
+//! the f64 reference, and the identities of docs/semantics.md (one call of T tokens equals T calls
+//! of one, speculative decoding continues from the accepted token's state, out-of-range indices, counts
 //! and `cu_seqlens` are clamped like the reference and never leave their buffers).
 
 use kda_dsl::DType::{BF16, F32, I32, I64};

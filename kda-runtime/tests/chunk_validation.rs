@@ -1,5 +1,5 @@
 //! CPU-only tests of `chunk_kda` validation (`plan_chunk`): every branch of the reference, every
-//! check KDA-SPEC adds, and the plans valid calls resolve to.
+//! check docs/semantics.md adds, and the plans valid calls resolve to.
 
 use kda_dsl::dtype::DType::{self, BF16, F16, F32, I32, I64};
 use kda_runtime::chunk::{plan_chunk, ChunkArgs, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};

@@ -690,7 +690,7 @@ fn decode_variants_cover_every_batch_size() {
     assert!(variants.len() >= 3, "{}", variants.len());
 }
 
-/// KDA-SPEC's scalar checks: a NaN or infinite `scale` or `lower_bound` is a typed error naming
+/// the scalar checks: a NaN or infinite `scale` or `lower_bound` is a typed error naming
 /// it (the reference would run with it).
 #[test]
 fn non_finite_scalars_are_rejected() {

@@ -454,6 +454,7 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
 
 /// One standard prefill bench case: name, batch rows, tokens per row, heads, value heads, and
 /// varlen lengths.
+#[derive(Clone)]
 pub struct PrefillCase {
     /// The peer bench's case name.
     pub name: &'static str,
@@ -490,6 +491,9 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
             hv: 32,
             lens: Some(VARLEN_MIX64.to_vec()),
         },
+        // One GPU's heads of a 32-head model under 4- and 8-way tensor parallelism.
+        PrefillCase { name: "prefill_tp4_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
+        PrefillCase { name: "prefill_tp8_b1_t32768_h4", b: 1, t: 32768, h: 4, hv: 4, lens: None },
     ]
 }
 
@@ -538,17 +542,26 @@ fn repeated(rng: &mut Rng, n: usize, f: impl Fn(&mut Rng) -> f64) -> Vec<f32> {
     (0..n).map(|i| block[i % block.len()]).collect()
 }
 
+/// Whose workspace a timed prefill call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkspaceSource {
+    /// None passed: the one `Kernels` keeps for the stream (the README's calls).
+    Kept,
+    /// The caller's, of the path's size, NaN-poisoned.
+    Caller,
+}
+
 /// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
 /// `dt_bias`, l2norm, beta logits, an f32 initial state in and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
-/// 20 CUDA-event timings after 3 warm-up calls, with a workspace given (the two-kernel path).
-/// `tune` overrides the launch shape the API picks (and gives the workspace only when its
-/// `prepared` is set).
+/// 20 CUDA-event timings after 3 warm-up calls, over `workspace`. `tune` overrides the launch
+/// shape the API picks.
 pub fn time_prefill(
     gpu: &Gpu,
     kernels: &Kernels,
     c: &PrefillCase,
     tune: Option<ChunkTuning>,
+    workspace: WorkspaceSource,
 ) -> Result<PrefillTiming, String> {
     let e = |e: RuntimeError| e.to_string();
     let s = gpu.new_stream().map_err(e)?;
@@ -592,10 +605,9 @@ pub fn time_prefill(
     args.final_state = Some(&fin_v);
     args.output = Some(&out_v);
     args.cu_seqlens = cu_v.as_ref();
-    // The two-kernel path reads a workspace, and a split keeps its states in one.
-    let ws = match tune.is_none_or(|t| t.prepared || t.split.is_some()) {
-        true => Some(poisoned_workspace(gpu, &s, &args, tune)?),
-        false => None,
+    let ws = match workspace {
+        WorkspaceSource::Caller => Some(poisoned_workspace(gpu, &s, &args, tune)?),
+        WorkspaceSource::Kept => None,
     };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();

@@ -3,8 +3,8 @@
 //! - [`ChunkArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
 //!   `state_indices`, `has_initial_state`, `max_seqlen`, `checked` and `workspace`);
 //! - [`plan_chunk`] (host code, no GPU) runs every validation branch of the reference, in its
-//!   order and with its messages, then the checks KDA-SPEC adds, and resolves the defaults into
-//!   a [`ChunkPlan`];
+//!   order and with its messages, then the checks docs/semantics.md adds, and resolves the
+//!   defaults into a [`ChunkPlan`];
 //! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
 //!   `state_indices`;
 //! - [`chunk_kda`] launches the kernel variants the plan needs on the device

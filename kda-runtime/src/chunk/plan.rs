@@ -1,8 +1,8 @@
 //! Validation of [`ChunkArgs`] and the launch plan it resolves to.
 //!
 //! [`plan_chunk`] runs the reference's checks first, in the reference's order and with its
-//! messages (`torch.float32` reads `f32`), then the checks KDA-SPEC adds ("Checks beyond the
-//! reference"), then resolves the defaults. Errors name the [`ChunkArgs`] field. Where the
+//! messages (`torch.float32` reads `f32`), then the checks docs/semantics.md adds ("Checks beyond
+//! the reference"), then resolves the defaults. Errors name the [`ChunkArgs`] field. Where the
 //! reference raises `ValueError` the error is [`ChunkError::InvalidArgument`]; where it raises
 //! `TypeError` (an unsupported dtype) it is [`ChunkError::Unsupported`], as decode maps
 //! `NotImplementedError`. The head-dim limit (a `ValueError` in the reference) is `Unsupported`,

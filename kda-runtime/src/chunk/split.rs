@@ -1,4 +1,4 @@
-//! The exact long-sequence split (CHUNK-ALGORITHM.md, the transition form), run over the
+//! The exact long-sequence split (the transition form, `chunk_split.rs`), run over the
 //! segment schedule the device builds (`kda_kernels::chunk_split` has the passes).
 //!
 //! Every sequence longer than `2 · seg` tokens is cut into segments of `seg` tokens from its

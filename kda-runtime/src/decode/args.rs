@@ -61,7 +61,8 @@ pub struct DecodeArgs<'a> {
     pub state_v_first: Option<bool>,
     /// Run the varlen path. Default `None`: whether `cu_seqlens` is given.
     pub is_varlen: Option<bool>,
-    /// Produce the final state (see the written/returned table of KDA-SPEC). Default false.
+    /// Produce the final state (see the written/returned table of docs/semantics.md). Default
+    /// false.
     pub store_final_state: bool,
     /// Write final states into `state` instead of a new tensor. Default false.
     pub inplace_final_state: bool,

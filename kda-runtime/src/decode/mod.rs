@@ -4,7 +4,8 @@
 //! - [`DecodeArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
 //!   `final_state` and `checked`);
 //! - [`plan_decode`] runs every validation branch of the reference, in its order and with its
-//!   messages, then the checks KDA-SPEC adds, and resolves the defaults into a [`DecodePlan`];
+//!   messages, then the checks docs/semantics.md adds, and resolves the defaults into a
+//!   [`DecodePlan`];
 //! - [`check_indices`] is the opt-in checked mode over host copies of the index tensors
 //!   (`cu_seqlens`, `state_indices`, `num_accepted_tokens`) and the caller's contract.
 

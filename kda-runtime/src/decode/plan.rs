@@ -2,7 +2,8 @@
 //!
 //! [`plan_decode`] runs the reference's checks first, in the reference's order and with its
 //! messages (`torch.float32` reads `f32`, shapes print as `[..]`, devices as `cuda:N`), then the
-//! checks KDA-SPEC adds ("Checks beyond the reference"). Errors name the [`DecodeArgs`] field.
+//! checks docs/semantics.md adds ("Checks beyond the reference"). Errors name the [`DecodeArgs`]
+//! field.
 
 use kda_dsl::dtype::DType;
 
@@ -103,7 +104,7 @@ pub struct DecodePlan {
     /// which only decides which indices are padding: `N` with `state_indices`, else 0.
     pub pool_slots: usize,
     /// Shape of the new state tensor the call returns (see the written/returned table of
-    /// KDA-SPEC); `None` when it returns none or returns the pool itself.
+    /// docs/semantics.md); `None` when it returns none or returns the pool itself.
     pub returned_state: Option<[usize; 4]>,
     /// True when no kernel needs to run (no sequence, or no token and no per-sequence final
     /// state to write): the caller returns at once.
@@ -164,7 +165,7 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     };
     check_final_state(args.final_state, returned_state, state_dtype)?;
 
-    // KDA-SPEC's scalar checks (the reference accepts NaN and infinities).
+    // the scalar checks (the reference accepts NaN and infinities).
     if let Some(scale) = args.scale.filter(|s| !s.is_finite()) {
         return Err(invalid("scale", format!("scale must be finite, got {scale}.")));
     }
@@ -230,8 +231,8 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
     })
 }
 
-/// The checks KDA-SPEC adds beyond the reference; `dims` is `[B, T, K, HV, V]`. Returns whether
-/// beta is headwise.
+/// The checks docs/semantics.md adds beyond the reference; `dims` is `[B, T, K, HV, V]`. Returns
+/// whether beta is headwise.
 fn check_beyond_reference(args: &DecodeArgs, dims: [usize; 5], varlen: bool) -> Result<bool, DecodeError> {
     let q = args.q;
     let [b, t, k, hv, v] = dims;

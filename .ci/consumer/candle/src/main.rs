@@ -10,21 +10,24 @@
 pub mod layer {
     use cudarc::driver::{CudaStream, CudaView, DevicePtr};
     use half::bf16;
-    use kda::runtime::chunk::{chunk_kda, ChunkArgs};
-    use kda::runtime::decode::{gated_delta_rule_decode, DecodeArgs};
+    use kda::runtime::chunk::chunk_kda;
+    use kda::runtime::decode::gated_delta_rule_decode;
+    use kda::runtime::rules::{BetaRule, GateRule, LayerRules};
     use kda::{DType, Gpu, Kernels, RuntimeError, TensorView};
 
     /// Head dimension of q, k and v.
     pub const D: usize = 128;
 
-    /// The layer's constants: the gate's head constants and the model's head counts.
+    /// The layer's constants: the gate's head constants, its rules and the model's head counts.
     pub struct Layer<'a> {
         /// `A_log` `[HV]`, f32.
         pub a_log: CudaView<'a, f32>,
         /// `dt_bias` `[HV, 128]`, f32.
         pub dt_bias: CudaView<'a, f32>,
-        /// The gate's lower bound (the model's config; KDA's default -5).
-        pub lower_bound: f32,
+        /// The gate rule (Kimi Linear: the lower-bound gate at -5).
+        pub gate: GateRule,
+        /// The beta rule (the engine's `b` as logits: `Sigmoid`; already post-sigmoid: `Raw`).
+        pub beta: BetaRule,
         /// Query/key heads.
         pub heads: usize,
         /// Value heads.
@@ -121,11 +124,9 @@ pub mod layer {
         let slots = TensorView::of_slice(state_indices, &[n], DType::I32, stream)?;
         let a_log = TensorView::of_slice(&layer.a_log, &[layer.value_heads], DType::F32, stream)?;
         let dt_bias = TensorView::of_slice(&layer.dt_bias, &[layer.value_heads, D], DType::F32, stream)?;
-        let mut args = ChunkArgs::new(&v.q, &v.k, &v.v, &v.g, &v.beta);
+        let rules = LayerRules { a_log: Some(&a_log), dt_bias: Some(&dt_bias), gate: layer.gate, beta: layer.beta };
+        let mut args = rules.chunk_args(&v.q, &v.k, &v.v, &v.g, &v.beta);
         args.cu_seqlens = Some(&cu);
-        args.a_log = Some(&a_log);
-        args.dt_bias = Some(&dt_bias);
-        args.lower_bound = Some(layer.lower_bound);
         args.initial_state = Some(&v.pool);
         args.state_indices = Some(&slots);
         args.output = Some(&v.out);
@@ -133,7 +134,7 @@ pub mod layer {
     }
 
     /// Decode of one token per sequence (`x` has `N` rows) from the pool slots `state_indices`
-    /// `[N]` i32, in place, with prefill's gate and beta rules.
+    /// `[N]` i32, in place, with the layer's (prefill's) gate and beta rules.
     pub fn decode(
         gpu: &Gpu,
         kernels: &Kernels,
@@ -147,17 +148,13 @@ pub mod layer {
         let slots = TensorView::of_slice(state_indices, &[x.tokens], DType::I32, stream)?;
         let a_log = TensorView::of_slice(&layer.a_log, &[layer.value_heads], DType::F32, stream)?;
         let dt_bias = TensorView::of_slice(&layer.dt_bias, &[layer.value_heads, D], DType::F32, stream)?;
-        let mut args = DecodeArgs::new(&v.q, &v.k, &v.v, &v.g, &v.beta);
+        // Prefill's rules, from the same value.
+        let rules = LayerRules { a_log: Some(&a_log), dt_bias: Some(&dt_bias), gate: layer.gate, beta: layer.beta };
+        let mut args = rules.decode_args(&v.q, &v.k, &v.v, &v.g, &v.beta);
         args.state = Some(&v.pool);
         args.state_indices = Some(&slots);
         args.inplace_final_state = true;
         args.output = Some(&v.out);
-        args.a_log = Some(&a_log);
-        args.dt_bias = Some(&dt_bias);
-        // Prefill's rules: the lower-bound gate with the layer's bound, beta through a sigmoid.
-        args.use_lower_bound = Some(true);
-        args.lower_bound = Some(layer.lower_bound);
-        args.apply_beta_sigmoid = Some(true);
         gated_delta_rule_decode(gpu, kernels, stream, &args).map(|_| ())
     }
 

@@ -8,6 +8,8 @@ use kda_runtime::{
 
 include!("support/on_gpu.rs");
 
+include!("support/gpu_main.rs");
+
 /// `x[i] += b` for `i < N`, 128 threads per block.
 ///
 /// Hand-written PTX is allowed here only: this tests the launcher (module cache, argument
@@ -48,27 +50,22 @@ DONE:
 }
 "#;
 
-#[test]
 fn round_trips_f32_bf16_and_ints() {
     on_gpu(round_trips_f32_bf16_and_ints_on_gpu);
 }
 
-#[test]
 fn launches_a_hand_written_kernel() {
     on_gpu(launches_a_hand_written_kernel_on_gpu);
 }
 
-#[test]
 fn jit_errors_carry_the_driver_message() {
     on_gpu(jit_errors_carry_the_driver_message_on_gpu);
 }
 
-#[test]
 fn times_launches_and_graph_replays() {
     on_gpu(times_launches_and_graph_replays_on_gpu);
 }
 
-#[test]
 fn an_allocation_past_the_device_is_out_of_memory() {
     on_gpu(an_allocation_past_the_device_is_out_of_memory_on_gpu);
 }
@@ -86,7 +83,6 @@ fn an_allocation_past_the_device_is_out_of_memory_on_gpu() -> Result<(), Runtime
     Ok(())
 }
 
-#[test]
 fn views_of_cudarc_buffers_are_checked_and_launch() {
     on_gpu(views_of_cudarc_buffers_are_checked_and_launch_on_gpu);
 }
@@ -120,7 +116,6 @@ fn views_of_cudarc_buffers_are_checked_and_launch_on_gpu() -> Result<(), Runtime
     Ok(())
 }
 
-#[test]
 fn views_of_cudarc_buffers_work_under_graph_capture() {
     on_gpu(views_of_cudarc_buffers_work_under_graph_capture_on_gpu);
 }
@@ -255,4 +250,20 @@ fn times_launches_and_graph_replays_on_gpu() -> Result<(), RuntimeError> {
     let default = gpu.default_stream();
     assert!(time_graph_ms(&gpu, &default, 1, run).is_err());
     Ok(())
+}
+
+fn main() {
+    gpu_test_main(
+        &[
+            ("round_trips_f32_bf16_and_ints", round_trips_f32_bf16_and_ints),
+            ("launches_a_hand_written_kernel", launches_a_hand_written_kernel),
+            ("jit_errors_carry_the_driver_message", jit_errors_carry_the_driver_message),
+            ("times_launches_and_graph_replays", times_launches_and_graph_replays),
+            ("an_allocation_past_the_device_is_out_of_memory", an_allocation_past_the_device_is_out_of_memory),
+            ("views_of_cudarc_buffers_are_checked_and_launch", views_of_cudarc_buffers_are_checked_and_launch),
+            ("views_of_cudarc_buffers_work_under_graph_capture", views_of_cudarc_buffers_work_under_graph_capture),
+        ],
+        &[],
+        &[],
+    )
 }

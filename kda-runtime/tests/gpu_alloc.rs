@@ -9,11 +9,12 @@ use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
 
 include!("support/on_gpu.rs");
 
+include!("support/gpu_main.rs");
+
 include!("support/counting_alloc.rs");
 
 const D: usize = 128;
 
-#[test]
 fn warm_eager_calls_allocate_nothing() {
     on_gpu(warm_eager_calls_allocate_nothing_on_gpu);
 }
@@ -54,4 +55,8 @@ fn warm_eager_calls_allocate_nothing_on_gpu() -> Result<(), RuntimeError> {
     assert_eq!(n, 0, "a warm eager prefill call allocated {n} times");
     s.synchronize().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
     Ok(())
+}
+
+fn main() {
+    gpu_test_main(&[("warm_eager_calls_allocate_nothing", warm_eager_calls_allocate_nothing)], &[], &[])
 }

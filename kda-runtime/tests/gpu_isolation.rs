@@ -16,6 +16,8 @@ use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, Runtime
 
 include!("support/on_gpu.rs");
 
+include!("support/gpu_main.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
@@ -100,7 +102,6 @@ fn decode_slots() -> Vec<i64> {
     (0..DECODE_B as i64).map(|i| 2 * i + 1).collect()
 }
 
-#[test]
 fn decode_batch_invariance() {
     if skip_without_gpu() {
         return;
@@ -121,7 +122,6 @@ fn decode_batch_invariance() {
     }
 }
 
-#[test]
 fn decode_isolation() {
     if skip_without_gpu() {
         return;
@@ -329,7 +329,6 @@ fn token_rows(lens: &[usize], n: usize) -> std::ops::Range<usize> {
     start * TOKEN_ROW..(start + lens[n]) * TOKEN_ROW
 }
 
-#[test]
 fn prefill_batch_invariance() {
     if skip_without_gpu() {
         return;
@@ -352,7 +351,6 @@ fn prefill_batch_invariance() {
     }
 }
 
-#[test]
 fn prefill_isolation() {
     if skip_without_gpu() {
         return;
@@ -383,7 +381,6 @@ fn prefill_isolation() {
 /// Token ranges (the two-kernel path cut into 4 ranges, chains on a second stream) give the bits
 /// of the fused kernel, eagerly and replayed from a CUDA graph, dense and as a varlen call of
 /// the one sequence: 1000 tokens.
-#[test]
 fn prefill_in_token_ranges_is_bit_identical() {
     if skip_without_gpu() {
         return;
@@ -401,7 +398,6 @@ fn prefill_in_token_ranges_is_bit_identical() {
 /// workspace, though no sequence here is long enough to split, unless its `max_seqlen` hint
 /// says so (then the two-kernel path alone): both give the fused kernel's bits, since a
 /// sequence left whole keeps them.
-#[test]
 fn a_max_seqlen_hint_changes_no_bits() {
     if skip_without_gpu() {
         return;
@@ -419,7 +415,6 @@ fn a_max_seqlen_hint_changes_no_bits() {
 /// sequence (the two-kernel path in token ranges) and a varlen batch with one sequence past the
 /// split's threshold, eager and from a graph after `preload_chunk`. Under capture, a kept
 /// workspace too small for the call is an error naming `workspace`, and nothing is launched.
-#[test]
 fn a_call_without_a_workspace_runs_the_fast_path_with_its_bits() {
     if skip_without_gpu() {
         return;
@@ -457,7 +452,6 @@ fn a_call_without_a_workspace_runs_the_fast_path_with_its_bits() {
 /// caller's workspace, over prepared operands or not (the two-kernel path's bits are the fused
 /// kernel's), and replayed from a CUDA graph (allocation-free with a workspace): one sequence
 /// of 1024 tokens in 16 segments of 64. It stays near the unsplit call (not bit-identical).
-#[test]
 fn the_split_gives_one_set_of_bits_on_every_path() {
     if skip_without_gpu() {
         return;
@@ -487,4 +481,24 @@ fn the_split_gives_one_set_of_bits_on_every_path() {
         let scale = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
         assert!(a.iter().all(|v| v.is_finite()) && err <= 2e-2 * scale, "{what}: {err} apart, scale {scale}");
     }
+}
+
+fn main() {
+    gpu_test_main(
+        &[
+            ("decode_batch_invariance", decode_batch_invariance),
+            ("decode_isolation", decode_isolation),
+            ("prefill_batch_invariance", prefill_batch_invariance),
+            ("prefill_isolation", prefill_isolation),
+            ("prefill_in_token_ranges_is_bit_identical", prefill_in_token_ranges_is_bit_identical),
+            ("a_max_seqlen_hint_changes_no_bits", a_max_seqlen_hint_changes_no_bits),
+            (
+                "a_call_without_a_workspace_runs_the_fast_path_with_its_bits",
+                a_call_without_a_workspace_runs_the_fast_path_with_its_bits,
+            ),
+            ("the_split_gives_one_set_of_bits_on_every_path", the_split_gives_one_set_of_bits_on_every_path),
+        ],
+        &[],
+        &[],
+    )
 }

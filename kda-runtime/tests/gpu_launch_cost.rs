@@ -20,19 +20,18 @@ use kda_runtime::{host_us_per_call, CudaStream, DeviceTensor, Gpu, Kernels, Load
 
 include!("support/on_gpu.rs");
 
+include!("support/gpu_main.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
 
-#[test]
-#[ignore = "a benchmark: run it by name on a GPU machine"]
 fn host_time_of_one_eager_call() {
     on_gpu(measure);
 }
 
 /// The wide kernel the benchmark launches compiles (here, without a GPU) and takes decode's
 /// number of parameters or more.
-#[test]
 fn the_many_parameter_kernel_compiles() {
     let k = kernel_of_many_tensors(12).unwrap_or_else(|e| panic!("{e}"));
     assert!(k.params.len() >= 35, "{} parameters", k.params.len());
@@ -130,4 +129,12 @@ fn kernel_of_many_tensors(n: usize) -> Result<kda_dsl::artifact::CompiledKernel,
     k.store_global(&tensors[0], vec![Val::from(0), Val::from(0)], Val::from(1.0), at(3));
     let def = k.finish().map_err(|e| RuntimeError::Unsupported(e.to_string()))?;
     kda_dsl::compile(def, kda_dsl::Target::Sm80).map_err(|e| RuntimeError::Unsupported(e.to_string()))
+}
+
+fn main() {
+    gpu_test_main(
+        &[],
+        &[("host_time_of_one_eager_call", host_time_of_one_eager_call)],
+        &[("the_many_parameter_kernel_compiles", the_many_parameter_kernel_compiles)],
+    )
 }

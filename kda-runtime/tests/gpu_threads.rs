@@ -9,6 +9,8 @@ use kda_runtime::{DeviceTensor, Gpu, Kernels, RuntimeError};
 
 include!("support/on_gpu.rs");
 
+include!("support/gpu_main.rs");
+
 include!("support/gpu_calls.rs");
 
 const D: usize = 128;
@@ -49,7 +51,6 @@ fn prefill_call(gpu: &Gpu, kernels: &Kernels) -> Result<Vec<u8>, RuntimeError> {
     Ok([out.to_bytes(&s)?, fin.to_bytes(&s)?].concat())
 }
 
-#[test]
 fn threads_sharing_kernels_get_the_serial_bits() {
     if skip_without_gpu() {
         return;
@@ -68,7 +69,6 @@ fn threads_sharing_kernels_get_the_serial_bits() {
 }
 
 /// Two runs of the same decode call and the same prefill call give the same bits.
-#[test]
 fn decode_and_prefill_determinism() {
     if skip_without_gpu() {
         return;
@@ -77,4 +77,15 @@ fn decode_and_prefill_determinism() {
     let kernels = Kernels::new();
     assert!(decode_call(&gpu, &kernels).expect("decode") == decode_call(&gpu, &kernels).expect("decode"));
     assert!(prefill_call(&gpu, &kernels).expect("prefill") == prefill_call(&gpu, &kernels).expect("prefill"));
+}
+
+fn main() {
+    gpu_test_main(
+        &[
+            ("threads_sharing_kernels_get_the_serial_bits", threads_sharing_kernels_get_the_serial_bits),
+            ("decode_and_prefill_determinism", decode_and_prefill_determinism),
+        ],
+        &[],
+        &[],
+    )
 }

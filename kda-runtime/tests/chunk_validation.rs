@@ -705,7 +705,12 @@ fn calls_past_the_launch_limits_are_rejected_by_the_plan() {
     assert!(is_unsupported(&e), "{e}");
     // At the limits themselves, the plan is accepted.
     Case::varlen(70_000, 65_535, I32, true).plan(|_| {});
-    Case::new(1, (1 << 31) - 1).plan(|_| {});
+    Case::new(1, (1 << 31) - 16).plan(|_| {});
+    // Past it once rounded up to whole chunks: the launch's limit, checked on what it launches.
+    let e = err(Case::new(1, (1 << 31) - 1).run(|_| {}), "q", "whole chunks of 16 = 2147483648");
+    assert!(is_unsupported(&e), "{e}");
+    let e = err(Case::varlen((1 << 31) - 20, 2, I32, true).run(|_| {}), "cu_seqlens", "S + 15 N");
+    assert!(is_unsupported(&e), "{e}");
 }
 
 // ---- the workspace ----

@@ -668,6 +668,35 @@ mod tests {
         assert!(accepted > 500 && rejected > 5000, "accepted {accepted}, rejected {rejected}");
     }
 
+    /// The longest dense call the plan accepts, 2^31 - 16 tokens (whole chunks within 32 bits),
+    /// binds on the path its value heads take, or its split is refused by name before launching.
+    #[test]
+    fn the_longest_call_binds_or_is_refused_by_name() {
+        let t = i32::MAX as usize - 15;
+        for hv in [1, 32] {
+            let at = |id: u64, tail: &[usize]| tv(id << 44 >> 20, &[&[1, t][..], tail].concat(), DType::BF16);
+            let (q, k, v, g, beta) = (at(1, &[1, D]), at(2, &[1, D]), at(3, &[hv, D]), at(4, &[hv, D]), at(5, &[hv]));
+            let out = at(6, &[hv, D]);
+            let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+            args.output = Some(&out);
+            let plan = plan_chunk(&args).expect("T = 2^31 - 1 is accepted");
+            let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
+            let need = super::super::chunk_tuned_workspace_bytes(&plan, &tune);
+            let ws = TensorView::describe(7 << 44, &[need.div_ceil(4)], DType::F32, 0).expect("a view");
+            args.workspace = Some(&ws);
+            if let Some(seg) = tune.split {
+                let e = super::split::check_split(&plan, seg, "q").expect_err("2^19 segments").to_string();
+                assert!(e.contains("65535 segments"), "{e}");
+                continue;
+            }
+            let cfg = chunk_tuned_config(&plan, tune);
+            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), kda_dsl::Target::Sm80)
+                .expect("compiles");
+            let bound = kernel_args(&args, &plan, &cfg, out.ptr(), None).expect("arguments");
+            bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("HV {hv}, {}: {e}", cfg.key()));
+        }
+    }
+
     /// Every refusal of a tuning names `tune` and says what it expected; the defaults pass.
     #[test]
     fn tunings_a_call_cannot_take_are_refused_by_name() {

@@ -413,6 +413,18 @@ fn check_launch_limits(args: &ChunkArgs, n: usize, b: usize, t: usize, hv: usize
             ));
         }
     }
+    // The prepared operands' rows: whole chunks per dense row, 15 more per varlen sequence.
+    // Checked whatever the path, so that whether a call is valid never depends on the device.
+    let varlen = args.cu_seqlens.is_some();
+    let (_, rows) = prep_rows(b, t, n, varlen);
+    if rows > extent_limit {
+        let (arg, what) = if varlen {
+            ("cu_seqlens", format!("S + 15 N = {rows} (S tokens, N sequences)"))
+        } else {
+            ("q", format!("T rounded up to whole chunks of 16 = {rows}"))
+        };
+        return Err(unsupported(arg, format!("{what} must fit in 32 bits (at most {extent_limit}).")));
+    }
     Ok(())
 }
 

@@ -201,6 +201,34 @@ impl Gpu {
         Ok(s)
     }
 
+    /// An engine's own stream, given as its raw driver handle (`CUstream`, cast to a pointer),
+    /// for kda's calls: the way in for an engine built on another cudarc version (or none),
+    /// whose stream type is not kda's. Pair it with [`crate::TensorView::from_raw`] views of
+    /// the engine's buffers. The stream must belong to this `Gpu`'s context (made by
+    /// [`Gpu::new`] on the same ordinal: the device's primary context, which engines use); an
+    /// error naming `stream` otherwise. Dropping the returned stream leaves the engine's alone.
+    ///
+    /// # Safety
+    /// `stream` is a live stream handle, and stays alive while the returned stream (or a CUDA
+    /// graph captured through it) is used; the engine orders its own work on it as usual.
+    pub unsafe fn borrow_raw_stream(&self, stream: *mut std::ffi::c_void) -> Result<Arc<CudaStream>, RuntimeError> {
+        let raw = stream as cudarc::driver::sys::CUstream;
+        self.ctx.bind_to_thread().op("cuCtxSetCurrent")?;
+        let mut owner: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live stream handle (the caller's contract); the driver writes its context.
+        unsafe { cudarc::driver::sys::cuStreamGetCtx(raw, &mut owner) }.result().op("cuStreamGetCtx")?;
+        if owner != self.ctx.cu_ctx() {
+            return Err(RuntimeError::bad_argument(
+                "stream",
+                format!("a stream of device {}'s primary context (the Gpu's)", self.ordinal()),
+                "a stream of another context",
+            ));
+        }
+        // SAFETY: the stream belongs to this context (checked) and outlives the wrapper (the
+        // caller's contract); the wrapper never destroys it.
+        Ok(unsafe { self.ctx.wrap_borrowed_stream(raw) })
+    }
+
     /// Blocks until all work on the device's context has finished.
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         self.ctx.synchronize().op("cuCtxSynchronize")

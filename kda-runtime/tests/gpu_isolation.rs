@@ -12,7 +12,7 @@ use kda_runtime::chunk::{
     chunk_kda, chunk_kda_tuned, chunk_split_workspace_bytes, chunk_workspace_bytes, plan_chunk, ChunkArgs, ChunkShape,
     ChunkTuning,
 };
-use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError};
+use kda_runtime::{time_graph_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
 include!("support/on_gpu.rs");
 
@@ -219,6 +219,9 @@ enum Path {
     /// The API's path with no workspace argument: the one `Kernels` keeps for the stream,
     /// eager, or (`graph`) sized by `preload_chunk` and replayed from a CUDA graph.
     Kept { graph: bool },
+    /// As [`Path::Kept`], called as an engine on another cudarc calls it: its stream as a raw
+    /// handle (`Gpu::borrow_raw_stream`), its buffers as `TensorView::from_raw` views.
+    RawHandles,
     /// The two-kernel path in 4 token ranges (`ChunkTuning::ranges`), eager, or captured into
     /// a CUDA graph after one eager call and replayed; one sequence given as a `varlen` call
     /// (`cu_seqlens` `[0, T]`) or dense.
@@ -259,7 +262,7 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.cu_seqlens = (n > 1 || matches!(path, Path::Ranges { varlen: true, .. })).then_some(&views[8]);
     args.max_seqlen = (path == Path::Hinted).then(|| x.lens.iter().copied().max().unwrap_or(0));
     let ws_bytes = match path {
-        Path::Fused | Path::Kept { .. } | Path::Split { workspace: false, .. } => None,
+        Path::Fused | Path::Kept { .. } | Path::RawHandles | Path::Split { workspace: false, .. } => None,
         Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)?),
         Path::TwoKernel | Path::Hinted | Path::Ranges { .. } => {
             Some(chunk_workspace_bytes(&plan_chunk(&args)?, &gpu.limits()))
@@ -274,6 +277,20 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
         }
         Path::TwoKernel | Path::Hinted | Path::Kept { graph: false } => {
             chunk_kda(gpu, kernels, &s, &args)?;
+        }
+        Path::RawHandles => {
+            // SAFETY: `s` lives to the end of this function, past every use of `raw`.
+            let raw = unsafe { gpu.borrow_raw_stream(s.cu_stream() as *mut std::ffi::c_void) }?;
+            // SAFETY: views of this function's live tensors, as an engine's allocator hands them out.
+            let from_raw = |v: &TensorView| unsafe { TensorView::from_raw(v.ptr(), v.shape(), v.dtype(), v.device()) };
+            let r: Vec<TensorView> = views.iter().map(from_raw).collect::<Result<_, _>>()?;
+            let mut raw_args = ChunkArgs::new(&r[0], &r[1], &r[2], &r[3], &r[4]);
+            raw_args.initial_state = Some(&r[5]);
+            raw_args.output = Some(&r[6]);
+            raw_args.output_final_state = true;
+            raw_args.final_state = Some(&r[7]);
+            raw_args.cu_seqlens = args.cu_seqlens.map(|_| &r[8]);
+            chunk_kda(gpu, kernels, &raw, &raw_args)?;
         }
         Path::Kept { graph: true } => {
             kda_runtime::preload::preload_chunk(gpu, kernels, &s, &args)?;
@@ -428,6 +445,19 @@ fn a_call_without_a_workspace_runs_the_fast_path_with_its_bits() {
             assert_same_bits(&kept, &given, &format!("{lens:?}, graph {graph}"), "the call given a workspace");
         }
     }
+    // An engine on another cudarc: raw stream handle and raw views, the same bits.
+    let x = PrefillInputs::random(&[9000, 37, 4100], 53);
+    let given = prefill(&gpu, &kernels, &x, Path::TwoKernel).expect("with a workspace");
+    let raw = prefill(&gpu, &kernels, &x, Path::RawHandles).expect("through raw handles");
+    assert_same_bits(&raw, &given, "raw handles", "the call given a workspace");
+    // A stream of another context is refused by name.
+    let other = cudarc::driver::CudaContext::new_non_primary(0, 0).expect("a context");
+    let foreign = other.new_stream().expect("a stream");
+    // SAFETY: `foreign` outlives the call, which refuses it.
+    let e =
+        unsafe { gpu.borrow_raw_stream(foreign.cu_stream() as *mut std::ffi::c_void) }.expect_err("another context");
+    assert!(e.to_string().contains("stream"), "{e}");
+    gpu.context().bind_to_thread().expect("the Gpu's context again");
     // A fresh stream has no kept workspace: capturing a call that needs one is refused.
     let s = gpu.new_stream().expect("a stream");
     let t = 4096;

@@ -84,13 +84,14 @@ fn with_prefill_calls(mut f: impl FnMut(bool, &dyn Fn())) {
         let call = || {
             let plan = plan_chunk(&args).expect("a valid call");
             let tune = crate::chunk::ChunkTuning::of_path(&plan, workspace.is_some());
-            let cfg = crate::chunk::launch::chunk_tuned_config(&plan, tune);
+            let cfg = crate::chunk::chunk_tuned_config(&plan, tune);
             let ready = kernels.chunk(&cfg).expect("compiles");
-            let bound = super::chunk::launch::kernel_args(&args, &plan, &cfg, out.ptr(), Some(fin)).expect("arguments");
+            let bound = crate::chunk::bind::kernel_args(&args, &plan, &cfg, out.ptr(), Some(fin)).expect("arguments");
             bind_planned(&ready.kernel, &ready.binding, &bound).expect("binds");
             if tune.prepared {
                 let prep = kernels.chunk_prep(&kda_kernels::chunk_prep::PrepConfig::of(&cfg)).expect("compiles");
-                let prep_args = super::chunk::prepared::preparation_args(&prep.kernel, &plan, &bound, None);
+                let blocks = crate::chunk::prepared::prep_blocks(&plan);
+                let prep_args = crate::chunk::bind::preparation_args(&prep.kernel, &bound, blocks).expect("arguments");
                 bind_planned(&prep.kernel, &prep.binding, prep_args.as_slice()).expect("binds");
             }
         };

@@ -1,40 +1,52 @@
-//! `chunk_kda`, the KDA prefill entry point: validation, planning and the launch.
+//! `chunk_kda`, the KDA prefill entry point. A call walks plan → path → workspace → steps →
+//! launch, one file each:
 //!
-//! - [`ChunkArgs`] mirrors the reference API parameter by parameter (plus the Rust extras
-//!   `state_indices`, `has_initial_state`, `max_seqlen`, `checked` and `workspace`);
-//! - [`plan_chunk`] (host code, no GPU) runs every validation branch of the reference, in its
-//!   order and with its messages, then the checks docs/semantics.md adds, and resolves the
-//!   defaults into a [`ChunkPlan`];
-//! - [`check_chunk_indices`] is the opt-in checked mode over host copies of `cu_seqlens` and
-//!   `state_indices`;
-//! - [`chunk_kda`] launches the kernel variants the plan needs on the device
-//!   ([`ChunkTuning::for_call`], [`chunk_config`]) on the caller's stream, over the caller's
-//!   `workspace` or the one [`crate::Kernels`] keeps for the stream (`workspace.rs` sizes it):
-//!   the fused kernel, or for few chains the preparation kernel and then the chain over its
-//!   output (`prepared.rs`), bit-identical to it, for a call of one sequence in token ranges
-//!   whose chains overlap the next range's preparation (`ranges.rs`), the same bits again;
-//!   with few value heads, long sequences split exactly into segments whose chains run side
-//!   by side (`split.rs`), within rounding of one chain.
+//! - [`ChunkArgs`] (`args.rs`) mirrors the reference API parameter by parameter, plus the Rust
+//!   extras (the pool in place, decode's gate and beta rules, `max_seqlen`, `checked`,
+//!   `workspace`);
+//! - [`plan_chunk`] (`plan.rs`, host code, no GPU) runs every validation branch of the
+//!   reference, in its order and with its messages, then the checks docs/semantics.md adds,
+//!   and resolves the defaults into a [`ChunkPlan`], the validated call;
+//! - [`check_chunk_indices`] (`checked.rs`) is the opt-in checked mode over host copies of
+//!   `cu_seqlens` and `state_indices`;
+//! - [`ChunkTuning::for_call`] (`tuning.rs`) picks the path from the shapes and the device:
+//!   the fused kernel; for few chains the two-kernel path (the preparation, then the chain over
+//!   its output, bit-identical); for one long sequence its token ranges, whose chains overlap
+//!   the next range's preparation (the same bits again); with few value heads, the exact split
+//!   of long sequences into segments run side by side (within rounding of one chain).
+//!   `eligibility.rs` says which calls can take the ranges and the split, `workspace.rs` what
+//!   each path takes of a workspace;
+//! - each path builds its steps (`steps.rs`: in `prepared.rs`, `ranges.rs`, `split.rs`), its
+//!   kernels' arguments from `bind.rs`, and `steps::run_steps` binds and launches them on the
+//!   caller's stream and the one beside it; [`chunk_kda`] (`launch.rs`) walks these steps, over
+//!   the caller's `workspace` or the one [`crate::Kernels`] keeps for the stream.
 
 pub mod args;
+pub(crate) mod bind;
 pub mod checked;
+mod eligibility;
 pub mod launch;
 pub mod plan;
 pub(crate) mod prepared;
 mod ranges;
 mod split;
+mod steps;
+pub mod tuning;
 mod workspace;
 
 pub use args::ChunkArgs;
 pub use checked::check_chunk_indices;
-pub use launch::{
-    chunk_config, chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_variants, default_operands,
-    prepared_max_chains, ChunkOperands, ChunkResult, ChunkShape, ChunkTuning,
+pub(crate) use eligibility::may_take_ranges;
+pub use eligibility::{
+    DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS,
 };
+pub use launch::{chunk_kda, chunk_kda_tuned, ChunkResult};
 pub use plan::{plan_chunk, BetaRule, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
-pub(crate) use ranges::may_take_ranges;
-pub use ranges::{DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
-pub use split::{chunk_split_variants, chunk_split_workspace_bytes, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
+pub use split::{chunk_split_variants, chunk_split_workspace_bytes};
+pub use tuning::{
+    chunk_config, chunk_tuned_config, chunk_variants, default_operands, prepared_max_chains, ChunkOperands, ChunkShape,
+    ChunkTuning,
+};
 pub use workspace::{chunk_tuned_workspace_bytes, chunk_workspace_bound, chunk_workspace_bytes};
 
 /// What the chunk modules' tests share.

@@ -1,18 +1,14 @@
-//! The two-kernel path of `chunk_kda`: `chunk_prep` fills the caller's workspace with every
-//! chunk's state-independent operands, in parallel over chunks; the `chunk` variant with
-//! `Preparation::Workspace` then runs each sequence's chain over them (`chunk_prep.rs`).
+//! The paths of `chunk_kda` on one chain kernel: the fused kernel, and the two-kernel path, on
+//! which `chunk_prep` fills the workspace with every chunk's state-independent operands, in
+//! parallel over chunks, and the `chunk` variant with `Preparation::Workspace` then runs each
+//! sequence's chain over them (`chunk_prep.rs`).
 
-use cudarc::driver::CudaStream;
-use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 
-use super::launch::launch_ready;
+use super::bind::ChunkKernelArgs;
 use super::plan::ChunkPlan;
-use crate::device::Gpu;
-use crate::error::RuntimeError;
-use crate::kernels::Kernels;
-use crate::launch::KernelArg;
-use kda_dsl::artifact::CompiledKernel;
+use super::steps::{Lane, Step};
 
 /// Blocks of the preparation grid, at most (before the per-sequence floor of one): enough to
 /// spread a long sequence's chunks over every SM, without launching millions that find none.
@@ -28,62 +24,28 @@ const PREP_CHUNKS_PER_BLOCK: usize = 8;
 /// chunks of the longest sequence the shapes (or the `max_seqlen` hint) allow, capped so that
 /// the grid stays near [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any
 /// value covers them all: a wrong hint costs time, never a chunk.
-pub(super) fn prep_blocks(plan: &ChunkPlan) -> usize {
+pub(crate) fn prep_blocks(plan: &ChunkPlan) -> usize {
     let longest = plan.longest_sequence();
     let cap = (PREP_BLOCKS / (plan.nseq * plan.value_heads).max(1)).max(1);
     longest.div_ceil(16 * PREP_CHUNKS_PER_BLOCK).clamp(1, cap)
 }
 
-/// Launches `chunk_prep` for `cfg`'s call with the arguments `bound` for its `chunk` kernel
-/// (the preparation takes the ones it declares), over `blocks` blocks per (sequence, value
-/// head) when given.
-pub(super) fn launch_preparation(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    stream: &CudaStream,
+/// The steps of a call that runs one chain kernel (`cfg`, over `bound`): the fused kernel, or
+/// on the two-kernel path its preparation first, over `blocks` blocks per (sequence, value
+/// head) when given (else [`prep_blocks`]). At most two, in an array: building them allocates
+/// nothing.
+pub(super) fn chain_steps(
     plan: &ChunkPlan,
-    cfg: &ChunkConfig,
-    bound: &[(&'static str, KernelArg)],
+    cfg: ChunkConfig,
+    bound: ChunkKernelArgs,
     blocks: Option<usize>,
-) -> Result<(), RuntimeError> {
-    let ready = kernels.chunk_prep(&PrepConfig::of(cfg))?;
-    let args = preparation_args(&ready.kernel, plan, bound, blocks);
-    launch_ready(gpu, kernels, stream, &ready, args.as_slice())
-}
-
-/// The preparation kernel's arguments (in an array: building them allocates nothing).
-pub(crate) struct PrepArgs {
-    items: [(&'static str, KernelArg); ARGS],
-    len: usize,
-}
-
-/// Room for every argument of the chain's kernel, and `NX`.
-const ARGS: usize = 19;
-
-impl PrepArgs {
-    /// The arguments, by name.
-    pub(crate) fn as_slice(&self) -> &[(&'static str, KernelArg)] {
-        &self.items[..self.len]
-    }
-}
-
-/// The arguments of the preparation `kernel`: those of `bound` (its `chunk` kernel's) it
-/// declares, and its grid's `NX` (`blocks`, checked below 2^31 by the caller, or
-/// [`prep_blocks`]).
-pub(crate) fn preparation_args(
-    kernel: &CompiledKernel,
-    plan: &ChunkPlan,
-    bound: &[(&'static str, KernelArg)],
-    blocks: Option<usize>,
-) -> PrepArgs {
-    let takes = |name: &str| kernel.params.iter().any(|p| p.name() == name);
-    let mut args = PrepArgs { items: [("", KernelArg::I32(0)); ARGS], len: 0 };
-    let nx = i32::try_from(blocks.unwrap_or_else(|| prep_blocks(plan))).expect("fewer than 2^31 blocks");
-    for arg in bound.iter().filter(|(n, _)| takes(n)).copied().chain([("NX", KernelArg::I32(nx))]) {
-        args.items[args.len] = arg;
-        args.len += 1;
-    }
-    args
+) -> [Option<Step>; 2] {
+    let prepare = (cfg.preparation == Preparation::Workspace).then(|| Step::Prepare {
+        cfg: PrepConfig::of(&cfg),
+        args: bound,
+        blocks: blocks.unwrap_or_else(|| prep_blocks(plan)),
+    });
+    [prepare, Some(Step::Chain { lane: Lane::Call, cfg, args: bound })]
 }
 
 #[cfg(test)]
@@ -100,6 +62,37 @@ mod tests {
         let (q, k) = (tv(1, &[b, t, hv, 128]), tv(2, &[b, t, hv, 128]));
         let (v, g, beta) = (tv(3, &[b, t, hv, 128]), tv(4, &[b, t, hv, 128]), tv(5, &[b, t, hv]));
         prep_blocks(&plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call"))
+    }
+
+    /// One chain kernel's steps: the fused kernel alone, or its preparation first over the
+    /// given or default grid; both bind.
+    #[test]
+    fn chain_steps_prepare_only_on_the_two_kernel_path() {
+        use crate::chunk::bind::kernel_args;
+        use crate::chunk::tuning::{chunk_tuned_config, ChunkTuning};
+        let tv = |id: u64, shape: &[usize]| tv(id, shape, BF16);
+        let (q, k) = (tv(1, &[2, 70, 2, 128]), tv(2, &[2, 70, 2, 128]));
+        let (v, g, beta, out) =
+            (tv(3, &[2, 70, 4, 128]), tv(4, &[2, 70, 4, 128]), tv(5, &[2, 70, 4]), tv(6, &[2, 70, 4, 128]));
+        let ws = crate::chunk::testing::tv(7, &[1 << 20], kda_dsl::DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.output = Some(&out);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        for (prepared, blocks, want) in
+            [(false, None, None), (true, None, Some(prep_blocks(&plan))), (true, Some(3), Some(3))]
+        {
+            let cfg = chunk_tuned_config(&plan, ChunkTuning::of_path(&plan, prepared));
+            let bound = kernel_args(&args, &plan, &cfg, out.ptr(), None).expect("arguments");
+            let steps: Vec<Step> = chain_steps(&plan, cfg, bound, blocks).into_iter().flatten().collect();
+            let got = match &steps[..] {
+                [Step::Chain { lane: Lane::Call, .. }] => None,
+                [Step::Prepare { blocks, .. }, Step::Chain { lane: Lane::Call, .. }] => Some(*blocks),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, want, "prepared {prepared}, blocks {blocks:?}");
+            crate::chunk::steps::assert_steps_bind(&steps);
+        }
     }
 
     #[test]

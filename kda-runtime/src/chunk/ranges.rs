@@ -22,81 +22,21 @@
 //! the same tokens and the state goes through memory exactly. Each range has its own part
 //! of the workspace.
 
-use cudarc::driver::CudaStream;
 use kda_dsl::DType;
 use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk_prep::PrepConfig;
 
 use super::args::ChunkArgs;
-use super::launch::{chunk_tuned_config, kernel_args, launch_ready, ChunkKernelArgs, ChunkTuning};
-use super::plan::{chunk_workspace_bytes_unsplit, plan_chunk, ChunkPlan, FinalState, InitialState};
-use crate::device::Gpu;
-use crate::error::{DriverResultExt, RuntimeError};
-use crate::kernels::Kernels;
+use super::bind::{kernel_args, ChunkKernelArgs};
+use super::eligibility::check_ranges;
+use super::plan::{chunk_workspace_bytes_unsplit, plan_chunk, ChunkPlan, InitialState};
+use super::steps::{Lane, Step};
+use super::tuning::{chunk_tuned_config, ChunkTuning};
+use crate::error::RuntimeError;
 use crate::tensor::TensorView;
 
 /// Head dimension (K = V).
 const D: usize = crate::validate::HEAD_DIM;
-
-/// Whether a planned call can run in `nranges` token ranges; the reason when not.
-pub(super) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), RuntimeError> {
-    // What carries the state from one range to the next, exactly: f32 final states, or the
-    // f32 pool slots themselves.
-    let f32_carry = plan.state_dtype == DType::F32
-        && matches!(plan.final_out, FinalState::Given { .. } | FinalState::Allocate { .. } | FinalState::Pool);
-    let why = if nranges < 2 {
-        Some("at least 2 ranges")
-    } else if plan.batch != 1 || plan.nseq != 1 {
-        Some("one sequence (a dense call with B = 1, or varlen with one)")
-    } else if plan.seq_len == 0 {
-        Some("at least one token")
-    } else if !f32_carry {
-        Some(
-            "f32 final states (output_final_state with an f32 state) or an f32 pool (state_indices): \
-             they carry the state between ranges",
-        )
-    } else {
-        None
-    };
-    match why {
-        Some(w) => Err(RuntimeError::bad_argument("tune", format!("token ranges need {w}"), "this call")),
-        None => Ok(()),
-    }
-}
-
-/// The most token ranges [`super::ChunkTuning::for_call`] cuts a call into: the fastest of
-/// `kda bench --sweep-chunk` at B = 1, T = 32768 with f16 operands and vector stores of the
-/// prepared operands (2 against 3 and 4, at 32 value heads and GVA; docs/performance.md,
-/// 2026-12-03 (late) runs 36 and 37). With bf16 operands 4 had measured fastest (2026-12-02
-/// run 15).
-pub const DEFAULT_RANGES: usize = 2;
-
-/// The fewest chunks a token range of [`super::ChunkTuning::for_call`] holds (8192 tokens: 4
-/// such ranges measured fastest at T = 32768 with bf16 operands). Each range costs two launches
-/// and two stream hand-offs, and the overlap it buys is one range's preparation; shorter ones
-/// measured slower.
-pub const RANGE_MIN_CHUNKS: usize = 512;
-
-/// The fewest value heads at which [`super::ChunkTuning::for_call`] cuts a call into token
-/// ranges. A range's chain shares its SMs with the next range's preparation, which slows it:
-/// with 32 value heads (a chain block on almost every SM) the overlap still wins, with 8 it
-/// loses (docs/performance.md, 2026-12-02 runs 23 and 24; 16 not measured).
-pub const RANGE_MIN_VALUE_HEADS: usize = 32;
-
-/// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:
-/// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], for calls of
-/// at least [`RANGE_MIN_VALUE_HEADS`] value heads; `None` for a call that cannot take ranges,
-/// is too short for two or has fewer heads. Any count gives the same bits.
-pub(super) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
-    let n = (plan.seq_len.div_ceil(16) / RANGE_MIN_CHUNKS).min(DEFAULT_RANGES);
-    (n >= 2 && plan.value_heads >= RANGE_MIN_VALUE_HEADS && check_ranges(plan, n).is_ok()).then_some(n)
-}
-
-/// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
-/// token ranges by default: then it needs the thread's highest-priority stream.
-pub(crate) fn may_take_ranges(plan: &ChunkPlan) -> bool {
-    let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
-    default_ranges(&long).is_some()
-}
 
 /// The token ranges of a call of `t` tokens cut into `nranges`: whole chunks each, the last
 /// one shorter or empty ranges dropped.
@@ -185,41 +125,41 @@ pub(super) fn range_launches(
     Ok(launches)
 }
 
-/// Runs a call in token ranges: the preparations on `stream`, the chains on the thread's
-/// highest-priority stream, which `stream` waits for at the end.
-#[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
-pub(super) fn launch(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    stream: &CudaStream,
+/// A call's steps in token ranges: each range's preparation on the call's stream, its chain
+/// beside it once the stream has reached that preparation (a join, which covers the work
+/// before the call too) and after the chain before it (the lane's order), then the call's
+/// stream waits for the last chain. `fin` is the final states (the caller's or the allocated
+/// ones), which carry the state from one range to the next; the pool carries it without.
+pub(super) fn range_steps(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
     nranges: usize,
     out_ptr: u64,
     final_view: Option<TensorView>,
-) -> Result<(), RuntimeError> {
+) -> Result<Vec<Step>, RuntimeError> {
     let fin = match plan.initial {
         InitialState::Pool { .. } => None,
-        _ => Some(final_view.expect("check_ranges: final states without a pool")),
+        _ => Some(final_view.ok_or_else(|| RuntimeError::Unsupported("token ranges without final states".into()))?),
     };
-    let launches = range_launches(args, plan, tune, nranges, out_ptr, fin)?;
-    let chains = gpu.high_priority_stream()?;
-    // Each chain waits for everything on `stream` up to its range's preparation, which covers
-    // the work before the call too.
-    for l in &launches {
-        super::prepared::launch_preparation(gpu, kernels, stream, &l.plan, &l.cfg, &l.bound, tune.prep_blocks)?;
-        chains.join(stream).op("cuStreamWaitEvent")?;
-        launch_ready(gpu, kernels, &chains, &*kernels.chunk(&l.cfg)?, &l.bound)?;
+    let mut steps = vec![];
+    for l in range_launches(args, plan, tune, nranges, out_ptr, fin)? {
+        let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&l.plan));
+        steps.extend([
+            Step::Prepare { cfg: PrepConfig::of(&l.cfg), args: l.bound, blocks },
+            Step::Join { lane: Lane::Beside, on: Lane::Call },
+            Step::Chain { lane: Lane::Beside, cfg: l.cfg, args: l.bound },
+        ]);
     }
-    stream.join(&chains).op("cuStreamWaitEvent")?;
-    Ok(())
+    steps.push(Step::Join { lane: Lane::Call, on: Lane::Beside });
+    Ok(steps)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chunk::chunk_workspace_bytes;
+    use crate::chunk::eligibility::{may_take_ranges, DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
     use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::device::DeviceLimits;
     use crate::launch::bind_args;
@@ -280,7 +220,8 @@ mod tests {
                 kda_dsl::Target::Sm80,
             )
             .expect("compiles");
-            let prep_args = crate::chunk::prepared::preparation_args(&prep, &l.plan, &l.bound, None);
+            let blocks = crate::chunk::prepared::prep_blocks(&l.plan);
+            let prep_args = crate::chunk::bind::preparation_args(&prep, &l.bound, blocks).expect("arguments");
             bind_args(&prep, prep_args.as_slice()).unwrap_or_else(|e| panic!("range {r} preparation: {e}"));
             assert_eq!(tensor_at(&l.bound, "state"), if r == 0 { init.ptr() } else { fin.ptr() }, "range {r}");
             assert_eq!(tensor_at(&l.bound, "final_state"), fin.ptr(), "range {r}");
@@ -293,6 +234,40 @@ mod tests {
             ws_end - ws.ptr() <= chunk_workspace_bytes(&plan, &DeviceLimits::H200) as u64,
             "the parts fit the call's workspace"
         );
+    }
+
+    /// A call's steps in ranges: each range's preparation on the call's stream, then its chain
+    /// beside it after a join, and the call's stream joins the chains at the end; every launch
+    /// binds.
+    #[test]
+    fn range_steps_prepare_on_the_call_and_chain_beside_it() {
+        let (t, h, hv) = (16 * 6 + 5, 2, RANGE_MIN_VALUE_HEADS);
+        let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
+        let fin = tv(8, &[1, hv, D, D], DType::F32);
+        let ws = tv(11, &[1 << 24], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.output = Some(&out);
+        args.output_final_state = true;
+        args.final_state = Some(&fin);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
+        let steps = range_steps(&args, &plan, tune, 3, out.ptr(), Some(fin)).expect("steps");
+        let lanes: Vec<String> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Prepare { .. } => "prepare".into(),
+                Step::Chain { lane, .. } => format!("chain {lane:?}"),
+                Step::Join { lane, on } => format!("{lane:?} waits {on:?}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        let range = ["prepare", "Beside waits Call", "chain Beside"];
+        let want: Vec<&str> = range.iter().chain(&range).chain(&range).copied().chain(["Call waits Beside"]).collect();
+        assert_eq!(lanes, want);
+        crate::chunk::steps::assert_steps_bind(&steps);
+        // Without final states (and no pool) there is nothing to carry the state: refused.
+        assert!(range_steps(&args, &plan, tune, 3, out.ptr(), None).is_err());
     }
 
     /// With `state_indices`, every range binds to its kernel with the pool as its state, in

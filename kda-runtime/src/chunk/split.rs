@@ -15,52 +15,26 @@
 //! are allocated for the call and freed after it.
 
 use kda_kernels::chunk::{ChunkConfig, Preparation};
-use kda_kernels::chunk_merge::MergeConfig;
-use kda_kernels::chunk_segments::{max_segments, segment_count, SegmentsConfig};
+use kda_kernels::chunk_segments::max_segments;
 use kda_kernels::chunk_split::{split_configs, SplitConfigs};
 
 use super::args::ChunkArgs;
-use super::launch::{chunk_tuned_config, kernel_args, launch_ready, ChunkKernelArgs, ChunkTuning};
+use super::bind::kernel_args;
+use super::eligibility::{check_split, SPLIT_MAX_VALUE_HEADS};
 use super::plan::{prepared_bytes, ChunkPlan, FinalState, InitialState};
-use crate::device::Gpu;
-use crate::error::{DriverResultExt, RuntimeError};
-use crate::kernels::Kernels;
+use super::steps::{Lane, Step};
+use super::tuning::{chunk_tuned_config, ChunkTuning};
+use crate::error::RuntimeError;
 use crate::launch::KernelArg;
 use crate::tensor::TensorView;
-use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::chunk_prep::prep_rows;
+use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 /// Head dimension (K = V).
 const D: usize = crate::validate::HEAD_DIM;
 
-/// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096
-/// tokens measured faster than 2048 or 8192 (docs/performance.md, 2026-12-02 run 24 and
-/// 2026-12-03 runs 26 and 29); a sequence of at most twice this many stays whole (run 29:
-/// split in two it gained nothing alone and cost a third on a full GPU).
-pub const SPLIT_SEGMENT_TOKENS: usize = 4096;
-
-/// The most value heads at which [`chunk_kda`](super::chunk_kda) splits long sequences: with
-/// few heads the serial chains leave most SMs idle and the split's extra passes run on them;
-/// at 32 heads the chains already fill the GPU and the split measured slower
-/// (docs/performance.md, 2026-12-02, runs 23 and 24). A function of the model's shape, not of
-/// the batch, so batch invariance holds.
-pub const SPLIT_MAX_VALUE_HEADS: usize = 16;
-
-/// Segments at most in one grid axis of the split's passes.
-const GRID_YZ: usize = 65535;
-
 /// Alignment of each part of a split call's workspace, in bytes.
 const PART_ALIGN: usize = 256;
-
-/// Whether [`chunk_kda`](super::chunk_kda) splits a call of this shape when given a workspace
-/// ([`SPLIT_MAX_VALUE_HEADS`], a sequence that may be longer than twice
-/// [`SPLIT_SEGMENT_TOKENS`] by the shapes and the `max_seqlen` hint). Never by the grid's
-/// limits, which would make a sequence's bits depend on its batch: a call past them is refused
-/// ([`check_split`]).
-pub(crate) fn splits_by_default(plan: &ChunkPlan) -> bool {
-    plan.value_heads <= SPLIT_MAX_VALUE_HEADS && segment_count(plan.longest_sequence(), SPLIT_SEGMENT_TOKENS) > 1
-}
 
 /// The split's kernels a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
 /// when [`chunk_kda`](super::chunk_kda) splits it: for calls with a workspace and at most
@@ -155,49 +129,6 @@ pub(super) fn split_bytes_bound(nseq: usize, tokens: usize, hv: usize, seg: usiz
     SplitLayout::new(nseq, tokens, hv, seg).total
 }
 
-/// Whether a planned call can be split every `seg` tokens; the reason, named `arg` (`tune` for
-/// a tuning, the input that makes the default split too large otherwise), when not.
-pub(super) fn check_split(plan: &ChunkPlan, seg: usize, arg: &str) -> Result<(), RuntimeError> {
-    let ns = max_segments(plan.nseq, plan.total_tokens, seg.max(1));
-    let why = if seg == 0 || !seg.is_multiple_of(16) || seg > i32::MAX as usize / 2 {
-        Some("a segment length that is a positive multiple of 16 tokens, below 2^30".to_string())
-    } else if ns > GRID_YZ {
-        Some(format!("at most {GRID_YZ} segments (this call has up to {ns})"))
-    } else if plan.total_tokens > i32::MAX as usize {
-        Some("fewer than 2^31 tokens".to_string())
-    } else {
-        None
-    };
-    match why {
-        Some(w) => Err(RuntimeError::bad_argument(
-            arg,
-            format!(
-                "a split every {seg} tokens needs {w} (calls of at most {SPLIT_MAX_VALUE_HEADS} value heads split \
-                 sequences longer than {} tokens by default: split the call, give a max_seqlen hint of at most \
-                 that, or pass ChunkTuning {{ split: None, .. }} to chunk_kda_tuned)",
-                2 * SPLIT_SEGMENT_TOKENS
-            ),
-            "this call",
-        )),
-        None => Ok(()),
-    }
-}
-
-/// One launch of the split, in order: the kernel's config and its arguments.
-pub(super) enum SplitLaunch {
-    /// The segment schedule.
-    Segments(SegmentsConfig, Vec<(&'static str, KernelArg)>),
-    /// With a workspace path: the segments' preparation (the segments' plan, the output pass's
-    /// config and arguments, from which the preparation takes its own).
-    Prepare(Box<ChunkPlan>, ChunkConfig, ChunkKernelArgs),
-    /// A chunk pass over the segments; the transitions first.
-    Chunk(ChunkConfig, ChunkKernelArgs),
-    /// The merge.
-    Merge(MergeConfig, Vec<(&'static str, KernelArg)>),
-    /// The finish, when the call writes final states or a pool.
-    Finish(MergeConfig, Vec<(&'static str, KernelArg)>),
-}
-
 /// The split's tables, as views into its workspace.
 pub(super) struct SplitTables {
     seg_cu: TensorView,
@@ -233,11 +164,13 @@ impl SplitTables {
     }
 }
 
-/// The launches of a call split every `seg` tokens, in order (`split.rs` in kda-kernels): the
-/// schedule, the preparation (on the workspace path), the transitions, the states from zeros,
-/// the merge, the outputs and the finish. `out_ptr` is the output, `fin` the final states (the
-/// caller's or the allocated ones) when the call writes them.
-pub(super) fn split_launches(
+/// The steps of a call split every `seg` tokens, in order (`chunk_split.rs` in kda-kernels),
+/// its tables at `tables`: the schedule, the preparation (on the workspace path), the
+/// transitions beside the states from zeros (on the thread's highest-priority stream, once the
+/// call's stream has reached them), the merge (after both), the outputs and the finish.
+/// `out_ptr` is the output, `fin` the final states (the caller's or the allocated ones) when
+/// the call writes them.
+pub(super) fn steps_over(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
@@ -245,7 +178,7 @@ pub(super) fn split_launches(
     out_ptr: u64,
     tables: &SplitTables,
     fin: Option<TensorView>,
-) -> Result<Vec<SplitLaunch>, RuntimeError> {
+) -> Result<Vec<Step>, RuntimeError> {
     check_split(plan, seg, "tune")?;
     let dev = args.q.device();
     let (tokens, hv) = (plan.total_tokens, plan.value_heads);
@@ -332,15 +265,21 @@ pub(super) fn split_launches(
     let transition = pass(&c.transition, &tables.m, &tables.split, None)?;
     let from_zeros = pass(&c.from_zeros, &tables.h, &tables.split, Some(&tables.fresh))?;
     let output = pass(&c.output, &tables.starts, &tables.live, None)?;
-    let mut steps = vec![SplitLaunch::Segments(c.segments.clone(), segments)];
+    let mut steps = vec![Step::Segments(c.segments.clone(), segments)];
     if c.output.preparation == Preparation::Workspace {
-        steps.push(SplitLaunch::Prepare(Box::new(output.0.clone()), c.output.clone(), output.1));
+        let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&output.0));
+        steps.push(Step::Prepare { cfg: PrepConfig::of(&c.output), args: output.1, blocks });
     }
+    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), args };
+    // The transitions do not depend on the states from zeros: they run beside them, and the
+    // merge waits for both.
     steps.extend([
-        SplitLaunch::Chunk(c.transition.clone(), transition.1),
-        SplitLaunch::Chunk(c.from_zeros.clone(), from_zeros.1),
-        SplitLaunch::Merge(c.merge.clone(), merge),
-        SplitLaunch::Chunk(c.output.clone(), output.1),
+        Step::Join { lane: Lane::Beside, on: Lane::Call },
+        chain(Lane::Beside, &c.transition, transition.1),
+        chain(Lane::Call, &c.from_zeros, from_zeros.1),
+        Step::Join { lane: Lane::Call, on: Lane::Beside },
+        Step::Merge(c.merge.clone(), merge),
+        chain(Lane::Call, &c.output, output.1),
     ]);
     if let Some(f) = c.finish {
         let final_state = match (pool, fin) {
@@ -348,7 +287,7 @@ pub(super) fn split_launches(
             (None, Some(t)) => t,
             (None, None) => return Err(RuntimeError::Unsupported("the split's final states are missing".into())),
         };
-        steps.push(SplitLaunch::Finish(
+        steps.push(Step::Finish(
             f,
             vec![
                 ("state", T(pool.unwrap_or(empty(&state_shape, plan.state_dtype)?))),
@@ -363,76 +302,38 @@ pub(super) fn split_launches(
     Ok(steps)
 }
 
-/// Runs a call split every `seg` tokens on `stream`: its tables in the caller's workspace
-/// (refused, naming `workspace`, when it is smaller than [`chunk_split_workspace_bytes`]) or,
-/// without one, allocated for the call and freed after it (which waits for its kernels); then
-/// the launches, the transitions on the thread's highest-priority stream beside the states
-/// from zeros.
-#[allow(clippy::too_many_arguments)] // the launch's state, as the caller holds it
-pub(super) fn launch(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    stream: &CudaStream,
+/// A call's steps split every `seg` tokens, its tables in the call's workspace (the caller's,
+/// checked against [`chunk_split_workspace_bytes`], or the one kept for the stream):
+/// [`steps_over`] them.
+pub(super) fn split_steps(
     args: &ChunkArgs,
     plan: &ChunkPlan,
     tune: ChunkTuning,
     seg: usize,
     out_ptr: u64,
     final_view: Option<TensorView>,
-) -> Result<(), RuntimeError> {
+) -> Result<Vec<Step>, RuntimeError> {
     check_split(plan, seg, "tune")?;
     let layout = SplitLayout::of(plan, seg);
-    // `chunk_kda` gives every split a workspace: the caller's (checked against the tuning's
-    // need) or the one kept for the stream.
     let ws = args.workspace.ok_or_else(|| RuntimeError::Unsupported("a split call without a workspace".into()))?;
-    let (base, dev) = (ws.ptr(), ws.device());
-    let tables = SplitTables::at(base, plan, &layout, dev)?;
+    let tables = SplitTables::at(ws.ptr(), plan, &layout, ws.device())?;
     let fin = final_view.filter(|_| !matches!(plan.final_out, FinalState::None));
-    let mut transitions_beside = None;
-    for step in split_launches(args, plan, tune, seg, out_ptr, &tables, fin)? {
-        match step {
-            SplitLaunch::Segments(cfg, bound) => {
-                launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(&cfg)?, &bound)?
-            }
-            SplitLaunch::Prepare(p, cfg, bound) => {
-                super::prepared::launch_preparation(gpu, kernels, stream, &p, &cfg, &bound, tune.prep_blocks)?
-            }
-            // The transitions do not depend on the states from zeros: they run on the
-            // thread's highest-priority stream beside them, and the merge waits for both.
-            SplitLaunch::Chunk(cfg, bound) if cfg.run == kda_kernels::chunk::ChunkRun::Transition => {
-                let beside = gpu.high_priority_stream()?;
-                beside.join(stream).op("cuStreamWaitEvent")?;
-                launch_ready(gpu, kernels, &beside, &*kernels.chunk(&cfg)?, &bound)?;
-                transitions_beside = Some(beside);
-            }
-            SplitLaunch::Chunk(cfg, bound) => launch_ready(gpu, kernels, stream, &*kernels.chunk(&cfg)?, &bound)?,
-            SplitLaunch::Merge(cfg, bound) => {
-                if let Some(beside) = transitions_beside.take() {
-                    stream.join(&beside).op("cuStreamWaitEvent")?;
-                }
-                launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(&cfg)?, &bound)?
-            }
-            SplitLaunch::Finish(cfg, bound) => {
-                launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(&cfg)?, &bound)?
-            }
-        }
-    }
-    Ok(())
+    steps_over(args, plan, tune, seg, out_ptr, &tables, fin)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::eligibility::{GRID_YZ, SPLIT_SEGMENT_TOKENS};
     use crate::chunk::plan::plan_chunk;
     use crate::chunk::testing::tv;
     use crate::device::DeviceLimits;
-    use crate::launch::bind_args;
 
-    /// Every launch of a split binds to its compiled kernel, dense and varlen, with and without
+    /// Every launch step of a split binds to its compiled kernel, dense and varlen, with and without
     /// initial and final states, with the pool, for f32 and bf16 states, fused and over a
     /// prepared workspace; segment lengths that are not multiples of 16 are refused.
     #[test]
-    fn split_launches_bind_to_their_kernels() {
+    fn split_steps_bind_to_their_kernels() {
         let (h, hv, seg) = (1, 2, 32);
         for (varlen, pool, state_dtype, with_initial, with_final, prepared) in [
             (false, false, DType::F32, true, true, true),
@@ -470,29 +371,12 @@ mod tests {
             let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(&plan, prepared) };
             let layout = SplitLayout::of(&plan, seg);
             let tables = SplitTables::at(ws.ptr(), &plan, &layout, 0).expect("tables");
-            let steps = split_launches(&args, &plan, tune, seg, out.ptr(), &tables, with_final.then_some(fin))
-                .expect("launches");
-            let finishes = steps.iter().filter(|s| matches!(s, SplitLaunch::Finish(..))).count();
+            let steps =
+                steps_over(&args, &plan, tune, seg, out.ptr(), &tables, with_final.then_some(fin)).expect("launches");
+            let finishes = steps.iter().filter(|s| matches!(s, Step::Finish(..))).count();
             assert_eq!(finishes, usize::from(with_final || pool), "a finish exactly when states are written");
-            for step in steps {
-                let (def, bound) = match step {
-                    SplitLaunch::Segments(cfg, bound) => (kda_kernels::chunk_segments::chunk_segments(&cfg), bound),
-                    SplitLaunch::Prepare(seg_plan, cfg, bound) => {
-                        let p = kda_kernels::chunk_prep::PrepConfig::of(&cfg);
-                        let def = kda_kernels::chunk_prep::chunk_prep(&p);
-                        let kernel = kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
-                        let prep = super::super::prepared::preparation_args(&kernel, &seg_plan, &bound, None);
-                        bind_args(&kernel, prep.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
-                        continue;
-                    }
-                    SplitLaunch::Chunk(cfg, bound) => (kda_kernels::chunk::chunk(&cfg), bound.to_vec()),
-                    SplitLaunch::Merge(cfg, bound) => (kda_kernels::chunk_merge::chunk_merge(&cfg), bound),
-                    SplitLaunch::Finish(cfg, bound) => (kda_kernels::chunk_merge::chunk_finish(&cfg), bound),
-                };
-                let kernel = kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles");
-                bind_args(&kernel, &bound).unwrap_or_else(|e| panic!("{}: {e}", kernel.entry));
-            }
-            let e = split_launches(&args, &plan, tune, 40, out.ptr(), &tables, None).err().expect("refused");
+            crate::chunk::steps::assert_steps_bind(&steps);
+            let e = steps_over(&args, &plan, tune, 40, out.ptr(), &tables, None).expect_err("refused");
             assert!(e.to_string().contains("multiple of 16"), "{e}");
         }
     }

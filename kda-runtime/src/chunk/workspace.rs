@@ -3,9 +3,10 @@
 //! bound for engines that allocate once from the largest call they will make
 //! ([`chunk_workspace_bound`]).
 
-use super::launch::ChunkTuning;
+use super::eligibility::{SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
 use super::plan::{chunk_workspace_bytes_unsplit, prepared_bytes, ChunkPlan};
-use super::split::{split_bytes_bound, split_layout_bytes, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
+use super::split::{split_bytes_bound, split_layout_bytes};
+use super::tuning::ChunkTuning;
 use crate::device::DeviceLimits;
 use crate::error::RuntimeError;
 use crate::tensor::TensorView;

@@ -1,0 +1,147 @@
+//! What a prefill path launches, as data: [`Step`]s, the launches in order and the joins
+//! between the call's stream and the one beside it. Each path builds its own (`prepared.rs`
+//! the one-chain paths, `ranges.rs` the token ranges, `split.rs` the split); [`run_steps`] is
+//! the one function that binds and launches them.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk_merge::MergeConfig;
+use kda_kernels::chunk_prep::PrepConfig;
+use kda_kernels::chunk_segments::SegmentsConfig;
+
+use super::bind::{preparation_args, ChunkKernelArgs};
+use crate::device::Gpu;
+use crate::error::{DriverResultExt, RuntimeError};
+use crate::kernels::{Kernels, Ready};
+use crate::launch::{launch_planned, KernelArg};
+
+/// The stream a step runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// The call's stream.
+    Call,
+    /// Beside it: the thread's highest-priority stream ([`Gpu::high_priority_stream`]), whose
+    /// blocks are scheduled first, for the serial chains that other work overlaps.
+    Beside,
+}
+
+/// Named kernel arguments of the split's own kernels.
+pub(crate) type NamedArgs = Vec<(&'static str, KernelArg)>;
+
+/// One step of a prefill call.
+#[derive(Clone, Debug)]
+pub(crate) enum Step {
+    /// The chunk kernel (a chain, or one of the split's passes) over `args`.
+    Chain {
+        /// Where it runs.
+        lane: Lane,
+        /// Its variant.
+        cfg: ChunkConfig,
+        /// Its arguments.
+        args: ChunkKernelArgs,
+    },
+    /// `chunk_prep` for a chain's arguments (it takes those it declares), over `blocks` blocks
+    /// per (sequence, value head), on the call's stream.
+    Prepare {
+        /// Its variant.
+        cfg: PrepConfig,
+        /// The chain's arguments.
+        args: ChunkKernelArgs,
+        /// Blocks per (sequence, value head), below 2^31.
+        blocks: usize,
+    },
+    /// The split's segment schedule, on the call's stream.
+    Segments(SegmentsConfig, NamedArgs),
+    /// The split's merge of start states, on the call's stream.
+    Merge(MergeConfig, NamedArgs),
+    /// The split's final states, on the call's stream.
+    Finish(MergeConfig, NamedArgs),
+    /// `lane` waits for everything enqueued on `on` so far (work before the call included).
+    Join {
+        /// The stream that waits.
+        lane: Lane,
+        /// The stream it waits for.
+        on: Lane,
+    },
+}
+
+/// Binds and launches `steps` in order, for a call on `stream`.
+pub(crate) fn run_steps<'a>(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    steps: impl IntoIterator<Item = &'a Step>,
+) -> Result<(), RuntimeError> {
+    let mut beside: Option<Arc<CudaStream>> = None;
+    let mut on = |lane: Lane| -> Result<Option<Arc<CudaStream>>, RuntimeError> {
+        match lane {
+            Lane::Call => Ok(None),
+            Lane::Beside => {
+                if beside.is_none() {
+                    beside = Some(gpu.high_priority_stream()?);
+                }
+                Ok(beside.clone())
+            }
+        }
+    };
+    for step in steps {
+        match step {
+            Step::Chain { lane, cfg, args } => {
+                let s = on(*lane)?;
+                launch_ready(gpu, kernels, s.as_deref().unwrap_or(stream), &*kernels.chunk(cfg)?, args)?
+            }
+            Step::Prepare { cfg, args, blocks } => {
+                let ready = kernels.chunk_prep(cfg)?;
+                let prep = preparation_args(&ready.kernel, args, *blocks)?;
+                launch_ready(gpu, kernels, stream, &ready, prep.as_slice())?
+            }
+            Step::Segments(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(cfg)?, args)?,
+            Step::Merge(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(cfg)?, args)?,
+            Step::Finish(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(cfg)?, args)?,
+            Step::Join { lane, on: other } => {
+                let (waiter, waited) = (on(*lane)?, on(*other)?);
+                let waiter = waiter.as_deref().unwrap_or(stream);
+                waiter.join(waited.as_deref().unwrap_or(stream)).op("cuStreamWaitEvent")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads a compiled kernel on `gpu` (once) and launches it on `stream` with `bound`.
+fn launch_ready(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &CudaStream,
+    ready: &Ready,
+    bound: &[(&str, KernelArg)],
+) -> Result<(), RuntimeError> {
+    let loaded = ready.loaded(gpu, &kernels.modules)?;
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound)
+}
+
+/// Test support: every launch of `steps` binds to its kernel, compiled for sm_80.
+#[cfg(test)]
+pub(crate) fn assert_steps_bind(steps: &[Step]) {
+    use crate::launch::bind_args;
+    let compile = |def: Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>| {
+        kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles")
+    };
+    for (i, step) in steps.iter().enumerate() {
+        let bound = match step {
+            Step::Chain { cfg, args, .. } => bind_args(&compile(kda_kernels::chunk::chunk(cfg)), args),
+            Step::Prepare { cfg, args, blocks } => {
+                let kernel = compile(kda_kernels::chunk_prep::chunk_prep(cfg));
+                let prep = preparation_args(&kernel, args, *blocks).expect("preparation arguments");
+                bind_args(&kernel, prep.as_slice())
+            }
+            Step::Segments(cfg, args) => bind_args(&compile(kda_kernels::chunk_segments::chunk_segments(cfg)), args),
+            Step::Merge(cfg, args) => bind_args(&compile(kda_kernels::chunk_merge::chunk_merge(cfg)), args),
+            Step::Finish(cfg, args) => bind_args(&compile(kda_kernels::chunk_merge::chunk_finish(cfg)), args),
+            Step::Join { .. } => continue,
+        };
+        bound.unwrap_or_else(|e| panic!("step {i} ({step:?}) does not bind: {e}"));
+    }
+}

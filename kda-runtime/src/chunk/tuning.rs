@@ -1,0 +1,286 @@
+//! The path of a `chunk_kda` call as a value: [`ChunkTuning`] (the chain's launch shape, the
+//! two-kernel path, token ranges, the split, the operands), decided from the shapes and the
+//! device ([`ChunkTuning::for_call`]), never from whether a workspace was passed; and the
+//! kernel variants a path runs ([`chunk_tuned_config`], [`chunk_variants`]).
+
+use kda_dsl::tile::FILL_WARPS_MAX;
+use kda_dsl::DType;
+use kda_kernels::chunk::{ChunkConfig, ChunkStates, Preparation};
+pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
+use kda_kernels::chunk_prep::PrepConfig;
+
+use super::eligibility;
+use super::plan::{ChunkPlan, FinalState, InitialState};
+#[cfg(doc)]
+use super::{chunk_kda, DEFAULT_RANGES, RANGE_MIN_CHUNKS};
+use crate::device::DeviceLimits;
+use crate::error::RuntimeError;
+
+/// How a chunk call runs: its kernels' launch shape, the path and the split.
+/// [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkTuning {
+    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8; `stages` 2 to
+    /// 8; `fill_warps` 0 to [`FILL_WARPS_MAX`]).
+    pub shape: ChunkShape,
+    /// Tokens per segment of the exact long-sequence split (`split.rs`), a positive multiple
+    /// of 16: every sequence longer than twice that is cut into segments of that many tokens
+    /// from its first (a function of its length alone, so batch invariance holds); a shorter
+    /// one runs as one segment, with the unsplit bits (two segments would take as long as
+    /// one chain: `kda_kernels::chunk_segments::segment_count`). The schedule, the segments'
+    /// prepared operands and their states live in the `workspace`, which must then hold
+    /// [`super::chunk_split_workspace_bytes`]; without one they are allocated and freed before
+    /// returning, which waits for its kernels (not graph-capturable). Its transitions run on
+    /// the thread's highest-priority stream (capture it as for `ranges`).
+    /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with a
+    /// workspace, at most [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more than twice
+    /// that many tokens. `None`: each sequence runs as one chain.
+    pub split: Option<usize>,
+    /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
+    /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
+    pub prepared: bool,
+    /// Preparation blocks per (sequence, value head), each striding over the sequence's chunks;
+    /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
+    /// the same bits.
+    pub prep_blocks: Option<usize>,
+    /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
+    /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
+    /// preparation of the next. Capture such a call into a graph only on a thread that has
+    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Calls of
+    /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
+    /// caller's contract, and the ranges run it as the dense call), at least one token, a
+    /// workspace, and f32 final states (`output_final_state`) or an f32 pool
+    /// (`state_indices`); the same bits as one range. `None`: one range.
+    /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's
+    /// calls share that stream, so their chains run in call order even when the calls are on
+    /// different streams (each call still waits only for work enqueued before it).
+    pub ranges: Option<usize>,
+    /// The element type the state's products round their operands to (and the prepared
+    /// workspace holds). [`ChunkTuning::for_call`] sets [`default_operands`]: with l2norm
+    /// [`ChunkOperands::F16`] (the states within 1e-3 of decode's f32 arithmetic, while values
+    /// and states stay below f16's 65504), without it [`ChunkOperands::Bf16`] (f32's range at
+    /// 8 significant bits). Either runs at the same speed.
+    pub operands: ChunkOperands,
+}
+
+/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path:
+/// one fused block per SM or fewer. There the fused kernel leaves SMs idle and each chain's
+/// chunk step is the whole time, so preparing every chunk in parallel first pays; with two
+/// fused blocks per SM the fused kernel wins (docs/performance.md, runs 6 and 8, on an H200's
+/// 132 SMs). Both paths give the same bits, so the choice cannot break batch invariance.
+pub fn prepared_max_chains(device: &DeviceLimits) -> usize {
+    device.sm_count
+}
+
+impl ChunkTuning {
+    /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a
+    /// workspace was given): the split over prepared operands for a call of few value heads
+    /// and long sequences (`split.rs`); otherwise the two-kernel path for a call of at most
+    /// [`prepared_max_chains`] chains, the fused kernel for more, each path at its shape
+    /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
+    /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
+    /// is two or more.
+    pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
+        if eligibility::splits_by_default(plan) {
+            return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
+        }
+        let chains = plan.nseq.saturating_mul(plan.value_heads);
+        let prepared = chains <= prepared_max_chains(device);
+        let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
+        ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
+    }
+
+    /// Whether a planned call can run so: the shape in range, and the split, the preparation
+    /// blocks, the ranges and the path each possible for the call; the reason (named `tune`)
+    /// when not.
+    pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
+        let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
+        let ChunkShape { warps, min_blocks, stages, fill_warps } = self.shape;
+        if !matches!(warps, 1 | 2 | 4 | 8)
+            || !(1..=8).contains(&min_blocks)
+            || !(2..=8).contains(&stages)
+            || fill_warps > FILL_WARPS_MAX as usize
+        {
+            return bad(&format!(
+                "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
+            ));
+        }
+        if let Some(seg) = self.split {
+            eligibility::check_split(plan, seg, "tune")?;
+        }
+        if self.prep_blocks.is_some_and(|b| b == 0 || b > i32::MAX as usize) {
+            return bad("prep_blocks from 1 to 2^31 - 1");
+        }
+        if let Some(n) = self.ranges {
+            eligibility::check_ranges(plan, n)?;
+        }
+        Ok(())
+    }
+
+    /// The fused kernel alone, at its shape: no workspace, no split.
+    pub fn fused(plan: &ChunkPlan) -> ChunkTuning {
+        ChunkTuning::of_path(plan, false)
+    }
+
+    /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
+    /// workspace, [`ChunkShape::FUSED`] otherwise; the call's operands
+    /// ([`default_operands`]).
+    pub(crate) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
+        let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
+        let operands = default_operands(plan);
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands }
+    }
+}
+
+/// The operands [`ChunkTuning::for_call`] picks: f16 with l2-normalized queries and keys (the
+/// gated keys, `Mqk` and the solve are then bounded by 1 and `scale`, and values and states
+/// stay far below f16's 65504 in practice); bf16 without, where `scale q·k` and the solve of
+/// `beta k·k` grow with the caller's own norms.
+pub fn default_operands(plan: &ChunkPlan) -> ChunkOperands {
+    if plan.l2norm {
+        ChunkOperands::F16
+    } else {
+        ChunkOperands::Bf16
+    }
+}
+
+/// The chain's kernel variant a validated call runs on `device`.
+pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
+    chunk_tuned_config(plan, ChunkTuning::for_call(plan, device))
+}
+
+/// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
+/// whatever its batch: the fused kernel, the chain over prepared operands (taken at most
+/// [`prepared_max_chains`] chains); for a call that can take token ranges also
+/// the form the ranges after the first take (from the final states, or from the pool without
+/// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
+/// the preparations they need.
+pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
+    let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
+    let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
+    let mut chains = vec![fused];
+    let mut preps = vec![PrepConfig::of(&prepared)];
+    if !eligibility::may_take_ranges(plan) {
+        chains.push(prepared);
+        return (chains, preps);
+    }
+    // Token ranges after the first start from the state the one before left: the pool without
+    // `has_initial_state`, or the final states.
+    let later = match prepared.states {
+        ChunkStates::Pool { indices, .. } => ChunkStates::Pool { indices, has_initial: None },
+        _ => ChunkStates::PerSequence { store_final: true },
+    };
+    let mut range_chains = vec![prepared.clone()];
+    if later != prepared.states {
+        range_chains.push(ChunkConfig { states: later, ..prepared.clone() });
+    }
+    if prepared.varlen.is_some() {
+        let dense: Vec<ChunkConfig> = range_chains.iter().map(|c| ChunkConfig { varlen: None, ..c.clone() }).collect();
+        preps.push(PrepConfig::of(&dense[0]));
+        range_chains.extend(dense);
+    }
+    chains.extend(range_chains);
+    (chains, preps)
+}
+
+/// The chain's kernel variant a validated call runs with `tune`.
+pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
+    let store_final = !matches!(plan.final_out, FinalState::None);
+    let states = match plan.initial {
+        InitialState::Zeros => ChunkStates::Zeros { store_final },
+        InitialState::PerSequence { .. } => ChunkStates::PerSequence { store_final },
+        InitialState::Pool { indices, has_initial, .. } => ChunkStates::Pool { indices, has_initial },
+    };
+    ChunkConfig {
+        dtype: plan.dtype,
+        state_dtype: plan.state_dtype,
+        gate: plan.gate.kernel(),
+        beta: plan.beta,
+        dt_bias: plan.dt_bias.unwrap_or(DType::F32),
+        l2norm: plan.l2norm,
+        varlen: plan.varlen,
+        states,
+        shape: tune.shape,
+        run: kda_kernels::chunk::ChunkRun::Output,
+        preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
+        operands: tune.operands,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::bind::kernel_args;
+    use crate::chunk::testing::{dense_bf16_inputs, tv};
+    use crate::chunk::{plan_chunk, ChunkArgs};
+    use crate::launch::KernelArg;
+    use kda_dsl::DType;
+
+    /// Every refusal of a tuning names `tune` and says what it expected; the defaults pass.
+    #[test]
+    fn tunings_a_call_cannot_take_are_refused_by_name() {
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 64, 2);
+        let args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let ok = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
+        ok.check(&plan).expect("the default tuning");
+        let refused = |tune: ChunkTuning, expected: &str| {
+            let e = tune.check(&plan).expect_err(expected).to_string();
+            assert!(e.contains("tune") && e.contains(expected), "{e}");
+        };
+        let shape = |warps, min_blocks, stages| ChunkTuning {
+            shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0 },
+            ..ok
+        };
+        let shapes =
+            format!("warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}");
+        let shapes = shapes.as_str();
+        refused(shape(3, 2, 2), shapes);
+        refused(shape(8, 9, 2), shapes);
+        refused(shape(8, 2, 1), shapes);
+        refused(shape(8, 2, 9), shapes);
+        refused(
+            ChunkTuning { shape: ChunkShape { fill_warps: FILL_WARPS_MAX as usize + 1, ..ok.shape }, ..ok },
+            shapes,
+        );
+        refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
+        refused(ChunkTuning { ranges: Some(1), ..ok }, "at least 2 ranges");
+        refused(ChunkTuning { split: Some(3), ..ok }, "split");
+    }
+
+    /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
+    /// preparation's and the workspace's element type (f16 by default, bf16 by default
+    /// without l2norm).
+    #[test]
+    fn bf16_operands_reach_the_kernels_and_the_workspace() {
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 64, 2);
+        let ws = tv(6, &[1 << 20], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let default = ChunkTuning { prepared: true, ..ChunkTuning::for_call(&plan, &DeviceLimits::H200) };
+        let bf16 = ChunkTuning { operands: ChunkOperands::Bf16, ..default };
+        assert_eq!(default_operands(&plan), ChunkOperands::F16, "with l2norm (the default)");
+        args.use_qk_l2norm_in_kernel = Some(false);
+        let unnormalized = plan_chunk(&args).expect("a valid call");
+        assert_eq!(
+            ChunkTuning::for_call(&unnormalized, &DeviceLimits::H200).operands,
+            ChunkOperands::Bf16,
+            "without l2norm"
+        );
+        assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
+        args.use_qk_l2norm_in_kernel = None;
+        for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
+            tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));
+            let cfg = chunk_tuned_config(&plan, tune);
+            assert_eq!(cfg.operands.dtype(), dtype);
+            assert_eq!(PrepConfig::of(&cfg).operands, cfg.operands);
+            let bound = kernel_args(&args, &plan, &cfg, 0x9000_0000, None).expect("arguments");
+            let prep = bound.iter().find(|(name, _)| *name == "prep").expect("a prep argument");
+            match &prep.1 {
+                KernelArg::Tensor(t) => assert_eq!(t.dtype(), dtype, "the workspace's operands"),
+                _ => panic!("prep is a tensor"),
+            }
+        }
+    }
+}

@@ -8,7 +8,9 @@
 //! cannot allocate. Growth allocates a new buffer and keeps the old one: a captured graph
 //! holds the address it was captured with, so no kept buffer is freed or moved while the
 //! [`crate::Kernels`] that owns it lives, except through the explicit, unsafe
-//! [`crate::Kernels::release_workspaces`].
+//! [`crate::Kernels::release_workspaces`]. Workspaces are keyed by the stream's driver handle:
+//! a stream destroyed while its work is pending and a new one made at the same address would
+//! share one, so synchronize a stream before destroying it (as freeing its buffers asks anyway).
 
 use std::sync::Mutex;
 

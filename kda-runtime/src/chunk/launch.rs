@@ -95,7 +95,9 @@ pub fn chunk_kda_tuned(
     launch_plan(gpu, kernels, stream, args, &plan, tune)
 }
 
-/// Checks the index tensors (`checked`), allocates the outputs not given and launches.
+/// Checks the index tensors (`checked`) and the caller's workspace, allocates the outputs not
+/// given, takes the kept workspace when the path needs one and none was given, then runs the
+/// path's steps.
 fn launch_plan(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -114,6 +116,12 @@ fn launch_plan(
             _ => None,
         };
         check_chunk_indices(plan, cu.as_deref(), idx.as_deref())?;
+    }
+    // The workspace the path takes: a caller's must hold it (checked before anything is
+    // allocated); without one, the kept workspace is taken below, once there is work.
+    let need = chunk_tuned_workspace_bytes(plan, &tune);
+    if let Some(w) = args.workspace {
+        check_workspace(w, need)?;
     }
     // Varlen `[S, H, 128]` inputs get an `[S, HV, 128]` output, as the reference returns it.
     let [_, s, hv, d] = plan.output_shape;
@@ -144,17 +152,11 @@ fn launch_plan(
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
     let kept;
     let args = &match args.workspace {
-        Some(w) => {
-            check_workspace(w, chunk_tuned_workspace_bytes(plan, &tune))?;
-            *args
+        None if need > 0 => {
+            kept = kernels.kept_workspace(gpu, stream, need)?;
+            ChunkArgs { workspace: Some(&kept), ..*args }
         }
-        None => match chunk_tuned_workspace_bytes(plan, &tune) {
-            0 => *args,
-            need => {
-                kept = kernels.kept_workspace(gpu, stream, need)?;
-                ChunkArgs { workspace: Some(&kept), ..*args }
-            }
-        },
+        _ => *args,
     };
     // Each path's steps, then the one function that binds and launches them.
     match (tune.split, tune.ranges) {

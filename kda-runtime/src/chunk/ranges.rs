@@ -29,7 +29,7 @@ use kda_kernels::chunk_prep::PrepConfig;
 use super::args::ChunkArgs;
 use super::bind::{kernel_args, ChunkKernelArgs};
 use super::eligibility::check_ranges;
-use super::plan::{chunk_workspace_bytes_unsplit, plan_chunk, ChunkPlan, InitialState};
+use super::plan::{chunk_workspace_bytes_unsplit, ChunkPlan, FinalState, InitialState};
 use super::steps::{Lane, Step};
 use super::tuning::{chunk_tuned_config, ChunkTuning};
 use crate::error::RuntimeError;
@@ -67,7 +67,7 @@ pub(super) fn range_launches(
     fin: Option<TensorView>,
 ) -> Result<Vec<RangeLaunch>, RuntimeError> {
     check_ranges(plan, nranges)?;
-    let ws = args.workspace.expect("check_ranges: a workspace");
+    let ws = args.workspace.ok_or_else(|| RuntimeError::Unsupported("token ranges without a workspace".into()))?;
     let dev = args.q.device();
     let (h, hv) = (plan.heads, plan.value_heads);
     // Tokens t0 .. t1 of a `[1, T, heads, tail..]` tensor: a view at the range's first row.
@@ -115,14 +115,46 @@ pub(super) fn range_launches(
         let need = chunk_workspace_bytes_unsplit(&ChunkPlan { seq_len: t1 - t0, ..dense.clone() }).next_multiple_of(16);
         let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
         ws_at += need as u64;
-        // The caller's call was planned and this is a view of it: a failure is a bug here.
-        let p = plan_chunk(&a).map_err(|e| RuntimeError::Unsupported(format!("a token range's call: {e}")))?;
+        let p = range_plan(plan, r, t1 - t0, fin.is_some());
+        // The derivation is what planning the range's own arguments gives (checked in tests).
+        #[cfg(test)]
+        assert_eq!(p, super::plan::plan_chunk(&a).expect("a range's call"), "range {r}'s plan");
         a.workspace = Some(&part);
         let cfg = chunk_tuned_config(&p, tune);
         let bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
         launches.push(RangeLaunch { plan: p, cfg, bound });
     }
     Ok(launches)
+}
+
+/// Range `r` of a call, `len` tokens, as its own call: dense, B = 1, its state from the call's
+/// (the first) or from the range before (carried in the f32 final states, `by_final`, or in
+/// the pool slots, whose `has_initial_state` only the first honours), into the final states or
+/// the pool again.
+fn range_plan(plan: &ChunkPlan, r: usize, len: usize, by_final: bool) -> ChunkPlan {
+    let (initial, final_out) = match plan.initial {
+        InitialState::Pool { dtype, indices, has_initial, pool } if !by_final => {
+            (InitialState::Pool { dtype, indices, has_initial: has_initial.filter(|_| r == 0), pool }, FinalState::Pool)
+        }
+        first if r == 0 => (first, FinalState::Given { dtype: DType::F32 }),
+        _ => (InitialState::PerSequence { dtype: DType::F32 }, FinalState::Given { dtype: DType::F32 }),
+    };
+    ChunkPlan {
+        nseq: 1,
+        batch: 1,
+        seq_len: len,
+        total_tokens: len,
+        varlen: None,
+        squeeze_varlen: false,
+        output_shape: [1, len, plan.value_heads, D],
+        output_given: true,
+        initial,
+        final_out,
+        max_seqlen: None,
+        checked: false,
+        empty: len == 0,
+        ..plan.clone()
+    }
 }
 
 /// A call's steps in token ranges: each range's preparation on the call's stream, its chain
@@ -160,6 +192,7 @@ mod tests {
     use super::*;
     use crate::chunk::chunk_workspace_bytes;
     use crate::chunk::eligibility::{may_take_ranges, DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
+    use crate::chunk::plan::plan_chunk;
     use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::device::DeviceLimits;
     use crate::launch::bind_args;

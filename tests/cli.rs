@@ -60,6 +60,9 @@ fn emit_without_a_config_prints_the_default_variant() {
     );
     let (_, sm90, _) = kda(&["emit", "gemm", "--target", "sm_90"]);
     assert!(sm90.contains(".target sm_90"));
+    let (code, sm90a, _) = kda(&["emit", "gemm", "--target", "sm_90a"]);
+    assert_eq!(code, 0);
+    assert!(sm90a.contains(".version 8.0\n.target sm_90a"), "{}", &sm90a[..200]);
 }
 
 #[test]

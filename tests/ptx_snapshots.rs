@@ -15,7 +15,11 @@ fn ptx_of_every_shipped_variant() {
 #[test]
 fn ptx_header_per_target() {
     let v = &kda_kernels::variants()[0];
-    for (t, want) in [(Target::Sm80, ".version 7.0\n.target sm_80"), (Target::Sm90, ".version 7.8\n.target sm_90")] {
+    for (t, want) in [
+        (Target::Sm80, ".version 7.0\n.target sm_80"),
+        (Target::Sm90, ".version 7.8\n.target sm_90"),
+        (Target::Sm90a, ".version 8.0\n.target sm_90a"),
+    ] {
         let k = kda_dsl::compile(v.build().expect("builds"), t).expect("compiles");
         assert!(k.ptx.contains(want), "{t}: {}", &k.ptx[..200]);
         assert!(k.ptx.contains(".file 1 \"kda-kernels/src/gemm.rs\""), "the PTX points at the kernel source");

@@ -1,4 +1,4 @@
-//! Every shipped variant and DSL self-test assembles with ptxas for sm_80 and sm_90, with no
+//! Every shipped variant and DSL self-test assembles with ptxas for sm_80, sm_90 and sm_90a, with no
 //! register spills.
 //!
 //! ptxas comes from `KDA_PTXAS`, `.cache/ptxas` (what `.ci/run` installs) or the PATH. Without

@@ -8,8 +8,11 @@ pub enum Target {
     /// Ampere (`sm_80`), the default; runs on Hopper through the driver's JIT.
     #[default]
     Sm80,
-    /// Hopper (`sm_90`).
+    /// Hopper (`sm_90`), the instructions every sm_90 part has.
     Sm90,
+    /// Hopper with its architecture-specific instructions (`sm_90a`: `wgmma`, `setmaxnreg`),
+    /// which run on compute capability 9.0 exactly (not on later architectures).
+    Sm90a,
 }
 
 impl Target {
@@ -18,6 +21,7 @@ impl Target {
         match self {
             Target::Sm80 => "sm_80",
             Target::Sm90 => "sm_90",
+            Target::Sm90a => "sm_90a",
         }
     }
 
@@ -27,20 +31,17 @@ impl Target {
         match self {
             Target::Sm80 => (7, 0),
             Target::Sm90 => (7, 8),
+            Target::Sm90a => (8, 0),
         }
     }
 
-    /// Parses `sm_80` / `sm_90`.
+    /// Parses `sm_80`, `sm_90` or `sm_90a`.
     pub fn parse(s: &str) -> Option<Target> {
-        match s {
-            "sm_80" => Some(Target::Sm80),
-            "sm_90" => Some(Target::Sm90),
-            _ => None,
-        }
+        Target::ALL.into_iter().find(|t| t.name() == s)
     }
 
     /// Every target.
-    pub const ALL: [Target; 2] = [Target::Sm80, Target::Sm90];
+    pub const ALL: [Target; 3] = [Target::Sm80, Target::Sm90, Target::Sm90a];
 }
 
 impl fmt::Display for Target {

@@ -13,7 +13,8 @@
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`,
 //! `allocate_shared`, `plan_pipelines`: the pipeline runs up to and including it, and the program is printed),
-//! `copy_plans` (the lowering's plan for every copy) or `ptx` (the whole compile for sm_80).
+//! `copy_plans` (the lowering's plan for every copy) or `ptx` (the whole compile). A
+//! `; target: sm_90a` line picks the `ptx` stage's target (default sm_80).
 //! `KDA_BLESS=1 cargo test -p kda-dsl --test filetests` rewrites the expected outputs
 //! (`scripts/bless` does it with the other snapshots).
 
@@ -60,6 +61,8 @@ struct FileTest {
     /// The comment lines before the kernel, `; run:` included, as written.
     header: Vec<String>,
     stage: Stage,
+    /// The `ptx` stage's target (`; target:`, default sm_80).
+    target: kda_dsl::Target,
     kernel: String,
     expected: String,
 }
@@ -68,6 +71,7 @@ fn split(text: &str) -> Result<FileTest, String> {
     let mut lines = text.lines();
     let mut header = vec![];
     let mut stage = None;
+    let mut target = kda_dsl::Target::Sm80;
     let mut kernel = String::new();
     for line in lines.by_ref() {
         if !line.starts_with(';') {
@@ -77,6 +81,9 @@ fn split(text: &str) -> Result<FileTest, String> {
         }
         if let Some(name) = line.strip_prefix("; run:") {
             stage = Some(Stage::parse(name.trim())?);
+        }
+        if let Some(name) = line.strip_prefix("; target:") {
+            target = kda_dsl::Target::parse(name.trim()).ok_or_else(|| format!("unknown target `{}`", name.trim()))?;
         }
         header.push(line.to_string());
     }
@@ -102,7 +109,7 @@ fn split(text: &str) -> Result<FileTest, String> {
         expected.push_str(body);
         expected.push('\n');
     }
-    Ok(FileTest { header, stage, kernel, expected })
+    Ok(FileTest { header, stage, target, kernel, expected })
 }
 
 /// A tile pass, as `run_tile_passes` runs them.
@@ -138,7 +145,7 @@ fn run(test: &FileTest) -> Result<String, String> {
             }
             s
         }),
-        Stage::Ptx => kda_dsl::compile(def, kda_dsl::Target::Sm80).map(|k| k.ptx),
+        Stage::Ptx => kda_dsl::compile(def, test.target).map(|k| k.ptx),
     };
     Ok(match out {
         Ok(text) => text,

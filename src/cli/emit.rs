@@ -1,4 +1,4 @@
-//! `kda emit NAME [CONFIG] [--target sm_80|sm_90]`: a variant's PTX on stdout.
+//! `kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]`: a variant's PTX on stdout.
 
 use kda_dsl::Target;
 
@@ -8,10 +8,12 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--target" {
-            let t = it.next().ok_or("--target needs sm_80 or sm_90")?;
-            target = Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80 or sm_90"))?;
+            let t = it.next().ok_or("--target needs sm_80, sm_90 or sm_90a")?;
+            target =
+                Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80, sm_90 or sm_90a"))?;
         } else if let Some(t) = a.strip_prefix("--target=") {
-            target = Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80 or sm_90"))?;
+            target =
+                Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80, sm_90 or sm_90a"))?;
         } else {
             pos.push(a.as_str());
         }
@@ -19,7 +21,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let (family, config) = match pos.as_slice() {
         [f] => (*f, None),
         [f, c] => (*f, Some(*c)),
-        _ => return Err("usage: kda emit NAME [CONFIG] [--target sm_80|sm_90]".into()),
+        _ => return Err("usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]".into()),
     };
     let vs: Vec<_> = kda_kernels::variants().into_iter().filter(|v| v.family == family).collect();
     if vs.is_empty() {

@@ -31,7 +31,7 @@ mod list;
 
 const USAGE: &str = "usage: kda <command> [--help]
   list                                   kernels and their shipped configs
-  emit NAME [CONFIG] [--target sm_80|sm_90]
+  emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]
                                          PTX of a variant on stdout (default config when omitted)
   check [--gpu [--quick] [--allow-no-gpu]]
                                          every kernel family through the simulator against its
@@ -47,7 +47,7 @@ const USAGE: &str = "usage: kda <command> [--help]
 fn command_help(cmd: &str) -> Option<&'static str> {
     Some(match cmd {
         "list" => "usage: kda list\n\nLists every shipped kernel variant by family and config name; `(default)` marks\nthe config `kda emit NAME` prints without one.",
-        "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise.",
+        "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise.",
         "check" => "usage: kda check [--gpu [--quick] [--allow-no-gpu]]\n\nRuns every kernel family through the simulator against its f64 reference and\nprints a row per case. --gpu adds the GPU cases at real shapes (--quick: small and\nragged shapes, for compute-sanitizer). Exit status: 0 all passed, 1 a check failed,\n2 bad usage, 3 --gpu without a GPU (nothing run; --allow-no-gpu runs the simulator\nchecks and exits 0).",
         "bench" => bench::USAGE,
         "demo" => "usage: kda demo\n\nThe main job. With a GPU: runs the kernels at real shapes against the f64 reference,\nthen times the GEMM and one prefill case. Without one: says so, compiles every\nshipped variant for every target and runs the simulator checks.",

@@ -34,33 +34,35 @@ impl Lower<'_> {
         if two_d != (l.kind == FragmentKind::Tile) {
             return self.err(loc, "a vector fragment is 1-D and a tile fragment 2-D");
         }
+        // The plan: whole lines for a store that asks for them and can take them, runs of
+        // `run` elements otherwise; the whole-line obstacle is then the reason it is not faster.
+        let (kind, reason) = match (load || !gb.whole_lines, self.whole_line_obstacle(&gb, l, run)) {
+            (false, None) => (CopyKind::WholeLines, None),
+            (false, why) => (CopyKind::FragmentRuns { elems: run }, reason.or(why)),
+            (true, _) => (CopyKind::FragmentRuns { elems: run }, reason),
+        };
+        self.record_plan(loc, kind, reason);
         // Replicated vector elements are stored once, by their owner lanes.
         let owner = if load { None } else { self.vector_owner(l) };
         let mut at = SlotAddressing::new(self, &gb, l, owner);
-        let mut reason = reason;
-        if !load && gb.whole_lines {
-            match self.whole_line_obstacle(&gb, l, run) {
-                None => {
-                    self.record_plan(loc, CopyKind::WholeLines, None);
-                    let regs = self.regs[b].clone();
-                    self.store_whole_lines(&gb, l, &regs, at.thread_addr, at.base_valid);
-                    return Ok(());
+        match kind {
+            CopyKind::WholeLines => {
+                let regs = self.regs[b].clone();
+                self.store_whole_lines(&gb, l, &regs, at.thread_addr, at.base_valid);
+            }
+            _ => {
+                let mut s = 0;
+                while s < l.slots() {
+                    let (addr, offset, valid) = at.slot(self, &gb, l, s);
+                    let regs: Vec<Reg> = (s..s + run).map(|k| self.regs[b][k as usize]).collect();
+                    if load {
+                        self.run_load(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
+                    } else {
+                        self.run_store(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
+                    }
+                    s += run;
                 }
-                // The whole-line obstacle is the reason the copy is not faster.
-                why => reason = reason.or(why),
             }
-        }
-        self.record_plan(loc, CopyKind::FragmentRuns { elems: run }, reason);
-        let mut s = 0;
-        while s < l.slots() {
-            let (addr, offset, valid) = at.slot(self, &gb, l, s);
-            let regs: Vec<Reg> = (s..s + run).map(|k| self.regs[b][k as usize]).collect();
-            if load {
-                self.run_load(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
-            } else {
-                self.run_store(Space::Global, addr, offset, gb.dtype, valid, dt, &regs);
-            }
-            s += run;
         }
         Ok(())
     }

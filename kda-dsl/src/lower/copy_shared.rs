@@ -13,16 +13,16 @@ use crate::tile::*;
 
 impl Lower<'_> {
     /// Plans a copy between `gb` and a shared tile of `dt`: `vectors` when the box allows
-    /// 16-byte vectors and the element types agree, element by element otherwise; records the
-    /// plan and returns why not vectors.
-    fn plan_shared_copy(&mut self, gb: &GlobalBox, dt: DType, vectors: CopyKind, loc: SrcLoc) -> Option<NoFastPath> {
+    /// 16-byte vectors and the element types agree, element by element otherwise (and why);
+    /// records the plan and returns the kind, which the emitter matches on.
+    fn plan_shared_copy(&mut self, gb: &GlobalBox, dt: DType, vectors: CopyKind, loc: SrcLoc) -> CopyKind {
         let mut no_vec = gb.no_vector.clone();
         if no_vec.is_none() && dt != gb.dtype {
             no_vec = Some(NoFastPath::DtypesDiffer { tensor: gb.dtype, tile: dt });
         }
         let kind = if no_vec.is_none() { vectors } else { CopyKind::Elements };
-        self.record_plan(loc, kind, no_vec.clone());
-        no_vec
+        self.record_plan(loc, kind, no_vec);
+        kind
     }
 
     pub(super) fn global_to_shared(
@@ -34,33 +34,38 @@ impl Lower<'_> {
     ) -> Result<(), Diag> {
         let gb = self.global_box(src, b, loc)?;
         let dt = self.def().buffers[b].dtype;
-        let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::AsyncVectors, loc);
+        match self.plan_shared_copy(&gb, dt, CopyKind::AsyncVectors, loc) {
+            CopyKind::Elements => self.element_fill(&gb, b, live),
+            _ => {
+                self.async_vector_fill(&gb, b, live);
+                Ok(())
+            }
+        }
+    }
+
+    /// `global_to_shared` in 16-byte `cp.async` copies (committed here outside a pipeline's
+    /// stage fills). Every vector copy is asynchronous: the warp goes on, and the barrier
+    /// before the first read waits for it (the lowering of `Barrier`). Inside a pipeline's body
+    /// its group is newer than the stage fills, which only makes the loop's waits stricter.
+    fn async_vector_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>) {
+        let dt = self.def().buffers[b].dtype;
         let (rows, cols) = self.tile_rc(b);
         let threads = self.scope.threads;
-        if no_vec.is_none() {
-            // Every vector copy is asynchronous (`cp.async`): the warp goes on, and the barrier
-            // before the first read waits for it (the lowering of `Barrier`). Inside a pipeline's
-            // body its group is newer than the stage fills, which only makes the loop's waits
-            // stricter.
-            let chunk = 16 / dt.size_bytes() as u32;
-            let vpr = cols / chunk;
-            let n = rows * vpr;
-            let step = threads / vpr;
-            // Pass k's swizzle is pass 0's XOR a constant when `step` rows are whole groups of
-            // `rpl` rows, a power of two of them (pass 0's row groups stay below that bit).
-            let swizzle_ok = self
-                .p
-                .shared(b)
-                .swizzle_params()
-                .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
-            let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
-            if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
-                self.strided_fill(&gb, b, live, step, n / threads);
-                if live.is_none() {
-                    self.em.emit(Op::CpAsyncCommit);
-                }
-                return Ok(());
-            }
+        let chunk = 16 / dt.size_bytes() as u32;
+        let vpr = cols / chunk;
+        let n = rows * vpr;
+        let step = threads / vpr;
+        // Pass k's swizzle is pass 0's XOR a constant when `step` rows are whole groups of
+        // `rpl` rows, a power of two of them (pass 0's row groups stay below that bit).
+        let swizzle_ok = self
+            .p
+            .shared(b)
+            .swizzle_params()
+            .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
+        let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
+        if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
+            self.strided_fill(gb, b, live, step, n / threads);
+        } else {
             for k in 0..n.div_ceil(threads) {
                 let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
                 let in_range = if (k + 1) * threads > n {
@@ -71,7 +76,7 @@ impl Lower<'_> {
                 let r = self.em.op32(BinKind::Div, v, vpr as i64);
                 let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
                 let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
-                let (addr, valid) = self.box_elem(&gb, r, c);
+                let (addr, valid) = self.box_elem(gb, r, c);
                 let valid = self.em.and_pred(valid, live);
                 let saddr = self.shared_addr(b, r, c);
                 if let Some(skip) = in_range {
@@ -83,20 +88,25 @@ impl Lower<'_> {
                     self.vector_fill(addr, saddr, valid, gb.tensor);
                 }
             }
-            if live.is_none() {
-                self.em.emit(Op::CpAsyncCommit);
-            }
-            return Ok(());
         }
+        if live.is_none() {
+            self.em.emit(Op::CpAsyncCommit);
+        }
+    }
+
+    /// `global_to_shared` element by element, masked per element.
+    fn element_fill(&mut self, gb: &GlobalBox, b: BufId, live: Option<Reg>) -> Result<(), Diag> {
+        let dt = self.def().buffers[b].dtype;
+        let (rows, cols) = self.tile_rc(b);
         // In a pipeline's main loop the stores wait for the end of the body (`DeferredFill`),
         // where each thread holds only a few: the loaded values stay in registers across the
         // body (an unaligned GEMM's 16 per tile took it from 72 to 122 registers).
-        let per_thread = (rows * cols).div_ceil(threads);
+        let per_thread = (rows * cols).div_ceil(self.scope.threads);
         let defer = self.deferred_fills.is_some() && per_thread <= super::loops::DEFERRED_ELEMS_MAX;
         let mut loaded = vec![];
         self.for_each_shared_elem(b, |lw, r, c| {
             let (r, c) = lw.shared_elem_index(b, r, c);
-            let (addr, valid) = lw.box_elem(&gb, r, c);
+            let (addr, valid) = lw.box_elem(gb, r, c);
             let valid = lw.em.and_pred(valid, live);
             if defer {
                 // The bits only: converting them here would wait for the load.
@@ -262,50 +272,57 @@ impl Lower<'_> {
     pub(super) fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
         let gb = self.global_box(dst, b, loc)?;
         let dt = self.def().buffers[b].dtype;
-        let no_vec = self.plan_shared_copy(&gb, dt, CopyKind::VectorStores, loc);
+        match self.plan_shared_copy(&gb, dt, CopyKind::VectorStores, loc) {
+            CopyKind::Elements => self.for_each_shared_elem(b, |lw, r, c| {
+                let (r, c) = lw.shared_elem_index(b, r, c);
+                let (addr, valid) = lw.box_elem(&gb, r, c);
+                let saddr = lw.shared_addr(b, r, c);
+                let v = lw.load_mem(Space::Shared, saddr, dt);
+                lw.masked_store(addr, 0, gb.dtype, v, valid);
+                Ok(())
+            }),
+            _ => {
+                self.vector_stores(&gb, b);
+                Ok(())
+            }
+        }
+    }
+
+    /// `shared_to_global` in 16-byte vector loads and stores.
+    fn vector_stores(&mut self, gb: &GlobalBox, b: BufId) {
+        let dt = self.def().buffers[b].dtype;
         let (rows, cols) = self.tile_rc(b);
         let threads = self.scope.threads;
-        if no_vec.is_none() {
-            let chunk = 16 / dt.size_bytes() as u32;
-            let vpr = cols / chunk;
-            let n = rows * vpr;
-            for k in 0..n.div_ceil(threads) {
-                let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
-                let r = self.em.op32(BinKind::Div, v, vpr as i64);
-                let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
-                let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
-                let (addr, valid) = self.box_elem(&gb, r, c);
-                let valid = if (k + 1) * threads > n {
-                    let p = self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64));
-                    self.em.and_pred(valid, Some(p))
-                } else {
-                    valid
-                };
-                let skip = self.em.label();
-                if let Some(p) = valid {
-                    self.em.emit_if(p, false, Op::Bra { target: skip });
-                }
-                let saddr = self.shared_addr(b, r, c);
-                let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
-                self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
-                self.em.emit(Op::St {
-                    space: Space::Global,
-                    ty: Ty::B32,
-                    addr,
-                    offset: 0,
-                    vals: regs.into_iter().map(Src::Reg).collect(),
-                });
-                self.em.emit(Op::Label(skip));
+        let chunk = 16 / dt.size_bytes() as u32;
+        let vpr = cols / chunk;
+        let n = rows * vpr;
+        for k in 0..n.div_ceil(threads) {
+            let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
+            let r = self.em.op32(BinKind::Div, v, vpr as i64);
+            let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
+            let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
+            let (addr, valid) = self.box_elem(gb, r, c);
+            let valid = if (k + 1) * threads > n {
+                let p = self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64));
+                self.em.and_pred(valid, Some(p))
+            } else {
+                valid
+            };
+            let skip = self.em.label();
+            if let Some(p) = valid {
+                self.em.emit_if(p, false, Op::Bra { target: skip });
             }
-            return Ok(());
+            let saddr = self.shared_addr(b, r, c);
+            let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
+            self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
+            self.em.emit(Op::St {
+                space: Space::Global,
+                ty: Ty::B32,
+                addr,
+                offset: 0,
+                vals: regs.into_iter().map(Src::Reg).collect(),
+            });
+            self.em.emit(Op::Label(skip));
         }
-        self.for_each_shared_elem(b, |lw, r, c| {
-            let (r, c) = lw.shared_elem_index(b, r, c);
-            let (addr, valid) = lw.box_elem(&gb, r, c);
-            let saddr = lw.shared_addr(b, r, c);
-            let v = lw.load_mem(Space::Shared, saddr, dt);
-            lw.masked_store(addr, 0, gb.dtype, v, valid);
-            Ok(())
-        })
     }
 }

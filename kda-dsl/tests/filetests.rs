@@ -11,7 +11,7 @@
 //! ; the program after the stage, or `error: ...`, each line behind `; `
 //! ```
 //!
-//! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`,
+//! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`, `drop_dead_tiles`,
 //! `allocate_shared`, `plan_pipelines`: the pipeline runs up to and including it, and the program is printed),
 //! `copy_plans` (the lowering's plan for every copy) or `ptx` (the whole compile). A
 //! `; target: sm_90a` line picks the `ptx` stage's target (default sm_80).
@@ -22,8 +22,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use kda_dsl::passes::{
-    allocate_shared::allocate_shared, check_types::check_types, fuse_reductions::fuse_reductions,
-    infer_layouts::infer_layouts, insert_barriers::insert_barriers, plan_pipelines::plan_pipelines, TileProgram,
+    allocate_shared::allocate_shared, check_types::check_types, drop_dead_tiles::drop_dead_tiles,
+    fuse_reductions::fuse_reductions, infer_layouts::infer_layouts, insert_barriers::insert_barriers,
+    plan_pipelines::plan_pipelines, TileProgram,
 };
 use kda_dsl::tile::KernelDef;
 use kda_dsl::tile_text::parse_kernel;
@@ -31,7 +32,7 @@ use kda_dsl::tile_text::parse_kernel;
 /// What a filetest runs its kernel to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    /// The tile passes in order, up to and including this many (1 to 5).
+    /// The tile passes in order, up to and including this many (1 to 6).
     TilePasses(usize),
     /// The lowering's plan for every copy.
     CopyPlans,
@@ -40,7 +41,8 @@ enum Stage {
 }
 
 /// The tile passes in pipeline order.
-const PASSES: [&str; 5] = ["infer_layouts", "fuse_reductions", "insert_barriers", "allocate_shared", "plan_pipelines"];
+const PASSES: [&str; 6] =
+    ["infer_layouts", "fuse_reductions", "insert_barriers", "drop_dead_tiles", "allocate_shared", "plan_pipelines"];
 
 impl Stage {
     fn parse(name: &str) -> Result<Stage, String> {
@@ -118,7 +120,8 @@ type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 /// The tile passes up to `n` over a type-checked kernel.
 fn tile_passes(def: KernelDef, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
     let mut p = TileProgram::new(def);
-    let passes: [TilePass; 5] = [infer_layouts, fuse_reductions, insert_barriers, allocate_shared, plan_pipelines];
+    let passes: [TilePass; 6] =
+        [infer_layouts, fuse_reductions, insert_barriers, drop_dead_tiles, allocate_shared, plan_pipelines];
     for pass in &passes[..n] {
         pass(&mut p)?;
     }

@@ -1,5 +1,6 @@
-//! `allocate_shared`: gives every shared tile (times its stages) a 128-byte aligned offset in
-//! dynamic shared memory, then a scratch area sized for the reductions and scans that need one.
+//! `allocate_shared`: gives every shared tile (times its stages; 0 for a tile no statement
+//! touches, `drop_dead_tiles.rs`) a 128-byte aligned offset in dynamic shared memory, then a
+//! scratch area sized for the reductions and scans that need one.
 
 use super::{BufLayout, TileProgram};
 use crate::diag::Diag;
@@ -152,7 +153,8 @@ mod tests {
         k.launch(vec![Host::int(1)], 128, loc(2));
         // Each tile fits on its own (128 KiB); the three together do not.
         for name in ["a", "b", "c"] {
-            k.shared(name, &[256, 128], DType::F32, loc(3));
+            let t = k.shared(name, &[256, 128], DType::F32, loc(3));
+            k.fill(&t, 1.0, loc(4));
         }
         let e = run_tile_passes(k.finish().expect("valid")).expect_err("too big");
         assert!(e.message.contains("393216 bytes of shared memory"), "{e}");

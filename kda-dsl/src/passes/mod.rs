@@ -3,6 +3,7 @@
 
 pub mod allocate_shared;
 pub mod check_types;
+pub mod drop_dead_tiles;
 pub mod fuse_reductions;
 pub mod infer_layouts;
 pub mod insert_barriers;
@@ -155,6 +156,8 @@ pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
     dump("fuse_reductions", &p);
     insert_barriers::insert_barriers(&mut p)?;
     dump("insert_barriers", &p);
+    drop_dead_tiles::drop_dead_tiles(&mut p)?;
+    dump("drop_dead_tiles", &p);
     allocate_shared::allocate_shared(&mut p)?;
     dump("allocate_shared", &p);
     plan_pipelines::plan_pipelines(&mut p)?;

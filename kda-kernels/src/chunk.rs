@@ -772,25 +772,24 @@ pub fn chunk(
     }
 
     // The head's gate constants.
-    let dt_sh = shared([if prepared { 8 } else { 128 }], cfg.dt_bias);
+    let dt_sh = shared([128], cfg.dt_bias);
     let mut ea = 1.0;
     if cfg.gate.in_kernel() && !prepared {
         ea = exp(a_log[hv]);
         copy(dt_bias.tile_at([hv, 0], [1, 128]), dt_sh);
     }
 
-    // The chunk's inputs, staged by the pipeline. Tiles a config does not use are 8 columns
-    // wide.
-    let key_cols = if prepared { 8 } else { 128 };
-    let q_sh = shared([16, key_cols], cfg.dtype);
-    let k_sh = shared([16, key_cols], cfg.dtype);
-    let g_sh = shared([16, key_cols], cfg.dtype);
+    // The chunk's inputs, staged by the pipeline. A tile a config never touches takes no
+    // shared memory (`drop_dead_tiles`): every tile is declared at its size.
+    let q_sh = shared([16, 128], cfg.dtype);
+    let k_sh = shared([16, 128], cfg.dtype);
+    let g_sh = shared([16, 128], cfg.dtype);
     let v_sh = shared([16, bv], cfg.dtype);
     let b_sh = shared([16], cfg.dtype);
-    // Key preparation, shared by the block's warps. Tiles only one gate rule uses are 8
-    // columns wide under the other; the element-wise products need one copy of `l_sh` and
-    // `m_sh`, not one per warp.
-    let gl = shared([16, key_cols], F32);
+    // Key preparation, shared by the block's warps (the chain over a prepared workspace
+    // touches none of it). The element-wise products need one copy of `l_sh` and `m_sh`, not
+    // one per warp.
+    let gl = shared([16, 128], F32);
     let kf = fragment([16, 128], F32, lanes_per_row = 32);
     let qf = fragment([16, 128], F32, lanes_per_row = 32);
     let sq = fragment([16, 128], F32, lanes_per_row = 32);
@@ -800,12 +799,13 @@ pub fn chunk(
     let kd_sh = shared([16, 128], op);
     let qd_sh = shared([16, 128], op);
     let kr_sh = shared([16, 128], op);
-    let ki_sh = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
-    // The lower-bound gate's key products read `kd` and `qd` in bf16, whatever the operands.
-    let kd_key = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
-    let qd_key = shared([16, if lower && !prepared { 128 } else { 8 }], BF16);
-    let kn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
-    let qn_sh = shared([16, if lower || prepared { 8 } else { 128 }], F32);
+    // The lower-bound gate's key products read `ki`, `kd` and `qd` in bf16, whatever the
+    // operands; the element-wise products of the other gates read f32 rows.
+    let ki_sh = shared([16, 128], BF16);
+    let kd_key = shared([16, 128], BF16);
+    let qd_key = shared([16, 128], BF16);
+    let kn_sh = shared([16, 128], F32);
+    let qn_sh = shared([16, 128], F32);
     let la = fragment([bv, 16], F32);
     let ma = fragment([bv, 16], F32);
     let l_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);

@@ -161,14 +161,14 @@ pub fn chunk_prep(
     let rk = fragment([16], F32);
     let rq = fragment([16], F32);
     // `kd`, `qd` and `kr` go from registers to the workspace; the lower-bound gate's key
-    // products read `kd` and `qd` in bf16 here.
+    // products read `ki`, `kd` and `qd` in bf16 here, the other gates' f32 rows (a tile a gate
+    // never touches takes no shared memory).
     let op = cfg.operands.dtype();
-    let key_cols = if lower { 128 } else { 8 };
-    let kd_key = shared([16, key_cols], BF16);
-    let qd_key = shared([16, key_cols], BF16);
-    let ki_sh = shared([16, key_cols], BF16);
-    let kn_sh = shared([16, if lower { 8 } else { 128 }], F32);
-    let qn_sh = shared([16, if lower { 8 } else { 128 }], F32);
+    let kd_key = shared([16, 128], BF16);
+    let qd_key = shared([16, 128], BF16);
+    let ki_sh = shared([16, 128], BF16);
+    let kn_sh = shared([16, 128], F32);
+    let qn_sh = shared([16, 128], F32);
     // 16 x 16 products on the first warp (`key_products`): the other warps skip them, and
     // `l_sh` and `m_sh` hold one copy, so more blocks fit an SM. The fused kernel keeps one
     // copy per warp (the same bits); there, one warp's would spill registers.

@@ -851,3 +851,44 @@ fn a_right_operand_from_registers_says_what_it_needs() {
     let narrow = refusal(2, false, 32, 8);
     assert!(narrow.contains("must split their `n` axis over all 2 warps"), "{narrow}");
 }
+
+/// Each `gemm`'s plan, chosen before anything is emitted (`kda_dsl::lower::plans`): the
+/// instruction, and each operand from `ldmatrix` (`.trans` when stored the other way round)
+/// or from registers (`movmatrix` for a right operand stored `[K, N]`).
+#[test]
+fn every_gemm_is_planned_with_its_operands_sources() {
+    let k = KernelBuilder::new("plans", loc(1));
+    let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+    let y = k.tensor("y", &["K", "N"], DType::F32, false);
+    let yb = k.tensor("yb", &["K", "N"], DType::BF16, false);
+    let o = k.tensor("o", &["R", "M", "N"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let whole = |t: &kda_dsl::builder::Tensor, shape: &[i64], l: u32| {
+        k.tile(t, vec![Val::from(0), Val::from(0)], shape, loc(l))
+    };
+    let a_sh = k.shared("a_sh", &[16, 64], DType::BF16, loc(3));
+    k.copy(whole(&a, &[16, 64], 3), a_sh, loc(3));
+    let yb_sh = k.shared("yb_sh", &[64, 16], DType::BF16, loc(4));
+    k.copy(whole(&yb, &[64, 16], 4), yb_sh, loc(4));
+    let yf = k.fragment("yf", &[64, 16], DType::F32, loc(5));
+    k.copy(whole(&y, &[64, 16], 5), yf, loc(5));
+    for (r, right_from_registers) in [(0, false), (1, true)] {
+        let c = k.fragment(&format!("c{r}"), &[16, 16], DType::F32, loc(6));
+        k.fill(&c, 0.0, loc(6));
+        if right_from_registers {
+            k.gemm(a_sh, yf, &c, loc(7));
+        } else {
+            k.gemm(a_sh, yb_sh, &c, loc(7));
+        }
+        k.copy(&c, k.tile(&o, vec![Val::from(r), Val::from(0), Val::from(0)], &[1, 16, 16], loc(8)), loc(8));
+    }
+    let plans = kda_dsl::lower::plans(k.finish().expect("valid")).expect("lowers").gemms;
+    let shown: Vec<String> = plans.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        shown,
+        [
+            "mma.sync.m16n8k16 BF16, k 64: a from ldmatrix, b from ldmatrix.trans",
+            "mma.sync.m16n8k16 BF16, k 64: a from ldmatrix, b from registers + movmatrix",
+        ]
+    );
+}

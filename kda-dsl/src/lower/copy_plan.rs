@@ -151,7 +151,5 @@ impl fmt::Display for CopyPlan {
 /// The plan of every copy in `def`, in the order the lowering meets them (a pipeline's stage
 /// fills once per place they are emitted).
 pub fn copy_plans(def: KernelDef) -> Result<Vec<CopyPlan>, Diag> {
-    let tp = crate::passes::run_tile_passes(def)?;
-    let (_, plans) = super::lower_with_plans(&tp)?;
-    Ok(plans)
+    super::plans(def).map(|plans| plans.copies)
 }

@@ -3,96 +3,36 @@
 //! fragment in the accumulator layout, packed to 16-bit pairs in registers (no shared-memory
 //! round trip); a right operand stored `[K, N]` that way is transposed by `movmatrix`.
 
+use super::gemm_plan::{GemmPlan, MmaSyncPlan, OperandSource};
 use super::Lower;
 use crate::diag::{Diag, SrcLoc};
-use crate::dtype::DType;
-use crate::layout::{FragmentKind, FragmentLayout};
-use crate::passes::BufLayout;
+use crate::layout::FragmentLayout;
 use crate::thread_ir::*;
 use crate::tile::*;
 
 impl Lower<'_> {
-    fn operand_shape(&self, o: &Operand) -> (u32, u32) {
-        let s = &self.def().buffers[o.buf].shape;
-        let (r, c) = if s.len() == 2 { (s[0], s[1]) } else { (1, s[0]) };
-        if o.transposed {
-            (c, r)
-        } else {
-            (r, c)
+    pub(crate) fn gemm(&mut self, a: &Operand, b: &Operand, c: BufId, loc: SrcLoc) -> Result<(), Diag> {
+        let plan = self.plan_gemm(a, b, c, loc)?;
+        crate::passes::dump("gemm_plan", &plan);
+        self.gemm_plans.push(plan);
+        match plan {
+            GemmPlan::MmaSync(p) => self.mma_sync(a, b, c, &p),
         }
+        Ok(())
     }
 
-    pub(crate) fn gemm(&mut self, a: &Operand, b: &Operand, c: BufId, loc: SrcLoc) -> Result<(), Diag> {
-        let def = self.def();
-        let (cb, ab, bb) = (&def.buffers[c], &def.buffers[a.buf], &def.buffers[b.buf]);
-        let BufLayout::Fragment(lc) = self.p.layouts[c] else {
-            return self.err(loc, format!("gemm accumulator `{}` must be a fragment", cb.name));
+    /// `gemm` on `mma.sync.m16n8k16`, as `p` plans it.
+    fn mma_sync(&mut self, a: &Operand, b: &Operand, c: BufId, p: &MmaSyncPlan) {
+        let (lc, k, ab_ty) = (p.c, p.k, p.ty);
+        // Each operand from its plan: `ldmatrix` (and whether `.trans`), or registers.
+        let (a_frag, a_trans) = match p.a {
+            OperandSource::Registers { layout, .. } => (Some(layout), false),
+            OperandSource::Ldmatrix { trans } => (None, trans),
         };
-        debug_assert_eq!(lc.lanes_per_row, 4, "infer_layouts gives gemm fragments the mma layout");
-        if cb.dtype != DType::F32 || lc.kind != FragmentKind::Tile || lc.vec != 2 {
-            return self.err(loc, format!("gemm accumulator `{}` must be a 2-D f32 fragment", cb.name));
-        }
-        let (m, k) = self.operand_shape(a);
-        let (k2, n) = self.operand_shape(b);
-        if a.replicated && (a.transposed || b.replicated || m != lc.warp_rows() || lc.wn != 1) {
-            return self.err(
-                loc,
-                format!("gemm: a replicated left operand must be an untransposed [{} x k] tile (the rows of one warp of {lc}) beside a plain right operand", lc.warp_rows()),
-            );
-        }
-        // Replicated: every warp row multiplies the same tile rows.
-        let m = if a.replicated { m * lc.wm } else { m };
-        if k != k2 || m != lc.rows || n != lc.cols {
-            return self.err(
-                loc,
-                format!("gemm shapes: a is [{m} x {k}], b is [{k2} x {n}], c is [{} x {}]", lc.rows, lc.cols),
-            );
-        }
-        if k % 16 != 0 {
-            return self.err(loc, format!("gemm: the reduction extent {k} must be a multiple of 16 (the mma k)"));
-        }
-        // The mma's input type: a shared operand's (a fragment operand is packed to it).
-        let (a_regs, b_regs) = (self.is_fragment(a.buf), self.is_fragment(b.buf));
-        let ab_ty = match (ab.dtype, bb.dtype, a_regs, b_regs) {
-            (_, _, true, true) => {
-                return self.err(
-                    loc,
-                    format!("gemm: `{}` and `{}` are both fragments; one operand must be a bf16 or f16 shared tile, which names the mma's input type", ab.name, bb.name),
-                )
-            }
-            (_, DType::BF16, true, false) | (DType::BF16, _, false, true) | (DType::BF16, DType::BF16, ..) => Ty::BF16,
-            (_, DType::F16, true, false) | (DType::F16, _, false, true) | (DType::F16, DType::F16, ..) => Ty::F16,
-            (x, y, ..) => {
-                return self.err(loc, format!("gemm operands must both be bf16 or both f16 tiles, found {x} and {y}"))
-            }
+        let (b_frag, b_trans) = match p.b {
+            OperandSource::Registers { layout, .. } => (Some(layout), false),
+            OperandSource::Ldmatrix { trans } => (None, trans),
         };
-        let b_frag = match self.p.layouts[b.buf] {
-            BufLayout::Shared(_) => None,
-            BufLayout::Fragment(lb) => Some(self.register_b_layout(b, lb, lc, k, loc)?),
-            _ => return self.err(loc, format!("gemm right operand `{}` must be a shared tile or a fragment", bb.name)),
-        };
-        let a_frag = match self.p.layouts[a.buf] {
-            BufLayout::Shared(_) => None,
-            BufLayout::Fragment(_) if a.replicated => {
-                return self.err(loc, format!("gemm: the replicated operand `{}` must be a shared tile", ab.name))
-            }
-            BufLayout::Fragment(la) => {
-                if a.transposed || la.kind != FragmentKind::Tile || la.wn != 1 || la.wm != lc.wm {
-                    return self.err(
-                        loc,
-                        format!("gemm left operand `{}` from registers must be an untransposed fragment whose warps split only rows, as the accumulator's ({la} vs {lc})", ab.name),
-                    );
-                }
-                Some(la)
-            }
-            _ => return self.err(loc, format!("gemm left operand `{}` must be a shared tile or a fragment", ab.name)),
-        };
-        if lc.ni() % 2 != 0 && b_frag.is_none() {
-            return self.err(
-                loc,
-                format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
-            );
-        }
         let th = self.scope.th;
         let wr = self.em.op32(BinKind::Div, th.warp, lc.wn as i64);
         let wc = self.em.op32(BinKind::Rem, th.warp, lc.wn as i64);
@@ -181,7 +121,7 @@ impl Lower<'_> {
                             let (row, col) = index(lw, parts, a.transposed, i * 16, k0);
                             let addr = lw.shared_addr(a.buf, row, col);
                             let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
-                            lw.em.emit(Op::Ldmatrix { trans: a.transposed, d, addr });
+                            lw.em.emit(Op::Ldmatrix { trans: a_trans, d, addr });
                             afr.push(d);
                         }
                         Some(la) => afr.push(lw.pack_a(a.buf, la, i, kk, ab_ty)),
@@ -195,7 +135,7 @@ impl Lower<'_> {
                             let (row, col) = index(lw, parts, !b.transposed, jp * 16, k0);
                             let addr = lw.shared_addr(b.buf, row, col);
                             let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
-                            lw.em.emit(Op::Ldmatrix { trans: !b.transposed, d, addr });
+                            lw.em.emit(Op::Ldmatrix { trans: b_trans, d, addr });
                             bfr.push([d[0], d[1]]);
                             bfr.push([d[2], d[3]]);
                         }
@@ -215,45 +155,6 @@ impl Lower<'_> {
                 }
             }
         });
-        Ok(())
-    }
-
-    fn is_fragment(&self, buf: BufId) -> bool {
-        matches!(self.p.layouts[buf], BufLayout::Fragment(_))
-    }
-
-    /// Checks a right operand from registers against the accumulator's layout `lc` (reduction
-    /// extent `k`) and returns its layout. Each warp needs the whole reduction extent of its
-    /// own accumulator columns, so the accumulator's warps split columns only, and the operand's
-    /// warps split its `n` axis the same way and never its `k` axis.
-    fn register_b_layout(
-        &self,
-        b: &Operand,
-        lb: FragmentLayout,
-        lc: FragmentLayout,
-        k: u32,
-        loc: SrcLoc,
-    ) -> Result<FragmentLayout, Diag> {
-        let name = &self.def().buffers[b.buf].name;
-        // Stored [N, K] (`b.t()`) or [K, N]: the warps of its n axis, and its extent per warp.
-        let (n_warps, k_warps, n_per_warp) =
-            if b.transposed { (lb.wm, lb.wn, lb.warp_rows()) } else { (lb.wn, lb.wm, lb.warp_cols()) };
-        let ok = lb.kind == FragmentKind::Tile
-            && lb.vec == 2
-            && lb.lanes_per_row == 4
-            && lc.wm == 1
-            && k_warps == 1
-            && n_warps == lc.wn
-            && n_per_warp == lc.warp_cols()
-            && (!b.transposed || n_per_warp.is_multiple_of(16))
-            && k.is_multiple_of(16);
-        if !ok {
-            return Err(Diag::new(
-                loc,
-                format!("gemm right operand `{name}` from registers: the accumulator's warps must split its columns only and `{name}` ({lb}) must hold each warp's columns over the whole reduction ({k}), {}, as the accumulator does ({lc})", if b.transposed { "its rows 16 or more per warp" } else { "its columns" }),
-            ));
-        }
-        Ok(lb)
     }
 
     /// The B registers of n-atom `j` and k-step `kk` from an f32 fragment in accumulator

@@ -12,6 +12,7 @@ mod elementwise;
 pub mod emit;
 mod expr;
 mod gemm;
+pub mod gemm_plan;
 mod if_conversion;
 mod loops;
 mod reduce;
@@ -135,6 +136,8 @@ pub(crate) struct Lower<'a> {
     pub thread_offsets: Option<element_addr::ThreadOffsets>,
     /// Every copy's plan, in the order lowered.
     pub copy_plans: Vec<copy_plan::CopyPlan>,
+    /// Every `gemm`'s plan, in order.
+    pub gemm_plans: Vec<gemm_plan::GemmPlan>,
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
     /// their shared stores at the end of the body (`loops::pipelined`).
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
@@ -192,8 +195,23 @@ pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
     lower_with_plans(p).map(|(prog, _)| prog)
 }
 
-/// [`lower`], and the plan of every copy ([`copy_plan::CopyPlan`]).
-pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<copy_plan::CopyPlan>), Diag> {
+/// The instruction plans a lowering chose, in the order it met their operations.
+#[derive(Clone, Debug, Default)]
+pub struct Plans {
+    /// Every copy's ([`copy_plan::CopyPlan`]).
+    pub copies: Vec<copy_plan::CopyPlan>,
+    /// Every `gemm`'s ([`gemm_plan::GemmPlan`]).
+    pub gemms: Vec<gemm_plan::GemmPlan>,
+}
+
+/// The plans of every copy and `gemm` in `def`, lowered.
+pub fn plans(def: KernelDef) -> Result<Plans, Diag> {
+    let tp = crate::passes::run_tile_passes(def)?;
+    lower_with_plans(&tp).map(|(_, plans)| plans)
+}
+
+/// [`lower`], and the plans it chose.
+pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans), Diag> {
     let mut em = Emitter::new(p.def.loc);
     let tid = em.reg(RegClass::B32);
     em.emit(Op::ReadSpecial { d: tid, sreg: Special::Tid });
@@ -235,6 +253,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         split_indices: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
+        gemm_plans: vec![],
         deferred_fills: None,
         fill_warps,
     };
@@ -309,7 +328,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Vec<co
         body: lw.em.body,
         reg_counts: lw.em.counts,
     };
-    Ok((prog, lw.copy_plans))
+    Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans }))
 }
 
 impl Lower<'_> {

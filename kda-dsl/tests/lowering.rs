@@ -880,7 +880,7 @@ fn every_gemm_is_planned_with_its_operands_sources() {
         } else {
             k.gemm(a_sh, yb_sh, &c, loc(7));
         }
-        k.copy(&c, k.tile(&o, vec![Val::from(r), Val::from(0), Val::from(0)], &[1, 16, 16], loc(8)), loc(8));
+        k.copy(c, k.tile(&o, vec![Val::from(r), Val::from(0), Val::from(0)], &[1, 16, 16], loc(8)), loc(8));
     }
     let plans = kda_dsl::lower::plans(k.finish().expect("valid")).expect("lowers").gemms;
     let shown: Vec<String> = plans.iter().map(|p| p.to_string()).collect();

@@ -13,6 +13,8 @@ pub mod emit;
 mod expr;
 mod gemm;
 pub mod gemm_plan;
+mod plans;
+pub use plans::{plans, Plans};
 mod if_conversion;
 mod loops;
 mod reduce;
@@ -193,21 +195,6 @@ pub fn param_name(name: &str) -> String {
 /// Lowers a tile program to a thread program.
 pub fn lower(p: &TileProgram) -> Result<ThreadProgram, Diag> {
     lower_with_plans(p).map(|(prog, _)| prog)
-}
-
-/// The instruction plans a lowering chose, in the order it met their operations.
-#[derive(Clone, Debug, Default)]
-pub struct Plans {
-    /// Every copy's ([`copy_plan::CopyPlan`]).
-    pub copies: Vec<copy_plan::CopyPlan>,
-    /// Every `gemm`'s ([`gemm_plan::GemmPlan`]).
-    pub gemms: Vec<gemm_plan::GemmPlan>,
-}
-
-/// The plans of every copy and `gemm` in `def`, lowered.
-pub fn plans(def: KernelDef) -> Result<Plans, Diag> {
-    let tp = crate::passes::run_tile_passes(def)?;
-    lower_with_plans(&tp).map(|(_, plans)| plans)
 }
 
 /// [`lower`], and the plans it chose.

@@ -1,0 +1,20 @@
+//! The instruction plans a lowering chose ([`Plans`]), for tests and kernel authors.
+
+use super::{copy_plan, gemm_plan};
+use crate::diag::Diag;
+use crate::tile::KernelDef;
+
+/// The instruction plans a lowering chose, in the order it met their operations.
+#[derive(Clone, Debug, Default)]
+pub struct Plans {
+    /// Every copy's ([`copy_plan::CopyPlan`]).
+    pub copies: Vec<copy_plan::CopyPlan>,
+    /// Every `gemm`'s ([`gemm_plan::GemmPlan`]).
+    pub gemms: Vec<gemm_plan::GemmPlan>,
+}
+
+/// The plans of every copy and `gemm` in `def`, lowered.
+pub fn plans(def: KernelDef) -> Result<Plans, Diag> {
+    let tp = crate::passes::run_tile_passes(def)?;
+    super::lower_with_plans(&tp).map(|(_, plans)| plans)
+}

@@ -15,6 +15,7 @@ pub mod compile;
 pub mod diag;
 pub mod dtype;
 pub mod handle;
+pub mod hopper_layout;
 pub mod layout;
 pub mod lower;
 pub mod passes;

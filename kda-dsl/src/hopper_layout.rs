@@ -4,7 +4,8 @@
 //! accumulator of `wgmma.m64nNk16` and the 16-bit A operand read from registers
 //! ([`WgmmaFragment`]).
 //!
-//! Nothing lowers to these yet; they are the layouts the `wgmma` and TMA lowerings will name.
+//! Nothing lowers to these yet; they are the layouts the `wgmma` and TMA lowerings will name,
+//! and the simulator reads `wgmma` operands through [`MatrixDescriptor::decode`].
 //! Their tests check each against a decoder written from the PTX ISA's description of the
 //! descriptor and the canonical layouts, not from the encoder.
 
@@ -139,6 +140,34 @@ impl MatrixDescriptor {
     pub fn encode(&self) -> u64 {
         let field = |bytes: u32| u64::from((bytes >> 4) & 0x3fff);
         field(self.start) | field(self.leading) << 16 | field(self.stride) << 32 | self.swizzle.descriptor_mode() << 62
+    }
+
+    /// The fields of a 64-bit descriptor (what the simulator's `wgmma` reads), or why it is not
+    /// one this crate makes: a base offset (bits 49-51) other than 0.
+    pub fn decode(bits: u64) -> Result<MatrixDescriptor, String> {
+        if (bits >> 49) & 7 != 0 {
+            return Err(format!("matrix descriptor {bits:#x} has a base offset; tiles here start on an atom boundary"));
+        }
+        let bytes = |shift: u32| (((bits >> shift) & 0x3fff) as u32) << 4;
+        let swizzle = match bits >> 62 {
+            0 => Swizzle::None,
+            1 => Swizzle::B128,
+            2 => Swizzle::B64,
+            _ => Swizzle::B32,
+        };
+        Ok(MatrixDescriptor { start: bytes(0), leading: bytes(16), stride: bytes(32), swizzle })
+    }
+
+    /// The shared address of the K-major element at `row` (0..64 or 0..N), byte `kb` of the
+    /// instruction's [`WGMMA_K_BYTES`]: without a swizzle, 8 x 16-byte core matrices, the next
+    /// 8 rows `stride` bytes on and the next 16 bytes of K `leading` bytes on; with one, rows a
+    /// line apart within an atom of 8, the next 8 rows `stride` bytes on, swizzled.
+    pub fn address(&self, row: u32, kb: u32) -> u32 {
+        let rows = self.start + (row / 8) * self.stride;
+        match self.swizzle {
+            Swizzle::None => rows + (kb / 16) * self.leading + (row % 8) * 16 + kb % 16,
+            mode => mode.apply(rows + (row % 8) * mode.line_bytes() + kb),
+        }
     }
 }
 
@@ -276,6 +305,8 @@ mod tests {
                     for kb in (0..WGMMA_K_BYTES).step_by(t.elem_bytes as usize) {
                         let kk = (step * WGMMA_K_BYTES + kb) / t.elem_bytes;
                         prop_assert_eq!(wgmma_reads(d, row, kb), t.address(base, row, kk), "step {}, row {}, byte {}", step, row, kb);
+                        let decoded = MatrixDescriptor::decode(d).expect("no base offset");
+                        prop_assert_eq!(decoded.address(row, kb), wgmma_reads(d, row, kb));
                     }
                 }
             }

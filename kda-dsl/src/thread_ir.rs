@@ -1,4 +1,4 @@
-//! The thread IR: per-thread instructions with explicit `mma`, `ldmatrix`, `cp.async`, `shfl`
+//! The thread IR: per-thread instructions with explicit `mma`, `wgmma`, `ldmatrix`, `cp.async`, `shfl`
 //! and barriers. It is also the PTX AST: each instruction prints as one PTX line, and the
 //! simulator runs exactly this list.
 
@@ -314,6 +314,24 @@ pub enum Op {
     Movmatrix { d: Reg, a: Reg },
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {d}, {a}, {b}, {c}`
     Mma { ab: Ty, d: [Reg; 4], a: [Reg; 4], b: [Reg; 2], c: [Reg; 4] },
+    /// `wgmma.fence.sync.aligned`: orders the warpgroup's register accesses before the
+    /// `wgmma`s that follow (needed before the first, and after any other instruction wrote an
+    /// accumulator or A register a `wgmma` uses).
+    WgmmaFence,
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, a, b, accumulate, 1, 1[, 0], 0`:
+    /// the warpgroup's 64 x `n` f32 accumulator `d` (`n / 2` registers per thread, in
+    /// [`crate::hopper_layout::WgmmaFragment::Accumulator`]'s layout) plus A (64 x 16) times B
+    /// (`n` x 16, K-major, through the 64-bit shared-memory descriptor `b`); `d` is overwritten
+    /// when the predicate `accumulate` is false. Asynchronous: `d` (and A's registers) belong to
+    /// the instruction until a `wgmma.wait_group` retires its group.
+    Wgmma { ab: Ty, n: u32, d: Vec<Reg>, a: WgmmaA, b: Reg, accumulate: Reg },
+    /// `wgmma.commit_group.sync.aligned`: the `wgmma`s since the last commit become a group.
+    WgmmaCommit,
+    /// `wgmma.wait_group.sync.aligned n`: waits until at most `n` groups are pending.
+    WgmmaWait { n: u32 },
+    /// `fence.proxy.async.shared::cta`: this thread's earlier shared-memory writes become
+    /// visible to the async proxy (the `wgmma` descriptors' reads).
+    FenceProxyAsync,
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
     /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
@@ -330,6 +348,16 @@ pub enum Op {
     /// Shows a tile in the simulator (prints as a comment): each thread contributes its
     /// elements as (flat logical index, value register, value is f32).
     Trace { name: String, shape: Vec<u32>, elems: Vec<(Src, Reg)> },
+}
+
+/// Where a `wgmma`'s A operand comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WgmmaA {
+    /// A K-major shared tile, through a 64-bit matrix descriptor register.
+    Descriptor(Reg),
+    /// Four registers of 16-bit pairs per thread, in
+    /// [`crate::hopper_layout::WgmmaFragment::RegisterA`]'s layout.
+    Registers([Reg; 4]),
 }
 
 /// An instruction: an operation, an optional guard predicate and the kernel line it came from.
@@ -512,6 +540,23 @@ impl fmt::Display for Op {
                 list(b),
                 list(c)
             ),
+            Op::WgmmaFence => write!(f, "wgmma.fence.sync.aligned;"),
+            Op::Wgmma { ab, n, d, a, b, accumulate } => {
+                // Immediates: scale A and B by 1; B (and A from shared) K-major, not transposed.
+                let (a, trans_a) = match a {
+                    WgmmaA::Descriptor(r) => (r.to_string(), ", 0"),
+                    WgmmaA::Registers(r) => (format!("{{{}}}", list(r)), ""),
+                };
+                write!(
+                    f,
+                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{0}.{0} {{{1}}}, {a}, {b}, {accumulate}, 1, 1{trans_a}, 0;",
+                    ab.name(),
+                    list(d)
+                )
+            }
+            Op::WgmmaCommit => write!(f, "wgmma.commit_group.sync.aligned;"),
+            Op::WgmmaWait { n } => write!(f, "wgmma.wait_group.sync.aligned {n};"),
+            Op::FenceProxyAsync => write!(f, "fence.proxy.async.shared::cta;"),
             Op::Shfl { mode, d, a, b, c } => {
                 let m = format!("{mode:?}").to_lowercase();
                 write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
@@ -551,6 +596,15 @@ impl Inst {
     /// Whether this needs PTX ISA 7.8 (`movmatrix`).
     pub fn needs_ptx_7_8(&self) -> bool {
         matches!(self.op, Op::Movmatrix { .. })
+    }
+
+    /// Whether this exists only on `sm_90a` (`wgmma`); `fence.proxy.async` needs sm_90 too, which
+    /// no `wgmma` program lacks.
+    pub fn needs_sm_90a(&self) -> bool {
+        matches!(
+            self.op,
+            Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } | Op::FenceProxyAsync
+        )
     }
 
     /// Whether this is a `cp.async` that reads the L2 policy register [`EVICT_FIRST_POLICY`].

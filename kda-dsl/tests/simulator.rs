@@ -1,6 +1,7 @@
 //! The simulator reports what the hardware would punish. These programs are written directly
 //! in the thread IR (the simulator's input), each with one planted fault.
 
+use kda_dsl::hopper_layout::{KMajorTile, Swizzle, WgmmaFragment};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
 use kda_dsl::SrcLoc;
@@ -247,4 +248,266 @@ fn reading_a_register_nothing_wrote_is_reported() {
     p.op(Op::Ret);
     let e = err_of(&p.prog(32, 0, vec![]), &mut []);
     assert!(e.contains("reads register %r1, which nothing wrote"), "{e}");
+}
+
+/// What a `wgmma` test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum WgmmaFault {
+    None,
+    NoRegisterFence,
+    AccumulatorWrittenAfterFence,
+    NoProxyFence,
+    ReadBeforeWait,
+    SharedWriteWhilePending,
+    ExitPending,
+}
+
+/// Columns of the `wgmma` tests' product (`m64n16k16`).
+const WGMMA_N: u32 = 16;
+
+/// The `wgmma` tests' operand tiles: A (64 rows) and B ([`WGMMA_N`] rows), K-major, `k`
+/// elements (one line of the swizzle, at least one K-step), B right after A.
+fn wgmma_tiles(swizzle: Swizzle) -> (KMajorTile, KMajorTile, u32) {
+    let k = (swizzle.line_bytes() / 2).max(16);
+    let a = KMajorTile { rows: 64, k, elem_bytes: 2, swizzle };
+    (a, KMajorTile { rows: WGMMA_N, ..a }, a.bytes())
+}
+
+/// Thread `t`'s address in tensor `name`, `stride` bytes per thread.
+fn per_thread_global(p: &mut P, t: Reg, name: &str, stride: i64) -> Reg {
+    let base = p.reg(RegClass::B64);
+    p.op(Op::LdParam { ty: Ty::U64, d: base, name: format!("p_{name}") });
+    let off = p.reg(RegClass::B64);
+    p.op(Op::MulWide { ty: Ty::U32, d: off, a: Src::Reg(t), b: Src::Imm(stride) });
+    let a = p.reg(RegClass::B64);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: a, a: Src::Reg(base), b: Src::Reg(off) });
+    a
+}
+
+/// A warpgroup's `m64n16k16` product through `wgmma`, as named steps: copy the tile image
+/// (already in the swizzled layout) into shared memory, fence it for the async proxy, set the
+/// accumulator to 1, fence the registers, chain `steps` `wgmma`s (K-step `i % steps_per_tile`),
+/// commit, wait, and store each thread's accumulator registers.
+fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: WgmmaFault) -> ThreadProgram {
+    let (a_tile, b_tile, b_base) = wgmma_tiles(swizzle);
+    let image = a_tile.bytes() + b_tile.bytes();
+    let mut p = P::new();
+    let t = tid(&mut p);
+    // Copy the image, 16 bytes per thread per round.
+    let src = per_thread_global(&mut p, t, "tiles", 16);
+    let smem = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: smem });
+    let dst = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: dst, a: Src::Reg(t), b: Src::Imm(16), c: Src::Reg(smem) });
+    let chunk: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+    for round in 0..image.div_ceil(2048) {
+        let offset = i64::from(round * 2048);
+        let load = Op::Ld { space: Space::Global, ty: Ty::U32, d: chunk.clone(), addr: src, offset };
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        let store = Op::St { space: Space::Shared, ty: Ty::U32, addr: dst, offset, vals };
+        let rest = (image - round * 2048) / 16;
+        if rest >= 128 {
+            p.op(load);
+            p.op(store);
+        } else {
+            let q = p.reg(RegClass::Pred);
+            p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(i64::from(rest)) });
+            p.guarded(q, load);
+            p.guarded(q, store);
+        }
+    }
+    if fault != WgmmaFault::NoProxyFence {
+        p.op(Op::FenceProxyAsync);
+    }
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    // Operands: descriptors per K-step from the parameters, A's fragment from its tensor.
+    let steps_per_tile = a_tile.k / 16;
+    let descriptor = |p: &mut P, name: String| {
+        let d = p.reg(RegClass::B64);
+        p.op(Op::LdParam { ty: Ty::U64, d, name });
+        d
+    };
+    let a_desc: Vec<Reg> = (0..steps_per_tile).map(|s| descriptor(&mut p, format!("p_a_desc{s}"))).collect();
+    let b_desc: Vec<Reg> = (0..steps_per_tile).map(|s| descriptor(&mut p, format!("p_b_desc{s}"))).collect();
+    let a_frag = [(); 4].map(|_| p.reg(RegClass::B32));
+    if a_from_registers {
+        let at = per_thread_global(&mut p, t, "a_frag", 16);
+        p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: a_frag.to_vec(), addr: at, offset: 0 });
+    }
+    let acc: Vec<Reg> = (0..WGMMA_N / 2).map(|_| p.reg(RegClass::F32)).collect();
+    for r in &acc {
+        p.op(Op::Mov { ty: Ty::F32, d: *r, a: Src::F32(1.0) });
+    }
+    let accumulate = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: accumulate, a: Src::Reg(t), b: Src::Imm(0) });
+    if fault != WgmmaFault::NoRegisterFence {
+        p.op(Op::WgmmaFence);
+    }
+    if fault == WgmmaFault::AccumulatorWrittenAfterFence {
+        p.op(Op::Mov { ty: Ty::F32, d: acc[0], a: Src::F32(2.0) });
+    }
+    for i in 0..steps {
+        let step = (i % steps_per_tile) as usize;
+        let a = if a_from_registers { WgmmaA::Registers(a_frag) } else { WgmmaA::Descriptor(a_desc[step]) };
+        p.op(Op::Wgmma { ab: Ty::BF16, n: WGMMA_N, d: acc.clone(), a, b: b_desc[step], accumulate });
+    }
+    p.op(Op::WgmmaCommit);
+    if fault == WgmmaFault::SharedWriteWhilePending {
+        // Each of these threads rewrites a chunk of B it copied itself: no race, but the wgmma
+        // still reads it.
+        let q = p.reg(RegClass::Pred);
+        p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(i64::from(b_tile.bytes() / 16)) });
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        p.guarded(q, Op::St { space: Space::Shared, ty: Ty::U32, addr: dst, offset: i64::from(b_base), vals });
+    }
+    if fault == WgmmaFault::ExitPending {
+        p.op(Op::Ret);
+    }
+    let out = per_thread_global(&mut p, t, "out", 4 * i64::from(WGMMA_N / 2));
+    let store = |p: &mut P| {
+        for (half, regs) in acc.chunks(4).enumerate() {
+            let vals = regs.iter().map(|r| Src::Reg(*r)).collect();
+            p.op(Op::St { space: Space::Global, ty: Ty::F32, addr: out, offset: 16 * half as i64, vals });
+        }
+    };
+    if fault == WgmmaFault::ReadBeforeWait {
+        store(&mut p);
+    }
+    p.op(Op::WgmmaWait { n: 0 });
+    store(&mut p);
+    p.op(Op::Ret);
+    let mut params: Vec<(String, Ty)> =
+        vec![("p_tiles".into(), Ty::U64), ("p_a_frag".into(), Ty::U64), ("p_out".into(), Ty::U64)];
+    for s in 0..steps_per_tile {
+        params.push((format!("p_a_desc{s}"), Ty::U64));
+        params.push((format!("p_b_desc{s}"), Ty::U64));
+    }
+    p.prog(128, image, params)
+}
+
+/// Small exact bf16 values: products and their sums stay exact in f32.
+fn small_bf16(i: u32) -> f32 {
+    ((i * 7 + 3) % 9) as f32 / 4.0 - 1.0
+}
+
+/// Runs [`wgmma_program`] on A (64 x k) and B (16 x k) of [`small_bf16`] values and returns each
+/// (row, column) of the product with the f64 reference, `1 + Σ_i A_i B_iᵀ` over the chained
+/// K-steps.
+fn run_wgmma(
+    swizzle: Swizzle,
+    a_from_registers: bool,
+    steps: u32,
+    fault: WgmmaFault,
+) -> Result<Vec<(f32, f64)>, String> {
+    let (a_tile, b_tile, b_base) = wgmma_tiles(swizzle);
+    let a = |m: u32, k: u32| small_bf16(m * 131 + k);
+    let b = |n: u32, k: u32| small_bf16(n * 71 + k * 5 + 1);
+    let mut image = vec![0u8; (a_tile.bytes() + b_tile.bytes()) as usize];
+    let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
+    for (tile, base, value) in [(a_tile, 0, &a as &dyn Fn(u32, u32) -> f32), (b_tile, b_base, &b)] {
+        for row in 0..tile.rows {
+            for k in 0..tile.k {
+                let at = tile.address(base, row, k) as usize;
+                image[at..at + 2].copy_from_slice(&bf16(value(row, k)));
+            }
+        }
+    }
+    let mut a_frag = vec![0u8; 128 * 16];
+    for thread in 0..128 {
+        for v in 0..8 {
+            let (m, k) = WgmmaFragment::RegisterA.coord(thread, v);
+            let at = (thread * 16 + v * 2) as usize;
+            a_frag[at..at + 2].copy_from_slice(&bf16(a(m, k)));
+        }
+    }
+    let mut args = vec![
+        ("tiles".to_string(), SimArg::Tensor(image)),
+        ("a_frag".to_string(), SimArg::Tensor(a_frag)),
+        ("out".to_string(), SimArg::Tensor(vec![0; 128 * 4 * WGMMA_N as usize / 2])),
+    ];
+    let steps_per_tile = a_tile.k / 16;
+    for s in 0..steps_per_tile {
+        args.push((format!("a_desc{s}"), SimArg::I64(a_tile.descriptor(0, s).encode() as i64)));
+        args.push((format!("b_desc{s}"), SimArg::I64(b_tile.descriptor(b_base, s).encode() as i64)));
+    }
+    run(&wgmma_program(swizzle, a_from_registers, steps, fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    let SimArg::Tensor(out) = &args[2].1 else { unreachable!() };
+    let acc = WgmmaFragment::Accumulator { n: WGMMA_N };
+    let mut got = vec![];
+    for thread in 0..128 {
+        for v in 0..acc.values_per_thread() {
+            let (m, n) = acc.coord(thread, v);
+            let at = ((thread * WGMMA_N / 2 + v) * 4) as usize;
+            let value = f32::from_le_bytes(out[at..at + 4].try_into().expect("4 bytes"));
+            let reference = 1.0
+                + (0..steps)
+                    .map(|i| {
+                        let k0 = 16 * (i % steps_per_tile);
+                        (k0..k0 + 16).map(|k| f64::from(a(m, k)) * f64::from(b(n, k))).sum::<f64>()
+                    })
+                    .sum::<f64>();
+            got.push((value, reference));
+        }
+    }
+    Ok(got)
+}
+
+#[test]
+fn wgmma_multiplies_through_each_swizzles_descriptors() {
+    for swizzle in Swizzle::ALL {
+        // Every K-step of the line, chained onto one accumulator, and at least two.
+        let steps = (wgmma_tiles(swizzle).0.k / 16).max(2);
+        for (value, reference) in run_wgmma(swizzle, false, steps, WgmmaFault::None).expect("runs") {
+            assert_eq!(f64::from(value), reference, "{swizzle:?}");
+        }
+    }
+}
+
+#[test]
+fn wgmma_takes_a_from_registers() {
+    for (value, reference) in run_wgmma(Swizzle::B32, true, 2, WgmmaFault::None).expect("runs") {
+        assert_eq!(f64::from(value), reference);
+    }
+}
+
+#[test]
+fn wgmma_misuse_is_reported() {
+    for (fault, expected) in [
+        (WgmmaFault::NoRegisterFence, "no wgmma.fence before it"),
+        (WgmmaFault::AccumulatorWrittenAfterFence, "register %f0 was written after the last wgmma.fence"),
+        (WgmmaFault::NoProxyFence, "no fence.proxy.async after the write"),
+        (WgmmaFault::ReadBeforeWait, "touches register %f0 while a wgmma that owns it is pending"),
+        (WgmmaFault::SharedWriteWhilePending, "while a pending wgmma reads it"),
+        (WgmmaFault::ExitPending, "exits with wgmma results pending"),
+    ] {
+        let e = run_wgmma(Swizzle::B128, false, 2, fault).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
+/// The `wgmma` programs the simulator runs are PTX that ptxas takes for sm_90a (ptxas from
+/// `KDA_PTXAS`, which `.ci/run` sets; skipped with a line saying so without it, failed when
+/// `KDA_REQUIRE_PTXAS` is set).
+#[test]
+fn wgmma_programs_assemble_for_sm_90a() {
+    let Some(ptxas) = std::env::var_os("KDA_PTXAS") else {
+        assert!(std::env::var_os("KDA_REQUIRE_PTXAS").is_none(), "KDA_REQUIRE_PTXAS is set but KDA_PTXAS is not");
+        println!("skipped: set KDA_PTXAS to assemble the wgmma programs");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("kda-wgmma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (name, a_from_registers, swizzle) in [("shared_a", false, Swizzle::B128), ("register_a", true, Swizzle::B32)] {
+        let prog = wgmma_program(swizzle, a_from_registers, 2, WgmmaFault::None);
+        let src = dir.join(format!("{name}.ptx"));
+        std::fs::write(&src, kda_dsl::ptx::print_module(&prog, kda_dsl::Target::Sm90a)).expect("write ptx");
+        let out = std::process::Command::new(&ptxas)
+            .args(["-arch=sm_90a", "-o"])
+            .arg(src.with_extension("cubin"))
+            .arg(&src)
+            .output()
+            .expect("run ptxas");
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -34,6 +34,9 @@ impl Block<'_> {
         if lanes.len() != 32 {
             return Err(format!("warp {w}: a warp collective with {} live lanes; all 32 must take part", lanes.len()));
         }
+        if warpgroup::is_warpgroup_collective(&op) {
+            return self.step_warpgroup(w, pc);
+        }
         let base = w * 32;
         match op {
             Op::Shfl { mode, d, a, b, .. } => {

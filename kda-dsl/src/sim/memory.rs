@@ -115,6 +115,12 @@ impl Block<'_> {
                     "race: shared byte {i} read by {who} and written by thread {me} with no barrier between"
                 ));
             }
+            if self.warpgroups.iter().any(|g| g.reads_chunk(i as u32 / 16)) {
+                return Err(format!(
+                    "shared byte {i} written by thread {me} while a pending wgmma reads it (wgmma.wait_group first)"
+                ));
+            }
+            self.clock += 1;
             // The reads before it are ordered before this write, and so before whatever is
             // ordered after it.
             self.shadow[i] = Shadow {
@@ -124,6 +130,7 @@ impl Block<'_> {
                 reader: NONE,
                 reader_warps: 0,
                 read_epoch: 0,
+                write_clock: self.clock,
             };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);

@@ -1,9 +1,10 @@
 //! The block simulator: runs a lowered [`ThreadProgram`] (the program the PTX printer prints)
 //! on the CPU, every thread of a block, with the PTX ISA's per-lane meaning of `mma`,
-//! `ldmatrix`, `shfl`, `cp.async` groups and barriers.
+//! `ldmatrix`, `shfl`, `cp.async` groups, barriers, and the warpgroup's `wgmma` groups.
 //!
 //! Each thread runs until it reaches a warp-collective instruction or a barrier; a collective
-//! executes once all lanes of the warp stand at it, a barrier releases once every thread that
+//! executes once all lanes of the warp stand at it (a warpgroup's, all 128 threads: see
+//! `warpgroup`), a barrier releases once every thread that
 //! takes part arrived. It reports as errors what the hardware would punish or hide: shared or
 //! global accesses out of bounds, reads of shared memory nobody wrote, two threads touching the
 //! same shared byte between barriers (a race), divergent collectives, deadlocks and 32-bit
@@ -17,6 +18,7 @@ use std::fmt;
 mod collective;
 mod memory;
 mod numeric;
+mod warpgroup;
 
 use numeric::*;
 
@@ -75,6 +77,14 @@ struct Thread {
     blocked: bool,
     groups: Vec<Vec<(u32, [u8; 16])>>,
     open_group: Vec<(u32, [u8; 16])>,
+    /// Per register, the block's [`Block::clock`] at its last write by this thread.
+    write_clock: Vec<u64>,
+    /// Per register, whether a pending `wgmma` owns it (touching it is an error).
+    in_flight: Vec<bool>,
+    /// The clock at this thread's last `wgmma.fence`.
+    register_fence: Option<u64>,
+    /// The clock at this thread's last `fence.proxy.async` (0: none).
+    proxy_fence: u64,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -89,6 +99,8 @@ struct Shadow {
     /// With [`MANY`] readers: their warps, one bit each.
     reader_warps: u32,
     read_epoch: u32,
+    /// The block's [`Block::clock`] at the last write.
+    write_clock: u64,
 }
 
 /// One executed `print`: the tile's name, shape and values by flat logical index.
@@ -121,6 +133,12 @@ struct Block<'a> {
     executed: u64,
     /// The first read of a register nothing wrote: (thread, register).
     uninit: std::cell::Cell<Option<(usize, Reg)>>,
+    /// The first access to a register a pending `wgmma` owns: (thread, register).
+    touched_in_flight: std::cell::Cell<Option<(usize, Reg)>>,
+    /// Counts register and shared writes: what orders them against the fences.
+    clock: u64,
+    /// Each warpgroup's pending `wgmma`s.
+    warpgroups: Vec<warpgroup::Warpgroup>,
 }
 
 fn class_slot(c: RegClass) -> usize {
@@ -135,15 +153,22 @@ impl<'a> Block<'a> {
     fn get(&self, t: usize, s: &Src) -> u64 {
         match s {
             Src::Reg(r) => {
-                let i = self.reg_index(*r);
-                if !self.threads[t].written[i] && self.uninit.get().is_none() {
-                    self.uninit.set(Some((t, *r)));
-                }
-                self.threads[t].regs[i]
+                self.note_in_flight(t, self.reg_index(*r), *r);
+                self.read_register(t, *r)
             }
             Src::Imm(v) => *v as u64,
             Src::F32(v) => v.to_bits() as u64,
         }
+    }
+
+    /// Register `r` of thread `t`, noting a read of one nothing wrote. `wgmma`s read so: a
+    /// chained one may read registers its predecessors own.
+    fn read_register(&self, t: usize, r: Reg) -> u64 {
+        let i = self.reg_index(r);
+        if !self.threads[t].written[i] && self.uninit.get().is_none() {
+            self.uninit.set(Some((t, r)));
+        }
+        self.threads[t].regs[i]
     }
 
     fn set(&mut self, t: usize, r: Reg, v: u64) {
@@ -154,11 +179,26 @@ impl<'a> Block<'a> {
             RegClass::B32 | RegClass::F32 => v & 0xffff_ffff,
             RegClass::B64 => v,
         };
-        self.threads[t].regs[i] = v;
-        self.threads[t].written[i] = true;
+        self.note_in_flight(t, i, r);
+        self.clock += 1;
+        let th = &mut self.threads[t];
+        th.regs[i] = v;
+        th.written[i] = true;
+        th.write_clock[i] = self.clock;
+    }
+
+    fn note_in_flight(&self, t: usize, i: usize, r: Reg) {
+        if self.threads[t].in_flight[i] && self.touched_in_flight.get().is_none() {
+            self.touched_in_flight.set(Some((t, r)));
+        }
     }
 
     fn check_uninit(&self) -> R<()> {
+        if let Some((t, r)) = self.touched_in_flight.get() {
+            return Err(format!(
+                "thread {t} touches register {r} while a wgmma that owns it is pending (wgmma.wait_group first)"
+            ));
+        }
         match self.uninit.get() {
             None => Ok(()),
             Some((t, r)) => Err(format!("thread {t} reads register {r}, which nothing wrote on its path")),
@@ -167,6 +207,7 @@ impl<'a> Block<'a> {
 
     fn is_collective(op: &Op) -> bool {
         matches!(op, Op::Ldmatrix { .. } | Op::Movmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. })
+            || warpgroup::is_warpgroup_collective(op)
     }
 
     /// Runs thread `t` until it blocks or finishes.
@@ -392,6 +433,7 @@ impl<'a> Block<'a> {
                     }
                 }
             }
+            Op::FenceProxyAsync => self.threads[t].proxy_fence = self.clock,
             Op::BarArrive { .. } => {}
             Op::Label(_) => {}
             Op::Bra { target } => {
@@ -423,7 +465,15 @@ impl<'a> Block<'a> {
                     e.2.entry(i).or_insert(s);
                 }
             }
-            Op::Ldmatrix { .. } | Op::Movmatrix { .. } | Op::Mma { .. } | Op::Shfl { .. } | Op::Bar { .. } => {
+            Op::Ldmatrix { .. }
+            | Op::Movmatrix { .. }
+            | Op::Mma { .. }
+            | Op::Shfl { .. }
+            | Op::Bar { .. }
+            | Op::WgmmaFence
+            | Op::Wgmma { .. }
+            | Op::WgmmaCommit
+            | Op::WgmmaWait { .. } => {
                 unreachable!("collectives run in step_warp")
             }
         }
@@ -496,6 +546,10 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             blocked: false,
                             groups: vec![],
                             open_group: vec![],
+                            write_clock: vec![0; total],
+                            in_flight: vec![false; total],
+                            register_fence: None,
+                            proxy_fence: 0,
                         })
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],
@@ -511,6 +565,11 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     trace_counts: vec![HashMap::new(); prog.threads as usize],
                     executed: 0,
                     uninit: std::cell::Cell::new(None),
+                    touched_in_flight: std::cell::Cell::new(None),
+                    clock: 0,
+                    warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
+                        .map(|_| Default::default())
+                        .collect(),
                 };
                 let r = run_block(&mut blk);
                 report.instructions += blk.executed;
@@ -550,8 +609,12 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
             }
         }
         if blk.threads.iter().all(|t| t.done) {
-            if blk.threads.iter().any(|t| !t.groups.is_empty() || !t.open_group.is_empty()) {
-                // Outstanding cp.async work at exit is harmless only if nothing reads it; note it.
+            if let Some(g) = blk.warpgroups.iter().position(|g| !g.idle()) {
+                return Err(fail(
+                    blk,
+                    g * warpgroup::WARPGROUP,
+                    format!("warpgroup {g} exits with wgmma results pending (wgmma.wait_group 0 before the end)"),
+                ));
             }
             return Ok(());
         }

@@ -47,8 +47,8 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
     let assumptions = def.assumptions.iter().map(|(p, m)| (def.params[*p].name().to_string(), *m)).collect();
     let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
     let (tp, prog) = lower_kernel(def)?;
-    if let Some(i) = prog.body.iter().find(|i| i.needs_sm_90a() && target != Target::Sm90a) {
-        return Err(Diag::new(i.loc, format!("`{}` exists only on sm_90a, not on {target}", i.op)));
+    if let Some(i) = prog.body.iter().find(|i| !target.has(i.least_target())) {
+        return Err(Diag::new(i.loc, format!("`{}` needs target {}, not {target}", i.op, i.least_target())));
     }
     let ptx = crate::ptx::print_module(&prog, target);
     dump("ptx", &ptx);

@@ -40,6 +40,16 @@ impl Target {
         Target::ALL.into_iter().find(|t| t.name() == s)
     }
 
+    /// Whether code for this target may use the instructions of `other`: `sm_90a` has all of
+    /// `sm_90`'s, and `sm_90` all of `sm_80`'s.
+    pub fn has(self, other: Target) -> bool {
+        match self {
+            Target::Sm80 => other == Target::Sm80,
+            Target::Sm90 => other != Target::Sm90a,
+            Target::Sm90a => true,
+        }
+    }
+
     /// Every target.
     pub const ALL: [Target; 3] = [Target::Sm80, Target::Sm90, Target::Sm90a];
 }

@@ -332,6 +332,15 @@ pub enum Op {
     /// `fence.proxy.async.shared::cta`: this thread's earlier shared-memory writes become
     /// visible to the async proxy (the `wgmma` descriptors' reads).
     FenceProxyAsync,
+    /// `mbarrier.init.shared.b64 [addr], count`: a barrier object in 8 shared bytes whose
+    /// phases complete after `count` arrivals each.
+    MbarrierInit { addr: Reg, count: u32 },
+    /// `mbarrier.arrive.shared.b64 state, [addr]`: one arrival, releasing this thread's
+    /// earlier shared accesses to whoever waits for the phase.
+    MbarrierArrive { state: Reg, addr: Reg },
+    /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity`: `d` is whether the phase of
+    /// parity `parity` completed (acquiring what its arrivals released).
+    MbarrierTryWait { d: Reg, addr: Reg, parity: Src },
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
     /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
@@ -557,6 +566,11 @@ impl fmt::Display for Op {
             Op::WgmmaCommit => write!(f, "wgmma.commit_group.sync.aligned;"),
             Op::WgmmaWait { n } => write!(f, "wgmma.wait_group.sync.aligned {n};"),
             Op::FenceProxyAsync => write!(f, "fence.proxy.async.shared::cta;"),
+            Op::MbarrierInit { addr, count } => write!(f, "mbarrier.init.shared.b64 [{addr}], {count};"),
+            Op::MbarrierArrive { state, addr } => write!(f, "mbarrier.arrive.shared.b64 {state}, [{addr}];"),
+            Op::MbarrierTryWait { d, addr, parity } => {
+                write!(f, "mbarrier.try_wait.parity.shared.b64 {d}, [{addr}], {parity};")
+            }
             Op::Shfl { mode, d, a, b, c } => {
                 let m = format!("{mode:?}").to_lowercase();
                 write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
@@ -598,13 +612,15 @@ impl Inst {
         matches!(self.op, Op::Movmatrix { .. })
     }
 
-    /// Whether this exists only on `sm_90a` (`wgmma`); `fence.proxy.async` needs sm_90 too, which
-    /// no `wgmma` program lacks.
-    pub fn needs_sm_90a(&self) -> bool {
-        matches!(
-            self.op,
-            Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } | Op::FenceProxyAsync
-        )
+    /// The least target that has this instruction: `sm_90a` for `wgmma`, `sm_90` for
+    /// `mbarrier.try_wait` and `fence.proxy.async`, `sm_80` for the rest.
+    pub fn least_target(&self) -> crate::target::Target {
+        use crate::target::Target;
+        match self.op {
+            Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } => Target::Sm90a,
+            Op::FenceProxyAsync | Op::MbarrierTryWait { .. } => Target::Sm90,
+            _ => Target::Sm80,
+        }
     }
 
     /// Whether this is a `cp.async` that reads the L2 policy register [`EVICT_FIRST_POLICY`].

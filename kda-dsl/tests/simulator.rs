@@ -4,7 +4,7 @@
 use kda_dsl::hopper_layout::{KMajorTile, Swizzle, WgmmaFragment};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
-use kda_dsl::SrcLoc;
+use kda_dsl::{SrcLoc, Target};
 
 struct P {
     body: Vec<Inst>,
@@ -485,24 +485,141 @@ fn wgmma_misuse_is_reported() {
     }
 }
 
-/// The `wgmma` programs the simulator runs are PTX that ptxas takes for sm_90a (ptxas from
-/// `KDA_PTXAS`, which `.ci/run` sets; skipped with a line saying so without it, failed when
-/// `KDA_REQUIRE_PTXAS` is set).
+/// What a producer/consumer ring test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RingFault {
+    None,
+    NoBarrierAfterInit,
+    ConsumerSkipsFullWait,
+    MissingArrival,
+    StoreToBarrier,
+}
+
+/// Rounds through the ring's one slot.
+const RING_ROUNDS: u32 = 3;
+
+/// Waits for the phase of `parity` of the mbarrier at `addr`: `try_wait` until it says so.
+fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
+    let (top, done) = (*label, *label + 1);
+    *label += 2;
+    let ready = p.reg(RegClass::Pred);
+    p.op(Op::Label(top));
+    p.op(Op::MbarrierTryWait { d: ready, addr, parity: Src::Imm(i64::from(parity)) });
+    p.guarded(ready, Op::Bra { target: done });
+    p.op(Op::Bra { target: top });
+    p.op(Op::Label(done));
+}
+
+/// A producer warp hands [`RING_ROUNDS`] values per lane to a consumer warp through one
+/// shared slot, with a `full` and an `empty` mbarrier (32 arrivals a phase): the producer
+/// waits for `empty` (its first wait passes: the phase before the first has parity 1), writes
+/// and arrives on `full`; the consumer waits for `full`, copies the slot out and arrives on
+/// `empty`.
+fn ring_program(fault: RingFault) -> ThreadProgram {
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let full = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: full });
+    let empty = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: empty, a: Src::Reg(full), b: Src::Imm(8) });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    let count = if fault == RingFault::MissingArrival { 33 } else { 32 };
+    p.guarded(first, Op::MbarrierInit { addr: full, count });
+    p.guarded(first, Op::MbarrierInit { addr: empty, count: 32 });
+    if fault != RingFault::NoBarrierAfterInit {
+        p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    }
+    let lane = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
+    let slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(full) });
+    let state = p.reg(RegClass::B64);
+    let (consumer, end) = (1000, 1001);
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target: consumer });
+    let value = p.reg(RegClass::B32);
+    for round in 0..RING_ROUNDS {
+        wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
+        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Imm(i64::from(round)), b: Src::Imm(100), c: Src::Reg(lane) });
+        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: slot, offset: 16, vals: vec![Src::Reg(value)] });
+        p.op(Op::MbarrierArrive { state, addr: full });
+    }
+    if fault == RingFault::StoreToBarrier {
+        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: full, offset: 0, vals: vec![Src::Imm(0)] });
+    }
+    p.op(Op::Bra { target: end });
+    p.op(Op::Label(consumer));
+    let out = per_thread_global(&mut p, lane, "out", 4);
+    for round in 0..RING_ROUNDS {
+        if fault != RingFault::ConsumerSkipsFullWait {
+            wait_phase(&mut p, full, round % 2, &mut label);
+        }
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![value], addr: slot, offset: 16 });
+        let offset = i64::from(round * 32 * 4);
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals: vec![Src::Reg(value)] });
+        p.op(Op::MbarrierArrive { state, addr: empty });
+    }
+    p.op(Op::Label(end));
+    p.op(Op::Ret);
+    p.prog(64, 16 + 32 * 4, vec![("p_out".into(), Ty::U64)])
+}
+
+fn run_ring(fault: RingFault) -> Result<Vec<u32>, String> {
+    let mut args = vec![("out".to_string(), SimArg::Tensor(vec![0; (RING_ROUNDS * 32 * 4) as usize]))];
+    run(&ring_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    Ok(out.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect())
+}
+
 #[test]
-fn wgmma_programs_assemble_for_sm_90a() {
+fn an_mbarrier_ring_hands_values_from_producer_to_consumer() {
+    let out = run_ring(RingFault::None).expect("runs");
+    for round in 0..RING_ROUNDS {
+        for lane in 0..32 {
+            assert_eq!(out[(round * 32 + lane) as usize], round * 100 + lane, "round {round}, lane {lane}");
+        }
+    }
+}
+
+#[test]
+fn mbarrier_misuse_is_reported() {
+    for (fault, expected) in [
+        (RingFault::NoBarrierAfterInit, "with no barrier after thread 0 initialized it"),
+        (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
+        (RingFault::MissingArrival, "whose arrivals never come"),
+        (RingFault::StoreToBarrier, "belongs to an mbarrier"),
+    ] {
+        let e = run_ring(fault).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
+/// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
+/// sm_90a, the mbarrier ring for sm_90; ptxas from `KDA_PTXAS`, which `.ci/run` sets; skipped
+/// with a line saying so without it, failed when `KDA_REQUIRE_PTXAS` is set).
+#[test]
+fn hopper_programs_assemble() {
     let Some(ptxas) = std::env::var_os("KDA_PTXAS") else {
         assert!(std::env::var_os("KDA_REQUIRE_PTXAS").is_none(), "KDA_REQUIRE_PTXAS is set but KDA_PTXAS is not");
-        println!("skipped: set KDA_PTXAS to assemble the wgmma programs");
+        println!("skipped: set KDA_PTXAS to assemble the Hopper programs");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("kda-wgmma-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kda-hopper-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    for (name, a_from_registers, swizzle) in [("shared_a", false, Swizzle::B128), ("register_a", true, Swizzle::B32)] {
-        let prog = wgmma_program(swizzle, a_from_registers, 2, WgmmaFault::None);
+    let programs = [
+        ("shared_a", wgmma_program(Swizzle::B128, false, 2, WgmmaFault::None), Target::Sm90a),
+        ("register_a", wgmma_program(Swizzle::B32, true, 2, WgmmaFault::None), Target::Sm90a),
+        ("ring", ring_program(RingFault::None), Target::Sm90),
+    ];
+    for (name, prog, target) in programs {
         let src = dir.join(format!("{name}.ptx"));
-        std::fs::write(&src, kda_dsl::ptx::print_module(&prog, kda_dsl::Target::Sm90a)).expect("write ptx");
+        std::fs::write(&src, kda_dsl::ptx::print_module(&prog, target)).expect("write ptx");
         let out = std::process::Command::new(&ptxas)
-            .args(["-arch=sm_90a", "-o"])
+            .arg(format!("-arch={target}"))
+            .arg("-o")
             .arg(src.with_extension("cubin"))
             .arg(&src)
             .output()

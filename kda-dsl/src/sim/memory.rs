@@ -48,7 +48,7 @@ impl Block<'_> {
 
     /// Whether thread `a`'s access when `epoch` barriers had been released is ordered before
     /// what thread `b` does now: the same thread, or a barrier both passed since.
-    fn ordered(&self, a: u32, epoch: u32, b: u32) -> bool {
+    pub(super) fn ordered(&self, a: u32, epoch: u32, b: u32) -> bool {
         a == b || self.barrier_between_warps(a as usize / 32, epoch, b as usize / 32)
     }
 
@@ -75,6 +75,9 @@ impl Block<'_> {
             let s = self.shadow[i];
             if !s.written {
                 return Err(format!("read of shared byte {i}, which nothing wrote"));
+            }
+            if s.mbarrier {
+                return Err(format!("shared byte {i} belongs to an mbarrier; only mbarrier instructions read it"));
             }
             if !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
@@ -103,6 +106,9 @@ impl Block<'_> {
         let me = t as u32;
         for i in a..a + bytes.len() {
             let s = self.shadow[i];
+            if s.mbarrier {
+                return Err(format!("shared byte {i} belongs to an mbarrier; only mbarrier instructions write it"));
+            }
             if s.written && !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
                     "race: shared byte {i} written by threads {} and {me} with no barrier between",
@@ -131,6 +137,7 @@ impl Block<'_> {
                 reader_warps: 0,
                 read_epoch: 0,
                 write_clock: self.clock,
+                mbarrier: false,
             };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);

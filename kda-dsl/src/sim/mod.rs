@@ -1,11 +1,12 @@
 //! The block simulator: runs a lowered [`ThreadProgram`] (the program the PTX printer prints)
 //! on the CPU, every thread of a block, with the PTX ISA's per-lane meaning of `mma`,
-//! `ldmatrix`, `shfl`, `cp.async` groups, barriers, and the warpgroup's `wgmma` groups.
+//! `ldmatrix`, `shfl`, `cp.async` groups, barriers, `mbarrier` phases and the warpgroup's
+//! `wgmma` groups.
 //!
 //! Each thread runs until it reaches a warp-collective instruction or a barrier; a collective
 //! executes once all lanes of the warp stand at it (a warpgroup's, all 128 threads: see
-//! `warpgroup`), a barrier releases once every thread that
-//! takes part arrived. It reports as errors what the hardware would punish or hide: shared or
+//! `warpgroup`), a barrier releases once every thread that takes part arrived, and a thread at
+//! an `mbarrier.try_wait` sleeps until its phase completes (see `mbarrier`). It reports as errors what the hardware would punish or hide: shared or
 //! global accesses out of bounds, reads of shared memory nobody wrote, two threads touching the
 //! same shared byte between barriers (a race), divergent collectives, deadlocks and 32-bit
 //! signed overflow in index arithmetic.
@@ -16,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 mod collective;
+mod mbarrier;
 mod memory;
 mod numeric;
 mod warpgroup;
@@ -75,6 +77,8 @@ struct Thread {
     done: bool,
     /// Waiting at a collective or barrier (pc points at it).
     blocked: bool,
+    /// Waiting at an `mbarrier.try_wait` whose phase has not completed (pc points at it).
+    parked: bool,
     groups: Vec<Vec<(u32, [u8; 16])>>,
     open_group: Vec<(u32, [u8; 16])>,
     /// Per register, the block's [`Block::clock`] at its last write by this thread.
@@ -101,6 +105,8 @@ struct Shadow {
     read_epoch: u32,
     /// The block's [`Block::clock`] at the last write.
     write_clock: u64,
+    /// Part of an `mbarrier` object (only `mbarrier` instructions may touch it).
+    mbarrier: bool,
 }
 
 /// One executed `print`: the tile's name, shape and values by flat logical index.
@@ -139,6 +145,8 @@ struct Block<'a> {
     clock: u64,
     /// Each warpgroup's pending `wgmma`s.
     warpgroups: Vec<warpgroup::Warpgroup>,
+    /// The `mbarrier` objects, by shared address.
+    mbarriers: HashMap<u32, mbarrier::Mbarrier>,
 }
 
 fn class_slot(c: RegClass) -> usize {
@@ -216,7 +224,7 @@ impl<'a> Block<'a> {
         let mut steps = 0u64;
         loop {
             let th = &self.threads[t];
-            if th.done || th.blocked {
+            if th.done || th.blocked || th.parked {
                 return Ok(());
             }
             let Some(inst) = prog.body.get(th.pc) else {
@@ -237,6 +245,13 @@ impl<'a> Block<'a> {
             if Self::is_collective(&inst.op) {
                 self.threads[t].blocked = true;
                 return Ok(());
+            }
+            if let Op::MbarrierTryWait { addr, parity, .. } = &inst.op {
+                let (a, p) = (self.get(t, &Src::Reg(*addr)), self.get(t, parity));
+                if !self.mbarrier_phase_done(t, a, p)? {
+                    self.threads[t].parked = true;
+                    return Ok(());
+                }
             }
             self.executed += 1;
             self.exec(t, inst)?;
@@ -434,6 +449,21 @@ impl<'a> Block<'a> {
                 }
             }
             Op::FenceProxyAsync => self.threads[t].proxy_fence = self.clock,
+            Op::MbarrierInit { addr, count } => {
+                let a = self.get(t, &Src::Reg(*addr));
+                self.mbarrier_init(t, a, *count)?;
+            }
+            Op::MbarrierArrive { state, addr } => {
+                let a = self.get(t, &Src::Reg(*addr));
+                let phase = self.mbarrier_arrive(t, a)?;
+                self.set(t, *state, phase);
+            }
+            Op::MbarrierTryWait { d, addr, .. } => {
+                // run_thread parks the thread until the phase completed.
+                let a = self.get(t, &Src::Reg(*addr));
+                self.mbarrier_acquire(t, a)?;
+                self.set(t, *d, 1);
+            }
             Op::BarArrive { .. } => {}
             Op::Label(_) => {}
             Op::Bra { target } => {
@@ -544,6 +574,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             written: vec![false; total],
                             done: false,
                             blocked: false,
+                            parked: false,
                             groups: vec![],
                             open_group: vec![],
                             write_clock: vec![0; total],
@@ -567,6 +598,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     uninit: std::cell::Cell::new(None),
                     touched_in_flight: std::cell::Cell::new(None),
                     clock: 0,
+                    mbarriers: HashMap::new(),
                     warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
                         .map(|_| Default::default())
                         .collect(),
@@ -628,6 +660,17 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
         match blk.step_barrier() {
             Ok(p) => progress |= p,
             Err(m) => return Err(fail(blk, 0, m)),
+        }
+        match blk.unpark() {
+            Ok(p) => progress |= p,
+            Err(m) => return Err(fail(blk, 0, m)),
+        }
+        if let (false, Some(t)) = (progress, blk.threads.iter().position(|t| t.parked)) {
+            return Err(fail(
+                blk,
+                t,
+                "deadlock: an mbarrier.try_wait waits for a phase whose arrivals never come".into(),
+            ));
         }
         if !progress {
             let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);

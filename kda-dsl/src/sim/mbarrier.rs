@@ -1,0 +1,116 @@
+//! `mbarrier` objects in the simulated block: 8 shared bytes that only `mbarrier`
+//! instructions touch, whose phases complete after their count of arrivals.
+//!
+//! A `try_wait` whose phase has not completed parks its thread until it does (the hardware
+//! may also return false; every program loops on it anyway). An arrival releases the arriving
+//! warp's earlier shared accesses and a successful wait acquires them: the race checker orders
+//! them before what the waiting warp does next, as it does across a barrier.
+
+use super::*;
+
+/// One `mbarrier` object.
+pub(super) struct Mbarrier {
+    /// Arrivals per phase.
+    count: u32,
+    /// Arrivals the current phase still needs.
+    pending: u32,
+    /// Phases completed.
+    completed: u32,
+    /// The thread that initialized it, and the barrier epoch then.
+    init: (u32, u32),
+    /// The current phase's arrivals: (warp, epoch just after the arrival).
+    arrivals: Vec<(usize, u32)>,
+    /// The last completed phase's arrivals.
+    released: Vec<(usize, u32)>,
+}
+
+impl Block<'_> {
+    /// The `mbarrier` at `addr`, which thread `t` may use: initialized, and the initialization
+    /// ordered before by a barrier.
+    fn mbarrier(&mut self, t: usize, addr: u64) -> R<&mut Mbarrier> {
+        let key = addr as u32;
+        let Some(&Mbarrier { init: (by, epoch), .. }) = self.mbarriers.get(&key) else {
+            return Err(format!("no mbarrier.init at shared byte {addr}"));
+        };
+        if !self.ordered(by, epoch, t as u32) {
+            return Err(format!(
+                "thread {t} uses the mbarrier at shared byte {addr} with no barrier after thread {by} initialized it"
+            ));
+        }
+        Ok(self.mbarriers.get_mut(&key).expect("checked above"))
+    }
+
+    pub(super) fn mbarrier_init(&mut self, t: usize, addr: u64, count: u32) -> R<()> {
+        let a = self.check_shared(addr, 8)?;
+        if count == 0 || count >= 1 << 20 {
+            return Err(format!("mbarrier.init count {count}: it must be 1 to 2^20 - 1"));
+        }
+        for s in &mut self.shadow[a..a + 8] {
+            *s = Shadow { written: true, writer: t as u32, write_epoch: self.released, mbarrier: true, ..*s };
+        }
+        let m = Mbarrier {
+            count,
+            pending: count,
+            completed: 0,
+            init: (t as u32, self.released),
+            arrivals: vec![],
+            released: vec![],
+        };
+        self.mbarriers.insert(a as u32, m);
+        Ok(())
+    }
+
+    /// One arrival of thread `t`; returns the phase it arrived in.
+    pub(super) fn mbarrier_arrive(&mut self, t: usize, addr: u64) -> R<u64> {
+        // A new epoch: the arrival orders what the warp did before it, not after.
+        self.released += 1;
+        let epoch = self.released;
+        let m = self.mbarrier(t, addr)?;
+        let phase = m.completed;
+        m.arrivals.push((t / 32, epoch));
+        m.pending -= 1;
+        if m.pending == 0 {
+            m.completed += 1;
+            m.pending = m.count;
+            m.released = std::mem::take(&mut m.arrivals);
+        }
+        Ok(u64::from(phase))
+    }
+
+    /// Whether the phase of parity `parity` of the `mbarrier` at `addr` completed.
+    pub(super) fn mbarrier_phase_done(&mut self, t: usize, addr: u64, parity: u64) -> R<bool> {
+        let m = self.mbarrier(t, addr)?;
+        Ok(u64::from(m.completed % 2) != parity % 2)
+    }
+
+    /// Thread `t` passed the completed phase: what its arrivals released is ordered before
+    /// what `t`'s warp does next.
+    pub(super) fn mbarrier_acquire(&mut self, t: usize, addr: u64) -> R<()> {
+        let released = self.mbarrier(t, addr)?.released.clone();
+        let me = t / 32;
+        for (warp, epoch) in released {
+            let slot = &mut self.last_shared_barrier[warp * self.warps + me];
+            *slot = (*slot).max(epoch);
+        }
+        Ok(())
+    }
+
+    /// Wakes the threads parked at a `try_wait` whose phase has completed.
+    pub(super) fn unpark(&mut self) -> R<bool> {
+        let mut woke = false;
+        for t in 0..self.threads.len() {
+            if !self.threads[t].parked {
+                continue;
+            }
+            let Op::MbarrierTryWait { addr, parity, .. } = self.prog.body[self.threads[t].pc].op else {
+                unreachable!("threads park only at mbarrier.try_wait")
+            };
+            let (a, p) = (self.get(t, &Src::Reg(addr)), self.get(t, &parity));
+            if self.mbarrier_phase_done(t, a, p)? {
+                self.threads[t].parked = false;
+                woke = true;
+            }
+        }
+        Ok(woke)
+    }
+}

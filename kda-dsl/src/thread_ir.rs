@@ -341,6 +341,18 @@ pub enum Op {
     /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity`: `d` is whether the phase of
     /// parity `parity` completed (acquiring what its arrivals released).
     MbarrierTryWait { d: Reg, addr: Reg, parity: Src },
+    /// `mbarrier.arrive.expect_tx.shared.b64 state, [addr], bytes`: raises the phase's
+    /// transaction count by `bytes` (the copies that complete it lower it), then arrives.
+    MbarrierArriveExpectTx { state: Reg, addr: Reg, bytes: u32 },
+    /// `mov.u64 d, name`: the parameter-space address of parameter `name`.
+    ParamAddress { d: Reg, name: String },
+    /// `cvta.param.u64 d, a`: a parameter-space address as a generic one.
+    CvtaParam { d: Reg, a: Reg },
+    /// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
+    /// [map, {x, y}], [mbar]`: TMA copies the box at element coordinates (`x`, `y`) of the
+    /// tensor map at generic address `map` to shared `dst`, and lowers the transaction count of
+    /// the mbarrier at `mbar` by the box's bytes.
+    TmaLoad2d { dst: Reg, map: Reg, x: Reg, y: Reg, mbar: Reg },
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
     /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
@@ -382,13 +394,22 @@ pub struct Inst {
     pub cache: CachePolicy,
 }
 
+/// What a kernel parameter is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A value of the type (pointers are `u64`).
+    Value(Ty),
+    /// A TMA tensor map (`CUtensorMap`, 128 bytes, 64-aligned), passed by value.
+    TensorMap,
+}
+
 /// A lowered kernel: its instructions plus what the printer and simulator need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThreadProgram {
     /// Entry name.
     pub name: String,
-    /// Parameters: (name, type) in order.
-    pub params: Vec<(String, Ty)>,
+    /// Parameters: (name, kind) in order.
+    pub params: Vec<(String, ParamKind)>,
     /// Threads per block.
     pub threads: u32,
     /// `.minnctapersm`, when the kernel asks for occupancy.
@@ -571,6 +592,15 @@ impl fmt::Display for Op {
             Op::MbarrierTryWait { d, addr, parity } => {
                 write!(f, "mbarrier.try_wait.parity.shared.b64 {d}, [{addr}], {parity};")
             }
+            Op::MbarrierArriveExpectTx { state, addr, bytes } => {
+                write!(f, "mbarrier.arrive.expect_tx.shared.b64 {state}, [{addr}], {bytes};")
+            }
+            Op::ParamAddress { d, name } => write!(f, "mov.u64 {d}, {name};"),
+            Op::CvtaParam { d, a } => write!(f, "cvta.param.u64 {d}, {a};"),
+            Op::TmaLoad2d { dst, map, x, y, mbar } => write!(
+                f,
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{mbar}];"
+            ),
             Op::Shfl { mode, d, a, b, c } => {
                 let m = format!("{mode:?}").to_lowercase();
                 write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
@@ -607,18 +637,34 @@ impl fmt::Display for Inst {
 }
 
 impl Inst {
-    /// Whether this needs PTX ISA 7.8 (`movmatrix`).
-    pub fn needs_ptx_7_8(&self) -> bool {
-        matches!(self.op, Op::Movmatrix { .. })
+    /// The least PTX ISA version that has this instruction (at least 7.0): 7.7 for
+    /// `cvta.param`, 7.8 for `movmatrix` and `mbarrier.try_wait`, 8.0 for `expect_tx`, TMA,
+    /// `fence.proxy.async` and `wgmma`.
+    pub fn least_ptx_version(&self) -> (u32, u32) {
+        match self.op {
+            Op::CvtaParam { .. } => (7, 7),
+            Op::Movmatrix { .. } | Op::MbarrierTryWait { .. } => (7, 8),
+            Op::MbarrierArriveExpectTx { .. }
+            | Op::TmaLoad2d { .. }
+            | Op::FenceProxyAsync
+            | Op::WgmmaFence
+            | Op::Wgmma { .. }
+            | Op::WgmmaCommit
+            | Op::WgmmaWait { .. } => (8, 0),
+            _ => (7, 0),
+        }
     }
 
     /// The least target that has this instruction: `sm_90a` for `wgmma`, `sm_90` for
-    /// `mbarrier.try_wait` and `fence.proxy.async`, `sm_80` for the rest.
+    /// `mbarrier.try_wait`, `expect_tx`, TMA and `fence.proxy.async`, `sm_80` for the rest.
     pub fn least_target(&self) -> crate::target::Target {
         use crate::target::Target;
         match self.op {
             Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } => Target::Sm90a,
-            Op::FenceProxyAsync | Op::MbarrierTryWait { .. } => Target::Sm90,
+            Op::FenceProxyAsync
+            | Op::MbarrierTryWait { .. }
+            | Op::MbarrierArriveExpectTx { .. }
+            | Op::TmaLoad2d { .. } => Target::Sm90,
             _ => Target::Sm80,
         }
     }

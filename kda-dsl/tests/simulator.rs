@@ -1,7 +1,7 @@
 //! The simulator reports what the hardware would punish. These programs are written directly
 //! in the thread IR (the simulator's input), each with one planted fault.
 
-use kda_dsl::hopper_layout::{KMajorTile, Swizzle, WgmmaFragment};
+use kda_dsl::hopper_layout::{KMajorTile, Swizzle, TensorMap2d, WgmmaFragment};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
 use kda_dsl::{SrcLoc, Target};
@@ -36,7 +36,7 @@ impl P {
     fn prog(self, threads: u32, shared: u32, params: Vec<(String, Ty)>) -> ThreadProgram {
         ThreadProgram {
             name: "t".into(),
-            params,
+            params: params.into_iter().map(|(name, ty)| (name, ParamKind::Value(ty))).collect(),
             threads,
             min_blocks_per_sm: None,
             shared_bytes: shared,
@@ -589,7 +589,7 @@ fn mbarrier_misuse_is_reported() {
     for (fault, expected) in [
         (RingFault::NoBarrierAfterInit, "with no barrier after thread 0 initialized it"),
         (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
-        (RingFault::MissingArrival, "whose arrivals never come"),
+        (RingFault::MissingArrival, "whose arrivals or copied bytes never come"),
         (RingFault::StoreToBarrier, "belongs to an mbarrier"),
     ] {
         let e = run_ring(fault).expect_err("a planted fault");
@@ -598,7 +598,7 @@ fn mbarrier_misuse_is_reported() {
 }
 
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
-/// sm_90a, the mbarrier ring for sm_90; ptxas from `KDA_PTXAS`, which `.ci/run` sets; skipped
+/// sm_90a, the mbarrier ring and the TMA copy for sm_90; ptxas from `KDA_PTXAS`, which `.ci/run` sets; skipped
 /// with a line saying so without it, failed when `KDA_REQUIRE_PTXAS` is set).
 #[test]
 fn hopper_programs_assemble() {
@@ -613,6 +613,7 @@ fn hopper_programs_assemble() {
         ("shared_a", wgmma_program(Swizzle::B128, false, 2, WgmmaFault::None), Target::Sm90a),
         ("register_a", wgmma_program(Swizzle::B32, true, 2, WgmmaFault::None), Target::Sm90a),
         ("ring", ring_program(RingFault::None), Target::Sm90),
+        ("tma", tma_program(TmaFault::None), Target::Sm90),
     ];
     for (name, prog, target) in programs {
         let src = dir.join(format!("{name}.ptx"));
@@ -627,4 +628,133 @@ fn hopper_programs_assemble() {
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a TMA test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TmaFault {
+    None,
+    NoWait,
+    ArriveWithoutExpectTx,
+    MisalignedBox,
+}
+
+/// The TMA tests' map: a 100 x 20 bf16 tensor (rows padded to 208 bytes) in boxes of 64 x 16,
+/// 128-byte swizzled.
+const TMA_MAP: TensorMap2d =
+    TensorMap2d { elem_bytes: 2, extent: [100, 20], row_stride: 208, box_extent: [64, 16], swizzle: Swizzle::B128 };
+
+/// Thread 0 copies the box at (`x`, `y`) into shared memory with TMA, completing on an
+/// mbarrier it expects the box's bytes on; every thread waits for the phase and copies
+/// 16-byte chunks of the shared box out.
+fn tma_program(fault: TmaFault) -> ThreadProgram {
+    let box_bytes = TMA_MAP.box_bytes();
+    let box_offset = if fault == TmaFault::MisalignedBox { 128 } else { 0 };
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let smem = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: smem });
+    let mbar = p.reg(RegClass::B32);
+    p.op(Op::Bin {
+        op: BinKind::Add,
+        ty: Ty::U32,
+        d: mbar,
+        a: Src::Reg(smem),
+        b: Src::Imm(i64::from(box_bytes + 128)),
+    });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.guarded(first, Op::MbarrierInit { addr: mbar, count: 1 });
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    let param = p.reg(RegClass::B64);
+    p.op(Op::ParamAddress { d: param, name: "p_map".into() });
+    let map = p.reg(RegClass::B64);
+    p.op(Op::CvtaParam { d: map, a: param });
+    let [x, y] = ["p_x", "p_y"].map(|name| {
+        let r = p.reg(RegClass::B32);
+        p.op(Op::LdParam { ty: Ty::S32, d: r, name: name.into() });
+        r
+    });
+    let state = p.reg(RegClass::B64);
+    if fault == TmaFault::ArriveWithoutExpectTx {
+        p.guarded(first, Op::MbarrierArrive { state, addr: mbar });
+    } else {
+        p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes: box_bytes });
+    }
+    let dst = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: dst, a: Src::Reg(smem), b: Src::Imm(box_offset) });
+    p.guarded(first, Op::TmaLoad2d { dst, map, x, y, mbar });
+    if fault != TmaFault::NoWait {
+        wait_phase(&mut p, mbar, 0, &mut label);
+    }
+    let from = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: from, a: Src::Reg(t), b: Src::Imm(16), c: Src::Reg(dst) });
+    let out = per_thread_global(&mut p, t, "out", 16);
+    let chunk: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+    for round in 0..box_bytes / (64 * 16) {
+        let offset = i64::from(round * 64 * 16);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: chunk.clone(), addr: from, offset });
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals });
+    }
+    p.op(Op::Ret);
+    let scalars = [("p_out", Ty::U64), ("p_x", Ty::S32), ("p_y", Ty::S32)];
+    let mut prog = p.prog(64, box_bytes + 256, scalars.map(|(n, ty)| (n.to_string(), ty)).to_vec());
+    prog.params.push(("p_map".into(), ParamKind::TensorMap));
+    prog
+}
+
+/// Runs [`tma_program`] on a tensor of distinct values; returns the shared box's bytes as
+/// copied out and the bytes TMA should have put there.
+fn run_tma(fault: TmaFault, at: [i32; 2]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let m = TMA_MAP;
+    let value = |x: u64, y: u64| (1 + x + 1000 * y) as u16;
+    let mut tensor = vec![0u8; (m.row_stride * m.extent[1]) as usize];
+    for y in 0..m.extent[1] {
+        for x in 0..m.extent[0] {
+            let at = (y * m.row_stride + 2 * x) as usize;
+            tensor[at..at + 2].copy_from_slice(&value(x, y).to_le_bytes());
+        }
+    }
+    let mut expected = vec![0u8; m.box_bytes() as usize];
+    for outer in 0..m.box_extent[1] {
+        for inner in 0..m.box_extent[0] {
+            let (gx, gy) = (i64::from(at[0]) + i64::from(inner), i64::from(at[1]) + i64::from(outer));
+            let inside = (0..m.extent[0] as i64).contains(&gx) && (0..m.extent[1] as i64).contains(&gy);
+            let v = if inside { value(gx as u64, gy as u64) } else { 0 };
+            let to = m.shared_offset(inner, outer) as usize;
+            expected[to..to + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let mut args = vec![
+        ("out".to_string(), SimArg::Tensor(vec![0xee; m.box_bytes() as usize])),
+        ("x".to_string(), SimArg::I32(at[0])),
+        ("y".to_string(), SimArg::I32(at[1])),
+        ("t".to_string(), SimArg::Tensor(tensor)),
+        ("map".to_string(), SimArg::TensorMap { tensor: "t".into(), map: m }),
+    ];
+    run(&tma_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    let SimArg::Tensor(out) = &args[0].1 else { unreachable!() };
+    Ok((out.clone(), expected))
+}
+
+#[test]
+fn tma_copies_a_swizzled_box_zero_filling_outside_the_tensor() {
+    for at in [[0, 0], [36, 4], [60, -3], [-10, 15]] {
+        let (got, expected) = run_tma(TmaFault::None, at).expect("runs");
+        assert!(got == expected, "box at {at:?}: the shared image differs");
+    }
+}
+
+#[test]
+fn tma_misuse_is_reported() {
+    for (fault, expected) in [
+        (TmaFault::NoWait, "race: shared byte"),
+        (TmaFault::ArriveWithoutExpectTx, "race: shared byte"),
+        (TmaFault::MisalignedBox, "must start on a 1024-byte boundary"),
+    ] {
+        let e = run_tma(fault, [0, 0]).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
 }

@@ -255,7 +255,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
                 let d = lw.em.reg(RegClass::B64);
                 lw.em.emit(Op::CvtaGlobal { d, a: raw });
                 lw.ptrs.insert(i, d);
-                params.push((name, Ty::U64));
+                params.push((name, ParamKind::Value(Ty::U64)));
             }
             Param::Dim { .. } => {
                 let d = lw.em.reg(RegClass::B32);
@@ -264,14 +264,14 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
                 lw.em.emit(Op::Cvt { dty: Ty::S64, sty: Ty::S32, d: d64, a: Src::Reg(d) });
                 lw.dims.insert(i, d);
                 lw.dims64.insert(i, d64);
-                params.push((name, Ty::S32));
+                params.push((name, ParamKind::Value(Ty::S32)));
             }
             Param::Scalar { dtype, .. } => {
                 let ty = ty_of(*dtype);
                 let d = lw.em.reg(class_of(*dtype));
                 lw.em.emit(Op::LdParam { ty, d, name: name.clone() });
                 lw.scalars.insert(i, d);
-                params.push((name, ty));
+                params.push((name, ParamKind::Value(ty)));
             }
         }
     }

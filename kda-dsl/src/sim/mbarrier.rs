@@ -14,6 +14,9 @@ pub(super) struct Mbarrier {
     count: u32,
     /// Arrivals the current phase still needs.
     pending: u32,
+    /// The current phase's transaction count: bytes expected minus bytes copies completed
+    /// (negative while a copy completes before its `expect_tx`).
+    tx: i64,
     /// Phases completed.
     completed: u32,
     /// The thread that initialized it, and the barrier epoch then.
@@ -22,6 +25,17 @@ pub(super) struct Mbarrier {
     arrivals: Vec<(usize, u32)>,
     /// The last completed phase's arrivals.
     released: Vec<(usize, u32)>,
+}
+
+impl Mbarrier {
+    /// Completes the phase once its arrivals came and its transactions balance.
+    fn complete_if_done(&mut self) {
+        if self.pending == 0 && self.tx == 0 {
+            self.completed += 1;
+            self.pending = self.count;
+            self.released = std::mem::take(&mut self.arrivals);
+        }
+    }
 }
 
 impl Block<'_> {
@@ -48,9 +62,11 @@ impl Block<'_> {
         for s in &mut self.shadow[a..a + 8] {
             *s = Shadow { written: true, writer: t as u32, write_epoch: self.released, mbarrier: true, ..*s };
         }
+
         let m = Mbarrier {
             count,
             pending: count,
+            tx: 0,
             completed: 0,
             init: (t as u32, self.released),
             arrivals: vec![],
@@ -60,21 +76,40 @@ impl Block<'_> {
         Ok(())
     }
 
-    /// One arrival of thread `t`; returns the phase it arrived in.
-    pub(super) fn mbarrier_arrive(&mut self, t: usize, addr: u64) -> R<u64> {
-        // A new epoch: the arrival orders what the warp did before it, not after.
-        self.released += 1;
-        let epoch = self.released;
+    /// One arrival of thread `t` that first expects `tx_bytes` more of the phase's copies;
+    /// returns the phase it arrived in.
+    pub(super) fn mbarrier_arrive(&mut self, t: usize, addr: u64, tx_bytes: u32) -> R<u64> {
+        let epoch = self.release_epoch();
         let m = self.mbarrier(t, addr)?;
+        if m.pending == 0 {
+            return Err(format!(
+                "more arrivals at the mbarrier at shared byte {addr} than its count of {} in one phase",
+                m.count
+            ));
+        }
         let phase = m.completed;
         m.arrivals.push((t / 32, epoch));
         m.pending -= 1;
-        if m.pending == 0 {
-            m.completed += 1;
-            m.pending = m.count;
-            m.released = std::mem::take(&mut m.arrivals);
-        }
+        m.tx += i64::from(tx_bytes);
+        m.complete_if_done();
         Ok(u64::from(phase))
+    }
+
+    /// A copy thread `t` issued completed `bytes` of the phase's transactions: like an
+    /// arrival, it releases what it wrote.
+    pub(super) fn mbarrier_complete_tx(&mut self, t: usize, addr: u64, bytes: u32) -> R<()> {
+        let epoch = self.release_epoch();
+        let m = self.mbarrier(t, addr)?;
+        m.arrivals.push((t / 32, epoch));
+        m.tx -= i64::from(bytes);
+        m.complete_if_done();
+        Ok(())
+    }
+
+    /// A new epoch: a release orders what the warp did before it, not after.
+    fn release_epoch(&mut self) -> u32 {
+        self.released += 1;
+        self.released
     }
 
     /// Whether the phase of parity `parity` of the `mbarrier` at `addr` completed.

@@ -138,6 +138,7 @@ impl Block<'_> {
                 read_epoch: 0,
                 write_clock: self.clock,
                 mbarrier: false,
+                async_proxy: false,
             };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);

@@ -20,6 +20,7 @@ mod collective;
 mod mbarrier;
 mod memory;
 mod numeric;
+mod tma;
 mod warpgroup;
 
 use numeric::*;
@@ -35,6 +36,13 @@ pub enum SimArg {
     I64(i64),
     /// An f32 scalar.
     F32(f32),
+    /// A TMA tensor map over the bytes of the `SimArg::Tensor` argument named `tensor`.
+    TensorMap {
+        /// The tensor's argument name.
+        tensor: String,
+        /// The map.
+        map: crate::hopper_layout::TensorMap2d,
+    },
 }
 
 /// An error the simulator found.
@@ -107,6 +115,8 @@ struct Shadow {
     write_clock: u64,
     /// Part of an `mbarrier` object (only `mbarrier` instructions may touch it).
     mbarrier: bool,
+    /// Last written by the async proxy (a TMA copy): `wgmma` reads it with no proxy fence.
+    async_proxy: bool,
 }
 
 /// One executed `print`: the tile's name, shape and values by flat logical index.
@@ -134,6 +144,8 @@ struct Block<'a> {
     params: &'a HashMap<String, u64>,
     globals: &'a mut [Vec<u8>],
     global_names: &'a [String],
+    /// The tensor maps: (the mapped tensor's global slot, the map).
+    maps: &'a [(usize, crate::hopper_layout::TensorMap2d)],
     traces: BTreeMap<(usize, u32), Trace>,
     trace_counts: Vec<HashMap<usize, u32>>,
     executed: u64,
@@ -455,8 +467,27 @@ impl<'a> Block<'a> {
             }
             Op::MbarrierArrive { state, addr } => {
                 let a = self.get(t, &Src::Reg(*addr));
-                let phase = self.mbarrier_arrive(t, a)?;
+                let phase = self.mbarrier_arrive(t, a, 0)?;
                 self.set(t, *state, phase);
+            }
+            Op::MbarrierArriveExpectTx { state, addr, bytes } => {
+                let a = self.get(t, &Src::Reg(*addr));
+                let phase = self.mbarrier_arrive(t, a, *bytes)?;
+                self.set(t, *state, phase);
+            }
+            Op::ParamAddress { d, name } => {
+                let v = *self.params.get(name).ok_or_else(|| format!("no value for parameter {name}"))?;
+                self.set(t, *d, v);
+            }
+            Op::CvtaParam { d, a } => {
+                let v = self.get(t, &Src::Reg(*a));
+                self.set(t, *d, v);
+            }
+            Op::TmaLoad2d { dst, map, x, y, mbar } => {
+                let (dst, map, mbar) =
+                    (self.get(t, &Src::Reg(*dst)), self.get(t, &Src::Reg(*map)), self.get(t, &Src::Reg(*mbar)));
+                let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
+                self.tma_load(t, dst, map, at, mbar)?;
             }
             Op::MbarrierTryWait { d, addr, .. } => {
                 // run_thread parks the thread until the phase completed.
@@ -521,9 +552,12 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
     let mut globals: Vec<Vec<u8>> = vec![];
     let mut names = vec![];
     let mut tensor_slot = vec![];
+    let mut maps = vec![];
+    let fail = |message: String| SimError { message, loc: SrcLoc::default(), block: [0; 3], thread: 0 };
     for (name, a) in args.iter_mut() {
         let pname = crate::lower::param_name(name);
         let v = match a {
+            SimArg::TensorMap { .. } => continue,
             SimArg::Tensor(bytes) => {
                 globals.push(std::mem::take(bytes));
                 names.push(name.clone());
@@ -536,14 +570,21 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
         };
         params.insert(pname, v);
     }
+    // Tensor maps after the tensors they name.
+    for (name, a) in args.iter() {
+        if let SimArg::TensorMap { tensor, map } = a {
+            map.check().map_err(|e| fail(format!("argument `{name}`: {e}")))?;
+            let slot = names
+                .iter()
+                .position(|n| n == tensor)
+                .ok_or_else(|| fail(format!("argument `{name}`: no tensor argument `{tensor}` to map")))?;
+            maps.push((slot, *map));
+            params.insert(crate::lower::param_name(name), tma::MAP_TAG | (maps.len() as u64 - 1));
+        }
+    }
     for (pname, _) in &prog.params {
         if !params.contains_key(pname) {
-            return Err(SimError {
-                message: format!("no argument for parameter `{pname}`"),
-                loc: SrcLoc::default(),
-                block: [0; 3],
-                thread: 0,
-            });
+            return Err(fail(format!("no argument for parameter `{pname}`")));
         }
     }
     let mut labels = HashMap::new();
@@ -592,6 +633,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     params: &params,
                     globals: &mut globals,
                     global_names: &names,
+                    maps: &maps,
                     traces: BTreeMap::new(),
                     trace_counts: vec![HashMap::new(); prog.threads as usize],
                     executed: 0,
@@ -669,7 +711,7 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
             return Err(fail(
                 blk,
                 t,
-                "deadlock: an mbarrier.try_wait waits for a phase whose arrivals never come".into(),
+                "deadlock: an mbarrier.try_wait waits for a phase whose arrivals or copied bytes never come".into(),
             ));
         }
         if !progress {

@@ -166,7 +166,7 @@ impl Block<'_> {
         let bytes = self.read_shared(first, u64::from(addr), 2)?;
         for i in addr..addr + 2 {
             let s = self.shadow[i as usize];
-            if self.threads[s.writer as usize].proxy_fence < s.write_clock {
+            if !s.async_proxy && self.threads[s.writer as usize].proxy_fence < s.write_clock {
                 return Err(format!(
                     "wgmma reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
                     s.writer

@@ -10,8 +10,9 @@
 //! descriptor and the canonical layouts, not from the encoder.
 
 /// The swizzle of a Hopper shared tile: within each atom of 8 lines of [`Swizzle::line_bytes`],
-/// a 16-byte chunk's index is XORed with its line's index (modulo the chunks per line). A TMA
-/// box written with one mode must be read by a descriptor of the same mode.
+/// the address bits of the 16-byte chunk (as many as a line has chunks: 1, 2 or 3) are XORed
+/// with the bits from 7 up (the 128-byte row), as CUTLASS's `Swizzle<B, 4, 3>`. A TMA box
+/// written with one mode must be read by a descriptor of the same mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Swizzle {
     /// No swizzle: the atom is an 8 x 16-byte core matrix.

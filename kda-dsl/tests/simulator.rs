@@ -260,6 +260,7 @@ enum WgmmaFault {
     ReadBeforeWait,
     SharedWriteWhilePending,
     ExitPending,
+    ProxyFenceAfterBarrier,
 }
 
 /// Columns of the `wgmma` tests' product (`m64n16k16`).
@@ -316,15 +317,25 @@ fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: Wg
             p.guarded(q, store);
         }
     }
-    if fault != WgmmaFault::NoProxyFence {
+    if !matches!(fault, WgmmaFault::NoProxyFence | WgmmaFault::ProxyFenceAfterBarrier) {
         p.op(Op::FenceProxyAsync);
     }
     p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
-    // Operands: descriptors per K-step from the parameters, A's fragment from its tensor.
+    if fault == WgmmaFault::ProxyFenceAfterBarrier {
+        p.op(Op::FenceProxyAsync);
+    }
+    // Operands: descriptors per K-step from the parameters (each tile's offset in shared memory
+    // in the start field) plus the shared base, A's fragment from its tensor.
     let steps_per_tile = a_tile.k / 16;
+    let base_field = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: base_field, a: Src::Reg(smem), b: Src::Imm(4) });
+    let base_field64 = p.reg(RegClass::B64);
+    p.op(Op::Cvt { dty: Ty::U64, sty: Ty::U32, d: base_field64, a: Src::Reg(base_field) });
     let descriptor = |p: &mut P, name: String| {
+        let offset = p.reg(RegClass::B64);
+        p.op(Op::LdParam { ty: Ty::U64, d: offset, name });
         let d = p.reg(RegClass::B64);
-        p.op(Op::LdParam { ty: Ty::U64, d, name });
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::U64, d, a: Src::Reg(offset), b: Src::Reg(base_field64) });
         d
     };
     let a_desc: Vec<Reg> = (0..steps_per_tile).map(|s| descriptor(&mut p, format!("p_a_desc{s}"))).collect();
@@ -479,6 +490,7 @@ fn wgmma_misuse_is_reported() {
         (WgmmaFault::ReadBeforeWait, "touches register %f0 while a wgmma that owns it is pending"),
         (WgmmaFault::SharedWriteWhilePending, "while a pending wgmma reads it"),
         (WgmmaFault::ExitPending, "exits with wgmma results pending"),
+        (WgmmaFault::ProxyFenceAfterBarrier, "no barrier orders thread 1's fence.proxy.async before it"),
     ] {
         let e = run_wgmma(Swizzle::B128, false, 2, fault).expect_err("a planted fault");
         assert!(e.contains(expected), "{fault:?}: {e}");
@@ -493,6 +505,7 @@ enum RingFault {
     ConsumerSkipsFullWait,
     MissingArrival,
     StoreToBarrier,
+    WaitWithoutLoop,
 }
 
 /// Rounds through the ring's one slot.
@@ -554,8 +567,13 @@ fn ring_program(fault: RingFault) -> ThreadProgram {
     p.op(Op::Label(consumer));
     let out = per_thread_global(&mut p, lane, "out", 4);
     for round in 0..RING_ROUNDS {
-        if fault != RingFault::ConsumerSkipsFullWait {
-            wait_phase(&mut p, full, round % 2, &mut label);
+        match fault {
+            RingFault::ConsumerSkipsFullWait => {}
+            RingFault::WaitWithoutLoop => {
+                let ready = p.reg(RegClass::Pred);
+                p.op(Op::MbarrierTryWait { d: ready, addr: full, parity: Src::Imm(i64::from(round % 2)) });
+            }
+            _ => wait_phase(&mut p, full, round % 2, &mut label),
         }
         p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![value], addr: slot, offset: 16 });
         let offset = i64::from(round * 32 * 4);
@@ -591,6 +609,7 @@ fn mbarrier_misuse_is_reported() {
         (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
         (RingFault::MissingArrival, "whose arrivals or copied bytes never come"),
         (RingFault::StoreToBarrier, "belongs to an mbarrier"),
+        (RingFault::WaitWithoutLoop, "race: shared byte 16 written by thread 0 and read by thread 32"),
     ] {
         let e = run_ring(fault).expect_err("a planted fault");
         assert!(e.contains(expected), "{fault:?}: {e}");

@@ -1,8 +1,9 @@
 //! `mbarrier` objects in the simulated block: 8 shared bytes that only `mbarrier`
 //! instructions touch, whose phases complete after their count of arrivals.
 //!
-//! A `try_wait` whose phase has not completed parks its thread until it does (the hardware
-//! may also return false; every program loops on it anyway). An arrival releases the arriving
+//! A `try_wait` whose phase has not completed parks its thread until it does, and then
+//! returns false once, as a hardware wait that timed out may: a program that does not loop on
+//! it reads what the phase has not released yet. An arrival releases the arriving
 //! warp's earlier shared accesses and a successful wait acquires them: the race checker orders
 //! them before what the waiting warp does next, as it does across a barrier.
 
@@ -143,6 +144,7 @@ impl Block<'_> {
             let (a, p) = (self.get(t, &Src::Reg(addr)), self.get(t, &parity));
             if self.mbarrier_phase_done(t, a, p)? {
                 self.threads[t].parked = false;
+                self.threads[t].woke = true;
                 woke = true;
             }
         }

@@ -87,6 +87,9 @@ struct Thread {
     blocked: bool,
     /// Waiting at an `mbarrier.try_wait` whose phase has not completed (pc points at it).
     parked: bool,
+    /// Woken from a `try_wait`: the next one returns false once, as a timed-out hardware wait
+    /// may, so a program must loop on it.
+    woke: bool,
     groups: Vec<Vec<(u32, [u8; 16])>>,
     open_group: Vec<(u32, [u8; 16])>,
     /// Per register, the block's [`Block::clock`] at its last write by this thread.
@@ -95,8 +98,8 @@ struct Thread {
     in_flight: Vec<bool>,
     /// The clock at this thread's last `wgmma.fence`.
     register_fence: Option<u64>,
-    /// The clock at this thread's last `fence.proxy.async` (0: none).
-    proxy_fence: u64,
+    /// This thread's last `fence.proxy.async`: the clock and the barrier epoch then (0: none).
+    proxy_fence: (u64, u32),
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -263,6 +266,13 @@ impl<'a> Block<'a> {
                 if !self.mbarrier_phase_done(t, a, p)? {
                     self.threads[t].parked = true;
                     return Ok(());
+                }
+                if std::mem::take(&mut self.threads[t].woke) {
+                    let Op::MbarrierTryWait { d, .. } = inst.op else { unreachable!("matched above") };
+                    self.executed += 1;
+                    self.set(t, d, 0);
+                    self.threads[t].pc += 1;
+                    continue;
                 }
             }
             self.executed += 1;
@@ -460,7 +470,7 @@ impl<'a> Block<'a> {
                     }
                 }
             }
-            Op::FenceProxyAsync => self.threads[t].proxy_fence = self.clock,
+            Op::FenceProxyAsync => self.threads[t].proxy_fence = (self.clock, self.released),
             Op::MbarrierInit { addr, count } => {
                 let a = self.get(t, &Src::Reg(*addr));
                 self.mbarrier_init(t, a, *count)?;
@@ -616,12 +626,13 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             done: false,
                             blocked: false,
                             parked: false,
+                            woke: false,
                             groups: vec![],
                             open_group: vec![],
                             write_clock: vec![0; total],
                             in_flight: vec![false; total],
                             register_fence: None,
-                            proxy_fence: 0,
+                            proxy_fence: (0, 0),
                         })
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],

@@ -82,6 +82,10 @@ impl Block<'_> {
             if !th.blocked {
                 return Ok(false);
             }
+            // Elsewhere at a warp collective or a barrier, it may still come.
+            if th.pc != pc && !is_warpgroup_collective(&self.prog.body[th.pc].op) {
+                return Ok(false);
+            }
             if th.pc != pc {
                 return Err(format!(
                     "warpgroup {}: thread {first} waits at `{}` ({}) and thread {t} at {} ({}); all 128 threads must reach the same warpgroup instruction",
@@ -161,14 +165,22 @@ impl Block<'_> {
     }
 
     /// Reads the 16-bit operand element at `addr` for the warpgroup starting at thread `first`:
-    /// ordered after its writes by a barrier and made visible to the async proxy by its writer.
+    /// ordered after its writes by a barrier, and made visible to the async proxy by a fence of
+    /// its writer after the write and before that barrier.
     fn read_operand(&mut self, first: usize, addr: u32, chunks: &mut HashSet<u32>) -> R<u16> {
         let bytes = self.read_shared(first, u64::from(addr), 2)?;
         for i in addr..addr + 2 {
             let s = self.shadow[i as usize];
-            if !s.async_proxy && self.threads[s.writer as usize].proxy_fence < s.write_clock {
+            let (fence_clock, fence_epoch) = self.threads[s.writer as usize].proxy_fence;
+            if !s.async_proxy && fence_clock < s.write_clock {
                 return Err(format!(
                     "wgmma reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
+                    s.writer
+                ));
+            }
+            if !s.async_proxy && !self.ordered(s.writer, fence_epoch, first as u32) {
+                return Err(format!(
+                    "wgmma reads shared byte {i}, but no barrier orders thread {}'s fence.proxy.async before it",
                     s.writer
                 ));
             }
@@ -191,6 +203,9 @@ impl Block<'_> {
         let fenced: Vec<Reg> = d.iter().chain(&a_registers).copied().collect();
         for t in first..first + WARPGROUP {
             self.check_register_fence(t, &fenced)?;
+        }
+        if accumulate.class != RegClass::Pred {
+            return Err(format!("wgmma accumulate operand {accumulate} is not a predicate"));
         }
         let scale_d = self.uniform(first, accumulate, "accumulate predicate")? != 0;
         let b_desc = MatrixDescriptor::decode(self.uniform(first, b, "B descriptor")?)?;

@@ -52,6 +52,16 @@ fn tid(p: &mut P) -> Reg {
     t
 }
 
+/// A register holding the shared address `offset` bytes into the block's dynamic shared
+/// memory (the hardware's first kilobyte is its own: kernels address from `smem`).
+fn shared_at(p: &mut P, offset: i64) -> Reg {
+    let base = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: base });
+    let a = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: a, a: Src::Reg(base), b: Src::Imm(offset) });
+    a
+}
+
 fn err_of(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> String {
     run(prog, [1, 1, 1], args).expect_err("a planted fault").to_string()
 }
@@ -59,24 +69,22 @@ fn err_of(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> String {
 #[test]
 fn two_threads_writing_one_word_without_a_barrier_is_a_race() {
     let mut p = P::new();
-    let a = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(0) });
+    let a = shared_at(&mut p, 0);
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(1)] });
     p.op(Op::Ret);
     let e = err_of(&p.prog(64, 16, vec![]), &mut []);
-    assert!(e.contains("race") && e.contains("k.rs:2:1"), "{e}");
+    assert!(e.contains("race") && e.contains("k.rs:3:1"), "{e}");
 }
 
 #[test]
 fn a_barrier_between_write_and_read_makes_it_safe() {
     let mut p = P::new();
     let t = tid(&mut p);
+    let z = shared_at(&mut p, 0);
     let a = p.reg(RegClass::B32);
-    p.op(Op::Bin { op: BinKind::Mul, ty: Ty::U32, d: a, a: Src::Reg(t), b: Src::Imm(4) });
+    p.op(Op::Mad { ty: Ty::U32, d: a, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(z) });
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Reg(t)] });
     p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
-    let z = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: z, a: Src::Imm(0) });
     let v = p.reg(RegClass::B32);
     p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: z, offset: 0 });
     p.op(Op::Ret);
@@ -86,8 +94,7 @@ fn a_barrier_between_write_and_read_makes_it_safe() {
 #[test]
 fn reading_shared_memory_nobody_wrote_is_reported() {
     let mut p = P::new();
-    let a = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(8) });
+    let a = shared_at(&mut p, 8);
     let v = p.reg(RegClass::B32);
     p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: a, offset: 0 });
     p.op(Op::Ret);
@@ -98,11 +105,18 @@ fn reading_shared_memory_nobody_wrote_is_reported() {
 #[test]
 fn out_of_bounds_shared_and_global_accesses_are_reported() {
     let mut p = P::new();
-    let a = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(64) });
+    let a = shared_at(&mut p, 64);
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(1)] });
     let e = err_of(&p.prog(1, 64, vec![]), &mut []);
     assert!(e.contains("shared access out of bounds") && e.contains("k.rs:"), "{e}");
+
+    // An offset taken for an address: below the block's shared memory, as on the hardware.
+    let mut p = P::new();
+    let a = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(0) });
+    p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(1)] });
+    let e = err_of(&p.prog(1, 64, vec![]), &mut []);
+    assert!(e.contains("shared access at address 0, outside the block's shared memory"), "{e}");
 
     let mut p = P::new();
     let base = p.reg(RegClass::B64);
@@ -169,8 +183,7 @@ fn an_aligned_barrier_met_from_two_instructions_is_an_error() {
 fn hand_off(block_barrier: bool) -> ThreadProgram {
     let mut p = P::new();
     let t = tid(&mut p);
-    let a = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: a, a: Src::Imm(0) });
+    let a = shared_at(&mut p, 0);
     let writer = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: writer, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(writer, Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(7)] });

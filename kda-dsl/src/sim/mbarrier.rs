@@ -43,13 +43,13 @@ impl Block<'_> {
     /// The `mbarrier` at `addr`, which thread `t` may use: initialized, and the initialization
     /// ordered before by a barrier.
     fn mbarrier(&mut self, t: usize, addr: u64) -> R<&mut Mbarrier> {
-        let key = addr as u32;
+        let key = self.check_shared(addr, 8)? as u32;
         let Some(&Mbarrier { init: (by, epoch), .. }) = self.mbarriers.get(&key) else {
-            return Err(format!("no mbarrier.init at shared byte {addr}"));
+            return Err(format!("no mbarrier.init at shared byte {key}"));
         };
         if !self.ordered(by, epoch, t as u32) {
             return Err(format!(
-                "thread {t} uses the mbarrier at shared byte {addr} with no barrier after thread {by} initialized it"
+                "thread {t} uses the mbarrier at shared byte {key} with no barrier after thread {by} initialized it"
             ));
         }
         Ok(self.mbarriers.get_mut(&key).expect("checked above"))

@@ -35,9 +35,13 @@ impl Block<'_> {
         Ok(())
     }
 
+    /// The index into the block's shared bytes (the offset from [`SHARED_BASE`]) of an
+    /// `n`-byte access at shared address `addr`, checked for bounds and alignment.
     pub(super) fn check_shared(&self, addr: u64, n: usize) -> R<usize> {
-        let a = addr as usize;
-        if addr > u32::MAX as u64 || a + n > self.shared.len() {
+        let Some(a) = addr.checked_sub(SHARED_BASE).map(|a| a as usize).filter(|_| addr <= u64::from(u32::MAX)) else {
+            return Err(format!("shared access at address {addr}, outside the block's shared memory"));
+        };
+        if a + n > self.shared.len() {
             return Err(format!("shared access out of bounds: bytes {a}..{} of {}", a + n, self.shared.len()));
         }
         if !a.is_multiple_of(n.min(16)) {

@@ -77,6 +77,11 @@ pub struct SimReport {
 
 const GLOBAL_SHIFT: u32 = 40;
 
+/// The shared address of the block's first byte of dynamic shared memory, as `mov.u32 r, smem`
+/// gives it: the hardware keeps the first kilobyte for itself, so a kernel that takes shared
+/// offsets for addresses reads the wrong bytes on it, and here is out of bounds.
+pub(crate) const SHARED_BASE: u64 = 1024;
+
 struct Thread {
     pc: usize,
     regs: Vec<u64>,
@@ -295,7 +300,7 @@ impl<'a> Block<'a> {
                 };
                 self.set(t, *d, v);
             }
-            Op::SharedBase { d } => self.set(t, *d, 0),
+            Op::SharedBase { d } => self.set(t, *d, SHARED_BASE),
             Op::LdParam { d, name, .. } => {
                 let v = *self.params.get(name).ok_or_else(|| format!("no value for parameter {name}"))?;
                 self.set(t, *d, v);

@@ -45,8 +45,8 @@ impl Block<'_> {
                 };
                 let to = dst + u64::from(m.shared_offset(inner, outer));
                 self.write_shared(t, to, &bytes)?;
-                let to = to as usize;
-                for s in &mut self.shadow[to..to + elem] {
+                let at = self.check_shared(to, elem)?;
+                for s in &mut self.shadow[at..at + elem] {
                     s.async_proxy = true;
                 }
             }

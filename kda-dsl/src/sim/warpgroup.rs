@@ -169,8 +169,9 @@ impl Block<'_> {
     /// its writer after the write and before that barrier.
     fn read_operand(&mut self, first: usize, addr: u32, chunks: &mut HashSet<u32>) -> R<u16> {
         let bytes = self.read_shared(first, u64::from(addr), 2)?;
-        for i in addr..addr + 2 {
-            let s = self.shadow[i as usize];
+        let at = self.check_shared(u64::from(addr), 2)?;
+        for i in at..at + 2 {
+            let s = self.shadow[i];
             let (fence_clock, fence_epoch) = self.threads[s.writer as usize].proxy_fence;
             if !s.async_proxy && fence_clock < s.write_clock {
                 return Err(format!(
@@ -185,7 +186,7 @@ impl Block<'_> {
                 ));
             }
         }
-        chunks.insert(addr / 16);
+        chunks.insert(at as u32 / 16);
         Ok(u16::from_le_bytes([bytes[0], bytes[1]]))
     }
 

@@ -269,6 +269,7 @@ enum WgmmaFault {
     None,
     NoRegisterFence,
     AccumulatorWrittenAfterFence,
+    AccumulatorReadAfterFence,
     NoProxyFence,
     ReadBeforeWait,
     SharedWriteWhilePending,
@@ -369,6 +370,10 @@ fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: Wg
     }
     if fault == WgmmaFault::AccumulatorWrittenAfterFence {
         p.op(Op::Mov { ty: Ty::F32, d: acc[0], a: Src::F32(2.0) });
+    }
+    if fault == WgmmaFault::AccumulatorReadAfterFence {
+        let copy = p.reg(RegClass::F32);
+        p.op(Op::Mov { ty: Ty::F32, d: copy, a: Src::Reg(acc[1]) });
     }
     for i in 0..steps {
         let step = (i % steps_per_tile) as usize;
@@ -498,7 +503,8 @@ fn wgmma_takes_a_from_registers() {
 fn wgmma_misuse_is_reported() {
     for (fault, expected) in [
         (WgmmaFault::NoRegisterFence, "no wgmma.fence before it"),
-        (WgmmaFault::AccumulatorWrittenAfterFence, "register %f0 was written after the last wgmma.fence"),
+        (WgmmaFault::AccumulatorWrittenAfterFence, "register %f0 was read or written after the last wgmma.fence"),
+        (WgmmaFault::AccumulatorReadAfterFence, "register %f1 was read or written after the last wgmma.fence"),
         (WgmmaFault::NoProxyFence, "no fence.proxy.async after the write"),
         (WgmmaFault::ReadBeforeWait, "touches register %f0 while a wgmma that owns it is pending"),
         (WgmmaFault::SharedWriteWhilePending, "while a pending wgmma reads it"),

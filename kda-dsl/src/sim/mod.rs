@@ -99,6 +99,9 @@ struct Thread {
     open_group: Vec<(u32, [u8; 16])>,
     /// Per register, the block's [`Block::clock`] at its last write by this thread.
     write_clock: Vec<u64>,
+    /// Per register, the clock at its last read by an instruction of this thread (a `wgmma`'s
+    /// own reads do not count).
+    read_clock: Vec<std::cell::Cell<u64>>,
     /// Per register, whether a pending `wgmma` owns it (touching it is an error).
     in_flight: Vec<bool>,
     /// The clock at this thread's last `wgmma.fence`.
@@ -161,7 +164,8 @@ struct Block<'a> {
     uninit: std::cell::Cell<Option<(usize, Reg)>>,
     /// The first access to a register a pending `wgmma` owns: (thread, register).
     touched_in_flight: std::cell::Cell<Option<(usize, Reg)>>,
-    /// Counts register and shared writes: what orders them against the fences.
+    /// Counts register and shared writes (and `wgmma.fence`s): what orders accesses against
+    /// the fences.
     clock: u64,
     /// Each warpgroup's pending `wgmma`s.
     warpgroups: Vec<warpgroup::Warpgroup>,
@@ -181,7 +185,9 @@ impl<'a> Block<'a> {
     fn get(&self, t: usize, s: &Src) -> u64 {
         match s {
             Src::Reg(r) => {
-                self.note_in_flight(t, self.reg_index(*r), *r);
+                let i = self.reg_index(*r);
+                self.note_in_flight(t, i, *r);
+                self.threads[t].read_clock[i].set(self.clock);
                 self.read_register(t, *r)
             }
             Src::Imm(v) => *v as u64,
@@ -635,6 +641,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             groups: vec![],
                             open_group: vec![],
                             write_clock: vec![0; total],
+                            read_clock: vec![std::cell::Cell::new(0); total],
                             in_flight: vec![false; total],
                             register_fence: None,
                             proxy_fence: (0, 0),

@@ -103,6 +103,8 @@ impl Block<'_> {
                 for t in members.clone() {
                     self.threads[t].register_fence = Some(self.clock);
                 }
+                // Reads from here on carry a later clock than the fence.
+                self.clock += 1;
             }
             Op::Wgmma { ab, n, d, a, b, accumulate } => self.issue_wgmma(group, ab, n, &d, &a, b, accumulate)?,
             Op::WgmmaCommit => {
@@ -150,16 +152,21 @@ impl Block<'_> {
         self.read_register(t, r)
     }
 
-    /// Checks that no register `regs` names was written by thread `t` after its last
-    /// `wgmma.fence`.
+    /// Checks that no register `regs` names was read or written by another instruction of
+    /// thread `t` after its last `wgmma.fence`.
     fn check_register_fence(&self, t: usize, regs: &[Reg]) -> R<()> {
         let Some(fence) = self.threads[t].register_fence else {
             return Err(format!("thread {t}: a wgmma with no wgmma.fence before it"));
         };
-        match regs.iter().find(|r| self.threads[t].write_clock[self.reg_index(**r)] > fence) {
+        let th = &self.threads[t];
+        let accessed = |r: &&Reg| {
+            let i = self.reg_index(**r);
+            th.write_clock[i].max(th.read_clock[i].get()) > fence
+        };
+        match regs.iter().find(accessed) {
             None => Ok(()),
             Some(r) => Err(format!(
-                "thread {t}: register {r} was written after the last wgmma.fence; fence between the write and the wgmma that uses it"
+                "thread {t}: register {r} was read or written after the last wgmma.fence; fence between that access and the wgmma that uses it"
             )),
         }
     }

@@ -636,24 +636,42 @@ fn mbarrier_misuse_is_reported() {
 }
 
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
-/// sm_90a, the mbarrier ring and the TMA copy for sm_90; ptxas from `KDA_PTXAS`, which `.ci/run` sets; skipped
-/// with a line saying so without it, failed when `KDA_REQUIRE_PTXAS` is set).
+/// sm_90a, the mbarrier ring and the TMA copy for sm_90), and their SASS has the Hopper
+/// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`. ptxas from
+/// `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying
+/// so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
 fn hopper_programs_assemble() {
+    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
     let Some(ptxas) = std::env::var_os("KDA_PTXAS") else {
-        assert!(std::env::var_os("KDA_REQUIRE_PTXAS").is_none(), "KDA_REQUIRE_PTXAS is set but KDA_PTXAS is not");
+        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS is not");
         println!("skipped: set KDA_PTXAS to assemble the Hopper programs");
         return;
     };
+    let cuobjdump = std::env::var_os("KDA_CUOBJDUMP");
+    if cuobjdump.is_none() {
+        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_CUOBJDUMP is not");
+        println!("SASS not checked: set KDA_CUOBJDUMP (with nvdisasm on the PATH)");
+    }
     let dir = std::env::temp_dir().join(format!("kda-hopper-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let programs = [
-        ("shared_a", wgmma_program(Swizzle::B128, false, 2, WgmmaFault::None), Target::Sm90a),
-        ("register_a", wgmma_program(Swizzle::B32, true, 2, WgmmaFault::None), Target::Sm90a),
-        ("ring", ring_program(RingFault::None), Target::Sm90),
-        ("tma", tma_program(TmaFault::None), Target::Sm90),
+        (
+            "shared_a",
+            wgmma_program(Swizzle::B128, false, 2, WgmmaFault::None),
+            Target::Sm90a,
+            "HGMMA.64x16x16.F32.BF16",
+        ),
+        (
+            "register_a",
+            wgmma_program(Swizzle::B32, true, 2, WgmmaFault::None),
+            Target::Sm90a,
+            "HGMMA.64x16x16.F32.BF16",
+        ),
+        ("ring", ring_program(RingFault::None), Target::Sm90, "SYNCS.PHASECHK.TRANS64.TRYWAIT"),
+        ("tma", tma_program(TmaFault::None), Target::Sm90, "UTMALDG.2D"),
     ];
-    for (name, prog, target) in programs {
+    for (name, prog, target, sass_op) in programs {
         let src = dir.join(format!("{name}.ptx"));
         std::fs::write(&src, kda_dsl::ptx::print_module(&prog, target)).expect("write ptx");
         let out = std::process::Command::new(&ptxas)
@@ -664,6 +682,17 @@ fn hopper_programs_assemble() {
             .output()
             .expect("run ptxas");
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        if let Some(cuobjdump) = &cuobjdump {
+            let out = std::process::Command::new(cuobjdump)
+                .arg("-sass")
+                .arg(src.with_extension("cubin"))
+                .output()
+                .expect("run cuobjdump");
+            let sass = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{name}: cuobjdump: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(sass.contains(sass_op), "{name}: no {sass_op} in the SASS:\n{sass}");
+            assert!(!sass.contains(" HMMA"), "{name}: an sm_80 HMMA in the SASS:\n{sass}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,6 +44,9 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
         };
     }
     let _ = writeln!(out, ")\n.maxntid {}, 1, 1", prog.threads);
+    if let Some(n) = prog.max_registers {
+        let _ = writeln!(out, ".maxnreg {n}");
+    }
     if let Some(n) = prog.min_blocks_per_sm {
         let _ = writeln!(out, ".minnctapersm {n}");
     }

@@ -329,6 +329,9 @@ pub enum Op {
     WgmmaCommit,
     /// `wgmma.wait_group.sync.aligned n`: waits until at most `n` groups are pending.
     WgmmaWait { n: u32 },
+    /// `setmaxnreg.{inc,dec}.sync.aligned.u32 count`: the warpgroup's registers per thread
+    /// become `count` (24 to 256, a multiple of 8), raised from or returned to the block's pool.
+    SetMaxNReg { raise: bool, count: u32 },
     /// `fence.proxy.async.shared::cta`: this thread's earlier shared-memory writes become
     /// visible to the async proxy (the `wgmma` descriptors' reads).
     FenceProxyAsync,
@@ -414,6 +417,9 @@ pub struct ThreadProgram {
     pub threads: u32,
     /// `.minnctapersm`, when the kernel asks for occupancy.
     pub min_blocks_per_sm: Option<u32>,
+    /// `.maxnreg`: the registers per thread at entry, the pool `setmaxnreg` redistributes
+    /// between warpgroups (ptxas ignores `setmaxnreg` without it).
+    pub max_registers: Option<u32>,
     /// Dynamic shared memory, bytes.
     pub shared_bytes: u32,
     /// The body.
@@ -587,6 +593,9 @@ impl fmt::Display for Op {
             Op::WgmmaCommit => write!(f, "wgmma.commit_group.sync.aligned;"),
             Op::WgmmaWait { n } => write!(f, "wgmma.wait_group.sync.aligned {n};"),
             Op::FenceProxyAsync => write!(f, "fence.proxy.async.shared::cta;"),
+            Op::SetMaxNReg { raise, count } => {
+                write!(f, "setmaxnreg.{}.sync.aligned.u32 {count};", if *raise { "inc" } else { "dec" })
+            }
             Op::MbarrierInit { addr, count } => write!(f, "mbarrier.init.shared.b64 [{addr}], {count};"),
             Op::MbarrierArrive { state, addr } => write!(f, "mbarrier.arrive.shared.b64 {state}, [{addr}];"),
             Op::MbarrierTryWait { d, addr, parity } => {
@@ -650,7 +659,8 @@ impl Inst {
             | Op::WgmmaFence
             | Op::Wgmma { .. }
             | Op::WgmmaCommit
-            | Op::WgmmaWait { .. } => (8, 0),
+            | Op::WgmmaWait { .. }
+            | Op::SetMaxNReg { .. } => (8, 0),
             _ => (7, 0),
         }
     }
@@ -660,7 +670,9 @@ impl Inst {
     pub fn least_target(&self) -> crate::target::Target {
         use crate::target::Target;
         match self.op {
-            Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } => Target::Sm90a,
+            Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } | Op::SetMaxNReg { .. } => {
+                Target::Sm90a
+            }
             Op::FenceProxyAsync
             | Op::MbarrierTryWait { .. }
             | Op::MbarrierArriveExpectTx { .. }

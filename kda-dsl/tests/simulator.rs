@@ -39,6 +39,7 @@ impl P {
             params: params.into_iter().map(|(name, ty)| (name, ParamKind::Value(ty))).collect(),
             threads,
             min_blocks_per_sm: None,
+            max_registers: None,
             shared_bytes: shared,
             body: self.body,
             reg_counts: self.counts,
@@ -637,7 +638,8 @@ fn mbarrier_misuse_is_reported() {
 
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
 /// sm_90a, the mbarrier ring and the TMA copy for sm_90), and their SASS has the Hopper
-/// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`. ptxas from
+/// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`, `USETMAXREG` (and
+/// ptxas does not ignore the `setmaxnreg`s: no warning C7508). ptxas from
 /// `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying
 /// so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
@@ -670,6 +672,7 @@ fn hopper_programs_assemble() {
         ),
         ("ring", ring_program(RingFault::None), Target::Sm90, "SYNCS.PHASECHK.TRANS64.TRYWAIT"),
         ("tma", tma_program(TmaFault::None), Target::Sm90, "UTMALDG.2D"),
+        ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
     ];
     for (name, prog, target, sass_op) in programs {
         let src = dir.join(format!("{name}.ptx"));
@@ -682,6 +685,9 @@ fn hopper_programs_assemble() {
             .output()
             .expect("run ptxas");
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        // C7508: ptxas ignored a setmaxnreg.
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(!log.contains("C7508"), "{name}: {log}");
         if let Some(cuobjdump) = &cuobjdump {
             let out = std::process::Command::new(cuobjdump)
                 .arg("-sass")
@@ -822,6 +828,54 @@ fn tma_misuse_is_reported() {
         (TmaFault::MisalignedBox, "must start on a 1024-byte boundary"),
     ] {
         let e = run_tma(fault, [0, 0]).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
+/// What a register-roles test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RolesFault {
+    None,
+    NoRegisterCap,
+    Overcommit,
+    CountNotMultipleOf8,
+}
+
+/// Three warpgroups under `.maxnreg 168`: the producer (warpgroup 0) returns registers down to
+/// 40, the two consumers raise theirs to 232 (40 + 232 + 232 = 3 x 168), each role one branch.
+fn roles_program(fault: RolesFault) -> ThreadProgram {
+    let (producer, consumer) = match fault {
+        RolesFault::Overcommit => (40, 240),
+        RolesFault::CountNotMultipleOf8 => (36, 232),
+        _ => (40, 232),
+    };
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let group = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: group, a: Src::Reg(t), b: Src::Imm(7) });
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::S32, d: is_consumer, a: Src::Reg(group), b: Src::Imm(0) });
+    p.guarded(is_consumer, Op::Bra { target: 0 });
+    p.op(Op::SetMaxNReg { raise: false, count: producer });
+    p.op(Op::Bra { target: 1 });
+    p.op(Op::Label(0));
+    p.op(Op::SetMaxNReg { raise: true, count: consumer });
+    p.op(Op::Label(1));
+    p.op(Op::Ret);
+    let mut prog = p.prog(384, 0, vec![]);
+    prog.max_registers = (fault != RolesFault::NoRegisterCap).then_some(168);
+    prog
+}
+
+#[test]
+fn warpgroups_trade_registers_within_the_cap() {
+    run(&roles_program(RolesFault::None), [1, 1, 1], &mut []).expect("runs");
+    for (fault, expected) in [
+        (RolesFault::NoRegisterCap, "no .maxnreg: ptxas ignores it"),
+        (RolesFault::Overcommit, "deadlock"),
+        (RolesFault::CountNotMultipleOf8, "setmaxnreg 36: expected a multiple of 8 from 24 to 256"),
+    ] {
+        let e = err_of(&roles_program(fault), &mut []);
         assert!(e.contains(expected), "{fault:?}: {e}");
     }
 }

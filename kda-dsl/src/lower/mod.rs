@@ -311,6 +311,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         params,
         threads: p.def.launched_threads(),
         min_blocks_per_sm: p.def.min_blocks_per_sm,
+        max_registers: None,
         shared_bytes: p.shared_bytes,
         body: lw.em.body,
         reg_counts: lw.em.counts,

@@ -555,7 +555,8 @@ impl<'a> Block<'a> {
             | Op::WgmmaFence
             | Op::Wgmma { .. }
             | Op::WgmmaCommit
-            | Op::WgmmaWait { .. } => {
+            | Op::WgmmaWait { .. }
+            | Op::SetMaxNReg { .. } => {
                 unreachable!("collectives run in step_warp")
             }
         }
@@ -665,7 +666,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     clock: 0,
                     mbarriers: HashMap::new(),
                     warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
-                        .map(|_| Default::default())
+                        .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
                         .collect(),
                 };
                 let r = run_block(&mut blk);

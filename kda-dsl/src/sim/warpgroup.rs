@@ -27,9 +27,11 @@ pub(super) struct InFlight {
     chunks: HashSet<u32>,
 }
 
-/// A warpgroup's `wgmma`s not yet retired.
+/// A warpgroup's `wgmma`s not yet retired, and its registers per thread.
 #[derive(Default)]
 pub(super) struct Warpgroup {
+    /// Registers per thread: the kernel's `.maxnreg` until a `setmaxnreg`.
+    registers: u32,
     /// Issued since the last `commit_group`.
     open: Vec<InFlight>,
     /// Committed groups, oldest first.
@@ -37,6 +39,11 @@ pub(super) struct Warpgroup {
 }
 
 impl Warpgroup {
+    /// A warpgroup with `registers` per thread and nothing pending.
+    pub(super) fn new(registers: u32) -> Warpgroup {
+        Warpgroup { registers, ..Default::default() }
+    }
+
     fn pending(&self) -> impl Iterator<Item = &InFlight> {
         self.committed.iter().flatten().chain(&self.open)
     }
@@ -54,7 +61,7 @@ impl Warpgroup {
 
 /// Whether `op` is run by a whole warpgroup at once.
 pub(super) fn is_warpgroup_collective(op: &Op) -> bool {
-    matches!(op, Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. })
+    matches!(op, Op::WgmmaFence | Op::Wgmma { .. } | Op::WgmmaCommit | Op::WgmmaWait { .. } | Op::SetMaxNReg { .. })
 }
 
 impl Block<'_> {
@@ -98,6 +105,11 @@ impl Block<'_> {
             }
         }
         let group = w / 4;
+        if let Op::SetMaxNReg { raise, count } = self.prog.body[pc].op {
+            if !self.set_registers(group, raise, count)? {
+                return Ok(false);
+            }
+        }
         match self.prog.body[pc].op.clone() {
             Op::WgmmaFence => {
                 for t in members.clone() {
@@ -118,6 +130,7 @@ impl Block<'_> {
                 }
                 self.mark_in_flight(group);
             }
+            Op::SetMaxNReg { .. } => {}
             _ => unreachable!("only warpgroup instructions"),
         }
         self.check_uninit()?;
@@ -126,6 +139,30 @@ impl Block<'_> {
             self.threads[t].blocked = false;
             self.threads[t].pc += 1;
         }
+        Ok(true)
+    }
+
+    /// Moves warpgroup `group` to `count` registers per thread; false while the block's pool
+    /// (`.maxnreg` times its threads) cannot yet supply a raise: it waits for other
+    /// warpgroups to return theirs.
+    fn set_registers(&mut self, group: usize, raise: bool, count: u32) -> R<bool> {
+        let Some(cap) = self.prog.max_registers else {
+            return Err("setmaxnreg in a kernel with no .maxnreg: ptxas ignores it".into());
+        };
+        if !(24..=256).contains(&count) || !count.is_multiple_of(8) {
+            return Err(format!("setmaxnreg {count}: expected a multiple of 8 from 24 to 256"));
+        }
+        let now = self.warpgroups[group].registers;
+        if raise && count < now || !raise && count > now {
+            let (verb, dir) = if raise { ("inc", "below") } else { ("dec", "above") };
+            return Err(format!("setmaxnreg.{verb} to {count}, {dir} the warpgroup's {now} registers"));
+        }
+        let others: u32 =
+            self.warpgroups.iter().enumerate().filter(|(g, _)| *g != group).map(|(_, w)| w.registers).sum();
+        if others + count > cap * self.warpgroups.len() as u32 {
+            return Ok(false);
+        }
+        self.warpgroups[group].registers = count;
         Ok(true)
     }
 

@@ -627,7 +627,7 @@ fn mbarrier_misuse_is_reported() {
     for (fault, expected) in [
         (RingFault::NoBarrierAfterInit, "with no barrier after thread 0 initialized it"),
         (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
-        (RingFault::MissingArrival, "whose arrivals or copied bytes never come"),
+        (RingFault::MissingArrival, "arrival(s) short, which never come"),
         (RingFault::StoreToBarrier, "belongs to an mbarrier"),
         (RingFault::WaitWithoutLoop, "race: shared byte 16 written by thread 0 and read by thread 32"),
     ] {
@@ -710,6 +710,8 @@ enum TmaFault {
     NoWait,
     ArriveWithoutExpectTx,
     MisalignedBox,
+    ExpectTxTooHigh,
+    ExpectTxTooLow,
 }
 
 /// The TMA tests' map: a 100 x 20 bf16 tensor (rows padded to 208 bytes) in boxes of 64 x 16,
@@ -753,7 +755,12 @@ fn tma_program(fault: TmaFault) -> ThreadProgram {
     if fault == TmaFault::ArriveWithoutExpectTx {
         p.guarded(first, Op::MbarrierArrive { state, addr: mbar });
     } else {
-        p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes: box_bytes });
+        let bytes = match fault {
+            TmaFault::ExpectTxTooHigh => box_bytes + 16,
+            TmaFault::ExpectTxTooLow => box_bytes - 16,
+            _ => box_bytes,
+        };
+        p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes });
     }
     let dst = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: dst, a: Src::Reg(smem), b: Src::Imm(box_offset) });
@@ -826,6 +833,8 @@ fn tma_misuse_is_reported() {
         (TmaFault::NoWait, "race: shared byte"),
         (TmaFault::ArriveWithoutExpectTx, "race: shared byte"),
         (TmaFault::MisalignedBox, "must start on a 1024-byte boundary"),
+        (TmaFault::ExpectTxTooHigh, "whose copies delivered 16 bytes fewer than its expect_tx"),
+        (TmaFault::ExpectTxTooLow, "whose copies delivered 16 bytes more than its expect_tx"),
     ] {
         let e = run_tma(fault, [0, 0]).expect_err("a planted fault");
         assert!(e.contains(expected), "{fault:?}: {e}");

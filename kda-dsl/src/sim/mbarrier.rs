@@ -131,6 +131,25 @@ impl Block<'_> {
         Ok(())
     }
 
+    /// Why the phase thread `t` is parked at cannot complete: its arrivals never come, or they
+    /// came and the transaction count is off (`expect_tx` and the copies' bytes differ).
+    pub(super) fn stuck_phase(&mut self, t: usize) -> String {
+        let Op::MbarrierTryWait { addr, .. } = self.prog.body[self.threads[t].pc].op else {
+            unreachable!("threads park only at mbarrier.try_wait")
+        };
+        let a = self.get(t, &Src::Reg(addr));
+        match self.mbarrier(t, a) {
+            Ok(m) if m.pending == 0 && m.tx > 0 => {
+                format!("whose copies delivered {} bytes fewer than its expect_tx", m.tx)
+            }
+            Ok(m) if m.pending == 0 => {
+                format!("whose copies delivered {} bytes more than its expect_tx", -m.tx)
+            }
+            Ok(m) => format!("still {} arrival(s) short, which never come", m.pending),
+            Err(e) => e,
+        }
+    }
+
     /// Wakes the threads parked at a `try_wait` whose phase has completed.
     pub(super) fn unpark(&mut self) -> R<bool> {
         let mut woke = false;

@@ -732,11 +732,8 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
             Err(m) => return Err(fail(blk, 0, m)),
         }
         if let (false, Some(t)) = (progress, blk.threads.iter().position(|t| t.parked)) {
-            return Err(fail(
-                blk,
-                t,
-                "deadlock: an mbarrier.try_wait waits for a phase whose arrivals or copied bytes never come".into(),
-            ));
+            let why = blk.stuck_phase(t);
+            return Err(fail(blk, t, format!("deadlock: an mbarrier.try_wait waits for a phase {why}")));
         }
         if !progress {
             let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);

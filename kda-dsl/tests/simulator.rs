@@ -278,15 +278,29 @@ enum WgmmaFault {
     ProxyFenceAfterBarrier,
 }
 
-/// Columns of the `wgmma` tests' product (`m64n16k16`).
-const WGMMA_N: u32 = 16;
+/// A `wgmma` test's product: `m64n{n}k16` with operand tiles of `swizzle`, A from shared memory
+/// or registers, `steps` instructions chained onto one accumulator.
+#[derive(Clone, Copy, Debug)]
+struct WgmmaCase {
+    swizzle: Swizzle,
+    n: u32,
+    a_from_registers: bool,
+    steps: u32,
+}
 
-/// The `wgmma` tests' operand tiles: A (64 rows) and B ([`WGMMA_N`] rows), K-major, `k`
-/// elements (one line of the swizzle, at least one K-step), B right after A.
-fn wgmma_tiles(swizzle: Swizzle) -> (KMajorTile, KMajorTile, u32) {
-    let k = (swizzle.line_bytes() / 2).max(16);
-    let a = KMajorTile { rows: 64, k, elem_bytes: 2, swizzle };
-    (a, KMajorTile { rows: WGMMA_N, ..a }, a.bytes())
+impl WgmmaCase {
+    /// A from shared memory, `n` = 16, two chained K-steps.
+    fn shared_a(swizzle: Swizzle) -> WgmmaCase {
+        WgmmaCase { swizzle, n: 16, a_from_registers: false, steps: 2 }
+    }
+
+    /// The operand tiles: A (64 rows) and B (`n` rows), K-major, `k` elements (one line of the
+    /// swizzle, at least one K-step), B right after A.
+    fn tiles(&self) -> (KMajorTile, KMajorTile, u32) {
+        let k = (self.swizzle.line_bytes() / 2).max(16);
+        let a = KMajorTile { rows: 64, k, elem_bytes: 2, swizzle: self.swizzle };
+        (a, KMajorTile { rows: self.n, ..a }, a.bytes())
+    }
 }
 
 /// Thread `t`'s address in tensor `name`, `stride` bytes per thread.
@@ -300,12 +314,13 @@ fn per_thread_global(p: &mut P, t: Reg, name: &str, stride: i64) -> Reg {
     a
 }
 
-/// A warpgroup's `m64n16k16` product through `wgmma`, as named steps: copy the tile image
+/// A warpgroup's `m64nNk16` product through `wgmma`, as named steps: copy the tile image
 /// (already in the swizzled layout) into shared memory, fence it for the async proxy, set the
 /// accumulator to 1, fence the registers, chain `steps` `wgmma`s (K-step `i % steps_per_tile`),
 /// commit, wait, and store each thread's accumulator registers.
-fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: WgmmaFault) -> ThreadProgram {
-    let (a_tile, b_tile, b_base) = wgmma_tiles(swizzle);
+fn wgmma_program(case: WgmmaCase, fault: WgmmaFault) -> ThreadProgram {
+    let WgmmaCase { n, a_from_registers, steps, .. } = case;
+    let (a_tile, b_tile, b_base) = case.tiles();
     let image = a_tile.bytes() + b_tile.bytes();
     let mut p = P::new();
     let t = tid(&mut p);
@@ -360,7 +375,7 @@ fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: Wg
         let at = per_thread_global(&mut p, t, "a_frag", 16);
         p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: a_frag.to_vec(), addr: at, offset: 0 });
     }
-    let acc: Vec<Reg> = (0..WGMMA_N / 2).map(|_| p.reg(RegClass::F32)).collect();
+    let acc: Vec<Reg> = (0..n / 2).map(|_| p.reg(RegClass::F32)).collect();
     for r in &acc {
         p.op(Op::Mov { ty: Ty::F32, d: *r, a: Src::F32(1.0) });
     }
@@ -379,7 +394,7 @@ fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: Wg
     for i in 0..steps {
         let step = (i % steps_per_tile) as usize;
         let a = if a_from_registers { WgmmaA::Registers(a_frag) } else { WgmmaA::Descriptor(a_desc[step]) };
-        p.op(Op::Wgmma { ab: Ty::BF16, n: WGMMA_N, d: acc.clone(), a, b: b_desc[step], accumulate });
+        p.op(Op::Wgmma { ab: Ty::BF16, n, d: acc.clone(), a, b: b_desc[step], accumulate });
     }
     p.op(Op::WgmmaCommit);
     if fault == WgmmaFault::SharedWriteWhilePending {
@@ -393,7 +408,7 @@ fn wgmma_program(swizzle: Swizzle, a_from_registers: bool, steps: u32, fault: Wg
     if fault == WgmmaFault::ExitPending {
         p.op(Op::Ret);
     }
-    let out = per_thread_global(&mut p, t, "out", 4 * i64::from(WGMMA_N / 2));
+    let out = per_thread_global(&mut p, t, "out", 4 * i64::from(n / 2));
     let store = |p: &mut P| {
         for (half, regs) in acc.chunks(4).enumerate() {
             let vals = regs.iter().map(|r| Src::Reg(*r)).collect();
@@ -420,16 +435,12 @@ fn small_bf16(i: u32) -> f32 {
     ((i * 7 + 3) % 9) as f32 / 4.0 - 1.0
 }
 
-/// Runs [`wgmma_program`] on A (64 x k) and B (16 x k) of [`small_bf16`] values and returns each
+/// Runs [`wgmma_program`] on A (64 x k) and B (n x k) of [`small_bf16`] values and returns each
 /// (row, column) of the product with the f64 reference, `1 + Σ_i A_i B_iᵀ` over the chained
 /// K-steps.
-fn run_wgmma(
-    swizzle: Swizzle,
-    a_from_registers: bool,
-    steps: u32,
-    fault: WgmmaFault,
-) -> Result<Vec<(f32, f64)>, String> {
-    let (a_tile, b_tile, b_base) = wgmma_tiles(swizzle);
+fn run_wgmma(case: WgmmaCase, fault: WgmmaFault) -> Result<Vec<(f32, f64)>, String> {
+    let WgmmaCase { n, steps, .. } = case;
+    let (a_tile, b_tile, b_base) = case.tiles();
     let a = |m: u32, k: u32| small_bf16(m * 131 + k);
     let b = |n: u32, k: u32| small_bf16(n * 71 + k * 5 + 1);
     let mut image = vec![0u8; (a_tile.bytes() + b_tile.bytes()) as usize];
@@ -453,27 +464,27 @@ fn run_wgmma(
     let mut args = vec![
         ("tiles".to_string(), SimArg::Tensor(image)),
         ("a_frag".to_string(), SimArg::Tensor(a_frag)),
-        ("out".to_string(), SimArg::Tensor(vec![0; 128 * 4 * WGMMA_N as usize / 2])),
+        ("out".to_string(), SimArg::Tensor(vec![0; 128 * 4 * n as usize / 2])),
     ];
     let steps_per_tile = a_tile.k / 16;
     for s in 0..steps_per_tile {
         args.push((format!("a_desc{s}"), SimArg::I64(a_tile.descriptor(0, s).encode() as i64)));
         args.push((format!("b_desc{s}"), SimArg::I64(b_tile.descriptor(b_base, s).encode() as i64)));
     }
-    run(&wgmma_program(swizzle, a_from_registers, steps, fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    run(&wgmma_program(case, fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
     let SimArg::Tensor(out) = &args[2].1 else { unreachable!() };
-    let acc = WgmmaFragment::Accumulator { n: WGMMA_N };
+    let acc = WgmmaFragment::Accumulator { n };
     let mut got = vec![];
     for thread in 0..128 {
         for v in 0..acc.values_per_thread() {
-            let (m, n) = acc.coord(thread, v);
-            let at = ((thread * WGMMA_N / 2 + v) * 4) as usize;
+            let (m, col) = acc.coord(thread, v);
+            let at = ((thread * n / 2 + v) * 4) as usize;
             let value = f32::from_le_bytes(out[at..at + 4].try_into().expect("4 bytes"));
             let reference = 1.0
                 + (0..steps)
                     .map(|i| {
                         let k0 = 16 * (i % steps_per_tile);
-                        (k0..k0 + 16).map(|k| f64::from(a(m, k)) * f64::from(b(n, k))).sum::<f64>()
+                        (k0..k0 + 16).map(|k| f64::from(a(m, k)) * f64::from(b(col, k))).sum::<f64>()
                     })
                     .sum::<f64>();
             got.push((value, reference));
@@ -486,17 +497,37 @@ fn run_wgmma(
 fn wgmma_multiplies_through_each_swizzles_descriptors() {
     for swizzle in Swizzle::ALL {
         // Every K-step of the line, chained onto one accumulator, and at least two.
-        let steps = (wgmma_tiles(swizzle).0.k / 16).max(2);
-        for (value, reference) in run_wgmma(swizzle, false, steps, WgmmaFault::None).expect("runs") {
-            assert_eq!(f64::from(value), reference, "{swizzle:?}");
+        let steps = (WgmmaCase::shared_a(swizzle).tiles().0.k / 16).max(2);
+        let case = WgmmaCase { steps, ..WgmmaCase::shared_a(swizzle) };
+        for (value, reference) in run_wgmma(case, WgmmaFault::None).expect("runs") {
+            assert_eq!(f64::from(value), reference, "{case:?}");
         }
     }
 }
 
 #[test]
 fn wgmma_takes_a_from_registers() {
-    for (value, reference) in run_wgmma(Swizzle::B32, true, 2, WgmmaFault::None).expect("runs") {
+    let case = WgmmaCase { a_from_registers: true, ..WgmmaCase::shared_a(Swizzle::B32) };
+    for (value, reference) in run_wgmma(case, WgmmaFault::None).expect("runs") {
         assert_eq!(f64::from(value), reference);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// Every N the instruction has (8 to 256), each swizzle, A from shared memory or registers
+    /// (one K-step of a 32-byte line): the product equals the reference.
+    #[test]
+    fn wgmma_multiplies_at_every_n(
+        blocks in 1u32..=32,
+        swizzle in proptest::sample::select(Swizzle::ALL.to_vec()),
+        a_from_registers: bool,
+    ) {
+        let swizzle = if a_from_registers { Swizzle::B32 } else { swizzle };
+        let case = WgmmaCase { swizzle, n: 8 * blocks, a_from_registers, steps: 2 };
+        for (value, reference) in run_wgmma(case, WgmmaFault::None).expect("runs") {
+            proptest::prop_assert_eq!(f64::from(value), reference, "{:?}", case);
+        }
     }
 }
 
@@ -512,7 +543,7 @@ fn wgmma_misuse_is_reported() {
         (WgmmaFault::ExitPending, "exits with wgmma results pending"),
         (WgmmaFault::ProxyFenceAfterBarrier, "no barrier orders thread 1's fence.proxy.async before it"),
     ] {
-        let e = run_wgmma(Swizzle::B128, false, 2, fault).expect_err("a planted fault");
+        let e = run_wgmma(WgmmaCase::shared_a(Swizzle::B128), fault).expect_err("a planted fault");
         assert!(e.contains(expected), "{fault:?}: {e}");
     }
 }
@@ -660,13 +691,13 @@ fn hopper_programs_assemble() {
     let programs = [
         (
             "shared_a",
-            wgmma_program(Swizzle::B128, false, 2, WgmmaFault::None),
+            wgmma_program(WgmmaCase::shared_a(Swizzle::B128), WgmmaFault::None),
             Target::Sm90a,
             "HGMMA.64x16x16.F32.BF16",
         ),
         (
             "register_a",
-            wgmma_program(Swizzle::B32, true, 2, WgmmaFault::None),
+            wgmma_program(WgmmaCase { a_from_registers: true, ..WgmmaCase::shared_a(Swizzle::B32) }, WgmmaFault::None),
             Target::Sm90a,
             "HGMMA.64x16x16.F32.BF16",
         ),

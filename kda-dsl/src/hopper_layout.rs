@@ -68,6 +68,69 @@ impl Swizzle {
 /// Bytes of K one `wgmma` instruction reads: 16 elements of 16 bits (or 8 of 32, 32 of 8).
 pub const WGMMA_K_BYTES: u32 = 32;
 
+/// Which axis of a shared operand tile is contiguous: K (`imm-trans` 0) or M/N (`imm-trans` 1,
+/// 16-bit types only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Major {
+    /// K-major: a row's K elements are contiguous.
+    K,
+    /// MN-major: a K row's M (or N) elements are contiguous.
+    MN,
+}
+
+/// An MN-major operand tile in the canonical layout of `swizzle`: `mn` (M or N) by `k` (a
+/// multiple of 8) elements of `elem_bytes`. The MN axis is cut into blocks one line wide;
+/// block `b` holds every K row's part of it, K rows a line apart (8 K rows: one atom), and the
+/// blocks follow each other, `k` lines apart. Without a swizzle a block is one 16-byte column of
+/// core matrices (8 K rows of 16 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MnMajorTile {
+    /// Elements along M or N; `mn * elem_bytes` a multiple of the line.
+    pub mn: u32,
+    /// Elements along K, a multiple of 8.
+    pub k: u32,
+    /// Bytes per element (2 for bf16 and f16).
+    pub elem_bytes: u32,
+    /// The swizzle.
+    pub swizzle: Swizzle,
+}
+
+impl MnMajorTile {
+    /// Bytes of the whole tile.
+    pub fn bytes(&self) -> u32 {
+        self.mn * self.k * self.elem_bytes
+    }
+
+    /// The byte offset of element (`mn`, `kk`) before the swizzle.
+    pub fn logical_offset(&self, mn: u32, kk: u32) -> u32 {
+        let line = self.swizzle.line_bytes();
+        let mb = mn * self.elem_bytes;
+        (mb / line) * self.k * line + kk * line + mb % line
+    }
+
+    /// The shared address of element (`mn`, `kk`) of the tile at `base` (aligned to the
+    /// swizzle's atom).
+    pub fn address(&self, base: u32, mn: u32, kk: u32) -> u32 {
+        self.swizzle.apply(base + self.logical_offset(mn, kk))
+    }
+
+    /// The descriptor of the tile at `base` for K-step `step` (K rows `step * 16` onwards for
+    /// 16-bit elements): its start is that step's first K row; with a swizzle, the leading
+    /// offset steps from one MN block to the next and the stride from 8 K rows to the next;
+    /// without one the roles swap: the leading offset steps 8 K rows, the stride one 16-byte
+    /// MN column.
+    pub fn descriptor(&self, base: u32, step: u32) -> MatrixDescriptor {
+        let line = self.swizzle.line_bytes();
+        let k_rows = step * WGMMA_K_BYTES / self.elem_bytes;
+        let start = base + k_rows * line;
+        let (leading, stride) = match self.swizzle {
+            Swizzle::None => (8 * 16, self.k * 16),
+            _ => (self.k * line, 8 * line),
+        };
+        MatrixDescriptor { start, leading, stride, swizzle: self.swizzle }
+    }
+}
+
 /// A K-major operand tile in the canonical layout of `swizzle`: `rows` (M or N, a multiple of
 /// 8) by `k` elements of `elem_bytes`. The k axis is cut into slabs one line wide; slab `s`
 /// holds every row's part of it, rows a line apart (8 rows: one atom), and the slabs follow
@@ -121,6 +184,57 @@ impl KMajorTile {
     }
 }
 
+/// A shared `wgmma` operand tile of either major-ness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandTile {
+    /// K contiguous.
+    K(KMajorTile),
+    /// M or N contiguous.
+    MN(MnMajorTile),
+}
+
+impl OperandTile {
+    /// Which axis is contiguous.
+    pub fn major(&self) -> Major {
+        match self {
+            OperandTile::K(_) => Major::K,
+            OperandTile::MN(_) => Major::MN,
+        }
+    }
+
+    /// Elements along K.
+    pub fn k(&self) -> u32 {
+        match self {
+            OperandTile::K(t) => t.k,
+            OperandTile::MN(t) => t.k,
+        }
+    }
+
+    /// Bytes of the whole tile.
+    pub fn bytes(&self) -> u32 {
+        match self {
+            OperandTile::K(t) => t.bytes(),
+            OperandTile::MN(t) => t.bytes(),
+        }
+    }
+
+    /// The shared address of element (`mn`, `k`) of the tile at `base`.
+    pub fn address(&self, base: u32, mn: u32, k: u32) -> u32 {
+        match self {
+            OperandTile::K(t) => t.address(base, mn, k),
+            OperandTile::MN(t) => t.address(base, mn, k),
+        }
+    }
+
+    /// The descriptor of the tile at `base` for K-step `step`.
+    pub fn descriptor(&self, base: u32, step: u32) -> MatrixDescriptor {
+        match self {
+            OperandTile::K(t) => t.descriptor(base, step),
+            OperandTile::MN(t) => t.descriptor(base, step),
+        }
+    }
+}
+
 /// A `wgmma` matrix descriptor's fields, in bytes (the encoding drops the low 4 bits of each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatrixDescriptor {
@@ -159,16 +273,34 @@ impl MatrixDescriptor {
         Ok(MatrixDescriptor { start: bytes(0), leading: bytes(16), stride: bytes(32), swizzle })
     }
 
-    /// The shared address of the K-major element at `row` (0..64 or 0..N), byte `kb` of the
-    /// instruction's [`WGMMA_K_BYTES`]: without a swizzle, 8 x 16-byte core matrices, the next
-    /// 8 rows `stride` bytes on and the next 16 bytes of K `leading` bytes on; with one, rows a
-    /// line apart within an atom of 8, the next 8 rows `stride` bytes on, swizzled.
-    pub fn address(&self, row: u32, kb: u32) -> u32 {
-        let rows = self.start + (row / 8) * self.stride;
-        match self.swizzle {
-            Swizzle::None => rows + (kb / 16) * self.leading + (row % 8) * 16 + kb % 16,
-            mode => mode.apply(rows + (row % 8) * mode.line_bytes() + kb),
-        }
+    /// The shared address of the operand element at `mn` (its M or N index) and `k` (0..16
+    /// for 16-bit elements) of a `major` tile of `elem_bytes` elements.
+    ///
+    /// K-major: without a swizzle, 8 x 16-byte core matrices, the next 8 rows `stride` bytes on
+    /// and the next 16 bytes of K `leading` bytes on; with one, rows a line apart within an atom
+    /// of 8, the next 8 rows `stride` bytes on. MN-major: with a swizzle, K rows a line apart
+    /// within an atom of 8, the next 8 K rows `stride` bytes on and the next line of MN `leading`
+    /// bytes on; without one, K rows 16 bytes apart, the next 8 K rows `leading` bytes on and
+    /// the next 16 bytes of MN `stride` bytes on. The swizzle permutes the address last.
+    pub fn address(&self, major: Major, mn: u32, k: u32, elem_bytes: u32) -> u32 {
+        let line = self.swizzle.line_bytes();
+        let (row, row_bytes) = match major {
+            Major::K => (mn, k * elem_bytes),
+            Major::MN => (k, mn * elem_bytes),
+        };
+        let unswizzled = match (major, self.swizzle) {
+            (Major::K, Swizzle::None) => {
+                (row / 8) * self.stride + (row_bytes / 16) * self.leading + (row % 8) * 16 + row_bytes % 16
+            }
+            (Major::K, _) => (row / 8) * self.stride + (row % 8) * line + row_bytes,
+            (Major::MN, Swizzle::None) => {
+                (row / 8) * self.leading + (row_bytes / 16) * self.stride + (row % 8) * 16 + row_bytes % 16
+            }
+            (Major::MN, _) => {
+                (row / 8) * self.stride + (row_bytes / line) * self.leading + (row % 8) * line + row_bytes % line
+            }
+        };
+        self.swizzle.apply(self.start + unswizzled)
     }
 }
 
@@ -314,21 +446,41 @@ mod tests {
         (bytes(0), bytes(16), bytes(32), mode)
     }
 
-    /// The address `wgmma` reads for the K-major operand element at `row`, byte `kb` of the
-    /// instruction's K, from the descriptor alone, as the ISA describes the canonical layouts:
-    /// without a swizzle, 8 x 16-byte core matrices, the next 8 rows `stride` bytes on and the
-    /// next 16 bytes of K `leading` bytes on; with one, rows a line apart in atoms of 8 lines,
-    /// the next 8 rows `stride` bytes on, and the atom's swizzle on the address.
-    fn wgmma_reads(d: u64, row: u32, kb: u32) -> u32 {
+    /// The address `wgmma` reads for operand element (`mn`, `k`) of a `major` tile of
+    /// 16-bit elements, from the descriptor alone, evaluating the PTX ISA's canonical layouts
+    /// as CuTe layouts in elements (T = 8 elements per 16 bytes, W = 16-byte chunks per
+    /// swizzle line; LBO and SBO in elements):
+    /// - K-major, no swizzle: `((8,m),(T,2k)):((T,SBO),(1,LBO))`; swizzled:
+    ///   `((8,m),(T,2k)):((W·T,SBO),(1,T))`;
+    /// - MN-major, no swizzle: `((T,1,m),(8,k)):((1,T,SBO),(T,LBO))`; swizzled:
+    ///   `((T,W,m),(8,k)):((1,T,LBO),(W·T,SBO))`;
+    ///
+    /// then `Swizzle<log2 W, 4, 3>` on the byte address.
+    fn wgmma_reads(d: u64, major: Major, mn: u32, k: u32) -> u32 {
+        const T: u32 = 8;
         let (start, leading, stride, mode) = decode(d);
-        match mode {
-            Swizzle::None => start + (row / 8) * stride + (kb / 16) * leading + (row % 8) * 16 + kb % 16,
-            m => {
-                let addr = start + (row / 8) * stride + (row % 8) * m.line_bytes() + kb;
-                let mask = (m.line_bytes() / 16 - 1) << 4;
-                addr ^ ((addr >> 3) & mask)
+        let (lbo, sbo) = (leading / 2, stride / 2);
+        let w = mode.line_bytes() / 16;
+        // A coordinate split by a shape's modes, dotted with their strides.
+        // (The last mode takes what is left; its size is not used.)
+        let eval = |mut x: u32, modes: &[(u32, u32)]| {
+            let (last, inner) = modes.split_last().expect("a mode");
+            let mut offset = 0;
+            for (size, step) in inner {
+                offset += (x % size) * step;
+                x /= size;
             }
-        }
+            offset + x * last.1
+        };
+        let elems = match (major, mode) {
+            (Major::K, Swizzle::None) => eval(mn, &[(8, T), (0, sbo)]) + eval(k, &[(T, 1), (0, lbo)]),
+            (Major::K, _) => eval(mn, &[(8, w * T), (0, sbo)]) + eval(k, &[(T, 1), (0, T)]),
+            (Major::MN, Swizzle::None) => eval(mn, &[(T, 1), (1, T), (0, sbo)]) + eval(k, &[(8, T), (0, lbo)]),
+            (Major::MN, _) => eval(mn, &[(T, 1), (w, T), (0, lbo)]) + eval(k, &[(8, w * T), (0, sbo)]),
+        };
+        let addr = start + 2 * elems;
+        let bits = w.trailing_zeros();
+        addr ^ ((addr >> 3) & (((1 << bits) - 1) << 4))
     }
 
     fn swizzle() -> impl Strategy<Value = Swizzle> {
@@ -342,6 +494,16 @@ mod tests {
             let line_elems = swizzle.line_bytes() / 2;
             let k = (lines * line_elems).next_multiple_of(WGMMA_K_BYTES / 2);
             KMajorTile { rows: 8 * row_groups, k, elem_bytes: 2, swizzle }
+        })
+    }
+
+    /// An MN-major tile of 16-bit elements: MN whole lines (up to 256 elements), K whole
+    /// instruction steps (up to 64).
+    fn mn_tile() -> impl Strategy<Value = MnMajorTile> {
+        (swizzle(), 1u32..=4, 1u32..=4).prop_map(|(swizzle, steps, lines)| {
+            let line_elems = swizzle.line_bytes() / 2;
+            let mn = (lines * line_elems).next_multiple_of(8).min(256);
+            MnMajorTile { mn, k: 16 * steps, elem_bytes: 2, swizzle }
         })
     }
 
@@ -380,9 +542,42 @@ mod tests {
                 for row in 0..t.rows {
                     for kb in (0..WGMMA_K_BYTES).step_by(t.elem_bytes as usize) {
                         let kk = (step * WGMMA_K_BYTES + kb) / t.elem_bytes;
-                        prop_assert_eq!(wgmma_reads(d, row, kb), t.address(base, row, kk), "step {}, row {}, byte {}", step, row, kb);
+                        let reads = wgmma_reads(d, Major::K, row, kb / 2);
+                        prop_assert_eq!(reads, t.address(base, row, kk), "step {}, row {}, byte {}", step, row, kb);
                         let decoded = MatrixDescriptor::decode(d).expect("no base offset");
-                        prop_assert_eq!(decoded.address(row, kb), wgmma_reads(d, row, kb));
+                        prop_assert_eq!(decoded.address(Major::K, row, kb / 2, 2), reads);
+                    }
+                }
+            }
+        }
+
+        /// Every element of an MN-major tile has its own address, inside the tile.
+        #[test]
+        fn an_mn_major_tile_maps_its_elements_one_to_one_onto_its_bytes(t in mn_tile(), atoms in 0u32..16) {
+            let base = atoms * 1024;
+            let mut seen = HashSet::new();
+            for mn in 0..t.mn {
+                for kk in 0..t.k {
+                    let a = t.address(base, mn, kk);
+                    prop_assert!(a >= base && a + t.elem_bytes <= base + t.bytes(), "({mn}, {kk}) at {a}");
+                    prop_assert!(seen.insert(a), "({mn}, {kk}) shares {a}");
+                }
+            }
+        }
+
+        /// What `wgmma` reads through an MN-major tile's descriptors (`imm-trans` 1) is the
+        /// element the tile put there, for every K-step.
+        #[test]
+        fn each_steps_descriptor_reads_the_mn_major_tiles_elements(t in mn_tile(), atoms in 0u32..16) {
+            let base = atoms * 1024;
+            for step in 0..t.k / 16 {
+                let d = t.descriptor(base, step).encode();
+                let decoded = MatrixDescriptor::decode(d).expect("no base offset");
+                for mn in 0..t.mn {
+                    for k in 0..16 {
+                        let reads = wgmma_reads(d, Major::MN, mn, k);
+                        prop_assert_eq!(reads, t.address(base, mn, 16 * step + k), "step {}, mn {}, k {}", step, mn, k);
+                        prop_assert_eq!(decoded.address(Major::MN, mn, k, 2), reads);
                     }
                 }
             }

@@ -318,13 +318,13 @@ pub enum Op {
     /// `wgmma`s that follow (needed before the first, and after any other instruction wrote an
     /// accumulator or A register a `wgmma` uses).
     WgmmaFence,
-    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, a, b, accumulate, 1, 1[, 0], 0`:
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, a, b, accumulate, 1, 1[, trans-a], trans-b`:
     /// the warpgroup's 64 x `n` f32 accumulator `d` (`n / 2` registers per thread, in
-    /// [`crate::hopper_layout::WgmmaFragment::Accumulator`]'s layout) plus A (64 x 16) times B
-    /// (`n` x 16, K-major, through the 64-bit shared-memory descriptor `b`); `d` is overwritten
-    /// when the predicate `accumulate` is false. Asynchronous: `d` (and A's registers) belong to
-    /// the instruction until a `wgmma.wait_group` retires its group.
-    Wgmma { ab: Ty, n: u32, d: Vec<Reg>, a: WgmmaA, b: Reg, accumulate: Reg },
+    /// [`crate::hopper_layout::WgmmaFragment::Accumulator`]'s layout) plus A (64 x 16) times Bᵀ
+    /// (B `n` x 16 in shared memory); `d` is overwritten when the predicate `accumulate` is
+    /// false. Asynchronous: `d` (and A's registers) belong to the instruction until a
+    /// `wgmma.wait_group` retires its group.
+    Wgmma { ab: Ty, n: u32, d: Vec<Reg>, a: WgmmaA, b: SharedOperand, accumulate: Reg },
     /// `wgmma.commit_group.sync.aligned`: the `wgmma`s since the last commit become a group.
     WgmmaCommit,
     /// `wgmma.wait_group.sync.aligned n`: waits until at most `n` groups are pending.
@@ -374,11 +374,28 @@ pub enum Op {
     Trace { name: String, shape: Vec<u32>, elems: Vec<(Src, Reg)> },
 }
 
+/// A `wgmma` operand in shared memory: its 64-bit matrix descriptor register and which axis of
+/// its tile is contiguous (MN-major prints `imm-trans` 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedOperand {
+    /// The descriptor.
+    pub desc: Reg,
+    /// K-major or MN-major.
+    pub major: crate::hopper_layout::Major,
+}
+
+impl SharedOperand {
+    /// The instruction's `imm-trans` immediate for it.
+    fn trans(&self) -> u32 {
+        u32::from(self.major == crate::hopper_layout::Major::MN)
+    }
+}
+
 /// Where a `wgmma`'s A operand comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WgmmaA {
-    /// A K-major shared tile, through a 64-bit matrix descriptor register.
-    Descriptor(Reg),
+    /// A shared tile.
+    Shared(SharedOperand),
     /// Four registers of 16-bit pairs per thread, in
     /// [`crate::hopper_layout::WgmmaFragment::RegisterA`]'s layout.
     Registers([Reg; 4]),
@@ -578,16 +595,19 @@ impl fmt::Display for Op {
             ),
             Op::WgmmaFence => write!(f, "wgmma.fence.sync.aligned;"),
             Op::Wgmma { ab, n, d, a, b, accumulate } => {
-                // Immediates: scale A and B by 1; B (and A from shared) K-major, not transposed.
+                // Immediates: scale A and B by 1, then whether each shared operand is MN-major
+                // (A from registers has no such immediate).
                 let (a, trans_a) = match a {
-                    WgmmaA::Descriptor(r) => (r.to_string(), ", 0"),
-                    WgmmaA::Registers(r) => (format!("{{{}}}", list(r)), ""),
+                    WgmmaA::Shared(op) => (op.desc.to_string(), format!(", {}", op.trans())),
+                    WgmmaA::Registers(r) => (format!("{{{}}}", list(r)), String::new()),
                 };
                 write!(
                     f,
-                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{0}.{0} {{{1}}}, {a}, {b}, {accumulate}, 1, 1{trans_a}, 0;",
+                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{0}.{0} {{{1}}}, {a}, {2}, {accumulate}, 1, 1{trans_a}, {3};",
                     ab.name(),
-                    list(d)
+                    list(d),
+                    b.desc,
+                    b.trans()
                 )
             }
             Op::WgmmaCommit => write!(f, "wgmma.commit_group.sync.aligned;"),

@@ -1,7 +1,7 @@
 //! The simulator reports what the hardware would punish. These programs are written directly
 //! in the thread IR (the simulator's input), each with one planted fault.
 
-use kda_dsl::hopper_layout::{KMajorTile, Swizzle, TensorMap2d, WgmmaFragment};
+use kda_dsl::hopper_layout::{KMajorTile, Major, MnMajorTile, OperandTile, Swizzle, TensorMap2d, WgmmaFragment};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
 use kda_dsl::{SrcLoc, Target};
@@ -278,28 +278,40 @@ enum WgmmaFault {
     ProxyFenceAfterBarrier,
 }
 
-/// A `wgmma` test's product: `m64n{n}k16` with operand tiles of `swizzle`, A from shared memory
-/// or registers, `steps` instructions chained onto one accumulator.
+/// A `wgmma` test's product: `m64n{n}k16` with operand tiles of `swizzle` and each operand's
+/// major-ness, A from shared memory or registers, `steps` instructions chained onto one
+/// accumulator.
 #[derive(Clone, Copy, Debug)]
 struct WgmmaCase {
     swizzle: Swizzle,
     n: u32,
     a_from_registers: bool,
+    a_major: Major,
+    b_major: Major,
     steps: u32,
 }
 
 impl WgmmaCase {
-    /// A from shared memory, `n` = 16, two chained K-steps.
+    /// A from shared memory, both K-major, `n` = 16, two chained K-steps.
     fn shared_a(swizzle: Swizzle) -> WgmmaCase {
-        WgmmaCase { swizzle, n: 16, a_from_registers: false, steps: 2 }
+        WgmmaCase { swizzle, n: 16, a_from_registers: false, a_major: Major::K, b_major: Major::K, steps: 2 }
     }
 
-    /// The operand tiles: A (64 rows) and B (`n` rows), K-major, `k` elements (one line of the
-    /// swizzle, at least one K-step), B right after A.
-    fn tiles(&self) -> (KMajorTile, KMajorTile, u32) {
+    /// The operand tiles: A (64 rows) and B (`n` rows), `k` elements (one line of the swizzle,
+    /// at least one K-step), B right after A. An MN-major tile whose extent is not whole lines
+    /// of the swizzle takes none.
+    fn tiles(&self) -> (OperandTile, OperandTile, u32) {
         let k = (self.swizzle.line_bytes() / 2).max(16);
-        let a = KMajorTile { rows: 64, k, elem_bytes: 2, swizzle: self.swizzle };
-        (a, KMajorTile { rows: self.n, ..a }, a.bytes())
+        let tile = |mn: u32, major: Major| match major {
+            Major::K => OperandTile::K(KMajorTile { rows: mn, k, elem_bytes: 2, swizzle: self.swizzle }),
+            Major::MN => {
+                let whole_lines = (2 * mn).is_multiple_of(self.swizzle.line_bytes());
+                let swizzle = if whole_lines { self.swizzle } else { Swizzle::None };
+                OperandTile::MN(MnMajorTile { mn, k, elem_bytes: 2, swizzle })
+            }
+        };
+        let a = tile(64, self.a_major);
+        (a, tile(self.n, self.b_major), a.bytes())
     }
 }
 
@@ -356,7 +368,7 @@ fn wgmma_program(case: WgmmaCase, fault: WgmmaFault) -> ThreadProgram {
     }
     // Operands: descriptors per K-step from the parameters (each tile's offset in shared memory
     // in the start field) plus the shared base, A's fragment from its tensor.
-    let steps_per_tile = a_tile.k / 16;
+    let steps_per_tile = a_tile.k() / 16;
     let base_field = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: base_field, a: Src::Reg(smem), b: Src::Imm(4) });
     let base_field64 = p.reg(RegClass::B64);
@@ -393,8 +405,13 @@ fn wgmma_program(case: WgmmaCase, fault: WgmmaFault) -> ThreadProgram {
     }
     for i in 0..steps {
         let step = (i % steps_per_tile) as usize;
-        let a = if a_from_registers { WgmmaA::Registers(a_frag) } else { WgmmaA::Descriptor(a_desc[step]) };
-        p.op(Op::Wgmma { ab: Ty::BF16, n, d: acc.clone(), a, b: b_desc[step], accumulate });
+        let a = if a_from_registers {
+            WgmmaA::Registers(a_frag)
+        } else {
+            WgmmaA::Shared(SharedOperand { desc: a_desc[step], major: case.a_major })
+        };
+        let b = SharedOperand { desc: b_desc[step], major: case.b_major };
+        p.op(Op::Wgmma { ab: Ty::BF16, n, d: acc.clone(), a, b, accumulate });
     }
     p.op(Op::WgmmaCommit);
     if fault == WgmmaFault::SharedWriteWhilePending {
@@ -445,9 +462,9 @@ fn run_wgmma(case: WgmmaCase, fault: WgmmaFault) -> Result<Vec<(f32, f64)>, Stri
     let b = |n: u32, k: u32| small_bf16(n * 71 + k * 5 + 1);
     let mut image = vec![0u8; (a_tile.bytes() + b_tile.bytes()) as usize];
     let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
-    for (tile, base, value) in [(a_tile, 0, &a as &dyn Fn(u32, u32) -> f32), (b_tile, b_base, &b)] {
-        for row in 0..tile.rows {
-            for k in 0..tile.k {
+    for (tile, base, rows, value) in [(a_tile, 0, 64, &a as &dyn Fn(u32, u32) -> f32), (b_tile, b_base, n, &b)] {
+        for row in 0..rows {
+            for k in 0..tile.k() {
                 let at = tile.address(base, row, k) as usize;
                 image[at..at + 2].copy_from_slice(&bf16(value(row, k)));
             }
@@ -466,7 +483,7 @@ fn run_wgmma(case: WgmmaCase, fault: WgmmaFault) -> Result<Vec<(f32, f64)>, Stri
         ("a_frag".to_string(), SimArg::Tensor(a_frag)),
         ("out".to_string(), SimArg::Tensor(vec![0; 128 * 4 * n as usize / 2])),
     ];
-    let steps_per_tile = a_tile.k / 16;
+    let steps_per_tile = a_tile.k() / 16;
     for s in 0..steps_per_tile {
         args.push((format!("a_desc{s}"), SimArg::I64(a_tile.descriptor(0, s).encode() as i64)));
         args.push((format!("b_desc{s}"), SimArg::I64(b_tile.descriptor(b_base, s).encode() as i64)));
@@ -497,7 +514,7 @@ fn run_wgmma(case: WgmmaCase, fault: WgmmaFault) -> Result<Vec<(f32, f64)>, Stri
 fn wgmma_multiplies_through_each_swizzles_descriptors() {
     for swizzle in Swizzle::ALL {
         // Every K-step of the line, chained onto one accumulator, and at least two.
-        let steps = (WgmmaCase::shared_a(swizzle).tiles().0.k / 16).max(2);
+        let steps = (WgmmaCase::shared_a(swizzle).tiles().0.k() / 16).max(2);
         let case = WgmmaCase { steps, ..WgmmaCase::shared_a(swizzle) };
         for (value, reference) in run_wgmma(case, WgmmaFault::None).expect("runs") {
             assert_eq!(f64::from(value), reference, "{case:?}");
@@ -515,16 +532,21 @@ fn wgmma_takes_a_from_registers() {
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
-    /// Every N the instruction has (8 to 256), each swizzle, A from shared memory or registers
-    /// (one K-step of a 32-byte line): the product equals the reference.
+    /// Every N the instruction has (8 to 256), each swizzle, each operand K- or MN-major, A
+    /// from shared memory or registers (one K-step of a 32-byte line): the product equals the
+    /// reference.
     #[test]
     fn wgmma_multiplies_at_every_n(
         blocks in 1u32..=32,
         swizzle in proptest::sample::select(Swizzle::ALL.to_vec()),
         a_from_registers: bool,
+        a_mn_major: bool,
+        b_mn_major: bool,
     ) {
         let swizzle = if a_from_registers { Swizzle::B32 } else { swizzle };
-        let case = WgmmaCase { swizzle, n: 8 * blocks, a_from_registers, steps: 2 };
+        let major = |mn: bool| if mn { Major::MN } else { Major::K };
+        let (a_major, b_major) = (major(a_mn_major), major(b_mn_major));
+        let case = WgmmaCase { swizzle, n: 8 * blocks, a_from_registers, a_major, b_major, steps: 2 };
         for (value, reference) in run_wgmma(case, WgmmaFault::None).expect("runs") {
             proptest::prop_assert_eq!(f64::from(value), reference, "{:?}", case);
         }
@@ -700,6 +722,15 @@ fn hopper_programs_assemble() {
             wgmma_program(WgmmaCase { a_from_registers: true, ..WgmmaCase::shared_a(Swizzle::B32) }, WgmmaFault::None),
             Target::Sm90a,
             "HGMMA.64x16x16.F32.BF16",
+        ),
+        (
+            "mn_major",
+            wgmma_program(
+                WgmmaCase { n: 64, a_major: Major::MN, b_major: Major::MN, ..WgmmaCase::shared_a(Swizzle::B128) },
+                WgmmaFault::None,
+            ),
+            Target::Sm90a,
+            ".tnspA.tnspB",
         ),
         ("ring", ring_program(RingFault::None), Target::Sm90, "SYNCS.PHASECHK.TRANS64.TRYWAIT"),
         ("tma", tma_program(TmaFault::None), Target::Sm90, "UTMALDG.2D"),

@@ -235,7 +235,16 @@ impl Block<'_> {
     }
 
     #[allow(clippy::too_many_arguments)] // the instruction's operands, as the IR names them
-    fn issue_wgmma(&mut self, group: usize, ab: Ty, n: u32, d: &[Reg], a: &WgmmaA, b: Reg, accumulate: Reg) -> R<()> {
+    fn issue_wgmma(
+        &mut self,
+        group: usize,
+        ab: Ty,
+        n: u32,
+        d: &[Reg],
+        a: &WgmmaA,
+        b: SharedOperand,
+        accumulate: Reg,
+    ) -> R<()> {
         let first = group * WARPGROUP;
         let acc_layout = WgmmaFragment::Accumulator { n };
         if n == 0 || n > 256 || !n.is_multiple_of(8) || d.len() as u32 != acc_layout.values_per_thread() {
@@ -243,7 +252,7 @@ impl Block<'_> {
         }
         let a_registers: Vec<Reg> = match a {
             WgmmaA::Registers(r) => r.to_vec(),
-            WgmmaA::Descriptor(_) => vec![],
+            WgmmaA::Shared(_) => vec![],
         };
         let fenced: Vec<Reg> = d.iter().chain(&a_registers).copied().collect();
         for t in first..first + WARPGROUP {
@@ -253,16 +262,17 @@ impl Block<'_> {
             return Err(format!("wgmma accumulate operand {accumulate} is not a predicate"));
         }
         let scale_d = self.uniform(first, accumulate, "accumulate predicate")? != 0;
-        let b_desc = MatrixDescriptor::decode(self.uniform(first, b, "B descriptor")?)?;
+        let b_desc = MatrixDescriptor::decode(self.uniform(first, b.desc, "B descriptor")?)?;
         let mut chunks = HashSet::new();
         let half = |h: u16| f64::from(half_to_f32(h, ab));
         let mut am = vec![[0f64; 16]; 64];
         match a {
-            WgmmaA::Descriptor(r) => {
-                let a_desc = MatrixDescriptor::decode(self.uniform(first, *r, "A descriptor")?)?;
+            WgmmaA::Shared(op) => {
+                let a_desc = MatrixDescriptor::decode(self.uniform(first, op.desc, "A descriptor")?)?;
                 for (m, row) in am.iter_mut().enumerate() {
                     for (k, x) in row.iter_mut().enumerate() {
-                        *x = half(self.read_operand(first, a_desc.address(m as u32, 2 * k as u32), &mut chunks)?);
+                        let at = a_desc.address(op.major, m as u32, k as u32, 2);
+                        *x = half(self.read_operand(first, at, &mut chunks)?);
                     }
                 }
             }
@@ -280,7 +290,8 @@ impl Block<'_> {
         let mut bm = vec![[0f64; 16]; n as usize];
         for (col, row) in bm.iter_mut().enumerate() {
             for (k, x) in row.iter_mut().enumerate() {
-                *x = half(self.read_operand(first, b_desc.address(col as u32, 2 * k as u32), &mut chunks)?);
+                let at = b_desc.address(b.major, col as u32, k as u32, 2);
+                *x = half(self.read_operand(first, at, &mut chunks)?);
             }
         }
         let mut values = vec![vec![0u64; d.len()]; WARPGROUP];

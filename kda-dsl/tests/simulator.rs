@@ -950,3 +950,96 @@ fn warpgroups_trade_registers_within_the_cap() {
         assert!(e.contains(expected), "{fault:?}: {e}");
     }
 }
+
+/// Warp 0 hands [`RING_ROUNDS`] values per lane to consumer warps 1 and 2 through one slot:
+/// both read it, meet at a named barrier (with `named_barrier`), and one elected thread
+/// (thread 32) returns the slot with the only arrival on `empty`. Warp 2's reads reach the
+/// producer's next write only through the named barrier and then the arrival.
+fn elected_ring_program(named_barrier: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let full = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: full });
+    let empty = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: empty, a: Src::Reg(full), b: Src::Imm(8) });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.guarded(first, Op::MbarrierInit { addr: full, count: 32 });
+    p.guarded(first, Op::MbarrierInit { addr: empty, count: 1 });
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    let lane = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
+    let slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(full) });
+    let state = p.reg(RegClass::B64);
+    let (consumer, end) = (1000, 1001);
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target: consumer });
+    let value = p.reg(RegClass::B32);
+    for round in 0..RING_ROUNDS {
+        wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
+        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Imm(i64::from(round)), b: Src::Imm(100), c: Src::Reg(lane) });
+        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: slot, offset: 16, vals: vec![Src::Reg(value)] });
+        p.op(Op::MbarrierArrive { state, addr: full });
+    }
+    p.op(Op::Bra { target: end });
+    p.op(Op::Label(consumer));
+    let elected = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: elected, a: Src::Reg(t), b: Src::Imm(32) });
+    for round in 0..RING_ROUNDS {
+        wait_phase(&mut p, full, round % 2, &mut label);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![value], addr: slot, offset: 16 });
+        if named_barrier {
+            p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
+        }
+        p.guarded(elected, Op::MbarrierArrive { state, addr: empty });
+    }
+    p.op(Op::Label(end));
+    p.op(Op::Ret);
+    p.prog(96, 16 + 32 * 4, vec![])
+}
+
+#[test]
+fn an_elected_arrival_releases_what_a_barrier_ordered_before_it() {
+    run(&elected_ring_program(true), [1, 1, 1], &mut []).expect("ordered through the named barrier and the arrival");
+    let e = err_of(&elected_ring_program(false), &mut []);
+    assert!(e.contains("race: shared byte 16 read by") && e.contains("written by thread 0"), "{e}");
+}
+
+/// Thread 64 (warp 2) writes a word, meets warp 1 at named barrier 1, warp 1 meets warp 0 at
+/// named barrier 2, and thread 0 reads the word: ordered through warp 1 (order is transitive).
+/// With `chain` false warp 1 skips barrier 1, and the read races.
+fn barrier_chain(chain: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let a = shared_at(&mut p, 0);
+    let warp = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: warp, a: Src::Reg(t), b: Src::Imm(5) });
+    let writer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: writer, a: Src::Reg(t), b: Src::Imm(64) });
+    p.guarded(writer, Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(7)] });
+    // Warps 1 and 2 (or, without the chain, warp 2 alone with a count of 32) meet first.
+    let in_first = p.reg(RegClass::Pred);
+    let first_from = if chain { 1 } else { 2 };
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: in_first, a: Src::Reg(warp), b: Src::Imm(first_from) });
+    let count = if chain { 64 } else { 32 };
+    p.guarded(in_first, Op::Bar { id: 1, count: Some(count), reach: BarrierReach::AnyInstruction });
+    let in_second = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Le, ty: Ty::S32, d: in_second, a: Src::Reg(warp), b: Src::Imm(1) });
+    p.guarded(in_second, Op::Bar { id: 2, count: Some(64), reach: BarrierReach::AnyInstruction });
+    let reader = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: reader, a: Src::Reg(t), b: Src::Imm(0) });
+    let v = p.reg(RegClass::B32);
+    p.guarded(reader, Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: a, offset: 0 });
+    p.op(Op::Ret);
+    p.prog(96, 16, vec![])
+}
+
+#[test]
+fn barriers_order_transitively() {
+    run(&barrier_chain(true), [1, 1, 1], &mut []).expect("ordered through warp 1");
+    let e = err_of(&barrier_chain(false), &mut []);
+    assert!(e.contains("race") && e.contains("written by thread 64 and read by thread 0"), "{e}");
+}

@@ -22,19 +22,28 @@ pub(super) struct Mbarrier {
     completed: u32,
     /// The thread that initialized it, and the barrier epoch then.
     init: (u32, u32),
-    /// The current phase's arrivals: (warp, epoch just after the arrival).
-    arrivals: Vec<(usize, u32)>,
-    /// The last completed phase's arrivals.
-    released: Vec<(usize, u32)>,
+    /// What the current phase's arrivals release, per warp: the epoch before which everything
+    /// that warp did is ordered before the arrivals (an arriving warp's own arrival epoch, and
+    /// what was ordered before it: order is transitive).
+    releasing: Vec<u32>,
+    /// What the last completed phase released, per warp.
+    released: Vec<u32>,
 }
 
 impl Mbarrier {
+    /// Adds what one release orders to the phase's.
+    fn release(&mut self, what: &[u32]) {
+        for (known, new) in self.releasing.iter_mut().zip(what) {
+            *known = (*known).max(*new);
+        }
+    }
+
     /// Completes the phase once its arrivals came and its transactions balance.
     fn complete_if_done(&mut self) {
         if self.pending == 0 && self.tx == 0 {
             self.completed += 1;
             self.pending = self.count;
-            self.released = std::mem::take(&mut self.arrivals);
+            self.released = std::mem::replace(&mut self.releasing, vec![0; self.released.len()]);
         }
     }
 }
@@ -70,8 +79,8 @@ impl Block<'_> {
             tx: 0,
             completed: 0,
             init: (t as u32, self.released),
-            arrivals: vec![],
-            released: vec![],
+            releasing: vec![0; self.warps],
+            released: vec![0; self.warps],
         };
         self.mbarriers.insert(a as u32, m);
         Ok(())
@@ -80,7 +89,7 @@ impl Block<'_> {
     /// One arrival of thread `t` that first expects `tx_bytes` more of the phase's copies;
     /// returns the phase it arrived in.
     pub(super) fn mbarrier_arrive(&mut self, t: usize, addr: u64, tx_bytes: u32) -> R<u64> {
-        let epoch = self.release_epoch();
+        let release = self.release_from(t);
         let m = self.mbarrier(t, addr)?;
         if m.pending == 0 {
             return Err(format!(
@@ -89,7 +98,7 @@ impl Block<'_> {
             ));
         }
         let phase = m.completed;
-        m.arrivals.push((t / 32, epoch));
+        m.release(&release);
         m.pending -= 1;
         m.tx += i64::from(tx_bytes);
         m.complete_if_done();
@@ -99,18 +108,22 @@ impl Block<'_> {
     /// A copy thread `t` issued completed `bytes` of the phase's transactions: like an
     /// arrival, it releases what it wrote.
     pub(super) fn mbarrier_complete_tx(&mut self, t: usize, addr: u64, bytes: u32) -> R<()> {
-        let epoch = self.release_epoch();
+        let release = self.release_from(t);
         let m = self.mbarrier(t, addr)?;
-        m.arrivals.push((t / 32, epoch));
+        m.release(&release);
         m.tx -= i64::from(bytes);
         m.complete_if_done();
         Ok(())
     }
 
-    /// A new epoch: a release orders what the warp did before it, not after.
-    fn release_epoch(&mut self) -> u32 {
+    /// What a release by thread `t` now orders, per warp: everything its warp did so far (a new
+    /// epoch, so not what it does after), and what was already ordered before its warp.
+    fn release_from(&mut self, t: usize) -> Vec<u32> {
         self.released += 1;
-        self.released
+        let me = t / 32;
+        (0..self.warps)
+            .map(|a| if a == me { self.released } else { self.last_shared_barrier[a * self.warps + me] })
+            .collect()
     }
 
     /// Whether the phase of parity `parity` of the `mbarrier` at `addr` completed.
@@ -124,7 +137,7 @@ impl Block<'_> {
     pub(super) fn mbarrier_acquire(&mut self, t: usize, addr: u64) -> R<()> {
         let released = self.mbarrier(t, addr)?.released.clone();
         let me = t / 32;
-        for (warp, epoch) in released {
+        for (warp, epoch) in released.into_iter().enumerate() {
             let slot = &mut self.last_shared_barrier[warp * self.warps + me];
             *slot = (*slot).max(epoch);
         }

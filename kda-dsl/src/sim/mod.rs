@@ -147,9 +147,10 @@ struct Block<'a> {
     warps: usize,
     /// Barriers released so far (a barrier's number is the count once it is released).
     released: u32,
-    /// Per pair of warps (`a * warps + b`), the number of the last barrier both passed: an
-    /// access is ordered before another thread's when a barrier they both passed came after
-    /// it. A named barrier orders only the warps that take part in it.
+    /// Per pair of warps (`a * warps + b`), the epoch before which everything warp `a` did is
+    /// ordered before what warp `b` does now: the last barrier both passed, or later through
+    /// a chain of barriers and mbarrier phases (order is transitive). A named barrier orders
+    /// only the warps that take part in it.
     last_shared_barrier: Vec<u32>,
     block: [u32; 3],
     params: &'a HashMap<String, u64>,

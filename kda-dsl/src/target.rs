@@ -59,3 +59,18 @@ impl fmt::Display for Target {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sm_90a code may use every target's instructions, sm_90 code sm_80's and its own, sm_80
+    /// code only its own.
+    #[test]
+    fn each_target_has_the_instructions_of_those_below_it() {
+        let has: Vec<(Target, Target)> =
+            Target::ALL.into_iter().flat_map(|a| Target::ALL.map(|b| (a, b))).filter(|(a, b)| a.has(*b)).collect();
+        use Target::*;
+        assert_eq!(has, [(Sm80, Sm80), (Sm90, Sm80), (Sm90, Sm90), (Sm90a, Sm80), (Sm90a, Sm90), (Sm90a, Sm90a)]);
+    }
+}

@@ -11,11 +11,11 @@ use super::*;
 pub(super) const MAP_TAG: u64 = 0xf << 60;
 
 impl Block<'_> {
+    /// Thread `t` copies the box at element coordinates `at` of the tensor map whose address is
+    /// `map` to shared `dst`, completing its bytes on the mbarrier at `mbar`.
     pub(super) fn tma_load(&mut self, t: usize, dst: u64, map: u64, at: [i32; 2], mbar: u64) -> R<()> {
-        if map & MAP_TAG != MAP_TAG {
-            return Err(format!("TMA copy through {map:#x}, which is no tensor map parameter's address"));
-        }
-        let Some(&(slot, m)) = self.maps.get((map & !MAP_TAG) as usize) else {
+        let index = (map & MAP_TAG == MAP_TAG).then_some((map & !MAP_TAG) as usize);
+        let Some(&(slot, m)) = index.and_then(|i| self.maps.get(i)) else {
             return Err(format!("TMA copy through {map:#x}, which is no tensor map parameter's address"));
         };
         let align = m.swizzle.atom_bytes().max(128);

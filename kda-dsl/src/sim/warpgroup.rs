@@ -1,13 +1,15 @@
 //! Warpgroup instructions in the simulated block: `wgmma.fence`, `wgmma.mma_async`,
-//! `wgmma.commit_group` and `wgmma.wait_group` run once all 128 threads of a warpgroup (4
-//! aligned warps) stand at the same one, and `fence.proxy.async` per thread.
+//! `wgmma.commit_group`, `wgmma.wait_group` and `setmaxnreg` run once all 128 threads of a
+//! warpgroup (4 aligned warps) stand at the same one.
 //!
 //! A `wgmma` computes at issue, but its result stays with the warpgroup's pending groups until
 //! a `wait_group` retires them; until then the simulator reports what the hardware leaves
 //! undefined: an instruction touching the accumulator or A registers, a shared write to the
 //! bytes it reads. At issue it also checks what the ISA asks before one: a `wgmma.fence` after
-//! the registers' last write, and a `fence.proxy.async` by each thread that wrote the operand
-//! bytes after its write.
+//! the registers' last access by another instruction, and for operand bytes written through
+//! the generic proxy, a `fence.proxy.async` by their writer after the write, ordered before
+//! the `wgmma` by a barrier. A `setmaxnreg` raise waits until the block's register pool has
+//! room.
 
 use super::*;
 use crate::hopper_layout::{MatrixDescriptor, WgmmaFragment};
@@ -18,7 +20,7 @@ pub(super) const WARPGROUP: usize = 128;
 
 /// One issued `wgmma` whose group has not retired.
 pub(super) struct InFlight {
-    /// The accumulator registers and the values each thread's get at retirement.
+    /// The accumulator registers and the values each thread gets at retirement.
     accumulator: Vec<Reg>,
     values: Vec<Vec<u64>>,
     /// The A operand's registers (read from registers): they belong to the instruction too.

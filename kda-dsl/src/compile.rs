@@ -47,9 +47,7 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
     let assumptions = def.assumptions.iter().map(|(p, m)| (def.params[*p].name().to_string(), *m)).collect();
     let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
     let (tp, prog) = lower_kernel(def)?;
-    if let Some(i) = prog.body.iter().find(|i| !target.has(i.least_target())) {
-        return Err(Diag::new(i.loc, format!("`{}` needs target {}, not {target}", i.op, i.least_target())));
-    }
+    check_target(&prog, target)?;
     let ptx = crate::ptx::print_module(&prog, target);
     dump("ptx", &ptx);
     Ok(CompiledKernel {
@@ -62,4 +60,41 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
         assumptions,
         exact_extents,
     })
+}
+
+/// The first instruction of `prog` that `target` lacks, as an error at its kernel line.
+fn check_target(prog: &ThreadProgram, target: Target) -> Result<(), Diag> {
+    match prog.body.iter().find(|i| !target.has(i.least_target())) {
+        None => Ok(()),
+        Some(i) => Err(Diag::new(i.loc, format!("`{}` needs target {}, not {target}", i.op, i.least_target()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diag::SrcLoc;
+    use crate::thread_ir::{CachePolicy, Inst, Op};
+
+    /// A program holding a `wgmma.fence` compiles for sm_90a only, and the error names the
+    /// instruction, the target it needs and the kernel line.
+    #[test]
+    fn an_instruction_the_target_lacks_is_an_error_at_its_line() {
+        let inst = Inst { op: Op::WgmmaFence, guard: None, loc: SrcLoc::new("k.rs", 7, 3), cache: CachePolicy::Normal };
+        let prog = ThreadProgram {
+            name: "t".into(),
+            params: vec![],
+            threads: 128,
+            min_blocks_per_sm: None,
+            max_registers: None,
+            shared_bytes: 0,
+            body: vec![inst],
+            reg_counts: [0; 5],
+        };
+        assert!(check_target(&prog, Target::Sm90a).is_ok());
+        for target in [Target::Sm80, Target::Sm90] {
+            let e = check_target(&prog, target).expect_err("wgmma needs sm_90a").to_string();
+            assert!(e.contains("`wgmma.fence.sync.aligned;` needs target sm_90a") && e.contains("k.rs:7:3"), "{e}");
+        }
+    }
 }

@@ -596,43 +596,81 @@ fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
     p.op(Op::Label(done));
 }
 
-/// A producer warp hands [`RING_ROUNDS`] values per lane to a consumer warp through one
-/// shared slot, with a `full` and an `empty` mbarrier (32 arrivals a phase): the producer
-/// waits for `empty` (its first wait passes: the phase before the first has parity 1), writes
-/// and arrives on `full`; the consumer waits for `full`, copies the slot out and arrives on
-/// `empty`.
-fn ring_program(fault: RingFault) -> ThreadProgram {
-    let mut p = P::new();
-    let mut label = 0;
-    let t = tid(&mut p);
+/// The registers of a one-slot ring: its `full` and `empty` mbarriers, this lane's word of the
+/// slot, an arrival's state and the value moved.
+struct Ring {
+    full: Reg,
+    empty: Reg,
+    lane: Reg,
+    slot: Reg,
+    state: Reg,
+    value: Reg,
+}
+
+/// Thread 0 initializes the ring's `full` and `empty` mbarriers (at the shared base and 8 bytes
+/// on) with these arrival counts; a block barrier orders that before their use (unless
+/// `barrier_after_init` is false); each thread finds its lane's word of the slot (16 bytes on).
+fn ring_setup(p: &mut P, t: Reg, full_count: u32, empty_count: u32, barrier_after_init: bool) -> Ring {
     let full = p.reg(RegClass::B32);
     p.op(Op::SharedBase { d: full });
     let empty = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: empty, a: Src::Reg(full), b: Src::Imm(8) });
     let first = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
-    let count = if fault == RingFault::MissingArrival { 33 } else { 32 };
-    p.guarded(first, Op::MbarrierInit { addr: full, count });
-    p.guarded(first, Op::MbarrierInit { addr: empty, count: 32 });
-    if fault != RingFault::NoBarrierAfterInit {
+    p.guarded(first, Op::MbarrierInit { addr: full, count: full_count });
+    p.guarded(first, Op::MbarrierInit { addr: empty, count: empty_count });
+    if barrier_after_init {
         p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
     }
     let lane = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
     let slot = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(full) });
-    let state = p.reg(RegClass::B64);
-    let (consumer, end) = (1000, 1001);
+    let (state, value) = (p.reg(RegClass::B64), p.reg(RegClass::B32));
+    Ring { full, empty, lane, slot, state, value }
+}
+
+/// Warp 0 produces [`RING_ROUNDS`] rounds: wait for `empty` (the first wait passes: the phase
+/// before the first has parity 1), write `100 round + lane` and arrive on `full`; every other
+/// thread branches to `consumer`.
+fn produce(p: &mut P, t: Reg, ring: &Ring, consumer: u32, label: &mut u32) {
     let is_consumer = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
     p.guarded(is_consumer, Op::Bra { target: consumer });
-    let value = p.reg(RegClass::B32);
     for round in 0..RING_ROUNDS {
-        wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
-        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Imm(i64::from(round)), b: Src::Imm(100), c: Src::Reg(lane) });
-        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: slot, offset: 16, vals: vec![Src::Reg(value)] });
-        p.op(Op::MbarrierArrive { state, addr: full });
+        wait_phase(p, ring.empty, (round + 1) % 2, label);
+        let value = Op::Mad {
+            ty: Ty::U32,
+            d: ring.value,
+            a: Src::Imm(i64::from(round)),
+            b: Src::Imm(100),
+            c: Src::Reg(ring.lane),
+        };
+        p.op(value);
+        p.op(Op::St {
+            space: Space::Shared,
+            ty: Ty::U32,
+            addr: ring.slot,
+            offset: 16,
+            vals: vec![Src::Reg(ring.value)],
+        });
+        p.op(Op::MbarrierArrive { state: ring.state, addr: ring.full });
     }
+}
+
+/// A producer warp hands [`RING_ROUNDS`] values per lane to a consumer warp through one
+/// shared slot, with a `full` and an `empty` mbarrier (32 arrivals a phase): the producer
+/// waits for `empty`, writes and arrives on `full`; the consumer waits for `full`, copies the
+/// slot out and arrives on `empty`.
+fn ring_program(fault: RingFault) -> ThreadProgram {
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let full_count = if fault == RingFault::MissingArrival { 33 } else { 32 };
+    let ring = ring_setup(&mut p, t, full_count, 32, fault != RingFault::NoBarrierAfterInit);
+    let Ring { full, empty, lane, slot, state, value } = ring;
+    let (consumer, end) = (1000, 1001);
+    produce(&mut p, t, &ring, consumer, &mut label);
     if fault == RingFault::StoreToBarrier {
         p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: full, offset: 0, vals: vec![Src::Imm(0)] });
     }
@@ -959,31 +997,10 @@ fn elected_ring_program(named_barrier: bool) -> ThreadProgram {
     let mut p = P::new();
     let mut label = 0;
     let t = tid(&mut p);
-    let full = p.reg(RegClass::B32);
-    p.op(Op::SharedBase { d: full });
-    let empty = p.reg(RegClass::B32);
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: empty, a: Src::Reg(full), b: Src::Imm(8) });
-    let first = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
-    p.guarded(first, Op::MbarrierInit { addr: full, count: 32 });
-    p.guarded(first, Op::MbarrierInit { addr: empty, count: 1 });
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
-    let lane = p.reg(RegClass::B32);
-    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
-    let slot = p.reg(RegClass::B32);
-    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(full) });
-    let state = p.reg(RegClass::B64);
+    let ring = ring_setup(&mut p, t, 32, 1, true);
+    let Ring { full, empty, slot, state, value, .. } = ring;
     let (consumer, end) = (1000, 1001);
-    let is_consumer = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
-    p.guarded(is_consumer, Op::Bra { target: consumer });
-    let value = p.reg(RegClass::B32);
-    for round in 0..RING_ROUNDS {
-        wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
-        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Imm(i64::from(round)), b: Src::Imm(100), c: Src::Reg(lane) });
-        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: slot, offset: 16, vals: vec![Src::Reg(value)] });
-        p.op(Op::MbarrierArrive { state, addr: full });
-    }
+    produce(&mut p, t, &ring, consumer, &mut label);
     p.op(Op::Bra { target: end });
     p.op(Op::Label(consumer));
     let elected = p.reg(RegClass::Pred);

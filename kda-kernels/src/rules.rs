@@ -68,3 +68,21 @@ pub(crate) fn beta_of(rule: Beta, b: Val) -> Val {
     }
     bt
 }
+
+// Below the kernel functions: lines added above them would move every snapshot's `.loc`.
+impl Beta {
+    /// The rule the calls' flags name: `apply_beta_sigmoid` and `allow_neg_eigval` (which only
+    /// means something with the sigmoid).
+    pub fn from_flags(sigmoid: bool, allow_neg_eigval: bool) -> Beta {
+        match (sigmoid, allow_neg_eigval) {
+            (false, _) => Beta::Raw,
+            (true, false) => Beta::Sigmoid,
+            (true, true) => Beta::TwoSigmoid,
+        }
+    }
+
+    /// The calls' flags for this rule: (`apply_beta_sigmoid`, `allow_neg_eigval`).
+    pub fn flags(self) -> (bool, bool) {
+        (self != Beta::Raw, self == Beta::TwoSigmoid)
+    }
+}

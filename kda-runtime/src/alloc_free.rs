@@ -40,7 +40,7 @@ fn with_decode_call(f: impl FnOnce(&dyn Fn())) {
     let kernels = Kernels::new();
     let call = || {
         let plan = plan_decode(&args).expect("a valid call");
-        let cfg = super::decode::launch::chunk_tuned_config(&plan, decode_shape(&plan));
+        let cfg = super::decode::launch::tuned_config(&plan, decode_shape(&plan));
         assert_eq!(cfg, decode_config(&plan));
         let ready = kernels.decode(&cfg).expect("compiles");
         let bound = super::decode::launch::kernel_args(&args, &plan, &cfg, out, None, 1).expect("arguments");

@@ -158,9 +158,10 @@ impl Gpu {
         &self.name
     }
 
-    /// The compute capability `(major, minor)`.
+    /// The compute capability `(major, minor)`, as read when this `Gpu` was made.
     pub fn compute_capability(&self) -> Result<(i32, i32), RuntimeError> {
-        self.ctx.compute_capability().op("cuDeviceGetAttribute")
+        let (major, minor) = self.limits.compute_capability;
+        Ok((major as i32, minor as i32))
     }
 
     /// The device's limits, as read when this `Gpu` was made.

@@ -38,7 +38,15 @@ impl GateRule {
 
     /// Whether the kernel computes the gate from `A_log` and `dt_bias`.
     pub fn in_kernel(self) -> bool {
-        self != GateRule::Precomputed
+        self.kernel().in_kernel()
+    }
+
+    /// The bound of [`GateRule::LowerBound`] (0 for the other rules, which do not read it).
+    pub fn lower_bound(self) -> f32 {
+        match self {
+            GateRule::LowerBound { lower_bound } => lower_bound,
+            _ => 0.0,
+        }
     }
 }
 
@@ -110,8 +118,9 @@ impl<'a> LayerRules<'a> {
         if let GateRule::LowerBound { lower_bound } = self.gate {
             args.lower_bound = Some(lower_bound);
         }
-        args.apply_beta_sigmoid = Some(self.beta != BetaRule::Raw);
-        args.allow_neg_eigval = self.beta == BetaRule::TwoSigmoid;
+        let (sigmoid, neg) = self.beta.flags();
+        args.apply_beta_sigmoid = Some(sigmoid);
+        args.allow_neg_eigval = neg;
         args
     }
 
@@ -135,8 +144,9 @@ impl<'a> LayerRules<'a> {
         if let GateRule::LowerBound { lower_bound } = self.gate {
             args.lower_bound = Some(lower_bound);
         }
-        args.apply_beta_sigmoid = Some(self.beta != BetaRule::Raw);
-        args.allow_neg_eigval = Some(self.beta == BetaRule::TwoSigmoid);
+        let (sigmoid, neg) = self.beta.flags();
+        args.apply_beta_sigmoid = Some(sigmoid);
+        args.allow_neg_eigval = Some(neg);
         args
     }
 }

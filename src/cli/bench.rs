@@ -254,7 +254,7 @@ fn sweep_gemm() -> Result<i32, String> {
     Ok(0)
 }
 
-/// The standard decode cases (`../shared/bench/README.md`): name, B, tokens per sequence, state
+/// The standard decode cases (`tests/bench/README.md`, "The cases"): name, B, tokens per sequence, state
 /// dtype, speculative.
 const DECODE_CASES: &[(&str, usize, usize, DType, bool)] = &[
     ("decode_b1_h32", 1, 1, DType::F32, false),

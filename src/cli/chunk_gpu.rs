@@ -152,8 +152,9 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a.lower_bound = Some(x.lower_bound as f32);
     // The case's gate and beta rules (`use_lower_bound` only where the kernel computes the gate).
     a.use_lower_bound = x.gate.in_kernel().then_some(x.gate == kda_kernels::rules::Gate::LowerBound);
-    a.apply_beta_sigmoid = Some(x.beta_rule != kda_kernels::rules::Beta::Raw);
-    a.allow_neg_eigval = x.beta_rule == kda_kernels::rules::Beta::TwoSigmoid;
+    let (sigmoid, neg) = x.beta_rule.flags();
+    a.apply_beta_sigmoid = Some(sigmoid);
+    a.allow_neg_eigval = neg;
     a.use_qk_l2norm_in_kernel = Some(x.l2norm);
     a.output = Some(&v.out);
     a.state_indices = v.indices.as_ref();

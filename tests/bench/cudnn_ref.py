@@ -28,7 +28,6 @@ the error check):
                                    [--no-fla-check] [--out cudnn.jsonl]
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -131,6 +130,21 @@ def run_form(row, engine, f32g, x, ref):
     return result
 
 
+def results(rows, engines, fla_check):
+    """Each engine's row, with and without an f32 gate, on each case in `rows`."""
+    for row in rows:
+        x = fla_ref.prefill_inputs(*row[1:])
+        ref = fla_reference(x) if fla_check else None
+        for engine in engines:
+            for f32g in (False, True):
+                try:
+                    yield run_form(row, engine, f32g, x, ref)
+                except Exception as e:  # a missing or declining engine: record it, go on
+                    yield {"case": row[0], "impl": f"cudnn_{engine}" + ("_f32g" if f32g else ""),
+                           "error": f"{type(e).__name__}: {e}"[:400]}
+        del x, ref
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="cuDNN-frontend's sm90 KDA engines on kda's prefill cases, as JSON lines")
     ap.add_argument("--case", default="", help="only the prefill cases whose name contains this")
@@ -146,27 +160,7 @@ def main(argv=None):
         import cudnn.linear_attention  # noqa: F401
     except ImportError as e:
         sys.exit(f"cuDNN-frontend's linear attention is not importable ({e}); see tests/bench/README.md")
-    out = open(args.out, "w") if args.out else None
-    try:
-        for row in rows:
-            x = fla_ref.prefill_inputs(*row[1:])
-            ref = None if args.no_fla_check else fla_reference(x)
-            for engine in engines:
-                for f32g in (False, True):
-                    try:
-                        r = run_form(row, engine, f32g, x, ref)
-                    except Exception as e:  # a missing or declining engine: record it, go on
-                        r = {"case": row[0], "impl": f"cudnn_{engine}" + ("_f32g" if f32g else ""),
-                             "error": f"{type(e).__name__}: {e}"[:400]}
-                    line = json.dumps(r)
-                    print(line, flush=True)
-                    if out:
-                        out.write(line + "\n")
-                        out.flush()
-            del x, ref
-    finally:
-        if out:
-            out.close()
+    fla_ref.write_rows(results(rows, engines, not args.no_fla_check), args.out)
     return 0
 
 

@@ -5,7 +5,6 @@ shape family) on rows it does not compare.
 Usage (on the GPU machine, with torch, triton and fla-core 0.6.0):
 python3 tests/bench/fla_prefill_cases.py CASE[,CASE..] OUT.jsonl
 """
-import json
 import os
 import sys
 
@@ -16,10 +15,4 @@ names = sys.argv[1].split(",")
 unknown = [n for n in names if n not in {row[0] for row in fla_ref.PREFILL}]
 if unknown:
     sys.exit(f"unknown prefill cases: {', '.join(unknown)}")
-with open(sys.argv[2], "w") as out:
-    for row in fla_ref.PREFILL:
-        if row[0] in names:
-            line = json.dumps(fla_ref.prefill(*row))
-            print(line, flush=True)
-            out.write(line + "\n")
-            out.flush()
+fla_ref.write_rows((fla_ref.prefill(*row) for row in fla_ref.PREFILL if row[0] in names), sys.argv[2])

@@ -229,6 +229,22 @@ def decode(name, B, T, state, spec):
     }
 
 
+def write_rows(rows, path=None):
+    """Prints each row (a dict) as a JSON line as it comes, and writes it to `path` too when one
+    is given (flushed line by line, so a run cut short keeps its rows)."""
+    out = open(path, "w") if path else None
+    try:
+        for row in rows:
+            line = json.dumps(row)
+            print(line, flush=True)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+    finally:
+        if out:
+            out.close()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="FLA (fla-core 0.6.0) on kda's standard bench cases, as JSON lines")
     ap.add_argument("--case", default="", help="only the cases whose name contains this (e.g. prefill, decode_b256)")
@@ -239,17 +255,7 @@ def main(argv=None):
     if not jobs:
         names = ", ".join(row[0] for row in PREFILL + DECODE)
         sys.exit(f"no case name contains {args.case!r}; the cases: {names}")
-    out = open(args.out, "w") if args.out else None
-    try:
-        for fn, row in jobs:
-            line = json.dumps(fn(*row))
-            print(line, flush=True)
-            if out:
-                out.write(line + "\n")
-                out.flush()
-    finally:
-        if out:
-            out.close()
+    write_rows((fn(*row) for fn, row in jobs), args.out)
     return 0
 
 

@@ -170,6 +170,9 @@ struct Block<'a> {
     clock: u64,
     /// Each warpgroup's pending `wgmma`s.
     warpgroups: Vec<warpgroup::Warpgroup>,
+    /// Whether the program has a `wgmma`: only then do register reads and writes carry the
+    /// clock and the pending check its fences and groups need (every access pays for them).
+    tracks_wgmma_registers: bool,
     /// The `mbarrier` objects, by shared address.
     mbarriers: HashMap<u32, mbarrier::Mbarrier>,
 }
@@ -186,9 +189,11 @@ impl<'a> Block<'a> {
     fn get(&self, t: usize, s: &Src) -> u64 {
         match s {
             Src::Reg(r) => {
-                let i = self.reg_index(*r);
-                self.note_in_flight(t, i, *r);
-                self.threads[t].read_clock[i].set(self.clock);
+                if self.tracks_wgmma_registers {
+                    let i = self.reg_index(*r);
+                    self.note_in_flight(t, i, *r);
+                    self.threads[t].read_clock[i].set(self.clock);
+                }
                 self.read_register(t, *r)
             }
             Src::Imm(v) => *v as u64,
@@ -214,12 +219,14 @@ impl<'a> Block<'a> {
             RegClass::B32 | RegClass::F32 => v & 0xffff_ffff,
             RegClass::B64 => v,
         };
-        self.note_in_flight(t, i, r);
-        self.clock += 1;
+        if self.tracks_wgmma_registers {
+            self.note_in_flight(t, i, r);
+            self.clock += 1;
+            self.threads[t].write_clock[i] = self.clock;
+        }
         let th = &mut self.threads[t];
         th.regs[i] = v;
         th.written[i] = true;
-        th.write_clock[i] = self.clock;
     }
 
     fn note_in_flight(&self, t: usize, i: usize, r: Reg) {
@@ -622,6 +629,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
         *base = total;
         total += count as usize;
     }
+    let tracks_wgmma_registers = prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. }));
     let mut report = SimReport::default();
     let mut result = Ok(());
     'grid: for bz in 0..grid[2] {
@@ -666,6 +674,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     touched_in_flight: std::cell::Cell::new(None),
                     clock: 0,
                     mbarriers: HashMap::new(),
+                    tracks_wgmma_registers,
                     warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
                         .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
                         .collect(),

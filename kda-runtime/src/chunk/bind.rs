@@ -9,9 +9,7 @@ use kda_kernels::chunk::{ChunkConfig, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use kda_kernels::chunk_prep::prep_rows;
 
 use super::args::ChunkArgs;
-use super::plan::{
-    chunk_workspace_bytes_unsplit, workspace_prep_bytes, ChunkGate, ChunkPlan, FinalState, InitialState,
-};
+use super::plan::{chunk_workspace_bytes_unsplit, workspace_prep_bytes, ChunkPlan, FinalState, InitialState};
 use crate::error::RuntimeError;
 use crate::launch::KernelArg;
 use crate::tensor::TensorView;
@@ -53,10 +51,7 @@ pub(crate) fn kernel_args(
         (FinalState::Allocate { .. } | FinalState::Given { .. }, Some(t)) => t,
         _ => empty_state()?,
     };
-    let lower_bound = match plan.gate {
-        ChunkGate::LowerBound { lower_bound } => lower_bound,
-        _ => 0.0,
-    };
+    let lower_bound = plan.gate.lower_bound();
     let (a_log, dt_bias) = match (plan.gate.in_kernel(), args.a_log, args.dt_bias) {
         (true, Some(a), Some(d)) => (*a, view(d.ptr(), &[hv, D], d.dtype())?),
         _ => (view(0, &[0], DType::F32)?, view(0, &[0, 0], cfg.dt_bias)?),

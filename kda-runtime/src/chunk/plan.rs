@@ -565,11 +565,7 @@ fn check_scalars(args: &ChunkArgs) -> Result<(ChunkGate, BetaRule), ChunkError> 
             "allow_neg_eigval needs the beta sigmoid (beta = 2 * sigmoid(beta)); drop apply_beta_sigmoid = false.";
         return Err(invalid("allow_neg_eigval", msg.into()));
     }
-    let beta = match (sigmoid, args.allow_neg_eigval) {
-        (false, _) => BetaRule::Raw,
-        (true, false) => BetaRule::Sigmoid,
-        (true, true) => BetaRule::TwoSigmoid,
-    };
+    let beta = BetaRule::from_flags(sigmoid, args.allow_neg_eigval);
     // The reference checks A_log and dt_bias come together, so one of them decides whether the
     // kernel computes the gate.
     if args.a_log.is_none() {

@@ -179,11 +179,11 @@ pub(super) fn range_steps(
         let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&l.plan));
         steps.extend([
             Step::Prepare { cfg: PrepConfig::of(&l.cfg), args: l.bound, blocks },
-            Step::Join { lane: Lane::Beside, on: Lane::Call },
+            Step::Join(Lane::Beside),
             Step::Chain { lane: Lane::Beside, cfg: l.cfg, args: l.bound },
         ]);
     }
-    steps.push(Step::Join { lane: Lane::Call, on: Lane::Beside });
+    steps.push(Step::Join(Lane::Call));
     Ok(steps)
 }
 
@@ -291,7 +291,7 @@ mod tests {
             .map(|s| match s {
                 Step::Prepare { .. } => "prepare".into(),
                 Step::Chain { lane, .. } => format!("chain {lane:?}"),
-                Step::Join { lane, on } => format!("{lane:?} waits {on:?}"),
+                Step::Join(lane) => format!("{lane:?} waits {:?}", lane.other()),
                 other => format!("{other:?}"),
             })
             .collect();

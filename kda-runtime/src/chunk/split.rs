@@ -6,13 +6,12 @@
 //! batch and varlen-packed (batch invariance). A shorter one is one segment, with the unsplit
 //! call's bits (`kda_kernels::chunk_segments::segment_count` says why).
 //! [`chunk_kda`](super::chunk_kda) splits every sequence longer than twice
-//! [`SPLIT_SEGMENT_TOKENS`] when the call has at most [`SPLIT_MAX_VALUE_HEADS`] value heads and
-//! a workspace; [`ChunkTuning::split`] asks for it (or another segment length) on any call.
+//! [`SPLIT_SEGMENT_TOKENS`] when the call has at most [`SPLIT_MAX_VALUE_HEADS`] value heads;
+//! [`ChunkTuning::split`] asks for it (or another segment length) on any call.
 //!
 //! The schedule, the segments' prepared operands and their three f32 state tables live in the
-//! caller's workspace ([`chunk_split_workspace_bytes`] sizes it, and
-//! [`super::chunk_workspace_bytes`] includes it for calls split by default); without one they
-//! are allocated for the call and freed after it.
+//! workspace: the caller's ([`chunk_split_workspace_bytes`] sizes it) or the one
+//! [`crate::Kernels`] keeps for the stream.
 
 use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_segments::max_segments;
@@ -37,7 +36,7 @@ const D: usize = crate::validate::HEAD_DIM;
 const PART_ALIGN: usize = 256;
 
 /// The split's kernels a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
-/// when [`chunk_kda`](super::chunk_kda) splits it: for calls with a workspace and at most
+/// when [`chunk_kda`](super::chunk_kda) splits it: for calls of at most
 /// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
 pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
     (plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
@@ -274,10 +273,10 @@ pub(super) fn steps_over(
     // The transitions do not depend on the states from zeros: they run beside them, and the
     // merge waits for both.
     steps.extend([
-        Step::Join { lane: Lane::Beside, on: Lane::Call },
+        Step::Join(Lane::Beside),
         chain(Lane::Beside, &c.transition, transition.1),
         chain(Lane::Call, &c.from_zeros, from_zeros.1),
-        Step::Join { lane: Lane::Call, on: Lane::Beside },
+        Step::Join(Lane::Call),
         Step::Merge(c.merge.clone(), merge),
         chain(Lane::Call, &c.output, output.1),
     ]);
@@ -313,7 +312,7 @@ pub(super) fn split_steps(
     out_ptr: u64,
     final_view: Option<TensorView>,
 ) -> Result<Vec<Step>, RuntimeError> {
-    check_split(plan, seg, "tune")?;
+    // `steps_over` checks `seg` (as the call's entry did); the layout takes any.
     let layout = SplitLayout::of(plan, seg);
     let ws = args.workspace.ok_or_else(|| RuntimeError::Unsupported("a split call without a workspace".into()))?;
     let tables = SplitTables::at(ws.ptr(), plan, &layout, ws.device())?;

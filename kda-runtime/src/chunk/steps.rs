@@ -27,6 +27,16 @@ pub(crate) enum Lane {
     Beside,
 }
 
+impl Lane {
+    /// The lane a join on this one waits for.
+    pub(crate) fn other(self) -> Lane {
+        match self {
+            Lane::Call => Lane::Beside,
+            Lane::Beside => Lane::Call,
+        }
+    }
+}
+
 /// Named kernel arguments of the split's own kernels.
 pub(crate) type NamedArgs = Vec<(&'static str, KernelArg)>;
 
@@ -58,13 +68,9 @@ pub(crate) enum Step {
     Merge(MergeConfig, NamedArgs),
     /// The split's final states, on the call's stream.
     Finish(MergeConfig, NamedArgs),
-    /// `lane` waits for everything enqueued on `on` so far (work before the call included).
-    Join {
-        /// The stream that waits.
-        lane: Lane,
-        /// The stream it waits for.
-        on: Lane,
-    },
+    /// The lane waits for everything enqueued on the other so far (work before the call
+    /// included).
+    Join(Lane),
 }
 
 /// Binds and launches `steps` in order, for a call on `stream`.
@@ -100,8 +106,8 @@ pub(crate) fn run_steps<'a>(
             Step::Segments(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(cfg)?, args)?,
             Step::Merge(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(cfg)?, args)?,
             Step::Finish(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(cfg)?, args)?,
-            Step::Join { lane, on: other } => {
-                let (waiter, waited) = (on(*lane)?, on(*other)?);
+            Step::Join(lane) => {
+                let (waiter, waited) = (on(*lane)?, on(lane.other())?);
                 let waiter = waiter.as_deref().unwrap_or(stream);
                 waiter.join(waited.as_deref().unwrap_or(stream)).op("cuStreamWaitEvent")?;
             }
@@ -140,7 +146,7 @@ pub(crate) fn assert_steps_bind(steps: &[Step]) {
             Step::Segments(cfg, args) => bind_args(&compile(kda_kernels::chunk_segments::chunk_segments(cfg)), args),
             Step::Merge(cfg, args) => bind_args(&compile(kda_kernels::chunk_merge::chunk_merge(cfg)), args),
             Step::Finish(cfg, args) => bind_args(&compile(kda_kernels::chunk_merge::chunk_finish(cfg)), args),
-            Step::Join { .. } => continue,
+            Step::Join(_) => continue,
         };
         bound.unwrap_or_else(|e| panic!("step {i} ({step:?}) does not bind: {e}"));
     }

@@ -28,16 +28,15 @@ pub struct ChunkTuning {
     /// from its first (a function of its length alone, so batch invariance holds); a shorter
     /// one runs as one segment, with the unsplit bits (two segments would take as long as
     /// one chain: `kda_kernels::chunk_segments::segment_count`). The schedule, the segments'
-    /// prepared operands and their states live in the `workspace`, which must then hold
-    /// [`super::chunk_split_workspace_bytes`]; without one they are allocated and freed before
-    /// returning, which waits for its kernels (not graph-capturable). Its transitions run on
-    /// the thread's highest-priority stream (capture it as for `ranges`).
-    /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with a
-    /// workspace, at most [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more than twice
-    /// that many tokens. `None`: each sequence runs as one chain.
+    /// prepared operands and their states live in the workspace (the caller's, which must then
+    /// hold [`super::chunk_split_workspace_bytes`], or the one [`crate::Kernels`] keeps). Its
+    /// transitions run on the thread's highest-priority stream (capture it as for `ranges`).
+    /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with at most
+    /// [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more than twice that many tokens.
+    /// `None`: each sequence runs as one chain.
     pub split: Option<usize>,
-    /// Take the two-kernel path (`chunk_prep`, then the chain over its output); needs a
-    /// `workspace`. [`ChunkTuning::for_call`] sets it for calls with few chains.
+    /// Take the two-kernel path (`chunk_prep`, then the chain over its output, through the
+    /// workspace). [`ChunkTuning::for_call`] sets it for calls with few chains.
     pub prepared: bool,
     /// Preparation blocks per (sequence, value head), each striding over the sequence's chunks;
     /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
@@ -48,8 +47,8 @@ pub struct ChunkTuning {
     /// preparation of the next. Capture such a call into a graph only on a thread that has
     /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Calls of
     /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
-    /// caller's contract, and the ranges run it as the dense call), at least one token, a
-    /// workspace, and f32 final states (`output_final_state`) or an f32 pool
+    /// caller's contract, and the ranges run it as the dense call), at least one token, and
+    /// f32 final states (`output_final_state`) or an f32 pool
     /// (`state_indices`); the same bits as one range. `None`: one range.
     /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's
     /// calls share that stream, so their chains run in call order even when the calls are on

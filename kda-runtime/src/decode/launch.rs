@@ -2,12 +2,12 @@
 
 use cudarc::driver::CudaStream;
 use kda_dsl::DType;
-use kda_kernels::decode::{items_per_block, DecodeConfig, Gate, Writes, MAX_GRID_Z, MAX_ITEMS};
+use kda_kernels::decode::{items_per_block, DecodeConfig, Writes, MAX_GRID_Z, MAX_ITEMS};
 pub use kda_kernels::decode::{DecodeCallKind, DecodeShape};
 
 use super::args::DecodeArgs;
 use super::checked::check_indices;
-use super::plan::{plan_decode, DecodePlan, GateRule, StateIndexing};
+use super::plan::{plan_decode, DecodePlan, StateIndexing};
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::Kernels;
@@ -37,7 +37,7 @@ pub struct DecodeResult {
 
 /// The kernel variant a validated call needs (with the shape [`decode_shape`] picks).
 pub fn decode_config(plan: &DecodePlan) -> DecodeConfig {
-    chunk_tuned_config(plan, decode_shape(plan))
+    tuned_config(plan, decode_shape(plan))
 }
 
 /// Every variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
@@ -50,7 +50,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     let mut out: Vec<DecodeConfig> = vec![];
     for &multi_token in token_kinds {
         for nseq in [1, 8, MAX_GRID_Z + 1, 2 * MAX_GRID_Z + 1] {
-            let cfg = chunk_tuned_config(plan, shape_for(plan, multi_token, nseq));
+            let cfg = tuned_config(plan, shape_for(plan, multi_token, nseq));
             if !out.contains(&cfg) {
                 out.push(cfg);
             }
@@ -59,7 +59,7 @@ pub fn decode_variants(plan: &DecodePlan) -> Vec<DecodeConfig> {
     out
 }
 
-pub(crate) fn chunk_tuned_config(plan: &DecodePlan, shape: DecodeShape) -> DecodeConfig {
+pub(crate) fn tuned_config(plan: &DecodePlan, shape: DecodeShape) -> DecodeConfig {
     let writes = match (plan.indices, plan.inplace_final_state, plan.store_final_state) {
         (StateIndexing::None, _, false) => Writes::None,
         (StateIndexing::None, true, true) => Writes::PoolPerSequence,
@@ -72,11 +72,7 @@ pub(crate) fn chunk_tuned_config(plan: &DecodePlan, shape: DecodeShape) -> Decod
         state_dtype: plan.state_dtype,
         out_dtype: plan.output_dtype,
         v_first: plan.state_v_first,
-        gate: match plan.gate {
-            GateRule::LowerBound { .. } => Gate::LowerBound,
-            GateRule::Softplus => Gate::Softplus,
-            GateRule::Precomputed => Gate::Precomputed,
-        },
+        gate: plan.gate.kernel(),
         a_log: plan.has_a_log,
         dt_bias: if plan.has_dt_bias { plan.dt_bias_dtype } else { None },
         beta: plan.beta,
@@ -211,7 +207,7 @@ fn launch_plan(
         (None, Some(v)) => *v,
         (None, None) => unreachable!("allocated above"),
     };
-    let cfg = chunk_tuned_config(plan, shape);
+    let cfg = tuned_config(plan, shape);
     let ready = kernels.decode(&cfg)?;
     let loaded = ready.loaded(gpu, &kernels.modules)?;
     // One wave of blocks, each taking many sequences; or the config's few per block (the
@@ -295,10 +291,7 @@ pub(crate) fn kernel_args(
         Some(t) => *t,
         None => view(hold, &[1], DType::I32, dev)?,
     };
-    let lower_bound = match plan.gate {
-        GateRule::LowerBound { lower_bound } => lower_bound,
-        _ => 0.0,
-    };
+    let lower_bound = plan.gate.lower_bound();
     let nseq = i32::try_from(plan.n)
         .map_err(|_| RuntimeError::bad_argument("q", "fewer than 2^31 sequences", plan.n.to_string()))?;
     use KernelArg::{Tensor as T, F32, I32};

@@ -186,13 +186,9 @@ pub fn plan_decode(args: &DecodeArgs) -> Result<DecodePlan, DecodeError> {
             })?,
         },
     };
-    let in_kernel = gate != GateRule::Precomputed;
+    let in_kernel = gate.in_kernel();
     let dt_bias_dtype = args.dt_bias.filter(|_| in_kernel).map(|d| d.dtype());
-    let beta = match (apply_beta_sigmoid, allow_neg_eigval) {
-        (false, _) => BetaRule::Raw,
-        (true, false) => BetaRule::Sigmoid,
-        (true, true) => BetaRule::TwoSigmoid,
-    };
+    let beta = BetaRule::from_flags(apply_beta_sigmoid, allow_neg_eigval);
     let per_sequence_write =
         indices == StateIndexing::None && args.store_final_state && (!inplace || !use_initial_state);
     Ok(DecodePlan {

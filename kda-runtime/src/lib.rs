@@ -35,6 +35,7 @@ mod random_calls;
 pub mod rules;
 pub mod slice_view;
 pub mod tensor;
+pub mod tensor_map;
 pub mod timing;
 mod validate;
 mod workspace;
@@ -51,4 +52,5 @@ pub use launch::{
 };
 pub use slice_view::{Element, SliceView};
 pub use tensor::{download, download_i64, upload, DeviceTensor, TensorView, MAX_RANK};
+pub use tensor_map::{encode_tensor_map, TensorMapParam};
 pub use timing::{host_us_per_call, median, time_graph_ms, time_ms};

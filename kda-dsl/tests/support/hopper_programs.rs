@@ -1,0 +1,650 @@
+//! Thread programs that use the Hopper instructions (wgmma, mbarrier rings, TMA, setmaxnreg),
+//! each with the faults a test can plant, and their arguments. Shared by the simulator's tests
+//! (`tests/simulator.rs`) and the GPU test that runs them on an H200 against the simulator
+//! (`kda-runtime/tests/gpu_hopper.rs`), so both run the same programs.
+
+use kda_dsl::hopper_layout::{KMajorTile, Major, MnMajorTile, OperandTile, Swizzle, TensorMap2d, WgmmaFragment};
+use kda_dsl::sim::{run, SimArg};
+use kda_dsl::thread_ir::*;
+use kda_dsl::SrcLoc;
+
+/// A thread program under construction: its instructions and registers per class.
+pub struct P {
+    body: Vec<Inst>,
+    counts: [u32; 5],
+}
+
+impl P {
+    pub fn new() -> P {
+        P { body: vec![], counts: [0; 5] }
+    }
+    pub fn reg(&mut self, c: RegClass) -> Reg {
+        let i = RegClass::ALL.iter().position(|x| *x == c).expect("a class");
+        self.counts[i] += 1;
+        Reg { class: c, id: self.counts[i] - 1 }
+    }
+    pub fn op(&mut self, op: Op) {
+        let line = self.body.len() as u32 + 1;
+        self.body.push(Inst { op, guard: None, loc: SrcLoc::new("k.rs", line, 1), cache: CachePolicy::Normal });
+    }
+    pub fn guarded(&mut self, p: Reg, op: Op) {
+        let line = self.body.len() as u32 + 1;
+        self.body.push(Inst {
+            op,
+            guard: Some((p, true)),
+            loc: SrcLoc::new("k.rs", line, 1),
+            cache: CachePolicy::Normal,
+        });
+    }
+    pub fn prog(self, threads: u32, shared: u32, params: Vec<(String, Ty)>) -> ThreadProgram {
+        ThreadProgram {
+            name: "t".into(),
+            params: params.into_iter().map(|(name, ty)| (name, ParamKind::Value(ty))).collect(),
+            threads,
+            min_blocks_per_sm: None,
+            max_registers: None,
+            shared_bytes: shared,
+            body: self.body,
+            reg_counts: self.counts,
+        }
+    }
+}
+
+pub fn tid(p: &mut P) -> Reg {
+    let t = p.reg(RegClass::B32);
+    p.op(Op::ReadSpecial { d: t, sreg: Special::Tid });
+    t
+}
+
+/// A register holding the shared address `offset` bytes into the block's dynamic shared
+/// memory (the hardware's first kilobyte is its own: kernels address from `smem`).
+pub fn shared_at(p: &mut P, offset: i64) -> Reg {
+    let base = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: base });
+    let a = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: a, a: Src::Reg(base), b: Src::Imm(offset) });
+    a
+}
+
+/// What a `wgmma` test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WgmmaFault {
+    None,
+    NoRegisterFence,
+    AccumulatorWrittenAfterFence,
+    AccumulatorReadAfterFence,
+    NoProxyFence,
+    ReadBeforeWait,
+    SharedWriteWhilePending,
+    ExitPending,
+    ProxyFenceAfterBarrier,
+}
+
+/// A `wgmma` test's product: `m64n{n}k16` with operand tiles of `swizzle` and each operand's
+/// major-ness, A from shared memory or registers, `steps` instructions chained onto one
+/// accumulator.
+#[derive(Clone, Copy, Debug)]
+pub struct WgmmaCase {
+    pub swizzle: Swizzle,
+    pub n: u32,
+    pub a_from_registers: bool,
+    pub a_major: Major,
+    pub b_major: Major,
+    pub steps: u32,
+}
+
+impl WgmmaCase {
+    /// A from shared memory, both K-major, `n` = 16, two chained K-steps.
+    pub fn shared_a(swizzle: Swizzle) -> WgmmaCase {
+        WgmmaCase { swizzle, n: 16, a_from_registers: false, a_major: Major::K, b_major: Major::K, steps: 2 }
+    }
+
+    /// The operand tiles: A (64 rows) and B (`n` rows), `k` elements (one line of the swizzle,
+    /// at least one K-step), B right after A. An MN-major tile whose extent is not whole lines
+    /// of the swizzle takes none.
+    pub fn tiles(&self) -> (OperandTile, OperandTile, u32) {
+        let k = (self.swizzle.line_bytes() / 2).max(16);
+        let tile = |mn: u32, major: Major| match major {
+            Major::K => OperandTile::K(KMajorTile { rows: mn, k, elem_bytes: 2, swizzle: self.swizzle }),
+            Major::MN => {
+                let whole_lines = (2 * mn).is_multiple_of(self.swizzle.line_bytes());
+                let swizzle = if whole_lines { self.swizzle } else { Swizzle::None };
+                OperandTile::MN(MnMajorTile { mn, k, elem_bytes: 2, swizzle })
+            }
+        };
+        let a = tile(64, self.a_major);
+        (a, tile(self.n, self.b_major), a.bytes())
+    }
+}
+
+/// Thread `t`'s address in tensor `name`, `stride` bytes per thread.
+pub fn per_thread_global(p: &mut P, t: Reg, name: &str, stride: i64) -> Reg {
+    let base = p.reg(RegClass::B64);
+    p.op(Op::LdParam { ty: Ty::U64, d: base, name: format!("p_{name}") });
+    let off = p.reg(RegClass::B64);
+    p.op(Op::MulWide { ty: Ty::U32, d: off, a: Src::Reg(t), b: Src::Imm(stride) });
+    let a = p.reg(RegClass::B64);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: a, a: Src::Reg(base), b: Src::Reg(off) });
+    a
+}
+
+/// A warpgroup's `m64nNk16` product through `wgmma`, as named steps: copy the tile image
+/// (already in the swizzled layout) into shared memory, fence it for the async proxy, set the
+/// accumulator to 1, fence the registers, chain `steps` `wgmma`s (K-step `i % steps_per_tile`),
+/// commit, wait, and store each thread's accumulator registers.
+pub fn wgmma_program(case: WgmmaCase, fault: WgmmaFault) -> ThreadProgram {
+    let WgmmaCase { n, a_from_registers, steps, .. } = case;
+    let (a_tile, b_tile, b_base) = case.tiles();
+    let image = a_tile.bytes() + b_tile.bytes();
+    let mut p = P::new();
+    let t = tid(&mut p);
+    // Copy the image, 16 bytes per thread per round.
+    let src = per_thread_global(&mut p, t, "tiles", 16);
+    let smem = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: smem });
+    let dst = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: dst, a: Src::Reg(t), b: Src::Imm(16), c: Src::Reg(smem) });
+    let chunk: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+    for round in 0..image.div_ceil(2048) {
+        let offset = i64::from(round * 2048);
+        let load = Op::Ld { space: Space::Global, ty: Ty::U32, d: chunk.clone(), addr: src, offset };
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        let store = Op::St { space: Space::Shared, ty: Ty::U32, addr: dst, offset, vals };
+        let rest = (image - round * 2048) / 16;
+        if rest >= 128 {
+            p.op(load);
+            p.op(store);
+        } else {
+            let q = p.reg(RegClass::Pred);
+            p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(i64::from(rest)) });
+            p.guarded(q, load);
+            p.guarded(q, store);
+        }
+    }
+    if !matches!(fault, WgmmaFault::NoProxyFence | WgmmaFault::ProxyFenceAfterBarrier) {
+        p.op(Op::FenceProxyAsync);
+    }
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    if fault == WgmmaFault::ProxyFenceAfterBarrier {
+        p.op(Op::FenceProxyAsync);
+    }
+    // Operands: descriptors per K-step from the parameters (each tile's offset in shared memory
+    // in the start field) plus the shared base, A's fragment from its tensor.
+    let steps_per_tile = a_tile.k() / 16;
+    let base_field = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: base_field, a: Src::Reg(smem), b: Src::Imm(4) });
+    let base_field64 = p.reg(RegClass::B64);
+    p.op(Op::Cvt { dty: Ty::U64, sty: Ty::U32, d: base_field64, a: Src::Reg(base_field) });
+    let descriptor = |p: &mut P, name: String| {
+        let offset = p.reg(RegClass::B64);
+        p.op(Op::LdParam { ty: Ty::U64, d: offset, name });
+        let d = p.reg(RegClass::B64);
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::U64, d, a: Src::Reg(offset), b: Src::Reg(base_field64) });
+        d
+    };
+    let a_desc: Vec<Reg> = (0..steps_per_tile).map(|s| descriptor(&mut p, format!("p_a_desc{s}"))).collect();
+    let b_desc: Vec<Reg> = (0..steps_per_tile).map(|s| descriptor(&mut p, format!("p_b_desc{s}"))).collect();
+    let a_frag = [(); 4].map(|_| p.reg(RegClass::B32));
+    if a_from_registers {
+        let at = per_thread_global(&mut p, t, "a_frag", 16);
+        p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: a_frag.to_vec(), addr: at, offset: 0 });
+    }
+    let acc: Vec<Reg> = (0..n / 2).map(|_| p.reg(RegClass::F32)).collect();
+    for r in &acc {
+        p.op(Op::Mov { ty: Ty::F32, d: *r, a: Src::F32(1.0) });
+    }
+    let accumulate = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: accumulate, a: Src::Reg(t), b: Src::Imm(0) });
+    if fault != WgmmaFault::NoRegisterFence {
+        p.op(Op::WgmmaFence);
+    }
+    if fault == WgmmaFault::AccumulatorWrittenAfterFence {
+        p.op(Op::Mov { ty: Ty::F32, d: acc[0], a: Src::F32(2.0) });
+    }
+    if fault == WgmmaFault::AccumulatorReadAfterFence {
+        let copy = p.reg(RegClass::F32);
+        p.op(Op::Mov { ty: Ty::F32, d: copy, a: Src::Reg(acc[1]) });
+    }
+    for i in 0..steps {
+        let step = (i % steps_per_tile) as usize;
+        let a = if a_from_registers {
+            WgmmaA::Registers(a_frag)
+        } else {
+            WgmmaA::Shared(SharedOperand { desc: a_desc[step], major: case.a_major })
+        };
+        let b = SharedOperand { desc: b_desc[step], major: case.b_major };
+        p.op(Op::Wgmma { ab: Ty::BF16, n, d: acc.clone(), a, b, accumulate });
+    }
+    p.op(Op::WgmmaCommit);
+    if fault == WgmmaFault::SharedWriteWhilePending {
+        // Each of these threads rewrites a chunk of B it copied itself: no race, but the wgmma
+        // still reads it.
+        let q = p.reg(RegClass::Pred);
+        p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(i64::from(b_tile.bytes() / 16)) });
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        p.guarded(q, Op::St { space: Space::Shared, ty: Ty::U32, addr: dst, offset: i64::from(b_base), vals });
+    }
+    if fault == WgmmaFault::ExitPending {
+        p.op(Op::Ret);
+    }
+    let out = per_thread_global(&mut p, t, "out", 4 * i64::from(n / 2));
+    let store = |p: &mut P| {
+        for (half, regs) in acc.chunks(4).enumerate() {
+            let vals = regs.iter().map(|r| Src::Reg(*r)).collect();
+            p.op(Op::St { space: Space::Global, ty: Ty::F32, addr: out, offset: 16 * half as i64, vals });
+        }
+    };
+    if fault == WgmmaFault::ReadBeforeWait {
+        store(&mut p);
+    }
+    p.op(Op::WgmmaWait { n: 0 });
+    store(&mut p);
+    p.op(Op::Ret);
+    let mut params: Vec<(String, Ty)> =
+        vec![("p_tiles".into(), Ty::U64), ("p_a_frag".into(), Ty::U64), ("p_out".into(), Ty::U64)];
+    for s in 0..steps_per_tile {
+        params.push((format!("p_a_desc{s}"), Ty::U64));
+        params.push((format!("p_b_desc{s}"), Ty::U64));
+    }
+    p.prog(128, image, params)
+}
+
+/// Small exact bf16 values: products and their sums stay exact in f32.
+pub fn small_bf16(i: u32) -> f32 {
+    ((i * 7 + 3) % 9) as f32 / 4.0 - 1.0
+}
+
+/// A (64 x k) of a [`wgmma_program`], of [`small_bf16`] values.
+fn wgmma_a(m: u32, k: u32) -> f32 {
+    small_bf16(m * 131 + k)
+}
+
+/// B (n x k) of a [`wgmma_program`], of [`small_bf16`] values.
+fn wgmma_b(n: u32, k: u32) -> f32 {
+    small_bf16(n * 71 + k * 5 + 1)
+}
+
+/// The arguments of [`wgmma_program`]: the operand tiles' shared image (in their swizzled
+/// layouts), A's register fragment, the output and each K-step's descriptors.
+pub fn wgmma_args(case: WgmmaCase) -> Vec<(String, SimArg)> {
+    let n = case.n;
+    let (a_tile, b_tile, b_base) = case.tiles();
+    let mut image = vec![0u8; (a_tile.bytes() + b_tile.bytes()) as usize];
+    let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
+    for (tile, base, rows, value) in [(a_tile, 0, 64, wgmma_a as fn(u32, u32) -> f32), (b_tile, b_base, n, wgmma_b)] {
+        for row in 0..rows {
+            for k in 0..tile.k() {
+                let at = tile.address(base, row, k) as usize;
+                image[at..at + 2].copy_from_slice(&bf16(value(row, k)));
+            }
+        }
+    }
+    let mut a_frag = vec![0u8; 128 * 16];
+    for thread in 0..128 {
+        for v in 0..8 {
+            let (m, k) = WgmmaFragment::RegisterA.coord(thread, v);
+            let at = (thread * 16 + v * 2) as usize;
+            a_frag[at..at + 2].copy_from_slice(&bf16(wgmma_a(m, k)));
+        }
+    }
+    let mut args = vec![
+        ("tiles".to_string(), SimArg::Tensor(image)),
+        ("a_frag".to_string(), SimArg::Tensor(a_frag)),
+        ("out".to_string(), SimArg::Tensor(vec![0; 128 * 4 * n as usize / 2])),
+    ];
+    for s in 0..a_tile.k() / 16 {
+        args.push((format!("a_desc{s}"), SimArg::I64(a_tile.descriptor(0, s).encode() as i64)));
+        args.push((format!("b_desc{s}"), SimArg::I64(b_tile.descriptor(b_base, s).encode() as i64)));
+    }
+    args
+}
+
+/// Each (row, column) of a [`wgmma_program`]'s product in `out` (its output's bytes) with the
+/// f64 reference, `1 + Σ_i A_i B_iᵀ` over the chained K-steps.
+pub fn wgmma_products(case: WgmmaCase, out: &[u8]) -> Vec<(f32, f64)> {
+    let WgmmaCase { n, steps, .. } = case;
+    let steps_per_tile = case.tiles().0.k() / 16;
+    let acc = WgmmaFragment::Accumulator { n };
+    let mut got = vec![];
+    for thread in 0..128 {
+        for v in 0..acc.values_per_thread() {
+            let (m, col) = acc.coord(thread, v);
+            let at = ((thread * n / 2 + v) * 4) as usize;
+            let value = f32::from_le_bytes(out[at..at + 4].try_into().expect("4 bytes"));
+            let reference = 1.0
+                + (0..steps)
+                    .map(|i| {
+                        let k0 = 16 * (i % steps_per_tile);
+                        (k0..k0 + 16).map(|k| f64::from(wgmma_a(m, k)) * f64::from(wgmma_b(col, k))).sum::<f64>()
+                    })
+                    .sum::<f64>();
+            got.push((value, reference));
+        }
+    }
+    got
+}
+
+/// The bytes of tensor argument `name` in `args`.
+pub fn tensor<'a>(args: &'a [(String, SimArg)], name: &str) -> &'a [u8] {
+    match args.iter().find(|(n, _)| n == name) {
+        Some((_, SimArg::Tensor(bytes))) => bytes,
+        _ => panic!("no tensor argument `{name}`"),
+    }
+}
+
+/// Runs [`wgmma_program`] in the simulator; returns [`wgmma_products`].
+pub fn run_wgmma(case: WgmmaCase, fault: WgmmaFault) -> Result<Vec<(f32, f64)>, String> {
+    let mut args = wgmma_args(case);
+    run(&wgmma_program(case, fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(wgmma_products(case, tensor(&args, "out")))
+}
+
+/// What a producer/consumer ring test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RingFault {
+    None,
+    NoBarrierAfterInit,
+    ConsumerSkipsFullWait,
+    MissingArrival,
+    StoreToBarrier,
+    WaitWithoutLoop,
+}
+
+/// Rounds through the ring's one slot.
+pub const RING_ROUNDS: u32 = 3;
+
+/// Waits for the phase of `parity` of the mbarrier at `addr`: `try_wait` until it says so.
+pub fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
+    let (top, done) = (*label, *label + 1);
+    *label += 2;
+    let ready = p.reg(RegClass::Pred);
+    p.op(Op::Label(top));
+    p.op(Op::MbarrierTryWait { d: ready, addr, parity: Src::Imm(i64::from(parity)) });
+    p.guarded(ready, Op::Bra { target: done });
+    p.op(Op::Bra { target: top });
+    p.op(Op::Label(done));
+}
+
+/// The registers of a one-slot ring: its `full` and `empty` mbarriers, this lane's word of the
+/// slot, an arrival's state and the value moved.
+pub struct Ring {
+    pub full: Reg,
+    pub empty: Reg,
+    pub lane: Reg,
+    pub slot: Reg,
+    pub state: Reg,
+    pub value: Reg,
+}
+
+/// Thread 0 initializes the ring's `full` and `empty` mbarriers (at the shared base and 8 bytes
+/// on) with these arrival counts; a block barrier orders that before their use (unless
+/// `barrier_after_init` is false); each thread finds its lane's word of the slot (16 bytes on).
+pub fn ring_setup(p: &mut P, t: Reg, full_count: u32, empty_count: u32, barrier_after_init: bool) -> Ring {
+    let full = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: full });
+    let empty = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: empty, a: Src::Reg(full), b: Src::Imm(8) });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.guarded(first, Op::MbarrierInit { addr: full, count: full_count });
+    p.guarded(first, Op::MbarrierInit { addr: empty, count: empty_count });
+    if barrier_after_init {
+        p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    }
+    let lane = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
+    let slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(full) });
+    let (state, value) = (p.reg(RegClass::B64), p.reg(RegClass::B32));
+    Ring { full, empty, lane, slot, state, value }
+}
+
+/// Warp 0 produces [`RING_ROUNDS`] rounds: wait for `empty` (the first wait passes: the phase
+/// before the first has parity 1), write `100 round + lane` and arrive on `full`; every other
+/// thread branches to `consumer`.
+pub fn produce(p: &mut P, t: Reg, ring: &Ring, consumer: u32, label: &mut u32) {
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target: consumer });
+    for round in 0..RING_ROUNDS {
+        wait_phase(p, ring.empty, (round + 1) % 2, label);
+        let value = Op::Mad {
+            ty: Ty::U32,
+            d: ring.value,
+            a: Src::Imm(i64::from(round)),
+            b: Src::Imm(100),
+            c: Src::Reg(ring.lane),
+        };
+        p.op(value);
+        p.op(Op::St {
+            space: Space::Shared,
+            ty: Ty::U32,
+            addr: ring.slot,
+            offset: 16,
+            vals: vec![Src::Reg(ring.value)],
+        });
+        p.op(Op::MbarrierArrive { state: ring.state, addr: ring.full });
+    }
+}
+
+/// A producer warp hands [`RING_ROUNDS`] values per lane to a consumer warp through one
+/// shared slot, with a `full` and an `empty` mbarrier (32 arrivals a phase): the producer
+/// waits for `empty`, writes and arrives on `full`; the consumer waits for `full`, copies the
+/// slot out and arrives on `empty`.
+pub fn ring_program(fault: RingFault) -> ThreadProgram {
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let full_count = if fault == RingFault::MissingArrival { 33 } else { 32 };
+    let ring = ring_setup(&mut p, t, full_count, 32, fault != RingFault::NoBarrierAfterInit);
+    let Ring { full, empty, lane, slot, state, value } = ring;
+    let (consumer, end) = (1000, 1001);
+    produce(&mut p, t, &ring, consumer, &mut label);
+    if fault == RingFault::StoreToBarrier {
+        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: full, offset: 0, vals: vec![Src::Imm(0)] });
+    }
+    p.op(Op::Bra { target: end });
+    p.op(Op::Label(consumer));
+    let out = per_thread_global(&mut p, lane, "out", 4);
+    for round in 0..RING_ROUNDS {
+        match fault {
+            RingFault::ConsumerSkipsFullWait => {}
+            RingFault::WaitWithoutLoop => {
+                let ready = p.reg(RegClass::Pred);
+                p.op(Op::MbarrierTryWait { d: ready, addr: full, parity: Src::Imm(i64::from(round % 2)) });
+            }
+            _ => wait_phase(&mut p, full, round % 2, &mut label),
+        }
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![value], addr: slot, offset: 16 });
+        let offset = i64::from(round * 32 * 4);
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals: vec![Src::Reg(value)] });
+        p.op(Op::MbarrierArrive { state, addr: empty });
+    }
+    p.op(Op::Label(end));
+    p.op(Op::Ret);
+    p.prog(64, 16 + 32 * 4, vec![("p_out".into(), Ty::U64)])
+}
+
+/// The argument of [`ring_program`]: its output, [`RING_ROUNDS`] words per lane.
+pub fn ring_args() -> Vec<(String, SimArg)> {
+    vec![("out".to_string(), SimArg::Tensor(vec![0; (RING_ROUNDS * 32 * 4) as usize]))]
+}
+
+/// A [`ring_program`]'s output as words (round-major).
+pub fn ring_words(out: &[u8]) -> Vec<u32> {
+    out.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect()
+}
+
+/// Runs [`ring_program`] in the simulator; returns [`ring_words`].
+pub fn run_ring(fault: RingFault) -> Result<Vec<u32>, String> {
+    let mut args = ring_args();
+    run(&ring_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(ring_words(tensor(&args, "out")))
+}
+
+/// What a TMA test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TmaFault {
+    None,
+    NoWait,
+    ArriveWithoutExpectTx,
+    MisalignedBox,
+    ExpectTxTooHigh,
+    ExpectTxTooLow,
+}
+
+/// The TMA tests' map: a 100 x 20 bf16 tensor (rows padded to 208 bytes) in boxes of 64 x 16,
+/// 128-byte swizzled.
+pub const TMA_MAP: TensorMap2d =
+    TensorMap2d { elem_bytes: 2, extent: [100, 20], row_stride: 208, box_extent: [64, 16], swizzle: Swizzle::B128 };
+
+/// Thread 0 copies the box at (`x`, `y`) into shared memory with TMA, completing on an
+/// mbarrier it expects the box's bytes on; every thread waits for the phase and copies
+/// 16-byte chunks of the shared box out.
+pub fn tma_program(fault: TmaFault) -> ThreadProgram {
+    let box_bytes = TMA_MAP.box_bytes();
+    let box_offset = if fault == TmaFault::MisalignedBox { 128 } else { 0 };
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let smem = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: smem });
+    let mbar = p.reg(RegClass::B32);
+    p.op(Op::Bin {
+        op: BinKind::Add,
+        ty: Ty::U32,
+        d: mbar,
+        a: Src::Reg(smem),
+        b: Src::Imm(i64::from(box_bytes + 128)),
+    });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.guarded(first, Op::MbarrierInit { addr: mbar, count: 1 });
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    let param = p.reg(RegClass::B64);
+    p.op(Op::ParamAddress { d: param, name: "p_map".into() });
+    let map = p.reg(RegClass::B64);
+    p.op(Op::CvtaParam { d: map, a: param });
+    let [x, y] = ["p_x", "p_y"].map(|name| {
+        let r = p.reg(RegClass::B32);
+        p.op(Op::LdParam { ty: Ty::S32, d: r, name: name.into() });
+        r
+    });
+    let state = p.reg(RegClass::B64);
+    if fault == TmaFault::ArriveWithoutExpectTx {
+        p.guarded(first, Op::MbarrierArrive { state, addr: mbar });
+    } else {
+        let bytes = match fault {
+            TmaFault::ExpectTxTooHigh => box_bytes + 16,
+            TmaFault::ExpectTxTooLow => box_bytes - 16,
+            _ => box_bytes,
+        };
+        p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes });
+    }
+    let dst = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: dst, a: Src::Reg(smem), b: Src::Imm(box_offset) });
+    p.guarded(first, Op::TmaLoad2d { dst, map, x, y, mbar });
+    if fault != TmaFault::NoWait {
+        wait_phase(&mut p, mbar, 0, &mut label);
+    }
+    let from = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: from, a: Src::Reg(t), b: Src::Imm(16), c: Src::Reg(dst) });
+    let out = per_thread_global(&mut p, t, "out", 16);
+    let chunk: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+    for round in 0..box_bytes / (64 * 16) {
+        let offset = i64::from(round * 64 * 16);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: chunk.clone(), addr: from, offset });
+        let vals = chunk.iter().map(|r| Src::Reg(*r)).collect();
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals });
+    }
+    p.op(Op::Ret);
+    let scalars = [("p_out", Ty::U64), ("p_x", Ty::S32), ("p_y", Ty::S32)];
+    let mut prog = p.prog(64, box_bytes + 256, scalars.map(|(n, ty)| (n.to_string(), ty)).to_vec());
+    prog.params.push(("p_map".into(), ParamKind::TensorMap));
+    prog
+}
+
+/// Element (`x`, `y`) of the TMA tests' tensor: distinct and never 0.
+fn tma_value(x: u64, y: u64) -> u16 {
+    (1 + x + 1000 * y) as u16
+}
+
+/// The arguments of [`tma_program`] with its box at `at`: the output (poisoned), the box's
+/// coordinates, a [`TMA_MAP`] tensor of [`tma_value`]s and the map over it.
+pub fn tma_args(at: [i32; 2]) -> Vec<(String, SimArg)> {
+    let m = TMA_MAP;
+    let mut tensor = vec![0u8; (m.row_stride * m.extent[1]) as usize];
+    for y in 0..m.extent[1] {
+        for x in 0..m.extent[0] {
+            let at = (y * m.row_stride + 2 * x) as usize;
+            tensor[at..at + 2].copy_from_slice(&tma_value(x, y).to_le_bytes());
+        }
+    }
+    vec![
+        ("out".to_string(), SimArg::Tensor(vec![0xee; m.box_bytes() as usize])),
+        ("x".to_string(), SimArg::I32(at[0])),
+        ("y".to_string(), SimArg::I32(at[1])),
+        ("t".to_string(), SimArg::Tensor(tensor)),
+        ("map".to_string(), SimArg::TensorMap { tensor: "t".into(), map: m }),
+    ]
+}
+
+/// The bytes TMA should put in shared memory for the box at `at`: the swizzled box, zero
+/// outside the tensor.
+pub fn tma_expected(at: [i32; 2]) -> Vec<u8> {
+    let m = TMA_MAP;
+    let mut expected = vec![0u8; m.box_bytes() as usize];
+    for outer in 0..m.box_extent[1] {
+        for inner in 0..m.box_extent[0] {
+            let (gx, gy) = (i64::from(at[0]) + i64::from(inner), i64::from(at[1]) + i64::from(outer));
+            let inside = (0..m.extent[0] as i64).contains(&gx) && (0..m.extent[1] as i64).contains(&gy);
+            let v = if inside { tma_value(gx as u64, gy as u64) } else { 0 };
+            let to = m.shared_offset(inner, outer) as usize;
+            expected[to..to + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    expected
+}
+
+/// Runs [`tma_program`] in the simulator; returns the shared box's bytes as copied out and
+/// [`tma_expected`].
+pub fn run_tma(fault: TmaFault, at: [i32; 2]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let mut args = tma_args(at);
+    run(&tma_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok((tensor(&args, "out").to_vec(), tma_expected(at)))
+}
+
+/// What a register-roles test program gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RolesFault {
+    None,
+    NoRegisterCap,
+    Overcommit,
+    CountNotMultipleOf8,
+}
+
+/// Three warpgroups under `.maxnreg 168`: the producer (warpgroup 0) returns registers down to
+/// 40, the two consumers raise theirs to 232 (40 + 232 + 232 = 3 x 168), each role one branch.
+pub fn roles_program(fault: RolesFault) -> ThreadProgram {
+    let (producer, consumer) = match fault {
+        RolesFault::Overcommit => (40, 240),
+        RolesFault::CountNotMultipleOf8 => (36, 232),
+        _ => (40, 232),
+    };
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let group = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: group, a: Src::Reg(t), b: Src::Imm(7) });
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::S32, d: is_consumer, a: Src::Reg(group), b: Src::Imm(0) });
+    p.guarded(is_consumer, Op::Bra { target: 0 });
+    p.op(Op::SetMaxNReg { raise: false, count: producer });
+    p.op(Op::Bra { target: 1 });
+    p.op(Op::Label(0));
+    p.op(Op::SetMaxNReg { raise: true, count: consumer });
+    p.op(Op::Label(1));
+    p.op(Op::Ret);
+    let mut prog = p.prog(384, 0, vec![]);
+    prog.max_registers = (fault != RolesFault::NoRegisterCap).then_some(168);
+    prog
+}

@@ -1,0 +1,1 @@
+pub mod hopper_programs;

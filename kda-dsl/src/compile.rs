@@ -2,15 +2,20 @@
 
 use crate::artifact::{CompiledKernel, ParamSig};
 use crate::diag::Diag;
-use crate::passes::{dump, run_tile_passes, TileProgram};
+use crate::passes::{dump, run_tile_passes_for, TileProgram};
 use crate::target::Target;
 use crate::thread_ir::ThreadProgram;
 use crate::tile::{KernelDef, Param};
 
 /// Runs the tile passes and lowers to the thread program (what the printer prints and the
-/// simulator runs).
+/// simulator runs), for the default target (sm_80).
 pub fn lower_kernel(def: KernelDef) -> Result<(TileProgram, ThreadProgram), Diag> {
-    let tp = run_tile_passes(def)?;
+    lower_kernel_for(def, Target::default())
+}
+
+/// [`lower_kernel`] with the instructions chosen for `target`.
+pub fn lower_kernel_for(def: KernelDef, target: Target) -> Result<(TileProgram, ThreadProgram), Diag> {
+    let tp = run_tile_passes_for(def, target)?;
     let prog = crate::lower::lower(&tp)?;
     dump("lower", &ThreadDump(&prog));
     Ok((tp, prog))
@@ -46,7 +51,7 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
     let grid = def.grid.clone();
     let assumptions = def.assumptions.iter().map(|(p, m)| (def.params[*p].name().to_string(), *m)).collect();
     let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
-    let (tp, prog) = lower_kernel(def)?;
+    let (tp, prog) = lower_kernel_for(def, target)?;
     check_target(&prog, target)?;
     let ptx = crate::ptx::print_module(&prog, target);
     dump("ptx", &ptx);

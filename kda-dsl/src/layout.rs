@@ -5,6 +5,7 @@
 //! with `g = lane >> 2`, `t = lane & 3`, atom registers d0,d1 hold `(g, 2t..2t+1)` and d2,d3
 //! hold `(g + 8, 2t..2t+1)`.
 
+use crate::hopper_layout::{KMajorTile, Major, MnMajorTile, OperandTile, Swizzle};
 use std::fmt;
 
 /// A shared-memory tile layout.
@@ -17,10 +18,11 @@ pub enum SharedLayout {
         /// Columns.
         cols: u32,
     },
-    /// Row-major in 16-byte chunks whose index is XORed with a function of the row
-    /// ([`row_xor`]), so that the eight 16-byte rows an `ldmatrix` phase reads (down a column or
-    /// along a row) hit eight different bank groups, and so do the row pairs (4-byte elements)
-    /// and row quads (2-byte) that element-wise fragment loads read in one phase.
+    /// Row-major in 16-byte chunks whose index is XORed with a function of the row group
+    /// ([`ChunkXor`]), so that the eight 16-byte rows an `ldmatrix` phase reads (down a column or
+    /// along a row) hit eight different bank groups, and (with [`ChunkXor::Spread`]) so do the
+    /// row pairs (4-byte elements) and row quads (2-byte) that element-wise fragment loads read
+    /// in one phase.
     Swizzled {
         /// Rows.
         rows: u32,
@@ -28,7 +30,45 @@ pub enum SharedLayout {
         cols: u32,
         /// Elements per 16-byte chunk.
         chunk: u32,
+        /// How the row group mixes into the chunk index.
+        xor: ChunkXor,
     },
+}
+
+/// How a swizzled layout XORs row group `x` (`row / rows_per_line`, masked) into the 16-byte
+/// chunk index. Both are GF(2)-linear, which the address splitting relies on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkXor {
+    /// [`row_xor`]: also spreads row pairs and quads over a 128-byte line, for element-wise
+    /// fragment loads. The default.
+    Spread,
+    /// `x` itself: the hardware's 32-, 64- and 128-byte swizzles, the canonical layouts that
+    /// `wgmma` descriptors and TMA boxes assume (they differ from `Spread` only with 8 chunks
+    /// per line).
+    Plain,
+}
+
+impl ChunkXor {
+    /// The XOR of row group `x` within `mask`.
+    pub fn apply(self, x: u32, mask: u32) -> u32 {
+        match self {
+            ChunkXor::Spread => row_xor(x, mask),
+            ChunkXor::Plain => x & mask,
+        }
+    }
+}
+
+/// What a swizzled layout's address arithmetic needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwizzleParams {
+    /// Elements per 16-byte chunk.
+    pub chunk: u32,
+    /// Rows sharing one 128-byte line (a row group).
+    pub rows_per_line: u32,
+    /// The mask of the chunk index the row group XORs into.
+    pub mask: u32,
+    /// How it XORs.
+    pub xor: ChunkXor,
 }
 
 /// The chunk XOR of row group `x` (`row / rows_per_line`, masked) of a swizzled layout:
@@ -50,10 +90,36 @@ impl SharedLayout {
         let row_chunks = if cols.is_multiple_of(chunk) { cols / chunk } else { 0 };
         let swizzles = elem_bytes == 2 || (elem_bytes == 4 && rows > 1);
         if swizzles && row_chunks >= 2 && row_chunks.is_power_of_two() {
-            SharedLayout::Swizzled { rows, cols, chunk }
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread }
         } else {
             SharedLayout::RowMajor { rows, cols }
         }
+    }
+
+    /// The canonical layout of a `wgmma` operand (or TMA box) whose rows are exactly one line
+    /// of a hardware swizzle (32, 64 or 128 bytes) and whose row count is whole atoms of 8 rows:
+    /// K-major when the columns are K, MN-major when they are M or N ([`Self::operand_tile`]).
+    /// `None` for other shapes.
+    pub fn canonical(rows: u32, cols: u32, elem_bytes: u32) -> Option<SharedLayout> {
+        let line = cols * elem_bytes;
+        let fits = [32, 64, 128].contains(&line) && rows.is_multiple_of(8) && rows > 0;
+        fits.then_some(SharedLayout::Swizzled { rows, cols, chunk: 16 / elem_bytes, xor: ChunkXor::Plain })
+    }
+
+    /// This layout as a `wgmma` operand tile of `major`-ness (the columns are K for
+    /// [`Major::K`], M or N for [`Major::MN`]), when it is a [`Self::canonical`] layout.
+    pub fn operand_tile(&self, major: Major, elem_bytes: u32) -> Option<OperandTile> {
+        let SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, .. } = *self else { return None };
+        let swizzle = match cols * elem_bytes {
+            32 => Swizzle::B32,
+            64 => Swizzle::B64,
+            128 => Swizzle::B128,
+            _ => return None,
+        };
+        Some(match major {
+            Major::K => OperandTile::K(KMajorTile { rows, k: cols, elem_bytes, swizzle }),
+            Major::MN => OperandTile::MN(MnMajorTile { mn: cols, k: rows, elem_bytes, swizzle }),
+        })
     }
 
     /// Rows and columns.
@@ -69,15 +135,15 @@ impl SharedLayout {
         r * c
     }
 
-    /// For a swizzled layout: (elements per chunk, rows sharing one 128-byte line, XOR mask).
-    pub fn swizzle_params(&self) -> Option<(u32, u32, u32)> {
+    /// For a swizzled layout: its chunk, row group and XOR.
+    pub fn swizzle_params(&self) -> Option<SwizzleParams> {
         match *self {
             SharedLayout::RowMajor { .. } => None,
-            SharedLayout::Swizzled { cols, chunk, .. } => {
+            SharedLayout::Swizzled { cols, chunk, xor, .. } => {
                 let row_chunks = cols / chunk;
                 let rows_per_line = (8 / row_chunks).max(1);
                 let mask = row_chunks.min(8) - 1;
-                Some((chunk, rows_per_line, mask))
+                Some(SwizzleParams { chunk, rows_per_line, mask, xor })
             }
         }
     }
@@ -85,8 +151,8 @@ impl SharedLayout {
     /// The element offset of (row, col).
     pub fn offset(&self, row: u32, col: u32) -> u32 {
         match (*self, self.swizzle_params()) {
-            (SharedLayout::Swizzled { cols, .. }, Some((chunk, rpl, mask))) => {
-                let phys = (col / chunk) ^ row_xor((row / rpl) & mask, mask);
+            (SharedLayout::Swizzled { cols, .. }, Some(SwizzleParams { chunk, rows_per_line, mask, xor })) => {
+                let phys = (col / chunk) ^ xor.apply((row / rows_per_line) & mask, mask);
                 row * cols + phys * chunk + col % chunk
             }
             (SharedLayout::RowMajor { cols, .. }, _) | (SharedLayout::Swizzled { cols, .. }, None) => row * cols + col,
@@ -98,7 +164,12 @@ impl fmt::Display for SharedLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SharedLayout::RowMajor { rows, cols } => write!(f, "row_major[{rows}x{cols}]"),
-            SharedLayout::Swizzled { rows, cols, chunk } => write!(f, "swizzled[{rows}x{cols}, chunk {chunk}]"),
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread } => {
+                write!(f, "swizzled[{rows}x{cols}, chunk {chunk}]")
+            }
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Plain } => {
+                write!(f, "canonical[{rows}x{cols}, chunk {chunk}]")
+            }
         }
     }
 }
@@ -376,6 +447,33 @@ impl fmt::Display for FragmentLayout {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// A canonical layout puts every element where the `wgmma` operand tile of either
+    /// major-ness (the hardware's swizzle on bytes, `hopper_layout`) has it: K-major with the
+    /// columns as K, MN-major with the rows as K.
+    #[test]
+    fn canonical_layouts_are_the_operand_tiles() {
+        for (rows, cols, eb) in [(64, 64, 2), (128, 64, 2), (8, 16, 2), (32, 32, 2), (64, 32, 4), (16, 8, 4)] {
+            let l = SharedLayout::canonical(rows, cols, eb).expect("one line per row");
+            for major in [Major::K, Major::MN] {
+                let tile = l.operand_tile(major, eb).expect("canonical");
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let (mn, k) = if major == Major::K { (r, c) } else { (c, r) };
+                        assert_eq!(l.offset(r, c) * eb, tile.address(0, mn, k), "{l} {major:?} ({r}, {c})");
+                    }
+                }
+            }
+        }
+        assert_eq!(SharedLayout::canonical(64, 128, 2), None, "rows of two lines");
+        assert_eq!(SharedLayout::canonical(12, 64, 2), None, "not whole atoms");
+        // Below 8 chunks per line the spread XOR is the plain one: the layouts agree.
+        for cols in [16, 32] {
+            let (spread, plain) =
+                (SharedLayout::choose(64, cols, 2), SharedLayout::canonical(64, cols, 2).expect("fits"));
+            assert!((0..64).all(|r| (0..cols).all(|c| spread.offset(r, c) == plain.offset(r, c))), "{cols}");
+        }
+    }
 
     #[test]
     fn swizzles_are_permutations() {

@@ -27,7 +27,7 @@ pub mod tile;
 pub mod tile_text;
 
 pub use artifact::CompiledKernel;
-pub use compile::{compile, lower_kernel};
+pub use compile::{compile, lower_kernel, lower_kernel_for};
 pub use diag::{Diag, SrcLoc};
 pub use dtype::DType;
 pub use target::Target;

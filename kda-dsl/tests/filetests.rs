@@ -13,8 +13,9 @@
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`, `drop_dead_tiles`,
 //! `allocate_shared`, `plan_pipelines`: the pipeline runs up to and including it, and the program is printed),
-//! `copy_plans` (the lowering's plan for every copy) or `ptx` (the whole compile). A
-//! `; target: sm_90a` line picks the `ptx` stage's target (default sm_80).
+//! `copy_plans` and `gemm_plans` (the lowering's plan for every copy or `gemm`) or `ptx` (the
+//! whole compile). A `; target: sm_90a` line picks the target every stage chooses instructions
+//! for (default sm_80).
 //! `KDA_BLESS=1 cargo test -p kda-dsl --test filetests` rewrites the expected outputs
 //! (`scripts/bless` does it with the other snapshots).
 
@@ -36,6 +37,8 @@ enum Stage {
     TilePasses(usize),
     /// The lowering's plan for every copy.
     CopyPlans,
+    /// The lowering's plan for every `gemm`.
+    GemmPlans,
     /// The whole compile, printed as PTX.
     Ptx,
 }
@@ -48,12 +51,13 @@ impl Stage {
     fn parse(name: &str) -> Result<Stage, String> {
         match name {
             "copy_plans" => Ok(Stage::CopyPlans),
+            "gemm_plans" => Ok(Stage::GemmPlans),
             "ptx" => Ok(Stage::Ptx),
             _ => PASSES
                 .iter()
                 .position(|p| *p == name)
                 .map(|i| Stage::TilePasses(i + 1))
-                .ok_or_else(|| format!("unknown stage `{name}` (a tile pass, `copy_plans` or `ptx`)")),
+                .ok_or_else(|| format!("unknown stage `{name}` (a tile pass, `copy_plans`, `gemm_plans` or `ptx`)")),
         }
     }
 }
@@ -63,7 +67,7 @@ struct FileTest {
     /// The comment lines before the kernel, `; run:` included, as written.
     header: Vec<String>,
     stage: Stage,
-    /// The `ptx` stage's target (`; target:`, default sm_80).
+    /// The target (`; target:`, default sm_80).
     target: kda_dsl::Target,
     kernel: String,
     expected: String,
@@ -118,8 +122,8 @@ fn split(text: &str) -> Result<FileTest, String> {
 type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 
 /// The tile passes up to `n` over a type-checked kernel.
-fn tile_passes(def: KernelDef, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
-    let mut p = TileProgram::new(def);
+fn tile_passes(def: KernelDef, target: kda_dsl::Target, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
+    let mut p = TileProgram::new(def, target);
     let passes: [TilePass; 6] =
         [infer_layouts, fuse_reductions, insert_barriers, drop_dead_tiles, allocate_shared, plan_pipelines];
     for pass in &passes[..n] {
@@ -135,16 +139,23 @@ fn run(test: &FileTest) -> Result<String, String> {
         return Ok(format!("error: {}\n", diag.message));
     }
     let out = match test.stage {
-        Stage::TilePasses(n) => tile_passes(def, n).map(|p| p.to_string()),
+        Stage::TilePasses(n) => tile_passes(def, test.target, n).map(|p| p.to_string()),
         // The text has no source locations: plans are numbered in the order lowered.
-        Stage::CopyPlans => kda_dsl::lower::copy_plan::copy_plans(def).map(|plans| {
+        Stage::CopyPlans => kda_dsl::lower::plans(def, test.target).map(|plans| {
             let mut s = String::new();
-            for (i, plan) in plans.iter().enumerate() {
+            for (i, plan) in plans.copies.iter().enumerate() {
                 write!(s, "copy {i}: {:?}", plan.kind).expect("writes to a string");
                 if let Some(why) = &plan.slower_because {
                     write!(s, " (not faster: {why})").expect("writes to a string");
                 }
                 s.push('\n');
+            }
+            s
+        }),
+        Stage::GemmPlans => kda_dsl::lower::plans(def, test.target).map(|plans| {
+            let mut s = String::new();
+            for (i, plan) in plans.gemms.iter().enumerate() {
+                writeln!(s, "gemm {i}: {plan}").expect("writes to a string");
             }
             s
         }),

@@ -882,7 +882,7 @@ fn every_gemm_is_planned_with_its_operands_sources() {
         }
         k.copy(c, k.tile(&o, vec![Val::from(r), Val::from(0), Val::from(0)], &[1, 16, 16], loc(8)), loc(8));
     }
-    let plans = kda_dsl::lower::plans(k.finish().expect("valid")).expect("lowers").gemms;
+    let plans = kda_dsl::lower::plans(k.finish().expect("valid"), kda_dsl::Target::Sm80).expect("lowers").gemms;
     let shown: Vec<String> = plans.iter().map(|p| p.to_string()).collect();
     assert_eq!(
         shown,

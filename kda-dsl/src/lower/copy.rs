@@ -571,8 +571,8 @@ impl Lower<'_> {
     /// thread's first chunk XOR a constant (the run's chunk offset has no bits in common with
     /// the thread's). `None` when that does not hold, or the tile is not swizzled.
     pub(super) fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
-        let (chunk, rpl, mask) = self.p.shared(sh).swizzle_params()?;
-        let period = rpl * (mask + 1);
+        let z = self.p.shared(sh).swizzle_params()?;
+        let (chunk, period) = (z.chunk, z.rows_per_line * (z.mask + 1));
         let runs: Vec<crate::layout::SlotCoord> =
             (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
         let granule: u32 = l.atom_cols();
@@ -595,7 +595,7 @@ impl Lower<'_> {
         let row_base = self.em.add32(base, rows);
         let row_base = self.em.add32(row_base, within);
         let ch = self.em.op32(BinKind::Div, cb, chunk as i64);
-        let phys0 = self.swizzled_chunk(rpl, mask, Src::Reg(rb), ch);
+        let phys0 = self.swizzled_chunk(z, Src::Reg(rb), ch);
         let mut by_chunk: std::collections::HashMap<u32, Reg> = std::collections::HashMap::new();
         let mut out = vec![];
         for c in runs {

@@ -151,5 +151,5 @@ impl fmt::Display for CopyPlan {
 /// The plan of every copy in `def`, in the order the lowering meets them (a pipeline's stage
 /// fills once per place they are emitted).
 pub fn copy_plans(def: KernelDef) -> Result<Vec<CopyPlan>, Diag> {
-    super::plans(def).map(|plans| plans.copies)
+    super::plans(def, crate::target::Target::default()).map(|plans| plans.copies)
 }

@@ -61,7 +61,7 @@ impl Lower<'_> {
             .p
             .shared(b)
             .swizzle_params()
-            .is_none_or(|(_, rpl, _)| step.is_multiple_of(rpl) && (step / rpl).is_power_of_two());
+            .is_none_or(|z| step.is_multiple_of(z.rows_per_line) && (step / z.rows_per_line).is_power_of_two());
         let whole_rows = threads.is_multiple_of(vpr) && n.is_multiple_of(threads);
         if rows > 1 && whole_rows && swizzle_ok && gb.row_stride.is_some() {
             self.strided_fill(gb, b, live, step, n / threads);
@@ -176,7 +176,7 @@ impl Lower<'_> {
         let row_bytes = cols as i64 * esize;
         let rb = self.em.mul32(r0, Src::Imm(row_bytes));
         let row_base = self.em.add32(base, rb);
-        let swizzle = l.swizzle_params().map(|(_, rpl, mask)| (rpl, mask, self.swizzled_chunk(rpl, mask, r0, cv)));
+        let swizzle = l.swizzle_params().map(|z| (z, self.swizzled_chunk(z, r0, cv)));
         let row_masks = gb.row_lim.filter(|lim| !covers(*lim, gb.extent.0));
         // One mask for every pass: choose the source address and size once. A masked thread
         // reads nothing from the tensor's base in every pass (its step is 0).
@@ -209,10 +209,11 @@ impl Lower<'_> {
                     let c = self.em.mul32(c0, Src::Imm(esize));
                     self.em.add32(pass_base, c)
                 }
-                Some((rpl, mask, phys)) => {
+                Some((z, phys)) => {
                     // Pass rows add to row r0 < step without carries: the XOR of the sum is
-                    // r0's XOR the pass's (`row_xor` is linear).
-                    let ck = crate::layout::row_xor(((k * step as i64 / rpl as i64) & mask as i64) as u32, mask) as i64;
+                    // r0's XOR the pass's (the chunk XOR is linear).
+                    let group = ((k * step as i64 / z.rows_per_line as i64) & z.mask as i64) as u32;
+                    let ck = z.xor.apply(group, z.mask) as i64;
                     let p = if ck == 0 { phys } else { self.em.op32(BinKind::Xor, phys, ck) };
                     let off = self.em.op32(BinKind::Shl, p, 4);
                     self.em.add32(pass_base, off)

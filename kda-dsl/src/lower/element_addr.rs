@@ -5,7 +5,7 @@
 //! whose indices are a per-thread base plus a constant: a pass moved down whole rows, a fragment
 //! slot. Where the constant's bits are disjoint from every value the base can take, the sum is
 //! a bitwise or, and the swizzled offset splits because the chunk XOR is GF(2)-linear
-//! ([`row_xor`]): `offset(r0 | kr, c0 | kc) = (offset(r0, c0) ^ x) + k`, with `x` and `k` known
+//! ([`crate::layout::ChunkXor`]): `offset(r0 | kr, c0 | kc) = (offset(r0, c0) ^ x) + k`, with `x` and `k` known
 //! when lowering. Each element then costs at most one XOR and an add that ptxas folds into the
 //! access's immediate offset, instead of recomputing the swizzle from its indices.
 //!
@@ -14,7 +14,7 @@
 //! that holds it dominates every later use (see [`Lower::scoped_addresses`]).
 
 use super::Lower;
-use crate::layout::{row_xor, FragmentKind, FragmentLayout, SharedLayout};
+use crate::layout::{FragmentKind, FragmentLayout, SharedLayout, SwizzleParams};
 use crate::thread_ir::*;
 use crate::tile::BufId;
 use std::collections::HashMap;
@@ -70,16 +70,16 @@ impl IndexSide {
 /// `r0 & kr == 0` and `c0 & kc == 0` for every base value.
 ///
 /// A swizzled offset is `row · row_bytes + 16 · phys + elem_bytes · (col % chunk)`, three
-/// bit-disjoint terms, with `phys = (col / chunk) ^ row_xor((row / rpl) & mask)`. Shifts, masks
-/// and `row_xor` distribute over a disjoint or, so `phys = phys(r0, c0) ^ phys_k` where
-/// `phys_k = (kc / chunk) ^ row_xor((kr / rpl) & mask)`, and `16 · phys_k` touches only the
+/// bit-disjoint terms, with `phys = (col / chunk) ^ xor((row / rpl) & mask)`. Shifts, masks
+/// and the XOR distribute over a disjoint or, so `phys = phys(r0, c0) ^ phys_k` where
+/// `phys_k = (kc / chunk) ^ xor((kr / rpl) & mask)`, and `16 · phys_k` touches only the
 /// middle term's bits.
 pub(crate) fn split_offset(layout: SharedLayout, elem_bytes: u32, kr: u32, kc: u32) -> ConstantPart {
     let (_, cols) = layout.shape();
     match layout.swizzle_params() {
         None => ConstantPart { xor: 0, add: (kr * cols + kc) * elem_bytes },
-        Some((chunk, rpl, mask)) => {
-            let phys_k = (kc / chunk) ^ row_xor((kr / rpl) & mask, mask);
+        Some(SwizzleParams { chunk, rows_per_line, mask, xor }) => {
+            let phys_k = (kc / chunk) ^ xor.apply((kr / rows_per_line) & mask, mask);
             ConstantPart { xor: 16 * phys_k, add: kr * cols * elem_bytes + (kc % chunk) * elem_bytes }
         }
     }

@@ -680,11 +680,12 @@ impl Lower<'_> {
                     let rc = self.em.mul32(row, Src::Imm(cols as i64));
                     self.em.add32(rc, col)
                 }
-                Some((chunk, rpl, mask)) => {
+                Some(z) => {
+                    let chunk = z.chunk;
                     let lc = chunk.trailing_zeros() as i64;
                     let ch = self.em.op32(BinKind::Shr, col, lc);
                     let within = self.em.op32(BinKind::And, col, chunk as i64 - 1);
-                    let phys = self.swizzled_chunk(rpl, mask, row, ch);
+                    let phys = self.swizzled_chunk(z, row, ch);
                     let pc = self.em.op32(BinKind::Shl, phys, lc);
                     let rc = self.em.mul32(row, Src::Imm(cols as i64));
                     let s = self.em.add32(rc, pc);
@@ -695,13 +696,14 @@ impl Lower<'_> {
     }
 
     /// The physical 16-byte chunk of logical chunk `chunk` in row `row` of a swizzled tile
-    /// (`swizzle_params` `rpl`, `mask`): `chunk ^ row_xor((row / rpl) & mask)`.
-    pub(crate) fn swizzled_chunk(&mut self, rpl: u32, mask: u32, row: Src, chunk: Src) -> Src {
-        let rs = self.em.op32(BinKind::Shr, row, rpl.trailing_zeros() as i64);
+    /// (`z`): `chunk ^ xor((row / rows_per_line) & mask)`.
+    pub(crate) fn swizzled_chunk(&mut self, z: crate::layout::SwizzleParams, row: Src, chunk: Src) -> Src {
+        let mask = z.mask;
+        let rs = self.em.op32(BinKind::Shr, row, z.rows_per_line.trailing_zeros() as i64);
         let x = match rs {
-            Src::Imm(v) => Src::Imm(crate::layout::row_xor((v as u32) & mask, mask) as i64),
-            // Below 8 chunks per line the map is the identity.
-            rs if mask < 4 => self.em.op32(BinKind::And, rs, mask as i64),
+            Src::Imm(v) => Src::Imm(z.xor.apply((v as u32) & mask, mask) as i64),
+            // Below 8 chunks per line (and for the plain XOR) the map is the identity.
+            rs if mask < 4 || z.xor == crate::layout::ChunkXor::Plain => self.em.op32(BinKind::And, rs, mask as i64),
             rs => {
                 let up = self.em.op32(BinKind::Shl, rs, 2);
                 let mixed = Src::Reg(self.em.bin(BinKind::Xor, Ty::B32, RegClass::B32, rs, up));

@@ -13,8 +13,8 @@ pub struct Plans {
     pub gemms: Vec<gemm_plan::GemmPlan>,
 }
 
-/// The plans of every copy and `gemm` in `def`, lowered.
-pub fn plans(def: KernelDef) -> Result<Plans, Diag> {
-    let tp = crate::passes::run_tile_passes(def)?;
+/// The plans of every copy and `gemm` in `def`, lowered for `target`.
+pub fn plans(def: KernelDef, target: crate::target::Target) -> Result<Plans, Diag> {
+    let tp = crate::passes::run_tile_passes_for(def, target)?;
     super::lower_with_plans(&tp).map(|(_, plans)| plans)
 }

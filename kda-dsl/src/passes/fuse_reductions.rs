@@ -291,7 +291,7 @@ mod tests {
 
     /// The kernel after layout inference and this pass, as text.
     fn fused(k: KernelBuilder) -> String {
-        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let mut p = TileProgram::new(k.finish().expect("valid"), crate::target::Target::Sm80);
         crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
         super::fuse_reductions(&mut p).expect("fuses");
         p.def.to_string()

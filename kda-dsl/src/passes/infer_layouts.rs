@@ -515,7 +515,7 @@ mod tests {
         k.reduce(ReduceOp::Max, &f, &rows, 1, loc(9));
         k.reduce(ReduceOp::Sum, &f, &cols, 0, loc(10));
         let _ = (s, v);
-        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let mut p = TileProgram::new(k.finish().expect("valid"), crate::target::Target::Sm80);
         super::infer_layouts(&mut p).expect("layouts");
         insta::assert_snapshot!(p.to_string());
     }
@@ -525,7 +525,7 @@ mod tests {
         let k = KernelBuilder::new("t", loc(1));
         k.launch(vec![Host::int(1)], 128, loc(2));
         k.fragment("f", &[24, 8], DType::F32, loc(3));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let mut p = TileProgram::new(k.finish().expect("valid"), crate::target::Target::Sm80);
         let e = super::infer_layouts(&mut p).expect_err("does not fit");
         assert_eq!(e.loc.line, 3);
         assert!(e.message.contains("does not fit m16n8 atoms"), "{e}");
@@ -548,7 +548,7 @@ mod group_tests {
         k.fill(&s, 1.0, loc(5));
         k.end();
         k.fill(&s, 2.0, loc(6));
-        let mut p = TileProgram::new(k.finish().expect("valid"));
+        let mut p = TileProgram::new(k.finish().expect("valid"), crate::target::Target::Sm80);
         let e = super::infer_layouts(&mut p).expect_err("shared by a group and the block");
         assert!(e.message.contains("tile `s` is used by warp group 1 and by the whole block"), "{e}");
     }

@@ -265,7 +265,8 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
 mod tests {
     #[test]
     fn barrier_between_shared_write_and_read_and_at_loop_back_edge() {
-        let mut p = crate::passes::TileProgram::new(crate::passes::testing::staged_copy_kernel());
+        let mut p =
+            crate::passes::TileProgram::new(crate::passes::testing::staged_copy_kernel(), crate::target::Target::Sm80);
         crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
         super::insert_barriers(&mut p).expect("barriers");
         insta::assert_snapshot!(p.def.to_string());
@@ -273,7 +274,10 @@ mod tests {
 
     #[test]
     fn owned_element_wise_updates_need_no_barrier_between_them() {
-        let mut p = crate::passes::TileProgram::new(crate::passes::testing::owned_updates_kernel());
+        let mut p = crate::passes::TileProgram::new(
+            crate::passes::testing::owned_updates_kernel(),
+            crate::target::Target::Sm80,
+        );
         crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
         super::insert_barriers(&mut p).expect("barriers");
         let text = p.def.to_string();
@@ -302,7 +306,7 @@ mod tests {
         k.store(&tab, j.clone(), Val::bin(crate::tile::BinOp::Add, j[0].clone(), it), loc(8));
         k.end();
         k.end();
-        let mut p = crate::passes::TileProgram::new(k.finish().expect("valid"));
+        let mut p = crate::passes::TileProgram::new(k.finish().expect("valid"), crate::target::Target::Sm80);
         crate::passes::infer_layouts::infer_layouts(&mut p).expect("layouts");
         super::insert_barriers(&mut p).expect("barriers");
         let text = p.def.to_string();

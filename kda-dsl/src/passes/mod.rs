@@ -11,6 +11,7 @@ pub mod plan_pipelines;
 
 use crate::diag::Diag;
 use crate::layout::{FragmentLayout, SharedLayout};
+use crate::target::Target;
 use crate::tile::{BufId, Buffer, IdVec, KernelDef};
 use std::fmt;
 
@@ -32,6 +33,8 @@ pub enum BufLayout {
 pub struct TileProgram {
     /// The kernel.
     pub def: KernelDef,
+    /// The target the passes and the lowering choose instructions for.
+    pub target: Target,
     /// Per buffer: its layout.
     pub layouts: IdVec<Buffer, BufLayout>,
     /// Per buffer: shared-memory stages (`pipelined` loops multiply the buffers they fill).
@@ -69,11 +72,12 @@ pub struct WarpGroupInfo {
 }
 
 impl TileProgram {
-    /// Wraps a checked kernel definition.
-    pub fn new(def: KernelDef) -> TileProgram {
+    /// Wraps a checked kernel definition, to be compiled for `target`.
+    pub fn new(def: KernelDef, target: Target) -> TileProgram {
         let n = def.buffers.len();
         TileProgram {
             def,
+            target,
             layouts: IdVec::filled(n, BufLayout::Unknown),
             stages: IdVec::filled(n, 1),
             shared_offsets: IdVec::filled(n, 0),
@@ -146,9 +150,14 @@ pub fn dump(pass: &str, text: &dyn fmt::Display) {
     }
 }
 
-/// Runs the tile passes in order.
+/// Runs the tile passes in order, for the default target (sm_80).
 pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
-    let mut p = TileProgram::new(def);
+    run_tile_passes_for(def, Target::default())
+}
+
+/// Runs the tile passes in order, choosing instructions for `target`.
+pub fn run_tile_passes_for(def: KernelDef, target: Target) -> Result<TileProgram, Diag> {
+    let mut p = TileProgram::new(def, target);
     dump("input", &p.def);
     infer_layouts::infer_layouts(&mut p)?;
     dump("infer_layouts", &p);

@@ -1,5 +1,6 @@
-//! The PTX of every variant `kda list` names, as insta snapshots (sm_80; sm_90 differs only in
-//! its header, which `ptx_header_per_target` pins). Review changes with `cargo insta review`.
+//! The PTX of every variant `kda list` names, as insta snapshots, for the target it ships for
+//! (sm_80, or sm_90a for the Hopper GEMMs; sm_90 differs only in its header, which
+//! `ptx_header_per_target` pins). Review changes with `cargo insta review`.
 
 use kda_dsl::Target;
 
@@ -7,7 +8,7 @@ use kda_dsl::Target;
 fn ptx_of_every_shipped_variant() {
     for v in kda_kernels::variants() {
         let def = v.build().unwrap_or_else(|e| panic!("{}: {e}", v.id()));
-        let k = kda_dsl::compile(def, Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
+        let k = kda_dsl::compile(def, v.target).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
         insta::assert_snapshot!(v.id().replace('/', "__"), k.ptx);
     }
 }
@@ -36,6 +37,25 @@ fn no_snapshot_outlives_its_variant() {
         let name = entry.expect("entry").file_name().to_string_lossy().to_string();
         if name.starts_with("ptx_snapshots__") && name.ends_with(".snap") && !name.starts_with("ptx_snapshots__ptx_") {
             assert!(ids.contains(&name), "{name} belongs to no shipped variant: delete it");
+        }
+    }
+}
+
+/// sm_90a changes only what its instructions change: every shipped variant's sm_90a PTX is its
+/// sm_80 PTX (header aside) unless it takes `wgmma`, and then it has no `mma.sync` for the
+/// `gemm`s that took it.
+#[test]
+fn sm_90a_ptx_differs_only_where_wgmma_is_taken() {
+    let body = |ptx: &str| {
+        ptx.lines().filter(|l| !l.starts_with(".version") && !l.starts_with(".target")).collect::<Vec<_>>().join("\n")
+    };
+    for v in kda_kernels::variants() {
+        let build = || v.build().unwrap_or_else(|e| panic!("{}: {e}", v.id()));
+        let sm80 = kda_dsl::compile(build(), Target::Sm80).unwrap_or_else(|e| panic!("{}: {e}", v.id())).ptx;
+        let sm90a = kda_dsl::compile(build(), Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", v.id())).ptx;
+        eprintln!("{}: wgmma {}", v.id(), sm90a.contains("wgmma.mma_async"));
+        if !sm90a.contains("wgmma.mma_async") {
+            assert_eq!(body(&sm80), body(&sm90a), "{}", v.id());
         }
     }
 }

@@ -122,6 +122,16 @@ impl SharedLayout {
         })
     }
 
+    /// The byte alignment of the tile's base: a canonical tile's swizzle atom (8 lines: the
+    /// pattern the hardware applies to address bits assumes it), 128 bytes otherwise. Every
+    /// stage of a canonical tile is whole atoms, so each stage stays aligned.
+    pub fn alignment(&self, elem_bytes: u32) -> u32 {
+        match *self {
+            SharedLayout::Swizzled { cols, xor: ChunkXor::Plain, .. } => (8 * cols * elem_bytes).max(128),
+            _ => 128,
+        }
+    }
+
     /// Rows and columns.
     pub fn shape(&self) -> (u32, u32) {
         match *self {

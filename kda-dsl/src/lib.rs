@@ -14,6 +14,7 @@ pub mod cache_policy;
 pub mod compile;
 pub mod diag;
 pub mod dtype;
+pub mod gemm_choice;
 pub mod handle;
 pub mod hopper_layout;
 pub mod layout;

@@ -33,11 +33,18 @@ fn tol(out: DType) -> f64 {
     }
 }
 
-/// Simulates one GEMM variant at (m, n, k) on random inputs; the output starts as NaN so an
-/// unwritten element fails.
-pub fn check_gemm(cfg: &GemmConfig, m: usize, n: usize, k: usize, seed: u64) -> Result<CheckOutcome, String> {
+/// Simulates one GEMM variant, compiled for `target`, at (m, n, k) on random inputs; the output
+/// starts as NaN so an unwritten element fails.
+pub fn check_gemm(
+    cfg: &GemmConfig,
+    target: kda_dsl::Target,
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+) -> Result<CheckOutcome, String> {
     let def = gemm(cfg).map_err(|e| e.to_string())?;
-    let (_, prog) = kda_dsl::lower_kernel(def.clone()).map_err(|e| e.to_string())?;
+    let (_, prog) = kda_dsl::lower_kernel_for(def.clone(), target).map_err(|e| e.to_string())?;
     let mut rng = Rng::new(seed);
     let a = rng.normals(m * k, cfg.dtype);
     let b = rng.normals(n * k, cfg.dtype);
@@ -66,20 +73,32 @@ pub fn check_gemm(cfg: &GemmConfig, m: usize, n: usize, k: usize, seed: u64) -> 
     let want: Vec<f64> =
         gemm_f64(&a, &b, m, n, k, cfg.b_transposed).into_iter().map(|x| round_to(x, cfg.out)).collect();
     Ok(CheckOutcome {
-        case: format!("gemm/{} {m}x{n}x{k}", cfg.key()),
+        case: match target {
+            kda_dsl::Target::Sm80 => format!("gemm/{} {m}x{n}x{k}", cfg.key()),
+            t => format!("gemm/{} {t} {m}x{n}x{k}", cfg.key()),
+        },
         rel_err: rel_err(&got, &want),
         bound: tol(cfg.out),
         instructions: report.instructions,
     })
 }
 
-/// Lowers `def` and runs its whole grid in the simulator; extents come from the `I32`
-/// arguments named after them. Tensors are updated in place in `args`.
+/// Lowers `def` (for sm_80) and runs its whole grid in the simulator; extents come from the
+/// `I32` arguments named after them. Tensors are updated in place in `args`.
 pub fn simulate(
     def: &kda_dsl::tile::KernelDef,
     args: &mut [(String, SimArg)],
 ) -> Result<kda_dsl::sim::SimReport, String> {
-    let (_, prog) = kda_dsl::lower_kernel(def.clone()).map_err(|e| e.to_string())?;
+    simulate_on(def, kda_dsl::Target::Sm80, args)
+}
+
+/// [`simulate`] with the instructions chosen for `target`.
+pub fn simulate_on(
+    def: &kda_dsl::tile::KernelDef,
+    target: kda_dsl::Target,
+    args: &mut [(String, SimArg)],
+) -> Result<kda_dsl::sim::SimReport, String> {
+    let (_, prog) = kda_dsl::lower_kernel_for(def.clone(), target).map_err(|e| e.to_string())?;
     let dims = |s: &str| {
         args.iter().find_map(|(n, a)| match a {
             SimArg::I32(v) if n == s => Some(*v as i64),
@@ -91,6 +110,13 @@ pub fn simulate(
         *g = def.grid[i].eval(&dims).ok_or_else(|| format!("grid axis {i} needs an extent that was not given"))? as u32;
     }
     run(&prog, grid, args).map_err(|e| e.to_string())
+}
+
+/// Whether `def` compiled for `target` takes `wgmma` for any `gemm` (so its simulation there
+/// differs from sm_80's).
+pub fn takes_wgmma(def: &kda_dsl::tile::KernelDef, target: kda_dsl::Target) -> Result<bool, String> {
+    let plans = kda_dsl::lower::plans(def.clone(), target).map_err(|e| e.to_string())?;
+    Ok(plans.gemms.iter().any(|p| matches!(p, kda_dsl::lower::gemm_plan::GemmPlan::Wgmma(_))))
 }
 
 /// The tensor argument `name` decoded as `dtype`.

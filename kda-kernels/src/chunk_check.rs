@@ -1,12 +1,12 @@
 //! `chunk` through the block simulator against the f64 reference of `chunk_kda`.
 
-use crate::check::{simulate, tensor_values};
+use crate::check::{simulate, simulate_on, tensor_values};
 use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use crate::chunk_prep::{chunk_prep, prep_rows, PrepConfig};
 use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs};
 use crate::reference::{rel_err, to_bytes};
 use kda_dsl::sim::SimArg;
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 
 use crate::decode_ref::D;
 
@@ -35,7 +35,12 @@ pub fn tolerance(_cfg: &ChunkConfig) -> (f64, f64) {
 /// Runs one call in the simulator and compares it with [`chunk_reference`], per (sequence,
 /// value head).
 pub fn check_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkCompare, String> {
-    let got = simulate_chunk(cfg, x)?;
+    check_chunk_on(cfg, x, Target::Sm80)
+}
+
+/// [`check_chunk`] with the kernels compiled for `target`.
+pub fn check_chunk_on(cfg: &ChunkConfig, x: &ChunkInputs, target: Target) -> Result<ChunkCompare, String> {
+    let got = simulate_chunk_on(cfg, x, 4, target)?;
     Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
 }
 
@@ -124,6 +129,16 @@ pub fn simulate_chunk(cfg: &ChunkConfig, x: &ChunkInputs) -> Result<ChunkOutputs
 /// [`simulate_chunk`], with a [`Preparation::Workspace`] config's preparation spread over
 /// `prep_blocks` blocks per (sequence, value head).
 pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usize) -> Result<ChunkOutputs, String> {
+    simulate_chunk_on(cfg, x, prep_blocks, Target::Sm80)
+}
+
+/// [`simulate_chunk_with`] with the kernels compiled for `target`.
+pub fn simulate_chunk_on(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    prep_blocks: usize,
+    target: Target,
+) -> Result<ChunkOutputs, String> {
     let def = chunk(cfg).map_err(|e| e.to_string())?;
     let n = x.sequences();
     let (dt, st) = (cfg.dtype, cfg.state_dtype);
@@ -220,10 +235,10 @@ pub fn simulate_chunk_with(cfg: &ChunkConfig, x: &ChunkInputs, prep_blocks: usiz
                 i("NX", prep_blocks),
             ]);
             let prep = chunk_prep(&PrepConfig::of(cfg)).map_err(|e| e.to_string())?;
-            simulate(&prep, &mut args)?;
+            simulate_on(&prep, target, &mut args)?;
         }
     }
-    simulate(&def, &mut args)?;
+    simulate_on(&def, target, &mut args)?;
     let final_state = match cfg.states {
         ChunkStates::Pool { .. } => tensor_values(&args, "state", st),
         _ if stores_final => tensor_values(&args, "final_state", st),

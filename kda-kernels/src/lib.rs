@@ -22,7 +22,7 @@ pub mod rules;
 pub mod selftest;
 
 use kda_dsl::tile::KernelDef;
-use kda_dsl::Diag;
+use kda_dsl::{Diag, Target};
 
 /// One shipped kernel variant: a family, a config name and how to build it.
 #[derive(Clone)]
@@ -31,8 +31,11 @@ pub struct Variant {
     pub family: &'static str,
     /// Config name, unique within the family.
     pub name: String,
-    /// True for the family's default variant (`kda emit FAMILY`).
+    /// True for the family's default variant on its target (`kda emit FAMILY [--target T]`).
     pub default: bool,
+    /// The target the runtime compiles it for: sm_80 (PTX the driver runs on every GPU from
+    /// compute capability 8.0) or sm_90a (compute capability 9.0 exactly).
+    pub target: Target,
     build: std::sync::Arc<dyn Fn() -> Result<KernelDef, Diag> + Send + Sync>,
 }
 
@@ -59,7 +62,13 @@ where
     C: Default + PartialEq + Send + Sync + 'static,
 {
     let default = cfg == C::default();
-    Variant { family, name: key(&cfg), default, build: std::sync::Arc::new(move || build(&cfg)) }
+    Variant { family, name: key(&cfg), default, target: Target::Sm80, build: std::sync::Arc::new(move || build(&cfg)) }
+}
+
+/// The sm_90a variant of a GEMM config of [`hopper_gemm_configs`] (the default is the first).
+pub fn hopper_gemm_variant(cfg: gemm::GemmConfig) -> Variant {
+    let default = hopper_gemm_configs().first() == Some(&cfg);
+    Variant { target: Target::Sm90a, default, ..gemm_variant(cfg) }
 }
 
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
@@ -197,11 +206,32 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     out
 }
 
+/// The GEMM configs shipped for sm_90a (compute capability 9.0), aligned shapes only: two
+/// warpgroups of 64 accumulator rows each, `wgmma` on canonical 128-byte-swizzled tiles of K =
+/// 64. `A·Bᵀ` takes N = 128; `A·B` reads B MN-major, whose rows must be one 128-byte line, so
+/// N = 64 (64 bf16).
+pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
+    use gemm::GemmConfig as G;
+    use kda_dsl::DType::*;
+    let mut out = vec![];
+    for dtype in [BF16, F16] {
+        for o in [F32, dtype] {
+            for b_transposed in [true, false] {
+                let bn = if b_transposed { 128 } else { 64 };
+                let base = G { bm: 128, bn, bk: 64, stages: 4, threads: 256, ..G::default() };
+                out.push(G { dtype, out: o, b_transposed, ..base });
+            }
+        }
+    }
+    out
+}
+
 /// Every shipped variant, in a stable order.
 pub fn variants() -> Vec<Variant> {
     gemm_configs()
         .into_iter()
         .map(gemm_variant)
+        .chain(hopper_gemm_configs().into_iter().map(hopper_gemm_variant))
         .chain(decode_configs().into_iter().map(decode_variant))
         .chain(chunk_configs().into_iter().map(chunk_variant))
         .chain(chunk_prep_configs().into_iter().map(chunk_prep_variant))

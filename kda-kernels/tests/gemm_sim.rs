@@ -1,5 +1,8 @@
 //! The GEMM through the simulator against the f64 reference, ragged edges included.
 
+use kda_dsl::sim::SimArg;
+use kda_dsl::thread_ir::Op;
+use kda_dsl::Target;
 use kda_kernels::check::check_gemm;
 use kda_kernels::gemm_configs;
 
@@ -13,9 +16,58 @@ fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
             &[(cfg.bm, cfg.bn, 32), (37, 29, 19)]
         };
         for (j, &(m, n, k)) in shapes.iter().enumerate() {
-            let out = check_gemm(cfg, m, n, k, (i * 10 + j) as u64).unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
+            let out = check_gemm(cfg, kda_dsl::Target::Sm80, m, n, k, (i * 10 + j) as u64)
+                .unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
             eprintln!("{} rel_err {:.2e} ({} instructions)", out.case, out.rel_err, out.instructions);
             assert!(out.passed(), "{}: rel err {} over {}", out.case, out.rel_err, out.bound);
         }
     }
+}
+
+/// The sm_90a GEMMs (`wgmma` on canonical tiles) against the reference, and the shipped sm_80
+/// configs compiled for sm_90a (the unaligned ones take `wgmma` there too).
+#[test]
+fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
+    let sm80 = gemm_configs().into_iter().filter(|c| !c.aligned);
+    for (i, cfg) in kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).enumerate() {
+        let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+        assert!(kda_kernels::check::takes_wgmma(&def, Target::Sm90a).expect("lowers"), "{}", cfg.key());
+        let shapes: &[(usize, usize, usize)] = if cfg.aligned {
+            &[(cfg.bm, cfg.bn, 128), (cfg.bm + 24, cfg.bn / 2 + 8, 40)]
+        } else {
+            &[(cfg.bm, cfg.bn, 32), (37, 29, 19)]
+        };
+        for (j, &(m, n, k)) in shapes.iter().enumerate() {
+            let out = check_gemm(&cfg, Target::Sm90a, m, n, k, (i * 10 + j) as u64)
+                .unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
+            eprintln!("{} rel_err {:.2e} ({} instructions)", out.case, out.rel_err, out.instructions);
+            assert!(out.passed(), "{}: rel err {} over {}", out.case, out.rel_err, out.bound);
+        }
+    }
+}
+
+/// The fences the compiler places are what makes the sm_90a GEMM correct: without them the
+/// simulator reports `wgmma` reading shared memory the generic proxy wrote.
+#[test]
+fn the_sm_90a_gemm_without_its_proxy_fences_races() {
+    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
+    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+    let (_, mut prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
+    let fences = prog.body.iter().filter(|i| matches!(i.op, Op::FenceProxyAsync)).count();
+    assert!(fences > 0, "the pass placed no fence");
+    prog.body.retain(|i| !matches!(i.op, Op::FenceProxyAsync));
+    let (m, n, k) = (cfg.bm, cfg.bn, 64);
+    let bytes = |len: usize| SimArg::Tensor(vec![0x3f; len * 2]);
+    let mut args = vec![
+        ("a".to_string(), bytes(m * k)),
+        ("M".to_string(), SimArg::I32(m as i32)),
+        ("K".to_string(), SimArg::I32(k as i32)),
+        ("b".to_string(), bytes(n * k)),
+        ("BR".to_string(), SimArg::I32(n as i32)),
+        ("BC".to_string(), SimArg::I32(k as i32)),
+        ("c".to_string(), SimArg::Tensor(vec![0; m * n * 4])),
+        ("N".to_string(), SimArg::I32(n as i32)),
+    ];
+    let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a race").to_string();
+    assert!(e.contains("no fence.proxy.async after the write"), "{e}");
 }

@@ -83,8 +83,10 @@ impl DeviceLimits {
     pub const H200: DeviceLimits =
         DeviceLimits { compute_capability: (9, 0), sm_count: 132, shared_per_block_optin: 232_448 };
 
-    /// The PTX target kda compiles for on this device: sm_80 from compute capability 8.0 up
-    /// (the driver compiles it for the device; PTX ISA 7.0 needs a CUDA 11.0 driver or newer).
+    /// The most a kernel compiled for this device may use: sm_90a on compute capability 9.0
+    /// exactly (H100, H200: `wgmma`, `setmaxnreg`), sm_80 from 8.0 up otherwise (the driver
+    /// compiles it for the device; PTX ISA 7.0 needs a CUDA 11.0 driver or newer). Families
+    /// ship sm_80 variants for every device and, where they have them, sm_90a ones (the GEMM).
     /// Below 8.0 the kernels' instructions (bf16 `mma.sync`, `cp.async`, `ldmatrix`) do not
     /// exist: an error naming the device's capability and the one needed.
     pub fn target(&self) -> Result<Target, RuntimeError> {
@@ -96,7 +98,7 @@ impl DeviceLimits {
                 format!("compute capability {major}.{minor}"),
             ));
         }
-        Ok(Target::Sm80)
+        Ok(if (major, minor) == (9, 0) { Target::Sm90a } else { Target::Sm80 })
     }
 
     /// Reads the limits of `ctx`'s device.
@@ -254,13 +256,21 @@ impl Gpu {
 mod tests {
     use super::*;
 
-    /// The target is a function of the compute capability alone: sm_80 PTX from 8.0 up,
-    /// an error naming `gpu` and the capability below.
+    /// The target is a function of the compute capability alone: sm_90a on 9.0 exactly, sm_80
+    /// PTX from 8.0 up otherwise (Blackwell runs no sm_90a code), an error naming `gpu` and the
+    /// capability below.
     #[test]
     fn the_target_follows_the_compute_capability() {
         let of = |cc| DeviceLimits { compute_capability: cc, ..DeviceLimits::H200 }.target();
-        for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
-            assert_eq!(of(cc).unwrap_or_else(|e| panic!("{cc:?}: {e}")), Target::Sm80, "{cc:?}");
+        for (cc, want) in [
+            ((8, 0), Target::Sm80),
+            ((8, 6), Target::Sm80),
+            ((8, 9), Target::Sm80),
+            ((9, 0), Target::Sm90a),
+            ((10, 0), Target::Sm80),
+            ((12, 0), Target::Sm80),
+        ] {
+            assert_eq!(of(cc).unwrap_or_else(|e| panic!("{cc:?}: {e}")), want, "{cc:?}");
         }
         let e = of((7, 5)).expect_err("Turing").to_string();
         assert!(e.contains("gpu") && e.contains("8.0 or newer") && e.contains("7.5"), "{e}");

@@ -26,8 +26,11 @@ use cudarc::driver::CudaStream;
 pub struct Ready {
     /// The compiled kernel.
     pub kernel: Arc<CompiledKernel>,
-    /// `family/config`, the module cache's key.
+    /// `family/config`, the module cache's key (an sm_90a variant's config name differs from
+    /// every sm_80 one's).
     pub id: String,
+    /// The target its PTX is for.
+    pub target: Target,
     /// The kernel's parameter and extent names as slots: a launch binds without allocating.
     pub binding: BindPlan,
     /// Its module on each device it was loaded on, so a warm launch finds it without hashing
@@ -56,7 +59,15 @@ impl Ready {
     /// Whether the kernel runs on a device of `limits`: its target, and its shared memory per
     /// block within what a block may opt in to; an error naming `gpu` and the need otherwise.
     pub fn fits(&self, limits: &DeviceLimits) -> Result<(), RuntimeError> {
-        limits.target()?;
+        let device = limits.target()?;
+        if !device.has(self.target) {
+            let (major, minor) = limits.compute_capability;
+            return Err(RuntimeError::bad_argument(
+                "gpu",
+                format!("a GPU of compute capability 9.0 for {} ({} PTX)", self.id, self.target),
+                format!("compute capability {major}.{minor}"),
+            ));
+        }
         let need = self.kernel.shared_bytes as usize;
         if need > limits.shared_per_block_optin {
             return Err(RuntimeError::bad_argument(
@@ -81,7 +92,7 @@ impl Ready {
 pub struct Kernels {
     compiled: Mutex<HashMap<String, Arc<CompiledKernel>>>,
     // Per-call lookups by config, so a launch formats no variant name.
-    gemm: Mutex<HashMap<GemmConfig, Arc<Ready>>>,
+    gemm: Mutex<HashMap<(GemmConfig, Target), Arc<Ready>>>,
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
     chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
     chunk_merge: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
@@ -100,7 +111,8 @@ impl Kernels {
         Kernels::default()
     }
 
-    /// The compiled form of `variant` (PTX for sm_80, which the driver JITs for newer GPUs).
+    /// The compiled form of `variant`, PTX for its target (sm_80, which the driver JITs for
+    /// newer GPUs, or sm_90a for compute capability 9.0).
     pub fn compiled(&self, variant: &Variant) -> Result<Arc<CompiledKernel>, RuntimeError> {
         let id = variant.id();
         let mut map = self.compiled.lock().map_err(|_| RuntimeError::Unsupported("kernel cache poisoned".into()))?;
@@ -109,7 +121,7 @@ impl Kernels {
         }
         let def = variant.build().map_err(|e| RuntimeError::Unsupported(format!("building {id}: {e}")))?;
         let k = Arc::new(
-            kda_dsl::compile(def, Target::Sm80)
+            kda_dsl::compile(def, variant.target)
                 .map_err(|e| RuntimeError::Unsupported(format!("compiling {id}: {e}")))?,
         );
         map.insert(id, k.clone());
@@ -146,9 +158,12 @@ impl Kernels {
         unsafe { self.workspaces.release() }
     }
 
-    /// The compiled GEMM for `cfg` (compiled on first use).
-    pub fn gemm(&self, cfg: &GemmConfig) -> Result<Arc<Ready>, RuntimeError> {
-        self.ready(&self.gemm, cfg, || kda_kernels::gemm_variant(cfg.clone()))
+    /// The compiled GEMM for `cfg` on `target` (compiled on first use).
+    pub fn gemm(&self, cfg: &GemmConfig, target: Target) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.gemm, &(cfg.clone(), target), || match target {
+            Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg.clone()),
+            _ => kda_kernels::gemm_variant(cfg.clone()),
+        })
     }
 
     /// The compiled decode kernel for `cfg` (compiled on first use).
@@ -195,7 +210,7 @@ impl Kernels {
         let v = variant();
         let kernel = self.compiled(&v)?;
         let binding = BindPlan::new(&kernel)?;
-        let r = Arc::new(Ready { kernel, id: v.id(), binding, loaded: Mutex::default() });
+        let r = Arc::new(Ready { kernel, id: v.id(), target: v.target, binding, loaded: Mutex::default() });
         map.lock().map_err(|_| poisoned())?.insert(key.clone(), r.clone());
         Ok(r)
     }

@@ -156,12 +156,19 @@ mod tests {
                 [s.transition, s.from_zeros, s.output].iter().for_each(|c| check(&kernels.chunk(c).expect("compiles")));
             }
         }
+        // Every variant fits every device its target runs on (sm_90a: compute capability 9.0).
         for v in kda_kernels::variants() {
             let kernel = kernels.compiled(&v).expect("compiles");
-            for d in &devices {
+            for d in devices.iter().filter(|d| d.target().is_ok_and(|t| t.has(v.target))) {
                 assert!(kernel.shared_bytes as usize <= d.shared_per_block_optin, "{}: {d:?}", v.id());
             }
         }
+        // An sm_90a GEMM on an A100 is refused by name.
+        let hopper = kda_kernels::hopper_gemm_configs().remove(0);
+        let ready = kernels.gemm(&hopper, kda_dsl::Target::Sm90a).expect("compiles");
+        let e = ready.fits(&DeviceLimits::A100).expect_err("sm_80 device").to_string();
+        assert!(e.contains("gpu") && e.contains("compute capability 9.0") && e.contains("8.0"), "{e}");
+        ready.fits(&DeviceLimits::H200).expect("an H200 runs it");
         // A Volta part, and a block asking for more than a part allows, are refused by name.
         let merge = kernels.chunk_merge(&Default::default()).expect("compiles");
         let volta = DeviceLimits { compute_capability: (7, 0), ..DeviceLimits::A100 };

@@ -1,6 +1,6 @@
 //! `gemm`'s argument rules, on the host: each bad call names the argument and what was expected.
 
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 use kda_runtime::{plan_gemm, RuntimeError, TensorView};
 
 fn t(shape: &[usize], d: DType) -> TensorView {
@@ -19,21 +19,45 @@ fn bad(r: Result<Option<kda_kernels::Variant>, RuntimeError>) -> (String, String
 #[test]
 fn shapes_and_types_are_checked_with_the_argument_named() {
     let (a, bt, c) = (t(&[64, 32], DType::BF16), t(&[48, 32], DType::BF16), t(&[64, 48], DType::F32));
-    assert!(plan_gemm(&a, &bt, &c, true).expect("valid").is_some());
-    assert_eq!(bad(plan_gemm(&t(&[64], DType::BF16), &bt, &c, true)), ("a".into(), "a 2-D tensor".into()));
-    assert_eq!(bad(plan_gemm(&t(&[64, 32], DType::F32), &bt, &c, true)).0, "a");
-    assert_eq!(bad(plan_gemm(&a, &t(&[48, 32], DType::F16), &c, true)), ("b".into(), "bf16 (a's dtype)".into()));
-    assert_eq!(bad(plan_gemm(&a, &bt, &t(&[64, 48], DType::F16), true)), ("c".into(), "f32 or bf16".into()));
-    assert_eq!(bad(plan_gemm(&a, &t(&[48, 31], DType::BF16), &c, true)), ("b".into(), "[N, 32]".into()));
-    assert_eq!(bad(plan_gemm(&a, &bt, &c, false)), ("b".into(), "[32, N]".into()));
-    assert_eq!(bad(plan_gemm(&a, &bt, &t(&[64, 47], DType::F32), true)), ("c".into(), "[64, 48]".into()));
+    assert!(plan_gemm(&a, &bt, &c, true, Target::Sm80).expect("valid").is_some());
+    assert_eq!(
+        bad(plan_gemm(&t(&[64], DType::BF16), &bt, &c, true, Target::Sm80)),
+        ("a".into(), "a 2-D tensor".into())
+    );
+    assert_eq!(bad(plan_gemm(&t(&[64, 32], DType::F32), &bt, &c, true, Target::Sm80)).0, "a");
+    assert_eq!(
+        bad(plan_gemm(&a, &t(&[48, 32], DType::F16), &c, true, Target::Sm80)),
+        ("b".into(), "bf16 (a's dtype)".into())
+    );
+    assert_eq!(
+        bad(plan_gemm(&a, &bt, &t(&[64, 48], DType::F16), true, Target::Sm80)),
+        ("c".into(), "f32 or bf16".into())
+    );
+    assert_eq!(bad(plan_gemm(&a, &t(&[48, 31], DType::BF16), &c, true, Target::Sm80)), ("b".into(), "[N, 32]".into()));
+    assert_eq!(bad(plan_gemm(&a, &bt, &c, false, Target::Sm80)), ("b".into(), "[32, N]".into()));
+    assert_eq!(bad(plan_gemm(&a, &bt, &t(&[64, 47], DType::F32), true, Target::Sm80)), ("c".into(), "[64, 48]".into()));
 }
 
 #[test]
 fn ragged_extents_pick_the_unaligned_variant_and_empty_work_launches_nothing() {
-    let v = plan_gemm(&t(&[5, 7], DType::F16), &t(&[3, 7], DType::F16), &t(&[5, 3], DType::F16), true).expect("valid");
+    let v = plan_gemm(&t(&[5, 7], DType::F16), &t(&[3, 7], DType::F16), &t(&[5, 3], DType::F16), true, Target::Sm80)
+        .expect("valid");
     assert!(v.expect("work").name.ends_with("_unaligned"));
     let none =
-        plan_gemm(&t(&[0, 8], DType::BF16), &t(&[8, 8], DType::BF16), &t(&[0, 8], DType::F32), false).expect("valid");
+        plan_gemm(&t(&[0, 8], DType::BF16), &t(&[8, 8], DType::BF16), &t(&[0, 8], DType::F32), false, Target::Sm80)
+            .expect("valid");
     assert!(none.is_none());
+}
+
+/// On sm_90a aligned shapes take the `wgmma` variants, ragged ones stay on the sm_80 fallback.
+#[test]
+fn sm_90a_picks_the_hopper_variant_for_aligned_shapes() {
+    let (a, bt, c) = (t(&[64, 32], DType::BF16), t(&[48, 32], DType::BF16), t(&[64, 48], DType::F32));
+    let v = plan_gemm(&a, &bt, &c, true, Target::Sm90a).expect("valid").expect("work");
+    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_abt_128x128x64_s4_t256"));
+    let ragged =
+        plan_gemm(&t(&[5, 7], DType::F16), &t(&[3, 7], DType::F16), &t(&[5, 3], DType::F16), true, Target::Sm90a);
+    let v = ragged.expect("valid").expect("work");
+    assert_eq!(v.target, Target::Sm80);
+    assert!(v.name.ends_with("_unaligned"));
 }

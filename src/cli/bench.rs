@@ -3,9 +3,11 @@
 
 use super::chunk_gpu::WorkspaceSource;
 use kda_dsl::DType;
+use kda_dsl::Target;
 use kda_kernels::decode::MAX_ITEMS;
 use kda_kernels::reference::Rng;
-use kda_runtime::{gemm, gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
+use kda_runtime::gemm::gemm_on;
+use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
@@ -37,13 +39,19 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let kernels = Kernels::new();
     let mut lines = vec![];
     out!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
-    for (m, n, k, bt) in [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)]
-    {
-        let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}", if bt { "abt" } else { "ab" });
+    // The device's GEMM (sm_90a's on an H100 or H200), and there the sm_80 one too (`_sm80`).
+    let device_target = gpu.limits().target().map_err(|e| e.to_string())?;
+    let targets: Vec<Target> =
+        if device_target == Target::Sm80 { vec![Target::Sm80] } else { vec![device_target, Target::Sm80] };
+    let shapes = [(8192usize, 8192usize, 8192usize, true), (8192, 8192, 8192, false), (4096, 4096, 4096, true)];
+    for ((m, n, k, bt), target) in shapes.into_iter().flat_map(|s| targets.iter().map(move |t| (s, *t))) {
+        let suffix =
+            if target == device_target { String::new() } else { format!("_{}", target.name().replace('_', "")) };
+        let case = format!("gemm_bf16_{}_m{m}_n{n}_k{k}{suffix}", if bt { "abt" } else { "ab" });
         if !case.contains(&filter) {
             continue;
         }
-        let ms = time_gemm(&gpu, &kernels, m, n, k, bt).map_err(|e| e.to_string())?;
+        let ms = time_gemm(&gpu, &kernels, m, n, k, bt, target).map_err(|e| e.to_string())?;
         let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
         out!("{case:<36} {ms:>10.4} {tflops:>10.1}");
         lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
@@ -386,7 +394,8 @@ fn time_decode_tuned(
     Ok((ms, bytes_moved / (ms as f64 * 1e-3) / 1e9, host_us))
 }
 
-/// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs.
+/// Median of 20 event-timed runs after 5 warm-ups, bf16 in, f32 out, random inputs, the variant
+/// picked for `target`.
 pub fn time_gemm(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -394,6 +403,7 @@ pub fn time_gemm(
     n: usize,
     k: usize,
     bt: bool,
+    target: Target,
 ) -> Result<f32, kda_runtime::RuntimeError> {
     let s = gpu.default_stream();
     let mut rng = Rng::new(7);
@@ -402,7 +412,7 @@ pub fn time_gemm(
     let bshape = if bt { [n, k] } else { [k, n] };
     let b = DeviceTensor::from_f32(gpu, &s, &bshape, DType::BF16, &gen(&mut rng, n * k))?;
     let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32)?;
-    let mut t = time_ms(gpu, &s, 5, 20, || gemm(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt))?;
+    let mut t = time_ms(gpu, &s, 5, 20, || gemm_on(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt, target))?;
     Ok(median(&mut t))
 }
 

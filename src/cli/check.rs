@@ -1,6 +1,7 @@
 //! `kda check [--gpu [--quick]]`: every kernel family through the simulator against its
 //! reference; with `--gpu` the GPU conformance cases too, at small shapes with `--quick`.
 
+use kda_dsl::Target;
 use kda_kernels::check::{check_decode, check_gemm};
 use kda_kernels::decode_families::{decode_families, tolerance};
 
@@ -27,9 +28,23 @@ fn model_row(case: &str, err: f64, bound: f64, ok: bool, why: &str) {
 pub fn simulate_all() -> usize {
     out!("{:<52} {:>10} {:>10} {:>12}  result", "case (simulator)", "rel err", "bound", "instructions");
     let mut failures = 0;
-    for (i, cfg) in kda_kernels::gemm_configs().iter().enumerate() {
+    // Each sm_80 GEMM, again on sm_90a where it takes wgmma there, and the sm_90a GEMMs.
+    let sm80 = kda_kernels::gemm_configs();
+    let takes_wgmma = |cfg: &kda_kernels::gemm::GemmConfig| {
+        kda_kernels::gemm::gemm(cfg)
+            .map_err(|e| e.to_string())
+            .and_then(|def| kda_kernels::check::takes_wgmma(&def, Target::Sm90a))
+            .unwrap_or(true)
+    };
+    let gemms = sm80
+        .iter()
+        .map(|c| (c.clone(), Target::Sm80))
+        .chain(sm80.iter().filter(|c| takes_wgmma(c)).map(|c| (c.clone(), Target::Sm90a)))
+        .chain(kda_kernels::hopper_gemm_configs().into_iter().map(|c| (c, Target::Sm90a)));
+    for (i, (cfg, target)) in gemms.enumerate() {
+        let cfg = &cfg;
         for (j, (m, n, k)) in gemm_shapes(cfg).into_iter().enumerate() {
-            match check_gemm(cfg, m, n, k, (i * 16 + j) as u64) {
+            match check_gemm(cfg, target, m, n, k, (i * 16 + j) as u64) {
                 Ok(o) => {
                     let ok = o.passed();
                     failures += usize::from(!ok);
@@ -44,7 +59,7 @@ pub fn simulate_all() -> usize {
                 }
                 Err(e) => {
                     failures += 1;
-                    out!("{:<52} FAIL: {e}", format!("gemm/{} {m}x{n}x{k}", cfg.key()));
+                    out!("{:<52} FAIL: {e}", format!("gemm/{} {target} {m}x{n}x{k}", cfg.key()));
                 }
             }
         }
@@ -75,6 +90,25 @@ pub fn simulate_all() -> usize {
     for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
         let case = format!("chunk/{}", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_chunk(&f.cfg, &f.inputs(i as u64)));
+    }
+    // sm_90a: the families whose kernel takes wgmma there, again.
+    for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
+        let hopper = kda_kernels::chunk::chunk(&f.cfg)
+            .map_err(|e| e.to_string())
+            .and_then(|def| kda_kernels::check::takes_wgmma(&def, Target::Sm90a));
+        match hopper {
+            Ok(false) => {}
+            Ok(true) => {
+                let case = format!("chunk/{} {}", f.name, Target::Sm90a);
+                let x = f.inputs(i as u64);
+                failures +=
+                    chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_chunk_on(&f.cfg, &x, Target::Sm90a));
+            }
+            Err(e) => {
+                failures += 1;
+                out!("{:<52} FAIL: {e}", format!("chunk/{} {}", f.name, Target::Sm90a));
+            }
+        }
     }
     // The two-kernel path against the fused kernel, bit for bit, on a dense and a varlen family.
     let families = kda_kernels::chunk_families::chunk_families();

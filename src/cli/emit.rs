@@ -27,8 +27,14 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     if vs.is_empty() {
         return Err(format!("no kernel family `{family}`; `kda list` shows them"));
     }
+    // The family's default on this target (an sm_90a variant where the family ships one), else
+    // its sm_80 default.
     let v = match config {
-        None => vs.iter().find(|v| v.default).unwrap_or(&vs[0]),
+        None => vs
+            .iter()
+            .find(|v| v.default && v.target == target)
+            .or_else(|| vs.iter().find(|v| v.default && v.target == Target::Sm80))
+            .unwrap_or(&vs[0]),
         Some(c) => vs
             .iter()
             .find(|v| v.name == c)

@@ -1,8 +1,10 @@
 //! Correctness checks on the GPU against the f64 CPU reference.
 
 use kda_dsl::DType;
+use kda_dsl::Target;
 use kda_kernels::reference::*;
-use kda_runtime::{gemm, gpu_available, DeviceTensor, Gpu, Kernels, RuntimeError};
+use kda_runtime::gemm::gemm_on;
+use kda_runtime::{gpu_available, DeviceTensor, Gpu, Kernels, RuntimeError};
 
 /// One GEMM on the GPU at (m, n, k): random inputs, NaN-poisoned output, compared with the f64
 /// reference on every element (or, past 2^27 multiply-adds, on 4096 sampled elements).
@@ -16,6 +18,7 @@ pub fn gemm_on_gpu(
     dtype: DType,
     out: DType,
     bt: bool,
+    target: Target,
     seed: u64,
 ) -> Result<f64, RuntimeError> {
     let s = gpu.default_stream();
@@ -28,7 +31,7 @@ pub fn gemm_on_gpu(
     let db = DeviceTensor::from_f32(gpu, &s, &bshape, dtype, &to32(&b))?;
     let mut dc = DeviceTensor::zeros(gpu, &s, &[m, n], out)?;
     dc.fill_nan(&s)?;
-    gemm(gpu, kernels, &s, &da.view(), &db.view(), &dc.view(), bt)?;
+    gemm_on(gpu, kernels, &s, &da.view(), &db.view(), &dc.view(), bt, target)?;
     let got = dc.to_f32_vec(&s)?;
     let elem = |i: usize, j: usize| -> f64 {
         let mut acc = 0.0;
@@ -91,10 +94,15 @@ pub fn gpu_checks(scale: Scale) -> Result<usize, String> {
         (33, 100, 17, DType::F16, DType::F16, true),
     ];
     let cases: &[_] = if scale == Scale::Quick { &quick } else { &full };
-    for (i, &(m, n, k, dt, out, bt)) in cases.iter().enumerate() {
-        let case = format!("gemm {dt}->{out} {} {m}x{n}x{k}", if bt { "A·Bᵀ" } else { "A·B" });
+    // The device's variants (sm_90a's on compute capability 9.0) and, there, the sm_80 ones too.
+    let device_target = gpu.limits().target().map_err(|e| e.to_string())?;
+    let targets: Vec<Target> =
+        if device_target == Target::Sm80 { vec![Target::Sm80] } else { vec![device_target, Target::Sm80] };
+    let runs = cases.iter().flat_map(|c| targets.iter().map(move |t| (*c, *t)));
+    for (i, ((m, n, k, dt, out, bt), target)) in runs.enumerate() {
+        let case = format!("gemm {dt}->{out} {} {m}x{n}x{k} {target}", if bt { "A·Bᵀ" } else { "A·B" });
         let bound = if out == DType::F32 { 1e-3 } else { 1e-2 };
-        match gemm_on_gpu(&gpu, &kernels, m, n, k, dt, out, bt, 100 + i as u64) {
+        match gemm_on_gpu(&gpu, &kernels, m, n, k, dt, out, bt, target, 100 + i as u64) {
             Ok(e) => {
                 let ok = e <= bound;
                 failures += usize::from(!ok);

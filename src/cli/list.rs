@@ -5,7 +5,13 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         return Err(format!("`list` takes no arguments (got `{a}`)"));
     }
     for v in kda_kernels::variants() {
-        out!("{:<8} {}{}", v.family, v.name, if v.default { "  (default)" } else { "" });
+        let default = match (v.default, v.target) {
+            (false, _) => String::new(),
+            (true, kda_dsl::Target::Sm80) => "  (default)".to_string(),
+            (true, t) => format!("  (default on {t})"),
+        };
+        let target = if v.target == kda_dsl::Target::Sm80 { String::new() } else { format!("  [{}]", v.target) };
+        out!("{:<8} {}{target}{default}", v.family, v.name);
     }
     Ok(0)
 }

@@ -17,6 +17,7 @@ impl Lower<'_> {
         self.gemm_plans.push(plan);
         match plan {
             GemmPlan::MmaSync(p) => self.mma_sync(a, b, c, &p),
+            GemmPlan::Wgmma(p) => self.wgmma(a, b, c, &p),
         }
         Ok(())
     }
@@ -182,7 +183,7 @@ impl Lower<'_> {
     }
 
     /// The A registers of atom (i, k-step kk) packed from an f32 fragment in accumulator layout.
-    fn pack_a(&mut self, buf: BufId, la: FragmentLayout, i: u32, kk: u32, half: Ty) -> [Reg; 4] {
+    pub(super) fn pack_a(&mut self, buf: BufId, la: FragmentLayout, i: u32, kk: u32, half: Ty) -> [Reg; 4] {
         let ni = la.ni();
         let slot = |j: u32, h: u32, c: u32| (((i * ni + j) * 2 + h) * 2 + c) as usize;
         let mut out = [Reg { class: RegClass::B32, id: 0 }; 4];

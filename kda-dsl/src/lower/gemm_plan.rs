@@ -7,6 +7,8 @@ use std::fmt;
 use super::Lower;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
+use crate::gemm_choice::{choose_wgmma, GemmFacts, NoWgmma, WgmmaA};
+use crate::hopper_layout::OperandTile;
 use crate::layout::{FragmentKind, FragmentLayout};
 use crate::passes::BufLayout;
 use crate::thread_ir::Ty;
@@ -17,6 +19,35 @@ use crate::tile::*;
 pub enum GemmPlan {
     /// Warp-level `mma.sync.m16n8k16` with f32 accumulators.
     MmaSync(MmaSyncPlan),
+    /// Warpgroup-level `wgmma.mma_async.m64nNk16` (sm_90a) with f32 accumulators.
+    Wgmma(WgmmaPlan),
+}
+
+/// A `gemm` on `wgmma`: each warpgroup's 64 accumulator rows by all N columns, one instruction
+/// per K-step of 16, between a `wgmma.fence` and a commit and wait of their group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaPlan {
+    /// The 16-bit input type (bf16 or f16).
+    pub ty: Ty,
+    /// The accumulator's layout: 16 rows per warp, every column in each.
+    pub c: FragmentLayout,
+    /// The reduction extent, a multiple of 16.
+    pub k: u32,
+    /// The instruction's N.
+    pub n: u32,
+    /// A: a canonical shared tile (its descriptor per K-step) or registers.
+    pub a: WgmmaSource,
+    /// B: a canonical shared tile.
+    pub b: OperandTile,
+}
+
+/// Where a `wgmma`'s A operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaSource {
+    /// A canonical shared tile, read through descriptors.
+    Shared(OperandTile),
+    /// An f32 fragment in the accumulator's layout, packed to 16-bit pairs.
+    Registers(FragmentLayout),
 }
 
 /// A `gemm` on `mma.sync.m16n8k16`.
@@ -32,6 +63,8 @@ pub struct MmaSyncPlan {
     pub a: OperandSource,
     /// Where the right operand's registers come from.
     pub b: OperandSource,
+    /// Why not `wgmma`, on a target that has it.
+    pub no_wgmma: Option<NoWgmma>,
 }
 
 /// Where an `mma` operand's registers come from.
@@ -60,9 +93,27 @@ impl fmt::Display for GemmPlan {
             OperandSource::Registers { movmatrix: false, .. } => "registers".to_string(),
             OperandSource::Registers { movmatrix: true, .. } => "registers + movmatrix".to_string(),
         };
+        let tile = |t: &OperandTile| {
+            let swizzle = match t {
+                OperandTile::K(k) => k.swizzle,
+                OperandTile::MN(m) => m.swizzle,
+            };
+            format!("shared {:?}-major {swizzle:?}", t.major())
+        };
         match self {
             GemmPlan::MmaSync(p) => {
-                write!(f, "mma.sync.m16n8k16 {:?}, k {}: a from {}, b from {}", p.ty, p.k, source(&p.a), source(&p.b))
+                write!(f, "mma.sync.m16n8k16 {:?}, k {}: a from {}, b from {}", p.ty, p.k, source(&p.a), source(&p.b))?;
+                match &p.no_wgmma {
+                    Some(why) => write!(f, " (not wgmma: {why})"),
+                    None => Ok(()),
+                }
+            }
+            GemmPlan::Wgmma(p) => {
+                let a = match &p.a {
+                    WgmmaSource::Shared(t) => tile(t),
+                    WgmmaSource::Registers(_) => "registers".to_string(),
+                };
+                write!(f, "wgmma.m64n{}k16 {:?}, k {}: a from {a}, b from {}", p.n, p.ty, p.k, tile(&p.b))
             }
         }
     }
@@ -142,6 +193,11 @@ impl Lower<'_> {
                 format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
             );
         }
+        let no_wgmma = match self.wgmma_plan(a, b, c, ab_ty, lc, k) {
+            Ok(plan) => return Ok(GemmPlan::Wgmma(plan)),
+            Err(NoWgmma::Target(_)) => None,
+            Err(why) => Some(why),
+        };
         let a = match a_frag {
             None => OperandSource::Ldmatrix { trans: a.transposed },
             Some(layout) => OperandSource::Registers { layout, movmatrix: false },
@@ -150,7 +206,35 @@ impl Lower<'_> {
             None => OperandSource::Ldmatrix { trans: !b.transposed },
             Some(layout) => OperandSource::Registers { layout, movmatrix: !b.transposed },
         };
-        Ok(GemmPlan::MmaSync(MmaSyncPlan { ty: ab_ty, c: lc, k, a, b }))
+        Ok(GemmPlan::MmaSync(MmaSyncPlan { ty: ab_ty, c: lc, k, a, b, no_wgmma }))
+    }
+
+    /// The `wgmma` plan of a checked `gemm`, when `gemm_choice` takes it and `infer_layouts`
+    /// laid its operands out for it.
+    fn wgmma_plan(
+        &self,
+        a: &Operand,
+        b: &Operand,
+        c: BufId,
+        ty: Ty,
+        lc: FragmentLayout,
+        k: u32,
+    ) -> Result<WgmmaPlan, NoWgmma> {
+        let shape = choose_wgmma(&GemmFacts::of(self.p, a, b, c))?;
+        let laid_out = |o: &Operand, major| match self.p.layouts[o.buf] {
+            BufLayout::Shared(l) => l.operand_tile(major, self.def().buffers[o.buf].dtype.size_bytes() as u32),
+            _ => None,
+        };
+        let not_canonical = |o: &Operand, operand| {
+            NoWgmma::NotCanonical { operand, stored: (0, 0) }.with_stored(&self.def().buffers[o.buf].shape)
+        };
+        debug_assert!(lc.wn == 1 && lc.warp_rows() == 16, "infer_layouts pins wgmma accumulators: {lc}");
+        let b_tile = laid_out(b, shape.b).ok_or_else(|| not_canonical(b, 'b'))?;
+        let a_source = match shape.a {
+            WgmmaA::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or_else(|| not_canonical(a, 'a'))?),
+            WgmmaA::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
+        };
+        Ok(WgmmaPlan { ty, c: lc, k, n: shape.n, a: a_source, b: b_tile })
     }
 
     fn operand_shape(&self, o: &Operand) -> (u32, u32) {

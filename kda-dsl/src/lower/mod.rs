@@ -14,11 +14,13 @@ mod expr;
 mod gemm;
 pub mod gemm_plan;
 mod plans;
+pub mod proxy_fences;
 pub use plans::{plans, Plans};
 mod if_conversion;
 mod loops;
 mod reduce;
 mod roles;
+mod wgmma;
 mod whole_lines;
 
 use crate::analysis::{divisibility, ranges};
@@ -306,7 +308,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
     let body = p.def.body.clone();
     lw.block(&body)?;
     lw.em.emit(Op::Ret);
-    let prog = ThreadProgram {
+    let mut prog = ThreadProgram {
         name: p.def.name.clone(),
         params,
         threads: p.def.launched_threads(),
@@ -316,6 +318,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         body: lw.em.body,
         reg_counts: lw.em.counts,
     };
+    proxy_fences::insert_proxy_fences(&mut prog);
     Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans }))
 }
 

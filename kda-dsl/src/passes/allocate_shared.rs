@@ -1,6 +1,7 @@
 //! `allocate_shared`: gives every shared tile (times its stages; 0 for a tile no statement
-//! touches, `drop_dead_tiles.rs`) a 128-byte aligned offset in dynamic shared memory, then a
-//! scratch area sized for the reductions and scans that need one.
+//! touches, `drop_dead_tiles.rs`) an offset in dynamic shared memory aligned to 128 bytes (a
+//! canonical tile's: to its swizzle atom), then a scratch area sized for the reductions and
+//! scans that need one.
 
 use super::{BufLayout, TileProgram};
 use crate::diag::Diag;
@@ -19,6 +20,8 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
     let mut off = 0u32;
     for (i, b) in p.def.buffers.iter_ids() {
         if let BufLayout::Shared(l) = p.layouts[i] {
+            let elem = b.dtype.size_bytes() as u32;
+            off = align(off, l.alignment(elem));
             p.shared_offsets[i] = off;
             off = align(off + l.size() * b.dtype.size_bytes() as u32 * p.stages[i], 128);
         }

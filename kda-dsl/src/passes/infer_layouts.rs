@@ -69,6 +69,10 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     // A gemm whose left operand comes from registers needs whole rows per warp in both that
     // operand and the accumulator (the accumulator layout of one is the operand layout of the other).
     pin_register_operands(&def.body, def, &wof, &mut p.layouts)?;
+    // A gemm that takes wgmma (`gemm_choice`) gets its accumulator 16 rows per warp and its
+    // shared operands in canonical layouts.
+    let canonical = pin_wgmma(p);
+    let def = &p.def;
     // Relations of 1-D fragments to 2-D ones.
     let mut relations = vec![];
     collect_relations(&def.body, &p.layouts, def, &mut relations);
@@ -138,7 +142,9 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             (Scope::Local, _) => BufLayout::Local,
             (Scope::Shared, _) => {
                 let (r, c) = if b.shape.len() == 2 { (b.shape[0], b.shape[1]) } else { (1, b.shape[0]) };
-                BufLayout::Shared(SharedLayout::choose(r, c, b.dtype.size_bytes() as u32))
+                let elem = b.dtype.size_bytes() as u32;
+                let canonical = canonical.contains(&i).then(|| SharedLayout::canonical(r, c, elem)).flatten();
+                BufLayout::Shared(canonical.unwrap_or_else(|| SharedLayout::choose(r, c, elem)))
             }
         };
     }
@@ -273,6 +279,36 @@ fn gemm_fragments(body: &[Stmt], out: &mut Vec<BufId>) {
             out.extend([a.buf, b.buf, *c]);
         }
     });
+}
+
+/// Lays out every `gemm` that takes `wgmma` for it: the accumulator (and an A fragment) 16 rows
+/// per warp, all columns in each; returns the shared operands that need canonical layouts.
+fn pin_wgmma(p: &mut TileProgram) -> HashSet<BufId> {
+    let mut gemms = vec![];
+    visit_stmts(&p.def.body, &mut |s| {
+        if let StmtKind::Gemm { a, b, c } = &s.kind {
+            gemms.push((a.clone(), b.clone(), *c));
+        }
+    });
+    let mut canonical = HashSet::new();
+    for (a, b, c) in gemms {
+        let Ok(shape) = crate::gemm_choice::choose_wgmma(&crate::gemm_choice::GemmFacts::of(p, &a, &b, c)) else {
+            continue;
+        };
+        for x in [a.buf, c] {
+            let s = &p.def.buffers[x].shape;
+            if p.def.buffers[x].scope == Scope::Fragment && s.len() == 2 {
+                if let Some(l) = FragmentLayout::rows_only(s[0], s[1], p.warps_of(x)) {
+                    p.layouts[x] = BufLayout::Fragment(l);
+                }
+            }
+        }
+        if matches!(shape.a, crate::gemm_choice::WgmmaA::Shared(_)) {
+            canonical.insert(a.buf);
+        }
+        canonical.insert(b.buf);
+    }
+    canonical
 }
 
 fn pin_register_operands(

@@ -1,0 +1,262 @@
+//! Which tensor-core instruction a `gemm` takes: `wgmma` where the target has it and the
+//! operands fit it, `mma.sync` otherwise, with the reason ([`NoWgmma`]). One function decides
+//! ([`choose_wgmma`]); `infer_layouts` lays the operands out for its answer and the lowering's
+//! plan (`lower/gemm_plan.rs`) asks it again over the layouts it got, so the two never disagree.
+//!
+//! A `wgmma` is one warpgroup's 64 x N product: the accumulator's rows split over the warps 16
+//! each (a warpgroup of 4 warps owns 64 rows), every warp holds all N columns, and N (the
+//! accumulator's columns) is a multiple of 8 up to 256. B is a shared tile in a canonical
+//! layout, A a canonical shared tile or an f32 fragment packed to 16-bit pairs (the RS form).
+//! A canonical tile here has rows of exactly one line of a hardware swizzle (32, 64 or 128
+//! bytes: K up to 64 bf16 for a K-major operand, M or N up to 64 for an MN-major one).
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::hopper_layout::Major;
+use crate::layout::SharedLayout;
+use crate::target::Target;
+
+/// What the choice needs to know of one `gemm` operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OperandFacts {
+    /// An f32 fragment (registers), not a shared tile.
+    pub fragment: bool,
+    /// Its shape as stored: (rows, columns).
+    pub stored: (u32, u32),
+    /// Read as its transpose.
+    pub transposed: bool,
+    /// Read whole by every warp (`tile.replicated()`).
+    pub replicated: bool,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+/// What the choice needs to know of a `gemm`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmFacts {
+    /// The target.
+    pub target: Target,
+    /// The accumulator's (rows, columns).
+    pub acc: (u32, u32),
+    /// Warps the accumulator spreads over.
+    pub warps: u32,
+    /// Whether the `gemm` runs in a `warp_group` block or beside fill warps (its warps then
+    /// need not be whole warpgroups from warp 0).
+    pub in_warp_group: bool,
+    /// The left operand (`[M, K]` after its transpose).
+    pub a: OperandFacts,
+    /// The right operand (`[K, N]` after its transpose).
+    pub b: OperandFacts,
+}
+
+/// Where a `wgmma`'s A operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WgmmaA {
+    /// A canonical shared tile of this major-ness (the SS form).
+    Shared(Major),
+    /// An f32 fragment packed to 16-bit pairs (the RS form).
+    Registers,
+}
+
+/// A `gemm` on `wgmma`: N per instruction, A's source and B's major-ness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgmmaShape {
+    /// The instruction's N: the accumulator's columns.
+    pub n: u32,
+    /// Where A comes from.
+    pub a: WgmmaA,
+    /// B's major-ness: K when stored `[N, K]` (`b.t()`), MN when stored `[K, N]`.
+    pub b: Major,
+}
+
+/// Why a `gemm` does not take `wgmma`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NoWgmma {
+    /// The target has no `wgmma` (sm_90a only).
+    Target(Target),
+    /// Inside a `warp_group` block or beside fill warps.
+    WarpGroup,
+    /// The accumulator's rows are not 16 per warp over whole warpgroups.
+    AccumulatorRows {
+        /// Its rows.
+        rows: u32,
+        /// The warps it spreads over.
+        warps: u32,
+    },
+    /// The accumulator's columns (the instruction's N) are not a multiple of 8 up to 256.
+    Columns(u32),
+    /// B is a fragment (`wgmma` reads B from shared memory only).
+    RegisterB,
+    /// A is transposed from registers, or replicated.
+    RegisterOrReplicatedA,
+    /// An operand's element type is not 16-bit.
+    InputType(DType),
+    /// An operand's rows are not one swizzle line (32, 64 or 128 bytes), or not whole atoms.
+    NotCanonical {
+        /// `'a'` or `'b'`.
+        operand: char,
+        /// Its stored shape.
+        stored: (u32, u32),
+    },
+}
+
+impl NoWgmma {
+    /// This reason with an operand's stored shape filled in from `shape`.
+    pub fn with_stored(self, shape: &[u32]) -> NoWgmma {
+        match (self, shape) {
+            (NoWgmma::NotCanonical { operand, .. }, [r, c]) => NoWgmma::NotCanonical { operand, stored: (*r, *c) },
+            (NoWgmma::NotCanonical { operand, .. }, [c]) => NoWgmma::NotCanonical { operand, stored: (1, *c) },
+            (why, _) => why,
+        }
+    }
+}
+
+impl fmt::Display for NoWgmma {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoWgmma::Target(t) => write!(f, "{t} has no wgmma (sm_90a)"),
+            NoWgmma::WarpGroup => f.write_str("inside a warp group or beside fill warps"),
+            NoWgmma::AccumulatorRows { rows, warps } => {
+                write!(f, "the accumulator's {rows} rows are not 16 per warp over {warps} warps in whole warpgroups")
+            }
+            NoWgmma::Columns(n) => write!(f, "N = {n} is not a multiple of 8 up to 256"),
+            NoWgmma::RegisterB => f.write_str("B is a fragment"),
+            NoWgmma::RegisterOrReplicatedA => f.write_str("A is replicated or a transposed fragment"),
+            NoWgmma::InputType(d) => write!(f, "{d} operand, not 16-bit"),
+            NoWgmma::NotCanonical { operand, stored: (r, c) } => {
+                write!(f, "{operand} [{r} x {c}]: rows are not one 32-, 64- or 128-byte line in whole 8-row atoms")
+            }
+        }
+    }
+}
+
+impl GemmFacts {
+    /// The facts of `gemm(a, b, c)` in `p` (its warp groups assigned).
+    pub fn of(
+        p: &crate::passes::TileProgram,
+        a: &crate::tile::Operand,
+        b: &crate::tile::Operand,
+        c: crate::tile::BufId,
+    ) -> GemmFacts {
+        let def = &p.def;
+        let facts = |o: &crate::tile::Operand| {
+            let x = &def.buffers[o.buf];
+            let stored = match x.shape[..] {
+                [r, c] => (r, c),
+                [c] => (1, c),
+                _ => (0, 0),
+            };
+            OperandFacts {
+                fragment: x.scope == crate::tile::Scope::Fragment,
+                stored,
+                transposed: o.transposed,
+                replicated: o.replicated,
+                dtype: x.dtype,
+            }
+        };
+        let shape = &def.buffers[c].shape;
+        GemmFacts {
+            target: p.target,
+            acc: (shape.first().copied().unwrap_or(0), shape.get(1).copied().unwrap_or(0)),
+            warps: p.warps_of(c),
+            in_warp_group: p.owner[c] != 0 || def.fill_warps > 0,
+            a: facts(a),
+            b: facts(b),
+        }
+    }
+}
+
+/// The `wgmma` a `gemm` takes, or why it takes `mma.sync`.
+pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
+    if g.target != Target::Sm90a {
+        return Err(NoWgmma::Target(g.target));
+    }
+    if g.in_warp_group {
+        return Err(NoWgmma::WarpGroup);
+    }
+    let (rows, n) = g.acc;
+    if g.warps == 0 || !g.warps.is_multiple_of(4) || rows != 16 * g.warps {
+        return Err(NoWgmma::AccumulatorRows { rows, warps: g.warps });
+    }
+    if !n.is_multiple_of(8) || !(8..=256).contains(&n) {
+        return Err(NoWgmma::Columns(n));
+    }
+    if g.b.fragment {
+        return Err(NoWgmma::RegisterB);
+    }
+    if g.a.replicated || (g.a.fragment && g.a.transposed) {
+        return Err(NoWgmma::RegisterOrReplicatedA);
+    }
+    let canonical = |o: &OperandFacts, operand: char| -> Result<(), NoWgmma> {
+        if !matches!(o.dtype, DType::BF16 | DType::F16) {
+            return Err(NoWgmma::InputType(o.dtype));
+        }
+        let (r, c) = o.stored;
+        match SharedLayout::canonical(r, c, o.dtype.size_bytes() as u32) {
+            Some(_) => Ok(()),
+            None => Err(NoWgmma::NotCanonical { operand, stored: o.stored }),
+        }
+    };
+    canonical(&g.b, 'b')?;
+    // Stored [N, K] (`b.t()`) has K contiguous; stored [K, N], N.
+    let b = if g.b.transposed { Major::K } else { Major::MN };
+    let a = if g.a.fragment {
+        WgmmaA::Registers
+    } else {
+        canonical(&g.a, 'a')?;
+        // Stored [M, K] has K contiguous; stored [K, M] (`a.t()`), M.
+        WgmmaA::Shared(if g.a.transposed { Major::MN } else { Major::K })
+    };
+    Ok(WgmmaShape { n, a, b })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(stored: (u32, u32), transposed: bool) -> OperandFacts {
+        OperandFacts { fragment: false, stored, transposed, replicated: false, dtype: DType::BF16 }
+    }
+
+    fn gemm() -> GemmFacts {
+        GemmFacts {
+            target: Target::Sm90a,
+            acc: (128, 128),
+            warps: 8,
+            in_warp_group: false,
+            a: shared((128, 64), false),
+            b: shared((128, 64), true),
+        }
+    }
+
+    /// Each rule picks `wgmma` or says which part of the `gemm` does not fit.
+    #[test]
+    fn each_rule_has_its_reason() {
+        let ok = WgmmaShape { n: 128, a: WgmmaA::Shared(Major::K), b: Major::K };
+        assert_eq!(choose_wgmma(&gemm()), Ok(ok));
+        let b_kn = GemmFacts { b: shared((64, 64), false), acc: (128, 64), ..gemm() };
+        assert_eq!(choose_wgmma(&b_kn).map(|s| s.b), Ok(Major::MN));
+        let regs = GemmFacts { a: OperandFacts { fragment: true, dtype: DType::F32, ..gemm().a }, ..gemm() };
+        assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaA::Registers));
+        let cases = [
+            (GemmFacts { target: Target::Sm90, ..gemm() }, NoWgmma::Target(Target::Sm90)),
+            (GemmFacts { in_warp_group: true, ..gemm() }, NoWgmma::WarpGroup),
+            (GemmFacts { warps: 4, ..gemm() }, NoWgmma::AccumulatorRows { rows: 128, warps: 4 }),
+            (GemmFacts { warps: 2, acc: (32, 128), ..gemm() }, NoWgmma::AccumulatorRows { rows: 32, warps: 2 }),
+            (GemmFacts { acc: (128, 264), ..gemm() }, NoWgmma::Columns(264)),
+            (GemmFacts { acc: (128, 12), ..gemm() }, NoWgmma::Columns(12)),
+            (GemmFacts { b: OperandFacts { fragment: true, ..gemm().b }, ..gemm() }, NoWgmma::RegisterB),
+            (GemmFacts { a: OperandFacts { replicated: true, ..gemm().a }, ..gemm() }, NoWgmma::RegisterOrReplicatedA),
+            (GemmFacts { b: OperandFacts { dtype: DType::F32, ..gemm().b }, ..gemm() }, NoWgmma::InputType(DType::F32)),
+            (
+                GemmFacts { a: shared((128, 128), false), ..gemm() },
+                NoWgmma::NotCanonical { operand: 'a', stored: (128, 128) },
+            ),
+        ];
+        for (facts, why) in cases {
+            assert_eq!(choose_wgmma(&facts), Err(why), "{facts:?}");
+            assert!(!why.to_string().is_empty());
+        }
+    }
+}

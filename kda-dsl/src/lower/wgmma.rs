@@ -1,0 +1,82 @@
+//! Lowering of a `gemm` planned on `wgmma` (sm_90a): each warpgroup multiplies its 64
+//! accumulator rows by all N columns, one `wgmma.mma_async.m64nNk16` per K-step. The operands'
+//! descriptors are the tile's constant fields (`hopper_layout`) plus its shared address, which
+//! moves with a pipeline's stage; an A fragment is packed to 16-bit pairs as for `mma.sync`.
+//! The instructions sit between a `wgmma.fence` (the accumulator was written by other
+//! instructions: a clear, an earlier product's epilogue) and a commit and a wait of their group,
+//! so the accumulator is whole when the next statement reads it. The shared operands' generic
+//! writes reach the async proxy through the fences `proxy_fences.rs` places.
+
+use super::gemm_plan::{WgmmaPlan, WgmmaSource};
+use super::Lower;
+use crate::hopper_layout::{Major, OperandTile};
+use crate::thread_ir::*;
+use crate::tile::*;
+
+/// Accumulator rows a warpgroup owns.
+const WARPGROUP_ROWS: i64 = 64;
+
+impl Lower<'_> {
+    /// `gemm` on `wgmma`, as `p` plans it.
+    pub(super) fn wgmma(&mut self, a: &Operand, b: &Operand, c: BufId, p: &WgmmaPlan) {
+        let warpgroup = self.em.op32(BinKind::Shr, self.scope.th.warp, 2);
+        // The descriptors' run-time part: each tile's shared address (this stage's), in 16-byte
+        // units; A's from its warpgroup's first row.
+        let b_field = self.descriptor_address(b.buf, None);
+        let a_field = match p.a {
+            WgmmaSource::Shared(tile) => Some((tile, self.descriptor_address(a.buf, Some((tile, warpgroup))))),
+            WgmmaSource::Registers(_) => None,
+        };
+        let always = self.em.setp(Cmp::Ge, Ty::U32, Src::Reg(self.scope.th.tid), Src::Imm(0));
+        let d: Vec<Reg> = self.regs[c][..(p.n / 2) as usize].to_vec();
+        // Every operand register is written before the fence: `wgmma` may read its A registers
+        // (and descriptors) only as the fence left them.
+        let operands: Vec<(WgmmaA, SharedOperand)> = (0..p.k / 16)
+            .map(|step| {
+                let a_operand = match (a_field, p.a) {
+                    (Some((tile, field)), _) => WgmmaA::Shared(self.descriptor(tile, field, step)),
+                    (None, WgmmaSource::Registers(layout)) => {
+                        WgmmaA::Registers(self.pack_a(a.buf, layout, 0, step, p.ty))
+                    }
+                    (None, WgmmaSource::Shared(_)) => unreachable!("a shared A has its address"),
+                };
+                (a_operand, self.descriptor(p.b, b_field, step))
+            })
+            .collect();
+        self.em.emit(Op::WgmmaFence);
+        for (a_operand, b_operand) in operands {
+            self.em.emit(Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always });
+        }
+        self.em.emit(Op::WgmmaCommit);
+        self.em.emit(Op::WgmmaWait { n: 0 });
+    }
+
+    /// The 64-bit start-address field of shared tile `buf`'s descriptors: its address (the
+    /// current stage's) over 16; for a K-major A, from warpgroup `wg`'s first row.
+    fn descriptor_address(&mut self, buf: BufId, a_rows: Option<(OperandTile, Src)>) -> Reg {
+        let mut addr = Src::Reg(self.shared_addr(buf, Src::Imm(0), Src::Imm(0)));
+        if let Some((OperandTile::K(t), wg)) = a_rows {
+            // Rows are one line apart in a canonical tile with one line per row.
+            let row_bytes = WARPGROUP_ROWS * i64::from(t.swizzle.line_bytes());
+            let off = self.em.mul32(wg, Src::Imm(row_bytes));
+            addr = self.em.add32(addr, off);
+        }
+        let units = self.em.op32(BinKind::Shr, addr, 4);
+        let wide = self.em.reg(RegClass::B64);
+        self.em.emit(Op::Cvt { dty: Ty::U64, sty: Ty::U32, d: wide, a: units });
+        wide
+    }
+
+    /// The descriptor of `tile` for K-step `step`: its constant fields (encoded at address 0)
+    /// plus the run-time address field, which never carries out of its 14 bits (shared
+    /// addresses stay below 256 KiB).
+    fn descriptor(&mut self, tile: OperandTile, field: Reg, step: u32) -> SharedOperand {
+        let constant = tile.descriptor(0, step).encode() as i64;
+        let desc = self.em.bin(BinKind::Add, Ty::S64, RegClass::B64, Src::Reg(field), Src::Imm(constant));
+        let major = match tile {
+            OperandTile::K(_) => Major::K,
+            OperandTile::MN(_) => Major::MN,
+        };
+        SharedOperand { desc, major }
+    }
+}

@@ -206,24 +206,16 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     out
 }
 
-/// The GEMM configs shipped for sm_90a (compute capability 9.0), aligned shapes only: two
-/// warpgroups of 64 accumulator rows each, `wgmma` on canonical 128-byte-swizzled tiles of K =
-/// 64. `A·Bᵀ` takes N = 128; `A·B` reads B MN-major, whose rows must be one 128-byte line, so
-/// N = 64 (64 bf16).
+/// The GEMM configs shipped for sm_90a (compute capability 9.0), `A·Bᵀ` with aligned shapes:
+/// two warpgroups of 64 accumulator rows each, `wgmma` m64n128k16 on canonical
+/// 128-byte-swizzled tiles of K = 64. `A·B` keeps its sm_80 variant there: it reads B
+/// MN-major, whose rows must be one 128-byte line for now, so N = 64, which timed slower than
+/// sm_80's `mma.sync` on the H200 (`docs/performance.md`, 2026-12-05).
 pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     use kda_dsl::DType::*;
-    let mut out = vec![];
-    for dtype in [BF16, F16] {
-        for o in [F32, dtype] {
-            for b_transposed in [true, false] {
-                let bn = if b_transposed { 128 } else { 64 };
-                let base = G { bm: 128, bn, bk: 64, stages: 4, threads: 256, ..G::default() };
-                out.push(G { dtype, out: o, b_transposed, ..base });
-            }
-        }
-    }
-    out
+    let base = G { bm: 128, bn: 128, bk: 64, stages: 4, threads: 256, ..G::default() };
+    [BF16, F16].into_iter().flat_map(|dtype| [F32, dtype].map(|out| G { dtype, out, ..base.clone() })).collect()
 }
 
 /// Every shipped variant, in a stable order.

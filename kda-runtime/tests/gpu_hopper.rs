@@ -193,11 +193,24 @@ fn hopper_programs_match_the_simulator() {
                 let want = tensor(&simulated, name);
                 match got.iter().zip(want).position(|(g, w)| g != w) {
                     None if got.len() == want.len() => bytes += got.len(),
-                    first => failures.push(format!(
-                        "{}: tensor `{name}` differs from the simulator's at byte {first:?} of {}",
-                        probe.name,
-                        want.len()
-                    )),
+                    first => {
+                        let at = first.unwrap_or(0) / 4 * 4;
+                        let words = |b: &[u8]| {
+                            b[at..(at + 16).min(b.len())]
+                                .chunks(4)
+                                .map(|w| format!("{:08x}", u32::from_le_bytes(w.try_into().unwrap_or([0; 4]))))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        };
+                        let differing = got.iter().zip(want).filter(|(g, w)| g != w).count();
+                        failures.push(format!(
+                            "{}: tensor `{name}` differs from the simulator's at byte {first:?} of {} ({differing} bytes differ); GPU words there {}, simulator {}",
+                            probe.name,
+                            want.len(),
+                            words(got),
+                            words(want)
+                        ))
+                    }
                 }
             }
             println!("{:<60} {bytes:>8} bytes as simulated", probe.name);

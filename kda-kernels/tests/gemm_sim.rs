@@ -71,3 +71,23 @@ fn the_sm_90a_gemm_without_its_proxy_fences_races() {
     let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a race").to_string();
     assert!(e.contains("no fence.proxy.async after the write"), "{e}");
 }
+
+/// The sm_90a GEMM's steady state keeps one `wgmma` group in flight and its fills two stages
+/// ahead of four: each iteration waits for the group before its own and for the copies of the
+/// stage it reads (one group of copies may stay pending); the loop's exit waits for the rest.
+#[test]
+fn the_sm_90a_gemm_keeps_one_group_in_flight() {
+    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
+    assert_eq!(cfg.stages, 4);
+    let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+    let waits: Vec<&str> = ptx.lines().map(str::trim).filter(|l| l.contains("wait_group")).collect();
+    assert_eq!(
+        waits,
+        [
+            "cp.async.wait_group 1;",
+            "wgmma.wait_group.sync.aligned 1;",
+            "cp.async.wait_group 0;",
+            "wgmma.wait_group.sync.aligned 0;"
+        ]
+    );
+}

@@ -123,6 +123,8 @@ impl Lower<'_> {
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
+        let distance = plan.fill_distance();
+        let in_flight = plan.wgmma_in_flight.is_some();
         let PipelinePlan { staged, prelude, skip_dead_fills, .. } = plan;
         let issues_fills = work != LoopWork::Body;
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
@@ -132,8 +134,8 @@ impl Lower<'_> {
             .collect();
         let iter = self.em.reg(RegClass::B32);
         self.consts.remove(&var);
-        // Prologue: stages 0 .. stages-2.
-        for st in (0..stages - 1).filter(|_| issues_fills) {
+        // Prologue: iterations 0 .. distance-1.
+        for st in (0..distance).filter(|_| issues_fills) {
             self.em.loc = loc;
             let it = self.em.add32(s0, Src::Imm(st as i64));
             self.mov(iter, V { s: it, ty: DType::I32 });
@@ -155,19 +157,30 @@ impl Lower<'_> {
         let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
         self.em.emit_if(p, true, Op::Bra { target: exit });
         if issues_fills {
-            self.em.emit(Op::CpAsyncWait { n: stages - 2 });
+            self.em.emit(Op::CpAsyncWait { n: distance - 1 });
         }
         self.block_barrier();
         let mut deferred = vec![];
         if issues_fills {
-            // Issue iteration ko + stages - 1 into the stage read last iteration.
-            let it = self.em.add32(ko, Src::Imm(stages as i64 - 1));
+            // Issue iteration ko + distance into its stage: the one read last iteration (or,
+            // with a wgmma group in flight, the one before).
+            let it = self.em.add32(ko, Src::Imm(distance as i64));
             self.mov(iter, V { s: it, ty: DType::I32 });
             let live = self.em.setp(Cmp::Lt, Ty::S32, iter, e);
             let wr = self.em.reg(RegClass::B32);
-            let wrap = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0));
-            self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(1) });
-            self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
+            let back = (stages - distance) as i64;
+            let wrap = match back {
+                1 => self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(0)),
+                _ => self.em.setp(Cmp::Lt, Ty::S32, rd, Src::Imm(back)),
+            };
+            self.em.emit(Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(rd), b: Src::Imm(back) });
+            if back == 1 {
+                self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: wr, a: Src::Imm(stages as i64 - 1) });
+            } else {
+                let wrapped =
+                    Op::Bin { op: BinKind::Add, ty: Ty::S32, d: wr, a: Src::Reg(wr), b: Src::Imm(stages as i64) };
+                self.em.emit_if(wrap, true, wrapped);
+            }
             self.var_regs.insert(var, iter);
             for (k, b) in staged.iter().enumerate() {
                 let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
@@ -184,7 +197,10 @@ impl Lower<'_> {
             let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
             self.shared_base[*b] = Some(self.em.add32(home[k], off));
         }
-        self.block(&rest)?;
+        let outer_wait = std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight));
+        let lowered = self.block(&rest);
+        self.wgmma_wait = outer_wait;
+        lowered?;
         self.em.loc = loc;
         self.store_deferred_fills(deferred)?;
         self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
@@ -195,6 +211,9 @@ impl Lower<'_> {
         self.em.emit(Op::Label(exit));
         if issues_fills {
             self.em.emit(Op::CpAsyncWait { n: 0 });
+        }
+        if in_flight {
+            self.em.emit(Op::WgmmaWait { n: 0 });
         }
         self.block_barrier();
         for (k, b) in staged.iter().enumerate() {

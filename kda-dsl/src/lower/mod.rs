@@ -142,6 +142,9 @@ pub(crate) struct Lower<'a> {
     pub copy_plans: Vec<copy_plan::CopyPlan>,
     /// Every `gemm`'s plan, in order.
     pub gemm_plans: Vec<gemm_plan::GemmPlan>,
+    /// The `wgmma.wait_group` a `wgmma` gemm ends with: 0, or 1 in a pipelined loop that keeps
+    /// its group in flight (`plan_pipelines::WgmmaInFlight`).
+    pub wgmma_wait: u32,
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
     /// their shared stores at the end of the body (`loops::pipelined`).
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
@@ -243,6 +246,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         thread_offsets: None,
         copy_plans: vec![],
         gemm_plans: vec![],
+        wgmma_wait: 0,
         deferred_fills: None,
         fill_warps,
     };

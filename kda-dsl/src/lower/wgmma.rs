@@ -48,7 +48,9 @@ impl Lower<'_> {
             self.em.emit(Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always });
         }
         self.em.emit(Op::WgmmaCommit);
-        self.em.emit(Op::WgmmaWait { n: 0 });
+        // Whole at the next statement, or (a pipelined loop keeping its group in flight) the
+        // previous iteration's group retired.
+        self.em.emit(Op::WgmmaWait { n: self.wgmma_wait });
     }
 
     /// The 64-bit start-address field of shared tile `buf`'s descriptors: its address (the

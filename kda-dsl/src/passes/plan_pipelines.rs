@@ -29,6 +29,28 @@ pub struct PipelinePlan {
     /// tensor-core loop, where the branch would split the block that interleaves the fills
     /// with the MMAs (the GEMM measured slower with it).
     pub skip_dead_fills: bool,
+    /// The loop's `wgmma` group stays in flight into the next iteration ([`WgmmaInFlight`]).
+    pub wgmma_in_flight: Option<WgmmaInFlight>,
+}
+
+/// A `pipelined` loop whose only work beside its fills is one `gemm` on `wgmma` with both
+/// operands in shared memory, accumulating across iterations: each iteration waits for the
+/// group before its own (`wgmma.wait_group 1`), so the tensor cores never wait for the issue of
+/// the next, and the fills run one stage less ahead, so that the stage a fill overwrites was
+/// read by a group every warpgroup has waited for before the barrier at the top of the
+/// iteration. The loop's exit waits for the last group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaInFlight {
+    /// The accumulator.
+    pub acc: BufId,
+}
+
+impl PipelinePlan {
+    /// Iterations the fills run ahead of the compute: `stages - 1`, one less with a `wgmma`
+    /// group in flight.
+    pub fn fill_distance(&self) -> u32 {
+        self.stages - 1 - u32::from(self.wgmma_in_flight.is_some())
+    }
 }
 
 /// Whether `s` (a statement at the top level of a `pipelined` loop's body) is a stage fill.
@@ -59,6 +81,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
                 staged,
                 prelude,
                 skip_dead_fills: !contains_gemm(body),
+                wgmma_in_flight: wgmma_in_flight(p, *stages, body),
             }),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -77,6 +100,18 @@ impl TileProgram {
     pub fn pipeline(&self, var: VarId) -> &PipelinePlan {
         self.pipelines.iter().find(|x| x.var == var).expect("plan_pipelines planned every pipelined loop")
     }
+}
+
+/// The `wgmma` group a loop of `stages` over `body` keeps in flight: when everything but the
+/// fills is one `gemm` that takes `wgmma` with A from shared memory (an A fragment would be
+/// repacked into registers the group in flight still owns), and at least 3 stages leave the
+/// fills a stage ahead.
+fn wgmma_in_flight(p: &TileProgram, stages: u32, body: &[Stmt]) -> Option<WgmmaInFlight> {
+    let rest: Vec<&Stmt> = body.iter().filter(|s| !is_stage_fill(&p.def, s)).collect();
+    let [Stmt { kind: StmtKind::Gemm { a, b, c }, .. }] = rest[..] else { return None };
+    let shape = crate::gemm_choice::choose_wgmma(&crate::gemm_choice::GemmFacts::of(p, a, b, *c)).ok()?;
+    let shared_a = matches!(shape.a, crate::gemm_choice::WgmmaA::Shared(_));
+    (shared_a && stages >= 3).then_some(WgmmaInFlight { acc: *c })
 }
 
 /// Whether `body` has a tensor-core `gemm` at any depth.
@@ -108,7 +143,12 @@ impl fmt::Display for PipelineLine<'_> {
         if !lets.is_empty() {
             write!(f, "; prelude {}", lets.join(", "))?;
         }
-        write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })
+        write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })?;
+        if let Some(w) = plan.wgmma_in_flight {
+            let acc = &def.buffers[w.acc].name;
+            write!(f, "; wgmma group into {acc} in flight (wait_group 1), fills {} ahead", plan.fill_distance())?;
+        }
+        Ok(())
     }
 }
 

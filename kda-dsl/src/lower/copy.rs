@@ -565,57 +565,6 @@ impl Lower<'_> {
         Some((base, if two_d { cols as i64 * esize } else { 0 }))
     }
 
-    /// The address (register, constant offset) of each `vec`-run of a tile fragment in swizzled
-    /// shared tile `sh`, computing the swizzle once: when a warp's columns are one atom wide
-    /// (`wn = 1`) and slot rows differ by whole swizzle periods, a run's physical chunk is the
-    /// thread's first chunk XOR a constant (the run's chunk offset has no bits in common with
-    /// the thread's). `None` when that does not hold, or the tile is not swizzled.
-    pub(super) fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
-        let z = self.p.shared(sh).swizzle_params()?;
-        let (chunk, period) = (z.chunk, z.rows_per_line * (z.mask + 1));
-        let runs: Vec<crate::layout::SlotCoord> =
-            (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();
-        let granule: u32 = l.atom_cols();
-        let fits = l.kind == FragmentKind::Tile
-            && l.wn == 1
-            && granule.is_multiple_of(chunk)
-            && (granule / chunk).is_power_of_two()
-            && runs.iter().all(|c| c.row_off.is_multiple_of(period) && c.col_off.is_multiple_of(granule));
-        if !fits {
-            return None;
-        }
-        let esize = self.def().buffers[sh].dtype.size_bytes() as i64;
-        let (_, cols) = self.p.shared(sh).shape();
-        let row_bytes = cols as i64 * esize;
-        let (rb, cb) = self.frag_base(l);
-        let base = self.shared_base[sh].expect("shared buffers have a base");
-        let rows = self.em.mul32(rb, Src::Imm(row_bytes));
-        let within = self.em.op32(BinKind::Rem, cb, chunk as i64);
-        let within = self.em.mul32(within, Src::Imm(esize));
-        let row_base = self.em.add32(base, rows);
-        let row_base = self.em.add32(row_base, within);
-        let ch = self.em.op32(BinKind::Div, cb, chunk as i64);
-        let phys0 = self.swizzled_chunk(z, Src::Reg(rb), ch);
-        let mut by_chunk: std::collections::HashMap<u32, Reg> = std::collections::HashMap::new();
-        let mut out = vec![];
-        for c in runs {
-            let k = c.col_off / chunk;
-            let a = match by_chunk.get(&k) {
-                Some(a) => *a,
-                None => {
-                    let p = if k == 0 { phys0 } else { self.em.op32(BinKind::Xor, phys0, k as i64) };
-                    let off = self.em.op32(BinKind::Shl, p, 4);
-                    let a = self.em.add32(row_base, off);
-                    let a = self.em.to_reg(a, RegClass::B32, Ty::U32);
-                    by_chunk.insert(k, a);
-                    a
-                }
-            };
-            out.push((a, c.row_off as i64 * row_bytes));
-        }
-        Some(out)
-    }
-
     pub(super) fn check_same_shape(&self, a: BufId, b: BufId, loc: SrcLoc) -> Result<(), Diag> {
         let (x, y) = (&self.def().buffers[a], &self.def().buffers[b]);
         if x.shape != y.shape {

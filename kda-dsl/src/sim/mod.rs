@@ -16,6 +16,7 @@ use crate::thread_ir::*;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+mod args;
 mod collective;
 mod mbarrier;
 mod memory;
@@ -578,45 +579,7 @@ impl<'a> Block<'a> {
 /// Runs the whole grid, one block at a time. `args` holds one value per parameter of the
 /// program, by the parameter's kernel name (tensors as their bytes, written in place).
 pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) -> Result<SimReport, SimError> {
-    let mut params = HashMap::new();
-    let mut globals: Vec<Vec<u8>> = vec![];
-    let mut names = vec![];
-    let mut tensor_slot = vec![];
-    let mut maps = vec![];
-    let fail = |message: String| SimError { message, loc: SrcLoc::default(), block: [0; 3], thread: 0 };
-    for (name, a) in args.iter_mut() {
-        let pname = crate::lower::param_name(name);
-        let v = match a {
-            SimArg::TensorMap { .. } => continue,
-            SimArg::Tensor(bytes) => {
-                globals.push(std::mem::take(bytes));
-                names.push(name.clone());
-                tensor_slot.push(globals.len() - 1);
-                (globals.len() as u64) << GLOBAL_SHIFT
-            }
-            SimArg::I32(v) => *v as u32 as u64,
-            SimArg::I64(v) => *v as u64,
-            SimArg::F32(v) => v.to_bits() as u64,
-        };
-        params.insert(pname, v);
-    }
-    // Tensor maps after the tensors they name.
-    for (name, a) in args.iter() {
-        if let SimArg::TensorMap { tensor, map } = a {
-            map.check().map_err(|e| fail(format!("argument `{name}`: {e}")))?;
-            let slot = names
-                .iter()
-                .position(|n| n == tensor)
-                .ok_or_else(|| fail(format!("argument `{name}`: no tensor argument `{tensor}` to map")))?;
-            maps.push((slot, *map));
-            params.insert(crate::lower::param_name(name), tma::MAP_TAG | (maps.len() as u64 - 1));
-        }
-    }
-    for (pname, _) in &prog.params {
-        if !params.contains_key(pname) {
-            return Err(fail(format!("no argument for parameter `{pname}`")));
-        }
-    }
+    let args::BoundArgs { params, mut globals, names, tensor_slot, maps } = args::bind(prog, args)?;
     let mut labels = HashMap::new();
     for (i, inst) in prog.body.iter().enumerate() {
         if let Op::Label(l) = inst.op {
@@ -691,14 +654,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
             }
         }
     }
-    // Hand the tensors back.
-    let mut gi = 0;
-    for (_, a) in args.iter_mut() {
-        if let SimArg::Tensor(bytes) = a {
-            *bytes = std::mem::take(&mut globals[tensor_slot[gi]]);
-            gi += 1;
-        }
-    }
+    args::hand_back(args, globals, &tensor_slot);
     result.map(|_| report)
 }
 

@@ -64,7 +64,7 @@ fn probes() -> Vec<Probe> {
         program: ring_program(RingFault::None),
         args: ring_args(),
     });
-    for at in [[0, 0], [36, 4], [60, -3], [-10, 15]] {
+    for at in [[0, 0], [32, 4], [56, -3], [-8, 15]] {
         out.push(Probe {
             name: format!("tma box at {at:?}"),
             target: Target::Sm90,

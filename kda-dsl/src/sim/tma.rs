@@ -25,6 +25,16 @@ impl Block<'_> {
                 m.swizzle
             ));
         }
+        // The box's first byte along the inner axis must be a 16-byte granule of the row: on an
+        // H200 a box at inner element 36 of 2-byte elements faulted (illegal instruction) where
+        // one at 0 copied (`kda-runtime/tests/gpu_hopper.rs`).
+        let inner_bytes = i64::from(at[0]) * i64::from(m.elem_bytes);
+        if inner_bytes % 16 != 0 {
+            return Err(format!(
+                "TMA box at inner coordinate {}: {inner_bytes} bytes into the row, not a multiple of 16",
+                at[0]
+            ));
+        }
         self.check_shared(dst, m.box_bytes() as usize)?;
         let elem = m.elem_bytes as usize;
         for outer in 0..m.box_extent[1] {

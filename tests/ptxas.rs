@@ -1,5 +1,8 @@
 //! Every shipped variant and DSL self-test assembles with ptxas for sm_80, sm_90 and sm_90a, with no
-//! register spills.
+//! register spills where it ships: an sm_80 variant for sm_80 and sm_90 (the PTX the driver
+//! compiles for a Hopper part), an sm_90a one for sm_90a. An sm_80 variant compiled for sm_90a
+//! (where its `gemm`s may take `wgmma`) must assemble; its spills are printed, not failed: that
+//! form is not shipped, and the Hopper prefill issue tunes it.
 //!
 //! ptxas comes from `KDA_PTXAS`, `.cache/ptxas` (what `.ci/run` installs) or the PATH. Without
 //! one the test is reported ignored, the reason in the run's output (a `harness = false` binary),
@@ -43,12 +46,18 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut failures = vec![];
     // Every shipped variant, and the DSL self-tests `kda check --gpu` runs.
-    let mut kernels: Vec<(String, kda_dsl::tile::KernelDef)> =
-        kda_kernels::variants().into_iter().map(|v| (v.id(), v.build().expect("builds"))).collect();
-    kernels
-        .extend(kda_kernels::selftest::selftests(1).expect("builds").into_iter().map(|t| (t.name.to_string(), t.def)));
-    for (id, def) in &kernels {
+    let mut kernels: Vec<(String, kda_dsl::tile::KernelDef, Target)> =
+        kda_kernels::variants().into_iter().map(|v| (v.id(), v.build().expect("builds"), v.target)).collect();
+    kernels.extend(
+        kda_kernels::selftest::selftests(1)
+            .expect("builds")
+            .into_iter()
+            .map(|t| (t.name.to_string(), t.def, Target::Sm80)),
+    );
+    for (id, def, shipped) in &kernels {
         for t in Target::ALL {
+            // Where it ships: sm_80 PTX also for sm_90, which the driver compiles it for.
+            let ships = t == *shipped || (*shipped == Target::Sm80 && t == Target::Sm90);
             let k = kda_dsl::compile(def.clone(), t).expect("compiles");
             let src = dir.join(format!("{}_{}.ptx", id.replace('/', "_"), t));
             std::fs::write(&src, &k.ptx).expect("write ptx");
@@ -67,7 +76,11 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
                 .lines()
                 .any(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads"))
             {
-                failures.push(format!("{id} {t}: register spills:\n{log}"));
+                if ships {
+                    failures.push(format!("{id} {t}: register spills:\n{log}"));
+                } else {
+                    println!("{id} {t} (not shipped): register spills:\n{log}");
+                }
             }
         }
     }

@@ -7,8 +7,9 @@
 //! each (a warpgroup of 4 warps owns 64 rows), every warp holds all N columns, and N (the
 //! accumulator's columns) is a multiple of 8 up to 256. B is a shared tile in a canonical
 //! layout, A a canonical shared tile or an f32 fragment packed to 16-bit pairs (the RS form).
-//! A canonical tile here has rows of exactly one line of a hardware swizzle (32, 64 or 128
-//! bytes: K up to 64 bf16 for a K-major operand, M or N up to 64 for an MN-major one).
+//! A canonical tile here has rows of one line of a hardware swizzle (32 or 64 bytes) or of whole
+//! 128-byte lines, which it stores as slabs one line wide (K, or M or N for an MN-major
+//! operand, a multiple of 64 bf16 then).
 
 use std::fmt;
 
@@ -92,7 +93,8 @@ pub enum NoWgmma {
     RegisterOrReplicatedA,
     /// An operand's element type is not 16-bit.
     InputType(DType),
-    /// An operand's rows are not one swizzle line (32, 64 or 128 bytes), or not whole atoms.
+    /// An operand's rows are not one 32- or 64-byte swizzle line or whole 128-byte lines, or
+    /// not whole atoms of 8 rows.
     NotCanonical {
         /// `'a'` or `'b'`.
         operand: char,
@@ -125,7 +127,7 @@ impl fmt::Display for NoWgmma {
             NoWgmma::RegisterOrReplicatedA => f.write_str("A is replicated or a transposed fragment"),
             NoWgmma::InputType(d) => write!(f, "{d} operand, not 16-bit"),
             NoWgmma::NotCanonical { operand, stored: (r, c) } => {
-                write!(f, "{operand} [{r} x {c}]: rows are not one 32-, 64- or 128-byte line in whole 8-row atoms")
+                write!(f, "{operand} [{r} x {c}]: rows are not one 32- or 64-byte line or whole 128-byte lines, in whole 8-row atoms")
             }
         }
     }
@@ -250,8 +252,8 @@ mod tests {
             (GemmFacts { a: OperandFacts { replicated: true, ..gemm().a }, ..gemm() }, NoWgmma::RegisterOrReplicatedA),
             (GemmFacts { b: OperandFacts { dtype: DType::F32, ..gemm().b }, ..gemm() }, NoWgmma::InputType(DType::F32)),
             (
-                GemmFacts { a: shared((128, 128), false), ..gemm() },
-                NoWgmma::NotCanonical { operand: 'a', stored: (128, 128) },
+                GemmFacts { a: shared((128, 48), false), ..gemm() },
+                NoWgmma::NotCanonical { operand: 'a', stored: (128, 48) },
             ),
         ];
         for (facts, why) in cases {

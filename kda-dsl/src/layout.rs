@@ -32,6 +32,10 @@ pub enum SharedLayout {
         chunk: u32,
         /// How the row group mixes into the chunk index.
         xor: ChunkXor,
+        /// Columns per slab: the columns split into slabs this wide, each holding every row's
+        /// part of it, one slab after another (`cols` itself but for canonical tiles wider
+        /// than one swizzle line).
+        slab: u32,
     },
 }
 
@@ -69,6 +73,10 @@ pub struct SwizzleParams {
     pub mask: u32,
     /// How it XORs.
     pub xor: ChunkXor,
+    /// Columns per slab (a row's extent within one slab).
+    pub slab: u32,
+    /// Elements from one slab to the next (`rows · slab`).
+    pub slab_elems: u32,
 }
 
 /// The chunk XOR of row group `x` (`row / rows_per_line`, masked) of a swizzled layout:
@@ -90,27 +98,33 @@ impl SharedLayout {
         let row_chunks = if cols.is_multiple_of(chunk) { cols / chunk } else { 0 };
         let swizzles = elem_bytes == 2 || (elem_bytes == 4 && rows > 1);
         if swizzles && row_chunks >= 2 && row_chunks.is_power_of_two() {
-            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread }
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread, slab: cols }
         } else {
             SharedLayout::RowMajor { rows, cols }
         }
     }
 
-    /// The canonical layout of a `wgmma` operand (or TMA box) whose rows are exactly one line
-    /// of a hardware swizzle (32, 64 or 128 bytes) and whose row count is whole atoms of 8 rows:
+    /// The canonical layout of a `wgmma` operand (or TMA box) whose rows are one line of a
+    /// hardware swizzle (32 or 64 bytes) or whole 128-byte lines, in whole atoms of 8 rows:
     /// K-major when the columns are K, MN-major when they are M or N ([`Self::operand_tile`]).
-    /// `None` for other shapes.
+    /// Rows of several lines split into slabs one line wide. `None` for other shapes.
     pub fn canonical(rows: u32, cols: u32, elem_bytes: u32) -> Option<SharedLayout> {
-        let line = cols * elem_bytes;
-        let fits = [32, 64, 128].contains(&line) && rows.is_multiple_of(8) && rows > 0;
-        fits.then_some(SharedLayout::Swizzled { rows, cols, chunk: 16 / elem_bytes, xor: ChunkXor::Plain })
+        let bytes = cols * elem_bytes;
+        let line = match bytes {
+            32 | 64 => bytes,
+            b if b > 0 && b.is_multiple_of(128) => 128,
+            _ => return None,
+        };
+        let fits = rows.is_multiple_of(8) && rows > 0;
+        let (chunk, slab) = (16 / elem_bytes, line / elem_bytes);
+        fits.then_some(SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Plain, slab })
     }
 
     /// This layout as a `wgmma` operand tile of `major`-ness (the columns are K for
     /// [`Major::K`], M or N for [`Major::MN`]), when it is a [`Self::canonical`] layout.
     pub fn operand_tile(&self, major: Major, elem_bytes: u32) -> Option<OperandTile> {
-        let SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, .. } = *self else { return None };
-        let swizzle = match cols * elem_bytes {
+        let SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, slab, .. } = *self else { return None };
+        let swizzle = match slab * elem_bytes {
             32 => Swizzle::B32,
             64 => Swizzle::B64,
             128 => Swizzle::B128,
@@ -127,7 +141,7 @@ impl SharedLayout {
     /// stage of a canonical tile is whole atoms, so each stage stays aligned.
     pub fn alignment(&self, elem_bytes: u32) -> u32 {
         match *self {
-            SharedLayout::Swizzled { cols, xor: ChunkXor::Plain, .. } => (8 * cols * elem_bytes).max(128),
+            SharedLayout::Swizzled { slab, xor: ChunkXor::Plain, .. } => (8 * slab * elem_bytes).max(128),
             _ => 128,
         }
     }
@@ -149,11 +163,11 @@ impl SharedLayout {
     pub fn swizzle_params(&self) -> Option<SwizzleParams> {
         match *self {
             SharedLayout::RowMajor { .. } => None,
-            SharedLayout::Swizzled { cols, chunk, xor, .. } => {
-                let row_chunks = cols / chunk;
+            SharedLayout::Swizzled { rows, chunk, xor, slab, .. } => {
+                let row_chunks = slab / chunk;
                 let rows_per_line = (8 / row_chunks).max(1);
                 let mask = row_chunks.min(8) - 1;
-                Some(SwizzleParams { chunk, rows_per_line, mask, xor })
+                Some(SwizzleParams { chunk, rows_per_line, mask, xor, slab, slab_elems: rows * slab })
             }
         }
     }
@@ -161,9 +175,12 @@ impl SharedLayout {
     /// The element offset of (row, col).
     pub fn offset(&self, row: u32, col: u32) -> u32 {
         match (*self, self.swizzle_params()) {
-            (SharedLayout::Swizzled { cols, .. }, Some(SwizzleParams { chunk, rows_per_line, mask, xor })) => {
-                let phys = (col / chunk) ^ xor.apply((row / rows_per_line) & mask, mask);
-                row * cols + phys * chunk + col % chunk
+            (
+                SharedLayout::Swizzled { .. },
+                Some(SwizzleParams { chunk, rows_per_line, mask, xor, slab, slab_elems }),
+            ) => {
+                let phys = ((col % slab) / chunk) ^ xor.apply((row / rows_per_line) & mask, mask);
+                (col / slab) * slab_elems + row * slab + phys * chunk + col % chunk
             }
             (SharedLayout::RowMajor { cols, .. }, _) | (SharedLayout::Swizzled { cols, .. }, None) => row * cols + col,
         }
@@ -174,11 +191,14 @@ impl fmt::Display for SharedLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SharedLayout::RowMajor { rows, cols } => write!(f, "row_major[{rows}x{cols}]"),
-            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread } => {
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Spread, .. } => {
                 write!(f, "swizzled[{rows}x{cols}, chunk {chunk}]")
             }
-            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Plain } => {
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Plain, slab } if slab == cols => {
                 write!(f, "canonical[{rows}x{cols}, chunk {chunk}]")
+            }
+            SharedLayout::Swizzled { rows, cols, chunk, xor: ChunkXor::Plain, slab } => {
+                write!(f, "canonical[{rows}x{cols}, chunk {chunk}, slabs of {slab}]")
             }
         }
     }
@@ -463,7 +483,17 @@ mod tests {
     /// columns as K, MN-major with the rows as K.
     #[test]
     fn canonical_layouts_are_the_operand_tiles() {
-        for (rows, cols, eb) in [(64, 64, 2), (128, 64, 2), (8, 16, 2), (32, 32, 2), (64, 32, 4), (16, 8, 4)] {
+        for (rows, cols, eb) in [
+            (64, 64, 2),
+            (128, 64, 2),
+            (8, 16, 2),
+            (32, 32, 2),
+            (64, 32, 4),
+            (16, 8, 4),
+            (64, 128, 2),
+            (16, 256, 2),
+            (8, 96, 4),
+        ] {
             let l = SharedLayout::canonical(rows, cols, eb).expect("one line per row");
             for major in [Major::K, Major::MN] {
                 let tile = l.operand_tile(major, eb).expect("canonical");
@@ -475,7 +505,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(SharedLayout::canonical(64, 128, 2), None, "rows of two lines");
+        assert_eq!(SharedLayout::canonical(64, 48, 2), None, "rows of one and a half 64-byte lines");
         assert_eq!(SharedLayout::canonical(12, 64, 2), None, "not whole atoms");
         // Below 8 chunks per line the spread XOR is the plain one: the layouts agree.
         for cols in [16, 32] {

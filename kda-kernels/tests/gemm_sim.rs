@@ -4,6 +4,7 @@ use kda_dsl::sim::SimArg;
 use kda_dsl::thread_ir::Op;
 use kda_dsl::Target;
 use kda_kernels::check::check_gemm;
+use kda_kernels::gemm::GemmConfig;
 use kda_kernels::gemm_configs;
 
 #[test]
@@ -24,12 +25,16 @@ fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
     }
 }
 
-/// The sm_90a GEMMs (`wgmma` on canonical tiles) against the reference, and the shipped sm_80
-/// configs compiled for sm_90a (the unaligned ones take `wgmma` there too).
+/// The sm_90a GEMMs (`wgmma` on canonical tiles) against the reference; the shipped sm_80
+/// configs compiled for sm_90a (the unaligned ones take `wgmma` there too); and tiles of two
+/// slabs: `A·B` with N = 128 (B MN-major) and `A·Bᵀ` with K = 128.
 #[test]
 fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
     let sm80 = gemm_configs().into_iter().filter(|c| !c.aligned);
-    for (i, cfg) in kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).enumerate() {
+    let hopper = kda_kernels::hopper_gemm_configs().remove(0);
+    let slabs =
+        [GemmConfig { b_transposed: false, ..hopper.clone() }, GemmConfig { bk: 128, stages: 3, ..hopper.clone() }];
+    for (i, cfg) in kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).chain(slabs).enumerate() {
         let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
         assert!(kda_kernels::check::takes_wgmma(&def, Target::Sm90a).expect("lowers"), "{}", cfg.key());
         let shapes: &[(usize, usize, usize)] = if cfg.aligned {

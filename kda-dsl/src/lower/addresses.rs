@@ -28,7 +28,7 @@ impl Lower<'_> {
                     let rc = self.em.mul32(row, Src::Imm(cols as i64));
                     self.em.add32(rc, col)
                 }
-                Some(z) => {
+                Some(z) if z.slab == cols => {
                     let chunk = z.chunk;
                     let lc = chunk.trailing_zeros() as i64;
                     let ch = self.em.op32(BinKind::Shr, col, lc);
@@ -37,6 +37,21 @@ impl Lower<'_> {
                     let pc = self.em.op32(BinKind::Shl, phys, lc);
                     let rc = self.em.mul32(row, Src::Imm(cols as i64));
                     let s = self.em.add32(rc, pc);
+                    self.em.add32(s, within)
+                }
+                // Slabs: the slab's offset, then the row within it as one line of `slab`.
+                Some(z) => {
+                    let lc = z.chunk.trailing_zeros() as i64;
+                    let in_slab = self.em.op32(BinKind::And, col, z.slab as i64 - 1);
+                    let ch = self.em.op32(BinKind::Shr, in_slab, lc);
+                    let within = self.em.op32(BinKind::And, col, z.chunk as i64 - 1);
+                    let phys = self.swizzled_chunk(z, row, ch);
+                    let pc = self.em.op32(BinKind::Shl, phys, lc);
+                    let slab = self.em.op32(BinKind::Shr, col, z.slab.trailing_zeros() as i64);
+                    let slab_off = self.em.mul32(slab, Src::Imm(z.slab_elems as i64));
+                    let rc = self.em.mul32(row, Src::Imm(z.slab as i64));
+                    let s = self.em.add32(rc, pc);
+                    let s = self.em.add32(s, slab_off);
                     self.em.add32(s, within)
                 }
             },
@@ -133,6 +148,10 @@ impl Lower<'_> {
     /// the thread's). `None` when that does not hold, or the tile is not swizzled.
     pub(super) fn swizzled_runs(&mut self, sh: BufId, l: crate::layout::FragmentLayout) -> Option<Vec<(Reg, i64)>> {
         let z = self.p.shared(sh).swizzle_params()?;
+        // Runs in a tile of slabs take the element addresses.
+        if z.slab != self.p.shared(sh).shape().1 {
+            return None;
+        }
         let (chunk, period) = (z.chunk, z.rows_per_line * (z.mask + 1));
         let runs: Vec<crate::layout::SlotCoord> =
             (0..l.slots()).step_by(l.vec as usize).map(|s| l.slot_coord(s)).collect();

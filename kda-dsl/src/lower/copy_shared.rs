@@ -171,9 +171,20 @@ impl Lower<'_> {
             a: Src::Reg(rs),
             b: Src::Imm(step as i64),
         });
-        // Shared: the row base and (swizzled) the physical chunk of pass 0.
+        // Shared: the row base and (swizzled) the physical chunk of pass 0. In a tile of slabs
+        // a row is one slab wide, and the thread's chunk picks its slab.
         let base = self.shared_base[b].expect("shared buffers have a base");
-        let row_bytes = cols as i64 * esize;
+        let slabs = l.swizzle_params().filter(|z| z.slab != cols);
+        let (row_bytes, base, cv) = match slabs {
+            None => (cols as i64 * esize, base, cv),
+            Some(z) => {
+                let per_slab = (z.slab as i64) / chunk;
+                let slab = self.em.op32(BinKind::Shr, cv, per_slab.trailing_zeros() as i64);
+                let slab_off = self.em.mul32(slab, Src::Imm(z.slab_elems as i64 * esize));
+                let in_slab = self.em.op32(BinKind::And, cv, per_slab - 1);
+                (z.slab as i64 * esize, self.em.add32(base, slab_off), in_slab)
+            }
+        };
         let rb = self.em.mul32(r0, Src::Imm(row_bytes));
         let row_base = self.em.add32(base, rb);
         let swizzle = l.swizzle_params().map(|z| (z, self.swizzled_chunk(z, r0, cv)));

@@ -78,9 +78,12 @@ pub(crate) fn split_offset(layout: SharedLayout, elem_bytes: u32, kr: u32, kc: u
     let (_, cols) = layout.shape();
     match layout.swizzle_params() {
         None => ConstantPart { xor: 0, add: (kr * cols + kc) * elem_bytes },
-        Some(SwizzleParams { chunk, rows_per_line, mask, xor }) => {
-            let phys_k = (kc / chunk) ^ xor.apply((kr / rows_per_line) & mask, mask);
-            ConstantPart { xor: 16 * phys_k, add: kr * cols * elem_bytes + (kc % chunk) * elem_bytes }
+        Some(SwizzleParams { chunk, rows_per_line, mask, xor, slab, slab_elems }) => {
+            // A slab's index and a row's offset in it are further bit-disjoint terms (slabs are a
+            // power of two of columns).
+            let phys_k = ((kc % slab) / chunk) ^ xor.apply((kr / rows_per_line) & mask, mask);
+            let add = (kc / slab) * slab_elems + kr * slab + kc % chunk;
+            ConstantPart { xor: 16 * phys_k, add: add * elem_bytes }
         }
     }
 }

@@ -29,23 +29,36 @@ impl Lower<'_> {
         };
         let always = self.em.setp(Cmp::Ge, Ty::U32, Src::Reg(self.scope.th.tid), Src::Imm(0));
         let d: Vec<Reg> = self.regs[c][..(p.n / 2) as usize].to_vec();
-        // Every operand register is written before the fence: `wgmma` may read its A registers
-        // (and descriptors) only as the fence left them.
-        let operands: Vec<(WgmmaA, SharedOperand)> = (0..p.k / 16)
-            .map(|step| {
-                let a_operand = match (a_field, p.a) {
-                    (Some((tile, field)), _) => WgmmaA::Shared(self.descriptor(tile, field, step)),
-                    (None, WgmmaSource::Registers(layout)) => {
-                        WgmmaA::Registers(self.pack_a(a.buf, layout, 0, step, p.ty))
-                    }
-                    (None, WgmmaSource::Shared(_)) => unreachable!("a shared A has its address"),
-                };
-                (a_operand, self.descriptor(p.b, b_field, step))
-            })
-            .collect();
-        self.em.emit(Op::WgmmaFence);
-        for (a_operand, b_operand) in operands {
-            self.em.emit(Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always });
+        // `wgmma` may read its A registers only as a `wgmma.fence` left them: from shared
+        // memory every descriptor is made before one fence; from registers each K-step's A is
+        // packed and fenced just before its instruction, so that only one step's A is live
+        // beside the accumulator.
+        match (a_field, p.a) {
+            (Some((tile, field)), _) => {
+                let operands: Vec<(WgmmaA, SharedOperand)> = (0..p.k / 16)
+                    .map(|step| {
+                        let a_operand = WgmmaA::Shared(self.descriptor(tile, field, step));
+                        (a_operand, self.descriptor(p.b, b_field, step))
+                    })
+                    .collect();
+                self.em.emit(Op::WgmmaFence);
+                for (a_operand, b_operand) in operands {
+                    let op =
+                        Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always };
+                    self.em.emit(op);
+                }
+            }
+            (None, WgmmaSource::Registers(layout)) => {
+                for step in 0..p.k / 16 {
+                    let a_operand = WgmmaA::Registers(self.pack_a(a.buf, layout, 0, step, p.ty));
+                    let b_operand = self.descriptor(p.b, b_field, step);
+                    self.em.emit(Op::WgmmaFence);
+                    let op =
+                        Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always };
+                    self.em.emit(op);
+                }
+            }
+            (None, WgmmaSource::Shared(_)) => unreachable!("a shared A has its address"),
         }
         self.em.emit(Op::WgmmaCommit);
         // Whole at the next statement, or (a pipelined loop keeping its group in flight) the

@@ -218,6 +218,25 @@ pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     [BF16, F16].into_iter().flat_map(|dtype| [F32, dtype].map(|out| G { dtype, out, ..base.clone() })).collect()
 }
 
+/// The sm_90a GEMM configs `kda bench --sweep-gemm` times beside the shipped one (bf16 to f32):
+/// two warpgroups of 64 rows (or four), N up to 256, K of one or two 128-byte slabs, and `A·B`
+/// with its B MN-major in slabs. Each takes `wgmma`; the simulator checks them (`gemm_sim`).
+pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
+    use gemm::GemmConfig as G;
+    [
+        (128, 128, 64, 4, 256, true),
+        (128, 128, 64, 3, 256, true),
+        (128, 128, 64, 5, 256, true),
+        (128, 256, 64, 3, 256, true),
+        (128, 128, 128, 3, 256, true),
+        (256, 128, 64, 3, 512, true),
+        (128, 128, 64, 4, 256, false),
+        (128, 256, 64, 3, 256, false),
+    ]
+    .map(|(bm, bn, bk, stages, threads, b_transposed)| G { bm, bn, bk, stages, threads, b_transposed, ..G::default() })
+    .to_vec()
+}
+
 /// Every shipped variant, in a stable order.
 pub fn variants() -> Vec<Variant> {
     gemm_configs()

@@ -27,14 +27,17 @@ fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
 
 /// The sm_90a GEMMs (`wgmma` on canonical tiles) against the reference; the shipped sm_80
 /// configs compiled for sm_90a (the unaligned ones take `wgmma` there too); and tiles of two
-/// slabs: `A·B` with N = 128 (B MN-major) and `A·Bᵀ` with K = 128.
+/// slabs: `A·B` with N = 128 (B MN-major) and `A·Bᵀ` with K = 128; and the configs
+/// `kda bench --sweep-gemm` times.
 #[test]
 fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
     let sm80 = gemm_configs().into_iter().filter(|c| !c.aligned);
     let hopper = kda_kernels::hopper_gemm_configs().remove(0);
     let slabs =
         [GemmConfig { b_transposed: false, ..hopper.clone() }, GemmConfig { bk: 128, stages: 3, ..hopper.clone() }];
-    for (i, cfg) in kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).chain(slabs).enumerate() {
+    let swept = kda_kernels::hopper_gemm_candidates();
+    let configs = kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).chain(slabs).chain(swept);
+    for (i, cfg) in configs.enumerate() {
         let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
         assert!(kda_kernels::check::takes_wgmma(&def, Target::Sm90a).expect("lowers"), "{}", cfg.key());
         let shapes: &[(usize, usize, usize)] = if cfg.aligned {

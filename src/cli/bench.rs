@@ -210,25 +210,37 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands })
 }
 
-/// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ): how the shipped default was chosen.
+/// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ unless `ab`) compiled for sm_80 and, on
+/// compute capability 9.0, for sm_90a (where those that fit take `wgmma`: 16 accumulator rows
+/// per warp, operand rows of whole swizzle lines): how the shipped defaults were chosen.
 fn sweep_gemm() -> Result<i32, String> {
     use kda_kernels::gemm::GemmConfig;
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let (m, n, k) = (8192usize, 8192usize, 8192usize);
-    for (bm, bn, bk, stages, threads) in [
-        (128, 128, 32, 3, 256),
-        (128, 128, 32, 4, 256),
-        (128, 128, 64, 3, 256),
-        (128, 256, 32, 3, 256),
-        (256, 128, 32, 3, 256),
-        (128, 256, 64, 3, 256),
-        (128, 128, 32, 4, 128),
-        (256, 128, 64, 3, 512),
-        (128, 256, 32, 4, 256),
-    ] {
-        let cfg = GemmConfig { bm, bn, bk, stages, threads, ..GemmConfig::default() };
-        let v = kda_kernels::gemm_variant(cfg.clone());
+    let sm80 = [
+        (128, 128, 32, 3, 256, true),
+        (128, 128, 32, 4, 256, true),
+        (128, 128, 64, 3, 256, true),
+        (128, 256, 32, 3, 256, true),
+        (256, 128, 32, 3, 256, true),
+        (128, 256, 64, 3, 256, true),
+        (128, 128, 32, 4, 128, true),
+        (256, 128, 64, 3, 512, true),
+        (128, 256, 32, 4, 256, true),
+    ]
+    .map(|c| (c, Target::Sm80));
+    let sm80 = sm80.map(|((bm, bn, bk, stages, threads, b_transposed), t)| {
+        (GemmConfig { bm, bn, bk, stages, threads, b_transposed, ..GemmConfig::default() }, t)
+    });
+    let device = gpu.limits().target().map_err(|e| e.to_string())?;
+    let sm90a = kda_kernels::hopper_gemm_candidates().into_iter().map(|c| (c, Target::Sm90a));
+    let configs = sm80.into_iter().chain(sm90a.filter(|(_, t)| device.has(*t)));
+    for (cfg, target) in configs {
+        let v = match target {
+            Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg.clone()),
+            _ => kda_kernels::gemm_variant(cfg.clone()),
+        };
         let r = (|| -> Result<f32, kda_runtime::RuntimeError> {
             let compiled = kernels.compiled(&v)?;
             let s = gpu.default_stream();
@@ -252,11 +264,11 @@ fn sweep_gemm() -> Result<i32, String> {
         })();
         match r {
             Ok(ms) => out!(
-                "{:<40} {ms:>8.3} ms {:>7.1} TFLOP/s",
-                cfg.key(),
+                "{:<48} {ms:>8.3} ms {:>7.1} TFLOP/s",
+                format!("{} {target}", cfg.key()),
                 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12
             ),
-            Err(e) => out!("{:<40} error: {e}", cfg.key()),
+            Err(e) => out!("{:<48} error: {e}", format!("{} {target}", cfg.key())),
         }
     }
     Ok(0)

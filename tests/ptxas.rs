@@ -2,7 +2,7 @@
 //! register spills where it ships: an sm_80 variant for sm_80 and sm_90 (the PTX the driver
 //! compiles for a Hopper part), an sm_90a one for sm_90a. An sm_80 variant compiled for sm_90a
 //! (where its `gemm`s may take `wgmma`) must assemble; its spills are printed, not failed: that
-//! form is not shipped, and the Hopper prefill issue tunes it.
+//! form is not shipped.
 //!
 //! ptxas comes from `KDA_PTXAS`, `.cache/ptxas` (what `.ci/run` installs) or the PATH. Without
 //! one the test is reported ignored, the reason in the run's output (a `harness = false` binary),

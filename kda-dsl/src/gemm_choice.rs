@@ -21,7 +21,7 @@ use crate::target::Target;
 /// What the choice needs to know of one `gemm` operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OperandFacts {
-    /// An f32 fragment (registers), not a shared tile.
+    /// A fragment (registers), not a shared tile.
     pub fragment: bool,
     /// Its shape as stored: (rows, columns).
     pub stored: (u32, u32),
@@ -53,7 +53,7 @@ pub struct GemmFacts {
 
 /// Where a `wgmma`'s A operand comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WgmmaA {
+pub enum WgmmaAFrom {
     /// A canonical shared tile of this major-ness (the SS form).
     Shared(Major),
     /// An f32 fragment packed to 16-bit pairs (the RS form).
@@ -66,7 +66,7 @@ pub struct WgmmaShape {
     /// The instruction's N: the accumulator's columns.
     pub n: u32,
     /// Where A comes from.
-    pub a: WgmmaA,
+    pub a: WgmmaAFrom,
     /// B's major-ness: K when stored `[N, K]` (`b.t()`), MN when stored `[K, N]`.
     pub b: Major,
 }
@@ -204,11 +204,11 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     // Stored [N, K] (`b.t()`) has K contiguous; stored [K, N], N.
     let b = if g.b.transposed { Major::K } else { Major::MN };
     let a = if g.a.fragment {
-        WgmmaA::Registers
+        WgmmaAFrom::Registers
     } else {
         canonical(&g.a, 'a')?;
         // Stored [M, K] has K contiguous; stored [K, M] (`a.t()`), M.
-        WgmmaA::Shared(if g.a.transposed { Major::MN } else { Major::K })
+        WgmmaAFrom::Shared(if g.a.transposed { Major::MN } else { Major::K })
     };
     Ok(WgmmaShape { n, a, b })
 }
@@ -235,12 +235,12 @@ mod tests {
     /// Each rule picks `wgmma` or says which part of the `gemm` does not fit.
     #[test]
     fn each_rule_has_its_reason() {
-        let ok = WgmmaShape { n: 128, a: WgmmaA::Shared(Major::K), b: Major::K };
+        let ok = WgmmaShape { n: 128, a: WgmmaAFrom::Shared(Major::K), b: Major::K };
         assert_eq!(choose_wgmma(&gemm()), Ok(ok));
         let b_kn = GemmFacts { b: shared((64, 64), false), acc: (128, 64), ..gemm() };
         assert_eq!(choose_wgmma(&b_kn).map(|s| s.b), Ok(Major::MN));
         let regs = GemmFacts { a: OperandFacts { fragment: true, dtype: DType::F32, ..gemm().a }, ..gemm() };
-        assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaA::Registers));
+        assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaAFrom::Registers));
         let cases = [
             (GemmFacts { target: Target::Sm90, ..gemm() }, NoWgmma::Target(Target::Sm90)),
             (GemmFacts { in_warp_group: true, ..gemm() }, NoWgmma::WarpGroup),

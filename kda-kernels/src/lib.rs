@@ -68,7 +68,9 @@ where
 /// The sm_90a variant of a GEMM config of [`hopper_gemm_configs`] (the default is the first).
 pub fn hopper_gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     let default = hopper_gemm_configs().first() == Some(&cfg);
-    Variant { target: Target::Sm90a, default, ..gemm_variant(cfg) }
+    let v = gemm_variant(cfg);
+    // The target in the name: an sm_80 config of the same shape is another variant.
+    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
 }
 
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
@@ -208,9 +210,8 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
 
 /// The GEMM configs shipped for sm_90a (compute capability 9.0), `A·Bᵀ` with aligned shapes:
 /// two warpgroups of 64 accumulator rows each, `wgmma` m64n128k16 on canonical
-/// 128-byte-swizzled tiles of K = 64. `A·B` keeps its sm_80 variant there: it reads B
-/// MN-major, whose rows must be one 128-byte line for now, so N = 64, which timed slower than
-/// sm_80's `mma.sync` on the H200 (`docs/performance.md`, 2026-12-05).
+/// 128-byte-swizzled tiles of K = 64. `A·B` keeps its sm_80 variant there until an sm_90a one
+/// is measured faster (`docs/performance.md`).
 pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     use kda_dsl::DType::*;

@@ -99,3 +99,56 @@ fn the_sm_90a_gemm_keeps_one_group_in_flight() {
         ]
     );
 }
+
+/// A test config: M (the accumulator's rows) and the threads.
+#[derive(Clone)]
+struct TransposedA {
+    m: usize,
+    threads: usize,
+}
+
+/// `c = aᵀ · bᵀ` with `a` stored `[K, M]` and `b` stored `[N, K]`: A MN-major in shared
+/// memory, M over every warpgroup.
+#[kda_macros::kernel]
+fn transposed_a(cfg: &TransposedA, a: Global<(K, M), BF16>, b: Global<(N, KB), BF16>, c: GlobalMut<(M, N), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let a_s = shared([64, cfg.m], BF16);
+    let b_s = shared([64, 64], BF16);
+    copy(a.tile([0, 0], [64, cfg.m]), a_s);
+    copy(b.tile([0, 0], [64, 64]), b_s);
+    let acc = fragment([cfg.m, 64], F32);
+    clear(acc);
+    gemm(a_s.t(), b_s.t(), acc);
+    copy(acc, c.tile([0, 0], [cfg.m, 64]));
+}
+
+/// An MN-major shared A over one, two and four warpgroups (each warpgroup's M in its own
+/// slab) against the reference, on sm_90a.
+#[test]
+fn a_transposed_shared_a_takes_wgmma_over_every_warpgroup() {
+    use kda_kernels::reference::{from_bytes, rel_err, to_bytes, Rng};
+    for (i, m) in [64usize, 128, 256].into_iter().enumerate() {
+        let def = transposed_a(&TransposedA { m, threads: 2 * m }).expect("builds");
+        assert!(kda_kernels::check::takes_wgmma(&def, Target::Sm90a).expect("lowers"), "M = {m}");
+        let (n, k) = (64, 64);
+        let mut rng = Rng::new(40 + i as u64);
+        let a = rng.normals(k * m, kda_dsl::DType::BF16);
+        let b = rng.normals(n * k, kda_dsl::DType::BF16);
+        let t = |v: &[f64], d| SimArg::Tensor(to_bytes(v, d));
+        let mut args = vec![
+            ("a".to_string(), t(&a, kda_dsl::DType::BF16)),
+            ("K".to_string(), SimArg::I32(k as i32)),
+            ("M".to_string(), SimArg::I32(m as i32)),
+            ("b".to_string(), t(&b, kda_dsl::DType::BF16)),
+            ("N".to_string(), SimArg::I32(n as i32)),
+            ("KB".to_string(), SimArg::I32(k as i32)),
+            ("c".to_string(), t(&vec![f64::NAN; m * n], kda_dsl::DType::F32)),
+        ];
+        kda_kernels::check::simulate_on(&def, Target::Sm90a, &mut args).unwrap_or_else(|e| panic!("M = {m}: {e}"));
+        let SimArg::Tensor(c) = &args[6].1 else { unreachable!() };
+        let got = from_bytes(c, kda_dsl::DType::F32);
+        let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|p| a[p * m + e / n] * b[(e % n) * k + p]).sum()).collect();
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-5, "M = {m}: rel err {err}");
+    }
+}

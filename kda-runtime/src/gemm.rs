@@ -35,8 +35,8 @@ fn variant_of(cfg: GemmConfig, target: Target) -> kda_kernels::Variant {
 }
 
 /// The shipped GEMM config for these operand types and shapes on a device of `target`, and the
-/// target it is compiled for: on sm_90a the `wgmma` configs for aligned shapes (rows of 16-byte
-/// multiples, as the copies need), the sm_80 configs otherwise.
+/// target it is compiled for: on sm_90a the `wgmma` configs for `A·Bᵀ` with aligned shapes
+/// (rows of 16-byte multiples, as the copies need), the sm_80 configs otherwise (`A·B` too).
 fn gemm_config(
     dtype: DType,
     out: DType,

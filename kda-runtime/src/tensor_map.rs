@@ -44,14 +44,15 @@ pub fn encode_tensor_map(
             format!("{address:#x}"),
         ));
     }
-    let needed = map.row_stride * (map.extent[1] - 1) + map.extent[0] * u64::from(map.elem_bytes);
-    if needed > bytes {
+    let needed = map
+        .row_stride
+        .checked_mul(map.extent[1] - 1)
+        .and_then(|rows| rows.checked_add(map.extent[0] * u64::from(map.elem_bytes)));
+    if needed.is_none_or(|n| n > bytes) {
+        let need = needed.map_or("more than 2^64".to_string(), |n| n.to_string());
         return Err(RuntimeError::bad_argument(
             name,
-            format!(
-                "a tensor of at least {needed} bytes for extents {:?} and row stride {}",
-                map.extent, map.row_stride
-            ),
+            format!("a tensor of at least {need} bytes for extents {:?} and row stride {}", map.extent, map.row_stride),
             format!("{bytes} bytes"),
         ));
     }

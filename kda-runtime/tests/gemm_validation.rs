@@ -54,7 +54,7 @@ fn ragged_extents_pick_the_unaligned_variant_and_empty_work_launches_nothing() {
 fn sm_90a_picks_the_hopper_variant_for_aligned_shapes() {
     let (a, bt, c) = (t(&[64, 32], DType::BF16), t(&[48, 32], DType::BF16), t(&[64, 48], DType::F32));
     let v = plan_gemm(&a, &bt, &c, true, Target::Sm90a).expect("valid").expect("work");
-    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_abt_128x128x64_s4_t256"));
+    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_abt_128x128x64_s4_t256_sm90a"));
     let ragged =
         plan_gemm(&t(&[5, 7], DType::F16), &t(&[3, 7], DType::F16), &t(&[5, 3], DType::F16), true, Target::Sm90a);
     let v = ragged.expect("valid").expect("work");

@@ -319,6 +319,10 @@ mod tests {
             (SharedLayout::choose(16, 16, 2), 2),
             (SharedLayout::choose(16, 8, 4), 4),
             (SharedLayout::choose(1, 128, 4), 4),
+            (SharedLayout::canonical(64, 128, 2).expect("slabs"), 2),
+            (SharedLayout::canonical(16, 256, 2).expect("slabs"), 2),
+            (SharedLayout::canonical(8, 64, 4).expect("slabs"), 4),
+            (SharedLayout::canonical(32, 32, 2).expect("one line"), 2),
         ];
         for (l, esize) in layouts {
             let (rows, cols) = l.shape();

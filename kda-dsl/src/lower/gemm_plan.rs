@@ -7,7 +7,7 @@ use std::fmt;
 use super::Lower;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::gemm_choice::{choose_wgmma, GemmFacts, NoWgmma, WgmmaA};
+use crate::gemm_choice::{choose_wgmma, GemmFacts, NoWgmma, WgmmaAFrom};
 use crate::hopper_layout::OperandTile;
 use crate::layout::{FragmentKind, FragmentLayout};
 use crate::passes::BufLayout;
@@ -187,17 +187,18 @@ impl Lower<'_> {
             }
             _ => return self.err(loc, format!("gemm left operand `{}` must be a shared tile or a fragment", ab.name)),
         };
+        let no_wgmma = match self.wgmma_plan(a, b, c, ab_ty, lc, k) {
+            Ok(plan) => return Ok(GemmPlan::Wgmma(plan)),
+            Err(NoWgmma::Target(_)) => None,
+            Err(why) => Some(why),
+        };
+        // `ldmatrix` loads B 16 columns at a time (`wgmma` takes any multiple of 8).
         if lc.ni() % 2 != 0 && b_frag.is_none() {
             return self.err(
                 loc,
                 format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
             );
         }
-        let no_wgmma = match self.wgmma_plan(a, b, c, ab_ty, lc, k) {
-            Ok(plan) => return Ok(GemmPlan::Wgmma(plan)),
-            Err(NoWgmma::Target(_)) => None,
-            Err(why) => Some(why),
-        };
         let a = match a_frag {
             None => OperandSource::Ldmatrix { trans: a.transposed },
             Some(layout) => OperandSource::Registers { layout, movmatrix: false },
@@ -231,8 +232,8 @@ impl Lower<'_> {
         debug_assert!(lc.wn == 1 && lc.warp_rows() == 16, "infer_layouts pins wgmma accumulators: {lc}");
         let b_tile = laid_out(b, shape.b).ok_or_else(|| not_canonical(b, 'b'))?;
         let a_source = match shape.a {
-            WgmmaA::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or_else(|| not_canonical(a, 'a'))?),
-            WgmmaA::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
+            WgmmaAFrom::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or_else(|| not_canonical(a, 'a'))?),
+            WgmmaAFrom::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
         };
         Ok(WgmmaPlan { ty, c: lc, k, n: shape.n, a: a_source, b: b_tile })
     }

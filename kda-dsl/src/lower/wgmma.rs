@@ -67,13 +67,18 @@ impl Lower<'_> {
     }
 
     /// The 64-bit start-address field of shared tile `buf`'s descriptors: its address (the
-    /// current stage's) over 16; for a K-major A, from warpgroup `wg`'s first row.
+    /// current stage's) over 16; for A, from warpgroup `wg`'s first of M.
     fn descriptor_address(&mut self, buf: BufId, a_rows: Option<(OperandTile, Src)>) -> Reg {
         let mut addr = Src::Reg(self.shared_addr(buf, Src::Imm(0), Src::Imm(0)));
-        if let Some((OperandTile::K(t), wg)) = a_rows {
-            // Rows are one line apart in a canonical tile with one line per row.
-            let row_bytes = WARPGROUP_ROWS * i64::from(t.swizzle.line_bytes());
-            let off = self.em.mul32(wg, Src::Imm(row_bytes));
+        if let Some((tile, wg)) = a_rows {
+            // Warpgroup `wg`'s A starts `wg` times warpgroup 1's offset: rows a line apart in a
+            // K-major tile; in an MN-major one, M in slabs of a line, so (with two warpgroups
+            // or more, M spans whole 128-byte slabs) whole slabs apart.
+            let first = match tile {
+                OperandTile::K(t) => t.logical_offset(WARPGROUP_ROWS as u32, 0),
+                OperandTile::MN(t) => t.logical_offset(WARPGROUP_ROWS as u32, 0),
+            };
+            let off = self.em.mul32(wg, Src::Imm(i64::from(first)));
             addr = self.em.add32(addr, off);
         }
         let units = self.em.op32(BinKind::Shr, addr, 4);

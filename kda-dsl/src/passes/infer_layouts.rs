@@ -303,7 +303,7 @@ fn pin_wgmma(p: &mut TileProgram) -> HashSet<BufId> {
                 }
             }
         }
-        if matches!(shape.a, crate::gemm_choice::WgmmaA::Shared(_)) {
+        if matches!(shape.a, crate::gemm_choice::WgmmaAFrom::Shared(_)) {
             canonical.insert(a.buf);
         }
         canonical.insert(b.buf);

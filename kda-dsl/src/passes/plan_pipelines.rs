@@ -110,7 +110,7 @@ fn wgmma_in_flight(p: &TileProgram, stages: u32, body: &[Stmt]) -> Option<WgmmaI
     let rest: Vec<&Stmt> = body.iter().filter(|s| !is_stage_fill(&p.def, s)).collect();
     let [Stmt { kind: StmtKind::Gemm { a, b, c }, .. }] = rest[..] else { return None };
     let shape = crate::gemm_choice::choose_wgmma(&crate::gemm_choice::GemmFacts::of(p, a, b, *c)).ok()?;
-    let shared_a = matches!(shape.a, crate::gemm_choice::WgmmaA::Shared(_));
+    let shared_a = matches!(shape.a, crate::gemm_choice::WgmmaAFrom::Shared(_));
     (shared_a && stages >= 3).then_some(WgmmaInFlight { acc: *c })
 }
 

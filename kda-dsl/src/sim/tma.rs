@@ -25,9 +25,8 @@ impl Block<'_> {
                 m.swizzle
             ));
         }
-        // The box's first byte along the inner axis must be a 16-byte granule of the row: on an
-        // H200 a box at inner element 36 of 2-byte elements faulted (illegal instruction) where
-        // one at 0 copied (`kda-runtime/tests/gpu_hopper.rs`).
+        // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
+        // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
         let inner_bytes = i64::from(at[0]) * i64::from(m.elem_bytes);
         if inner_bytes % 16 != 0 {
             return Err(format!(

@@ -50,6 +50,7 @@ impl P {
     }
 }
 
+/// A register holding the thread's index in the block.
 pub fn tid(p: &mut P) -> Reg {
     let t = p.reg(RegClass::B32);
     p.op(Op::ReadSpecial { d: t, sreg: Special::Tid });

@@ -212,7 +212,8 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
 
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ unless `ab`) compiled for sm_80 and, on
 /// compute capability 9.0, for sm_90a (where those that fit take `wgmma`: 16 accumulator rows
-/// per warp, operand rows of whole swizzle lines): how the shipped defaults were chosen.
+/// per warp, operand rows of whole swizzle lines), each checked on 256 sampled elements: how
+/// the shipped defaults were chosen.
 fn sweep_gemm() -> Result<i32, String> {
     use kda_kernels::gemm::GemmConfig;
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
@@ -241,13 +242,15 @@ fn sweep_gemm() -> Result<i32, String> {
             Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg.clone()),
             _ => kda_kernels::gemm_variant(cfg.clone()),
         };
-        let r = (|| -> Result<f32, kda_runtime::RuntimeError> {
+        let r = (|| -> Result<(f32, f64), kda_runtime::RuntimeError> {
             let compiled = kernels.compiled(&v)?;
             let s = gpu.default_stream();
             let mut rng = Rng::new(7);
             let gen = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
-            let a = DeviceTensor::from_f32(&gpu, &s, &[m, k], DType::BF16, &gen(&mut rng, m * k))?;
-            let b = DeviceTensor::from_f32(&gpu, &s, &[n, k], DType::BF16, &gen(&mut rng, n * k))?;
+            let (ha, hb) = (gen(&mut rng, m * k), gen(&mut rng, n * k));
+            let a = DeviceTensor::from_f32(&gpu, &s, &[m, k], DType::BF16, &ha)?;
+            // [N, K] for A·Bᵀ; the same buffer read as [K, N] for A·B (N = K here).
+            let b = DeviceTensor::from_f32(&gpu, &s, &[n, k], DType::BF16, &hb)?;
             let c = DeviceTensor::zeros(&gpu, &s, &[m, n], DType::F32)?;
             use kda_runtime::KernelArg::Tensor as T;
             let mut t = time_ms(&gpu, &s, 3, 10, || {
@@ -260,13 +263,24 @@ fn sweep_gemm() -> Result<i32, String> {
                     &[("a", T(a.view())), ("b", T(b.view())), ("c", T(c.view()))],
                 )
             })?;
-            Ok(median(&mut t))
+            // What was timed computes the product: 256 sampled elements against f64.
+            let got = c.to_f32_vec(&s)?;
+            let bf = |x: f32| kda_kernels::reference::round_to(f64::from(x), DType::BF16);
+            let b_at = |p: usize, j: usize| if cfg.b_transposed { hb[j * k + p] } else { hb[p * n + j] };
+            let (mut gv, mut rv) = (vec![], vec![]);
+            for _ in 0..256 {
+                let (i, j) = ((rng.next_u64() % m as u64) as usize, (rng.next_u64() % n as u64) as usize);
+                gv.push(f64::from(got[i * n + j]));
+                rv.push((0..k).map(|p| bf(ha[i * k + p]) * bf(b_at(p, j))).sum());
+            }
+            Ok((median(&mut t), kda_kernels::reference::rel_err(&gv, &rv)))
         })();
         match r {
-            Ok(ms) => out!(
-                "{:<48} {ms:>8.3} ms {:>7.1} TFLOP/s",
+            Ok((ms, err)) => out!(
+                "{:<48} {ms:>8.3} ms {:>7.1} TFLOP/s   rel err {err:.1e}{}",
                 format!("{} {target}", cfg.key()),
-                2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12
+                2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12,
+                if err <= 1e-3 { "" } else { "  WRONG" }
             ),
             Err(e) => out!("{:<48} error: {e}", format!("{} {target}", cfg.key())),
         }

@@ -93,6 +93,9 @@ pub enum NoWgmma {
     RegisterOrReplicatedA,
     /// An operand's element type is not 16-bit.
     InputType(DType),
+    /// The accumulator or an A fragment is laid out for another gemm (B from registers, or a
+    /// replicated A), which takes `mma.sync`.
+    PinnedOtherwise,
     /// An operand's rows are not one 32- or 64-byte swizzle line or whole 128-byte lines, or
     /// not whole atoms of 8 rows.
     NotCanonical {
@@ -126,6 +129,7 @@ impl fmt::Display for NoWgmma {
             NoWgmma::RegisterB => f.write_str("B is a fragment"),
             NoWgmma::RegisterOrReplicatedA => f.write_str("A is replicated or a transposed fragment"),
             NoWgmma::InputType(d) => write!(f, "{d} operand, not 16-bit"),
+            NoWgmma::PinnedOtherwise => f.write_str("a fragment another gemm lays out for mma.sync"),
             NoWgmma::NotCanonical { operand, stored: (r, c) } => {
                 write!(f, "{operand} [{r} x {c}]: rows are not one 32- or 64-byte line or whole 128-byte lines, in whole 8-row atoms")
             }

@@ -229,7 +229,13 @@ impl Lower<'_> {
         let not_canonical = |o: &Operand, operand| {
             NoWgmma::NotCanonical { operand, stored: (0, 0) }.with_stored(&self.def().buffers[o.buf].shape)
         };
-        debug_assert!(lc.wn == 1 && lc.warp_rows() == 16, "infer_layouts pins wgmma accumulators: {lc}");
+        // `infer_layouts` lays a wgmma accumulator (and an A fragment) out 16 rows per warp,
+        // unless another gemm pinned it otherwise.
+        let warpgroup_rows = |l: FragmentLayout| l.wn == 1 && l.warp_rows() == 16;
+        let a_rows = !matches!(shape.a, WgmmaAFrom::Registers) || warpgroup_rows(self.p.frag(a.buf));
+        if !warpgroup_rows(lc) || !a_rows {
+            return Err(NoWgmma::PinnedOtherwise);
+        }
         let b_tile = laid_out(b, shape.b).ok_or_else(|| not_canonical(b, 'b'))?;
         let a_source = match shape.a {
             WgmmaAFrom::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or_else(|| not_canonical(a, 'a'))?),

@@ -290,8 +290,18 @@ fn pin_wgmma(p: &mut TileProgram) -> HashSet<BufId> {
             gemms.push((a.clone(), b.clone(), *c));
         }
     });
+    // Fragments another gemm pinned to columns or to replicated rows keep that layout: their
+    // gemms on them take mma.sync.
+    let pinned_otherwise: HashSet<BufId> = gemms
+        .iter()
+        .filter(|(a, b, _)| a.replicated || p.def.buffers[b.buf].scope == Scope::Fragment)
+        .flat_map(|(a, b, c)| [a.buf, b.buf, *c])
+        .collect();
     let mut canonical = HashSet::new();
     for (a, b, c) in gemms {
+        if pinned_otherwise.contains(&c) || pinned_otherwise.contains(&a.buf) {
+            continue;
+        }
         let Ok(shape) = crate::gemm_choice::choose_wgmma(&crate::gemm_choice::GemmFacts::of(p, &a, &b, c)) else {
             continue;
         };

@@ -94,7 +94,7 @@ pub enum NoWgmma {
     /// An operand's element type is not 16-bit.
     InputType(DType),
     /// The accumulator or an A fragment is laid out for another gemm (B from registers, or a
-    /// replicated A), which takes `mma.sync`.
+    /// replicated A), which takes `mma.sync`, and the operands with it.
     PinnedOtherwise,
     /// An operand's rows are not one 32- or 64-byte swizzle line or whole 128-byte lines, or
     /// not whole atoms of 8 rows.
@@ -104,17 +104,6 @@ pub enum NoWgmma {
         /// Its stored shape.
         stored: (u32, u32),
     },
-}
-
-impl NoWgmma {
-    /// This reason with an operand's stored shape filled in from `shape`.
-    pub fn with_stored(self, shape: &[u32]) -> NoWgmma {
-        match (self, shape) {
-            (NoWgmma::NotCanonical { operand, .. }, [r, c]) => NoWgmma::NotCanonical { operand, stored: (*r, *c) },
-            (NoWgmma::NotCanonical { operand, .. }, [c]) => NoWgmma::NotCanonical { operand, stored: (1, *c) },
-            (why, _) => why,
-        }
-    }
 }
 
 impl fmt::Display for NoWgmma {

@@ -226,19 +226,16 @@ impl Lower<'_> {
             BufLayout::Shared(l) => l.operand_tile(major, self.def().buffers[o.buf].dtype.size_bytes() as u32),
             _ => None,
         };
-        let not_canonical = |o: &Operand, operand| {
-            NoWgmma::NotCanonical { operand, stored: (0, 0) }.with_stored(&self.def().buffers[o.buf].shape)
-        };
-        // `infer_layouts` lays a wgmma accumulator (and an A fragment) out 16 rows per warp,
-        // unless another gemm pinned it otherwise.
+        // `infer_layouts` lays a wgmma accumulator (and an A fragment) out 16 rows per warp and
+        // its shared operands canonically, unless another gemm pinned its fragments otherwise.
         let warpgroup_rows = |l: FragmentLayout| l.wn == 1 && l.warp_rows() == 16;
         let a_rows = !matches!(shape.a, WgmmaAFrom::Registers) || warpgroup_rows(self.p.frag(a.buf));
         if !warpgroup_rows(lc) || !a_rows {
             return Err(NoWgmma::PinnedOtherwise);
         }
-        let b_tile = laid_out(b, shape.b).ok_or_else(|| not_canonical(b, 'b'))?;
+        let b_tile = laid_out(b, shape.b).ok_or(NoWgmma::PinnedOtherwise)?;
         let a_source = match shape.a {
-            WgmmaAFrom::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or_else(|| not_canonical(a, 'a'))?),
+            WgmmaAFrom::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or(NoWgmma::PinnedOtherwise)?),
             WgmmaAFrom::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
         };
         Ok(WgmmaPlan { ty, c: lc, k, n: shape.n, a: a_source, b: b_tile })

@@ -42,8 +42,8 @@ pub struct GemmFacts {
     pub acc: (u32, u32),
     /// Warps the accumulator spreads over.
     pub warps: u32,
-    /// Whether the `gemm` runs in a `warp_group` block or beside fill warps (its warps then
-    /// need not be whole warpgroups from warp 0).
+    /// Whether the `gemm` runs in a `warp_group` block (its warps then need not be whole
+    /// warpgroups from warp 0).
     pub in_warp_group: bool,
     /// The left operand (`[M, K]` after its transpose).
     pub a: OperandFacts,
@@ -76,7 +76,7 @@ pub struct WgmmaShape {
 pub enum NoWgmma {
     /// The target has no `wgmma` (sm_90a only).
     Target(Target),
-    /// Inside a `warp_group` block or beside fill warps.
+    /// Inside a `warp_group` block.
     WarpGroup,
     /// The accumulator's rows are not 16 per warp over whole warpgroups.
     AccumulatorRows {
@@ -110,7 +110,7 @@ impl fmt::Display for NoWgmma {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NoWgmma::Target(t) => write!(f, "{t} has no wgmma (sm_90a)"),
-            NoWgmma::WarpGroup => f.write_str("inside a warp group or beside fill warps"),
+            NoWgmma::WarpGroup => f.write_str("inside a warp group block"),
             NoWgmma::AccumulatorRows { rows, warps } => {
                 write!(f, "the accumulator's {rows} rows are not 16 per warp over {warps} warps in whole warpgroups")
             }
@@ -155,7 +155,8 @@ impl GemmFacts {
             target: p.target,
             acc: (shape.first().copied().unwrap_or(0), shape.get(1).copied().unwrap_or(0)),
             warps: p.warps_of(c),
-            in_warp_group: p.owner[c] != 0 || def.fill_warps > 0,
+            // Fill warps come after the kernel's `threads`: its warps still start at warp 0.
+            in_warp_group: p.owner[c] != 0,
             a: facts(a),
             b: facts(b),
         }

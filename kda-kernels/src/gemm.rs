@@ -29,6 +29,9 @@ pub struct GemmConfig {
     /// True when K (and N for `A·B`) are multiples of 8, so rows are 16-byte aligned and
     /// copies use 16-byte vectors; launchers pick the unaligned variant otherwise.
     pub aligned: bool,
+    /// Warps beside `threads` that only issue the pipeline's copies (`launch(.., fill_warps)`),
+    /// so the warps that multiply never wait on their issue.
+    pub fill_warps: usize,
 }
 
 impl Default for GemmConfig {
@@ -44,6 +47,7 @@ impl Default for GemmConfig {
             stages: 4,
             threads: 128,
             aligned: true,
+            fill_warps: 0,
         }
     }
 }
@@ -52,7 +56,7 @@ impl GemmConfig {
     /// A short stable name for variant lists and caches.
     pub fn key(&self) -> String {
         format!(
-            "{}_{}_{}_{}x{}x{}_s{}_t{}{}",
+            "{}_{}_{}_{}x{}x{}_s{}_t{}{}{}",
             self.dtype,
             self.out,
             if self.b_transposed { "abt" } else { "ab" },
@@ -61,6 +65,7 @@ impl GemmConfig {
             self.bk,
             self.stages,
             self.threads,
+            if self.fill_warps == 0 { String::new() } else { format!("_fw{}", self.fill_warps) },
             if self.aligned { "" } else { "_unaligned" }
         )
     }
@@ -74,7 +79,8 @@ pub fn gemm(
     b: Global<(BR, BC), { cfg.dtype }>,
     c: GlobalMut<(M, N), { cfg.out }>,
 ) {
-    let (bx, by) = launch(grid = [ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)], threads = cfg.threads);
+    let (bx, by) =
+        launch(grid = [ceil_div(N, cfg.bn), ceil_div(M, cfg.bm)], threads = cfg.threads, fill_warps = cfg.fill_warps);
     if cfg.aligned {
         assume_multiple(K, 8);
         assume_multiple(BC, 8);

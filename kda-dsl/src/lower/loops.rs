@@ -212,7 +212,8 @@ impl Lower<'_> {
         if issues_fills {
             self.em.emit(Op::CpAsyncWait { n: 0 });
         }
-        if in_flight {
+        // The compute warps' last group (fill warps issue no wgmma, and are no warpgroup).
+        if in_flight && work != LoopWork::Fills {
             self.em.emit(Op::WgmmaWait { n: 0 });
         }
         self.block_barrier();

@@ -107,8 +107,10 @@ struct Thread {
     in_flight: Vec<bool>,
     /// The clock at this thread's last `wgmma.fence`.
     register_fence: Option<u64>,
-    /// This thread's last `fence.proxy.async`: the clock and the barrier epoch then (0: none).
-    proxy_fence: (u64, u32),
+    /// This thread's `fence.proxy.async`s in order: the clock and the barrier epoch at each.
+    /// A write is fenced by the first one after it; a later fence of the same thread does not
+    /// undo that one's order.
+    proxy_fences: Vec<(u64, u32)>,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -490,7 +492,7 @@ impl<'a> Block<'a> {
                     }
                 }
             }
-            Op::FenceProxyAsync => self.threads[t].proxy_fence = (self.clock, self.released),
+            Op::FenceProxyAsync => self.threads[t].proxy_fences.push((self.clock, self.released)),
             Op::MbarrierInit { addr, count } => {
                 let a = self.get(t, &Src::Reg(*addr));
                 self.mbarrier_init(t, a, *count)?;
@@ -617,7 +619,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             read_clock: vec![std::cell::Cell::new(0); total],
                             in_flight: vec![false; total],
                             register_fence: None,
-                            proxy_fence: (0, 0),
+                            proxy_fences: vec![],
                         })
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],

@@ -70,14 +70,16 @@ impl Block<'_> {
     /// Runs the warpgroup instruction at `pc` that every lane of warp `w` waits at, once the
     /// warpgroup's other three warps wait at it too.
     pub(super) fn step_warpgroup(&mut self, w: usize, pc: usize) -> R<bool> {
-        if !self.threads.len().is_multiple_of(WARPGROUP) {
+        let first = w / 4 * WARPGROUP;
+        // The issuing warp's warpgroup must be whole; warps past the last whole one (fill
+        // warps, say) may be there as long as they issue none.
+        if first + WARPGROUP > self.threads.len() {
             return Err(format!(
-                "`{}` in a block of {} threads, not whole warpgroups of 128",
+                "`{}` in warp {w}, whose warpgroup is not whole in a block of {} threads",
                 self.prog.body[pc].op,
                 self.threads.len()
             ));
         }
-        let first = w / 4 * WARPGROUP;
         let members = first..first + WARPGROUP;
         for t in members.clone() {
             let th = &self.threads[t];
@@ -218,14 +220,18 @@ impl Block<'_> {
         let at = self.check_shared(u64::from(addr), 2)?;
         for i in at..at + 2 {
             let s = self.shadow[i];
-            let (fence_clock, fence_epoch) = self.threads[s.writer as usize].proxy_fence;
-            if !s.async_proxy && fence_clock < s.write_clock {
+            if s.async_proxy {
+                continue;
+            }
+            // The writer's first fence after the write (a later one is ordered no earlier).
+            let fences = &self.threads[s.writer as usize].proxy_fences;
+            let Some(&(_, fence_epoch)) = fences.iter().find(|(clock, _)| *clock >= s.write_clock) else {
                 return Err(format!(
                     "wgmma reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
                     s.writer
                 ));
-            }
-            if !s.async_proxy && !self.ordered(s.writer, fence_epoch, first as u32) {
+            };
+            if !self.ordered(s.writer, fence_epoch, first as u32) {
                 return Err(format!(
                     "wgmma reads shared byte {i}, but no barrier orders thread {}'s fence.proxy.async before it",
                     s.writer

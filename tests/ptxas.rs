@@ -55,6 +55,11 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
             .into_iter()
             .map(|t| (t.name.to_string(), t.def, Target::Sm80)),
     );
+    // The sm_90a candidates `kda bench --sweep-gemm` times, held to what a shipped variant is.
+    kernels.extend(kda_kernels::hopper_gemm_candidates().into_iter().map(|c| {
+        let v = kda_kernels::hopper_gemm_variant(c);
+        (format!("{} (sweep)", v.id()), v.build().expect("builds"), Target::Sm90a)
+    }));
     for (id, def, shipped) in &kernels {
         for t in Target::ALL {
             // Where it ships: sm_80 PTX also for sm_90, which the driver compiles it for.

@@ -346,6 +346,13 @@ impl Lower<'_> {
     fn stmt(&mut self, s: &Stmt) -> Result<(), Diag> {
         self.em.loc = s.loc;
         match self.role() {
+            // A wgmma accumulator's fill runs on the fill warps too (their copy of its registers
+            // is never read): a branch around it would join the fill warps' path into the
+            // wgmma pipeline's, and ptxas then serializes the wgmmas (C7515).
+            Some(roles::Role::Both) if matches!(s.kind, StmtKind::Fill(b, _) if self.p.wgmma_accumulators.contains(&b)) =>
+            {
+                return self.in_role(roles::Role::Compute, |lw| lw.stmt(s));
+            }
             Some(roles::Role::Both) if roles::compute_only(s) => return self.on_compute_warps(|lw| lw.stmt(s)),
             // The fill warps' copy of a pipelined loop keeps its skeleton and barriers only.
             Some(roles::Role::Fill) if roles::compute_only(s) => return Ok(()),

@@ -317,6 +317,7 @@ fn pin_wgmma(p: &mut TileProgram) -> HashSet<BufId> {
             canonical.insert(a.buf);
         }
         canonical.insert(b.buf);
+        p.wgmma_accumulators.insert(c);
     }
     canonical
 }

@@ -51,6 +51,8 @@ pub struct TileProgram {
     pub groups: std::collections::BTreeMap<u32, WarpGroupInfo>,
     /// Each `pipelined` loop's plan (`plan_pipelines`), outermost first.
     pub pipelines: Vec<plan_pipelines::PipelinePlan>,
+    /// The accumulators of `gemm`s that take `wgmma` (`infer_layouts`).
+    pub wgmma_accumulators: std::collections::HashSet<BufId>,
 }
 
 /// Where the scratch area for reductions and scans lives in dynamic shared memory.
@@ -86,6 +88,7 @@ impl TileProgram {
             owner: IdVec::filled(n, 0),
             groups: Default::default(),
             pipelines: vec![],
+            wgmma_accumulators: Default::default(),
         }
     }
 

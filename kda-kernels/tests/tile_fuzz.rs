@@ -1,7 +1,7 @@
 //! Malformed kernels through the compiler's back half: the printed tile IR of shipped kernels,
 //! mutated at random (numbers changed, lines deleted, duplicated or swapped, names of
-//! variables and tiles exchanged), read back, type-checked and compiled (and the small
-//! self-test kernels simulated). Whatever the mutant, the parser, the type check, every pass,
+//! variables and tiles exchanged), read back, type-checked and compiled for sm_80 and sm_90a
+//! (and the small self-test kernels simulated). Whatever the mutant, the parser, the type check, every pass,
 //! the lowering and the simulator give a result or a diagnostic, never a panic.
 //! (The macro's own fuzzing, of token streams, is in `kda-macros`.)
 
@@ -16,6 +16,9 @@ fn seeds() -> Vec<(String, String)> {
         let v = kda_kernels::variants().into_iter().find(|v| v.family == family && v.default).expect("a default");
         out.push((v.id(), v.build().expect("builds").to_string()));
     }
+    // The sm_90a GEMM, whose gemm takes wgmma.
+    let hopper = kda_kernels::hopper_gemm_variant(kda_kernels::hopper_gemm_configs().remove(0));
+    out.push((hopper.id(), hopper.build().expect("builds").to_string()));
     for t in kda_kernels::selftest::selftests(4).expect("builds") {
         out.push((t.name.to_string(), t.def.to_string()));
     }
@@ -159,6 +162,8 @@ fn mutated_kernels_compile_or_give_a_diagnostic_never_a_panic() {
                 }
                 let small = id.starts_with("dsl/");
                 let compiled = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).is_ok();
+                // And for sm_90a, where gemms may take wgmma: a result or a diagnostic too.
+                let _ = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm90a);
                 // The simulator too (the self-tests are small enough): a report or an error.
                 let ran = (compiled && small).then(|| kda_kernels::check::simulate(&def, &mut zero_args(&def)).is_ok());
                 (true, compiled, ran)

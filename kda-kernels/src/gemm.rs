@@ -32,6 +32,9 @@ pub struct GemmConfig {
     /// Warps beside `threads` that only issue the pipeline's copies (`launch(.., fill_warps)`),
     /// so the warps that multiply never wait on their issue.
     pub fill_warps: usize,
+    /// The epilogue goes through shared memory (whole rows of C in 16-byte stores) instead of
+    /// storing the accumulator's fragments straight to global memory.
+    pub staged_store: bool,
 }
 
 impl Default for GemmConfig {
@@ -48,6 +51,7 @@ impl Default for GemmConfig {
             threads: 128,
             aligned: true,
             fill_warps: 0,
+            staged_store: false,
         }
     }
 }
@@ -56,7 +60,7 @@ impl GemmConfig {
     /// A short stable name for variant lists and caches.
     pub fn key(&self) -> String {
         format!(
-            "{}_{}_{}_{}x{}x{}_s{}_t{}{}{}",
+            "{}_{}_{}_{}x{}x{}_s{}_t{}{}{}{}",
             self.dtype,
             self.out,
             if self.b_transposed { "abt" } else { "ab" },
@@ -66,6 +70,7 @@ impl GemmConfig {
             self.stages,
             self.threads,
             if self.fill_warps == 0 { String::new() } else { format!("_fw{}", self.fill_warps) },
+            if self.staged_store { "_ss" } else { "" },
             if self.aligned { "" } else { "_unaligned" }
         )
     }
@@ -106,5 +111,12 @@ pub fn gemm(
             gemm(a_s, b_s, acc);
         }
     }
-    copy(acc, c.tile([by, bx], [cfg.bm, cfg.bn]));
+    if cfg.staged_store {
+        // Through shared memory: whole rows of C leave in 16-byte stores.
+        let c_s = shared([cfg.bm, cfg.bn], cfg.out);
+        copy(acc, c_s);
+        copy(c_s, c.tile([by, bx], [cfg.bm, cfg.bn]));
+    } else {
+        copy(acc, c.tile([by, bx], [cfg.bm, cfg.bn]));
+    }
 }

@@ -221,7 +221,8 @@ pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
 
 /// The sm_90a GEMM configs `kda bench --sweep-gemm` times beside the shipped one (bf16 to f32):
 /// two warpgroups of 64 rows (or four), N up to 256, K of one or two 128-byte slabs, `A·B`
-/// with its B MN-major in slabs, and a fill warp beside the warpgroups. Each takes `wgmma`; the simulator checks them (`gemm_sim`).
+/// with its B MN-major in slabs, a fill warp beside the warpgroups, and an epilogue through
+/// shared memory. Each takes `wgmma`; the simulator checks them (`gemm_sim`).
 pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     [
@@ -236,17 +237,23 @@ pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
     ]
     .map(|(bm, bn, bk, stages, threads, b_transposed)| G { bm, bn, bk, stages, threads, b_transposed, ..G::default() })
     .into_iter()
-    // One fill warp issuing the copies, so the warpgroups only multiply.
-    .chain([(3, true), (4, true), (4, false)].map(|(stages, b_transposed)| G {
-        bm: 128,
-        bn: 128,
-        bk: 64,
-        stages,
-        threads: 256,
-        b_transposed,
-        fill_warps: 1,
-        ..G::default()
-    }))
+    // One fill warp issuing the copies, so the warpgroups only multiply; an epilogue through
+    // shared memory.
+    .chain(
+        [(3, true, 1, false), (4, true, 1, false), (4, false, 1, false), (3, true, 0, true), (3, true, 1, true)].map(
+            |(stages, b_transposed, fill_warps, staged_store)| G {
+                bm: 128,
+                bn: 128,
+                bk: 64,
+                stages,
+                threads: 256,
+                b_transposed,
+                fill_warps,
+                staged_store,
+                ..G::default()
+            },
+        ),
+    )
     .collect()
 }
 

@@ -126,6 +126,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             threads: x.of(&[32, 64, 128, 256, 96, 0]),
             aligned: x.b(),
             fill_warps: x.of(&[0, 1, 2]),
+            staged_store: x.b(),
         };
         for built in [
             compiles_or_says_why(format!("case {case}: decode {d:?}"), || kda_kernels::decode::decode(&d)),

@@ -86,16 +86,7 @@ mod tests {
     #[test]
     fn an_instruction_the_target_lacks_is_an_error_at_its_line() {
         let inst = Inst { op: Op::WgmmaFence, guard: None, loc: SrcLoc::new("k.rs", 7, 3), cache: CachePolicy::Normal };
-        let prog = ThreadProgram {
-            name: "t".into(),
-            params: vec![],
-            threads: 128,
-            min_blocks_per_sm: None,
-            max_registers: None,
-            shared_bytes: 0,
-            body: vec![inst],
-            reg_counts: [0; 5],
-        };
+        let prog = ThreadProgram::of_body(128, vec![inst]);
         assert!(check_target(&prog, Target::Sm90a).is_ok());
         for target in [Target::Sm80, Target::Sm90] {
             let e = check_target(&prog, target).expect_err("wgmma needs sm_90a").to_string();

@@ -445,6 +445,24 @@ pub struct ThreadProgram {
     pub reg_counts: [u32; 5],
 }
 
+#[cfg(test)]
+impl ThreadProgram {
+    /// A program `t` of `threads` threads holding `body` and nothing else, for tests of what
+    /// reads a body (no parameters, no shared memory, no registers counted).
+    pub(crate) fn of_body(threads: u32, body: Vec<Inst>) -> ThreadProgram {
+        ThreadProgram {
+            name: "t".into(),
+            params: vec![],
+            threads,
+            min_blocks_per_sm: None,
+            max_registers: None,
+            shared_bytes: 0,
+            body,
+            reg_counts: [0; 5],
+        }
+    }
+}
+
 fn ptx_un(op: UnKind, ty: Ty) -> String {
     let t = ty.name();
     match op {

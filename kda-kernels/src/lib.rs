@@ -73,6 +73,15 @@ pub fn hopper_gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
 }
 
+/// The variant of a GEMM config compiled for `target`: [`hopper_gemm_variant`] on sm_90a,
+/// [`gemm_variant`] otherwise.
+pub fn gemm_variant_on(cfg: gemm::GemmConfig, target: Target) -> Variant {
+    match target {
+        Target::Sm90a => hopper_gemm_variant(cfg),
+        _ => gemm_variant(cfg),
+    }
+}
+
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
 pub fn gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     // The first of `gemm_configs()` is the default config.
@@ -219,13 +228,37 @@ pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     [BF16, F16].into_iter().flat_map(|dtype| [F32, dtype].map(|out| G { dtype, out, ..base.clone() })).collect()
 }
 
+/// The sm_80 GEMM tile configs `kda bench --sweep-gemm` times (bf16 to f32, `A·Bᵀ`): how the
+/// shipped default was chosen.
+pub fn gemm_candidates() -> Vec<gemm::GemmConfig> {
+    tile_configs(&[
+        (128, 128, 32, 3, 256, true),
+        (128, 128, 32, 4, 256, true),
+        (128, 128, 64, 3, 256, true),
+        (128, 256, 32, 3, 256, true),
+        (256, 128, 32, 3, 256, true),
+        (128, 256, 64, 3, 256, true),
+        (128, 128, 32, 4, 128, true),
+        (256, 128, 64, 3, 512, true),
+        (128, 256, 32, 4, 256, true),
+    ])
+}
+
+/// Default GEMM configs with these (bm, bn, bk, stages, threads, b_transposed).
+fn tile_configs(tiles: &[(usize, usize, usize, usize, usize, bool)]) -> Vec<gemm::GemmConfig> {
+    let config = |&(bm, bn, bk, stages, threads, b_transposed): &(usize, usize, usize, usize, usize, bool)| {
+        gemm::GemmConfig { bm, bn, bk, stages, threads, b_transposed, ..gemm::GemmConfig::default() }
+    };
+    tiles.iter().map(config).collect()
+}
+
 /// The sm_90a GEMM configs `kda bench --sweep-gemm` times beside the shipped one (bf16 to f32):
 /// two warpgroups of 64 rows (or four), N up to 256, K of one or two 128-byte slabs, `A·B`
 /// with its B MN-major in slabs, a fill warp beside the warpgroups, and an epilogue through
 /// shared memory. Each takes `wgmma`; the simulator checks them (`gemm_sim`).
 pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
-    [
+    tile_configs(&[
         (128, 128, 64, 4, 256, true),
         (128, 128, 64, 3, 256, true),
         (128, 128, 64, 5, 256, true),
@@ -234,8 +267,7 @@ pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
         (256, 128, 64, 3, 512, true),
         (128, 128, 64, 4, 256, false),
         (128, 256, 64, 3, 256, false),
-    ]
-    .map(|(bm, bn, bk, stages, threads, b_transposed)| G { bm, bn, bk, stages, threads, b_transposed, ..G::default() })
+    ])
     .into_iter()
     // One fill warp issuing the copies, so the warpgroups only multiply; an epilogue through
     // shared memory.

@@ -23,15 +23,7 @@ pub fn gemm_variant(
     n: usize,
     target: Target,
 ) -> Result<kda_kernels::Variant, RuntimeError> {
-    gemm_config(dtype, out, b_transposed, k, n, target).map(|(c, t)| variant_of(c, t))
-}
-
-/// The variant of a config picked for `target`.
-fn variant_of(cfg: GemmConfig, target: Target) -> kda_kernels::Variant {
-    match target {
-        Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg),
-        _ => kda_kernels::gemm_variant(cfg),
-    }
+    gemm_config(dtype, out, b_transposed, k, n, target).map(|(c, t)| kda_kernels::gemm_variant_on(c, t))
 }
 
 /// The shipped GEMM config for these operand types and shapes on a device of `target`, and the
@@ -69,7 +61,7 @@ pub fn plan_gemm(
     b_transposed: bool,
     target: Target,
 ) -> Result<Option<kda_kernels::Variant>, RuntimeError> {
-    Ok(check_gemm(a, b, c, b_transposed, target)?.map(|(cfg, t)| variant_of(cfg, t)))
+    Ok(check_gemm(a, b, c, b_transposed, target)?.map(|(cfg, t)| kda_kernels::gemm_variant_on(cfg, t)))
 }
 
 /// `plan_gemm`'s checks, giving the config (no variant name is formatted on the launch path).

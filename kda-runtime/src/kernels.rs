@@ -160,10 +160,7 @@ impl Kernels {
 
     /// The compiled GEMM for `cfg` on `target` (compiled on first use).
     pub fn gemm(&self, cfg: &GemmConfig, target: Target) -> Result<Arc<Ready>, RuntimeError> {
-        self.ready(&self.gemm, &(cfg.clone(), target), || match target {
-            Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg.clone()),
-            _ => kda_kernels::gemm_variant(cfg.clone()),
-        })
+        self.ready(&self.gemm, &(cfg.clone(), target), || kda_kernels::gemm_variant_on(cfg.clone(), target))
     }
 
     /// The compiled decode kernel for `cfg` (compiled on first use).

@@ -215,33 +215,15 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
 /// per warp, operand rows of whole swizzle lines), each checked on 256 sampled elements: how
 /// the shipped defaults were chosen.
 fn sweep_gemm() -> Result<i32, String> {
-    use kda_kernels::gemm::GemmConfig;
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let (m, n, k) = (8192usize, 8192usize, 8192usize);
-    let sm80 = [
-        (128, 128, 32, 3, 256, true),
-        (128, 128, 32, 4, 256, true),
-        (128, 128, 64, 3, 256, true),
-        (128, 256, 32, 3, 256, true),
-        (256, 128, 32, 3, 256, true),
-        (128, 256, 64, 3, 256, true),
-        (128, 128, 32, 4, 128, true),
-        (256, 128, 64, 3, 512, true),
-        (128, 256, 32, 4, 256, true),
-    ]
-    .map(|c| (c, Target::Sm80));
-    let sm80 = sm80.map(|((bm, bn, bk, stages, threads, b_transposed), t)| {
-        (GemmConfig { bm, bn, bk, stages, threads, b_transposed, ..GemmConfig::default() }, t)
-    });
     let device = gpu.limits().target().map_err(|e| e.to_string())?;
+    let sm80 = kda_kernels::gemm_candidates().into_iter().map(|c| (c, Target::Sm80));
     let sm90a = kda_kernels::hopper_gemm_candidates().into_iter().map(|c| (c, Target::Sm90a));
-    let configs = sm80.into_iter().chain(sm90a.filter(|(_, t)| device.has(*t)));
+    let configs = sm80.chain(sm90a.filter(|(_, t)| device.has(*t)));
     for (cfg, target) in configs {
-        let v = match target {
-            Target::Sm90a => kda_kernels::hopper_gemm_variant(cfg.clone()),
-            _ => kda_kernels::gemm_variant(cfg.clone()),
-        };
+        let v = kda_kernels::gemm_variant_on(cfg.clone(), target);
         let r = (|| -> Result<(f32, f64), kda_runtime::RuntimeError> {
             let compiled = kernels.compiled(&v)?;
             let s = gpu.default_stream();

@@ -42,21 +42,8 @@ mod tests {
         Inst { op, guard: None, loc: SrcLoc::default(), cache: CachePolicy::Normal }
     }
 
-    fn program(ops: Vec<Op>) -> ThreadProgram {
-        ThreadProgram {
-            name: "t".into(),
-            params: vec![],
-            threads: 128,
-            min_blocks_per_sm: None,
-            max_registers: None,
-            shared_bytes: 0,
-            body: ops.into_iter().map(inst).collect(),
-            reg_counts: [0; 5],
-        }
-    }
-
     fn fences_before_barriers(ops: Vec<Op>) -> Vec<bool> {
-        let mut p = program(ops);
+        let mut p = ThreadProgram::of_body(128, ops.into_iter().map(inst).collect());
         insert_proxy_fences(&mut p);
         let ops: Vec<&Op> = p.body.iter().map(|i| &i.op).collect();
         ops.iter()

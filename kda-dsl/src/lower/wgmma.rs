@@ -14,7 +14,7 @@ use crate::thread_ir::*;
 use crate::tile::*;
 
 /// Accumulator rows a warpgroup owns.
-const WARPGROUP_ROWS: i64 = 64;
+const WARPGROUP_ROWS: u32 = 64;
 
 impl Lower<'_> {
     /// `gemm` on `wgmma`, as `p` plans it.
@@ -75,8 +75,8 @@ impl Lower<'_> {
             // K-major tile; in an MN-major one, M in slabs of a line, so (with two warpgroups
             // or more, M spans whole 128-byte slabs) whole slabs apart.
             let first = match tile {
-                OperandTile::K(t) => t.logical_offset(WARPGROUP_ROWS as u32, 0),
-                OperandTile::MN(t) => t.logical_offset(WARPGROUP_ROWS as u32, 0),
+                OperandTile::K(t) => t.logical_offset(WARPGROUP_ROWS, 0),
+                OperandTile::MN(t) => t.logical_offset(WARPGROUP_ROWS, 0),
             };
             let off = self.em.mul32(wg, Src::Imm(i64::from(first)));
             addr = self.em.add32(addr, off);

@@ -1,6 +1,7 @@
 //! What compilation hands to a runtime: PTX text plus everything needed to launch it.
 
 use crate::dtype::DType;
+use crate::tma_choice::TensorMapSig;
 
 /// One parameter of a compiled kernel, in the order the PTX entry declares them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +29,9 @@ pub enum ParamSig {
         /// Its type (`F32`, `I32` or `I64`).
         dtype: DType,
     },
+    /// A TMA tensor map the compiler added (128 bytes by value): the runtime encodes it at each
+    /// launch over the tensor argument it names ([`TensorMapSig::map`]); callers never pass it.
+    TensorMap(TensorMapSig),
 }
 
 impl ParamSig {
@@ -35,6 +39,7 @@ impl ParamSig {
     pub fn name(&self) -> &str {
         match self {
             ParamSig::Tensor { name, .. } | ParamSig::Dim { name } | ParamSig::Scalar { name, .. } => name,
+            ParamSig::TensorMap(sig) => &sig.name,
         }
     }
 }

@@ -53,6 +53,9 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
     let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
     let (tp, prog) = lower_kernel_for(def, target)?;
     check_target(&prog, target)?;
+    // The tensor maps the lowering added, after the source's parameters as in the entry.
+    let mut params: Vec<ParamSig> = params;
+    params.extend(tp.tensor_maps.iter().cloned().map(ParamSig::TensorMap));
     let ptx = crate::ptx::print_module(&prog, target);
     dump("ptx", &ptx);
     Ok(CompiledKernel {

@@ -26,6 +26,7 @@ pub mod target;
 pub mod thread_ir;
 pub mod tile;
 pub mod tile_text;
+pub mod tma_choice;
 
 pub use artifact::CompiledKernel;
 pub use compile::{compile, lower_kernel, lower_kernel_for};

@@ -40,7 +40,7 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
         let sep = if k + 1 < prog.params.len() { "," } else { "" };
         let _ = match kind {
             ParamKind::Value(ty) => writeln!(out, "    .param .{} {name}{sep}", ty.name()),
-            ParamKind::TensorMap => writeln!(out, "    .param .align 64 .b8 {name}[128]{sep}"),
+            ParamKind::TensorMap(_) => writeln!(out, "    .param .align 64 .b8 {name}[128]{sep}"),
         };
     }
     let _ = writeln!(out, ")\n.maxntid {}, 1, 1", prog.threads);

@@ -415,12 +415,12 @@ pub struct Inst {
 }
 
 /// What a kernel parameter is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParamKind {
     /// A value of the type (pointers are `u64`).
     Value(Ty),
-    /// A TMA tensor map (`CUtensorMap`, 128 bytes, 64-aligned), passed by value.
-    TensorMap,
+    /// A TMA tensor map (`CUtensorMap`, 128 bytes, 64-aligned), passed by value: what it maps.
+    TensorMap(crate::tma_choice::TensorMapSig),
 }
 
 /// A lowered kernel: its instructions plus what the printer and simulator need.

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`, `drop_dead_tiles`,
-//! `allocate_shared`, `plan_pipelines`: the pipeline runs up to and including it, and the program is printed),
+//! `plan_pipelines`, `allocate_shared`: the pipeline runs up to and including it, and the program is printed),
 //! `copy_plans` and `gemm_plans` (the lowering's plan for every copy or `gemm`) or `ptx` (the
 //! whole compile). A `; target: sm_90a` line picks the target every stage chooses instructions
 //! for (default sm_80).
@@ -45,7 +45,7 @@ enum Stage {
 
 /// The tile passes in pipeline order.
 const PASSES: [&str; 6] =
-    ["infer_layouts", "fuse_reductions", "insert_barriers", "drop_dead_tiles", "allocate_shared", "plan_pipelines"];
+    ["infer_layouts", "fuse_reductions", "insert_barriers", "drop_dead_tiles", "plan_pipelines", "allocate_shared"];
 
 impl Stage {
     fn parse(name: &str) -> Result<Stage, String> {
@@ -125,7 +125,7 @@ type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 fn tile_passes(def: KernelDef, target: kda_dsl::Target, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
     let mut p = TileProgram::new(def, target);
     let passes: [TilePass; 6] =
-        [infer_layouts, fuse_reductions, insert_barriers, drop_dead_tiles, allocate_shared, plan_pipelines];
+        [infer_layouts, fuse_reductions, insert_barriers, drop_dead_tiles, plan_pipelines, allocate_shared];
     for pass in &passes[..n] {
         pass(&mut p)?;
     }

@@ -54,11 +54,12 @@ fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
     }
 }
 
-/// The fences the compiler places are what makes the sm_90a GEMM correct: without them the
-/// simulator reports `wgmma` reading shared memory the generic proxy wrote.
+/// The fences the compiler places are what makes a GEMM whose tiles the threads fill (the
+/// unaligned one: no TMA) correct on sm_90a: without them the simulator reports `wgmma`
+/// reading shared memory the generic proxy wrote.
 #[test]
 fn the_sm_90a_gemm_without_its_proxy_fences_races() {
-    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
+    let cfg = gemm_configs().into_iter().find(|c| !c.aligned).expect("an unaligned config");
     let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
     let (_, mut prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
     let fences = prog.body.iter().filter(|i| matches!(i.op, Op::FenceProxyAsync)).count();
@@ -80,24 +81,25 @@ fn the_sm_90a_gemm_without_its_proxy_fences_races() {
     assert!(e.contains("no fence.proxy.async after the write"), "{e}");
 }
 
-/// The sm_90a GEMM's steady state keeps one `wgmma` group in flight and its fills two stages
-/// ahead of four: each iteration waits for the group before its own and for the copies of the
-/// stage it reads (one group of copies may stay pending); the loop's exit waits for the rest.
+/// The sm_90a GEMM's steady state keeps one `wgmma` group in flight, its tiles filled by TMA
+/// boxes two stages ahead of four: each iteration waits for its stage's mbarrier phase and
+/// for the group before its own; the loop's exit waits for the last group. No `cp.async`.
 #[test]
 fn the_sm_90a_gemm_keeps_one_group_in_flight() {
     let cfg = kda_kernels::hopper_gemm_configs().remove(0);
     assert_eq!(cfg.stages, 4);
-    let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+    let p = kda_dsl::passes::run_tile_passes_for(def.clone(), Target::Sm90a).expect("passes");
+    let [plan] = &p.pipelines[..] else { panic!("one pipeline") };
+    assert_eq!(plan.fill_distance(), 2);
+    assert!(matches!(plan.fills, kda_dsl::passes::plan_pipelines::StageFills::TensorBoxes(_)), "{plan:?}");
+    let ptx = kda_dsl::compile(def, Target::Sm90a).expect("compiles").ptx;
     let waits: Vec<&str> = ptx.lines().map(str::trim).filter(|l| l.contains("wait_group")).collect();
-    assert_eq!(
-        waits,
-        [
-            "cp.async.wait_group 1;",
-            "wgmma.wait_group.sync.aligned 1;",
-            "cp.async.wait_group 0;",
-            "wgmma.wait_group.sync.aligned 0;"
-        ]
-    );
+    assert_eq!(waits, ["wgmma.wait_group.sync.aligned 1;", "wgmma.wait_group.sync.aligned 0;"]);
+    for want in ["cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx"] {
+        assert!(ptx.contains(want), "no {want}");
+    }
+    assert!(!ptx.contains("cp.async.ca") && !ptx.contains("cp.async.cg"), "a cp.async copy");
 }
 
 /// A test config: M (the accumulator's rows) and the threads.

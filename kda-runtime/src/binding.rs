@@ -6,12 +6,16 @@
 //! call then looks arguments up by parameter position and fills fixed-size arrays, so a
 //! warmed-up launch allocates nothing on its success path; only errors format messages.
 
+use std::ffi::c_void;
+
 use kda_dsl::artifact::{CompiledKernel, ParamSig};
 use kda_dsl::dtype::DType;
+use kda_dsl::tma_choice::TensorMapSig;
 
 use crate::error::RuntimeError;
 use crate::launch::{KernelArg, RawArg, POINTER_ALIGN};
 use crate::tensor::{TensorView, MAX_RANK};
+use crate::tensor_map::{encode_tensor_map, TensorMapParam};
 
 /// Most parameters (tensors, extents and scalars) a kernel may declare, and most distinct
 /// extent symbols it may name.
@@ -41,10 +45,20 @@ pub struct BindPlan {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ParamSlots {
-    Tensor { dims: [DimSlot; MAX_RANK], rank: usize },
+    Tensor {
+        dims: [DimSlot; MAX_RANK],
+        rank: usize,
+    },
     Dim(usize),
     Scalar,
+    /// A tensor map over the tensor parameter at this position.
+    TensorMap {
+        tensor: usize,
+    },
 }
+
+/// Most tensor maps a kernel may take.
+pub const MAX_TENSOR_MAPS: usize = 4;
 
 impl BindPlan {
     /// Resolves `kernel`'s names; fails for kernels past [`MAX_PARAMS`] parameters or symbols,
@@ -87,7 +101,15 @@ impl BindPlan {
                 }
                 ParamSig::Dim { name } => ParamSlots::Dim(number(name)),
                 ParamSig::Scalar { .. } => ParamSlots::Scalar,
+                ParamSig::TensorMap(sig) => ParamSlots::TensorMap { tensor: map_tensor(kernel, sig)? },
             });
+        }
+        let maps = params.iter().filter(|p| matches!(p, ParamSlots::TensorMap { .. })).count();
+        if maps > MAX_TENSOR_MAPS {
+            return Err(RuntimeError::Unsupported(format!(
+                "`{}` takes {maps} tensor maps; at most {MAX_TENSOR_MAPS} bind",
+                kernel.entry
+            )));
         }
         let known = |s: &str, what: &str| {
             symbols.iter().position(|x| x == s).ok_or_else(|| {
@@ -116,6 +138,20 @@ impl BindPlan {
     }
 }
 
+/// The position of the 2-D tensor parameter `sig` maps.
+fn map_tensor(kernel: &CompiledKernel, sig: &TensorMapSig) -> Result<usize, RuntimeError> {
+    kernel
+        .params
+        .iter()
+        .position(|p| matches!(p, ParamSig::Tensor { name, dims, .. } if *name == sig.tensor && dims.len() == 2))
+        .ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "`{}`: tensor map `{}` maps `{}`, which is no 2-D tensor parameter",
+                kernel.entry, sig.name, sig.tensor
+            ))
+        })
+}
+
 /// A launch, validated and marshalled: everything `cuLaunchKernel` needs except the function.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BoundArgs {
@@ -130,6 +166,8 @@ pub struct BoundArgs {
     /// Each tensor parameter's position and device, the first `tensors`.
     devices: [(usize, usize); MAX_PARAMS],
     tensors: usize,
+    /// The tensor maps [`RawArg::TensorMap`] values number.
+    maps: [TensorMapParam; MAX_TENSOR_MAPS],
 }
 
 impl BoundArgs {
@@ -143,9 +181,20 @@ impl BoundArgs {
         &self.values[..self.len]
     }
 
-    /// The values, for the driver to read through pointers.
-    pub(crate) fn values_mut(&mut self) -> &mut [RawArg] {
-        &mut self.values[..self.len]
+    /// A pointer to each parameter's value, as `cuLaunchKernel`'s parameter array holds them
+    /// (valid while `self` is neither moved nor dropped), and how many there are.
+    pub fn param_pointers(&mut self) -> ([*mut c_void; MAX_PARAMS], usize) {
+        let mut pointers = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+        for (p, v) in pointers.iter_mut().zip(self.values[..self.len].iter_mut()) {
+            *p = match v {
+                RawArg::U64(v) => (v as *mut u64).cast(),
+                RawArg::I32(v) => (v as *mut i32).cast(),
+                RawArg::I64(v) => (v as *mut i64).cast(),
+                RawArg::F32(v) => (v as *mut f32).cast(),
+                RawArg::TensorMap(n) => self.maps[*n].as_param(),
+            };
+        }
+        (pointers, self.len)
     }
 
     /// Checks every tensor of `kernel` (the kernel these were bound for) lives on device
@@ -198,7 +247,9 @@ pub fn bind_planned(
         len: kernel.params.len(),
         devices: [(0, 0); MAX_PARAMS],
         tensors: 0,
+        maps: [TensorMapParam::ZERO; MAX_TENSOR_MAPS],
     };
+    let mut maps = 0;
     for (i, (p, slots)) in kernel.params.iter().zip(&plan.params).enumerate() {
         if let (ParamSig::Tensor { name, dtype, dims, .. }, ParamSlots::Tensor { dims: ds, rank }) = (p, slots) {
             let view = tensor_arg(name, *dtype, dims, given[i])?;
@@ -216,15 +267,40 @@ pub fn bind_planned(
             },
             (ParamSig::Dim { name }, ParamSlots::Dim(sym)) => RawArg::I32(dim_arg(name, *sym, arg, &mut extents)?),
             (ParamSig::Scalar { name, dtype }, _) => scalar_arg(name, *dtype, arg)?,
+            (ParamSig::TensorMap(sig), _) if arg.is_some() => {
+                return Err(RuntimeError::bad_argument(
+                    &sig.name,
+                    format!("no argument: the runtime makes the map over `{}`", sig.tensor),
+                    "an argument",
+                ));
+            }
+            // Encoded below, once the extents are known to meet the kernel's assumptions.
+            (ParamSig::TensorMap(_), _) => {
+                maps += 1;
+                RawArg::TensorMap(maps - 1)
+            }
             (ParamSig::Dim { .. }, _) => unreachable!("the plan was made from this kernel"),
         };
     }
     check_assumptions(kernel, plan, &extents)?;
+    for (p, (slots, value)) in kernel.params.iter().zip(plan.params.iter().zip(bound.values)) {
+        if let (ParamSig::TensorMap(sig), ParamSlots::TensorMap { tensor }, RawArg::TensorMap(n)) = (p, slots, value) {
+            let Some(KernelArg::Tensor(view)) = given[*tensor] else { unreachable!("the tensor was bound above") };
+            bound.maps[n] = tensor_map_arg(sig, view)?;
+        }
+    }
     bound.grid = eval_grid(kernel, plan, &extents)?;
     if kernel.threads == 0 {
         return Err(RuntimeError::Unsupported(format!("`{}` has 0 threads", kernel.entry)));
     }
     Ok(bound)
+}
+
+/// The tensor map `sig` over `view` (its 2-D tensor), encoded for this launch; an error names
+/// the tensor when the hardware would not take the map.
+fn tensor_map_arg(sig: &TensorMapSig, view: &TensorView) -> Result<TensorMapParam, RuntimeError> {
+    let [outer, inner] = [view.shape()[0], view.shape()[1]].map(|e| e as u64);
+    encode_tensor_map(&sig.tensor, &sig.map(inner, outer), view.ptr(), view.size_bytes() as u64)
 }
 
 /// The arguments by parameter position (references: copying them into a table of

@@ -1,7 +1,5 @@
 //! Launching a compiled kernel with arguments bound by name (`binding.rs`).
 
-use std::ffi::c_void;
-
 use cudarc::driver::{result, CudaStream};
 use kda_dsl::artifact::CompiledKernel;
 
@@ -38,18 +36,8 @@ pub enum RawArg {
     I64(i64),
     /// A `.f32` value.
     F32(f32),
-}
-
-impl RawArg {
-    /// The address of the value, as the kernel-parameter array of `cuLaunchKernel` holds it.
-    pub fn as_param(&mut self) -> *mut c_void {
-        match self {
-            RawArg::U64(v) => (v as *mut u64).cast(),
-            RawArg::I32(v) => (v as *mut i32).cast(),
-            RawArg::I64(v) => (v as *mut i64).cast(),
-            RawArg::F32(v) => (v as *mut f32).cast(),
-        }
-    }
+    /// Tensor map number `n` of the launch ([`BoundArgs::param_pointers`] points at it).
+    TensorMap(usize),
 }
 
 /// Validates and launches `kernel` on `stream` with the raw driver call (no per-buffer events
@@ -151,12 +139,8 @@ fn launch_bound(
     mut bound: BoundArgs,
 ) -> Result<(), RuntimeError> {
     gpu.context().bind_to_thread().op("cuCtxSetCurrent")?;
-    let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
-    let values = bound.values_mut();
-    for (p, v) in params.iter_mut().zip(values.iter_mut()) {
-        *p = v.as_param();
-    }
-    let params = &mut params[..values.len()];
+    let (mut params, len) = bound.param_pointers();
+    let params = &mut params[..len];
     let [gx, gy, gz] = bound.grid;
     let [bx, by, bz] = bound.block;
     // SAFETY: the function is loaded in the stream's context (same device, primary context);

@@ -16,7 +16,16 @@ use crate::error::{DriverResultExt, RuntimeError};
 #[derive(Clone, Copy, Debug)]
 pub struct TensorMapParam(sys::CUtensorMap);
 
+impl PartialEq for TensorMapParam {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.opaque == other.0.opaque
+    }
+}
+
 impl TensorMapParam {
+    /// All zero bytes: no map, a placeholder in arrays of them.
+    pub const ZERO: TensorMapParam = TensorMapParam(sys::CUtensorMap { opaque: [0; 16] });
+
     /// The encoded map, for `cuLaunchKernel`'s parameter array (the pointer must outlive the
     /// launch call, not the kernel: the driver copies the 128 bytes at launch).
     pub fn as_param(&mut self) -> *mut std::ffi::c_void {
@@ -29,7 +38,8 @@ pub const TENSOR_MAP_ADDRESS_ALIGN: u64 = 16;
 
 /// Encodes `map` over the device tensor at `address` (of `bytes` bytes; the map's last row
 /// must end inside it). `name` is the argument the errors name. The elements are copied as raw
-/// 1-, 2-, 4- or 8-byte words, and boxes reaching past the extents are zero filled.
+/// 1-, 2-, 4- or 8-byte words, and boxes reaching past the extents are zero filled. Without a
+/// CUDA driver: [`RuntimeError::NoGpu`].
 pub fn encode_tensor_map(
     name: &str,
     map: &TensorMap2d,
@@ -56,6 +66,8 @@ pub fn encode_tensor_map(
             format!("{bytes} bytes"),
         ));
     }
+    // cudarc panics on a driver call without the driver library: say so instead.
+    crate::device::device_count()?;
     use sys::CUtensorMapDataType as D;
     let data_type = match map.elem_bytes {
         1 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,

@@ -183,3 +183,54 @@ fn grids_past_cuda_limits_are_rejected() {
         other => panic!("expected an unsupported-grid error, got {:?}", other.map(|b| b.grid)),
     }
 }
+
+/// The sm_90a GEMM, whose fills are TMA boxes: two tensor maps after the source's parameters.
+fn hopper_gemm() -> CompiledKernel {
+    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
+    kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), kda_dsl::Target::Sm90a).expect("compiles")
+}
+
+#[test]
+fn a_kernel_declares_its_tensor_maps_after_its_own_parameters() {
+    let k = hopper_gemm();
+    let maps: Vec<&str> = k
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            ParamSig::TensorMap(sig) => Some(sig.tensor.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(maps, ["a", "b"]);
+    let first_map = k.params.iter().position(|p| matches!(p, ParamSig::TensorMap(_))).expect("a map");
+    assert!(k.params[first_map..].iter().all(|p| matches!(p, ParamSig::TensorMap(_))));
+    assert!(k.ptx.contains(".param .align 64 .b8 p_a$map0[128]"), "{}", k.ptx);
+}
+
+/// The caller passes the tensors; the maps are the runtime's. An extent the kernel assumes
+/// aligned is reported as that assumption (naming the tensor it came from), before any map is
+/// encoded; valid arguments encode the maps, or say there is no GPU, never panicking.
+#[test]
+fn tensor_maps_are_made_from_the_tensors_they_map() {
+    let k = hopper_gemm();
+    let hopper_args = |m: usize, n: usize, kk: usize| {
+        vec![
+            ("a", view(0x1000, &[m, kk], DType::BF16)),
+            ("b", view(0x100000, &[n, kk], DType::BF16)),
+            ("c", view(0x200000, &[m, n], DType::F32)),
+        ]
+    };
+    assert_names(bind_args(&k, &hopper_args(256, 256, 100)), "a");
+    let passing_a_map = with(hopper_args(256, 256, 128), "a$map0", KernelArg::I32(0));
+    assert_names(bind_args(&k, &passing_a_map), "a$map0");
+    match bind_args(&k, &hopper_args(256, 256, 128)) {
+        Ok(bound) => {
+            assert!(kda_runtime::gpu_available());
+            assert!(matches!(bound.values().last(), Some(RawArg::TensorMap(1))), "{:?}", bound.values());
+        }
+        Err(e) => {
+            assert!(!kda_runtime::gpu_available(), "{e}");
+            assert!(matches!(e, RuntimeError::NoGpu), "{e:?}");
+        }
+    }
+}

@@ -123,7 +123,7 @@ fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(Stri
             (ParamKind::Value(_), Some(SimArg::I32(v))) => ParamValue::Word(*v as u32 as u64),
             (ParamKind::Value(_), Some(SimArg::I64(v))) => ParamValue::Word(*v as u64),
             (ParamKind::Value(_), Some(SimArg::F32(v))) => ParamValue::Word(u64::from(v.to_bits())),
-            (ParamKind::TensorMap, Some(SimArg::TensorMap { tensor: over, map })) => {
+            (ParamKind::TensorMap(_), Some(SimArg::TensorMap { tensor: over, map })) => {
                 let t = tensor(over).expect("the mapped tensor is an argument");
                 ParamValue::Map(encode_tensor_map(name, map, t.view().ptr(), t.size_bytes() as u64)?)
             }

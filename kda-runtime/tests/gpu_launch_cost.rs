@@ -15,7 +15,7 @@ use cudarc::driver::result;
 use kda_dsl::dtype::DType::{BF16, F32, I32};
 use kda_runtime::binding::{BindPlan, BoundArgs};
 use kda_runtime::chunk::{chunk_kda, ChunkArgs};
-use kda_runtime::launch::{bind_args, launch_planned, KernelArg, RawArg};
+use kda_runtime::launch::{bind_args, launch_planned, KernelArg};
 use kda_runtime::{host_us_per_call, CudaStream, DeviceTensor, Gpu, Kernels, LoadedKernel, ModuleCache, RuntimeError};
 
 include!("support/on_gpu.rs");
@@ -96,12 +96,12 @@ fn measure() -> Result<(), RuntimeError> {
 
 /// Host microseconds of the driver's `cuLaunchKernel` alone, with `bound` marshalled once, and
 /// the number of parameters it passes.
-fn driver_launch_us(s: &CudaStream, loaded: &LoadedKernel, bound: BoundArgs) -> Result<(f32, usize), RuntimeError> {
-    let mut values: Vec<RawArg> = bound.values().to_vec();
-    let mut params: Vec<*mut std::ffi::c_void> = values.iter_mut().map(RawArg::as_param).collect();
+fn driver_launch_us(s: &CudaStream, loaded: &LoadedKernel, mut bound: BoundArgs) -> Result<(f32, usize), RuntimeError> {
+    let (mut pointers, len) = bound.param_pointers();
+    let params = &mut pointers[..len];
     let us = host_us_per_call(s, || {
-        // SAFETY: the function is loaded in this context; `params` points at `values`, one
-        // slot per declared parameter with its declared width, bound by `bind_args`.
+        // SAFETY: the function is loaded in this context; `params` points into `bound` (not
+        // moved since), one slot per declared parameter with its declared width.
         unsafe {
             result::launch_kernel(
                 loaded.cu_function(),
@@ -109,7 +109,7 @@ fn driver_launch_us(s: &CudaStream, loaded: &LoadedKernel, bound: BoundArgs) -> 
                 (bound.block[0], bound.block[1], bound.block[2]),
                 bound.shared_bytes,
                 s.cu_stream(),
-                &mut params,
+                params,
             )
         }
         .map_err(|e| RuntimeError::Unsupported(e.to_string()))

@@ -1,11 +1,12 @@
 //! Lowering of loops: `unroll` (at compile time), `serial` (a run-time loop) and `pipelined`
-//! (a multi-stage `cp.async` pipeline whose stage-filling copies run ahead of the compute).
+//! (a multi-stage pipeline of `cp.async` copies or TMA boxes (`tma.rs`) whose stage-filling
+//! copies run ahead of the compute).
 
 use super::roles::Role;
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
+use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan, StageFills};
 use crate::thread_ir::*;
 use crate::tile::*;
 
@@ -125,7 +126,11 @@ impl Lower<'_> {
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let distance = plan.fill_distance();
         let in_flight = plan.wgmma_in_flight.is_some();
-        let PipelinePlan { staged, prelude, skip_dead_fills, .. } = plan;
+        let PipelinePlan { staged, prelude, skip_dead_fills, fills: how, .. } = plan;
+        let tma = match how {
+            StageFills::TensorBoxes(tma) => Some(tma),
+            StageFills::AsyncCopies { .. } => None,
+        };
         let issues_fills = work != LoopWork::Body;
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         let stage_bytes: Vec<i64> = staged
@@ -144,7 +149,10 @@ impl Lower<'_> {
             for (k, b) in staged.iter().enumerate() {
                 self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
             }
-            self.stage_fills(&prelude, &fills, live, skip_dead_fills)?;
+            match &tma {
+                Some(tma) => self.tma_stage_fills(tma, &prelude, &fills, Src::Imm(i64::from(st)), live)?,
+                None => self.stage_fills(&prelude, &fills, live, skip_dead_fills)?,
+            }
         }
         // Main loop.
         self.em.loc = loc;
@@ -156,8 +164,10 @@ impl Lower<'_> {
         self.em.emit(Op::Label(top));
         let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
         self.em.emit_if(p, true, Op::Bra { target: exit });
-        if issues_fills {
-            self.em.emit(Op::CpAsyncWait { n: distance - 1 });
+        match &tma {
+            None if issues_fills => self.em.emit(Op::CpAsyncWait { n: distance - 1 }),
+            Some(tma) if work != LoopWork::Fills => self.wait_tma_stage(var, tma, rd),
+            _ => {}
         }
         self.block_barrier();
         let mut deferred = vec![];
@@ -186,10 +196,14 @@ impl Lower<'_> {
                 let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
                 self.shared_base[*b] = Some(self.em.add32(home[k], off));
             }
-            self.deferred_fills = Some(vec![]);
-            let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
-            deferred = self.deferred_fills.take().unwrap_or_default();
-            fill_result?;
+            if let Some(tma) = &tma {
+                self.tma_stage_fills(tma, &prelude, &fills, Src::Reg(wr), live)?;
+            } else {
+                self.deferred_fills = Some(vec![]);
+                let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
+                deferred = self.deferred_fills.take().unwrap_or_default();
+                fill_result?;
+            }
         }
         // Compute on the stage read this iteration (the fill warps' copy passes its barriers).
         self.var_regs.insert(var, ko);
@@ -209,7 +223,8 @@ impl Lower<'_> {
         self.em.emit_if(full, true, Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
         self.em.emit(Op::Bra { target: top });
         self.em.emit(Op::Label(exit));
-        if issues_fills {
+        // A TMA pipeline has nothing in flight: past the end no box is issued.
+        if issues_fills && tma.is_none() {
             self.em.emit(Op::CpAsyncWait { n: 0 });
         }
         // The compute warps' last group (fill warps issue no wgmma, and are no warpgroup).

@@ -21,6 +21,7 @@ mod if_conversion;
 mod loops;
 mod reduce;
 mod roles;
+mod tma;
 mod wgmma;
 mod whole_lines;
 
@@ -151,6 +152,11 @@ pub(crate) struct Lower<'a> {
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
     /// The kernel's fill warps, if it has any (`roles`).
     pub fill_warps: Option<roles::FillWarps>,
+    /// Each of `p.tensor_maps`' generic address (`tma`).
+    pub tensor_maps: Vec<Reg>,
+    /// Per TMA pipeline (by its loop variable): the parity bits, one per stage, of the phases
+    /// its readers wait for next (`tma`).
+    pub tma_phases: HashMap<VarId, Reg>,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -250,6 +256,8 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         wgmma_wait: 0,
         deferred_fills: None,
         fill_warps,
+        tensor_maps: vec![],
+        tma_phases: HashMap::new(),
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -310,6 +318,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
             BufLayout::Unknown => unreachable!("infer_layouts leaves no buffer unknown"),
         }
     }
+    params.extend(lw.tma_entry());
     let body = p.def.body.clone();
     lw.block(&body)?;
     lw.em.emit(Op::Ret);

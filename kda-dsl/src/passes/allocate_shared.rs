@@ -1,7 +1,7 @@
 //! `allocate_shared`: gives every shared tile (times its stages; 0 for a tile no statement
 //! touches, `drop_dead_tiles.rs`) an offset in dynamic shared memory aligned to 128 bytes (a
-//! canonical tile's: to its swizzle atom), then a scratch area sized for the reductions and
-//! scans that need one.
+//! canonical tile's: to its swizzle atom), then places the TMA pipelines' mbarriers, then a
+//! scratch area sized for the reductions and scans that need one.
 
 use super::{BufLayout, TileProgram};
 use crate::diag::Diag;
@@ -24,6 +24,14 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
             off = align(off, l.alignment(elem));
             p.shared_offsets[i] = off;
             off = align(off + l.size() * b.dtype.size_bytes() as u32 * p.stages[i], 128);
+        }
+    }
+    // Each TMA pipeline's mbarriers, 8 bytes per stage.
+    for plan in &mut p.pipelines {
+        if let super::plan_pipelines::StageFills::TensorBoxes(tma) = &mut plan.fills {
+            off = align(off, 8);
+            tma.barriers = off;
+            off += 8 * plan.stages;
         }
     }
     let mut need = 0u32;

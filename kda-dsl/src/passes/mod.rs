@@ -53,6 +53,9 @@ pub struct TileProgram {
     pub pipelines: Vec<plan_pipelines::PipelinePlan>,
     /// The accumulators of `gemm`s that take `wgmma` (`infer_layouts`).
     pub wgmma_accumulators: std::collections::HashSet<BufId>,
+    /// The TMA tensor maps the pipelines copy through (`plan_pipelines`), each a kernel
+    /// parameter after the source's.
+    pub tensor_maps: Vec<crate::tma_choice::TensorMapSig>,
 }
 
 /// Where the scratch area for reductions and scans lives in dynamic shared memory.
@@ -89,6 +92,7 @@ impl TileProgram {
             groups: Default::default(),
             pipelines: vec![],
             wgmma_accumulators: Default::default(),
+            tensor_maps: vec![],
         }
     }
 
@@ -170,10 +174,10 @@ pub fn run_tile_passes_for(def: KernelDef, target: Target) -> Result<TileProgram
     dump("insert_barriers", &p);
     drop_dead_tiles::drop_dead_tiles(&mut p)?;
     dump("drop_dead_tiles", &p);
-    allocate_shared::allocate_shared(&mut p)?;
-    dump("allocate_shared", &p);
     plan_pipelines::plan_pipelines(&mut p)?;
     dump("plan_pipelines", &p);
+    allocate_shared::allocate_shared(&mut p)?;
+    dump("allocate_shared", &p);
     Ok(p)
 }
 

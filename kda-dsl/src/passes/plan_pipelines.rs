@@ -13,6 +13,7 @@ use super::TileProgram;
 use crate::analysis::fill_prelude::fill_prelude;
 use crate::diag::Diag;
 use crate::tile::*;
+use crate::tma_choice::{choose_tma, NoTma, TensorMapSig, TmaBoxes};
 
 /// What the lowering of one `pipelined` loop needs decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +32,35 @@ pub struct PipelinePlan {
     pub skip_dead_fills: bool,
     /// The loop's `wgmma` group stays in flight into the next iteration ([`WgmmaInFlight`]).
     pub wgmma_in_flight: Option<WgmmaInFlight>,
+    /// How the fills are copied and awaited.
+    pub fills: StageFills,
+}
+
+/// How a pipeline's stage fills are copied, and how the body waits for a stage.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageFills {
+    /// `cp.async` copies in one commit group per stage, awaited with `cp.async.wait_group`
+    /// and the barrier at the top of the iteration; why not TMA.
+    AsyncCopies {
+        /// Why the fills are not TMA boxes.
+        not_tma: NoTma,
+    },
+    /// TMA boxes, one thread issuing a stage's boxes after raising the stage's mbarrier
+    /// transaction count by their bytes; each reader waits for the stage's phase.
+    TensorBoxes(TmaPipeline),
+}
+
+/// A pipeline whose fills are all TMA boxes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TmaPipeline {
+    /// Per fill, in fill order: its boxes and the index of its map in
+    /// [`TileProgram::tensor_maps`].
+    pub fills: Vec<(TmaBoxes, usize)>,
+    /// Bytes one stage's boxes bring (the mbarrier's transaction count per phase).
+    pub stage_bytes: u32,
+    /// Shared byte offset of the loop's mbarriers, one of 8 bytes per stage (`allocate_shared`
+    /// places them).
+    pub barriers: u32,
 }
 
 /// A `pipelined` loop whose only work beside its fills is one `gemm` on `wgmma` with both
@@ -82,6 +112,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
                 prelude,
                 skip_dead_fills: !contains_gemm(body),
                 wgmma_in_flight: wgmma_in_flight(p, *stages, body),
+                fills: stage_fills(p, &fills),
             }),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -91,8 +122,44 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
     if let Some(e) = first_error {
         return Err(e);
     }
+    // Each map once, named after its tensor.
+    for plan in &mut plans {
+        if let StageFills::TensorBoxes(tma) = &mut plan.fills {
+            for (boxes, index) in &mut tma.fills {
+                let unnamed = |m: &TensorMapSig| TensorMapSig { name: String::new(), ..m.clone() };
+                *index = match p.tensor_maps.iter().position(|m| unnamed(m) == boxes.map) {
+                    Some(i) => i,
+                    None => {
+                        let same_tensor = p.tensor_maps.iter().filter(|m| m.tensor == boxes.map.tensor).count();
+                        boxes.map.name = format!("{}$map{same_tensor}", boxes.map.tensor);
+                        p.tensor_maps.push(boxes.map.clone());
+                        p.tensor_maps.len() - 1
+                    }
+                };
+                boxes.map.name = p.tensor_maps[*index].name.clone();
+            }
+        }
+    }
     p.pipelines = plans;
     Ok(())
+}
+
+/// How the `fills` of one loop are copied: TMA boxes when every fill can be, `cp.async`
+/// otherwise.
+fn stage_fills(p: &TileProgram, fills: &[&Stmt]) -> StageFills {
+    if fills.is_empty() {
+        return StageFills::AsyncCopies { not_tma: NoTma::NoFills };
+    }
+    let mut boxes = vec![];
+    for (k, f) in fills.iter().enumerate() {
+        match choose_tma(p, f) {
+            Ok(b) => boxes.push((b, 0)),
+            Err(why) if k == 0 => return StageFills::AsyncCopies { not_tma: why },
+            Err(why) => return StageFills::AsyncCopies { not_tma: NoTma::AnotherFill(Box::new(why)) },
+        }
+    }
+    let stage_bytes = boxes.iter().map(|(b, _)| b.boxes * b.box_bytes()).sum();
+    StageFills::TensorBoxes(TmaPipeline { fills: boxes, stage_bytes, barriers: 0 })
 }
 
 impl TileProgram {
@@ -144,6 +211,21 @@ impl fmt::Display for PipelineLine<'_> {
             write!(f, "; prelude {}", lets.join(", "))?;
         }
         write!(f, "; dead fills {}", if plan.skip_dead_fills { "skipped" } else { "issued" })?;
+        match &plan.fills {
+            StageFills::AsyncCopies { not_tma } => write!(f, "; cp.async (not TMA: {not_tma})")?,
+            StageFills::TensorBoxes(tma) => {
+                let maps: Vec<String> = tma
+                    .fills
+                    .iter()
+                    .map(|(b, _)| {
+                        let [w, h] = b.map.box_extent;
+                        format!("{} {}x {w}x{h} {:?}", b.map.name, b.boxes, b.map.swizzle)
+                    })
+                    .collect();
+                write!(f, "; TMA boxes {}, {} bytes a stage", maps.join(", "), tma.stage_bytes)?;
+                write!(f, ", mbarriers at {}", tma.barriers)?;
+            }
+        }
         if let Some(w) = plan.wgmma_in_flight {
             let acc = &def.buffers[w.acc].name;
             write!(f, "; wgmma group into {acc} in flight (wait_group 1), fills {} ahead", plan.fill_distance())?;

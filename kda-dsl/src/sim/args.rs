@@ -1,6 +1,6 @@
 //! A program's arguments as the simulated blocks read them: each parameter's value by name,
 //! the tensors' bytes (taken out of the caller's arguments for the run and handed back after
-//! it), and the TMA maps over them.
+//! it), and the TMA maps over them (given, or made from the compiler's signature).
 
 use super::*;
 
@@ -55,6 +55,33 @@ pub(super) fn bind(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> Resul
             maps.push((slot, *map));
             params.insert(crate::lower::param_name(name), tma::MAP_TAG | (maps.len() as u64 - 1));
         }
+    }
+    // The compiler's maps not given as arguments: made from their signature over the tensor
+    // argument they name and its extents, as the runtime makes them.
+    for (pname, kind) in &prog.params {
+        let ParamKind::TensorMap(sig) = kind else { continue };
+        if params.contains_key(pname) {
+            continue;
+        }
+        let slot = names
+            .iter()
+            .position(|n| *n == sig.tensor)
+            .ok_or_else(|| fail(format!("tensor map `{}`: no tensor argument `{}`", sig.name, sig.tensor)))?;
+        let extent = |e: &String| -> Result<u64, SimError> {
+            let value = e.parse::<i64>().ok().or_else(|| {
+                args.iter().find_map(|(n, a)| match a {
+                    SimArg::I32(v) if n == e => Some(i64::from(*v)),
+                    _ => None,
+                })
+            });
+            value
+                .and_then(|v| u64::try_from(v).ok())
+                .ok_or_else(|| fail(format!("tensor map `{}`: no extent `{e}` among the arguments", sig.name)))
+        };
+        let map = sig.map(extent(&sig.extents[0])?, extent(&sig.extents[1])?);
+        map.check().map_err(|e| fail(format!("tensor map `{}` over `{}`: {e}", sig.name, sig.tensor)))?;
+        maps.push((slot, map));
+        params.insert(pname.clone(), tma::MAP_TAG | (maps.len() as u64 - 1));
     }
     for (pname, _) in &prog.params {
         if !params.contains_key(pname) {

@@ -561,7 +561,17 @@ pub fn tma_program(fault: TmaFault) -> ThreadProgram {
     p.op(Op::Ret);
     let scalars = [("p_out", Ty::U64), ("p_x", Ty::S32), ("p_y", Ty::S32)];
     let mut prog = p.prog(64, box_bytes + 256, scalars.map(|(n, ty)| (n.to_string(), ty)).to_vec());
-    prog.params.push(("p_map".into(), ParamKind::TensorMap));
+    // The arguments give the map itself (`tma_args`); the signature says what it maps.
+    let m = TMA_MAP;
+    let sig = kda_dsl::tma_choice::TensorMapSig {
+        name: "map".into(),
+        tensor: "t".into(),
+        extents: m.extent.map(|e| e.to_string()),
+        elem_bytes: m.elem_bytes,
+        box_extent: m.box_extent,
+        swizzle: m.swizzle,
+    };
+    prog.params.push(("p_map".into(), ParamKind::TensorMap(sig)));
     prog
 }
 

@@ -1,0 +1,135 @@
+//! Lowering of a pipeline whose stage fills are TMA boxes (`plan_pipelines::StageFills::
+//! TensorBoxes`): one thread raises a stage's mbarrier transaction count by the stage's bytes
+//! and issues its boxes; every thread that reads the stage waits for the stage's phase.
+//!
+//! The mbarriers are initialized once, at the kernel's entry (one arrival per phase: the
+//! issuing thread's `arrive.expect_tx`), and each reader keeps one parity bit per stage, so
+//! a pipelined loop run many times (inside an outer loop) goes on from the phase it left. The
+//! barrier at the top of each iteration still orders a stage's last readers before its refill,
+//! as with `cp.async`.
+
+use super::{Lower, V};
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::passes::plan_pipelines::{StageFills, TmaPipeline};
+use crate::thread_ir::*;
+use crate::tile::*;
+
+/// Bytes of one mbarrier.
+const MBARRIER_BYTES: i64 = 8;
+
+impl Lower<'_> {
+    /// At the kernel's entry: each tensor map's generic address (a by-value parameter's), each
+    /// TMA pipeline's mbarriers initialized by thread 0 for one arrival a phase, then a barrier
+    /// so no thread waits on one before it is initialized. Returns the maps' parameters.
+    pub(super) fn tma_entry(&mut self) -> Vec<(String, ParamKind)> {
+        let mut params = vec![];
+        for sig in &self.p.tensor_maps {
+            let name = super::param_name(&sig.name);
+            let at = self.em.reg(RegClass::B64);
+            self.em.emit(Op::ParamAddress { d: at, name: name.clone() });
+            let generic = self.em.reg(RegClass::B64);
+            self.em.emit(Op::CvtaParam { d: generic, a: at });
+            self.tensor_maps.push(generic);
+            params.push((name, ParamKind::TensorMap(sig.clone())));
+        }
+        let pipelines: Vec<(VarId, u32, u32)> = self
+            .p
+            .pipelines
+            .iter()
+            .filter_map(|plan| match &plan.fills {
+                StageFills::TensorBoxes(tma) => Some((plan.var, plan.stages, tma.barriers)),
+                StageFills::AsyncCopies { .. } => None,
+            })
+            .collect();
+        if pipelines.is_empty() {
+            return params;
+        }
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        for (var, stages, barriers) in pipelines {
+            for stage in 0..stages {
+                let addr = self.em.add32(self.smem, Src::Imm(i64::from(barriers) + MBARRIER_BYTES * i64::from(stage)));
+                let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
+                self.em.emit_if(first, true, Op::MbarrierInit { addr, count: 1 });
+            }
+            let phases = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: phases, a: Src::Imm(0) });
+            self.tma_phases.insert(var, phases);
+        }
+        self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+        params
+    }
+
+    /// The shared address of the mbarrier of `stage` of `tma`.
+    fn stage_barrier(&mut self, tma: &TmaPipeline, stage: Src) -> Reg {
+        let base = self.em.add32(self.smem, Src::Imm(i64::from(tma.barriers)));
+        let addr = match stage {
+            Src::Imm(s) => self.em.add32(base, Src::Imm(MBARRIER_BYTES * s)),
+            stage => {
+                let off = self.em.mul32(stage, Src::Imm(MBARRIER_BYTES));
+                self.em.add32(base, off)
+            }
+        };
+        self.em.to_reg(addr, RegClass::B32, Ty::U32)
+    }
+
+    /// One stage's fills as TMA boxes into `stage` (the tiles' `shared_base` already at that
+    /// stage), after the `prelude` they read: thread 0 of the scope, where `live` holds, raises
+    /// the stage's transaction count by the stage's bytes and issues every box.
+    pub(super) fn tma_stage_fills(
+        &mut self,
+        tma: &TmaPipeline,
+        prelude: &[Stmt],
+        fills: &[&Stmt],
+        stage: Src,
+        live: Reg,
+    ) -> Result<(), Diag> {
+        self.block(prelude)?;
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let issue = self.em.and_pred(Some(first), Some(live)).expect("two predicates");
+        let mbar = self.stage_barrier(tma, stage);
+        let state = self.em.reg(RegClass::B64);
+        self.em.emit_if(issue, true, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes: tma.stage_bytes });
+        for (f, (boxes, map)) in fills.iter().zip(&tma.fills) {
+            let StmtKind::Copy { src: Region::Global { offset, .. }, dst: Region::Buf(b) } = &f.kind else {
+                unreachable!("a stage fill")
+            };
+            self.em.loc = f.loc;
+            let [y, x0] = [&offset[0], &offset[1]].map(|e| self.coordinate(e, f.loc));
+            let (y, x0) = (y?, x0?);
+            let base = self.shared_base[*b].expect("a shared tile");
+            for k in 0..boxes.boxes {
+                let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
+                let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
+                let dst = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
+                let dst = self.em.to_reg(dst, RegClass::B32, Ty::U32);
+                let map = self.tensor_maps[*map];
+                self.em.emit_if(issue, true, Op::TmaLoad2d { dst, map, x, y, mbar });
+            }
+        }
+        Ok(())
+    }
+
+    /// A box's element coordinate along one axis, in a register.
+    fn coordinate(&mut self, e: &Expr, loc: SrcLoc) -> Result<Reg, Diag> {
+        let V { s, .. } = self.expr(e, DType::I32, loc)?;
+        Ok(self.em.to_reg(s, RegClass::B32, Ty::S32))
+    }
+
+    /// Waits for the phase of stage `rd` of the TMA pipeline over `var` that brings its next
+    /// fill, then flips the stage's parity bit.
+    pub(super) fn wait_tma_stage(&mut self, var: VarId, tma: &TmaPipeline, rd: Reg) {
+        let phases = self.tma_phases[&var];
+        let bit = self.em.bin(BinKind::Shr, Ty::U32, RegClass::B32, phases, Src::Reg(rd));
+        let parity = self.em.bin(BinKind::And, Ty::B32, RegClass::B32, bit, Src::Imm(1));
+        let mbar = self.stage_barrier(tma, Src::Reg(rd));
+        let (again, done) = (self.em.label(), self.em.reg(RegClass::Pred));
+        self.em.emit(Op::Label(again));
+        self.em.emit(Op::MbarrierTryWait { d: done, addr: mbar, parity: Src::Reg(parity) });
+        self.em.emit_if(done, false, Op::Bra { target: again });
+        let one = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });
+        let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(rd));
+        self.em.emit(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) });
+    }
+}

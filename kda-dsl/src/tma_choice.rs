@@ -1,0 +1,239 @@
+//! Whether a pipeline's stage fill is copied by TMA (`cp.async.bulk.tensor` boxes completing on
+//! an mbarrier) or by `cp.async`, with the reason when not ([`NoTma`]). One function decides
+//! ([`choose_tma`]); `plan_pipelines` asks it for every fill of a loop and takes TMA when every
+//! fill can, and the lowering emits whatever the plan says.
+//!
+//! A box lands in shared memory as the hardware lays it out: rows one after the other, each row
+//! one swizzle line (32, 64 or 128 bytes) permuted by the swizzle. That is a canonical tile's
+//! layout ([`SharedLayout::canonical`], the layout `wgmma` operands get), one box per slab. The
+//! tensor map describes the whole tensor, so zero fill happens only at its edges: a fill with an
+//! explicit bound (a varlen sequence's end inside the tensor) keeps `cp.async`, which masks.
+
+use std::fmt;
+
+use crate::analysis::divisibility::{expr_divisor, var_divisors, ANY};
+use crate::dtype::DType;
+use crate::hopper_layout::{Swizzle, TensorMap2d};
+use crate::layout::{ChunkXor, SharedLayout};
+use crate::passes::{BufLayout, TileProgram};
+use crate::target::Target;
+use crate::tile::*;
+
+/// A tensor map parameter as the compiler declares it: which tensor it maps, the box, and the
+/// swizzle. The runtime and the simulator both make the [`TensorMap2d`] from it ([`Self::map`])
+/// with the tensor's extents at the call.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorMapSig {
+    /// The parameter's name: the tensor's, then `$map` and a number (a `$` no kernel
+    /// parameter of the source has).
+    pub name: String,
+    /// The tensor parameter it maps (2-D, contiguous rows).
+    pub tensor: String,
+    /// The tensor's extents as named in its signature, `[inner, outer]`: a `Dim` symbol or a
+    /// literal.
+    pub extents: [String; 2],
+    /// Bytes per element.
+    pub elem_bytes: u32,
+    /// The box in elements, `[inner, outer]`.
+    pub box_extent: [u32; 2],
+    /// The box's swizzle in shared memory.
+    pub swizzle: Swizzle,
+}
+
+impl TensorMapSig {
+    /// The map over a tensor of `inner` x `outer` elements, rows packed.
+    pub fn map(&self, inner: u64, outer: u64) -> TensorMap2d {
+        TensorMap2d {
+            elem_bytes: self.elem_bytes,
+            extent: [inner, outer],
+            row_stride: inner * u64::from(self.elem_bytes),
+            box_extent: self.box_extent,
+            swizzle: self.swizzle,
+        }
+    }
+}
+
+/// One stage fill copied by TMA: the map, and how many boxes (one per slab of the tile).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaBoxes {
+    /// The map the boxes are copied through (its `name` left for the program to assign).
+    pub map: TensorMapSig,
+    /// Boxes per fill: the tile's slabs, side by side along the inner axis.
+    pub boxes: u32,
+}
+
+impl TmaBoxes {
+    /// Shared bytes from one box's destination to the next (one slab).
+    pub fn box_bytes(&self) -> u32 {
+        self.map.box_extent[0] * self.map.box_extent[1] * self.map.elem_bytes
+    }
+}
+
+/// Why a stage fill is not copied by TMA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoTma {
+    /// The target has no TMA (sm_90a only here).
+    Target(Target),
+    /// The pipeline has no stage fills.
+    NoFills,
+    /// The tensor is not 2-D.
+    Rank(usize),
+    /// The box has an explicit bound: TMA zero-fills only at the tensor's edges.
+    Bounded,
+    /// The tensor's and the tile's element types differ.
+    DtypesDiffer {
+        /// The tensor's.
+        tensor: DType,
+        /// The tile's.
+        tile: DType,
+    },
+    /// The tile is not laid out as boxes land (a canonical swizzled tile).
+    NotCanonical,
+    /// The box is taller than TMA's 256 rows.
+    TooTall(u32),
+    /// The row length is not known to be a multiple of 16 bytes (a tensor map's stride must).
+    RowLengthNotAligned,
+    /// The box's first column is not known to be a multiple of 16 bytes into its row.
+    StartNotAligned,
+    /// Another fill of the same pipeline cannot take TMA (its barriers serve every fill).
+    AnotherFill(Box<NoTma>),
+}
+
+impl fmt::Display for NoTma {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoTma::Target(t) => write!(f, "target {t} has no TMA (sm_90a)"),
+            NoTma::NoFills => write!(f, "no stage fills"),
+            NoTma::Rank(r) => write!(f, "the tensor has {r} axes, not 2"),
+            NoTma::Bounded => write!(f, "the box has its own bound (TMA zero-fills only at the tensor's edges)"),
+            NoTma::DtypesDiffer { tensor, tile } => write!(f, "the tensor is {tensor} and the tile {tile}"),
+            NoTma::NotCanonical => write!(f, "the tile is not a canonical swizzled tile"),
+            NoTma::TooTall(rows) => write!(f, "{rows} rows; a box has at most 256"),
+            NoTma::RowLengthNotAligned => {
+                write!(f, "the row length is not known to be a multiple of 16 bytes (add `assume_multiple`)")
+            }
+            NoTma::StartNotAligned => write!(f, "the box's first column is not known to be 16-byte aligned"),
+            NoTma::AnotherFill(why) => write!(f, "another fill of the loop: {why}"),
+        }
+    }
+}
+
+/// How `fill` (a stage fill: a copy from a global box into a shared tile) is copied by TMA on
+/// `p`'s target, or why it is not.
+pub fn choose_tma(p: &TileProgram, fill: &Stmt) -> Result<TmaBoxes, NoTma> {
+    if !p.target.has(Target::Sm90a) {
+        return Err(NoTma::Target(p.target));
+    }
+    let StmtKind::Copy { src: Region::Global { tensor, offset, bound, .. }, dst: Region::Buf(b) } = &fill.kind else {
+        unreachable!("a stage fill copies a global box into a shared tile")
+    };
+    let Param::Tensor { name, dtype, dims, .. } = &p.def.params[*tensor] else { unreachable!("a tensor") };
+    if dims.len() != 2 {
+        return Err(NoTma::Rank(dims.len()));
+    }
+    if bound.is_some() {
+        return Err(NoTma::Bounded);
+    }
+    let tile = &p.def.buffers[*b];
+    if tile.dtype != *dtype {
+        return Err(NoTma::DtypesDiffer { tensor: *dtype, tile: tile.dtype });
+    }
+    let elem = dtype.size_bytes() as u32;
+    let BufLayout::Shared(SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, slab, .. }) = p.layouts[*b] else {
+        return Err(NoTma::NotCanonical);
+    };
+    let swizzle = match slab * elem {
+        32 => Swizzle::B32,
+        64 => Swizzle::B64,
+        128 => Swizzle::B128,
+        _ => return Err(NoTma::NotCanonical),
+    };
+    if rows > 256 {
+        return Err(NoTma::TooTall(rows));
+    }
+    let granule = u64::from(16 / elem);
+    if !(p.def.multiple_of(dims[1]) as u64).is_multiple_of(granule) {
+        return Err(NoTma::RowLengthNotAligned);
+    }
+    let divisors = var_divisors(&p.def);
+    let var = |v: VarId| divisors.get(&v).copied().unwrap_or(1);
+    let start = expr_divisor(&offset[1], &var, &|d| p.def.multiple_of(d) as u64);
+    if start != ANY && !start.is_multiple_of(granule) {
+        return Err(NoTma::StartNotAligned);
+    }
+    let extent = |d: ParamId| match p.def.exact_extent(d) {
+        Some(v) => v.to_string(),
+        None => p.def.params[d].name().to_string(),
+    };
+    Ok(TmaBoxes {
+        map: TensorMapSig {
+            name: String::new(),
+            tensor: name.clone(),
+            extents: [extent(dims[1]), extent(dims[0])],
+            elem_bytes: elem,
+            box_extent: [slab, rows],
+            swizzle,
+        },
+        boxes: cols / slab,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::*;
+    use crate::passes::testing::loc;
+
+    /// A `[64, 128]` tile multiplied by `wgmma` on sm_90a (so canonical), filled from `a`
+    /// (`[M, K]`, K a multiple of `k_multiple`) at column `col`.
+    fn fill_of(target: Target, k_multiple: u32, col: Val, bounded: bool) -> Result<TmaBoxes, NoTma> {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        let o = k.tensor("o", &["M", "N"], DType::F32, true);
+        k.assume_multiple(&k.dim("K"), i64::from(k_multiple), loc(1));
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        let s = k.shared("s", &[64, 128], DType::BF16, loc(3));
+        let w = k.shared("w", &[64, 128], DType::BF16, loc(3));
+        let acc = k.fragment("acc", &[64, 64], DType::F32, loc(4));
+        k.fill(&acc, 0.0, loc(4));
+        let i = k.begin_for("i", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(5));
+        let mut src = k.tile_at(&a, vec![i.clone(), col], &[64, 128], loc(6));
+        if bounded {
+            if let Region::Global { bound, .. } = &mut src {
+                *bound = Some(vec![Val::from(64).0, Val::from(100).0]);
+            }
+        }
+        k.copy(src, s, loc(6));
+        k.copy(k.tile(&a, vec![Val::from(0), i], &[64, 128], loc(7)), w, loc(7));
+        k.gemm(s, w.t(), &acc, loc(8));
+        k.end();
+        k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[64, 64], loc(9)), loc(9));
+        let p = crate::passes::run_tile_passes_for(k.finish().expect("valid"), target).expect("passes");
+        let mut fill = None;
+        visit_stmts(&p.def.body, &mut |s| {
+            if s.loc.line == 6 && matches!(s.kind, StmtKind::Copy { .. }) {
+                fill = Some(s.clone());
+            }
+        });
+        choose_tma(&p, &fill.expect("the fill"))
+    }
+
+    #[test]
+    fn a_canonical_fill_takes_one_box_per_slab() {
+        let boxes = fill_of(Target::Sm90a, 8, Val::from(0), false).expect("TMA");
+        assert_eq!(boxes.boxes, 2);
+        assert_eq!(boxes.map.box_extent, [64, 64]);
+        assert_eq!(boxes.map.swizzle, Swizzle::B128);
+        assert_eq!(boxes.map.extents, ["K".to_string(), "M".to_string()]);
+        assert_eq!(boxes.box_bytes(), 8192);
+    }
+
+    #[test]
+    fn each_rule_has_its_reason() {
+        assert_eq!(fill_of(Target::Sm80, 8, Val::from(0), false), Err(NoTma::Target(Target::Sm80)));
+        assert_eq!(fill_of(Target::Sm90, 8, Val::from(0), false), Err(NoTma::Target(Target::Sm90)));
+        assert_eq!(fill_of(Target::Sm90a, 4, Val::from(0), false), Err(NoTma::RowLengthNotAligned));
+        assert_eq!(fill_of(Target::Sm90a, 8, Val::from(4), false), Err(NoTma::StartNotAligned));
+        assert_eq!(fill_of(Target::Sm90a, 8, Val::from(0), true), Err(NoTma::Bounded));
+    }
+}

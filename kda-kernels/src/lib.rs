@@ -270,21 +270,31 @@ pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
     ])
     .into_iter()
     // One fill warp issuing the copies, so the warpgroups only multiply; an epilogue through
-    // shared memory.
+    // shared memory; a producer warpgroup (warp-specialized, its registers handed to the two
+    // consumer warpgroups), which leaves room for 64 x 256 accumulators.
     .chain(
-        [(3, true, 1, false), (4, true, 1, false), (4, false, 1, false), (3, true, 0, true), (3, true, 1, true)].map(
-            |(stages, b_transposed, fill_warps, staged_store)| G {
-                bm: 128,
-                bn: 128,
-                bk: 64,
-                stages,
-                threads: 256,
-                b_transposed,
-                fill_warps,
-                staged_store,
-                ..G::default()
-            },
-        ),
+        [
+            (128, 3, true, 1, false),
+            (128, 4, true, 1, false),
+            (128, 4, false, 1, false),
+            (128, 3, true, 0, true),
+            (128, 3, true, 1, true),
+            (128, 4, true, 4, false),
+            (256, 3, true, 4, false),
+            (256, 4, true, 4, false),
+            (256, 4, false, 4, false),
+        ]
+        .map(|(bn, stages, b_transposed, fill_warps, staged_store)| G {
+            bm: 128,
+            bn,
+            bk: 64,
+            stages,
+            threads: 256,
+            b_transposed,
+            fill_warps,
+            staged_store,
+            ..G::default()
+        }),
     )
     .collect()
 }

@@ -154,3 +154,69 @@ fn a_transposed_shared_a_takes_wgmma_over_every_warpgroup() {
         assert!(err < 1e-5, "M = {m}: rel err {err}");
     }
 }
+
+/// With a fill warp and TMA fills the sm_90a GEMM is warp-specialized: the fill warp waits for
+/// each stage's `empty` mbarrier and issues the boxes, the warpgroups wait for its `full` one
+/// and release it when its group retires; inside either loop no barrier spans the block
+/// (`bar.sync 0`), only the compute warps' own (named barrier 1), if any.
+#[test]
+fn a_gemm_with_a_fill_warp_runs_its_producer_apart() {
+    use kda_dsl::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
+    let cfg =
+        kda_kernels::hopper_gemm_candidates().into_iter().find(|c| c.fill_warps == 1).expect("a fill-warp config");
+    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+    let p = kda_dsl::passes::run_tile_passes_for(def.clone(), Target::Sm90a).expect("passes");
+    let handoff = match &p.pipelines[0].fills {
+        StageFills::TensorBoxes(TmaPipeline { handoff, .. }) => *handoff,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(handoff, Handoff::EmptyBarriers { consumers: cfg.threads as u32 });
+    let (_, prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
+    let body = &prog.body;
+    let label_at = |l: u32| body.iter().position(|i| i.op == Op::Label(l)).expect("a label");
+    let loops: Vec<(usize, usize)> = body
+        .iter()
+        .enumerate()
+        .filter_map(|(at, i)| match i.op {
+            Op::Bra { target } if label_at(target) < at => Some((label_at(target), at)),
+            _ => None,
+        })
+        .filter(|(top, end)| body[*top..*end].iter().any(|i| matches!(i.op, Op::MbarrierTryWait { .. })))
+        .collect();
+    // Each role's loop, not counting the wait loops inside them.
+    let outer: Vec<_> = loops.iter().filter(|(t, e)| !loops.iter().any(|(t2, e2)| t2 < t && e < e2)).collect();
+    assert_eq!(outer.len(), 2, "{loops:?}");
+    for (top, end) in outer {
+        let block_wide = body[*top..*end].iter().filter(|i| matches!(i.op, Op::Bar { id: 0, .. })).count();
+        assert_eq!(block_wide, 0, "a block-wide barrier in the loop at {top}..{end}");
+    }
+    let arrives = body.iter().filter(|i| matches!(i.op, Op::MbarrierArrive { .. })).count();
+    assert_eq!(arrives, 2, "a release per iteration and one at the exit");
+}
+
+/// Without the consumers' releases the warp-specialized GEMM's producer waits forever for a
+/// stage to come back: the simulator reports the deadlock.
+#[test]
+fn the_warp_specialized_gemm_without_its_releases_deadlocks() {
+    let cfg =
+        kda_kernels::hopper_gemm_candidates().into_iter().find(|c| c.fill_warps == 1).expect("a fill-warp config");
+    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+    let (_, mut prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
+    prog.body.retain(|i| !matches!(i.op, Op::MbarrierArrive { .. }));
+    // One more K step than stages, so a stage is filled twice.
+    let (m, n, k) = (cfg.bm, cfg.bn, cfg.bk * (cfg.stages + 1));
+    let bytes = |len: usize| SimArg::Tensor(vec![0x3f; len * 2]);
+    let (br, bc) = if cfg.b_transposed { (n, k) } else { (k, n) };
+    let mut args = vec![
+        ("a".to_string(), bytes(m * k)),
+        ("M".to_string(), SimArg::I32(m as i32)),
+        ("K".to_string(), SimArg::I32(k as i32)),
+        ("b".to_string(), bytes(n * k)),
+        ("BR".to_string(), SimArg::I32(br as i32)),
+        ("BC".to_string(), SimArg::I32(bc as i32)),
+        ("c".to_string(), SimArg::Tensor(vec![0; m * n * 4])),
+        ("N".to_string(), SimArg::I32(n as i32)),
+    ];
+    let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a deadlock").to_string();
+    assert!(e.contains("deadlock"), "{e}");
+}

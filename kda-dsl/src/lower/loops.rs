@@ -6,7 +6,7 @@ use super::roles::Role;
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan, StageFills};
+use crate::passes::plan_pipelines::{is_stage_fill, Handoff, PipelinePlan, StageFills, TmaPipeline};
 use crate::thread_ir::*;
 use crate::tile::*;
 
@@ -121,6 +121,9 @@ impl Lower<'_> {
         // around their addresses: decided by `plan_pipelines`.
         let plan = self.p.pipeline(var).clone();
         debug_assert_eq!(plan.stages, stages);
+        if let StageFills::TensorBoxes(tma @ TmaPipeline { handoff: Handoff::EmptyBarriers { .. }, .. }) = &plan.fills {
+            return self.warp_specialized_loop(&plan, tma, (s0, e), body, loc);
+        }
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();

@@ -19,7 +19,9 @@ pub mod proxy_fences;
 pub use plans::{plans, Plans};
 mod if_conversion;
 mod loops;
+mod producer;
 mod reduce;
+pub mod register_plan;
 mod roles;
 mod tma;
 mod wgmma;
@@ -154,9 +156,12 @@ pub(crate) struct Lower<'a> {
     pub fill_warps: Option<roles::FillWarps>,
     /// Each of `p.tensor_maps`' generic address (`tma`).
     pub tensor_maps: Vec<Reg>,
-    /// Per TMA pipeline (by its loop variable): the parity bits, one per stage, of the phases
-    /// its readers wait for next (`tma`).
-    pub tma_phases: HashMap<VarId, Reg>,
+    /// Per TMA pipeline (by its loop variable): the parity bits of the phases its threads
+    /// wait for next (`tma`).
+    pub tma_phases: HashMap<VarId, tma::TmaPhases>,
+    /// Lowering the compute warps' copy of a warp-specialized loop, whose barriers leave the
+    /// fill warps out (`producer`).
+    pub producer_apart: bool,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -223,6 +228,8 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
     let th = ThreadRegs { tid, lane, warp, g, t };
     let fill_warps =
         (p.def.fill_warps > 0).then(|| roles::FillWarps::new(&mut em, th, p.def.threads, p.def.fill_warps));
+    let registers = register_plan::plan_registers(p);
+    crate::passes::dump("register_plan", &registers);
     let mut lw = Lower {
         p,
         em,
@@ -258,6 +265,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         fill_warps,
         tensor_maps: vec![],
         tma_phases: HashMap::new(),
+        producer_apart: false,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -320,20 +328,26 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
     }
     params.extend(lw.tma_entry());
     let body = p.def.body.clone();
-    lw.block(&body)?;
+    match registers {
+        register_plan::RegisterPlan::Split(split) => lw.roles_apart(&body, split)?,
+        register_plan::RegisterPlan::Uniform(_) => lw.block(&body)?,
+    }
     lw.em.emit(Op::Ret);
     let mut prog = ThreadProgram {
         name: p.def.name.clone(),
         params,
         threads: p.def.launched_threads(),
         min_blocks_per_sm: p.def.min_blocks_per_sm,
-        max_registers: None,
+        max_registers: match registers {
+            register_plan::RegisterPlan::Split(split) => Some(split.at_entry),
+            register_plan::RegisterPlan::Uniform(_) => None,
+        },
         shared_bytes: p.shared_bytes,
         body: lw.em.body,
         reg_counts: lw.em.counts,
     };
     proxy_fences::insert_proxy_fences(&mut prog);
-    Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans }))
+    Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans, registers }))
 }
 
 impl Lower<'_> {

@@ -124,10 +124,39 @@ impl Lower<'_> {
     pub(crate) fn block_barrier(&mut self) {
         let reach = match self.role() {
             None => return self.barrier(),
+            // Inside a warp-specialized loop (or a kernel with its roles apart) the fill warps
+            // run apart: the compute warps' barriers are their own, the fill warps pass none.
+            Some(Role::Compute) if self.producer_apart => return self.barrier(),
+            Some(Role::Fill) if self.producer_apart => return,
             Some(Role::Both) => BarrierReach::SameInstruction,
             Some(Role::Compute | Role::Fill) => BarrierReach::AnyInstruction,
         };
         self.em.emit(Op::Bar { id: 0, count: None, reach });
+    }
+
+    /// The kernel's `body` with its roles apart from here on (`RegisterPlan::Split`): the
+    /// compute warpgroups take registers (`setmaxnreg.inc`) and run the body's tile operations,
+    /// every barrier theirs alone; the fill warpgroups give registers back (`setmaxnreg.dec`)
+    /// and run the skeleton and the producer's copy of each pipelined loop. The two paths never
+    /// join (each ends the kernel), so the assembler fits the fill warps' path in their few
+    /// registers; nothing but the loops' mbarriers passes between them.
+    pub(crate) fn roles_apart(
+        &mut self,
+        body: &[Stmt],
+        split: super::register_plan::RegisterSplit,
+    ) -> Result<(), Diag> {
+        let is_fill = self.fill_warps.as_ref().expect("a kernel with fill warps").is_fill;
+        let producer = self.em.label();
+        self.em.emit_if(is_fill, true, Op::Bra { target: producer });
+        self.em.emit(Op::SetMaxNReg { raise: true, count: split.consumers });
+        let outer = std::mem::replace(&mut self.producer_apart, true);
+        let lowered = self.in_role(Role::Compute, |lw| lw.block(body));
+        self.em.emit(Op::Ret);
+        self.em.emit(Op::Label(producer));
+        self.em.emit(Op::SetMaxNReg { raise: false, count: split.producer });
+        let lowered = lowered.and_then(|()| self.in_role(Role::Fill, |lw| lw.block(body)));
+        self.producer_apart = outer;
+        lowered
     }
 
     /// `cp.async.wait_group 0` for the threads that issue plain (non-stage) async copies: the

@@ -11,12 +11,21 @@
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::plan_pipelines::{StageFills, TmaPipeline};
+use crate::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
 use crate::thread_ir::*;
 use crate::tile::*;
 
 /// Bytes of one mbarrier.
 const MBARRIER_BYTES: i64 = 8;
+
+/// The parity bits, one per stage, of the phases a TMA pipeline's threads wait for next.
+#[derive(Clone, Copy)]
+pub(crate) struct TmaPhases {
+    /// The readers': of the `full` barriers.
+    pub full: Reg,
+    /// The producer's, of the `empty` barriers (with [`Handoff::EmptyBarriers`]).
+    pub empty: Option<Reg>,
+}
 
 impl Lower<'_> {
     /// At the kernel's entry: each tensor map's generic address (a by-value parameter's), each
@@ -33,12 +42,12 @@ impl Lower<'_> {
             self.tensor_maps.push(generic);
             params.push((name, ParamKind::TensorMap(sig.clone())));
         }
-        let pipelines: Vec<(VarId, u32, u32)> = self
+        let pipelines: Vec<(VarId, u32, TmaPipeline)> = self
             .p
             .pipelines
             .iter()
             .filter_map(|plan| match &plan.fills {
-                StageFills::TensorBoxes(tma) => Some((plan.var, plan.stages, tma.barriers)),
+                StageFills::TensorBoxes(tma) => Some((plan.var, plan.stages, tma.clone())),
                 StageFills::AsyncCopies { .. } => None,
             })
             .collect();
@@ -46,23 +55,48 @@ impl Lower<'_> {
             return params;
         }
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
-        for (var, stages, barriers) in pipelines {
-            for stage in 0..stages {
-                let addr = self.em.add32(self.smem, Src::Imm(i64::from(barriers) + MBARRIER_BYTES * i64::from(stage)));
+        for (var, stages, tma) in pipelines {
+            // The `full` barriers complete on the issuing thread's arrival and the boxes' bytes;
+            // the `empty` ones on every consumer's arrival.
+            let empty_count = match tma.handoff {
+                Handoff::BlockBarrier => None,
+                Handoff::EmptyBarriers { consumers } => Some(consumers),
+            };
+            let counts = (0..stages).map(|_| 1).chain((0..stages).filter_map(|_| empty_count));
+            for (k, count) in counts.enumerate() {
+                let at = i64::from(tma.barriers) + MBARRIER_BYTES * k as i64;
+                let addr = self.em.add32(self.smem, Src::Imm(at));
                 let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
-                self.em.emit_if(first, true, Op::MbarrierInit { addr, count: 1 });
+                self.em.emit_if(first, true, Op::MbarrierInit { addr, count });
             }
-            let phases = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: phases, a: Src::Imm(0) });
-            self.tma_phases.insert(var, phases);
+            // Readers wait for phase 0 of a stage first; the producer waits for the phase
+            // "before" phase 0 of an `empty` barrier, which counts as complete.
+            let full = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: full, a: Src::Imm(0) });
+            let empty = empty_count.map(|_| {
+                let bits = self.em.reg(RegClass::B32);
+                self.em.emit(Op::Mov { ty: Ty::B32, d: bits, a: Src::Imm(-1) });
+                bits
+            });
+            self.tma_phases.insert(var, TmaPhases { full, empty });
         }
         self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
         params
     }
 
-    /// The shared address of the mbarrier of `stage` of `tma`.
+    /// The shared address of the `full` mbarrier of `stage` of `tma` (its boxes complete it).
     fn stage_barrier(&mut self, tma: &TmaPipeline, stage: Src) -> Reg {
-        let base = self.em.add32(self.smem, Src::Imm(i64::from(tma.barriers)));
+        self.barrier_at(i64::from(tma.barriers), stage)
+    }
+
+    /// The shared address of the `empty` mbarrier of `stage` of `tma`, a loop of `stages`.
+    pub(super) fn empty_barrier(&mut self, tma: &TmaPipeline, stages: u32, stage: Src) -> Reg {
+        self.barrier_at(i64::from(tma.barriers) + MBARRIER_BYTES * i64::from(stages), stage)
+    }
+
+    /// The mbarrier `stage` of an array of them at shared byte `first`.
+    fn barrier_at(&mut self, first: i64, stage: Src) -> Reg {
+        let base = self.em.add32(self.smem, Src::Imm(first));
         let addr = match stage {
             Src::Imm(s) => self.em.add32(base, Src::Imm(MBARRIER_BYTES * s)),
             stage => {
@@ -119,10 +153,16 @@ impl Lower<'_> {
     /// Waits for the phase of stage `rd` of the TMA pipeline over `var` that brings its next
     /// fill, then flips the stage's parity bit.
     pub(super) fn wait_tma_stage(&mut self, var: VarId, tma: &TmaPipeline, rd: Reg) {
-        let phases = self.tma_phases[&var];
+        let mbar = self.stage_barrier(tma, Src::Reg(rd));
+        self.wait_phase(mbar, self.tma_phases[&var].full, rd);
+    }
+
+    /// Waits for the phase of the mbarrier at `mbar` whose parity is bit `stage` of `bits`,
+    /// then flips that bit.
+    pub(super) fn wait_phase(&mut self, mbar: Reg, phases: Reg, stage: Reg) {
+        let rd = stage;
         let bit = self.em.bin(BinKind::Shr, Ty::U32, RegClass::B32, phases, Src::Reg(rd));
         let parity = self.em.bin(BinKind::And, Ty::B32, RegClass::B32, bit, Src::Imm(1));
-        let mbar = self.stage_barrier(tma, Src::Reg(rd));
         let (again, done) = (self.em.label(), self.em.reg(RegClass::Pred));
         self.em.emit(Op::Label(again));
         self.em.emit(Op::MbarrierTryWait { d: done, addr: mbar, parity: Src::Reg(parity) });

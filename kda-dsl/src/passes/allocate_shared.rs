@@ -26,12 +26,12 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
             off = align(off + l.size() * b.dtype.size_bytes() as u32 * p.stages[i], 128);
         }
     }
-    // Each TMA pipeline's mbarriers, 8 bytes per stage.
+    // Each TMA pipeline's mbarriers, 8 bytes each.
     for plan in &mut p.pipelines {
         if let super::plan_pipelines::StageFills::TensorBoxes(tma) = &mut plan.fills {
             off = align(off, 8);
             tma.barriers = off;
-            off += 8 * plan.stages;
+            off += 8 * plan.stages * tma.barriers_per_stage();
         }
     }
     let mut need = 0u32;

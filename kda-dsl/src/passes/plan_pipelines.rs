@@ -58,9 +58,39 @@ pub struct TmaPipeline {
     pub fills: Vec<(TmaBoxes, usize)>,
     /// Bytes one stage's boxes bring (the mbarrier's transaction count per phase).
     pub stage_bytes: u32,
-    /// Shared byte offset of the loop's mbarriers, one of 8 bytes per stage (`allocate_shared`
-    /// places them).
+    /// Shared byte offset of the loop's mbarriers, 8 bytes each: one per stage that its boxes
+    /// complete, then (with [`Handoff::EmptyBarriers`]) one per stage its readers release
+    /// (`allocate_shared` places them).
     pub barriers: u32,
+    /// How a stage's readers hand it back for its refill.
+    pub handoff: Handoff,
+}
+
+impl TmaPipeline {
+    /// The mbarriers the loop takes per stage.
+    pub fn barriers_per_stage(&self) -> u32 {
+        match self.handoff {
+            Handoff::BlockBarrier => 1,
+            Handoff::EmptyBarriers { .. } => 2,
+        }
+    }
+}
+
+/// How the threads that read a TMA pipeline's stage hand it back to the thread that refills it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handoff {
+    /// Every thread passes the barrier at the top of each iteration, which orders the stage's
+    /// last reads before its refill (a kernel without fill warps: one thread of the block
+    /// issues the boxes).
+    BlockBarrier,
+    /// Warp specialization: the fill warps (the producer) run ahead on their own, waiting for
+    /// a stage's `empty` mbarrier, on which each of the `consumers` threads arrives once it is
+    /// done reading the stage; no barrier spans both roles inside the loop, so the body's own
+    /// barriers are the compute warps' alone.
+    EmptyBarriers {
+        /// Threads that read each stage (the compute threads).
+        consumers: u32,
+    },
 }
 
 /// A `pipelined` loop whose only work beside its fills is one `gemm` on `wgmma` with both
@@ -159,7 +189,11 @@ fn stage_fills(p: &TileProgram, fills: &[&Stmt]) -> StageFills {
         }
     }
     let stage_bytes = boxes.iter().map(|(b, _)| b.boxes * b.box_bytes()).sum();
-    StageFills::TensorBoxes(TmaPipeline { fills: boxes, stage_bytes, barriers: 0 })
+    let handoff = match p.def.fill_warps {
+        0 => Handoff::BlockBarrier,
+        _ => Handoff::EmptyBarriers { consumers: p.def.threads },
+    };
+    StageFills::TensorBoxes(TmaPipeline { fills: boxes, stage_bytes, barriers: 0, handoff })
 }
 
 impl TileProgram {
@@ -224,6 +258,9 @@ impl fmt::Display for PipelineLine<'_> {
                     .collect();
                 write!(f, "; TMA boxes {}, {} bytes a stage", maps.join(", "), tma.stage_bytes)?;
                 write!(f, ", mbarriers at {}", tma.barriers)?;
+                if let Handoff::EmptyBarriers { consumers } = tma.handoff {
+                    write!(f, ", fill warps apart ({consumers} consumers release each stage)")?;
+                }
             }
         }
         if let Some(w) = plan.wgmma_in_flight {

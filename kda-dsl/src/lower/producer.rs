@@ -1,0 +1,122 @@
+//! Lowering of a warp-specialized TMA pipeline (`plan_pipelines::Handoff::EmptyBarriers`): the
+//! fill warps are the producer, the compute warps the consumers, and no barrier spans both
+//! inside the loop.
+//!
+//! The producer's copy of the loop waits for a stage's `empty` phase, then its first thread
+//! raises the stage's `full` transaction count and issues the boxes; it runs as far ahead as
+//! the stages allow. The consumers' copy waits for the stage's `full` phase, runs the body,
+//! and arrives on the stage's `empty` barrier once done reading it: at the end of the same
+//! iteration, or, with a `wgmma` group in flight, of the next one (after the `wait_group 1`
+//! that retires the group which read it), the last stage after the exit's `wait_group 0`. Every
+//! use of a stage thus completes one phase of each of its barriers, so a loop run again (inside
+//! an outer loop) goes on from the phases it left.
+
+use super::roles::Role;
+use super::Lower;
+use crate::diag::{Diag, SrcLoc};
+use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan, TmaPipeline};
+use crate::thread_ir::*;
+use crate::tile::*;
+
+impl Lower<'_> {
+    /// One role's copy of the warp-specialized loop over `var` from `s0` to `e` (`plan`'s fills
+    /// are `tma`'s boxes): the producer's for [`Role::Fill`], the consumers' otherwise.
+    pub(super) fn warp_specialized_loop(
+        &mut self,
+        plan: &PipelinePlan,
+        tma: &TmaPipeline,
+        (s0, e): (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let def = &self.p.def;
+        let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+        let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
+        let home: Vec<Src> = plan.staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        self.consts.remove(&plan.var);
+        self.em.loc = loc;
+        let it = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: it, a: Src::Reg(s0) });
+        let stage = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        let (top, exit) = (self.em.label(), self.em.label());
+        self.em.emit(Op::Label(top));
+        let done = self.em.setp(Cmp::Ge, Ty::S32, it, e);
+        self.em.emit_if(done, true, Op::Bra { target: exit });
+        self.var_regs.insert(plan.var, it);
+        self.stage_bases(plan, &home, stage);
+        let producer = self.role() == Some(Role::Fill);
+        let in_flight = plan.wgmma_in_flight.is_some();
+        if producer {
+            let empty = self.empty_barrier(tma, plan.stages, Src::Reg(stage));
+            let bits = self.tma_phases[&plan.var].empty.expect("a warp-specialized pipeline's empty phases");
+            self.wait_phase(empty, bits, stage);
+            let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
+            self.tma_stage_fills(tma, &plan.prelude, &fills, Src::Reg(stage), live)?;
+        } else {
+            self.wait_tma_stage(plan.var, tma, stage);
+            let outer = (
+                std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight)),
+                std::mem::replace(&mut self.producer_apart, true),
+            );
+            let lowered = self.block(&rest);
+            (self.wgmma_wait, self.producer_apart) = outer;
+            lowered?;
+            self.em.loc = loc;
+            if in_flight {
+                // The group that read the previous iteration's stage has retired.
+                let first = self.em.setp(Cmp::Eq, Ty::S32, it, s0);
+                let previous = self.previous_stage(stage, plan.stages);
+                self.release_stage(tma, plan.stages, previous, Some(first));
+            } else {
+                self.release_stage(tma, plan.stages, stage, None);
+            }
+        }
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: it, a: Src::Reg(it), b: Src::Imm(1) });
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: stage, a: Src::Reg(stage), b: Src::Imm(1) });
+        let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(plan.stages)));
+        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        self.em.emit(Op::Bra { target: top });
+        self.em.emit(Op::Label(exit));
+        if !producer && in_flight {
+            self.em.emit(Op::WgmmaWait { n: 0 });
+            let none_ran = self.em.setp(Cmp::Eq, Ty::S32, it, s0);
+            let last = self.previous_stage(stage, plan.stages);
+            self.release_stage(tma, plan.stages, last, Some(none_ran));
+        }
+        // Both roles meet again after the loop.
+        self.block_barrier();
+        for (k, b) in plan.staged.iter().enumerate() {
+            self.shared_base[*b] = Some(home[k]);
+        }
+        Ok(())
+    }
+
+    /// Points each staged tile at its copy for `stage`.
+    fn stage_bases(&mut self, plan: &PipelinePlan, home: &[Src], stage: Reg) {
+        for (k, b) in plan.staged.iter().enumerate() {
+            let bytes = self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes();
+            let off = self.em.mul32(stage, Src::Imm(bytes as i64));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
+    }
+
+    /// The stage before `stage` in a ring of `stages`.
+    fn previous_stage(&mut self, stage: Reg, stages: u32) -> Reg {
+        let previous = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, stage, Src::Imm(1));
+        let wrap = self.em.setp(Cmp::Lt, Ty::S32, previous, Src::Imm(0));
+        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: previous, a: Src::Imm(i64::from(stages) - 1) });
+        previous
+    }
+
+    /// Every consumer arrives on the `empty` barrier of `stage`, unless `skip` holds.
+    fn release_stage(&mut self, tma: &TmaPipeline, stages: u32, stage: Reg, skip: Option<Reg>) {
+        let empty = self.empty_barrier(tma, stages, Src::Reg(stage));
+        let state = self.em.reg(RegClass::B64);
+        let arrive = Op::MbarrierArrive { state, addr: empty };
+        match skip {
+            Some(p) => self.em.emit_if(p, false, arrive),
+            None => self.em.emit(arrive),
+        }
+    }
+}

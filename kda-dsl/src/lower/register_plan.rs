@@ -1,0 +1,174 @@
+//! How a kernel's registers are spread over its roles ([`RegisterPlan`]): on sm_90a a kernel
+//! whose fill warps are whole warpgroups and only issue TMA boxes (every pipeline with fills
+//! is warp-specialized) hands most of their registers to the compute warpgroups with
+//! `setmaxnreg`, as soon as each role starts; otherwise every thread keeps what ptxas gives it.
+//!
+//! The block's pool is what `.maxnreg` gives each thread at entry (as much as one resident block
+//! may take, in steps of 8), times its threads. The fill warpgroups drop to
+//! [`PRODUCER_REGISTERS`]; the compute warpgroups take the rest, evenly, in steps of 8, at most
+//! 256 (`setmaxnreg`'s range).
+
+use std::fmt;
+
+use crate::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
+use crate::passes::TileProgram;
+use crate::target::Target;
+
+/// Registers per thread of a fill warpgroup that only issues TMA boxes (an iteration counter,
+/// a stage, the boxes' coordinates and the parity bits fit with room to spare).
+pub const PRODUCER_REGISTERS: u32 = 40;
+
+/// Registers one block may hold (per SM, on every target from sm_80 up).
+const REGISTER_FILE: u32 = 65536;
+
+/// Threads per warpgroup.
+const WARPGROUP: u32 = 128;
+
+/// How the registers are spread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterPlan {
+    /// Every thread keeps what ptxas allocates, and why no split.
+    Uniform(NoSplit),
+    /// `.maxnreg` at entry, then `setmaxnreg` per role.
+    Split(RegisterSplit),
+}
+
+/// A split of the block's registers between the roles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterSplit {
+    /// `.maxnreg`: per thread at entry.
+    pub at_entry: u32,
+    /// The fill warpgroups' after their `setmaxnreg.dec`.
+    pub producer: u32,
+    /// The compute warpgroups' after their `setmaxnreg.inc`.
+    pub consumers: u32,
+}
+
+/// Why a kernel's registers are not split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoSplit {
+    /// The target has no `setmaxnreg` (sm_90a).
+    Target(Target),
+    /// No fill warps.
+    NoFillWarps,
+    /// The fill warps are not whole warpgroups (`setmaxnreg` is per warpgroup).
+    FillWarpsNotWarpgroups(u32),
+    /// The compute threads are not whole warpgroups.
+    ComputeNotWarpgroups(u32),
+    /// A pipeline's fill warps do more than issue TMA boxes (their `cp.async` copies need
+    /// registers of their own).
+    FillsNotTma,
+    /// The compute warps would gain nothing.
+    NothingToGain,
+}
+
+impl fmt::Display for NoSplit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoSplit::Target(t) => write!(f, "target {t} has no setmaxnreg (sm_90a)"),
+            NoSplit::NoFillWarps => write!(f, "no fill warps"),
+            NoSplit::FillWarpsNotWarpgroups(n) => write!(f, "{n} fill warps are not whole warpgroups"),
+            NoSplit::ComputeNotWarpgroups(n) => write!(f, "{n} compute threads are not whole warpgroups"),
+            NoSplit::FillsNotTma => write!(f, "the fill warps issue cp.async copies"),
+            NoSplit::NothingToGain => write!(f, "the compute warps would gain no registers"),
+        }
+    }
+}
+
+impl fmt::Display for RegisterPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegisterPlan::Uniform(why) => write!(f, "registers uniform ({why})"),
+            RegisterPlan::Split(s) => write!(
+                f,
+                "registers split: .maxnreg {}, fill warpgroups setmaxnreg.dec {}, compute warpgroups setmaxnreg.inc {}",
+                s.at_entry, s.producer, s.consumers
+            ),
+        }
+    }
+}
+
+/// The register plan of `p`.
+pub fn plan_registers(p: &TileProgram) -> RegisterPlan {
+    split(p).map_or_else(RegisterPlan::Uniform, RegisterPlan::Split)
+}
+
+fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
+    if !p.target.has(Target::Sm90a) {
+        return Err(NoSplit::Target(p.target));
+    }
+    let (fill, compute) = (p.def.fill_warps * 32, p.def.threads);
+    if fill == 0 {
+        return Err(NoSplit::NoFillWarps);
+    }
+    if !fill.is_multiple_of(WARPGROUP) {
+        return Err(NoSplit::FillWarpsNotWarpgroups(p.def.fill_warps));
+    }
+    if !compute.is_multiple_of(WARPGROUP) {
+        return Err(NoSplit::ComputeNotWarpgroups(compute));
+    }
+    let specialized = |plan: &crate::passes::plan_pipelines::PipelinePlan| match &plan.fills {
+        StageFills::TensorBoxes(TmaPipeline { handoff: Handoff::EmptyBarriers { .. }, .. }) => true,
+        StageFills::AsyncCopies { .. } => plan.staged.is_empty(),
+        StageFills::TensorBoxes(_) => false,
+    };
+    if !p.pipelines.iter().all(specialized) {
+        return Err(NoSplit::FillsNotTma);
+    }
+    let groups = (fill + compute) / WARPGROUP;
+    let at_entry = (REGISTER_FILE / (fill + compute) / 8 * 8).min(255 / 8 * 8);
+    let pool = at_entry * groups;
+    let consumers = ((pool - PRODUCER_REGISTERS * fill / WARPGROUP) / (compute / WARPGROUP) / 8 * 8).min(256);
+    if consumers <= at_entry {
+        return Err(NoSplit::NothingToGain);
+    }
+    Ok(RegisterSplit { at_entry, producer: PRODUCER_REGISTERS, consumers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::*;
+    use crate::dtype::DType;
+    use crate::passes::testing::loc;
+    use crate::tile::LoopKind;
+
+    /// A GEMM-like loop on `threads` compute threads and `fill_warps`, K a multiple of 8 when
+    /// `aligned` (so its fills can be TMA boxes).
+    fn plan_of(target: Target, threads: u32, fill_warps: u32, aligned: bool) -> RegisterPlan {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        let o = k.tensor("o", &["M", "N"], DType::F32, true);
+        if aligned {
+            k.assume_multiple(&k.dim("K"), 8, loc(1));
+        }
+        k.launch(vec![Host::int(1)], threads, loc(2));
+        k.fill_warps(fill_warps, loc(2));
+        let s = k.shared("s", &[128, 64], DType::BF16, loc(3));
+        let w = k.shared("w", &[128, 64], DType::BF16, loc(3));
+        let acc = k.fragment("acc", &[128, 128], DType::F32, loc(4));
+        k.fill(&acc, 0.0, loc(4));
+        let i = k.begin_for("i", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(5));
+        k.copy(k.tile(&a, vec![Val::from(0), i.clone()], &[128, 64], loc(6)), s, loc(6));
+        k.copy(k.tile(&a, vec![Val::from(1), i], &[128, 64], loc(7)), w, loc(7));
+        k.gemm(s, w.t(), &acc, loc(8));
+        k.end();
+        k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[128, 128], loc(9)), loc(9));
+        plan_registers(&crate::passes::run_tile_passes_for(k.finish().expect("valid"), target).expect("passes"))
+    }
+
+    #[test]
+    fn a_producer_warpgroup_of_tma_boxes_hands_its_registers_to_the_consumers() {
+        let split = RegisterSplit { at_entry: 168, producer: 40, consumers: 232 };
+        assert_eq!(plan_of(Target::Sm90a, 256, 4, true), RegisterPlan::Split(split));
+    }
+
+    #[test]
+    fn each_rule_has_its_reason() {
+        let uniform = |why| RegisterPlan::Uniform(why);
+        assert_eq!(plan_of(Target::Sm80, 256, 4, true), uniform(NoSplit::Target(Target::Sm80)));
+        assert_eq!(plan_of(Target::Sm90a, 256, 0, true), uniform(NoSplit::NoFillWarps));
+        assert_eq!(plan_of(Target::Sm90a, 256, 1, true), uniform(NoSplit::FillWarpsNotWarpgroups(1)));
+        assert_eq!(plan_of(Target::Sm90a, 256, 4, false), uniform(NoSplit::FillsNotTma));
+    }
+}

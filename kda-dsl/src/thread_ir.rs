@@ -356,6 +356,15 @@ pub enum Op {
     /// tensor map at generic address `map` to shared `dst`, and lowers the transaction count of
     /// the mbarrier at `mbar` by the box's bytes.
     TmaLoad2d { dst: Reg, map: Reg, x: Reg, y: Reg, mbar: Reg },
+    /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {x, y}], [src]`: TMA copies
+    /// shared `src` (laid out as the map's box) to the box at element coordinates (`x`, `y`) of
+    /// the tensor map at generic address `map`, writing only the elements inside the tensor.
+    TmaStore2d { map: Reg, x: Reg, y: Reg, src: Reg },
+    /// `cp.async.bulk.commit_group`: this thread's bulk copies so far form a group.
+    BulkCommit,
+    /// `cp.async.bulk.wait_group.read n`: waits until at most `n` of this thread's bulk groups
+    /// still read their shared sources (which may then be written again, or freed by exiting).
+    BulkWaitRead { n: u32 },
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
     /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
@@ -648,6 +657,11 @@ impl fmt::Display for Op {
                 f,
                 "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{mbar}];"
             ),
+            Op::TmaStore2d { map, x, y, src } => {
+                write!(f, "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{map}, {{{x}, {y}}}], [{src}];")
+            }
+            Op::BulkCommit => write!(f, "cp.async.bulk.commit_group;"),
+            Op::BulkWaitRead { n } => write!(f, "cp.async.bulk.wait_group.read {n};"),
             Op::Shfl { mode, d, a, b, c } => {
                 let m = format!("{mode:?}").to_lowercase();
                 write!(f, "shfl.sync.{m}.b32 {d}, {a}, {b}, {c}, -1;")
@@ -693,6 +707,9 @@ impl Inst {
             Op::Movmatrix { .. } | Op::MbarrierTryWait { .. } => (7, 8),
             Op::MbarrierArriveExpectTx { .. }
             | Op::TmaLoad2d { .. }
+            | Op::TmaStore2d { .. }
+            | Op::BulkCommit
+            | Op::BulkWaitRead { .. }
             | Op::FenceProxyAsync
             | Op::WgmmaFence
             | Op::Wgmma { .. }
@@ -714,7 +731,10 @@ impl Inst {
             Op::FenceProxyAsync
             | Op::MbarrierTryWait { .. }
             | Op::MbarrierArriveExpectTx { .. }
-            | Op::TmaLoad2d { .. } => Target::Sm90,
+            | Op::TmaLoad2d { .. }
+            | Op::TmaStore2d { .. }
+            | Op::BulkCommit
+            | Op::BulkWaitRead { .. } => Target::Sm90,
             _ => Target::Sm80,
         }
     }

@@ -121,12 +121,37 @@ impl fmt::Display for NoTma {
 /// How `fill` (a stage fill: a copy from a global box into a shared tile) is copied by TMA on
 /// `p`'s target, or why it is not.
 pub fn choose_tma(p: &TileProgram, fill: &Stmt) -> Result<TmaBoxes, NoTma> {
+    let StmtKind::Copy { src: region, dst: Region::Buf(b) } = &fill.kind else {
+        unreachable!("a stage fill copies a global box into a shared tile")
+    };
+    tma_boxes(p, region, *b)
+}
+
+/// How `store` (a copy from a shared tile to a global box) is copied by a TMA bulk store on
+/// `p`'s target, or why it is not.
+pub fn choose_tma_store(p: &TileProgram, store: &Stmt) -> Result<TmaBoxes, NoTma> {
+    let StmtKind::Copy { src: Region::Buf(b), dst: region } = &store.kind else {
+        unreachable!("a store copies a shared tile into a global box")
+    };
+    tma_boxes(p, region, *b)
+}
+
+/// Whether the copy between shared tile `b` and the global box `region` would take TMA if
+/// the tile were laid out canonically (what `infer_layouts` asks before it lays tiles out).
+pub fn takes_tma_once_canonical(p: &TileProgram, region: &Region, b: BufId) -> bool {
+    let tile = &p.def.buffers[b];
+    let [rows, cols] = tile.shape[..] else { return false };
+    let elem = tile.dtype.size_bytes() as u32;
+    box_rules(p, region, b).is_ok() && SharedLayout::canonical(rows, cols, elem).is_some()
+}
+
+/// The rules of a TMA box between `region` and tile `b` that do not depend on the tile's
+/// layout; the tensor's name, its `[outer, inner]` extents and the element bytes.
+fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<(String, [ParamId; 2], u32), NoTma> {
     if !p.target.has(Target::Sm90a) {
         return Err(NoTma::Target(p.target));
     }
-    let StmtKind::Copy { src: Region::Global { tensor, offset, bound, .. }, dst: Region::Buf(b) } = &fill.kind else {
-        unreachable!("a stage fill copies a global box into a shared tile")
-    };
+    let Region::Global { tensor, offset, bound, .. } = region else { unreachable!("a global box") };
     let Param::Tensor { name, dtype, dims, .. } = &p.def.params[*tensor] else { unreachable!("a tensor") };
     if dims.len() != 2 {
         return Err(NoTma::Rank(dims.len()));
@@ -134,22 +159,13 @@ pub fn choose_tma(p: &TileProgram, fill: &Stmt) -> Result<TmaBoxes, NoTma> {
     if bound.is_some() {
         return Err(NoTma::Bounded);
     }
-    let tile = &p.def.buffers[*b];
+    let tile = &p.def.buffers[b];
     if tile.dtype != *dtype {
         return Err(NoTma::DtypesDiffer { tensor: *dtype, tile: tile.dtype });
     }
     let elem = dtype.size_bytes() as u32;
-    let BufLayout::Shared(SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, slab, .. }) = p.layouts[*b] else {
-        return Err(NoTma::NotCanonical);
-    };
-    let swizzle = match slab * elem {
-        32 => Swizzle::B32,
-        64 => Swizzle::B64,
-        128 => Swizzle::B128,
-        _ => return Err(NoTma::NotCanonical),
-    };
-    if rows > 256 {
-        return Err(NoTma::TooTall(rows));
+    if tile.shape.len() != 2 || tile.shape[0] > 256 {
+        return Err(NoTma::TooTall(tile.shape[0]));
     }
     let granule = u64::from(16 / elem);
     if !(p.def.multiple_of(dims[1]) as u64).is_multiple_of(granule) {
@@ -161,6 +177,21 @@ pub fn choose_tma(p: &TileProgram, fill: &Stmt) -> Result<TmaBoxes, NoTma> {
     if start != ANY && !start.is_multiple_of(granule) {
         return Err(NoTma::StartNotAligned);
     }
+    Ok((name.clone(), [dims[0], dims[1]], elem))
+}
+
+/// The boxes of a copy between the global box `region` and shared tile `b`, or why not TMA.
+fn tma_boxes(p: &TileProgram, region: &Region, b: BufId) -> Result<TmaBoxes, NoTma> {
+    let (tensor, [outer, inner], elem) = box_rules(p, region, b)?;
+    let BufLayout::Shared(SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, slab, .. }) = p.layouts[b] else {
+        return Err(NoTma::NotCanonical);
+    };
+    let swizzle = match slab * elem {
+        32 => Swizzle::B32,
+        64 => Swizzle::B64,
+        128 => Swizzle::B128,
+        _ => return Err(NoTma::NotCanonical),
+    };
     let extent = |d: ParamId| match p.def.exact_extent(d) {
         Some(v) => v.to_string(),
         None => p.def.params[d].name().to_string(),
@@ -168,14 +199,26 @@ pub fn choose_tma(p: &TileProgram, fill: &Stmt) -> Result<TmaBoxes, NoTma> {
     Ok(TmaBoxes {
         map: TensorMapSig {
             name: String::new(),
-            tensor: name.clone(),
-            extents: [extent(dims[1]), extent(dims[0])],
+            tensor,
+            extents: [extent(inner), extent(outer)],
             elem_bytes: elem,
             box_extent: [slab, rows],
             swizzle,
         },
         boxes: cols / slab,
     })
+}
+
+/// The index of `map` (named or not) in `maps`, adding it, named after its tensor, if new.
+pub fn register_map(maps: &mut Vec<TensorMapSig>, map: &TensorMapSig) -> usize {
+    let unnamed = |m: &TensorMapSig| TensorMapSig { name: String::new(), ..m.clone() };
+    let key = unnamed(map);
+    if let Some(i) = maps.iter().position(|m| unnamed(m) == key) {
+        return i;
+    }
+    let same_tensor = maps.iter().filter(|m| m.tensor == map.tensor).count();
+    maps.push(TensorMapSig { name: format!("{}$map{same_tensor}", map.tensor), ..key });
+    maps.len() - 1
 }
 
 #[cfg(test)]

@@ -65,18 +65,7 @@ fn the_sm_90a_gemm_without_its_proxy_fences_races() {
     let fences = prog.body.iter().filter(|i| matches!(i.op, Op::FenceProxyAsync)).count();
     assert!(fences > 0, "the pass placed no fence");
     prog.body.retain(|i| !matches!(i.op, Op::FenceProxyAsync));
-    let (m, n, k) = (cfg.bm, cfg.bn, 64);
-    let bytes = |len: usize| SimArg::Tensor(vec![0x3f; len * 2]);
-    let mut args = vec![
-        ("a".to_string(), bytes(m * k)),
-        ("M".to_string(), SimArg::I32(m as i32)),
-        ("K".to_string(), SimArg::I32(k as i32)),
-        ("b".to_string(), bytes(n * k)),
-        ("BR".to_string(), SimArg::I32(n as i32)),
-        ("BC".to_string(), SimArg::I32(k as i32)),
-        ("c".to_string(), SimArg::Tensor(vec![0; m * n * 4])),
-        ("N".to_string(), SimArg::I32(n as i32)),
-    ];
+    let mut args = constant_args(&cfg, (cfg.bm, cfg.bn, 64));
     let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a race").to_string();
     assert!(e.contains("no fence.proxy.async after the write"), "{e}");
 }
@@ -204,19 +193,52 @@ fn the_warp_specialized_gemm_without_its_releases_deadlocks() {
     let (_, mut prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
     prog.body.retain(|i| !matches!(i.op, Op::MbarrierArrive { .. }));
     // One more K step than stages, so a stage is filled twice.
-    let (m, n, k) = (cfg.bm, cfg.bn, cfg.bk * (cfg.stages + 1));
+    let mut args = constant_args(&cfg, (cfg.bm, cfg.bn, cfg.bk * (cfg.stages + 1)));
+    let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a deadlock").to_string();
+    assert!(e.contains("deadlock"), "{e}");
+}
+
+/// The arguments of a GEMM config's kernel at (m, n, k), every input element 0x3f3f.
+fn constant_args(cfg: &GemmConfig, (m, n, k): (usize, usize, usize)) -> Vec<(String, SimArg)> {
     let bytes = |len: usize| SimArg::Tensor(vec![0x3f; len * 2]);
     let (br, bc) = if cfg.b_transposed { (n, k) } else { (k, n) };
-    let mut args = vec![
+    vec![
         ("a".to_string(), bytes(m * k)),
         ("M".to_string(), SimArg::I32(m as i32)),
         ("K".to_string(), SimArg::I32(k as i32)),
         ("b".to_string(), bytes(n * k)),
         ("BR".to_string(), SimArg::I32(br as i32)),
         ("BC".to_string(), SimArg::I32(bc as i32)),
-        ("c".to_string(), SimArg::Tensor(vec![0; m * n * 4])),
+        ("c".to_string(), SimArg::Tensor(vec![0; m * n * cfg.out.size_bytes()])),
         ("N".to_string(), SimArg::I32(n as i32)),
-    ];
-    let e = kda_dsl::sim::run(&prog, [1, 1, 1], &mut args).expect_err("a deadlock").to_string();
-    assert!(e.contains("deadlock"), "{e}");
+    ]
+}
+
+/// On sm_90a the staged epilogue is a TMA bulk store: the tile the accumulator is copied to is
+/// laid out as the boxes are, one thread stores it and waits for the store to read it. Without
+/// the proxy fences the compiler places, the simulator reports the store reading what the
+/// generic proxy wrote; without the wait, the thread exiting while its store still reads.
+#[test]
+fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
+    let cfg = kda_kernels::hopper_gemm_candidates().into_iter().find(|c| c.staged_store).expect("a staged config");
+    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+    let ptx = kda_dsl::compile(def.clone(), Target::Sm90a).expect("compiles").ptx;
+    for want in ["cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.wait_group.read 0"] {
+        assert!(ptx.contains(want), "no {want}");
+    }
+    let sm80 = kda_dsl::compile(def.clone(), Target::Sm80).expect("compiles").ptx;
+    assert!(!sm80.contains("cp.async.bulk"));
+    let (_, prog) = kda_dsl::lower_kernel_for(def, Target::Sm90a).expect("lowers");
+    let shape = (cfg.bm + 8, cfg.bn - 8, 64);
+    let broken = |drop: &dyn Fn(&Op) -> bool| {
+        let mut p = prog.clone();
+        p.body.retain(|i| !drop(&i.op));
+        let mut args = constant_args(&cfg, shape);
+        kda_dsl::sim::run(&p, [2, 2, 1], &mut args).map(|_| ()).map_err(|e| e.to_string())
+    };
+    broken(&|_| false).expect("the whole program runs");
+    let e = broken(&|op| matches!(op, Op::FenceProxyAsync)).expect_err("a race");
+    assert!(e.contains("a TMA store reads shared byte"), "{e}");
+    let e = broken(&|op| matches!(op, Op::BulkWaitRead { .. })).expect_err("an early exit");
+    assert!(e.contains("exits while its bulk copies still read"), "{e}");
 }

@@ -25,6 +25,12 @@ pub enum CopyKind {
     },
     /// Fragment to global in whole 128-byte lines, partner lanes exchanging rows first.
     WholeLines,
+    /// Shared to global in TMA bulk stores, one box per slab of the tile (one thread issues
+    /// them and waits until they have read the tile).
+    TensorBoxes {
+        /// Boxes per copy.
+        boxes: u32,
+    },
 }
 
 /// Why a copy did not take a faster kind.

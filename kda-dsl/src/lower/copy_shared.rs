@@ -282,6 +282,10 @@ impl Lower<'_> {
     }
 
     pub(super) fn shared_to_global(&mut self, b: BufId, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
+        if let Some(store) = self.p.tma_store(loc, b).cloned() {
+            self.record_plan(loc, CopyKind::TensorBoxes { boxes: store.boxes.0.boxes }, None);
+            return self.tma_store(&store, dst, loc);
+        }
         let gb = self.global_box(dst, b, loc)?;
         let dt = self.def().buffers[b].dtype;
         match self.plan_shared_copy(&gb, dt, CopyKind::VectorStores, loc) {

@@ -12,6 +12,7 @@ use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
+use crate::passes::plan_tma_stores::TmaStore;
 use crate::thread_ir::*;
 use crate::tile::*;
 
@@ -171,5 +172,28 @@ impl Lower<'_> {
         self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });
         let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(rd));
         self.em.emit(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) });
+    }
+
+    /// The copy of shared tile `store.buf` to the global box `dst` as TMA bulk stores: thread 0
+    /// of the scope issues one per slab, commits them and waits until they have read the tile
+    /// (so it may be written again, and the block may exit). The barrier before the copy, and
+    /// the writers' proxy fences before it (`proxy_fences`), order the tile's writes first.
+    pub(super) fn tma_store(&mut self, store: &TmaStore, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
+        let Region::Global { offset, .. } = dst else { unreachable!("a global box") };
+        let (boxes, map) = &store.boxes;
+        let [y, x0] = [&offset[0], &offset[1]].map(|e| self.coordinate(e, loc));
+        let (y, x0) = (y?, x0?);
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let base = self.shared_base[store.buf].expect("a shared tile");
+        for k in 0..boxes.boxes {
+            let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
+            let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
+            let src = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
+            let src = self.em.to_reg(src, RegClass::B32, Ty::U32);
+            self.em.emit_if(first, true, Op::TmaStore2d { map: self.tensor_maps[*map], x, y, src });
+        }
+        self.em.emit_if(first, true, Op::BulkCommit);
+        self.em.emit_if(first, true, Op::BulkWaitRead { n: 0 });
+        Ok(())
     }
 }

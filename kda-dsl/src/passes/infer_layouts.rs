@@ -71,7 +71,9 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     pin_register_operands(&def.body, def, &wof, &mut p.layouts)?;
     // A gemm that takes wgmma (`gemm_choice`) gets its accumulator 16 rows per warp and its
     // shared operands in canonical layouts.
-    let canonical = pin_wgmma(p);
+    let mut canonical = pin_wgmma(p);
+    // So does a tile a TMA bulk store reads (`plan_tma_stores`).
+    canonical.extend(super::plan_tma_stores::store_sources(p));
     let def = &p.def;
     // Relations of 1-D fragments to 2-D ones.
     let mut relations = vec![];

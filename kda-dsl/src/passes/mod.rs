@@ -8,6 +8,7 @@ pub mod fuse_reductions;
 pub mod infer_layouts;
 pub mod insert_barriers;
 pub mod plan_pipelines;
+pub mod plan_tma_stores;
 
 use crate::diag::Diag;
 use crate::layout::{FragmentLayout, SharedLayout};
@@ -56,6 +57,8 @@ pub struct TileProgram {
     /// The TMA tensor maps the pipelines copy through (`plan_pipelines`), each a kernel
     /// parameter after the source's.
     pub tensor_maps: Vec<crate::tma_choice::TensorMapSig>,
+    /// The copies from shared tiles to global boxes that bulk stores make (`plan_tma_stores`).
+    pub tma_stores: Vec<plan_tma_stores::TmaStore>,
 }
 
 /// Where the scratch area for reductions and scans lives in dynamic shared memory.
@@ -93,6 +96,7 @@ impl TileProgram {
             pipelines: vec![],
             wgmma_accumulators: Default::default(),
             tensor_maps: vec![],
+            tma_stores: vec![],
         }
     }
 
@@ -144,6 +148,16 @@ impl fmt::Display for TileProgram {
         for plan in &self.pipelines {
             writeln!(f, "{}", plan_pipelines::PipelineLine(&self.def, plan))?;
         }
+        for store in &self.tma_stores {
+            let (boxes, _) = &store.boxes;
+            let [w, h] = boxes.map.box_extent;
+            let tile = &self.def.buffers[store.buf].name;
+            writeln!(
+                f,
+                "// bulk store of {tile}: {} {}x {w}x{h} {:?}",
+                boxes.map.name, boxes.boxes, boxes.map.swizzle
+            )?;
+        }
         write!(f, "{}", self.def)
     }
 }
@@ -176,6 +190,8 @@ pub fn run_tile_passes_for(def: KernelDef, target: Target) -> Result<TileProgram
     dump("drop_dead_tiles", &p);
     plan_pipelines::plan_pipelines(&mut p)?;
     dump("plan_pipelines", &p);
+    plan_tma_stores::plan_tma_stores(&mut p)?;
+    dump("plan_tma_stores", &p);
     allocate_shared::allocate_shared(&mut p)?;
     dump("allocate_shared", &p);
     Ok(p)

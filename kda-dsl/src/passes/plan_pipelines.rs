@@ -13,7 +13,7 @@ use super::TileProgram;
 use crate::analysis::fill_prelude::fill_prelude;
 use crate::diag::Diag;
 use crate::tile::*;
-use crate::tma_choice::{choose_tma, NoTma, TensorMapSig, TmaBoxes};
+use crate::tma_choice::{choose_tma, register_map, NoTma, TmaBoxes};
 
 /// What the lowering of one `pipelined` loop needs decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,16 +156,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
     for plan in &mut plans {
         if let StageFills::TensorBoxes(tma) = &mut plan.fills {
             for (boxes, index) in &mut tma.fills {
-                let unnamed = |m: &TensorMapSig| TensorMapSig { name: String::new(), ..m.clone() };
-                *index = match p.tensor_maps.iter().position(|m| unnamed(m) == boxes.map) {
-                    Some(i) => i,
-                    None => {
-                        let same_tensor = p.tensor_maps.iter().filter(|m| m.tensor == boxes.map.tensor).count();
-                        boxes.map.name = format!("{}$map{same_tensor}", boxes.map.tensor);
-                        p.tensor_maps.push(boxes.map.clone());
-                        p.tensor_maps.len() - 1
-                    }
-                };
+                *index = register_map(&mut p.tensor_maps, &boxes.map);
                 boxes.map.name = p.tensor_maps[*index].name.clone();
             }
         }

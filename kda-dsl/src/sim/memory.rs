@@ -105,9 +105,37 @@ impl Block<'_> {
         Ok(self.shared[a..a + n].to_vec())
     }
 
+    /// Checks that shared byte `i`, which the async proxy is about to read (`what`: a `wgmma`
+    /// or a TMA store) for thread `reader`, is visible to it: written by the async proxy, or
+    /// by a thread that fenced the proxies after the write (its first `fence.proxy.async` after
+    /// it) before a barrier ordering that fence before `reader`.
+    pub(super) fn check_async_visible(&self, reader: u32, i: usize, what: &str) -> R<()> {
+        let s = self.shadow[i];
+        if s.async_proxy || !s.written {
+            return Ok(());
+        }
+        let fences = &self.threads[s.writer as usize].proxy_fences;
+        let Some(&(_, fence_epoch)) = fences.iter().find(|(clock, _)| *clock >= s.write_clock) else {
+            return Err(format!(
+                "{what} reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
+                s.writer
+            ));
+        };
+        if !self.ordered(s.writer, fence_epoch, reader) {
+            return Err(format!(
+                "{what} reads shared byte {i}, but no barrier orders thread {}'s fence.proxy.async before it",
+                s.writer
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn write_shared(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let a = self.check_shared(addr, bytes.len())?;
         let me = t as u32;
+        if self.bulk_pending > 0 {
+            self.check_no_bulk_read(a, a + bytes.len())?;
+        }
         for i in a..a + bytes.len() {
             let s = self.shadow[i];
             if s.mbarrier {

@@ -111,6 +111,10 @@ struct Thread {
     /// A write is fenced by the first one after it; a later fence of the same thread does not
     /// undo that one's order.
     proxy_fences: Vec<(u64, u32)>,
+    /// Shared byte ranges this thread's bulk copies (TMA stores) read, not yet committed.
+    bulk_open: Vec<std::ops::Range<usize>>,
+    /// Its committed bulk groups still reading, oldest first.
+    bulk_groups: std::collections::VecDeque<Vec<std::ops::Range<usize>>>,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -171,6 +175,8 @@ struct Block<'a> {
     /// Counts register and shared writes (and `wgmma.fence`s): what orders accesses against
     /// the fences.
     clock: u64,
+    /// Shared byte ranges bulk copies still read, over every thread (0: none to check).
+    bulk_pending: usize,
     /// Each warpgroup's pending `wgmma`s.
     warpgroups: Vec<warpgroup::Warpgroup>,
     /// Whether the program has a `wgmma`: only then do register reads and writes carry the
@@ -521,6 +527,21 @@ impl<'a> Block<'a> {
                 let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
                 self.tma_load(t, dst, map, at, mbar)?;
             }
+            Op::TmaStore2d { map, x, y, src } => {
+                let (map, src) = (self.get(t, &Src::Reg(*map)), self.get(t, &Src::Reg(*src)));
+                let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
+                self.tma_store(t, map, at, src)?;
+            }
+            Op::BulkCommit => {
+                let open = std::mem::take(&mut self.threads[t].bulk_open);
+                self.threads[t].bulk_groups.push_back(open);
+            }
+            Op::BulkWaitRead { n } => {
+                while self.threads[t].bulk_groups.len() > *n as usize {
+                    let done = self.threads[t].bulk_groups.pop_front().unwrap_or_default();
+                    self.bulk_pending -= done.len();
+                }
+            }
             Op::MbarrierTryWait { d, addr, .. } => {
                 // run_thread parks the thread until the phase completed.
                 let a = self.get(t, &Src::Reg(*addr));
@@ -533,6 +554,12 @@ impl<'a> Block<'a> {
                 next = *self.labels.get(target).ok_or("branch to a missing label")?;
             }
             Op::Ret => {
+                let th = &self.threads[t];
+                if !th.bulk_open.is_empty() || !th.bulk_groups.is_empty() {
+                    return Err(format!(
+                        "thread {t} exits while its bulk copies still read shared memory (cp.async.bulk.wait_group.read 0 first)"
+                    ));
+                }
                 self.threads[t].done = true;
             }
             Op::Trace { name, shape, elems } => {
@@ -620,6 +647,8 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                             in_flight: vec![false; total],
                             register_fence: None,
                             proxy_fences: vec![],
+                            bulk_open: vec![],
+                            bulk_groups: Default::default(),
                         })
                         .collect(),
                     shared: vec![0; prog.shared_bytes as usize],
@@ -638,6 +667,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     uninit: std::cell::Cell::new(None),
                     touched_in_flight: std::cell::Cell::new(None),
                     clock: 0,
+                    bulk_pending: 0,
                     mbarriers: HashMap::new(),
                     tracks_wgmma_registers,
                     warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))

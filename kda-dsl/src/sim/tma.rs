@@ -1,11 +1,13 @@
 //! TMA copies in the simulated block: `cp.async.bulk.tensor` moves a tensor map's box from
-//! global to shared memory through the async proxy and completes its bytes on an mbarrier.
+//! global to shared memory through the async proxy and completes its bytes on an mbarrier, or
+//! from shared to global memory (a bulk store) in a bulk group its thread waits for.
 //!
 //! The copy lands when issued; what orders it before a reader is the mbarrier phase it
 //! completes (a read without the wait is a race), and its bytes need no `fence.proxy.async`
 //! before a `wgmma` reads them.
 
 use super::*;
+use crate::hopper_layout::TensorMap2d;
 
 /// Marks a parameter value as tensor map number `value & !MAP_TAG` (an address no tensor has).
 pub(super) const MAP_TAG: u64 = 0xf << 60;
@@ -14,27 +16,7 @@ impl Block<'_> {
     /// Thread `t` copies the box at element coordinates `at` of the tensor map whose address is
     /// `map` to shared `dst`, completing its bytes on the mbarrier at `mbar`.
     pub(super) fn tma_load(&mut self, t: usize, dst: u64, map: u64, at: [i32; 2], mbar: u64) -> R<()> {
-        let index = (map & MAP_TAG == MAP_TAG).then_some((map & !MAP_TAG) as usize);
-        let Some(&(slot, m)) = index.and_then(|i| self.maps.get(i)) else {
-            return Err(format!("TMA copy through {map:#x}, which is no tensor map parameter's address"));
-        };
-        let align = m.swizzle.atom_bytes().max(128);
-        if !dst.is_multiple_of(u64::from(align)) {
-            return Err(format!(
-                "TMA copy to shared byte {dst}: a box with the {:?} swizzle must start on a {align}-byte boundary",
-                m.swizzle
-            ));
-        }
-        // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
-        // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
-        let inner_bytes = i64::from(at[0]) * i64::from(m.elem_bytes);
-        if inner_bytes % 16 != 0 {
-            return Err(format!(
-                "TMA box at inner coordinate {}: {inner_bytes} bytes into the row, not a multiple of 16",
-                at[0]
-            ));
-        }
-        self.check_shared(dst, m.box_bytes() as usize)?;
+        let (slot, m) = self.checked_box(map, at, dst)?;
         let elem = m.elem_bytes as usize;
         for outer in 0..m.box_extent[1] {
             for inner in 0..m.box_extent[0] {
@@ -61,5 +43,80 @@ impl Block<'_> {
             }
         }
         self.mbarrier_complete_tx(t, mbar, m.box_bytes())
+    }
+
+    /// The tensor map at `map` (its tensor's slot and the map), checked for a box at element
+    /// coordinates `at` with its shared side at `shared`.
+    fn checked_box(&self, map: u64, at: [i32; 2], shared: u64) -> R<(usize, TensorMap2d)> {
+        let index = (map & MAP_TAG == MAP_TAG).then_some((map & !MAP_TAG) as usize);
+        let Some(&(slot, m)) = index.and_then(|i| self.maps.get(i)) else {
+            return Err(format!("TMA copy through {map:#x}, which is no tensor map parameter's address"));
+        };
+        let align = m.swizzle.atom_bytes().max(128);
+        if !shared.is_multiple_of(u64::from(align)) {
+            return Err(format!(
+                "TMA copy at shared byte {shared}: a box with the {:?} swizzle must start on a {align}-byte boundary",
+                m.swizzle
+            ));
+        }
+        // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
+        // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
+        let inner_bytes = i64::from(at[0]) * i64::from(m.elem_bytes);
+        if inner_bytes % 16 != 0 {
+            return Err(format!(
+                "TMA box at inner coordinate {}: {inner_bytes} bytes into the row, not a multiple of 16",
+                at[0]
+            ));
+        }
+        self.check_shared(shared, m.box_bytes() as usize)?;
+        Ok((slot, m))
+    }
+
+    /// Thread `t` stores the shared box at `src` to the box at element coordinates `at` of the
+    /// tensor map at `map`: the elements inside the tensor, read through the async proxy (so
+    /// each was fenced by its writer, and ordered by a barrier, before this copy). The box is
+    /// read until the thread's `cp.async.bulk.wait_group.read` retires the copy's group.
+    pub(super) fn tma_store(&mut self, t: usize, map: u64, at: [i32; 2], src: u64) -> R<()> {
+        let (slot, m) = self.checked_box(map, at, src)?;
+        let elem = m.elem_bytes as usize;
+        for outer in 0..m.box_extent[1] {
+            for inner in 0..m.box_extent[0] {
+                let Some(off) = m.global_offset([i64::from(at[0]), i64::from(at[1])], inner, outer) else {
+                    continue;
+                };
+                let from = src + u64::from(m.shared_offset(inner, outer));
+                let bytes = self.read_shared(t, from, elem)?;
+                let i = self.check_shared(from, elem)?;
+                for b in i..i + elem {
+                    self.check_async_visible(t as u32, b, "a TMA store")?;
+                }
+                let off = off as usize;
+                let Some(dst) = self.globals[slot].get_mut(off..off + elem) else {
+                    return Err(format!(
+                        "the tensor map over `{}` reaches byte {off}, past its end",
+                        self.global_names[slot]
+                    ));
+                };
+                dst.copy_from_slice(&bytes);
+            }
+        }
+        let start = self.check_shared(src, m.box_bytes() as usize)?;
+        self.threads[t].bulk_open.push(start..start + m.box_bytes() as usize);
+        self.bulk_pending += 1;
+        Ok(())
+    }
+
+    /// An error when shared bytes `start..end` are being written while a bulk copy reads them.
+    pub(super) fn check_no_bulk_read(&self, start: usize, end: usize) -> R<()> {
+        for (reader, th) in self.threads.iter().enumerate() {
+            let pending = th.bulk_open.iter().chain(th.bulk_groups.iter().flatten());
+            if let Some(r) = pending.into_iter().find(|r| r.start < end && start < r.end) {
+                return Err(format!(
+                    "shared byte {} written while thread {reader}'s bulk copy still reads it (cp.async.bulk.wait_group.read first)",
+                    start.max(r.start)
+                ));
+            }
+        }
+        Ok(())
     }
 }

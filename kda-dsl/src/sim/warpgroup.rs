@@ -219,24 +219,7 @@ impl Block<'_> {
         let bytes = self.read_shared(first, u64::from(addr), 2)?;
         let at = self.check_shared(u64::from(addr), 2)?;
         for i in at..at + 2 {
-            let s = self.shadow[i];
-            if s.async_proxy {
-                continue;
-            }
-            // The writer's first fence after the write (a later one is ordered no earlier).
-            let fences = &self.threads[s.writer as usize].proxy_fences;
-            let Some(&(_, fence_epoch)) = fences.iter().find(|(clock, _)| *clock >= s.write_clock) else {
-                return Err(format!(
-                    "wgmma reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
-                    s.writer
-                ));
-            };
-            if !self.ordered(s.writer, fence_epoch, first as u32) {
-                return Err(format!(
-                    "wgmma reads shared byte {i}, but no barrier orders thread {}'s fence.proxy.async before it",
-                    s.writer
-                ));
-            }
+            self.check_async_visible(first as u32, i, "wgmma")?;
         }
         chunks.insert(at as u32 / 16);
         Ok(u16::from_le_bytes([bytes[0], bytes[1]]))

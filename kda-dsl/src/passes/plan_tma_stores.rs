@@ -1,0 +1,95 @@
+//! TMA bulk stores: on sm_90a a copy from a shared tile to a global box is one thread's
+//! `cp.async.bulk.tensor` stores (one per slab of the tile) when the box takes TMA
+//! (`tma_choice`). The tile must be laid out as the boxes are, canonically: `infer_layouts` asks
+//! [`store_sources`] which tiles to lay out so (those whose only reader is such a store, and which
+//! only fragments write), and [`plan_tma_stores`] then records each store's boxes and map.
+
+use super::TileProgram;
+use crate::diag::{Diag, SrcLoc};
+use crate::tile::*;
+use crate::tma_choice::{choose_tma_store, register_map, takes_tma_once_canonical, TmaBoxes};
+use std::collections::HashSet;
+
+/// A copy from a shared tile to a global box that a bulk store makes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TmaStore {
+    /// The copy in the kernel source.
+    pub loc: SrcLoc,
+    /// The shared tile stored.
+    pub buf: BufId,
+    /// Its boxes, and the index of their map in [`TileProgram::tensor_maps`].
+    pub boxes: (TmaBoxes, usize),
+}
+
+/// The shared tiles whose one reader is a copy to a global box that would take TMA once the
+/// tile is canonical, and whose writers are copies from fragments: `infer_layouts` lays these
+/// out canonically.
+pub fn store_sources(p: &TileProgram) -> HashSet<BufId> {
+    let mut stored = vec![];
+    let mut other_use = HashSet::new();
+    visit_stmts(&p.def.body, &mut |s| match &s.kind {
+        StmtKind::Copy { src: Region::Buf(b), dst: region @ Region::Global { .. } } => {
+            stored.push((*b, takes_tma_once_canonical(p, region, *b)))
+        }
+        StmtKind::Copy { src: Region::Buf(f), dst: Region::Buf(_) } if p.def.buffers[*f].scope == Scope::Fragment => {}
+        _ => other_use.extend(buffers_of(s)),
+    });
+    let stores_of = |b: BufId| stored.iter().filter(|(x, _)| *x == b).count();
+    stored
+        .iter()
+        .filter(|(b, takes)| *takes && stores_of(*b) == 1 && !other_use.contains(b))
+        .filter(|(b, _)| p.def.buffers[*b].scope == Scope::Shared)
+        .map(|(b, _)| *b)
+        .collect()
+}
+
+/// Every buffer statement `s` names (element reads in its body too, which only makes the
+/// caller more careful).
+fn buffers_of(s: &Stmt) -> Vec<BufId> {
+    let mut found = vec![];
+    super::infer_layouts::elems_in(std::slice::from_ref(s), &mut found);
+    let mut out: Vec<BufId> = found.into_iter().map(|(b, _, _)| b).collect();
+    match &s.kind {
+        StmtKind::Copy { src, dst } => {
+            for r in [src, dst] {
+                if let Region::Buf(b) = r {
+                    out.push(*b);
+                }
+            }
+        }
+        StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
+        StmtKind::Fill(b, _) | StmtKind::Print(b) | StmtKind::Store(b, ..) => out.push(*b),
+        StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => out.extend([*src, *dst]),
+        StmtKind::Parallel { over, .. } => out.push(*over),
+        _ => {}
+    }
+    out
+}
+
+/// Records every copy from a shared tile to a global box that takes TMA in `p.tma_stores`,
+/// its map in `p.tensor_maps`.
+pub fn plan_tma_stores(p: &mut TileProgram) -> Result<(), Diag> {
+    let mut stores = vec![];
+    visit_stmts(&p.def.body, &mut |s| {
+        if let StmtKind::Copy { src: Region::Buf(b), dst: Region::Global { .. } } = &s.kind {
+            if p.def.buffers[*b].scope == Scope::Shared {
+                if let Ok(boxes) = choose_tma_store(p, s) {
+                    stores.push((s.loc, *b, boxes));
+                }
+            }
+        }
+    });
+    for (loc, buf, mut boxes) in stores {
+        let map = register_map(&mut p.tensor_maps, &boxes.map);
+        boxes.map.name = p.tensor_maps[map].name.clone();
+        p.tma_stores.push(TmaStore { loc, buf, boxes: (boxes, map) });
+    }
+    Ok(())
+}
+
+impl TileProgram {
+    /// The bulk store of shared tile `buf` by the copy at `loc`, if it is one.
+    pub fn tma_store(&self, loc: SrcLoc, buf: BufId) -> Option<&TmaStore> {
+        self.tma_stores.iter().find(|s| s.loc == loc && s.buf == buf)
+    }
+}

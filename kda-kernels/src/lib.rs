@@ -283,6 +283,8 @@ pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
             (256, 3, true, 4, false),
             (256, 4, true, 4, false),
             (256, 4, false, 4, false),
+            (128, 4, true, 4, true),
+            (128, 4, false, 4, true),
         ]
         .map(|(bn, stages, b_transposed, fill_warps, staged_store)| G {
             bm: 128,

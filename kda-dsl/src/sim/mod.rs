@@ -532,16 +532,8 @@ impl<'a> Block<'a> {
                 let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
                 self.tma_store(t, map, at, src)?;
             }
-            Op::BulkCommit => {
-                let open = std::mem::take(&mut self.threads[t].bulk_open);
-                self.threads[t].bulk_groups.push_back(open);
-            }
-            Op::BulkWaitRead { n } => {
-                while self.threads[t].bulk_groups.len() > *n as usize {
-                    let done = self.threads[t].bulk_groups.pop_front().unwrap_or_default();
-                    self.bulk_pending -= done.len();
-                }
-            }
+            Op::BulkCommit => self.bulk_commit(t),
+            Op::BulkWaitRead { n } => self.bulk_wait_read(t, *n),
             Op::MbarrierTryWait { d, addr, .. } => {
                 // run_thread parks the thread until the phase completed.
                 let a = self.get(t, &Src::Reg(*addr));
@@ -554,12 +546,7 @@ impl<'a> Block<'a> {
                 next = *self.labels.get(target).ok_or("branch to a missing label")?;
             }
             Op::Ret => {
-                let th = &self.threads[t];
-                if !th.bulk_open.is_empty() || !th.bulk_groups.is_empty() {
-                    return Err(format!(
-                        "thread {t} exits while its bulk copies still read shared memory (cp.async.bulk.wait_group.read 0 first)"
-                    ));
-                }
+                self.check_no_bulk_reads_at_exit(t)?;
                 self.threads[t].done = true;
             }
             Op::Trace { name, shape, elems } => {

@@ -119,4 +119,29 @@ impl Block<'_> {
         }
         Ok(())
     }
+
+    /// `cp.async.bulk.commit_group` of thread `t`.
+    pub(super) fn bulk_commit(&mut self, t: usize) {
+        let open = std::mem::take(&mut self.threads[t].bulk_open);
+        self.threads[t].bulk_groups.push_back(open);
+    }
+
+    /// `cp.async.bulk.wait_group.read n` of thread `t`: its older groups stop reading.
+    pub(super) fn bulk_wait_read(&mut self, t: usize, n: u32) {
+        while self.threads[t].bulk_groups.len() > n as usize {
+            let done = self.threads[t].bulk_groups.pop_front().unwrap_or_default();
+            self.bulk_pending -= done.len();
+        }
+    }
+
+    /// An error when thread `t` exits while a bulk copy of its still reads shared memory.
+    pub(super) fn check_no_bulk_reads_at_exit(&self, t: usize) -> R<()> {
+        let th = &self.threads[t];
+        if th.bulk_open.is_empty() && th.bulk_groups.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "thread {t} exits while its bulk copies still read shared memory (cp.async.bulk.wait_group.read 0 first)"
+        ))
+    }
 }

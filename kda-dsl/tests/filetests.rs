@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`, `drop_dead_tiles`,
-//! `plan_pipelines`, `allocate_shared`: the pipeline runs up to and including it, and the program is printed),
+//! `plan_pipelines`, `plan_tma_stores`, `allocate_shared`: the pipeline runs up to and including it, and the program is printed),
 //! `copy_plans` and `gemm_plans` (the lowering's plan for every copy or `gemm`) or `ptx` (the
 //! whole compile). A `; target: sm_90a` line picks the target every stage chooses instructions
 //! for (default sm_80).
@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use kda_dsl::passes::{
     allocate_shared::allocate_shared, check_types::check_types, drop_dead_tiles::drop_dead_tiles,
     fuse_reductions::fuse_reductions, infer_layouts::infer_layouts, insert_barriers::insert_barriers,
-    plan_pipelines::plan_pipelines, TileProgram,
+    plan_pipelines::plan_pipelines, plan_tma_stores::plan_tma_stores, TileProgram,
 };
 use kda_dsl::tile::KernelDef;
 use kda_dsl::tile_text::parse_kernel;
@@ -44,8 +44,15 @@ enum Stage {
 }
 
 /// The tile passes in pipeline order.
-const PASSES: [&str; 6] =
-    ["infer_layouts", "fuse_reductions", "insert_barriers", "drop_dead_tiles", "plan_pipelines", "allocate_shared"];
+const PASSES: [&str; 7] = [
+    "infer_layouts",
+    "fuse_reductions",
+    "insert_barriers",
+    "drop_dead_tiles",
+    "plan_pipelines",
+    "plan_tma_stores",
+    "allocate_shared",
+];
 
 impl Stage {
     fn parse(name: &str) -> Result<Stage, String> {
@@ -124,8 +131,15 @@ type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 /// The tile passes up to `n` over a type-checked kernel.
 fn tile_passes(def: KernelDef, target: kda_dsl::Target, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
     let mut p = TileProgram::new(def, target);
-    let passes: [TilePass; 6] =
-        [infer_layouts, fuse_reductions, insert_barriers, drop_dead_tiles, plan_pipelines, allocate_shared];
+    let passes: [TilePass; 7] = [
+        infer_layouts,
+        fuse_reductions,
+        insert_barriers,
+        drop_dead_tiles,
+        plan_pipelines,
+        plan_tma_stores,
+        allocate_shared,
+    ];
     for pass in &passes[..n] {
         pass(&mut p)?;
     }

@@ -702,6 +702,7 @@ pub fn chunk(
     state: GlobalMut<(P, HV, S1, S2), { cfg.state_dtype }>,
     final_state: GlobalMut<(F, HV, S1, S2), { cfg.state_dtype }>,
     state_indices: Global<(NI,), { cfg.states.indices() }>,
+    read_indices: Global<(NR,), { cfg.states.indices() }>,
     has_initial: Global<(NH,), { cfg.states.has_initial().unwrap_or(I32) }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
     prep: Global<(WB, TP, HV, PW), { cfg.operands.dtype() }>,
@@ -750,11 +751,13 @@ pub fn chunk(
         bi = 0;
         pad = 15 * n;
     }
-    // The state slot (-1: padding, which writes zero output rows and touches no state) and
-    // whether the sequence starts from it.
+    // The state slot (-1: padding, which writes zero output rows and touches no state), the
+    // slot it starts from (`read_indices`, the same tensor as `state_indices` unless the
+    // caller gave one; -1: zeros) and whether it does.
     let slot = state_slot(cfg.states.pool(), state_indices, n, P);
-    let from_state = starts_from_slot(cfg.states.has_initial().is_some(), has_initial, n, slot);
+    let read = state_slot(cfg.states.pool(), read_indices, n, P);
     let live = slot >= 0;
+    let from_state = live && starts_from_slot(cfg.states.has_initial().is_some(), has_initial, n, read);
 
     let s = fragment([bv, 128], F32);
     if transition {
@@ -763,7 +766,7 @@ pub fn chunk(
         }
     } else if cfg.states.reads_state() {
         if from_state {
-            copy(state.tile_at([slot, hv, v0, 0], [1, 1, bv, 128]), s);
+            copy(state.tile_at([read, hv, v0, 0], [1, 1, bv, 128]), s);
         } else {
             clear(s);
         }

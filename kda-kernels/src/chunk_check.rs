@@ -195,9 +195,13 @@ pub fn simulate_chunk_on(
     let as_f64 = |v: &[i64]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
     match (cfg.states, &x.state_indices) {
         (ChunkStates::Pool { indices, .. }, Some(idx)) => {
-            args.extend([t("state_indices", &as_f64(idx), indices), i("NI", n)])
+            let read = x.read_indices.as_ref().unwrap_or(idx);
+            args.extend([t("state_indices", &as_f64(idx), indices), i("NI", n)]);
+            args.extend([t("read_indices", &as_f64(read), indices), i("NR", n)]);
         }
-        _ => args.extend([small("state_indices", DType::I32), i("NI", 1)]),
+        _ => {
+            args.extend([small("state_indices", DType::I32), i("NI", 1), small("read_indices", DType::I32), i("NR", 1)])
+        }
     }
     match (cfg.states, &x.has_initial) {
         (ChunkStates::Pool { has_initial: Some(d), .. }, Some(h)) => {
@@ -271,6 +275,7 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         cu_seqlens: Some(tab.seg_cu.clone()),
         initial: Some(table),
         state_indices: Some(indices.to_vec()),
+        read_indices: None,
         has_initial,
         ..x.clone()
     };
@@ -302,6 +307,13 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         _ => common.extend([t("state_indices", &[0.0], DType::I32), i("NI", 1)]),
     }
     let mut merge_args = common.clone();
+    match (pool, &x.state_indices) {
+        (true, Some(idx)) => {
+            let read = x.read_indices.as_ref().unwrap_or(idx);
+            merge_args.extend([t("read_indices", &ints(read), cfg.states.indices()), i("NR", nseq)])
+        }
+        _ => merge_args.extend([t("read_indices", &[0.0], DType::I32), i("NR", 1)]),
+    }
     match (cfg.states.has_initial(), &x.has_initial) {
         (Some(d), Some(hi)) => merge_args.extend([t("has_initial", &ints(hi), d), i("NH", nseq)]),
         _ => merge_args.extend([t("has_initial", &[0.0], DType::I32), i("NH", 1)]),

@@ -85,6 +85,22 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             },
         ),
         f(
+            // Prefix caching: sequences read one cached slot and write their own.
+            "varlen_pool_read_apart_cached_prefix",
+            ChunkConfig {
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Varlen(vec![21, 5, 40, 16, 0, 9]),
+                h: 1,
+                hv: 2,
+                initial: InitialSpec::CachedPrefix { slots: 6 },
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
             "dense_f16_f32_pool_without_has_initial",
             ChunkConfig { dtype: F16, states: ChunkStates::Pool { indices: I32, has_initial: None }, ..d.clone() },
             ChunkSpec {

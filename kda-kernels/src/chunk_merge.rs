@@ -64,13 +64,14 @@ fn segment_end(seg_first: Tensor, n: Val, ns: Val) -> Val {
 }
 
 /// `starts[first] = S_0` and `starts[s + 1] = S_s M_s + H_s` over sequence `n`'s segments `s`
-/// but its last, with `S_0` its initial state (its pool slot, or zeros); states V-first
+/// but its last, with `S_0` its initial state (its read slot, or zeros); states V-first
 /// `[V, K]`, `M_s` `[K, K]`. A padding sequence (pool slot outside the pool) writes nothing.
 #[kernel]
 pub fn chunk_merge(
     cfg: &MergeConfig,
     state: Global<(P, HV, S1, S2), { cfg.state_dtype }>,
     state_indices: Global<(NI,), { cfg.states.indices() }>,
+    read_indices: Global<(NR,), { cfg.states.indices() }>,
     has_initial: Global<(NH,), { cfg.states.has_initial().unwrap_or(I32) }>,
     seg_first: Global<(NF,), I32>,
     h: Global<(NS, HV, S1, S2), F32>,
@@ -83,7 +84,8 @@ pub fn chunk_merge(
     assume_extent(S2, 128);
     let v0 = xb * MERGE_ROWS;
     let slot = state_slot(cfg.states.pool(), state_indices, n, P);
-    let from_state = starts_from_slot(cfg.states.has_initial().is_some(), has_initial, n, slot);
+    let read = state_slot(cfg.states.pool(), read_indices, n, P);
+    let from_state = starts_from_slot(cfg.states.has_initial().is_some(), has_initial, n, read);
     let first = seg_first[n];
     let end = segment_end(seg_first, n, NS);
     // The block's rows of the state live in the accumulator from one segment to the next.
@@ -97,7 +99,7 @@ pub fn chunk_merge(
     let m_lo = shared([128, 128], BF16);
     if slot >= 0 && first < end {
         if cfg.states.reads_state() && from_state {
-            copy(state.tile_at([slot, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
+            copy(state.tile_at([read, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
         } else {
             clear(acc);
         }

@@ -61,6 +61,10 @@ pub struct ChunkInputs {
     /// written back there. A slot outside `[0, P)` is padding: zero output rows, nothing read or
     /// written.
     pub state_indices: Option<Vec<i64>>,
+    /// `[N]` pool slots to read from, with `state_indices` (which still names the slot the
+    /// final state goes to): sequence n starts from `pool[read_indices[n]]`, zeros when that
+    /// slot is outside the pool. Absent: `state_indices`.
+    pub read_indices: Option<Vec<i64>>,
     /// `[N]`: nonzero starts sequence n from its initial state, zero from zeros. Absent: every
     /// sequence starts from its initial state. Honoured with or without `state_indices`.
     pub has_initial: Option<Vec<i64>>,
@@ -128,6 +132,14 @@ pub enum InitialSpec {
     /// the others take distinct random slots (so `slots` must cover them) and start from zeros
     /// when `n % 3 == 2`. Three sequences show every kind; five show both padding kinds.
     Pool {
+        /// Pool slots P.
+        slots: usize,
+    },
+    /// As [`InitialSpec::Pool`], with `read_indices` apart (prefix caching): every live
+    /// sequence writes its own slot among the first `slots - 1` and reads the last, a cached
+    /// state no sequence writes, except those with `n % 4 == 3`, which read one past the pool
+    /// (zeros).
+    CachedPrefix {
         /// Pool slots P.
         slots: usize,
     },
@@ -289,11 +301,17 @@ impl ChunkInputs {
         let mut states = |slots: usize| -> Vec<f64> {
             (0..slots * hv * D * D).map(|_| round_to(rng.normal() * 0.1, spec.state_dtype)).collect()
         };
+        let (writable, cached) = match spec.initial {
+            InitialSpec::CachedPrefix { slots } => (slots - 1, Some(slots - 1)),
+            InitialSpec::Pool { slots } => (slots, None),
+            _ => (0, None),
+        };
         let (initial, state_indices, has_initial) = match spec.initial {
             InitialSpec::None => (None, None, None),
             InitialSpec::PerSequence => (Some(states(n_seq)), None, None),
-            InitialSpec::Pool { slots } => {
-                let pool = states(slots);
+            InitialSpec::Pool { .. } | InitialSpec::CachedPrefix { .. } => {
+                let (slots, total) = (writable, writable + usize::from(cached.is_some()));
+                let pool = states(total);
                 let live = (0..n_seq).filter(|n| n % 3 != 1).count();
                 assert!(slots >= live, "InitialSpec::Pool: {slots} slots for {live} live sequences");
                 // Distinct slots in random order (Fisher-Yates): the caller's contract (no slot written
@@ -310,7 +328,7 @@ impl ChunkInputs {
                             if pads % 2 == 1 {
                                 -1
                             } else {
-                                slots as i64
+                                total as i64
                             }
                         } else {
                             next += 1;
@@ -322,6 +340,10 @@ impl ChunkInputs {
                 (Some(pool), Some(idx), Some(has))
             }
         };
+        let read_indices = cached.map(|c| {
+            let outside = c as i64 + 1;
+            (0..n_seq).map(|n| if n % 4 == 3 { outside } else { c as i64 }).collect()
+        });
         ChunkInputs {
             b,
             t,
@@ -342,6 +364,7 @@ impl ChunkInputs {
             cu_seqlens,
             initial,
             state_indices,
+            read_indices,
             has_initial,
         }
     }
@@ -365,10 +388,14 @@ impl ChunkInputs {
     fn slot(&self, n: usize) -> Slot {
         let starts = self.has_initial.as_ref().is_none_or(|h| h[n] != 0);
         let (p, have_state) = (self.pool_slots(), self.initial.is_some());
+        let in_pool = |slot: i64| usize::try_from(slot).ok().filter(|s| *s < p);
         match &self.state_indices {
-            Some(idx) => match usize::try_from(idx[n]) {
-                Ok(s) if s < p => Slot { read: (starts && have_state).then_some(s), write: Some(s) },
-                _ => Slot { read: None, write: None },
+            Some(idx) => match in_pool(idx[n]) {
+                Some(s) => {
+                    let read = self.read_indices.as_ref().map_or(Some(s), |r| in_pool(r[n]));
+                    Slot { read: read.filter(|_| starts && have_state), write: Some(s) }
+                }
+                None => Slot { read: None, write: None },
             },
             None => Slot { read: (starts && have_state).then_some(n), write: Some(n) },
         }

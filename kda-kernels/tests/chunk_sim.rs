@@ -484,6 +484,8 @@ fn merge_chains_segment_states() {
         i("P", n),
         t("state_indices", &[0.0], I32),
         i("NI", 1),
+        t("read_indices", &[0.0], I32),
+        i("NR", 1),
         t("has_initial", &[0.0], I32),
         i("NH", 1),
         t("seg_first", &firsts, I32),
@@ -546,7 +548,9 @@ fn split_equals_unsplit() {
         let states = match initial {
             InitialSpec::None => ChunkStates::Zeros { store_final: true },
             InitialSpec::PerSequence => ChunkStates::PerSequence { store_final: true },
-            InitialSpec::Pool { .. } => ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+            InitialSpec::Pool { .. } | InitialSpec::CachedPrefix { .. } => {
+                ChunkStates::Pool { indices: I32, has_initial: Some(I32) }
+            }
         };
         let mut cfg =
             ChunkConfig { state_dtype, states, varlen: x.cu_seqlens.as_ref().map(|_| I32), ..ChunkConfig::default() };
@@ -761,4 +765,65 @@ fn values_beyond_f16_range_need_bf16_operands() {
     assert!(r.out_err <= to && r.state_err <= ts, "bf16 operands: out {:.3e} state {:.3e}", r.out_err, r.state_err);
     let f16 = simulate_chunk(&ChunkConfig::default(), &x).unwrap_or_else(|e| panic!("{e}"));
     assert!(f16.out.iter().any(|o| !o.is_finite()), "f16 operands kept values of 2^17 finite");
+}
+
+/// `read_indices` apart from `state_indices`: two sequences read one cached slot and write
+/// their own, a third reads a slot outside the pool (zeros), a fourth is padding. Against the
+/// f64 reference, fused, over a prepared workspace and split; the read slot is left as it was,
+/// and each sequence equals the same call reading and writing its own copy of that slot.
+#[test]
+fn sequences_read_one_slot_and_write_their_own() {
+    let spec = ChunkSpec {
+        lengths: Lengths::Varlen(vec![40, 23, 70, 9]),
+        initial: InitialSpec::Pool { slots: 6 },
+        ..ChunkSpec::default()
+    };
+    let mut x = ChunkInputs::random(&mut Rng::new(91), &spec);
+    x.has_initial = None;
+    let cached = 4usize;
+    x.state_indices = Some(vec![0, 1, 2, -1]);
+    x.read_indices = Some(vec![cached as i64, cached as i64, 99, cached as i64]);
+    let states = ChunkStates::Pool { indices: I32, has_initial: None };
+    let fused = ChunkConfig { states, varlen: Some(I32), ..ChunkConfig::default() };
+    let prepared = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..fused };
+    let pool0 = x.initial.clone().expect("a pool");
+    // The same call with the cached state copied into each writer's slot, read in place.
+    let mut in_place = x.clone();
+    let mut pool = pool0.clone();
+    for w in [0usize, 1] {
+        let at = w * 128 * 128 * x.hv;
+        let from = cached * 128 * 128 * x.hv;
+        let cached_state = pool0[from..from + 128 * 128 * x.hv].to_vec();
+        pool[at..at + 128 * 128 * x.hv].copy_from_slice(&cached_state);
+    }
+    in_place.initial = Some(pool);
+    in_place.read_indices = None;
+    in_place.has_initial = Some(vec![1, 1, 0, 1]);
+    let slot = |pool: &[f64], s: usize| pool[s * 128 * 128 * x.hv..(s + 1) * 128 * 128 * x.hv].to_vec();
+    for (name, cfg) in [("fused", fused), ("prepared", prepared)] {
+        let r = check_chunk(&cfg, &x).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{name}");
+        let (to, ts) = tolerance(&cfg);
+        assert!(r.out_err <= to && r.state_err <= ts, "{name}: out {:.3e} state {:.3e}", r.out_err, r.state_err);
+        assert!(
+            bits(&slot(&r.got.final_state, cached)) == bits(&slot(&pool0, cached)),
+            "{name}: the read slot changed"
+        );
+        let with_has_initial =
+            ChunkConfig { states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) }, ..cfg };
+        let want = simulate_chunk(&with_has_initial, &in_place).unwrap_or_else(|e| panic!("{name}, in place: {e}"));
+        assert!(bits(&r.got.out) == bits(&want.out), "{name}: outputs differ from reading in place");
+        for s in [0, 1, 2] {
+            assert!(bits(&slot(&r.got.final_state, s)) == bits(&slot(&want.final_state, s)), "{name}: slot {s}");
+        }
+        let split = check_split(&cfg, &x, 32).unwrap_or_else(|e| panic!("{name}, split: {e}"));
+        assert_eq!((split.bad_elements, split.untouched_changed), (0, 0), "{name}, split");
+        assert!(
+            split.out_err <= to && split.state_err <= ts,
+            "{name}, split: {:.3e} {:.3e}",
+            split.out_err,
+            split.state_err
+        );
+        assert!(bits(&slot(&split.got.final_state, cached)) == bits(&slot(&pool0, cached)), "{name}, split: read slot");
+    }
 }

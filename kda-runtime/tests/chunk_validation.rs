@@ -830,3 +830,42 @@ fn one_layers_rules_make_both_calls() {
         }
     }
 }
+
+#[test]
+fn read_indices_need_state_indices_and_share_their_dtype() {
+    let c = Case::new(2, 3);
+    let (pool, si, ri) = (state(10, 8, F32), tv(9, &[2], I32), tv(11, &[2], I32));
+    let r = c.run(|a| (a.read_indices, a.initial_state) = (Some(&ri), Some(&pool)));
+    err(r, "read_indices", "read_indices is only meaningful with state_indices");
+    let check = |ri: &TensorView, phrase: &str| {
+        let r = c.run(|a| (a.state_indices, a.initial_state, a.read_indices) = (Some(&si), Some(&pool), Some(ri)));
+        err(r, "read_indices", phrase);
+    };
+    check(&tv(11, &[2, 1], I32), "read_indices must have shape [N] (one entry per sequence), got [2, 1].");
+    check(&tv(11, &[2], F32), "read_indices must have dtype i32 or i64, got f32.");
+    check(&tv(11, &[3], I32), "read_indices must have N = 2 entries (one per sequence), got 3.");
+    check(&tv(11, &[2], I64), "read_indices must have state_indices' dtype (i32), got i64.");
+    c.plan(|a| (a.state_indices, a.initial_state, a.read_indices) = (Some(&si), Some(&pool), Some(&ri)));
+}
+
+/// The checked mode: a sequence may read its own slot (the in-place default) or one no
+/// sequence of the call writes (a cached prefix, read by several), never another's.
+#[test]
+fn checked_read_slots_are_not_written_by_other_sequences() {
+    use kda_runtime::chunk::{check_chunk_indices, ChunkIndices};
+    let c = Case::varlen(9, 3, I32, false);
+    let (pool, si) = (state(10, 8, F32), tv(9, &[3], I32));
+    let p = c.plan(|a| (a.state_indices, a.initial_state, a.checked) = (Some(&si), Some(&pool), true));
+    let cu = [0, 2, 5, 9];
+    let check = |write: &[i64], read: &[i64]| {
+        let x = ChunkIndices { cu_seqlens: Some(&cu), state_indices: Some(write), read_indices: Some(read) };
+        check_chunk_indices(&p, x)
+    };
+    check(&[0, 1, 2], &[0, 1, 2]).expect("in place");
+    check(&[0, 1, 2], &[7, 7, -1]).expect("one cached slot read twice, one fresh");
+    check(&[0, -1, 2], &[7, 0, 99]).expect("a padding sequence's read and a read outside the pool are no reads");
+    let e = check(&[0, 1, 2], &[7, 2, 7]).expect_err("sequence 1 reads what sequence 2 writes").to_string();
+    assert!(e.contains("read_indices[1] = 2 is the slot sequence 2 writes"), "{e}");
+    let x = ChunkIndices { cu_seqlens: Some(&cu), state_indices: Some(&[0, 1, 2]), read_indices: Some(&[7]) };
+    assert!(check_chunk_indices(&p, x).expect_err("a short copy").to_string().contains("read_indices"));
+}

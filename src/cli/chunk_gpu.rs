@@ -27,6 +27,7 @@ pub struct ChunkTensors {
     dt_bias: Option<DeviceTensor>,
     initial: Option<DeviceTensor>,
     indices: Option<DeviceTensor>,
+    read: Option<DeviceTensor>,
     has_initial: Option<DeviceTensor>,
     cu: Option<DeviceTensor>,
     out: DeviceTensor,
@@ -87,6 +88,10 @@ pub fn upload_chunk(
             Some(d) => opt_i(&x.state_indices, &[n], d)?,
             None => None,
         },
+        read: match idx_dt {
+            Some(d) => opt_i(&x.read_indices, &[n], d)?,
+            None => None,
+        },
         has_initial: match has_dt {
             Some(d) => opt_i(&x.has_initial, &[n], d)?,
             None => None,
@@ -111,6 +116,7 @@ pub struct ChunkViews {
     dt_bias: Option<TensorView>,
     initial: Option<TensorView>,
     indices: Option<TensorView>,
+    read: Option<TensorView>,
     has_initial: Option<TensorView>,
     cu: Option<TensorView>,
     out: TensorView,
@@ -131,6 +137,7 @@ impl ChunkTensors {
             dt_bias: v(&self.dt_bias),
             initial: v(&self.initial),
             indices: v(&self.indices),
+            read: v(&self.read),
             has_initial: v(&self.has_initial),
             cu: v(&self.cu),
             out: self.out.view(),
@@ -158,6 +165,7 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a.use_qk_l2norm_in_kernel = Some(x.l2norm);
     a.output = Some(&v.out);
     a.state_indices = v.indices.as_ref();
+    a.read_indices = v.read.as_ref();
     a.has_initial_state = v.has_initial.as_ref();
     a
 }

@@ -77,6 +77,12 @@ pub struct ChunkArgs<'a> {
     /// A slot outside `[0, pool)` is padding (zero output rows, no state touched). Default
     /// `None`: `initial_state[n]` and `final_state[n]` as in the reference.
     pub state_indices: Option<&'a TensorView>,
+    /// Rust extra (prefix caching): pool slot per sequence `[N]` to start from, state_indices'
+    /// dtype; `state_indices` still names the slot the final state goes to, so a cached prefix
+    /// state is read and never overwritten, and several sequences may read one slot. A read
+    /// slot outside `[0, pool)` starts the sequence from zeros. Only with `state_indices`.
+    /// Default `None`: `state_indices` (read and write in place).
+    pub read_indices: Option<&'a TensorView>,
     /// Rust extra: per sequence `[N]`, i32 or i64, nonzero when the pool slot holds an initial
     /// state (zeros are used otherwise). Only with `state_indices`. Default `None`: every slot
     /// holds one.
@@ -157,6 +163,7 @@ impl<'a> ChunkArgs<'a> {
             output: None,
             final_state: None,
             state_indices: None,
+            read_indices: None,
             has_initial_state: None,
             max_seqlen: None,
             checked: false,

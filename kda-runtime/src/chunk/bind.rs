@@ -18,7 +18,7 @@ use crate::tensor::TensorView;
 const D: usize = crate::validate::HEAD_DIM;
 
 /// The chunk kernel's arguments by name (an array: building them allocates nothing).
-pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 18];
+pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 19];
 
 /// The kernel's arguments for a planned call: the inputs as the kernel's 4-D (3-D for beta)
 /// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
@@ -62,6 +62,11 @@ pub(crate) fn kernel_args(
         (true, Some(t)) => *t,
         _ => empty_index()?,
     };
+    // The slots sequences start from: state_indices itself unless the caller gave others.
+    let read = match (pool, args.read_indices) {
+        (true, Some(t)) => *t,
+        _ => indices,
+    };
     let has_initial = match (pool, args.has_initial_state) {
         (true, Some(t)) => *t,
         _ => empty_index()?,
@@ -102,6 +107,7 @@ pub(crate) fn kernel_args(
         ("state", T(state)),
         ("final_state", T(final_view)),
         ("state_indices", T(indices)),
+        ("read_indices", T(read)),
         ("has_initial", T(has_initial)),
         ("cu_seqlens", T(cu)),
         ("prep", T(prep)),

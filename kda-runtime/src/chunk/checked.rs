@@ -12,16 +12,26 @@ fn invalid(arg: &'static str, message: String) -> ChunkError {
     ChunkError::InvalidArgument { arg, message }
 }
 
-/// Checks host copies (widened to `i64`, one entry per element) of `cu_seqlens` (given for
-/// varlen calls) and `state_indices` (given with the pool): `cu_seqlens` rises monotonically from 0 to
-/// `S`; every slot is in `[0, pool)` or negative (padding); no two sequences name one slot (each
-/// writes its slot in place, so a shared slot is a race); and a `max_seqlen` hint is at least
-/// the longest sequence.
-pub fn check_chunk_indices(
-    plan: &ChunkPlan,
-    cu_seqlens: Option<&[i64]>,
-    state_indices: Option<&[i64]>,
-) -> Result<(), ChunkError> {
+/// Host copies (widened to `i64`, one entry per element) of a call's index tensors, each where
+/// the call has it: `cu_seqlens` for varlen calls, `state_indices` and `read_indices` with the
+/// pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChunkIndices<'a> {
+    /// `cu_seqlens`.
+    pub cu_seqlens: Option<&'a [i64]>,
+    /// `state_indices`.
+    pub state_indices: Option<&'a [i64]>,
+    /// `read_indices`.
+    pub read_indices: Option<&'a [i64]>,
+}
+
+/// Checks the host copies `x`: `cu_seqlens` rises monotonically from 0 to `S`; every
+/// `state_indices` slot is in `[0, pool)` or negative (padding); no two sequences write one slot
+/// (each writes its slot, so a shared slot is a race); no sequence reads a slot another
+/// sequence of the call writes (`read_indices`: it could read the new state; reading its own
+/// slot is the in-place default); and a `max_seqlen` hint is at least the longest sequence.
+pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), ChunkError> {
+    let ChunkIndices { cu_seqlens, state_indices, read_indices } = x;
     let copy_len = |arg: &'static str, got: usize, want: usize| {
         if got == want {
             return Ok(());
@@ -68,6 +78,18 @@ pub fn check_chunk_indices(
             if let Some(m) = owner.insert(slot, n) {
                 let msg = format!("state_indices[{m}] and state_indices[{n}] both name slot {slot}; each sequence writes its slot in place.");
                 return Err(invalid("state_indices", msg));
+            }
+        }
+        if let Some(read) = read_indices {
+            copy_len("read_indices", read.len(), plan.nseq)?;
+            for (n, slot) in read.iter().enumerate().filter(|(n, _)| idx[*n] >= 0 && (idx[*n] as u64) < pool as u64) {
+                if let Some(&m) = owner.get(slot).filter(|m| **m != n) {
+                    let msg = format!(
+                        "read_indices[{n}] = {slot} is the slot sequence {m} writes (state_indices[{m}]) in the same call; \
+                         a sequence may read only a slot no other sequence of the call writes."
+                    );
+                    return Err(invalid("read_indices", msg));
+                }
             }
         }
     }

@@ -4,7 +4,7 @@ use cudarc::driver::CudaStream;
 
 use super::args::ChunkArgs;
 use super::bind::kernel_args;
-use super::checked::check_chunk_indices;
+use super::checked::{check_chunk_indices, ChunkIndices};
 use super::plan::{plan_chunk, ChunkPlan, FinalState, InitialState};
 use super::steps::run_steps;
 #[cfg(doc)]
@@ -111,11 +111,14 @@ fn launch_plan(
             (Some(t), Some(_)) => Some(download_i64(t, stream)?),
             _ => None,
         };
-        let idx = match (args.state_indices, plan.initial) {
-            (Some(t), InitialState::Pool { .. }) => Some(download_i64(t, stream)?),
-            _ => None,
+        let pool_ints = |t: Option<&crate::TensorView>| match (t, plan.initial) {
+            (Some(t), InitialState::Pool { .. }) => download_i64(t, stream).map(Some),
+            _ => Ok(None),
         };
-        check_chunk_indices(plan, cu.as_deref(), idx.as_deref())?;
+        let (idx, read) = (pool_ints(args.state_indices)?, pool_ints(args.read_indices)?);
+        let indices =
+            ChunkIndices { cu_seqlens: cu.as_deref(), state_indices: idx.as_deref(), read_indices: read.as_deref() };
+        check_chunk_indices(plan, indices)?;
     }
     // The workspace the path takes: a caller's must hold it (checked before anything is
     // allocated); without one, the kept workspace is taken below, once there is work.

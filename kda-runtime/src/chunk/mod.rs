@@ -35,7 +35,7 @@ pub mod tuning;
 mod workspace;
 
 pub use args::ChunkArgs;
-pub use checked::check_chunk_indices;
+pub use checked::{check_chunk_indices, ChunkIndices};
 pub(crate) use eligibility::may_take_ranges;
 pub use eligibility::{
     DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS, SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS,

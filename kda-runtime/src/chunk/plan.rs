@@ -469,11 +469,17 @@ fn check_gate_params(args: &ChunkArgs, hv: usize) -> Result<(), ChunkError> {
     Ok(())
 }
 
-/// The Rust extras `state_indices` / `has_initial_state`, their conflicts, and the shape (and,
-/// for the pool, dtype) of `initial_state`.
+/// The Rust extras `state_indices` / `read_indices` / `has_initial_state`, their conflicts, and
+/// the shape (and, for the pool, dtype) of `initial_state`.
 fn check_initial_state(args: &ChunkArgs, n: usize, hv: usize) -> Result<InitialState, ChunkError> {
     let tail = [hv, HEAD_DIM, HEAD_DIM];
     let Some(si) = args.state_indices else {
+        if args.read_indices.is_some() {
+            let msg =
+                "read_indices is only meaningful with state_indices (it names the pool slot each sequence starts \
+                       from, state_indices the one it writes); pass state_indices or drop it.";
+            return Err(invalid("read_indices", msg.into()));
+        }
         if args.has_initial_state.is_some() {
             let msg = "has_initial_state is only meaningful with state_indices (it marks which pool slots hold an \
                        initial state); pass state_indices or drop it.";
@@ -490,6 +496,13 @@ fn check_initial_state(args: &ChunkArgs, n: usize, hv: usize) -> Result<InitialS
         return Ok(InitialState::PerSequence { dtype: init.dtype() });
     };
     let indices = per_sequence_ints("state_indices", si, n)?;
+    if let Some(ri) = args.read_indices {
+        let read = per_sequence_ints("read_indices", ri, n)?;
+        if read != indices {
+            let msg = format!("read_indices must have state_indices' dtype ({indices}), got {read}.");
+            return Err(invalid("read_indices", msg));
+        }
+    }
     let has_initial = args.has_initial_state.map(|x| per_sequence_ints("has_initial_state", x, n)).transpose()?;
     let Some(pool) = args.initial_state else {
         let msg = "initial_state must be provided when state_indices is given: it is the state pool the sequences \

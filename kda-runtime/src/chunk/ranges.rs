@@ -103,11 +103,12 @@ pub(super) fn range_launches(
                 a.output_final_state = true;
                 a.final_state = Some(fin);
             }
-            // Each range reads and writes the pool slots in place; the first starts fresh
-            // prompts from zeros, every other reads the slot the one before wrote.
+            // Each range writes the pool slots; the first reads the call's read slots (fresh
+            // prompts start from zeros), every other the slot the one before wrote.
             None => {
                 a.initial_state = args.initial_state;
                 a.state_indices = args.state_indices;
+                a.read_indices = args.read_indices.filter(|_| r == 0);
                 a.has_initial_state = args.has_initial_state.filter(|_| r == 0);
             }
         }

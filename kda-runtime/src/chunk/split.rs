@@ -234,6 +234,10 @@ pub(super) fn steps_over(
         InitialState::Pool { .. } => (index(args.state_indices)?, index(args.has_initial_state)?),
         _ => (empty(&[0], DType::I32)?, empty(&[0], DType::I32)?),
     };
+    let read_indices = match (plan.initial, args.read_indices) {
+        (InitialState::Pool { .. }, Some(t)) => *t,
+        _ => state_indices,
+    };
     let cu = match plan.varlen {
         Some(_) => index(args.cu_seqlens)?,
         None => empty(&[0], DType::I32)?,
@@ -254,6 +258,7 @@ pub(super) fn steps_over(
     let merge = vec![
         ("state", T(initial)),
         ("state_indices", T(state_indices)),
+        ("read_indices", T(read_indices)),
         ("has_initial", T(has_initial)),
         ("seg_first", T(tables.seg_first)),
         ("h", T(tables.h)),

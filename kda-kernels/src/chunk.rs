@@ -199,6 +199,29 @@ pub struct ChunkConfig {
     pub preparation: Preparation,
     /// The state's products' operand type.
     pub operands: ChunkOperands,
+    /// Prefix caching: chunks aligned to absolute positions, and checkpoints.
+    pub prefix: PrefixCaching,
+}
+
+/// Prefix caching in the pool mode (`prefix_lens`, `checkpoint_slots`): what a config takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PrefixCaching {
+    /// `prefix_lens` given, and its dtype: sequence `n`'s token `i` is at absolute position
+    /// `prefix_lens[n] + i`, and chunks end at absolute multiples of 16 (the first may be
+    /// shorter).
+    pub prefix_lens: Option<DType>,
+    /// `checkpoint_slots` given, and its dtype: the state after every absolute position `p`
+    /// that is a multiple of `checkpoint_every` and strictly inside the call's part of the
+    /// sequence goes to `checkpoints[checkpoint_slots[n, p / checkpoint_every - 1]]`.
+    pub checkpoint_slots: Option<DType>,
+}
+
+impl PrefixCaching {
+    /// A short stable name (empty without prefix caching).
+    fn key(&self) -> String {
+        let part = |tag: &str, d: Option<DType>| d.map(|d| format!("_{tag}{}", d.name())).unwrap_or_default();
+        part("prefix", self.prefix_lens) + &part("ckpt", self.checkpoint_slots)
+    }
 }
 
 impl Default for ChunkConfig {
@@ -218,6 +241,7 @@ impl Default for ChunkConfig {
             run: ChunkRun::Output,
             preparation: Preparation::InKernel,
             operands: ChunkOperands::F16,
+            prefix: PrefixCaching::default(),
         }
     }
 }
@@ -298,13 +322,14 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}_w{}_mb{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
             self.states.key(),
+            self.prefix.key(),
             self.shape.warps,
             self.shape.min_blocks,
             // Two stages, the fused kernel's, go unnamed.
@@ -684,6 +709,37 @@ fn output_rows(ut: Tile, mq_sh: Tile, ot: Tile, o_sh: Tile, live: Val) {
     }
 }
 
+/// The state `s` (value rows `v0 .. v0 + bv` of head `hv`) after absolute position `p` of
+/// sequence `n`, to its checkpoint when `inside` (a live sequence, `p` before the call's last
+/// token) and `p` is a multiple of `every`: column `p / every - 1` of `slots`' row `n` (of `cc`
+/// columns), skipped past the row's columns or for a slot outside the `pc` of `checkpoints`.
+#[kda_macros::kernel_fn]
+#[allow(clippy::too_many_arguments)] // the checkpoint's tensors and coordinates, as the kernel has them
+fn write_checkpoint(
+    s: Tile,
+    checkpoints: Tensor,
+    slots: Tensor,
+    n: Val,
+    hv: Val,
+    v0: Val,
+    bv: usize,
+    inside: Val,
+    p: Val,
+    every: Val,
+    cc: Val,
+    pc: Val,
+) {
+    if inside && p % every == 0 {
+        let col = p / every - 1;
+        if col < cc {
+            let raw = slots[n][col];
+            if raw >= 0 && raw < pc {
+                copy(s, checkpoints.tile_at([raw as i32, hv, v0, 0], [1, 1, bv, 128]));
+            }
+        }
+    }
+}
+
 /// The chunked recurrence for `16 · warps` value rows of one (sequence, value head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
@@ -707,10 +763,14 @@ pub fn chunk(
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
     prep: Global<(WB, TP, HV, PW), { cfg.operands.dtype() }>,
     prep_decay: Global<(WB, TC, HV, DW), F32>,
+    prefix_lens: Global<(NPL,), { cfg.prefix.prefix_lens.unwrap_or(I32) }>,
+    checkpoint_slots: Global<(NCK, CC), { cfg.prefix.checkpoint_slots.unwrap_or(I32) }>,
+    checkpoints: GlobalMut<(PC, HV, S1, S2), { cfg.state_dtype }>,
     out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
     NSEQ: Dim,
     scale: f32,
     lower_bound: f32,
+    checkpoint_every: i32,
 ) {
     let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
@@ -834,16 +894,27 @@ pub fn chunk(
     // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
     // `c`, so the loop divides nothing (as `chunk_prep` finds it).
     let d0 = (bos + pad) / 16;
-    let mut chunks = ceil_div(eos - bos, 16);
+    // With `prefix_lens`, chunks end at absolute multiples of 16: the first takes the `lead`
+    // tokens up to the first (all 16 when the prefix is whole chunks).
+    let mut prefix = 0;
+    let mut lead = 0;
+    if cfg.prefix.prefix_lens.is_some() {
+        prefix = prefix_lens[n] as i32;
+        lead = (16 - prefix % 16) % 16;
+    }
+    // An empty sequence has no chunk, whatever its prefix.
+    let shift = select(eos > bos, (16 - lead) % 16, 0);
+    let mut chunks = ceil_div(eos - bos + shift, 16);
     if !output {
         // A padding slot writes no output rows here, so it has nothing to do: the split's
         // state passes leave out the segments they do not need so.
         chunks = select(live, chunks, 0);
     }
     for c in pipelined(0, chunks, stages = cfg.shape.stages) {
-        // The chunk's first token and its workspace row (the fills see them for the chunk
-        // they fetch).
-        let t0 = bos + 16 * c;
+        // The chunk's first token, the end of its tokens and its workspace row (the fills see
+        // them for the chunk they fetch).
+        let t0 = max(bos, bos - shift + 16 * c);
+        let t1 = min(eos, bos - shift + 16 * c + 16);
         let w0 = t0 + pad;
         if prepared {
             // The queries' operands (`qd`, `Mqk`) feed only the output rows.
@@ -859,18 +930,18 @@ pub fn chunk(
             copy(prep_decay.tile_at([bi, d0 + c, hv, 0], [1, 1, 1, 128]), eg_sh);
             copy(prep_decay.tile_at([bi, d0 + c, hv, PREP_BETA], [1, 1, 1, 16]), bt_sh);
         } else {
-            copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
-            copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
-            copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
+            copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, t1, H, 128]), q_sh);
+            copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, t1, H, 128]), k_sh);
+            copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, t1, HV, 128]), g_sh);
         }
         if !transition {
-            copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]), v_sh);
+            copy(v.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, t1, HV, 128]), v_sh);
         }
         if !prepared {
-            copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
+            copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, t1, HV]), b_sh);
         }
-        // Valid rows of this chunk (16 but in the last).
-        let nv = min(eos - t0, 16);
+        // Valid rows of this chunk (16 but in the last, and with a prefix the first).
+        let nv = min(t1 - t0, 16);
 
         if !prepared {
             prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
@@ -891,10 +962,15 @@ pub fn chunk(
         }
         if output {
             output_rows(ut, mq_sh, ot, o_sh, live);
-            copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, eos, HV, 128]));
+            copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, t1, HV, 128]));
         }
         if prepared {
             decay_and_update(s, eg_sh, ut, kr_sh);
+        }
+        if cfg.prefix.checkpoint_slots.is_some() {
+            let inside = live && t1 < eos;
+            let p = prefix + t1 - bos;
+            write_checkpoint(s, checkpoints, checkpoint_slots, n, hv, v0, bv, inside, p, checkpoint_every, CC, PC);
         }
     }
 

@@ -118,6 +118,24 @@ pub fn compare_chunk(cfg: &ChunkConfig, x: &ChunkInputs, got: ChunkOutputs, want
         }
         _ => {}
     }
+    // The checkpoints: each written slot against the reference's, every other left as it was.
+    if let (Some(p), Some(_)) = (&x.prefix, cfg.prefix.checkpoint_slots) {
+        let written: std::collections::HashSet<usize> = (0..n)
+            .filter(|&s| x.state_indices.as_ref().is_none_or(|idx| idx[s] >= 0 && (idx[s] as usize) < x.pool_slots()))
+            .flat_map(|s| p.checkpoints_of(s, x.span(s).1, x.hv))
+            .map(|(_, slot)| slot)
+            .collect();
+        for slot in 0..p.pool.len() / (x.hv * D * D) {
+            for hv in 0..x.hv {
+                let (g, w) = (state(&got.checkpoints, slot, hv), state(&want.checkpoints, slot, hv));
+                if written.contains(&slot) {
+                    state_err = state_err.max(rel_err(&g, &w));
+                } else {
+                    untouched_changed += g.iter().zip(&w).filter(|(a, b)| a != b).count();
+                }
+            }
+        }
+    }
     ChunkCompare { out_err, state_err, bad_elements, untouched_changed, got }
 }
 
@@ -213,6 +231,7 @@ pub fn simulate_chunk_on(
         (Some(d), Some(cu)) => args.extend([t("cu_seqlens", &as_f64(cu), d), i("NC", cu.len())]),
         _ => args.extend([small("cu_seqlens", DType::I32), i("NC", 1)]),
     }
+    args.extend(prefix_args(cfg, x));
     match cfg.preparation {
         Preparation::InKernel => args.extend([
             small("prep", cfg.operands.dtype()),
@@ -248,7 +267,46 @@ pub fn simulate_chunk_on(
         _ if stores_final => tensor_values(&args, "final_state", st),
         _ => vec![],
     };
-    Ok(ChunkOutputs { out: tensor_values(&args, "out", dt), final_state })
+    let checkpoints = match cfg.prefix.checkpoint_slots {
+        Some(_) => tensor_values(&args, "checkpoints", st),
+        None => vec![],
+    };
+    Ok(ChunkOutputs { out: tensor_values(&args, "out", dt), final_state, checkpoints })
+}
+
+/// The prefix-caching arguments of `cfg`'s kernel for `x`: its `prefix_lens`, checkpoint slots
+/// and pool and `checkpoint_every` where the config takes them, placeholders otherwise.
+fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
+    let t = |n: &str, v: &[f64], d: DType| (n.to_string(), SimArg::Tensor(to_bytes(v, d)));
+    let i = |n: &str, v: usize| (n.to_string(), SimArg::I32(v as i32));
+    let ints = |v: &[i64]| v.iter().map(|e| *e as f64).collect::<Vec<_>>();
+    let n = x.sequences();
+    let p = x.prefix.as_ref();
+    let mut args = vec![];
+    match (cfg.prefix.prefix_lens, p) {
+        (Some(d), Some(p)) => args.extend([t("prefix_lens", &ints(&p.lens), d), i("NPL", n)]),
+        _ => args.extend([t("prefix_lens", &[0.0], DType::I32), i("NPL", 1)]),
+    }
+    let state = x.hv * D * D;
+    match (cfg.prefix.checkpoint_slots, p) {
+        (Some(d), Some(p)) => args.extend([
+            t("checkpoint_slots", &ints(&p.slots), d),
+            i("NCK", n),
+            i("CC", p.cols),
+            t("checkpoints", &p.pool, cfg.state_dtype),
+            i("PC", p.pool.len() / state),
+            ("checkpoint_every".to_string(), SimArg::I32(p.every as i32)),
+        ]),
+        _ => args.extend([
+            t("checkpoint_slots", &[0.0], DType::I32),
+            i("NCK", 1),
+            i("CC", 1),
+            t("checkpoints", &[0.0], cfg.state_dtype),
+            i("PC", 0),
+            ("checkpoint_every".to_string(), SimArg::I32(16)),
+        ]),
+    }
+    args
 }
 
 /// Runs a call split every `seg` tokens (`chunk_split.rs`) in the simulator, pass by pass as
@@ -334,5 +392,5 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         simulate(&chunk_finish(f).map_err(|e| e.to_string())?, &mut args)?;
         final_state = tensor_values(&args, if pool { "state" } else { "final_state" }, st);
     }
-    Ok(ChunkOutputs { out: pass4.out, final_state })
+    Ok(ChunkOutputs { out: pass4.out, final_state, checkpoints: vec![] })
 }

@@ -2,8 +2,8 @@
 //! family (K = V = 128, a few heads, T ≤ 64), covering the flags pairwise rather than as a full
 //! product so the suite stays fast.
 
-use crate::chunk::{Beta, ChunkConfig, ChunkGate, ChunkOperands, ChunkStates};
-use crate::chunk_ref::{BetaSpec, ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
+use crate::chunk::{Beta, ChunkConfig, ChunkGate, ChunkOperands, ChunkStates, PrefixCaching};
+use crate::chunk_ref::{BetaSpec, ChunkInputs, ChunkSpec, GateSpec, InitialSpec, Lengths, PrefixSpec};
 use crate::reference::Rng;
 use kda_dsl::DType::{BF16, F16, I32, I64};
 
@@ -97,6 +97,25 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
                 h: 1,
                 hv: 2,
                 initial: InitialSpec::CachedPrefix { slots: 6 },
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
+            // Prefix caching: prefixes off and on 16-token boundaries, checkpoints every 16
+            // tokens through a block table (some entries skipped, some columns past it).
+            "varlen_pool_prefix_checkpoints_e16",
+            ChunkConfig {
+                varlen: Some(I32),
+                states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+                prefix: PrefixCaching { prefix_lens: Some(I64), checkpoint_slots: Some(I32) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Varlen(vec![40, 3, 33, 16, 0, 50]),
+                h: 1,
+                hv: 1,
+                initial: InitialSpec::Pool { slots: 6 },
+                prefix: Some(PrefixSpec { every: 16, cols: 4 }),
                 ..ChunkSpec::default()
             },
         ),

@@ -68,6 +68,50 @@ pub struct ChunkInputs {
     /// `[N]`: nonzero starts sequence n from its initial state, zero from zeros. Absent: every
     /// sequence starts from its initial state. Honoured with or without `state_indices`.
     pub has_initial: Option<Vec<i64>>,
+    /// Prefix caching (with `state_indices`): where each sequence starts in its whole prompt,
+    /// and the checkpoints.
+    pub prefix: Option<PrefixInputs>,
+}
+
+/// The prefix-caching inputs of a call (KDA-SPEC, "Prefill checkpoints for prefix caching").
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefixInputs {
+    /// `[N]` `prefix_lens`: tokens of sequence n before this call.
+    pub lens: Vec<i64>,
+    /// `checkpoint_every` E (a multiple of 16); 0: no checkpoints.
+    pub every: usize,
+    /// `[N, cols]` `checkpoint_slots`, by absolute block: the state after absolute position p
+    /// (`p % E == 0`, strictly inside the call's part of the sequence) goes to slot
+    /// `slots[n * cols + p / E - 1]` of `pool`, when that column exists and the slot is in it.
+    pub slots: Vec<i64>,
+    /// Columns of `slots`.
+    pub cols: usize,
+    /// The checkpoint pool `[PC, HV, 128, 128]` V-first, as it is before the call.
+    pub pool: Vec<f64>,
+}
+
+impl PrefixInputs {
+    /// Where sequence `n` (of `len` tokens, `hv` value heads) checkpoints: `(tokens into the
+    /// call, checkpoint pool slot)` in order, the skipped ones (a column past `cols`, a slot
+    /// outside the pool) left out.
+    pub fn checkpoints_of(&self, n: usize, len: usize, hv: usize) -> Vec<(usize, usize)> {
+        let start = usize::try_from(self.lens[n]).unwrap_or(0);
+        let pool_slots = self.pool.len() / (hv * D * D).max(1);
+        if self.every == 0 {
+            return vec![];
+        }
+        (start / self.every + 1..)
+            .map(|k| k * self.every)
+            .take_while(|p| *p < start + len)
+            .filter(|p| *p > start)
+            .filter_map(|p| {
+                let col = p / self.every - 1;
+                let slot = (col < self.cols).then(|| self.slots[n * self.cols + col])?;
+                let slot = usize::try_from(slot).ok().filter(|s| *s < pool_slots)?;
+                Some((p - start, slot))
+            })
+            .collect()
+    }
 }
 
 /// What a `chunk_kda` call produces, in f64 (not rounded to the output or state dtype).
@@ -78,6 +122,8 @@ pub struct ChunkOutputs {
     /// `[N, HV, 128, 128]` V-first; with `state_indices`, the whole pool after the call: the
     /// slots of live sequences written in place, every other slot as it was.
     pub final_state: Vec<f64>,
+    /// The checkpoint pool after the call (empty without checkpoints).
+    pub checkpoints: Vec<f64>,
 }
 
 /// How long the sequences of a random call are.
@@ -172,6 +218,21 @@ pub struct ChunkSpec {
     pub initial: InitialSpec,
     /// Dtype the initial state is rounded to (`F32`, `BF16` or `F16`).
     pub state_dtype: DType,
+    /// Prefix caching (with a pool): see [`PrefixSpec`].
+    pub prefix: Option<PrefixSpec>,
+}
+
+/// Prefix caching in a random call: sequence n is `[0, 1, 15, 16, 17, 33][n % 6]` tokens into
+/// its prompt; with `every` > 0 it checkpoints every `every` tokens through a block table of
+/// `cols` columns into a pool of `N · cols` slots (0.5 each before the call), entry
+/// `n · cols + c` naming slot `n · cols + c`, except every 7th from the 2nd (-1, skipped) and
+/// from the 3rd (one past the pool, skipped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixSpec {
+    /// `checkpoint_every` (0: `prefix_lens` alone).
+    pub every: usize,
+    /// Columns of the block table.
+    pub cols: usize,
 }
 
 impl Default for ChunkSpec {
@@ -190,6 +251,7 @@ impl Default for ChunkSpec {
             l2norm: true,
             initial: InitialSpec::None,
             state_dtype: DType::F32,
+            prefix: None,
         }
     }
 }
@@ -366,6 +428,21 @@ impl ChunkInputs {
             state_indices,
             read_indices,
             has_initial,
+            prefix: spec.prefix.map(|p| {
+                let total = n_seq * p.cols;
+                let slot = |e: usize| match e % 7 {
+                    1 => -1,
+                    2 => total as i64,
+                    _ => e as i64,
+                };
+                PrefixInputs {
+                    lens: (0..n_seq).map(|n| [0, 1, 15, 16, 17, 33][n % 6]).collect(),
+                    every: p.every,
+                    slots: (0..total).map(slot).collect(),
+                    cols: p.cols,
+                    pool: vec![0.5; total * hv * D * D],
+                }
+            }),
         }
     }
 
@@ -451,25 +528,35 @@ impl ChunkInputs {
             (Some(_), None) => vec![],
             (None, _) => vec![0.0; self.sequences() * hvn * dd],
         };
+        let mut checkpoints = self.prefix.as_ref().map(|p| p.pool.clone()).unwrap_or_default();
         for n in 0..self.sequences() {
             let Slot { read, write: Some(w) } = self.slot(n) else {
                 continue; // padding: zero rows, no state read or written
             };
             let (tok0, len) = self.span(n);
+            let cuts = self.prefix.as_ref().map(|p| p.checkpoints_of(n, len, hvn)).unwrap_or_default();
             for hv in 0..hvn {
                 let mut s = match (read, &self.initial) {
                     (Some(r), Some(init)) => init[(r * hvn + hv) * dd..][..dd].to_vec(),
                     _ => vec![0.0; dd],
                 };
-                let mut o = vec![0.0; len * D];
-                head(&self.head_rows(tok0, len, hv), &mut s, &mut o);
-                for (i, row) in o.chunks(D).enumerate() {
-                    out[((tok0 + i) * hvn + hv) * D..][..D].copy_from_slice(row);
+                // Up to each checkpoint, then to the end: the recurrence is the same in pieces.
+                let mut done = 0;
+                for &(upto, slot) in cuts.iter().chain(std::iter::once(&(len, usize::MAX))) {
+                    let mut o = vec![0.0; (upto - done) * D];
+                    head(&self.head_rows(tok0 + done, upto - done, hv), &mut s, &mut o);
+                    for (i, row) in o.chunks(D).enumerate() {
+                        out[((tok0 + done + i) * hvn + hv) * D..][..D].copy_from_slice(row);
+                    }
+                    if slot != usize::MAX {
+                        checkpoints[(slot * hvn + hv) * dd..][..dd].copy_from_slice(&s);
+                    }
+                    done = upto;
                 }
                 fin[(w * hvn + hv) * dd..][..dd].copy_from_slice(&s);
             }
         }
-        ChunkOutputs { out, final_state: fin }
+        ChunkOutputs { out, final_state: fin, checkpoints }
     }
 }
 
@@ -813,7 +900,7 @@ mod tests {
             lower_bound: x.lower_bound,
         };
         let (want, got) = (chunk_reference(&x), decode_ref(&cfg, &d));
-        let got = ChunkOutputs { out: got.out, final_state: got.final_state };
+        let got = ChunkOutputs { out: got.out, final_state: got.final_state, checkpoints: vec![] };
         let err = max_err(&x, &got, &want);
         assert!(err < 1e-6, "decode_ref vs chunk_reference: {err:e}");
     }

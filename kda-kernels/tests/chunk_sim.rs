@@ -47,7 +47,10 @@ fn every_family_matches_the_f64_reference() {
 #[test]
 fn prepared_workspace_equals_fused_bit_for_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
-    for (i, f) in chunk_families().iter().enumerate() {
+    // Prefix caching runs on the fused kernel alone (the preparation does not know the
+    // sequences' prefixes; the runtime keeps such calls off the two-kernel path).
+    let families = chunk_families().into_iter().filter(|f| f.cfg.prefix == Default::default());
+    for (i, f) in families.enumerate() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
         for (prep_blocks, fill_warps) in [(1, 0), (3, 0), (2, 1)] {
@@ -825,5 +828,108 @@ fn sequences_read_one_slot_and_write_their_own() {
             split.state_err
         );
         assert!(bits(&slot(&split.got.final_state, cached)) == bits(&slot(&pool0, cached)), "{name}, split: read slot");
+    }
+}
+
+/// A call of `len` tokens (one dense sequence, HV = 1, a 4-slot f32 pool written at slot 1,
+/// read from `read`) `prefix` tokens into its prompt, checkpointing every `every` tokens into
+/// an 8-slot pool by the block table `[2, 3, 4, 5, 6, 7]`, from `x`'s tokens `from ..`.
+fn checkpointed(x: &ChunkInputs, from: usize, len: usize, prefix: usize, every: usize, read: i64) -> ChunkInputs {
+    use kda_kernels::chunk_ref::PrefixInputs;
+    let (row, st) = (x.h * 128, x.hv * 128 * 128);
+    let rows = |v: &[f64], w: usize| v[from * w..(from + len) * w].to_vec();
+    let mut pool = x.initial.clone().expect("a pool");
+    pool.truncate(4 * st);
+    ChunkInputs {
+        t: len,
+        q: rows(&x.q, row),
+        k: rows(&x.k, row),
+        v: rows(&x.v, x.hv * 128),
+        g: rows(&x.g, x.hv * 128),
+        beta: rows(&x.beta, x.hv),
+        initial: Some(pool),
+        state_indices: Some(vec![1]),
+        read_indices: Some(vec![read]),
+        has_initial: None,
+        prefix: Some(PrefixInputs {
+            lens: vec![prefix as i64],
+            every,
+            slots: vec![2, 3, 4, 5, 6, 7],
+            cols: 6,
+            pool: vec![0.5; 8 * st],
+        }),
+        ..x.clone()
+    }
+}
+
+/// KDA-SPEC, "Prefill checkpoints for prefix caching", bit for bit with an f32 pool: for prefix
+/// lengths 0, 1, 15, 16 and 17 and E = 16 and 64, the checkpoints are within the f64
+/// reference's tolerance; each checkpoint is the final state of the same call stopped at its
+/// position; and the call resumed from a checkpoint (its position as the prefix, reading the
+/// checkpoint's slot from the checkpoint pool copied into the state pool) gives the whole
+/// call's remaining output rows and final state.
+#[test]
+fn checkpoints_are_the_state_at_their_boundary() {
+    use kda_kernels::chunk::PrefixCaching;
+    let spec = ChunkSpec {
+        lengths: Lengths::Dense { b: 1, t: 80 },
+        h: 1,
+        hv: 1,
+        initial: InitialSpec::Pool { slots: 4 },
+        ..ChunkSpec::default()
+    };
+    let x = ChunkInputs::random(&mut Rng::new(5), &spec);
+    let st = 128 * 128;
+    let cfg = ChunkConfig {
+        states: ChunkStates::Pool { indices: I32, has_initial: None },
+        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
+        ..ChunkConfig::default()
+    };
+    let slot = |pool: &[f64], s: usize| pool[s * st..(s + 1) * st].to_vec();
+    for every in [16usize, 64] {
+        for prefix in [0usize, 1, 15, 16, 17] {
+            let len = 80 - prefix.min(16);
+            let name = format!("E = {every}, prefix {prefix}");
+            let whole = checkpointed(&x, 0, len, prefix, every, 0);
+            let r = check_chunk(&cfg, &whole).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{name}");
+            assert!(r.out_err <= 1e-2 && r.state_err <= 1e-2, "{name}: {:.2e} {:.2e}", r.out_err, r.state_err);
+            let want = chunk_reference(&whole);
+            let got = &r.got;
+            let positions: Vec<usize> =
+                (1..).map(|k| k * every).skip_while(|p| *p <= prefix).take_while(|p| *p < prefix + len).collect();
+            assert!(!positions.is_empty() || every > prefix + len, "{name}: no checkpoint to test");
+            for (j, slot_n) in (2..8).enumerate() {
+                let written = positions.iter().any(|p| p / every - 1 == j);
+                let (g, w) = (slot(&got.checkpoints, slot_n), slot(&want.checkpoints, slot_n));
+                if written {
+                    let e = rel_err(&g, &w);
+                    assert!(e <= 1e-2, "{name}: checkpoint slot {slot_n}: {e:.2e}");
+                } else {
+                    assert!(g.iter().all(|v| *v == 0.5), "{name}: slot {slot_n} written");
+                }
+            }
+            for &p in &positions {
+                let ck = slot(&got.checkpoints, 2 + p / every - 1);
+                // The same call stopped at p.
+                let stopped = checkpointed(&x, 0, p - prefix, prefix, every, 0);
+                let s = simulate_chunk(&cfg, &stopped).unwrap_or_else(|e| panic!("{name}, stopped at {p}: {e}"));
+                assert!(
+                    bits(&ck) == bits(&slot(&s.final_state, 1)),
+                    "{name}: checkpoint at {p} != the call stopped there"
+                );
+                // Resumed from the checkpoint.
+                let mut resumed = checkpointed(&x, p - prefix, len - (p - prefix), p, every, 3);
+                let pool = resumed.initial.as_mut().expect("a pool");
+                pool[3 * st..4 * st].copy_from_slice(&ck);
+                let rr = simulate_chunk(&cfg, &resumed).unwrap_or_else(|e| panic!("{name}, resumed at {p}: {e}"));
+                let tail = |o: &[f64]| o[(p - prefix) * 128..].to_vec();
+                assert!(bits(&rr.out) == bits(&tail(&got.out)), "{name}: outputs resumed at {p}");
+                assert!(
+                    bits(&slot(&rr.final_state, 1)) == bits(&slot(&got.final_state, 1)),
+                    "{name}: state resumed at {p}"
+                );
+            }
+        }
     }
 }

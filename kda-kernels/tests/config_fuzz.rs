@@ -4,7 +4,9 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, Preparation};
+use kda_kernels::chunk::{
+    ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, PrefixCaching, Preparation,
+};
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
 use kda_kernels::gemm::GemmConfig;
@@ -104,6 +106,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
             operands: x.of(&[ChunkOperands::F16, ChunkOperands::Bf16]),
+            prefix: PrefixCaching { prefix_lens: x.opt_dt(), checkpoint_slots: x.opt_dt() },
         };
         let p = PrepConfig {
             dtype: x.dt(),

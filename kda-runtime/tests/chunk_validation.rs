@@ -858,7 +858,12 @@ fn checked_read_slots_are_not_written_by_other_sequences() {
     let p = c.plan(|a| (a.state_indices, a.initial_state, a.checked) = (Some(&si), Some(&pool), true));
     let cu = [0, 2, 5, 9];
     let check = |write: &[i64], read: &[i64]| {
-        let x = ChunkIndices { cu_seqlens: Some(&cu), state_indices: Some(write), read_indices: Some(read) };
+        let x = ChunkIndices {
+            cu_seqlens: Some(&cu),
+            state_indices: Some(write),
+            read_indices: Some(read),
+            ..ChunkIndices::default()
+        };
         check_chunk_indices(&p, x)
     };
     check(&[0, 1, 2], &[0, 1, 2]).expect("in place");
@@ -866,6 +871,92 @@ fn checked_read_slots_are_not_written_by_other_sequences() {
     check(&[0, -1, 2], &[7, 0, 99]).expect("a padding sequence's read and a read outside the pool are no reads");
     let e = check(&[0, 1, 2], &[7, 2, 7]).expect_err("sequence 1 reads what sequence 2 writes").to_string();
     assert!(e.contains("read_indices[1] = 2 is the slot sequence 2 writes"), "{e}");
-    let x = ChunkIndices { cu_seqlens: Some(&cu), state_indices: Some(&[0, 1, 2]), read_indices: Some(&[7]) };
+    let x = ChunkIndices {
+        cu_seqlens: Some(&cu),
+        state_indices: Some(&[0, 1, 2]),
+        read_indices: Some(&[7]),
+        ..ChunkIndices::default()
+    };
     assert!(check_chunk_indices(&p, x).expect_err("a short copy").to_string().contains("read_indices"));
+}
+
+#[test]
+fn prefix_caching_needs_the_pool_and_checks_its_arguments() {
+    let c = Case::new(2, 3);
+    let (pool, si) = (state(10, 8, F32), tv(9, &[2], I32));
+    let (lens, slots) = (tv(11, &[2], I64), tv(12, &[2, 4], I32));
+    let r = c.run(|a| a.prefix_lens = Some(&lens));
+    err(r, "prefix_lens", "prefix caching in the pool mode");
+    // Each call with the pool, and the fields under test.
+    macro_rules! run {
+        ($a:ident => $($set:tt)*) => {
+            c.run(|$a| {
+                ($a.state_indices, $a.initial_state) = (Some(&si), Some(&pool));
+                $($set)*
+            })
+        };
+    }
+    err(run!(a => a.prefix_lens = Some(&slots);), "prefix_lens", "must have shape [N] = [2]");
+    err(run!(a => a.checkpoint_slots = Some(&slots);), "checkpoint_every", "needs checkpoint_every");
+    err(run!(a => a.checkpoint_every = Some(64);), "checkpoint_slots", "needs checkpoint_slots");
+    for e in [0, 24] {
+        let r = run!(a => (a.checkpoint_every, a.checkpoint_slots) = (Some(e), Some(&slots)););
+        err(r, "checkpoint_every", "a positive multiple of 16");
+    }
+    let wide = tv(13, &[3, 4], I32);
+    let r = run!(a => (a.checkpoint_every, a.checkpoint_slots) = (Some(64), Some(&wide)););
+    err(r, "checkpoint_slots", "must have shape [N, C] = [2, C]");
+    let bf16_pool = state(14, 4, BF16);
+    let r = run!(a => (a.checkpoint_every, a.checkpoint_slots, a.checkpoint_pool) = (Some(64), Some(&slots), Some(&bf16_pool)););
+    err(r, "checkpoint_pool", "the state pool's dtype (f32)");
+    let p = c.plan(|a| {
+        (a.state_indices, a.initial_state, a.prefix_lens) = (Some(&si), Some(&pool), Some(&lens));
+        (a.checkpoint_every, a.checkpoint_slots) = (Some(64), Some(&slots));
+    });
+    assert!(p.prefix.active());
+    assert_eq!((p.prefix.every, p.prefix.columns, p.prefix.pool), (64, 4, 8));
+    // Such a call runs on the fused kernel; a tuning that asks for another path is refused.
+    let fused = kda_runtime::chunk::ChunkTuning::fused(&p);
+    fused.check(&p).expect("the fused kernel");
+    let prepared = kda_runtime::chunk::ChunkTuning { prepared: true, ..fused };
+    let e = prepared.check(&p).expect_err("not the two-kernel path").to_string();
+    assert!(e.contains("prefix_lens or checkpoints"), "{e}");
+}
+
+/// The checked mode of prefix caching: columns and slots in range, nothing written twice,
+/// nothing read that another write of the call lands in.
+#[test]
+fn checked_checkpoints_in_range_and_written_once() {
+    use kda_runtime::chunk::{check_chunk_indices, ChunkIndices};
+    let c = Case::varlen(100, 2, I32, false);
+    let (pool, si, lens, slots) = (state(10, 8, F32), tv(9, &[2], I32), tv(11, &[2], I32), tv(12, &[2, 3], I32));
+    let p = c.plan(|a| {
+        (a.state_indices, a.initial_state, a.prefix_lens) = (Some(&si), Some(&pool), Some(&lens));
+        (a.checkpoint_every, a.checkpoint_slots) = (Some(16), Some(&slots));
+    });
+    // Sequence 0: tokens 0..40 from position 5 (checkpoints at 16 and 32: columns 0 and 1);
+    // sequence 1: 60 tokens from 0 (16, 32, 48: columns 0 to 2).
+    let cu = [0, 40, 100];
+    let check = |table: &[i64], lens: &[i64]| {
+        let x = ChunkIndices {
+            cu_seqlens: Some(&cu),
+            state_indices: Some(&[0, 1]),
+            prefix_lens: Some(lens),
+            checkpoint_slots: Some(table),
+            checkpoints_in_the_state_pool: true,
+            ..ChunkIndices::default()
+        };
+        check_chunk_indices(&p, x).map_err(|e| e.to_string())
+    };
+    check(&[2, 3, -1, 4, 5, 6], &[5, 0]).expect("distinct slots, a skipped column past the need");
+    let e = check(&[2, 3, -1, 4, 5, 6], &[5, 20]).expect_err("sequence 1 needs a fourth column");
+    assert!(e.contains("column 3 of checkpoint_slots, which has 3"), "{e}");
+    let e = check(&[2, 9, -1, 4, 5, 6], &[5, 0]).expect_err("slot 9 of 8");
+    assert!(e.contains("outside the checkpoint pool [0, 8)"), "{e}");
+    let e = check(&[2, 3, -1, 4, 3, 6], &[5, 0]).expect_err("slot 3 twice");
+    assert!(e.contains("both write slot 3"), "{e}");
+    let e = check(&[1, 3, -1, 4, 5, 6], &[5, 0]).expect_err("a checkpoint over sequence 1's state");
+    assert!(e.contains("both write slot 1"), "{e}");
+    let e = check(&[2, 3, -1, 4, 5, 6], &[-1, 0]).expect_err("a negative prefix");
+    assert!(e.contains("prefix_lens[0] = -1"), "{e}");
 }

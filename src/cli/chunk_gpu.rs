@@ -30,6 +30,9 @@ pub struct ChunkTensors {
     read: Option<DeviceTensor>,
     has_initial: Option<DeviceTensor>,
     cu: Option<DeviceTensor>,
+    prefix_lens: Option<DeviceTensor>,
+    checkpoint_slots: Option<DeviceTensor>,
+    checkpoints: Option<DeviceTensor>,
     out: DeviceTensor,
     fin: Option<DeviceTensor>,
 }
@@ -100,6 +103,20 @@ pub fn upload_chunk(
             Some(d) => opt_i(&x.cu_seqlens, &[n + 1], d)?,
             None => None,
         },
+        prefix_lens: match (cfg.prefix.prefix_lens, &x.prefix) {
+            (Some(d), Some(p)) => Some(dev(gpu, s, &[n], d, &ints(&p.lens))?),
+            _ => None,
+        },
+        checkpoint_slots: match (cfg.prefix.checkpoint_slots, &x.prefix) {
+            (Some(d), Some(p)) => Some(dev(gpu, s, &[n, p.cols], d, &ints(&p.slots))?),
+            _ => None,
+        },
+        checkpoints: match (cfg.prefix.checkpoint_slots, &x.prefix) {
+            (Some(_), Some(p)) => {
+                Some(dev(gpu, s, &[p.pool.len() / (hv * D * D), hv, D, D], cfg.state_dtype, &p.pool)?)
+            }
+            _ => None,
+        },
         out,
         fin,
     })
@@ -119,6 +136,9 @@ pub struct ChunkViews {
     read: Option<TensorView>,
     has_initial: Option<TensorView>,
     cu: Option<TensorView>,
+    prefix_lens: Option<TensorView>,
+    checkpoint_slots: Option<TensorView>,
+    checkpoints: Option<TensorView>,
     out: TensorView,
     fin: Option<TensorView>,
 }
@@ -140,6 +160,9 @@ impl ChunkTensors {
             read: v(&self.read),
             has_initial: v(&self.has_initial),
             cu: v(&self.cu),
+            prefix_lens: v(&self.prefix_lens),
+            checkpoint_slots: v(&self.checkpoint_slots),
+            checkpoints: v(&self.checkpoints),
             out: self.out.view(),
             fin: v(&self.fin),
         }
@@ -167,6 +190,10 @@ pub fn chunk_args<'a>(x: &ChunkInputs, v: &'a ChunkViews) -> ChunkArgs<'a> {
     a.state_indices = v.indices.as_ref();
     a.read_indices = v.read.as_ref();
     a.has_initial_state = v.has_initial.as_ref();
+    a.prefix_lens = v.prefix_lens.as_ref();
+    a.checkpoint_slots = v.checkpoint_slots.as_ref();
+    a.checkpoint_pool = v.checkpoints.as_ref();
+    a.checkpoint_every = x.prefix.as_ref().filter(|_| v.checkpoint_slots.is_some()).map(|p| p.every);
     a
 }
 
@@ -233,7 +260,11 @@ pub fn run_chunk_on_gpu(
         (None, Some(p), ChunkStates::Pool { .. }) => from_bytes(&bytes(p)?, cfg.state_dtype),
         _ => vec![],
     };
-    Ok((ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state }, split))
+    let checkpoints = match &t.checkpoints {
+        Some(c) => from_bytes(&bytes(c)?, cfg.state_dtype),
+        None => vec![],
+    };
+    Ok((ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state, checkpoints }, split))
 }
 
 /// One prefill conformance case: what the API must pick for the spec, and a launch shape that

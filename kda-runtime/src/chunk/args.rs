@@ -83,6 +83,23 @@ pub struct ChunkArgs<'a> {
     /// slot outside `[0, pool)` starts the sequence from zeros. Only with `state_indices`.
     /// Default `None`: `state_indices` (read and write in place).
     pub read_indices: Option<&'a TensorView>,
+    /// Rust extra (prefix caching): `[N]`, i32 or i64, the tokens of sequence n before this
+    /// call (its first token is at absolute position `prefix_lens[n]`). Chunks then end at
+    /// absolute multiples of 16, so a checkpoint is exactly the state at its boundary. Only
+    /// with `state_indices`. Default `None`: 0.
+    pub prefix_lens: Option<&'a TensorView>,
+    /// Rust extra (prefix caching): E, a positive multiple of 16: the state after every
+    /// absolute position p with `p % E == 0` strictly inside the call's part of a sequence
+    /// goes to `checkpoint_slots[n, p / E - 1]`. Needs `checkpoint_slots`. Default `None`: no
+    /// checkpoints.
+    pub checkpoint_every: Option<usize>,
+    /// Rust extra (prefix caching): `[N, C]`, i32 or i64, the engine's block table by absolute
+    /// block: slots of the checkpoint pool. A slot outside the pool skips that checkpoint; a
+    /// column past C is not written (the checked mode reports both). Needs `checkpoint_every`.
+    pub checkpoint_slots: Option<&'a TensorView>,
+    /// Rust extra (prefix caching): where checkpoints go, `[slots, HV, 128, 128]` of the state
+    /// pool's dtype. Default `None`: the state pool itself.
+    pub checkpoint_pool: Option<&'a TensorView>,
     /// Rust extra: per sequence `[N]`, i32 or i64, nonzero when the pool slot holds an initial
     /// state (zeros are used otherwise). Only with `state_indices`. Default `None`: every slot
     /// holds one.
@@ -164,6 +181,10 @@ impl<'a> ChunkArgs<'a> {
             final_state: None,
             state_indices: None,
             read_indices: None,
+            prefix_lens: None,
+            checkpoint_every: None,
+            checkpoint_slots: None,
+            checkpoint_pool: None,
             has_initial_state: None,
             max_seqlen: None,
             checked: false,

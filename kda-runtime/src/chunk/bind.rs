@@ -18,7 +18,7 @@ use crate::tensor::TensorView;
 const D: usize = crate::validate::HEAD_DIM;
 
 /// The chunk kernel's arguments by name (an array: building them allocates nothing).
-pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 19];
+pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 23];
 
 /// The kernel's arguments for a planned call: the inputs as the kernel's 4-D (3-D for beta)
 /// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
@@ -95,6 +95,19 @@ pub(crate) fn kernel_args(
         }
         _ => (view(0, &[0, 0, hv, 0], cfg.operands.dtype())?, view(0, &[0, 0, hv, 0], DType::F32)?),
     };
+    // Prefix caching: the call's tensors where the config takes them, empty placeholders the
+    // kernel never reads otherwise (`checkpoint_every` then any multiple of 16).
+    let caching = cfg.prefix;
+    let prefix_lens = match (caching.prefix_lens, args.prefix_lens) {
+        (Some(_), Some(t)) => *t,
+        _ => empty_index()?,
+    };
+    let (checkpoint_slots, checkpoints) = match (caching.checkpoint_slots, args.checkpoint_slots) {
+        (Some(_), Some(t)) => (*t, *args.checkpoint_pool.unwrap_or(&state)),
+        _ => (view(0, &[0, 0], DType::I32)?, empty_state()?),
+    };
+    let every = i32::try_from(plan.prefix.every.max(16))
+        .map_err(|_| RuntimeError::bad_argument("checkpoint_every", "below 2^31", plan.prefix.every.to_string()))?;
     use KernelArg::{Tensor as T, F32, I32};
     Ok([
         ("q", T(q)),
@@ -112,10 +125,14 @@ pub(crate) fn kernel_args(
         ("cu_seqlens", T(cu)),
         ("prep", T(prep)),
         ("prep_decay", T(prep_decay)),
+        ("prefix_lens", T(prefix_lens)),
+        ("checkpoint_slots", T(checkpoint_slots)),
+        ("checkpoints", T(checkpoints)),
         ("out", T(out)),
         ("NSEQ", I32(nseq)),
         ("scale", F32(plan.scale)),
         ("lower_bound", F32(lower_bound)),
+        ("checkpoint_every", I32(every)),
     ])
 }
 
@@ -126,7 +143,7 @@ pub(crate) struct PrepArgs {
 }
 
 /// Room for every argument of the chain's kernel, and `NX`.
-const ARGS: usize = 19;
+const ARGS: usize = 24;
 
 impl PrepArgs {
     /// The arguments, by name.

@@ -23,6 +23,12 @@ pub struct ChunkIndices<'a> {
     pub state_indices: Option<&'a [i64]>,
     /// `read_indices`.
     pub read_indices: Option<&'a [i64]>,
+    /// `prefix_lens`.
+    pub prefix_lens: Option<&'a [i64]>,
+    /// `checkpoint_slots`, `[N, C]` row by row.
+    pub checkpoint_slots: Option<&'a [i64]>,
+    /// The checkpoints go to the state pool (no `checkpoint_pool`, or the same tensor).
+    pub checkpoints_in_the_state_pool: bool,
 }
 
 /// Checks the host copies `x`: `cu_seqlens` rises monotonically from 0 to `S`; every
@@ -30,8 +36,13 @@ pub struct ChunkIndices<'a> {
 /// (each writes its slot, so a shared slot is a race); no sequence reads a slot another
 /// sequence of the call writes (`read_indices`: it could read the new state; reading its own
 /// slot is the in-place default); and a `max_seqlen` hint is at least the longest sequence.
+///
+/// With prefix caching: every `prefix_lens` entry is at least 0; every checkpoint a live
+/// sequence takes has its column in `checkpoint_slots` and a slot in the checkpoint pool (or a
+/// negative one, skipped); no slot is written twice (checkpoints and, in one pool, final
+/// states together), and none is both read and written.
 pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), ChunkError> {
-    let ChunkIndices { cu_seqlens, state_indices, read_indices } = x;
+    let ChunkIndices { cu_seqlens, state_indices, read_indices, .. } = x;
     let copy_len = |arg: &'static str, got: usize, want: usize| {
         if got == want {
             return Ok(());
@@ -93,9 +104,79 @@ pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), Chun
             }
         }
     }
+    if let (InitialState::Pool { pool, .. }, Some(idx)) = (plan.initial, state_indices) {
+        check_checkpoints(plan, &x, idx, pool)?;
+    }
     if let Some(hint) = plan.max_seqlen.filter(|&h| h < longest) {
         let msg = format!("max_seqlen = {hint} is shorter than the longest sequence ({longest} tokens).");
         return Err(invalid("max_seqlen", msg));
+    }
+    Ok(())
+}
+
+/// The prefix-caching part of [`check_chunk_indices`], for a pool of `pool` slots that
+/// sequences write at `state_indices`.
+fn check_checkpoints(plan: &ChunkPlan, x: &ChunkIndices, state_indices: &[i64], pool: usize) -> Result<(), ChunkError> {
+    let n = plan.nseq;
+    if let Some(lens) = x.prefix_lens {
+        if lens.len() != n {
+            return Err(invalid(
+                "prefix_lens",
+                format!("the host copy of prefix_lens has {} entries; the call has {n}.", lens.len()),
+            ));
+        }
+        if let Some((i, l)) = lens.iter().enumerate().find(|(_, l)| **l < 0) {
+            return Err(invalid("prefix_lens", format!("prefix_lens[{i}] = {l} must be at least 0.")));
+        }
+    }
+    let Some(slots) = x.checkpoint_slots else { return Ok(()) };
+    let (every, cols, ck_pool) = (plan.prefix.every, plan.prefix.columns, plan.prefix.pool);
+    if slots.len() != n * cols {
+        let msg = format!("the host copy of checkpoint_slots has {} entries; the call has {n} x {cols}.", slots.len());
+        return Err(invalid("checkpoint_slots", msg));
+    }
+    let live = |s: usize| state_indices[s] >= 0 && (state_indices[s] as u64) < pool as u64;
+    // Slots written: (in the state pool, slot) -> what writes it.
+    let mut written = std::collections::HashMap::new();
+    for s in (0..n).filter(|&s| live(s)) {
+        written.insert((true, state_indices[s]), format!("state_indices[{s}]"));
+    }
+    for s in (0..n).filter(|&s| live(s)) {
+        let len = match x.cu_seqlens {
+            Some(cu) => (cu[s + 1] - cu[s]).max(0) as usize,
+            None => plan.seq_len,
+        };
+        let start = x.prefix_lens.map_or(0, |l| l[s] as usize);
+        for p in (start / every + 1..).map(|k| k * every).take_while(|p| *p < start + len) {
+            let col = p / every - 1;
+            if col >= cols {
+                let msg = format!(
+                    "sequence {s} reaches absolute position {p}, a checkpoint in column {col} of checkpoint_slots, which has {cols}."
+                );
+                return Err(invalid("checkpoint_slots", msg));
+            }
+            let slot = slots[s * cols + col];
+            if slot < 0 {
+                continue;
+            }
+            if slot as u64 >= ck_pool as u64 {
+                let msg = format!("checkpoint_slots[{s}, {col}] = {slot} is outside the checkpoint pool [0, {ck_pool}) (negative entries skip a checkpoint).");
+                return Err(invalid("checkpoint_slots", msg));
+            }
+            let what = format!("checkpoint_slots[{s}, {col}]");
+            if let Some(other) = written.insert((x.checkpoints_in_the_state_pool, slot), what.clone()) {
+                return Err(invalid("checkpoint_slots", format!("{what} and {other} both write slot {slot}.")));
+            }
+        }
+    }
+    // Reads: a live sequence reads its read slot (the state pool) unless it starts from zeros.
+    let reads = x.read_indices.unwrap_or(state_indices);
+    for s in (0..n).filter(|&s| live(s)) {
+        let read = reads[s];
+        if let Some(other) = written.get(&(true, read)).filter(|w| **w != format!("state_indices[{s}]")) {
+            let msg = format!("sequence {s} reads slot {read}, which {other} writes in the same call.");
+            return Err(invalid("checkpoint_slots", msg));
+        }
     }
     Ok(())
 }

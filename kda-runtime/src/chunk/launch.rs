@@ -116,8 +116,19 @@ fn launch_plan(
             _ => Ok(None),
         };
         let (idx, read) = (pool_ints(args.state_indices)?, pool_ints(args.read_indices)?);
-        let indices =
-            ChunkIndices { cu_seqlens: cu.as_deref(), state_indices: idx.as_deref(), read_indices: read.as_deref() };
+        let (lens, slots) = (pool_ints(args.prefix_lens)?, pool_ints(args.checkpoint_slots)?);
+        let shared_pool = match (args.checkpoint_pool, args.initial_state) {
+            (Some(c), Some(p)) => c.ptr() == p.ptr(),
+            _ => true,
+        };
+        let indices = ChunkIndices {
+            cu_seqlens: cu.as_deref(),
+            state_indices: idx.as_deref(),
+            read_indices: read.as_deref(),
+            prefix_lens: lens.as_deref(),
+            checkpoint_slots: slots.as_deref(),
+            checkpoints_in_the_state_pool: shared_pool,
+        };
         check_chunk_indices(plan, indices)?;
     }
     // The workspace the path takes: a caller's must hold it (checked before anything is

@@ -8,7 +8,9 @@
 //!   reference, in its order and with its messages, then the checks docs/semantics.md adds,
 //!   and resolves the defaults into a [`ChunkPlan`], the validated call;
 //! - [`check_chunk_indices`] (`checked.rs`) is the opt-in checked mode over host copies of
-//!   `cu_seqlens` and `state_indices`;
+//!   the index tensors;
+//! - `prefix.rs` validates prefix caching (`prefix_lens`, checkpoints) into a [`PrefixPlan`];
+//!   such calls run on the fused kernel;
 //! - [`ChunkTuning::for_call`] (`tuning.rs`) picks the path from the shapes and the device:
 //!   the fused kernel; for few chains the two-kernel path (the preparation, then the chain over
 //!   its output, bit-identical); for one long sequence its token ranges, whose chains overlap
@@ -27,6 +29,7 @@ pub mod checked;
 mod eligibility;
 pub mod launch;
 pub mod plan;
+pub mod prefix;
 pub(crate) mod prepared;
 mod ranges;
 mod split;
@@ -42,6 +45,7 @@ pub use eligibility::{
 };
 pub use launch::{chunk_kda, chunk_kda_tuned, ChunkResult};
 pub use plan::{plan_chunk, BetaRule, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
+pub use prefix::{PrefixCaching, PrefixPlan};
 pub use split::{chunk_split_variants, chunk_split_workspace_bytes};
 pub use tuning::{
     chunk_config, chunk_tuned_config, chunk_variants, default_operands, prepared_max_chains, ChunkOperands, ChunkShape,

@@ -141,6 +141,8 @@ pub struct ChunkPlan {
     /// and with [`InitialState::Pool`] plus `has_initial_state`, slots of sequences without an
     /// initial state get zeros.
     pub empty: bool,
+    /// Prefix caching (`prefix_lens`, checkpoints).
+    pub prefix: super::prefix::PrefixPlan,
 }
 
 impl ChunkPlan {
@@ -208,6 +210,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
     let n = logical_batch(args, b)?;
     check_gate_params(args, hv)?;
     let initial = check_initial_state(args, n, hv)?;
+    let prefix = super::prefix::check_prefix(args, n, hv, initial)?;
     let state_shape = [n, hv, HEAD_DIM, HEAD_DIM];
     if let Some(fs) = final_state.filter(|fs| fs.shape() != state_shape) {
         let msg = format!("final_state must have shape [N, HV, 128, 128] = {state_shape:?}, got {}.", shape(fs));
@@ -227,7 +230,11 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         ("output", args.output),
         ("final_state", final_state),
         ("state_indices", args.state_indices),
+        ("read_indices", args.read_indices),
         ("has_initial_state", args.has_initial_state),
+        ("prefix_lens", args.prefix_lens),
+        ("checkpoint_slots", args.checkpoint_slots),
+        ("checkpoint_pool", args.checkpoint_pool),
         ("workspace", args.workspace),
     ];
     for &(name, x) in &tensors[1..] {
@@ -270,6 +277,7 @@ pub fn plan_chunk(args: &ChunkArgs) -> Result<ChunkPlan, ChunkError> {
         max_seqlen: args.max_seqlen,
         checked: args.checked,
         empty: n == 0 || total_tokens == 0,
+        prefix,
     })
 }
 

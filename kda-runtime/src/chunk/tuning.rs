@@ -80,6 +80,11 @@ impl ChunkTuning {
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
     /// is two or more.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
+        // Prefix caching runs on the fused kernel alone (its chunks start at absolute
+        // positions, which the preparation and the split do not know).
+        if plan.prefix.active() {
+            return ChunkTuning::fused(plan);
+        }
         if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
@@ -112,6 +117,10 @@ impl ChunkTuning {
         }
         if let Some(n) = self.ranges {
             eligibility::check_ranges(plan, n)?;
+        }
+        if plan.prefix.active() && (self.prepared || self.split.is_some() || self.ranges.is_some()) {
+            return bad("the fused kernel for a call with prefix_lens or checkpoints (the two-kernel path, token \
+                        ranges and the split do not take them yet)");
         }
         Ok(())
     }
@@ -203,6 +212,7 @@ pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         run: kda_kernels::chunk::ChunkRun::Output,
         preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
         operands: tune.operands,
+        prefix: plan.prefix.caching,
     }
 }
 

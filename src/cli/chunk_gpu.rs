@@ -503,6 +503,20 @@ pub struct PrefillCase {
     h: usize,
     hv: usize,
     lens: Option<Vec<usize>>,
+    states: BenchStates,
+}
+
+/// Where a prefill bench row's states come from and go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchStates {
+    /// `initial_state [N, ..]` in, `final_state` out (the peer bench's rows).
+    PerSequence,
+    /// The pool in place (`state_indices`), checkpointing every that many tokens through a
+    /// block table into a pool of its own when given.
+    Pool {
+        /// `checkpoint_every`.
+        checkpoint_every: Option<usize>,
+    },
 }
 
 const VARLEN16: [usize; 16] =
@@ -519,10 +533,42 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
     let s16: usize = VARLEN16.iter().sum();
     let s64: usize = VARLEN_MIX64.iter().sum();
     vec![
-        PrefillCase { name: "prefill_b1_t32768_h32", b: 1, t: 32768, h: 32, hv: 32, lens: None },
-        PrefillCase { name: "prefill_b8_t4096_h32", b: 8, t: 4096, h: 32, hv: 32, lens: None },
-        PrefillCase { name: "prefill_gva_b1_t32768_h16_hv32", b: 1, t: 32768, h: 16, hv: 32, lens: None },
-        PrefillCase { name: "prefill_varlen16_s65536_h32", b: 1, t: s16, h: 32, hv: 32, lens: Some(VARLEN16.to_vec()) },
+        PrefillCase {
+            name: "prefill_b1_t32768_h32",
+            b: 1,
+            t: 32768,
+            h: 32,
+            hv: 32,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b8_t4096_h32",
+            b: 8,
+            t: 4096,
+            h: 32,
+            hv: 32,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_gva_b1_t32768_h16_hv32",
+            b: 1,
+            t: 32768,
+            h: 16,
+            hv: 32,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_varlen16_s65536_h32",
+            b: 1,
+            t: s16,
+            h: 32,
+            hv: 32,
+            lens: Some(VARLEN16.to_vec()),
+            states: BenchStates::PerSequence,
+        },
         PrefillCase {
             name: "prefill_varlen_mix64_h32",
             b: 1,
@@ -530,10 +576,47 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
             h: 32,
             hv: 32,
             lens: Some(VARLEN_MIX64.to_vec()),
+            states: BenchStates::PerSequence,
+        },
+        // The mix64 row through the pool, without and with checkpoints every 256 tokens (prefix
+        // caching's extra state writes against the bytes they add).
+        PrefillCase {
+            name: "prefill_varlen_mix64_h32_pool",
+            b: 1,
+            t: s64,
+            h: 32,
+            hv: 32,
+            lens: Some(VARLEN_MIX64.to_vec()),
+            states: BenchStates::Pool { checkpoint_every: None },
+        },
+        PrefillCase {
+            name: "prefill_varlen_mix64_h32_pool_ckpt256",
+            b: 1,
+            t: s64,
+            h: 32,
+            hv: 32,
+            lens: Some(VARLEN_MIX64.to_vec()),
+            states: BenchStates::Pool { checkpoint_every: Some(256) },
         },
         // One GPU's heads of a 32-head model under 4- and 8-way tensor parallelism.
-        PrefillCase { name: "prefill_tp4_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_tp8_b1_t32768_h4", b: 1, t: 32768, h: 4, hv: 4, lens: None },
+        PrefillCase {
+            name: "prefill_tp4_b1_t32768_h8",
+            b: 1,
+            t: 32768,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_tp8_b1_t32768_h4",
+            b: 1,
+            t: 32768,
+            h: 4,
+            hv: 4,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
     ]
 }
 
@@ -548,15 +631,87 @@ pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
     let s16: usize = VARLEN16.iter().sum();
     cases.extend([
-        PrefillCase { name: "prefill_b1_t32768_h8", b: 1, t: 32768, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_varlen16_s65536_h8", b: 1, t: s16, h: 8, hv: 8, lens: Some(VARLEN16.to_vec()) },
-        PrefillCase { name: "prefill_b32_t8192_h8", b: 32, t: 8192, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_b1_t8192_h8", b: 1, t: 8192, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_b1_t12288_h8", b: 1, t: 12288, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_b1_t16384_h8", b: 1, t: 16384, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_b4_t16384_h8", b: 4, t: 16384, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_b16_t16384_h8", b: 16, t: 16384, h: 8, hv: 8, lens: None },
-        PrefillCase { name: "prefill_varlen1_t32768_h32", b: 1, t: 32768, h: 32, hv: 32, lens: Some(vec![32768]) },
+        PrefillCase {
+            name: "prefill_b1_t32768_h8",
+            b: 1,
+            t: 32768,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_varlen16_s65536_h8",
+            b: 1,
+            t: s16,
+            h: 8,
+            hv: 8,
+            lens: Some(VARLEN16.to_vec()),
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b32_t8192_h8",
+            b: 32,
+            t: 8192,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b1_t8192_h8",
+            b: 1,
+            t: 8192,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b1_t12288_h8",
+            b: 1,
+            t: 12288,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b1_t16384_h8",
+            b: 1,
+            t: 16384,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b4_t16384_h8",
+            b: 4,
+            t: 16384,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_b16_t16384_h8",
+            b: 16,
+            t: 16384,
+            h: 8,
+            hv: 8,
+            lens: None,
+            states: BenchStates::PerSequence,
+        },
+        PrefillCase {
+            name: "prefill_varlen1_t32768_h32",
+            b: 1,
+            t: 32768,
+            h: 32,
+            hv: 32,
+            lens: Some(vec![32768]),
+            states: BenchStates::PerSequence,
+        },
     ]);
     cases
 }
@@ -589,6 +744,51 @@ pub enum WorkspaceSource {
     Kept,
     /// The caller's, of the path's size, NaN-poisoned.
     Caller,
+}
+
+/// A pool row's index tensors: a slot per sequence, and with checkpoints a block table `[N, C]`
+/// naming distinct slots of a checkpoint pool of its own (-1 past what a sequence reaches).
+struct PoolTensors {
+    slots: DeviceTensor,
+    table: Option<DeviceTensor>,
+    checkpoints: Option<DeviceTensor>,
+    /// Checkpoints the call writes.
+    written: usize,
+}
+
+impl PoolTensors {
+    /// `c`'s pool tensors for its `n` sequences (none for a per-sequence row).
+    fn of(gpu: &Gpu, s: &CudaStream, c: &PrefillCase, n: usize) -> Result<Option<PoolTensors>, RuntimeError> {
+        let BenchStates::Pool { checkpoint_every } = c.states else { return Ok(None) };
+        let ints_of = |shape: &[usize], v: &[i64]| {
+            DeviceTensor::from_bytes(gpu, s, shape, DType::I32, &to_bytes(&ints(v), DType::I32))
+        };
+        let slots = ints_of(&[n], &(0..n as i64).collect::<Vec<_>>())?;
+        let Some(every) = checkpoint_every else {
+            return Ok(Some(PoolTensors { slots, table: None, checkpoints: None, written: 0 }));
+        };
+        let lens = c.lens.clone().unwrap_or_else(|| vec![c.t; c.b]);
+        // Sequence s checkpoints at every multiple of E strictly inside its tokens.
+        let per: Vec<usize> = lens.iter().map(|l| l.saturating_sub(1) / every).collect();
+        let cols = per.iter().copied().max().unwrap_or(0).max(1);
+        let mut table = vec![-1i64; n * cols];
+        let mut next = 0i64;
+        for (s_n, k) in per.iter().enumerate() {
+            for col in 0..*k {
+                table[s_n * cols + col] = next;
+                next += 1;
+            }
+        }
+        let written = next as usize;
+        let pool = DeviceTensor::zeros(gpu, s, &[written.max(1), c.hv, D, D], DType::F32)?;
+        let table = ints_of(&[n, cols], &table)?;
+        Ok(Some(PoolTensors { slots, table: Some(table), checkpoints: Some(pool), written }))
+    }
+
+    /// The views a call borrows: slots, block table, checkpoint pool.
+    fn views(&self) -> (TensorView, Option<TensorView>, Option<TensorView>) {
+        (self.slots.view(), self.table.as_ref().map(|t| t.view()), self.checkpoints.as_ref().map(|t| t.view()))
+    }
 }
 
 /// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
@@ -641,10 +841,25 @@ pub fn time_prefill(
     args.a_log = Some(&views.5);
     args.dt_bias = Some(&views.6);
     args.initial_state = Some(&views.7);
-    args.output_final_state = true;
-    args.final_state = Some(&fin_v);
     args.output = Some(&out_v);
     args.cu_seqlens = cu_v.as_ref();
+    let pool = PoolTensors::of(gpu, &s, c, n).map_err(e)?;
+    let pool_v = pool.as_ref().map(PoolTensors::views);
+    match &pool_v {
+        None => {
+            args.output_final_state = true;
+            args.final_state = Some(&fin_v);
+        }
+        Some((slots, table, checkpoints)) => {
+            args.state_indices = Some(slots);
+            args.checkpoint_slots = table.as_ref();
+            args.checkpoint_pool = checkpoints.as_ref();
+            args.checkpoint_every = match c.states {
+                BenchStates::Pool { checkpoint_every } => checkpoint_every,
+                BenchStates::PerSequence => None,
+            };
+        }
+    }
     let ws = match workspace {
         WorkspaceSource::Caller => Some(poisoned_workspace(gpu, &s, &args, tune)?),
         WorkspaceSource::Kept => None,
@@ -662,6 +877,8 @@ pub fn time_prefill(
     let first_call_s = t0.elapsed().as_secs_f64();
     let mut samples = time_ms(gpu, &s, 3, 20, || call().map(|_| ())).map_err(e)?;
     let host_us = kda_runtime::host_us_per_call(&s, || call().map(|_| ())).map_err(e)?;
-    let min_bytes = tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4;
+    let checkpoint_bytes = pool.as_ref().map_or(0, |p| p.written * hv * D * D * 4);
+    let min_bytes =
+        tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
     Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us })
 }

@@ -120,6 +120,25 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             },
         ),
         f(
+            // The same with a bf16 pool (each checkpoint rounded once) and E = 64.
+            "dense_bf16_pool_prefix_checkpoints_e64",
+            ChunkConfig {
+                state_dtype: BF16,
+                states: ChunkStates::Pool { indices: I64, has_initial: None },
+                prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I64) },
+                ..d.clone()
+            },
+            ChunkSpec {
+                lengths: Lengths::Dense { b: 6, t: 70 },
+                h: 1,
+                hv: 1,
+                initial: InitialSpec::Pool { slots: 6 },
+                state_dtype: BF16,
+                prefix: Some(PrefixSpec { every: 64, cols: 2 }),
+                ..ChunkSpec::default()
+            },
+        ),
+        f(
             "dense_f16_f32_pool_without_has_initial",
             ChunkConfig { dtype: F16, states: ChunkStates::Pool { indices: I32, has_initial: None }, ..d.clone() },
             ChunkSpec {

@@ -933,3 +933,63 @@ fn checkpoints_are_the_state_at_their_boundary() {
         }
     }
 }
+
+/// Batch invariance with prefix caching: a sequence's output rows, final state and checkpoints
+/// are the same bits alone and packed among others (varlen, after sequences of 19 and 0 tokens
+/// with other prefixes and block tables).
+#[test]
+fn checkpoints_are_batch_invariant_bit_for_bit() {
+    use kda_kernels::chunk::PrefixCaching;
+    use kda_kernels::chunk_ref::PrefixInputs;
+    let cfg = ChunkConfig {
+        varlen: Some(I32),
+        states: ChunkStates::Pool { indices: I32, has_initial: None },
+        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
+        ..ChunkConfig::default()
+    };
+    let st = 128 * 128;
+    let part = |seed: u64, t: usize| {
+        let spec = ChunkSpec { lengths: Lengths::Dense { b: 1, t }, h: 1, hv: 1, ..ChunkSpec::default() };
+        ChunkInputs::random(&mut Rng::new(seed), &spec)
+    };
+    let c = part(5, 70);
+    let same_head = |x: ChunkInputs| ChunkInputs { a_log: c.a_log.clone(), dt_bias: c.dt_bias.clone(), ..x };
+    let (a, b) = (same_head(part(3, 19)), same_head(part(4, 0)));
+    // Alone: prefix 9, checkpoints every 16 into slots 0 .. 4 of a 5-slot pool.
+    let alone_pool: Vec<f64> = (0..st).map(|i| 0.01 * (i % 97) as f64).collect();
+    let alone = ChunkInputs {
+        cu_seqlens: Some(vec![0, 70]),
+        initial: Some(alone_pool.clone()),
+        state_indices: Some(vec![0]),
+        has_initial: None,
+        prefix: Some(PrefixInputs {
+            lens: vec![9],
+            every: 16,
+            slots: vec![0, 1, 2, 3, 4],
+            cols: 5,
+            pool: vec![0.5; 5 * st],
+        }),
+        ..c.clone()
+    };
+    let mut packed = pack(&[&a, &b, &c], true);
+    let mut pool = vec![0.25; 3 * st];
+    pool[2 * st..].copy_from_slice(&alone_pool);
+    packed.initial = Some(pool);
+    packed.state_indices = Some(vec![0, 1, 2]);
+    packed.has_initial = None;
+    packed.prefix = Some(PrefixInputs {
+        lens: vec![40, 3, 9],
+        every: 16,
+        slots: vec![10, 11, 12, 13, 14, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4],
+        cols: 5,
+        pool: vec![0.5; 15 * st],
+    });
+    let one = simulate_chunk(&cfg, &alone).expect("alone");
+    let many = simulate_chunk(&cfg, &packed).expect("packed");
+    let (o1, s1) = sequence_of(&alone, &one, 0);
+    let (o2, s2) = sequence_of(&packed, &many, 2);
+    assert!(bits(&o1) == bits(&o2), "output rows differ");
+    assert!(bits(&s1) == bits(&s2), "final state differs");
+    assert!(bits(&one.checkpoints) == bits(&many.checkpoints[..5 * st]), "checkpoints differ");
+    assert!(one.checkpoints[..4 * st].iter().all(|v| *v != 0.5), "the four checkpoints (16, 32, 48, 64) written");
+}

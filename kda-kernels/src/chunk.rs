@@ -306,6 +306,22 @@ pub(crate) fn state_slot(pool: bool, state_indices: Tensor, n: Val, p: Val) -> V
     slot
 }
 
+/// How many token positions before sequence `n`'s first token (`bos`; it ends at `eos`) its
+/// first chunk starts when chunks end at absolute multiples of 16 (`aligned`, with
+/// `prefix_lens[n]` tokens before the call): `prefix_lens[n] % 16`, so the first chunk holds
+/// `16 - shift` tokens; 0 otherwise, and for an empty sequence (which has no chunk). Chunk `c`
+/// holds tokens `max(bos, bos - shift + 16 c) .. min(eos, bos - shift + 16 c + 16)`, and its
+/// workspace rows start `16 c` rows after the sequence's first.
+#[kda_macros::kernel_fn]
+pub(crate) fn chunk_shift(aligned: bool, prefix_lens: Tensor, n: Val, bos: Val, eos: Val) -> Val {
+    let mut shift = 0;
+    if aligned {
+        let prefix = prefix_lens[n] as i32;
+        shift = select(eos > bos, prefix % 16, 0);
+    }
+    shift
+}
+
 /// Whether sequence `n`, in state slot `slot`, starts from that slot's state: not padding, and
 /// (when `has_initial_state` is given) its entry nonzero.
 #[kda_macros::kernel_fn]
@@ -809,7 +825,7 @@ pub fn chunk(
         bos = sequence_start(cu_seqlens, n, T);
         eos = sequence_end(cu_seqlens, n, T, bos);
         bi = 0;
-        pad = 15 * n;
+        pad = crate::chunk_prep::sequence_pad(cfg.prefix.prefix_lens.is_some()) as i32 * n;
     }
     // The state slot (-1: padding, which writes zero output rows and touches no state), the
     // slot it starts from (`read_indices`, the same tensor as `state_indices` unless the
@@ -894,16 +910,12 @@ pub fn chunk(
     // The f32 workspace row of the sequence's first chunk: chunk `c`'s `w0 / 16` is this plus
     // `c`, so the loop divides nothing (as `chunk_prep` finds it).
     let d0 = (bos + pad) / 16;
-    // With `prefix_lens`, chunks end at absolute multiples of 16: the first takes the `lead`
-    // tokens up to the first (all 16 when the prefix is whole chunks).
+    // With `prefix_lens`, chunks end at absolute multiples of 16 (`chunk_shift`).
     let mut prefix = 0;
-    let mut lead = 0;
     if cfg.prefix.prefix_lens.is_some() {
         prefix = prefix_lens[n] as i32;
-        lead = (16 - prefix % 16) % 16;
     }
-    // An empty sequence has no chunk, whatever its prefix.
-    let shift = select(eos > bos, (16 - lead) % 16, 0);
+    let shift = chunk_shift(cfg.prefix.prefix_lens.is_some(), prefix_lens, n, bos, eos);
     let mut chunks = ceil_div(eos - bos + shift, 16);
     if !output {
         // A padding slot writes no output rows here, so it has nothing to do: the split's
@@ -915,7 +927,7 @@ pub fn chunk(
         // them for the chunk they fetch).
         let t0 = max(bos, bos - shift + 16 * c);
         let t1 = min(eos, bos - shift + 16 * c + 16);
-        let w0 = t0 + pad;
+        let w0 = bos + 16 * c + pad;
         if prepared {
             // The queries' operands (`qd`, `Mqk`) feed only the output rows.
             copy(prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]), kd_sh);

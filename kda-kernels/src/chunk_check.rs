@@ -64,7 +64,9 @@ pub fn two_kernel_path_matches(
     let two = ChunkConfig { preparation: Preparation::Workspace, shape: chain, ..cfg.clone() };
     let got = simulate_chunk_with(&two, x, prep_blocks)?;
     let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-    Ok(bits(&got.out) == bits(&fused.out) && bits(&got.final_state) == bits(&fused.final_state))
+    Ok(bits(&got.out) == bits(&fused.out)
+        && bits(&got.final_state) == bits(&fused.final_state)
+        && bits(&got.checkpoints) == bits(&fused.checkpoints))
 }
 
 /// Compares what a call wrote (`got`, from the simulator or a GPU) with the reference's `want`,
@@ -244,7 +246,7 @@ pub fn simulate_chunk_on(
         ]),
         Preparation::Workspace => {
             // Poisoned, so that a row the preparation skips and the state pass reads shows.
-            let (wb, tp) = prep_rows(x.b, x.t, n, cfg.varlen.is_some());
+            let (wb, tp) = prep_rows(x.b, x.t, n, cfg.varlen.is_some(), cfg.prefix.prefix_lens.is_some());
             let rows = wb * tp * x.hv;
             let tc = tp.div_ceil(16);
             args.extend([

@@ -15,8 +15,8 @@
 //! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, KeyTiles, Preparation,
-    PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    chunk_shift, prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, KeyTiles,
+    Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::DType;
@@ -49,6 +49,9 @@ pub struct PrepConfig {
     pub warps: usize,
     /// The operand type of the workspace it writes (the reading variant's).
     pub operands: ChunkOperands,
+    /// `prefix_lens` given, and its dtype: chunks end at absolute multiples of 16, as the
+    /// reading variant's ([`crate::chunk::PrefixCaching`]).
+    pub prefix_lens: Option<DType>,
 }
 
 impl Default for PrepConfig {
@@ -63,6 +66,7 @@ impl Default for PrepConfig {
             varlen: None,
             warps: PREP_WARPS,
             operands: ChunkOperands::F16,
+            prefix_lens: None,
         }
     }
 }
@@ -80,6 +84,7 @@ impl PrepConfig {
             varlen: cfg.varlen,
             warps: PREP_WARPS,
             operands: cfg.operands,
+            prefix_lens: cfg.prefix.prefix_lens,
         }
     }
 
@@ -87,13 +92,14 @@ impl PrepConfig {
     pub fn key(&self) -> String {
         let gate = crate::chunk::rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_{}{}_cu{}_w{}{}",
+            "{}_{}{}_cu{}_w{}{}{}",
             self.dtype,
             gate,
             if self.l2norm { "_l2" } else { "" },
             self.varlen.map(|d| d.name()).unwrap_or("none"),
             self.warps,
-            if self.operands == ChunkOperands::Bf16 { "_opbf16" } else { "" }
+            if self.operands == ChunkOperands::Bf16 { "_opbf16" } else { "" },
+            self.prefix_lens.map(|d| format!("_prefix{}", d.name())).unwrap_or_default()
         )
         .to_lowercase()
     }
@@ -101,12 +107,26 @@ impl PrepConfig {
 
 /// The workspace's leading extents `[WB, TP]` for a call of `nseq` sequences over `batch` rows
 /// of `seq_len` tokens (varlen: one row of all the tokens): whole chunks per dense row, and
-/// 15 rows more per varlen sequence. The decay table has `TP.div_ceil(16)` rows per `WB`.
-pub fn prep_rows(batch: usize, seq_len: usize, nseq: usize, varlen: bool) -> (usize, usize) {
+/// [`sequence_pad`] rows more per varlen sequence; with chunks `aligned` to absolute positions
+/// (`prefix_lens`) a sequence may take one chunk more, whose 16 rows come on top. The decay
+/// table has `TP.div_ceil(16)` rows per `WB`.
+pub fn prep_rows(batch: usize, seq_len: usize, nseq: usize, varlen: bool, aligned: bool) -> (usize, usize) {
     if varlen {
-        (1, seq_len + 15 * nseq)
+        (1, seq_len + sequence_pad(aligned) * nseq)
     } else {
-        (batch, seq_len.div_ceil(16) * 16)
+        (batch, seq_len.div_ceil(16) * 16 + if aligned { 16 } else { 0 })
+    }
+}
+
+/// Workspace rows between one varlen sequence's and the next's beyond their tokens: 15, so a
+/// last partial chunk has its 16 rows to itself; 31 with chunks aligned to absolute positions
+/// (a short first chunk makes one chunk more, each chunk's rows 16 apart from the sequence's
+/// first token).
+pub(crate) fn sequence_pad(aligned: bool) -> usize {
+    if aligned {
+        31
+    } else {
+        15
     }
 }
 
@@ -121,6 +141,7 @@ pub fn chunk_prep(
     a_log: Global<(HVA,), F32>,
     dt_bias: Global<(HVD, KDB), { cfg.dt_bias }>,
     cu_seqlens: Global<(NC,), { cfg.varlen.unwrap_or(I32) }>,
+    prefix_lens: Global<(NPL,), { cfg.prefix_lens.unwrap_or(I32) }>,
     prep: GlobalMut<(WB, TP, HV, PW), { cfg.operands.dtype() }>,
     prep_decay: GlobalMut<(WB, TC, HV, DW), F32>,
     NSEQ: Dim,
@@ -142,8 +163,9 @@ pub fn chunk_prep(
         bos = sequence_start(cu_seqlens, n, T);
         eos = sequence_end(cu_seqlens, n, T, bos);
         bi = 0;
-        pad = 15 * n;
+        pad = sequence_pad(cfg.prefix_lens.is_some()) as i32 * n;
     }
+    let shift = chunk_shift(cfg.prefix_lens.is_some(), prefix_lens, n, bos, eos);
     let dt_sh = shared([128], cfg.dt_bias);
     let mut ea = 1.0;
     if cfg.gate.in_kernel() {
@@ -188,19 +210,20 @@ pub fn chunk_prep(
         kn_sh, qn_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
     };
 
-    let chunks = ceil_div(eos - bos, 16);
+    let chunks = ceil_div(eos - bos + shift, 16);
     // The decay table's row of the sequence's first chunk: chunk `c`'s is this plus `c`, so
     // the loop divides nothing.
     let d0 = (bos + pad) / 16;
     for it in pipelined(0, ceil_div(max(chunks - x0, 0), NX), stages = 2) {
         let c = x0 + NX * it;
-        let t0 = bos + 16 * c;
-        let w0 = t0 + pad;
-        copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), q_sh);
-        copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, eos, H, 128]), k_sh);
-        copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, eos, HV, 128]), g_sh);
-        copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, eos, HV]), b_sh);
-        let nv = min(eos - t0, 16);
+        let t0 = max(bos, bos - shift + 16 * c);
+        let t1 = min(eos, bos - shift + 16 * c + 16);
+        let w0 = bos + 16 * c + pad;
+        copy(q.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, t1, H, 128]), q_sh);
+        copy(k.tile_at([bi, t0, h, 0], [1, 16, 1, 128]).bounded([B, t1, H, 128]), k_sh);
+        copy(g.tile_at([bi, t0, hv, 0], [1, 16, 1, 128]).bounded([B, t1, HV, 128]), g_sh);
+        copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, t1, HV]), b_sh);
+        let nv = min(t1 - t0, 16);
 
         prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
         copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));

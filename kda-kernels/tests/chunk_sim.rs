@@ -47,10 +47,7 @@ fn every_family_matches_the_f64_reference() {
 #[test]
 fn prepared_workspace_equals_fused_bit_for_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
-    // Prefix caching runs on the fused kernel alone (the preparation does not know the
-    // sequences' prefixes; the runtime keeps such calls off the two-kernel path).
-    let families = chunk_families().into_iter().filter(|f| f.cfg.prefix == Default::default());
-    for (i, f) in families.enumerate() {
+    for (i, f) in chunk_families().iter().enumerate() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
         for (prep_blocks, fill_warps) in [(1, 0), (3, 0), (2, 1)] {

@@ -117,6 +117,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             varlen: x.opt_dt(),
             warps: x.of(&[1, 2, 4, 8, 5]),
             operands: c.operands,
+            prefix_lens: x.opt_dt(),
         };
         let g = GemmConfig {
             dtype: x.dt(),

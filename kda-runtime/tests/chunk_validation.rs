@@ -915,11 +915,12 @@ fn prefix_caching_needs_the_pool_and_checks_its_arguments() {
     });
     assert!(p.prefix.active());
     assert_eq!((p.prefix.every, p.prefix.columns, p.prefix.pool), (64, 4, 8));
-    // Such a call runs on the fused kernel; a tuning that asks for another path is refused.
+    // Such a call takes the fused kernel or the two-kernel path, not token ranges or the split.
     let fused = kda_runtime::chunk::ChunkTuning::fused(&p);
     fused.check(&p).expect("the fused kernel");
-    let prepared = kda_runtime::chunk::ChunkTuning { prepared: true, ..fused };
-    let e = prepared.check(&p).expect_err("not the two-kernel path").to_string();
+    kda_runtime::chunk::ChunkTuning { prepared: true, ..fused }.check(&p).expect("the two-kernel path");
+    let split = kda_runtime::chunk::ChunkTuning { split: Some(64), ..fused };
+    let e = split.check(&p).expect_err("not the split").to_string();
     assert!(e.contains("prefix_lens or checkpoints"), "{e}");
 }
 

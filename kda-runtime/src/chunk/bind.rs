@@ -86,7 +86,7 @@ pub(crate) fn kernel_args(
             if ws.is_none() && chunk_workspace_bytes_unsplit(plan) > 0 {
                 return Err(RuntimeError::bad_argument("workspace", "a workspace for the two-kernel path", "none"));
             }
-            let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+            let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some(), plan.prefix.aligned());
             let decay_at = base + workspace_prep_bytes(plan) as u64;
             (
                 view(base, &[wb, tp, hv, PREP_COLS], cfg.operands.dtype())?,

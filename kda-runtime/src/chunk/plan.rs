@@ -161,7 +161,7 @@ impl ChunkPlan {
 /// prepared operands in 16 bits (f16 or bf16, `ChunkOperands`); then per 16 rows a chunk's
 /// decay and betas in f32.
 pub(crate) fn chunk_workspace_bytes_unsplit(plan: &ChunkPlan) -> usize {
-    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some(), plan.prefix.aligned());
     prepared_bytes(wb, tp, plan.value_heads)
 }
 
@@ -177,7 +177,7 @@ pub(crate) fn prepared_bytes(wb: usize, tp: usize, hv: usize) -> usize {
 
 /// Bytes of the workspace's first part, the prepared operands; the decays and betas follow.
 pub(crate) fn workspace_prep_bytes(plan: &ChunkPlan) -> usize {
-    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some());
+    let (wb, tp) = prep_rows(plan.batch, plan.seq_len, plan.nseq, plan.varlen.is_some(), plan.prefix.aligned());
     wb * tp * plan.value_heads * PREP_COLS * 2
 }
 
@@ -424,7 +424,7 @@ fn check_launch_limits(args: &ChunkArgs, n: usize, b: usize, t: usize, hv: usize
     // The prepared operands' rows: whole chunks per dense row, 15 more per varlen sequence.
     // Checked whatever the path, so that whether a call is valid never depends on the device.
     let varlen = args.cu_seqlens.is_some();
-    let (_, rows) = prep_rows(b, t, n, varlen);
+    let (_, rows) = prep_rows(b, t, n, varlen, args.prefix_lens.is_some());
     if rows > extent_limit {
         let (arg, what) = if varlen {
             ("cu_seqlens", format!("S + 15 N = {rows} (S tokens, N sequences)"))

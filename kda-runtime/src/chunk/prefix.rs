@@ -1,8 +1,8 @@
 //! Prefix caching in `chunk_kda`'s pool mode (KDA-SPEC, "Prefill checkpoints for prefix
 //! caching"): `prefix_lens` aligns each sequence's chunks to absolute positions, and
 //! `checkpoint_every` with `checkpoint_slots` writes the state every E tokens into a block
-//! table's slots. Validated here into a [`PrefixPlan`]; the fused kernel does the rest
-//! (`kda_kernels::chunk`, `write_checkpoint`).
+//! table's slots. Validated here into a [`PrefixPlan`]; the chain kernel does the rest
+//! (`kda_kernels::chunk`, `write_checkpoint`), fused or over a prepared workspace.
 
 pub use kda_kernels::chunk::PrefixCaching;
 
@@ -24,9 +24,16 @@ pub struct PrefixPlan {
 }
 
 impl PrefixPlan {
-    /// Whether the call has any prefix caching: then it runs on the fused kernel.
+    /// Whether the call has any prefix caching: then it takes neither token ranges nor the
+    /// split.
     pub fn active(&self) -> bool {
         self.caching != PrefixCaching::default()
+    }
+
+    /// Whether chunks end at absolute positions (`prefix_lens`): a sequence may take one chunk
+    /// more, and its workspace rows 16 more.
+    pub fn aligned(&self) -> bool {
+        self.caching.prefix_lens.is_some()
     }
 }
 

@@ -94,7 +94,7 @@ impl SplitLayout {
     fn new(nseq: usize, tokens: usize, hv: usize, seg: usize) -> SplitLayout {
         let ns = max_segments(nseq, tokens, seg.max(1));
         let align = |x: usize| x.checked_next_multiple_of(PART_ALIGN).unwrap_or(usize::MAX);
-        let (wb, tp) = prep_rows(1, tokens, ns, true);
+        let (wb, tp) = prep_rows(1, tokens, ns, true, false);
         let prep = prepared_bytes(wb, tp, hv);
         let mut at = align(prep);
         let mut tables = [0; 5];

@@ -80,10 +80,11 @@ impl ChunkTuning {
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
     /// is two or more.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
-        // Prefix caching runs on the fused kernel alone (its chunks start at absolute
-        // positions, which the preparation and the split do not know).
+        // Prefix caching takes the fused kernel or the two-kernel path (token ranges and the
+        // split do not carry its chunk alignment and checkpoints yet).
         if plan.prefix.active() {
-            return ChunkTuning::fused(plan);
+            let chains = plan.nseq.saturating_mul(plan.value_heads);
+            return ChunkTuning::of_path(plan, chains <= prepared_max_chains(device));
         }
         if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
@@ -109,6 +110,10 @@ impl ChunkTuning {
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
         }
+        if plan.prefix.active() && (self.split.is_some() || self.ranges.is_some()) {
+            return bad("no token ranges and no split for a call with prefix_lens or checkpoints (they do not take \
+                        them yet)");
+        }
         if let Some(seg) = self.split {
             eligibility::check_split(plan, seg, "tune")?;
         }
@@ -117,10 +122,6 @@ impl ChunkTuning {
         }
         if let Some(n) = self.ranges {
             eligibility::check_ranges(plan, n)?;
-        }
-        if plan.prefix.active() && (self.prepared || self.split.is_some() || self.ranges.is_some()) {
-            return bad("the fused kernel for a call with prefix_lens or checkpoints (the two-kernel path, token \
-                        ranges and the split do not take them yet)");
         }
         Ok(())
     }

@@ -506,6 +506,24 @@ pub struct PrefillCase {
     states: BenchStates,
 }
 
+impl PrefillCase {
+    /// A dense case of `b` rows of `t` tokens, per-sequence states.
+    fn dense(name: &'static str, b: usize, t: usize, h: usize, hv: usize) -> PrefillCase {
+        PrefillCase { name, b, t, h, hv, lens: None, states: BenchStates::PerSequence }
+    }
+
+    /// A varlen case of these sequence lengths, per-sequence states.
+    fn varlen(name: &'static str, lens: &[usize], h: usize, hv: usize) -> PrefillCase {
+        let t = lens.iter().sum();
+        PrefillCase { name, b: 1, t, h, hv, lens: Some(lens.to_vec()), states: BenchStates::PerSequence }
+    }
+
+    /// The case with its states from and to `states`.
+    fn with_states(self, states: BenchStates) -> PrefillCase {
+        PrefillCase { states, ..self }
+    }
+}
+
 /// Where a prefill bench row's states come from and go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BenchStates {
@@ -530,93 +548,21 @@ const VARLEN_MIX64: [usize; 64] = [
 
 /// The five prefill cases of the peer bench (`fla_ref.py`'s `PREFILL`).
 pub fn prefill_cases() -> Vec<PrefillCase> {
-    let s16: usize = VARLEN16.iter().sum();
-    let s64: usize = VARLEN_MIX64.iter().sum();
+    let pool = |checkpoint_every| BenchStates::Pool { checkpoint_every };
     vec![
-        PrefillCase {
-            name: "prefill_b1_t32768_h32",
-            b: 1,
-            t: 32768,
-            h: 32,
-            hv: 32,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b8_t4096_h32",
-            b: 8,
-            t: 4096,
-            h: 32,
-            hv: 32,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_gva_b1_t32768_h16_hv32",
-            b: 1,
-            t: 32768,
-            h: 16,
-            hv: 32,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_varlen16_s65536_h32",
-            b: 1,
-            t: s16,
-            h: 32,
-            hv: 32,
-            lens: Some(VARLEN16.to_vec()),
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_varlen_mix64_h32",
-            b: 1,
-            t: s64,
-            h: 32,
-            hv: 32,
-            lens: Some(VARLEN_MIX64.to_vec()),
-            states: BenchStates::PerSequence,
-        },
+        PrefillCase::dense("prefill_b1_t32768_h32", 1, 32768, 32, 32),
+        PrefillCase::dense("prefill_b8_t4096_h32", 8, 4096, 32, 32),
+        PrefillCase::dense("prefill_gva_b1_t32768_h16_hv32", 1, 32768, 16, 32),
+        PrefillCase::varlen("prefill_varlen16_s65536_h32", &VARLEN16, 32, 32),
+        PrefillCase::varlen("prefill_varlen_mix64_h32", &VARLEN_MIX64, 32, 32),
         // The mix64 row through the pool, without and with checkpoints every 256 tokens (prefix
         // caching's extra state writes against the bytes they add).
-        PrefillCase {
-            name: "prefill_varlen_mix64_h32_pool",
-            b: 1,
-            t: s64,
-            h: 32,
-            hv: 32,
-            lens: Some(VARLEN_MIX64.to_vec()),
-            states: BenchStates::Pool { checkpoint_every: None },
-        },
-        PrefillCase {
-            name: "prefill_varlen_mix64_h32_pool_ckpt256",
-            b: 1,
-            t: s64,
-            h: 32,
-            hv: 32,
-            lens: Some(VARLEN_MIX64.to_vec()),
-            states: BenchStates::Pool { checkpoint_every: Some(256) },
-        },
+        PrefillCase::varlen("prefill_varlen_mix64_h32_pool", &VARLEN_MIX64, 32, 32).with_states(pool(None)),
+        PrefillCase::varlen("prefill_varlen_mix64_h32_pool_ckpt256", &VARLEN_MIX64, 32, 32)
+            .with_states(pool(Some(256))),
         // One GPU's heads of a 32-head model under 4- and 8-way tensor parallelism.
-        PrefillCase {
-            name: "prefill_tp4_b1_t32768_h8",
-            b: 1,
-            t: 32768,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_tp8_b1_t32768_h4",
-            b: 1,
-            t: 32768,
-            h: 4,
-            hv: 4,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
+        PrefillCase::dense("prefill_tp4_b1_t32768_h8", 1, 32768, 8, 8),
+        PrefillCase::dense("prefill_tp8_b1_t32768_h4", 1, 32768, 4, 4),
     ]
 }
 
@@ -629,89 +575,16 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
 /// row as a varlen call of its one sequence, as engines make it (`prefill_varlen1_t32768_h32`).
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
     let mut cases = prefill_cases();
-    let s16: usize = VARLEN16.iter().sum();
     cases.extend([
-        PrefillCase {
-            name: "prefill_b1_t32768_h8",
-            b: 1,
-            t: 32768,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_varlen16_s65536_h8",
-            b: 1,
-            t: s16,
-            h: 8,
-            hv: 8,
-            lens: Some(VARLEN16.to_vec()),
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b32_t8192_h8",
-            b: 32,
-            t: 8192,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b1_t8192_h8",
-            b: 1,
-            t: 8192,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b1_t12288_h8",
-            b: 1,
-            t: 12288,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b1_t16384_h8",
-            b: 1,
-            t: 16384,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b4_t16384_h8",
-            b: 4,
-            t: 16384,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_b16_t16384_h8",
-            b: 16,
-            t: 16384,
-            h: 8,
-            hv: 8,
-            lens: None,
-            states: BenchStates::PerSequence,
-        },
-        PrefillCase {
-            name: "prefill_varlen1_t32768_h32",
-            b: 1,
-            t: 32768,
-            h: 32,
-            hv: 32,
-            lens: Some(vec![32768]),
-            states: BenchStates::PerSequence,
-        },
+        PrefillCase::dense("prefill_b1_t32768_h8", 1, 32768, 8, 8),
+        PrefillCase::varlen("prefill_varlen16_s65536_h8", &VARLEN16, 8, 8),
+        PrefillCase::dense("prefill_b32_t8192_h8", 32, 8192, 8, 8),
+        PrefillCase::dense("prefill_b1_t8192_h8", 1, 8192, 8, 8),
+        PrefillCase::dense("prefill_b1_t12288_h8", 1, 12288, 8, 8),
+        PrefillCase::dense("prefill_b1_t16384_h8", 1, 16384, 8, 8),
+        PrefillCase::dense("prefill_b4_t16384_h8", 4, 16384, 8, 8),
+        PrefillCase::dense("prefill_b16_t16384_h8", 16, 16384, 8, 8),
+        PrefillCase::varlen("prefill_varlen1_t32768_h32", &[32768], 32, 32),
     ]);
     cases
 }

@@ -207,7 +207,7 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
 }
 
 /// Every tile a statement list touches (operands of tile operations and element accesses).
-fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
+pub(crate) fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
     let mut elems = vec![];
     elems_in(body, &mut elems);
     out.extend(elems.into_iter().map(|(b, _, _)| b));

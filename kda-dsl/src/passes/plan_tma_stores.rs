@@ -32,7 +32,16 @@ pub fn store_sources(p: &TileProgram) -> HashSet<BufId> {
             stored.push((*b, takes_tma_once_canonical(p, region, *b)))
         }
         StmtKind::Copy { src: Region::Buf(f), dst: Region::Buf(_) } if p.def.buffers[*f].scope == Scope::Fragment => {}
-        _ => other_use.extend(buffers_of(s)),
+        // A loop's or branch's statements are visited on their own.
+        StmtKind::For { .. } | StmtKind::If(..) | StmtKind::WarpGroup { .. } => {}
+        StmtKind::Parallel { over, .. } => {
+            other_use.insert(*over);
+        }
+        _ => {
+            let mut used = vec![];
+            super::infer_layouts::tiles_used(std::slice::from_ref(s), &mut used);
+            other_use.extend(used);
+        }
     });
     let stores_of = |b: BufId| stored.iter().filter(|(x, _)| *x == b).count();
     stored
@@ -41,29 +50,6 @@ pub fn store_sources(p: &TileProgram) -> HashSet<BufId> {
         .filter(|(b, _)| p.def.buffers[*b].scope == Scope::Shared)
         .map(|(b, _)| *b)
         .collect()
-}
-
-/// Every buffer statement `s` names (element reads in its body too, which only makes the
-/// caller more careful).
-fn buffers_of(s: &Stmt) -> Vec<BufId> {
-    let mut found = vec![];
-    super::infer_layouts::elems_in(std::slice::from_ref(s), &mut found);
-    let mut out: Vec<BufId> = found.into_iter().map(|(b, _, _)| b).collect();
-    match &s.kind {
-        StmtKind::Copy { src, dst } => {
-            for r in [src, dst] {
-                if let Region::Buf(b) = r {
-                    out.push(*b);
-                }
-            }
-        }
-        StmtKind::Gemm { a, b, c } => out.extend([a.buf, b.buf, *c]),
-        StmtKind::Fill(b, _) | StmtKind::Print(b) | StmtKind::Store(b, ..) => out.push(*b),
-        StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => out.extend([*src, *dst]),
-        StmtKind::Parallel { over, .. } => out.push(*over),
-        _ => {}
-    }
-    out
 }
 
 /// Records every copy from a shared tile to a global box that takes TMA in `p.tma_stores`,

@@ -242,3 +242,49 @@ fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
     let e = broken(&|op| matches!(op, Op::BulkWaitRead { .. })).expect_err("an early exit");
     assert!(e.contains("exits while its bulk copies still read"), "{e}");
 }
+
+/// The sweep's warp-specialized GEMM with a bulk-store epilogue, assembled for sm_90a: no
+/// spills, no `setmaxnreg` ignored (C7507, C7508), and its SASS has the Hopper instructions
+/// the DSL chose: `HGMMA`, TMA loads and stores (`UTMALDG`, `UTMASTG`), the mbarrier waits
+/// (`SYNCS`) and the register split (`USETMAXREG`), no `HMMA`. ptxas from `KDA_PTXAS`,
+/// cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying so without
+/// them, failed when `KDA_REQUIRE_PTXAS` is set.
+#[test]
+fn the_warp_specialized_gemm_assembles_to_hopper_instructions() {
+    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
+    let (Some(ptxas), Some(cuobjdump)) = (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) else {
+        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
+        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the warp-specialized GEMM");
+        return;
+    };
+    let cfg = kda_kernels::hopper_gemm_candidates()
+        .into_iter()
+        .find(|c| c.fill_warps == 4 && c.staged_store && c.b_transposed)
+        .expect("a producer-warpgroup config with a staged epilogue");
+    let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+    let dir = std::env::temp_dir().join(format!("kda-ws-gemm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let src = dir.join("gemm.ptx");
+    std::fs::write(&src, ptx).expect("write ptx");
+    let out = std::process::Command::new(ptxas)
+        .args(["-arch=sm_90a", "-v", "-o"])
+        .arg(src.with_extension("cubin"))
+        .arg(&src)
+        .output()
+        .expect("run ptxas");
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
+    assert!(!log.contains("C7507") && !log.contains("C7508"), "{log}");
+    let out = std::process::Command::new(cuobjdump)
+        .arg("-sass")
+        .arg(src.with_extension("cubin"))
+        .output()
+        .expect("run cuobjdump");
+    let sass = String::from_utf8_lossy(&out.stdout);
+    for op in ["HGMMA.64x128x16.F32.BF16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK", "USETMAXREG"] {
+        assert!(sass.contains(op), "no {op} in the SASS");
+    }
+    assert!(!sass.contains(" HMMA"), "an sm_80 HMMA in the SASS");
+    let _ = std::fs::remove_dir_all(&dir);
+}

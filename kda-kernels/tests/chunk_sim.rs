@@ -990,3 +990,84 @@ fn checkpoints_are_batch_invariant_bit_for_bit() {
     assert!(bits(&one.checkpoints) == bits(&many.checkpoints[..5 * st]), "checkpoints differ");
     assert!(one.checkpoints[..4 * st].iter().all(|v| *v != 0.5), "the four checkpoints (16, 32, 48, 64) written");
 }
+
+/// Prefix caching, then decode: the 80-token prompt checkpointed every 16 tokens; a second
+/// request resumes from the checkpoint at 48 (reading it, writing its own slot) for tokens
+/// 48 .. 77, then decodes tokens 77 .. 80 one by one from that slot. Its outputs and final
+/// state are within the f64 tolerance of the whole prompt's token recurrence.
+#[test]
+fn decode_continues_from_a_resumed_prefill() {
+    use kda_kernels::chunk::PrefixCaching;
+    let spec = ChunkSpec {
+        lengths: Lengths::Dense { b: 1, t: 80 },
+        h: 1,
+        hv: 1,
+        initial: InitialSpec::Pool { slots: 4 },
+        ..ChunkSpec::default()
+    };
+    let x = ChunkInputs::random(&mut Rng::new(17), &spec);
+    let (d, st) = (128, 128 * 128);
+    let cfg = ChunkConfig {
+        states: ChunkStates::Pool { indices: I32, has_initial: None },
+        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
+        ..ChunkConfig::default()
+    };
+    // The first request: the whole prompt from slot 0 (every 16 tokens into slots 2 .. 7).
+    let first = checkpointed(&x, 0, 80, 0, 16, 0);
+    let got = simulate_chunk(&cfg, &first).expect("first request");
+    let at48 = got.checkpoints[(2 + 48 / 16 - 1) * st..][..st].to_vec();
+    // The second: from the checkpoint at 48 (copied into pool slot 3), tokens 48 .. 77.
+    let mut resumed = checkpointed(&x, 48, 29, 48, 16, 3);
+    resumed.initial.as_mut().expect("a pool")[3 * st..4 * st].copy_from_slice(&at48);
+    let r = simulate_chunk(&cfg, &resumed).expect("resumed");
+    // Then decode 77 .. 80 from and into slot 1.
+    // Decode with the prompt's rules (the same enums).
+    let dcfg = DecodeConfig {
+        dtype: cfg.dtype,
+        state_dtype: cfg.state_dtype,
+        out_dtype: cfg.dtype,
+        v_first: true,
+        gate: cfg.gate,
+        a_log: true,
+        dt_bias: Some(F32),
+        beta: cfg.beta,
+        l2norm: true,
+        indices: Some(I32),
+        writes: Writes::PoolPerToken,
+        ..DecodeConfig::default()
+    };
+    let mut pool = r.final_state.clone();
+    let mut outs = r.out.clone();
+    for t in 77..80 {
+        let rows = |v: &[f64], w: usize| v[t * w..(t + 1) * w].to_vec();
+        let step = DecodeInputs {
+            b: 1,
+            t: 1,
+            h: 1,
+            hv: 1,
+            q: rows(&x.q, d),
+            k: rows(&x.k, d),
+            v: rows(&x.v, d),
+            a: rows(&x.g, d),
+            beta: rows(&x.beta, 1),
+            a_log: x.a_log.clone().unwrap_or_default(),
+            dt_bias: x.dt_bias.clone().unwrap_or_default(),
+            pool,
+            slots: 4,
+            cols: 1,
+            indices: vec![1],
+            cu_seqlens: vec![],
+            accepted: vec![1],
+            scale: x.scale,
+            lower_bound: x.lower_bound,
+        };
+        let got = simulate_decode(&dcfg, &step).unwrap_or_else(|e| panic!("decode of token {t}: {e}"));
+        outs.extend(got.out);
+        pool = got.pool;
+    }
+    // The whole prompt from the same start, by the token recurrence.
+    let want = chunk_reference(&checkpointed(&x, 0, 80, 0, 16, 0));
+    let e_out = rel_err(&outs, &want.out[48 * d..]);
+    let e_state = rel_err(&pool[st..2 * st], &want.final_state[st..2 * st]);
+    assert!(e_out <= 1e-2 && e_state <= 1e-2, "outputs {e_out:.2e}, state {e_state:.2e}");
+}

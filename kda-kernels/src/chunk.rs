@@ -306,20 +306,25 @@ pub(crate) fn state_slot(pool: bool, state_indices: Tensor, n: Val, p: Val) -> V
     slot
 }
 
-/// How many token positions before sequence `n`'s first token (`bos`; it ends at `eos`) its
-/// first chunk starts when chunks end at absolute multiples of 16 (`aligned`, with
-/// `prefix_lens[n]` tokens before the call): `prefix_lens[n] % 16`, so the first chunk holds
-/// `16 - shift` tokens; 0 otherwise, and for an empty sequence (which has no chunk). Chunk `c`
-/// holds tokens `max(bos, bos - shift + 16 c) .. min(eos, bos - shift + 16 c + 16)`, and its
-/// workspace rows start `16 c` rows after the sequence's first.
+/// Sequence `n`'s tokens before the call: `prefix_lens[n]` (at least 0: a negative entry is
+/// taken as 0, as the checked mode reports it) with `aligned`, else 0.
 #[kda_macros::kernel_fn]
-pub(crate) fn chunk_shift(aligned: bool, prefix_lens: Tensor, n: Val, bos: Val, eos: Val) -> Val {
-    let mut shift = 0;
+pub(crate) fn sequence_prefix(aligned: bool, prefix_lens: Tensor, n: Val) -> Val {
+    let mut prefix = 0;
     if aligned {
-        let prefix = prefix_lens[n] as i32;
-        shift = select(eos > bos, prefix % 16, 0);
+        prefix = max(prefix_lens[n] as i32, 0);
     }
-    shift
+    prefix
+}
+
+/// How many token positions before the first token of a sequence (`bos`; it ends at `eos`)
+/// its first chunk starts when chunks end at absolute multiples of 16, `prefix` tokens into its
+/// prompt: `prefix % 16`, so the first chunk holds `16 - shift` tokens; 0 for an empty sequence
+/// (which has no chunk). Chunk `c` holds tokens `max(bos, bos - shift + 16 c) .. min(eos, bos
+/// - shift + 16 c + 16)`, and its workspace rows start `16 c` rows after the sequence's first.
+#[kda_macros::kernel_fn]
+pub(crate) fn chunk_shift(prefix: Val, bos: Val, eos: Val) -> Val {
+    select(eos > bos, prefix % 16, 0)
 }
 
 /// Whether sequence `n`, in state slot `slot`, starts from that slot's state: not padding, and
@@ -747,7 +752,7 @@ fn write_checkpoint(
 ) {
     if inside && p % every == 0 {
         let col = p / every - 1;
-        if col < cc {
+        if col >= 0 && col < cc {
             let raw = slots[n][col];
             if raw >= 0 && raw < pc {
                 copy(s, checkpoints.tile_at([raw as i32, hv, v0, 0], [1, 1, bv, 128]));
@@ -911,11 +916,8 @@ pub fn chunk(
     // `c`, so the loop divides nothing (as `chunk_prep` finds it).
     let d0 = (bos + pad) / 16;
     // With `prefix_lens`, chunks end at absolute multiples of 16 (`chunk_shift`).
-    let mut prefix = 0;
-    if cfg.prefix.prefix_lens.is_some() {
-        prefix = prefix_lens[n] as i32;
-    }
-    let shift = chunk_shift(cfg.prefix.prefix_lens.is_some(), prefix_lens, n, bos, eos);
+    let prefix = sequence_prefix(cfg.prefix.prefix_lens.is_some(), prefix_lens, n);
+    let shift = chunk_shift(prefix, bos, eos);
     let mut chunks = ceil_div(eos - bos + shift, 16);
     if !output {
         // A padding slot writes no output rows here, so it has nothing to do: the split's

@@ -11,12 +11,15 @@
 //!
 //! Workspace rows: a token's row is its own (`[B, T]` rows of a dense call, rounded up to whole
 //! chunks), shifted down `15 n` rows for varlen sequence `n`, so that every chunk, the last
-//! partial one included, writes its 16 rows without touching the next sequence's. A chunk's
-//! decay and betas go to row `w0 / 16` of its own f32 table, `w0` its first workspace row.
+//! partial one included, writes its 16 rows without touching the next sequence's. With chunks
+//! aligned to absolute positions (`prefix_lens`), chunk `c` of a sequence takes the 16 rows
+//! from its first token's row plus `16 c`, whatever its first token, and varlen sequences are
+//! `31 n` rows apart (one chunk more). A chunk's decay and betas go to row `w0 / 16` of its own
+//! f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    chunk_shift, prepare_keys, sequence_end, sequence_start, solve_chunk, ChunkGate, ChunkOperands, KeyTiles,
-    Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, ChunkGate, ChunkOperands,
+    KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::DType;
@@ -165,7 +168,8 @@ pub fn chunk_prep(
         bi = 0;
         pad = sequence_pad(cfg.prefix_lens.is_some()) as i32 * n;
     }
-    let shift = chunk_shift(cfg.prefix_lens.is_some(), prefix_lens, n, bos, eos);
+    let prefix = sequence_prefix(cfg.prefix_lens.is_some(), prefix_lens, n);
+    let shift = chunk_shift(prefix, bos, eos);
     let dt_sh = shared([128], cfg.dt_bias);
     let mut ea = 1.0;
     if cfg.gate.in_kernel() {

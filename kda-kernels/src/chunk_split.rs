@@ -51,11 +51,14 @@ pub struct SplitConfigs {
 /// The split's kernel configs for a call of config `call` (whose `run` is
 /// [`ChunkRun::Output`]).
 pub fn split_configs(call: &ChunkConfig) -> SplitConfigs {
+    // The segments' passes run on tables of their own: no prefix caching (a call with it is
+    // never split).
     let pass = |run: ChunkRun, has_initial: Option<DType>| ChunkConfig {
         state_dtype: DType::F32,
         varlen: Some(DType::I32),
         states: ChunkStates::Pool { indices: DType::I32, has_initial },
         run,
+        prefix: Default::default(),
         ..call.clone()
     };
     let output = pass(ChunkRun::Output, None);

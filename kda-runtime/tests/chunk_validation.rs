@@ -707,7 +707,7 @@ fn calls_past_the_launch_limits_are_rejected_by_the_plan() {
     Case::varlen(70_000, 65_535, I32, true).plan(|_| {});
     Case::new(1, (1 << 31) - 16).plan(|_| {});
     // Past it once rounded up to whole chunks: the launch's limit, checked on what it launches.
-    let e = err(Case::new(1, (1 << 31) - 1).run(|_| {}), "q", "whole chunks of 16 = 2147483648");
+    let e = err(Case::new(1, (1 << 31) - 1).run(|_| {}), "q", "prefix_lens) = 2147483648");
     assert!(is_unsupported(&e), "{e}");
     let e = err(Case::varlen((1 << 31) - 20, 2, I32, true).run(|_| {}), "cu_seqlens", "S + 15 N");
     assert!(is_unsupported(&e), "{e}");
@@ -870,7 +870,7 @@ fn checked_read_slots_are_not_written_by_other_sequences() {
     check(&[0, 1, 2], &[7, 7, -1]).expect("one cached slot read twice, one fresh");
     check(&[0, -1, 2], &[7, 0, 99]).expect("a padding sequence's read and a read outside the pool are no reads");
     let e = check(&[0, 1, 2], &[7, 2, 7]).expect_err("sequence 1 reads what sequence 2 writes").to_string();
-    assert!(e.contains("read_indices[1] = 2 is the slot sequence 2 writes"), "{e}");
+    assert!(e.contains("read_indices[1] = 2 is the slot state_indices[2] writes"), "{e}");
     let x = ChunkIndices {
         cu_seqlens: Some(&cu),
         state_indices: Some(&[0, 1, 2]),

@@ -13,8 +13,8 @@ fn invalid(arg: &'static str, message: String) -> ChunkError {
 }
 
 /// Host copies (widened to `i64`, one entry per element) of a call's index tensors, each where
-/// the call has it: `cu_seqlens` for varlen calls, `state_indices` and `read_indices` with the
-/// pool.
+/// the call has it: `cu_seqlens` for varlen calls; `state_indices`, `read_indices`,
+/// `prefix_lens` and `checkpoint_slots` with the pool.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ChunkIndices<'a> {
     /// `cu_seqlens`.
@@ -42,7 +42,7 @@ pub struct ChunkIndices<'a> {
 /// negative one, skipped); no slot is written twice (checkpoints and, in one pool, final
 /// states together), and none is both read and written.
 pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), ChunkError> {
-    let ChunkIndices { cu_seqlens, state_indices, read_indices, .. } = x;
+    let ChunkIndices { cu_seqlens, state_indices, .. } = x;
     let copy_len = |arg: &'static str, got: usize, want: usize| {
         if got == want {
             return Ok(());
@@ -91,21 +91,7 @@ pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), Chun
                 return Err(invalid("state_indices", msg));
             }
         }
-        if let Some(read) = read_indices {
-            copy_len("read_indices", read.len(), plan.nseq)?;
-            for (n, slot) in read.iter().enumerate().filter(|(n, _)| idx[*n] >= 0 && (idx[*n] as u64) < pool as u64) {
-                if let Some(&m) = owner.get(slot).filter(|m| **m != n) {
-                    let msg = format!(
-                        "read_indices[{n}] = {slot} is the slot sequence {m} writes (state_indices[{m}]) in the same call; \
-                         a sequence may read only a slot no other sequence of the call writes."
-                    );
-                    return Err(invalid("read_indices", msg));
-                }
-            }
-        }
-    }
-    if let (InitialState::Pool { pool, .. }, Some(idx)) = (plan.initial, state_indices) {
-        check_checkpoints(plan, &x, idx, pool)?;
+        check_pool_writes(plan, &x, idx, pool)?;
     }
     if let Some(hint) = plan.max_seqlen.filter(|&h| h < longest) {
         let msg = format!("max_seqlen = {hint} is shorter than the longest sequence ({longest} tokens).");
@@ -114,10 +100,32 @@ pub fn check_chunk_indices(plan: &ChunkPlan, x: ChunkIndices) -> Result<(), Chun
     Ok(())
 }
 
-/// The prefix-caching part of [`check_chunk_indices`], for a pool of `pool` slots that
-/// sequences write at `state_indices`.
-fn check_checkpoints(plan: &ChunkPlan, x: &ChunkIndices, state_indices: &[i64], pool: usize) -> Result<(), ChunkError> {
+/// What writes a slot in one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Writer {
+    /// Sequence n's final state (`state_indices[n]`).
+    Final(usize),
+    /// Sequence n's checkpoint in column c (`checkpoint_slots[n, c]`).
+    Checkpoint(usize, usize),
+}
+
+impl std::fmt::Display for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Writer::Final(n) => write!(f, "state_indices[{n}]"),
+            Writer::Checkpoint(n, c) => write!(f, "checkpoint_slots[{n}, {c}]"),
+        }
+    }
+}
+
+/// The pool part of [`check_chunk_indices`] beyond the slots' range, for a pool of `pool` slots
+/// that sequences write at `state_indices`: prefixes, checkpoints, and reads against writes.
+fn check_pool_writes(plan: &ChunkPlan, x: &ChunkIndices, state_indices: &[i64], pool: usize) -> Result<(), ChunkError> {
     let n = plan.nseq;
+    let len_of = |s: usize| match x.cu_seqlens {
+        Some(cu) => (cu[s + 1] - cu[s]).max(0) as usize,
+        None => plan.seq_len,
+    };
     if let Some(lens) = x.prefix_lens {
         if lens.len() != n {
             return Err(invalid(
@@ -125,29 +133,31 @@ fn check_checkpoints(plan: &ChunkPlan, x: &ChunkIndices, state_indices: &[i64], 
                 format!("the host copy of prefix_lens has {} entries; the call has {n}.", lens.len()),
             ));
         }
-        if let Some((i, l)) = lens.iter().enumerate().find(|(_, l)| **l < 0) {
-            return Err(invalid("prefix_lens", format!("prefix_lens[{i}] = {l} must be at least 0.")));
+        for (s, &l) in lens.iter().enumerate() {
+            if l < 0 || l as u64 + len_of(s) as u64 > i32::MAX as u64 {
+                let msg = format!(
+                    "prefix_lens[{s}] = {l}: positions must run from 0 to below 2^31 (with its {} tokens).",
+                    len_of(s)
+                );
+                return Err(invalid("prefix_lens", msg));
+            }
         }
     }
-    let Some(slots) = x.checkpoint_slots else { return Ok(()) };
+    let live = |s: usize| state_indices[s] >= 0 && (state_indices[s] as u64) < pool as u64;
+    // Slots written, keyed by (in the state pool, slot).
+    let mut written = std::collections::HashMap::new();
+    for s in (0..n).filter(|&s| live(s)) {
+        written.insert((true, state_indices[s]), Writer::Final(s));
+    }
     let (every, cols, ck_pool) = (plan.prefix.every, plan.prefix.columns, plan.prefix.pool);
-    if slots.len() != n * cols {
+    let slots = x.checkpoint_slots.unwrap_or(&[]);
+    if x.checkpoint_slots.is_some() && slots.len() != n * cols {
         let msg = format!("the host copy of checkpoint_slots has {} entries; the call has {n} x {cols}.", slots.len());
         return Err(invalid("checkpoint_slots", msg));
     }
-    let live = |s: usize| state_indices[s] >= 0 && (state_indices[s] as u64) < pool as u64;
-    // Slots written: (in the state pool, slot) -> what writes it.
-    let mut written = std::collections::HashMap::new();
-    for s in (0..n).filter(|&s| live(s)) {
-        written.insert((true, state_indices[s]), format!("state_indices[{s}]"));
-    }
-    for s in (0..n).filter(|&s| live(s)) {
-        let len = match x.cu_seqlens {
-            Some(cu) => (cu[s + 1] - cu[s]).max(0) as usize,
-            None => plan.seq_len,
-        };
+    for s in (0..n).filter(|&s| live(s) && x.checkpoint_slots.is_some()) {
         let start = x.prefix_lens.map_or(0, |l| l[s] as usize);
-        for p in (start / every + 1..).map(|k| k * every).take_while(|p| *p < start + len) {
+        for p in (start / every + 1..).map(|k| k * every).take_while(|p| *p < start + len_of(s)) {
             let col = p / every - 1;
             if col >= cols {
                 let msg = format!(
@@ -163,19 +173,26 @@ fn check_checkpoints(plan: &ChunkPlan, x: &ChunkIndices, state_indices: &[i64], 
                 let msg = format!("checkpoint_slots[{s}, {col}] = {slot} is outside the checkpoint pool [0, {ck_pool}) (negative entries skip a checkpoint).");
                 return Err(invalid("checkpoint_slots", msg));
             }
-            let what = format!("checkpoint_slots[{s}, {col}]");
-            if let Some(other) = written.insert((x.checkpoints_in_the_state_pool, slot), what.clone()) {
-                return Err(invalid("checkpoint_slots", format!("{what} and {other} both write slot {slot}.")));
+            let me = Writer::Checkpoint(s, col);
+            if let Some(other) = written.insert((x.checkpoints_in_the_state_pool, slot), me) {
+                return Err(invalid("checkpoint_slots", format!("{me} and {other} both write slot {slot}.")));
             }
         }
     }
-    // Reads: a live sequence reads its read slot (the state pool) unless it starts from zeros.
+    // Reads (conservatively, also of sequences `has_initial_state` starts from zeros): a live
+    // sequence reads its read slot of the state pool, which only its own final state may write.
+    if let Some(read) = x.read_indices {
+        if read.len() != n {
+            let msg = format!("the host copy of read_indices has {} entries; the call has {n}.", read.len());
+            return Err(invalid("read_indices", msg));
+        }
+    }
     let reads = x.read_indices.unwrap_or(state_indices);
     for s in (0..n).filter(|&s| live(s)) {
         let read = reads[s];
-        if let Some(other) = written.get(&(true, read)).filter(|w| **w != format!("state_indices[{s}]")) {
-            let msg = format!("sequence {s} reads slot {read}, which {other} writes in the same call.");
-            return Err(invalid("checkpoint_slots", msg));
+        if let Some(other) = written.get(&(true, read)).filter(|w| **w != Writer::Final(s)) {
+            let msg = format!("read_indices[{s}] = {read} is the slot {other} writes in the same call; a sequence may read only a slot nothing else of the call writes.");
+            return Err(invalid("read_indices", msg));
         }
     }
     Ok(())

@@ -68,6 +68,9 @@ pub(crate) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
 /// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
 /// token ranges by default: then it needs the thread's highest-priority stream.
 pub(crate) fn may_take_ranges(plan: &ChunkPlan) -> bool {
+    if plan.prefix.active() {
+        return false;
+    }
     let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
     default_ranges(&long).is_some()
 }

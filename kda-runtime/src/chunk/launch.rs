@@ -149,10 +149,13 @@ fn launch_plan(
         _ => None,
     };
     // Nothing to launch: no sequence or head, or no token and no state that changes (a pool
-    // slot is rewritten with itself unless `has_initial_state` may zero it).
+    // slot is rewritten with itself unless `has_initial_state` may zero it or `read_indices`
+    // names another slot to start from).
     let states_change = match (plan.final_out, plan.initial) {
         (FinalState::None, _) => false,
-        (FinalState::Pool, InitialState::Pool { has_initial, .. }) => has_initial.is_some(),
+        (FinalState::Pool, InitialState::Pool { has_initial, .. }) => {
+            has_initial.is_some() || args.read_indices.is_some()
+        }
         _ => true,
     };
     if plan.nseq == 0 || plan.value_heads == 0 || (plan.empty && !states_change) {

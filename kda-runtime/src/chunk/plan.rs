@@ -421,15 +421,16 @@ fn check_launch_limits(args: &ChunkArgs, n: usize, b: usize, t: usize, hv: usize
             ));
         }
     }
-    // The prepared operands' rows: whole chunks per dense row, 15 more per varlen sequence.
-    // Checked whatever the path, so that whether a call is valid never depends on the device.
+    // The prepared operands' rows (`prep_rows`: whole chunks per dense row, 15 more per varlen
+    // sequence, a chunk more per sequence with `prefix_lens`). Checked whatever the path, so
+    // that whether a call is valid never depends on the device.
     let varlen = args.cu_seqlens.is_some();
     let (_, rows) = prep_rows(b, t, n, varlen, args.prefix_lens.is_some());
     if rows > extent_limit {
         let (arg, what) = if varlen {
-            ("cu_seqlens", format!("S + 15 N = {rows} (S tokens, N sequences)"))
+            ("cu_seqlens", format!("S + 15 N (31 N with prefix_lens) = {rows}"))
         } else {
-            ("q", format!("T rounded up to whole chunks of 16 = {rows}"))
+            ("q", format!("T rounded up to whole chunks of 16 (one more with prefix_lens) = {rows}"))
         };
         return Err(unsupported(arg, format!("{what} must fit in 32 bits (at most {extent_limit}).")));
     }

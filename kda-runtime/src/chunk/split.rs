@@ -39,7 +39,7 @@ const PART_ALIGN: usize = 256;
 /// when [`chunk_kda`](super::chunk_kda) splits it: for calls of at most
 /// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
 pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
-    (plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
+    (plan.value_heads <= SPLIT_MAX_VALUE_HEADS && !plan.prefix.active())
         .then(|| split_configs(&chunk_tuned_config(plan, ChunkTuning::of_path(plan, true))))
 }
 

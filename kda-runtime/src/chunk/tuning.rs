@@ -82,16 +82,13 @@ impl ChunkTuning {
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         // Prefix caching takes the fused kernel or the two-kernel path (token ranges and the
         // split do not carry its chunk alignment and checkpoints yet).
-        if plan.prefix.active() {
-            let chains = plan.nseq.saturating_mul(plan.value_heads);
-            return ChunkTuning::of_path(plan, chains <= prepared_max_chains(device));
-        }
-        if eligibility::splits_by_default(plan) {
+        let pieces = !plan.prefix.active();
+        if pieces && eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = chains <= prepared_max_chains(device);
-        let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
+        let ranges = if prepared && pieces { eligibility::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
 

@@ -37,8 +37,9 @@ pub fn chunk_tuned_workspace_bytes(plan: &ChunkPlan, tune: &ChunkTuning) -> usiz
 /// Bytes of workspace enough for every call of at most `tokens` tokens (`B · T`, or varlen
 /// `S`), `sequences` sequences and `value_heads` value heads, on any device and path: the
 /// prepared operands of every token row (a dense row rounds up to whole chunks, so 15 more per
-/// sequence; 31 with `prefix_lens`, whose first chunk may be short, the bound taken), or with at most [`SPLIT_MAX_VALUE_HEADS`] value heads the split's tables for a
-/// segment per [`SPLIT_SEGMENT_TOKENS`] tokens and one per sequence, whichever is larger. Grows
+/// sequence; 31 with `prefix_lens`, whose first chunk may be short: the bound takes that), or
+/// with at most [`SPLIT_MAX_VALUE_HEADS`] value heads the split's tables for a segment per
+/// [`SPLIT_SEGMENT_TOKENS`] tokens and one per sequence, whichever is larger. Grows
 /// with each argument (the split's part counts at most [`SPLIT_MAX_VALUE_HEADS`] heads, so more
 /// heads never shrink it); the dtypes do not change it (the operands are 16-bit either way).
 /// Saturates at `usize::MAX`.

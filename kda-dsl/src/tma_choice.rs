@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::analysis::divisibility::{expr_divisor, var_divisors, ANY};
+use crate::analysis::divisibility::{expr_divisor, var_divisors};
 use crate::dtype::DType;
 use crate::hopper_layout::{Swizzle, TensorMap2d};
 use crate::layout::{ChunkXor, SharedLayout};
@@ -89,6 +89,8 @@ pub enum NoTma {
     },
     /// The tile is not laid out as boxes land (a canonical swizzled tile).
     NotCanonical,
+    /// The tile is not 2-D.
+    TileRank(usize),
     /// The box is taller than TMA's 256 rows.
     TooTall(u32),
     /// The row length is not known to be a multiple of 16 bytes (a tensor map's stride must).
@@ -108,6 +110,7 @@ impl fmt::Display for NoTma {
             NoTma::Bounded => write!(f, "the box has its own bound (TMA zero-fills only at the tensor's edges)"),
             NoTma::DtypesDiffer { tensor, tile } => write!(f, "the tensor is {tensor} and the tile {tile}"),
             NoTma::NotCanonical => write!(f, "the tile is not a canonical swizzled tile"),
+            NoTma::TileRank(r) => write!(f, "the tile has {r} axes, not 2"),
             NoTma::TooTall(rows) => write!(f, "{rows} rows; a box has at most 256"),
             NoTma::RowLengthNotAligned => {
                 write!(f, "the row length is not known to be a multiple of 16 bytes (add `assume_multiple`)")
@@ -164,7 +167,10 @@ fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<(String, [Par
         return Err(NoTma::DtypesDiffer { tensor: *dtype, tile: tile.dtype });
     }
     let elem = dtype.size_bytes() as u32;
-    if tile.shape.len() != 2 || tile.shape[0] > 256 {
+    if tile.shape.len() != 2 {
+        return Err(NoTma::TileRank(tile.shape.len()));
+    }
+    if tile.shape[0] > 256 {
         return Err(NoTma::TooTall(tile.shape[0]));
     }
     let granule = u64::from(16 / elem);
@@ -174,7 +180,7 @@ fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<(String, [Par
     let divisors = var_divisors(&p.def);
     let var = |v: VarId| divisors.get(&v).copied().unwrap_or(1);
     let start = expr_divisor(&offset[1], &var, &|d| p.def.multiple_of(d) as u64);
-    if start != ANY && !start.is_multiple_of(granule) {
+    if !start.is_multiple_of(granule) {
         return Err(NoTma::StartNotAligned);
     }
     Ok((name.clone(), [dims[0], dims[1]], elem))

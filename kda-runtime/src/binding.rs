@@ -286,7 +286,11 @@ pub fn bind_planned(
     for (p, (slots, value)) in kernel.params.iter().zip(plan.params.iter().zip(bound.values)) {
         if let (ParamSig::TensorMap(sig), ParamSlots::TensorMap { tensor }, RawArg::TensorMap(n)) = (p, slots, value) {
             let Some(KernelArg::Tensor(view)) = given[*tensor] else { unreachable!("the tensor was bound above") };
-            bound.maps[n] = tensor_map_arg(sig, view)?;
+            // An empty tensor has no box to copy: its map stays zero, never read (no block
+            // runs, or none issues a box).
+            if view.numel() > 0 {
+                bound.maps[n] = tensor_map_arg(sig, view)?;
+            }
         }
     }
     bound.grid = eval_grid(kernel, plan, &extents)?;

@@ -15,6 +15,7 @@ use super::roles::Role;
 use super::Lower;
 use crate::diag::{Diag, SrcLoc};
 use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan, TmaPipeline};
+use crate::passes::BufLayout;
 use crate::thread_ir::*;
 use crate::tile::*;
 
@@ -59,6 +60,12 @@ impl Lower<'_> {
                 std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight)),
                 std::mem::replace(&mut self.producer_apart, true),
             );
+            // The barrier passes put none at the top of a pipelined body (the pipeline's own
+            // was to be there): with shared tiles beside the staged ones, the compute warps'
+            // barrier orders one iteration's accesses before the next's.
+            if self.touches_unstaged_shared(plan, &rest) {
+                self.block_barrier();
+            }
             let lowered = self.block(&rest);
             (self.wgmma_wait, self.producer_apart) = outer;
             lowered?;
@@ -84,12 +91,20 @@ impl Lower<'_> {
             let last = self.previous_stage(stage, plan.stages);
             self.release_stage(tma, plan.stages, last, Some(none_ran));
         }
-        // Both roles meet again after the loop.
+        // Both roles meet again after the loop (with the roles apart for the whole kernel, the
+        // compute warps alone).
         self.block_barrier();
         for (k, b) in plan.staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }
         Ok(())
+    }
+
+    /// Whether `body` touches a shared tile `plan` does not stage.
+    fn touches_unstaged_shared(&self, plan: &PipelinePlan, body: &[Stmt]) -> bool {
+        let mut used = vec![];
+        crate::passes::infer_layouts::tiles_used(body, &mut used);
+        used.into_iter().any(|b| !plan.staged.contains(&b) && matches!(self.p.layouts[b], BufLayout::Shared(_)))
     }
 
     /// Points each staged tile at its copy for `stage`.

@@ -60,6 +60,12 @@ pub enum NoSplit {
     FillsNotTma,
     /// The compute warps would gain nothing.
     NothingToGain,
+    /// The kernel asks for more than one block per SM (`min_blocks`): the pool at entry would
+    /// not be one block's whole register file.
+    SeveralBlocksPerSm(u32),
+    /// The code the fill warps run beside the fills (indices, loop bounds, conditions) reads a
+    /// shared tile, which the roles apart would read without a barrier ordering its writes.
+    FillWarpsReadShared,
 }
 
 impl fmt::Display for NoSplit {
@@ -71,6 +77,8 @@ impl fmt::Display for NoSplit {
             NoSplit::ComputeNotWarpgroups(n) => write!(f, "{n} compute threads are not whole warpgroups"),
             NoSplit::FillsNotTma => write!(f, "the fill warps issue cp.async copies"),
             NoSplit::NothingToGain => write!(f, "the compute warps would gain no registers"),
+            NoSplit::SeveralBlocksPerSm(n) => write!(f, "min_blocks = {n}: the registers are shared between blocks"),
+            NoSplit::FillWarpsReadShared => write!(f, "the fill warps' code reads a shared tile"),
         }
     }
 }
@@ -115,6 +123,12 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
     if !p.pipelines.iter().all(specialized) {
         return Err(NoSplit::FillsNotTma);
     }
+    if let Some(n) = p.def.min_blocks_per_sm.filter(|n| *n > 1) {
+        return Err(NoSplit::SeveralBlocksPerSm(n));
+    }
+    if skeleton_reads_shared(p) {
+        return Err(NoSplit::FillWarpsReadShared);
+    }
     let groups = (fill + compute) / WARPGROUP;
     let at_entry = (REGISTER_FILE / (fill + compute) / 8 * 8).min(255 / 8 * 8);
     let pool = at_entry * groups;
@@ -123,6 +137,21 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
         return Err(NoSplit::NothingToGain);
     }
     Ok(RegisterSplit { at_entry, producer: PRODUCER_REGISTERS, consumers })
+}
+
+/// Whether the fill warps' code reads a shared tile: an element in an assignment, a loop bound,
+/// a condition, or a copy's box.
+fn skeleton_reads_shared(p: &TileProgram) -> bool {
+    use crate::tile::{visit_stmts, Expr, StmtKind};
+    let mut exprs: Vec<&Expr> = vec![];
+    visit_stmts(&p.def.body, &mut |s| match &s.kind {
+        StmtKind::Assign(_, e) => exprs.push(e),
+        StmtKind::For { start, end, .. } => exprs.extend([start, end]),
+        StmtKind::If(c, ..) => exprs.push(c),
+        StmtKind::Copy { src, dst } => exprs.extend(src.index_exprs().chain(dst.index_exprs())),
+        _ => {}
+    });
+    exprs.into_iter().any(|e| crate::passes::infer_layouts::reads_shared(p, e))
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 //! TensorBoxes`): one thread raises a stage's mbarrier transaction count by the stage's bytes
 //! and issues its boxes; every thread that reads the stage waits for the stage's phase.
 //!
-//! The mbarriers are initialized once, at the kernel's entry (one arrival per phase: the
-//! issuing thread's `arrive.expect_tx`), and each reader keeps one parity bit per stage, so
-//! a pipelined loop run many times (inside an outer loop) goes on from the phase it left. The
-//! barrier at the top of each iteration still orders a stage's last readers before its refill,
-//! as with `cp.async`.
+//! The mbarriers are initialized once, at the kernel's entry (a stage's `full` barrier takes one
+//! arrival a phase, the issuing thread's `arrive.expect_tx`; with warp specialization its
+//! `empty` barrier takes one from each consumer, `producer.rs`), and each waiting thread keeps
+//! one parity bit per stage, so a pipelined loop run many times (inside an outer loop) goes on
+//! from the phase it left. Without warp specialization the barrier at the top of each
+//! iteration still orders a stage's last readers before its refill, as with `cp.async`.
 
 use super::{Lower, V};
 use crate::diag::{Diag, SrcLoc};
@@ -30,8 +31,8 @@ pub(crate) struct TmaPhases {
 
 impl Lower<'_> {
     /// At the kernel's entry: each tensor map's generic address (a by-value parameter's), each
-    /// TMA pipeline's mbarriers initialized by thread 0 for one arrival a phase, then a barrier
-    /// so no thread waits on one before it is initialized. Returns the maps' parameters.
+    /// TMA pipeline's mbarriers initialized by thread 0, fenced for the async proxy, then a
+    /// barrier so no thread waits on one before it is initialized. Returns the maps' parameters.
     pub(super) fn tma_entry(&mut self) -> Vec<(String, ParamKind)> {
         let mut params = vec![];
         for sig in &self.p.tensor_maps {
@@ -81,6 +82,9 @@ impl Lower<'_> {
             });
             self.tma_phases.insert(var, TmaPhases { full, empty });
         }
+        // The initialized barriers visible to the async proxy (TMA completes on them), then
+        // to every thread.
+        self.em.emit_if(first, true, Op::FenceProxyAsync);
         self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
         params
     }

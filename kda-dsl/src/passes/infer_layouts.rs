@@ -206,6 +206,14 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     Ok(())
 }
 
+/// Whether evaluating `e` reads an element of a shared tile.
+pub(crate) fn reads_shared(p: &TileProgram, e: &Expr) -> bool {
+    let probe = Stmt { kind: StmtKind::Assign(VarId::new(0), e.clone()), loc: Default::default() };
+    let mut found = vec![];
+    elems_in(std::slice::from_ref(&probe), &mut found);
+    found.into_iter().any(|(b, _, _)| matches!(p.layouts[b], BufLayout::Shared(_)))
+}
+
 /// Every tile a statement list touches (operands of tile operations and element accesses).
 pub(crate) fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
     let mut elems = vec![];

@@ -136,13 +136,13 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
             .collect();
         match fill_prelude(&p.def, *var, body, &fills) {
             Ok(prelude) => plans.push(PipelinePlan {
+                fills: stage_fills(p, &fills, &prelude),
                 var: *var,
                 stages: *stages,
                 staged,
                 prelude,
                 skip_dead_fills: !contains_gemm(body),
                 wgmma_in_flight: wgmma_in_flight(p, *stages, body),
-                fills: stage_fills(p, &fills),
             }),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -167,7 +167,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
 
 /// How the `fills` of one loop are copied: TMA boxes when every fill can be, `cp.async`
 /// otherwise.
-fn stage_fills(p: &TileProgram, fills: &[&Stmt]) -> StageFills {
+fn stage_fills(p: &TileProgram, fills: &[&Stmt], prelude: &[Stmt]) -> StageFills {
     if fills.is_empty() {
         return StageFills::AsyncCopies { not_tma: NoTma::NoFills };
     }
@@ -180,9 +180,19 @@ fn stage_fills(p: &TileProgram, fills: &[&Stmt]) -> StageFills {
         }
     }
     let stage_bytes = boxes.iter().map(|(b, _)| b.boxes * b.box_bytes()).sum();
+    // The fill warps run apart only when what they evaluate (the boxes' coordinates and the
+    // prelude) reads no shared tile, whose writes no barrier would order before.
+    let apart = !fills.iter().any(|f| match &f.kind {
+        StmtKind::Copy { src, dst } => {
+            src.index_exprs().chain(dst.index_exprs()).any(|e| super::infer_layouts::reads_shared(p, e))
+        }
+        _ => false,
+    }) && !prelude
+        .iter()
+        .any(|s| matches!(&s.kind, StmtKind::Assign(_, e) if super::infer_layouts::reads_shared(p, e)));
     let handoff = match p.def.fill_warps {
-        0 => Handoff::BlockBarrier,
-        _ => Handoff::EmptyBarriers { consumers: p.def.threads },
+        n if n > 0 && apart => Handoff::EmptyBarriers { consumers: p.def.threads },
+        _ => Handoff::BlockBarrier,
     };
     StageFills::TensorBoxes(TmaPipeline { fills: boxes, stage_bytes, barriers: 0, handoff })
 }

@@ -22,14 +22,15 @@ pub struct TmaStore {
 }
 
 /// The shared tiles whose one reader is a copy to a global box that would take TMA once the
-/// tile is canonical, and whose writers are copies from fragments: `infer_layouts` lays these
-/// out canonically.
+/// tile is canonical (into a tensor nothing else of the kernel touches), and whose writers are
+/// copies from fragments: `infer_layouts` lays these out canonically.
 pub fn store_sources(p: &TileProgram) -> HashSet<BufId> {
     let mut stored = vec![];
     let mut other_use = HashSet::new();
     visit_stmts(&p.def.body, &mut |s| match &s.kind {
-        StmtKind::Copy { src: Region::Buf(b), dst: region @ Region::Global { .. } } => {
-            stored.push((*b, takes_tma_once_canonical(p, region, *b)))
+        StmtKind::Copy { src: Region::Buf(b), dst: region @ Region::Global { tensor, .. } } => {
+            let takes = accesses_of(&p.def, *tensor) == 1 && takes_tma_once_canonical(p, region, *b);
+            stored.push((*b, takes))
         }
         StmtKind::Copy { src: Region::Buf(f), dst: Region::Buf(_) } if p.def.buffers[*f].scope == Scope::Fragment => {}
         // A loop's or branch's statements are visited on their own.
@@ -57,8 +58,11 @@ pub fn store_sources(p: &TileProgram) -> HashSet<BufId> {
 pub fn plan_tma_stores(p: &mut TileProgram) -> Result<(), Diag> {
     let mut stores = vec![];
     visit_stmts(&p.def.body, &mut |s| {
-        if let StmtKind::Copy { src: Region::Buf(b), dst: Region::Global { .. } } = &s.kind {
-            if p.def.buffers[*b].scope == Scope::Shared {
+        if let StmtKind::Copy { src: Region::Buf(b), dst: Region::Global { tensor, .. } } = &s.kind {
+            // A bulk store's global writes are not ordered before the kernel's later accesses
+            // to the tensor (its wait covers the shared reads only): a tensor the kernel
+            // touches anywhere else keeps the threads' stores.
+            if p.def.buffers[*b].scope == Scope::Shared && accesses_of(&p.def, *tensor) == 1 {
                 if let Ok(boxes) = choose_tma_store(p, s) {
                     stores.push((s.loc, *b, boxes));
                 }
@@ -71,6 +75,20 @@ pub fn plan_tma_stores(p: &mut TileProgram) -> Result<(), Diag> {
         p.tma_stores.push(TmaStore { loc, buf, boxes: (boxes, map) });
     }
     Ok(())
+}
+
+/// How many copies (and prefetches) of `def` name global tensor `t`.
+fn accesses_of(def: &KernelDef, t: ParamId) -> usize {
+    let mut n = 0;
+    visit_stmts(&def.body, &mut |s| {
+        let names = |r: &Region| matches!(r, Region::Global { tensor, .. } if *tensor == t);
+        n += match &s.kind {
+            StmtKind::Copy { src, dst } => usize::from(names(src)) + usize::from(names(dst)),
+            StmtKind::Prefetch(r) => usize::from(names(r)),
+            _ => 0,
+        };
+    });
+    n
 }
 
 impl TileProgram {

@@ -65,7 +65,7 @@ pub struct TmaBoxes {
 impl TmaBoxes {
     /// Shared bytes from one box's destination to the next (one slab).
     pub fn box_bytes(&self) -> u32 {
-        self.map.box_extent[0] * self.map.box_extent[1] * self.map.elem_bytes
+        self.map.map(1, 1).box_bytes()
     }
 }
 

@@ -195,10 +195,7 @@ impl Lower<'_> {
                 self.em.emit_if(wrap, true, wrapped);
             }
             self.var_regs.insert(var, iter);
-            for (k, b) in staged.iter().enumerate() {
-                let off = self.em.mul32(wr, Src::Imm(stage_bytes[k]));
-                self.shared_base[*b] = Some(self.em.add32(home[k], off));
-            }
+            self.stage_bases(&staged, &home, wr);
             if let Some(tma) = &tma {
                 self.tma_stage_fills(tma, &prelude, &fills, Src::Reg(wr), live)?;
             } else {
@@ -210,10 +207,7 @@ impl Lower<'_> {
         }
         // Compute on the stage read this iteration (the fill warps' copy passes its barriers).
         self.var_regs.insert(var, ko);
-        for (k, b) in staged.iter().enumerate() {
-            let off = self.em.mul32(rd, Src::Imm(stage_bytes[k]));
-            self.shared_base[*b] = Some(self.em.add32(home[k], off));
-        }
+        self.stage_bases(&staged, &home, rd);
         let outer_wait = std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight));
         let lowered = self.block(&rest);
         self.wgmma_wait = outer_wait;
@@ -239,6 +233,15 @@ impl Lower<'_> {
             self.shared_base[*b] = Some(home[k]);
         }
         Ok(())
+    }
+
+    /// Points each staged tile (`home` its stage 0) at its copy for `stage`.
+    pub(super) fn stage_bases(&mut self, staged: &[BufId], home: &[Src], stage: Reg) {
+        for (k, b) in staged.iter().enumerate() {
+            let bytes = self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes();
+            let off = self.em.mul32(stage, Src::Imm(bytes as i64));
+            self.shared_base[*b] = Some(self.em.add32(home[k], off));
+        }
     }
 
     /// The shared stores of the main loop's element-wise fills, into the stage they were

@@ -45,7 +45,7 @@ impl Lower<'_> {
         let done = self.em.setp(Cmp::Ge, Ty::S32, it, e);
         self.em.emit_if(done, true, Op::Bra { target: exit });
         self.var_regs.insert(plan.var, it);
-        self.stage_bases(plan, &home, stage);
+        self.stage_bases(&plan.staged, &home, stage);
         let producer = self.role() == Some(Role::Fill);
         let in_flight = plan.wgmma_in_flight.is_some();
         if producer {
@@ -105,15 +105,6 @@ impl Lower<'_> {
         let mut used = vec![];
         crate::passes::infer_layouts::tiles_used(body, &mut used);
         used.into_iter().any(|b| !plan.staged.contains(&b) && matches!(self.p.layouts[b], BufLayout::Shared(_)))
-    }
-
-    /// Points each staged tile at its copy for `stage`.
-    fn stage_bases(&mut self, plan: &PipelinePlan, home: &[Src], stage: Reg) {
-        for (k, b) in plan.staged.iter().enumerate() {
-            let bytes = self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes();
-            let off = self.em.mul32(stage, Src::Imm(bytes as i64));
-            self.shared_base[*b] = Some(self.em.add32(home[k], off));
-        }
     }
 
     /// The stage before `stage` in a ring of `stages`.

@@ -16,6 +16,7 @@ use crate::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
 use crate::passes::plan_tma_stores::TmaStore;
 use crate::thread_ir::*;
 use crate::tile::*;
+use crate::tma_choice::TmaBoxes;
 
 /// Bytes of one mbarrier.
 const MBARRIER_BYTES: i64 = 8;
@@ -134,25 +135,35 @@ impl Lower<'_> {
                 unreachable!("a stage fill")
             };
             self.em.loc = f.loc;
-            let [y, x0] = [&offset[0], &offset[1]].map(|e| self.coordinate(e, f.loc));
-            let (y, x0) = (y?, x0?);
-            let base = self.shared_base[*b].expect("a shared tile");
-            for k in 0..boxes.boxes {
-                let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
-                let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
-                let dst = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
-                let dst = self.em.to_reg(dst, RegClass::B32, Ty::U32);
-                let map = self.tensor_maps[*map];
+            let map = self.tensor_maps[*map];
+            for (dst, x, y) in self.slab_boxes(boxes, offset, *b, f.loc)? {
                 self.em.emit_if(issue, true, Op::TmaLoad2d { dst, map, x, y, mbar });
             }
         }
         Ok(())
     }
 
-    /// A box's element coordinate along one axis, in a register.
-    fn coordinate(&mut self, e: &Expr, loc: SrcLoc) -> Result<Reg, Diag> {
-        let V { s, .. } = self.expr(e, DType::I32, loc)?;
-        Ok(self.em.to_reg(s, RegClass::B32, Ty::S32))
+    /// The boxes of one copy between shared tile `b` and the global box at `offset`: per slab,
+    /// its shared address and its element coordinates (inner, outer) in registers.
+    fn slab_boxes(
+        &mut self,
+        boxes: &TmaBoxes,
+        offset: &[Expr],
+        b: BufId,
+        loc: SrcLoc,
+    ) -> Result<Vec<(Reg, Reg, Reg)>, Diag> {
+        let V { s: y, .. } = self.expr(&offset[0], DType::I32, loc)?;
+        let y = self.em.to_reg(y, RegClass::B32, Ty::S32);
+        let V { s: x0, .. } = self.expr(&offset[1], DType::I32, loc)?;
+        let base = self.shared_base[b].expect("a shared tile");
+        let mut out = vec![];
+        for k in 0..boxes.boxes {
+            let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
+            let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
+            let at = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
+            out.push((self.em.to_reg(at, RegClass::B32, Ty::U32), x, y));
+        }
+        Ok(out)
     }
 
     /// Waits for the phase of stage `rd` of the TMA pipeline over `var` that brings its next
@@ -185,16 +196,10 @@ impl Lower<'_> {
     pub(super) fn tma_store(&mut self, store: &TmaStore, dst: &Region, loc: SrcLoc) -> Result<(), Diag> {
         let Region::Global { offset, .. } = dst else { unreachable!("a global box") };
         let (boxes, map) = &store.boxes;
-        let [y, x0] = [&offset[0], &offset[1]].map(|e| self.coordinate(e, loc));
-        let (y, x0) = (y?, x0?);
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
-        let base = self.shared_base[store.buf].expect("a shared tile");
-        for k in 0..boxes.boxes {
-            let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
-            let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
-            let src = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
-            let src = self.em.to_reg(src, RegClass::B32, Ty::U32);
-            self.em.emit_if(first, true, Op::TmaStore2d { map: self.tensor_maps[*map], x, y, src });
+        let map = self.tensor_maps[*map];
+        for (src, x, y) in self.slab_boxes(boxes, offset, store.buf, loc)? {
+            self.em.emit_if(first, true, Op::TmaStore2d { map, x, y, src });
         }
         self.em.emit_if(first, true, Op::BulkCommit);
         self.em.emit_if(first, true, Op::BulkWaitRead { n: 0 });

@@ -859,14 +859,9 @@ fn checkpointed(x: &ChunkInputs, from: usize, len: usize, prefix: usize, every: 
     }
 }
 
-/// KDA-SPEC, "Prefill checkpoints for prefix caching", bit for bit with an f32 pool: for prefix
-/// lengths 0, 1, 15, 16 and 17 and E = 16 and 64, the checkpoints are within the f64
-/// reference's tolerance; each checkpoint is the final state of the same call stopped at its
-/// position; and the call resumed from a checkpoint (its position as the prefix, reading the
-/// checkpoint's slot from the checkpoint pool copied into the state pool) gives the whole
-/// call's remaining output rows and final state.
-#[test]
-fn checkpoints_are_the_state_at_their_boundary() {
+/// An 80-token prompt (dense, H = HV = 1, a 4-slot f32 pool) drawn from `seed`, and the fused
+/// config that reads it with `prefix_lens` and checkpoints (i32 indices).
+fn checkpointed_prompt(seed: u64) -> (ChunkInputs, ChunkConfig) {
     use kda_kernels::chunk::PrefixCaching;
     let spec = ChunkSpec {
         lengths: Lengths::Dense { b: 1, t: 80 },
@@ -875,13 +870,24 @@ fn checkpoints_are_the_state_at_their_boundary() {
         initial: InitialSpec::Pool { slots: 4 },
         ..ChunkSpec::default()
     };
-    let x = ChunkInputs::random(&mut Rng::new(5), &spec);
-    let st = 128 * 128;
     let cfg = ChunkConfig {
         states: ChunkStates::Pool { indices: I32, has_initial: None },
         prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
         ..ChunkConfig::default()
     };
+    (ChunkInputs::random(&mut Rng::new(seed), &spec), cfg)
+}
+
+/// KDA-SPEC, "Prefill checkpoints for prefix caching", bit for bit with an f32 pool: for prefix
+/// lengths 0, 1, 15, 16 and 17 and E = 16 and 64, the checkpoints are within the f64
+/// reference's tolerance; each checkpoint is the final state of the same call stopped at its
+/// position; and the call resumed from a checkpoint (its position as the prefix, reading the
+/// checkpoint's slot from the checkpoint pool copied into the state pool) gives the whole
+/// call's remaining output rows and final state.
+#[test]
+fn checkpoints_are_the_state_at_their_boundary() {
+    let (x, cfg) = checkpointed_prompt(5);
+    let st = 128 * 128;
     let slot = |pool: &[f64], s: usize| pool[s * st..(s + 1) * st].to_vec();
     for every in [16usize, 64] {
         for prefix in [0usize, 1, 15, 16, 17] {
@@ -997,21 +1003,8 @@ fn checkpoints_are_batch_invariant_bit_for_bit() {
 /// state are within the f64 tolerance of the whole prompt's token recurrence.
 #[test]
 fn decode_continues_from_a_resumed_prefill() {
-    use kda_kernels::chunk::PrefixCaching;
-    let spec = ChunkSpec {
-        lengths: Lengths::Dense { b: 1, t: 80 },
-        h: 1,
-        hv: 1,
-        initial: InitialSpec::Pool { slots: 4 },
-        ..ChunkSpec::default()
-    };
-    let x = ChunkInputs::random(&mut Rng::new(17), &spec);
+    let (x, cfg) = checkpointed_prompt(17);
     let (d, st) = (128, 128 * 128);
-    let cfg = ChunkConfig {
-        states: ChunkStates::Pool { indices: I32, has_initial: None },
-        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
-        ..ChunkConfig::default()
-    };
     // The first request: the whole prompt from slot 0 (every 16 tokens into slots 2 .. 7).
     let first = checkpointed(&x, 0, 80, 0, 16, 0);
     let got = simulate_chunk(&cfg, &first).expect("first request");

@@ -313,8 +313,6 @@ fn hopper_programs_assemble() {
         assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_CUOBJDUMP is not");
         println!("SASS not checked: set KDA_CUOBJDUMP (with nvdisasm on the PATH)");
     }
-    let dir = std::env::temp_dir().join(format!("kda-hopper-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
     let programs = [
         (
             "shared_a",
@@ -342,32 +340,16 @@ fn hopper_programs_assemble() {
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
     ];
     for (name, prog, target, sass_op) in programs {
-        let src = dir.join(format!("{name}.ptx"));
-        std::fs::write(&src, kda_dsl::ptx::print_module(&prog, target)).expect("write ptx");
-        let out = std::process::Command::new(&ptxas)
-            .arg(format!("-arch={target}"))
-            .arg("-o")
-            .arg(src.with_extension("cubin"))
-            .arg(&src)
-            .output()
-            .expect("run ptxas");
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let ptx = kda_dsl::ptx::print_module(&prog, target);
+        let done = support::assemble::assemble(&ptxas, cuobjdump.as_deref(), &target.to_string(), name, &ptx)
+            .unwrap_or_else(|e| panic!("{e}"));
         // C7508: ptxas ignored a setmaxnreg.
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(!log.contains("C7508"), "{name}: {log}");
-        if let Some(cuobjdump) = &cuobjdump {
-            let out = std::process::Command::new(cuobjdump)
-                .arg("-sass")
-                .arg(src.with_extension("cubin"))
-                .output()
-                .expect("run cuobjdump");
-            let sass = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{name}: cuobjdump: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!done.log.contains("C7508"), "{name}: {}", done.log);
+        if let Some(sass) = done.sass {
             assert!(sass.contains(sass_op), "{name}: no {sass_op} in the SASS:\n{sass}");
             assert!(!sass.contains(" HMMA"), "{name}: an sm_80 HMMA in the SASS:\n{sass}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -73,7 +73,7 @@ pub struct ChunkInputs {
     pub prefix: Option<PrefixInputs>,
 }
 
-/// The prefix-caching inputs of a call (KDA-SPEC, "Prefill checkpoints for prefix caching").
+/// The prefix-caching inputs of a call (docs/prefill.md, "Prefix caching").
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrefixInputs {
     /// `[N]` `prefix_lens`: tokens of sequence n before this call.

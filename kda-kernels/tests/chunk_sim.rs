@@ -169,6 +169,53 @@ fn slot_of(pool: &[f64], s: usize) -> Vec<f64> {
     pool[s * 128 * 128..(s + 1) * 128 * 128].to_vec()
 }
 
+/// The decode config of a layer whose prefill is `cfg` (the same enums, its V-first pool, one
+/// state per token written back).
+fn layer_decode(cfg: &ChunkConfig) -> DecodeConfig {
+    DecodeConfig {
+        dtype: cfg.dtype,
+        state_dtype: cfg.state_dtype,
+        out_dtype: cfg.dtype,
+        v_first: true,
+        gate: cfg.gate,
+        a_log: cfg.gate.in_kernel(),
+        dt_bias: cfg.gate.in_kernel().then_some(F32),
+        beta: cfg.beta,
+        l2norm: true,
+        indices: Some(I32),
+        writes: Writes::PoolPerToken,
+        ..DecodeConfig::default()
+    }
+}
+
+/// Decode inputs of tokens `t0 .. t0 + n` of `x` (one dense sequence, H = HV = 1) from the
+/// 4-slot V-first `pool`, token `i` at slot `indices[i]`.
+fn decode_tokens(x: &ChunkInputs, t0: usize, n: usize, indices: Vec<i64>, pool: Vec<f64>) -> DecodeInputs {
+    let d = 128;
+    let rows = |v: &[f64], w: usize| v[t0 * w..(t0 + n) * w].to_vec();
+    DecodeInputs {
+        b: 1,
+        t: n,
+        h: 1,
+        hv: 1,
+        q: rows(&x.q, d),
+        k: rows(&x.k, d),
+        v: rows(&x.v, d),
+        a: rows(&x.g, d),
+        beta: rows(&x.beta, 1),
+        a_log: x.a_log.clone().unwrap_or_default(),
+        dt_bias: x.dt_bias.clone().unwrap_or_default(),
+        pool,
+        slots: 4,
+        cols: indices.len(),
+        indices,
+        cu_seqlens: vec![],
+        accepted: vec![1],
+        scale: x.scale,
+        lower_bound: x.lower_bound,
+    }
+}
+
 /// docs/semantics.md, "Numerics and tests": prefill of 37 tokens into a pool slot, then decode of
 /// the last 3 tokens from and into that slot, equals prefill of all 40 tokens (the V-first pool
 /// round-trips between the kernels). Both paths against the f64 token recurrence over 40 tokens,
@@ -244,44 +291,8 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
     let prefill_rows_equal = bits(&a_pre.out) == bits(&b.out[..PRE * d]);
 
     // Decode with the layer's rules: the same enums.
-    let dcfg = DecodeConfig {
-        dtype,
-        state_dtype,
-        out_dtype: dtype,
-        v_first: true,
-        gate,
-        a_log: gate.in_kernel(),
-        dt_bias: gate.in_kernel().then_some(F32),
-        beta,
-        l2norm: true,
-        indices: Some(I32),
-        writes: Writes::PoolPerToken,
-        ..DecodeConfig::default()
-    };
-    let tokens = |t0: usize, n: usize, idx: Vec<i64>| {
-        let rows = |v: &[f64], w: usize| v[t0 * w..(t0 + n) * w].to_vec();
-        DecodeInputs {
-            b: 1,
-            t: n,
-            h: 1,
-            hv: 1,
-            q: rows(&whole.q, d),
-            k: rows(&whole.k, d),
-            v: rows(&whole.v, d),
-            a: rows(&whole.g, d),
-            beta: rows(&whole.beta, 1),
-            a_log: whole.a_log.clone().unwrap_or_default(),
-            dt_bias: whole.dt_bias.clone().unwrap_or_default(),
-            pool: a_pre.final_state.clone(),
-            slots: 4,
-            cols: idx.len(),
-            indices: idx,
-            cu_seqlens: vec![],
-            accepted: vec![1],
-            scale: whole.scale,
-            lower_bound: whole.lower_bound,
-        }
-    };
+    let dcfg = layer_decode(&ccfg);
+    let tokens = |t0: usize, n: usize, idx: Vec<i64>| decode_tokens(&whole, t0, n, idx, a_pre.final_state.clone());
     let mut pool = a_pre.final_state.clone();
     let mut a_out = vec![];
     for t in PRE..T {
@@ -878,7 +889,7 @@ fn checkpointed_prompt(seed: u64) -> (ChunkInputs, ChunkConfig) {
     (ChunkInputs::random(&mut Rng::new(seed), &spec), cfg)
 }
 
-/// KDA-SPEC, "Prefill checkpoints for prefix caching", bit for bit with an f32 pool: for prefix
+/// docs/prefill.md, "Prefix caching", bit for bit with an f32 pool: for prefix
 /// lengths 0, 1, 15, 16 and 17 and E = 16 and 64, the checkpoints are within the f64
 /// reference's tolerance; each checkpoint is the final state of the same call stopped at its
 /// position; and the call resumed from a checkpoint (its position as the prefix, reading the
@@ -1013,47 +1024,12 @@ fn decode_continues_from_a_resumed_prefill() {
     let mut resumed = checkpointed(&x, 48, 29, 48, 16, 3);
     resumed.initial.as_mut().expect("a pool")[3 * st..4 * st].copy_from_slice(&at48);
     let r = simulate_chunk(&cfg, &resumed).expect("resumed");
-    // Then decode 77 .. 80 from and into slot 1.
-    // Decode with the prompt's rules (the same enums).
-    let dcfg = DecodeConfig {
-        dtype: cfg.dtype,
-        state_dtype: cfg.state_dtype,
-        out_dtype: cfg.dtype,
-        v_first: true,
-        gate: cfg.gate,
-        a_log: true,
-        dt_bias: Some(F32),
-        beta: cfg.beta,
-        l2norm: true,
-        indices: Some(I32),
-        writes: Writes::PoolPerToken,
-        ..DecodeConfig::default()
-    };
+    // Then decode 77 .. 80 from and into slot 1, with the prompt's rules.
+    let dcfg = layer_decode(&cfg);
     let mut pool = r.final_state.clone();
     let mut outs = r.out.clone();
     for t in 77..80 {
-        let rows = |v: &[f64], w: usize| v[t * w..(t + 1) * w].to_vec();
-        let step = DecodeInputs {
-            b: 1,
-            t: 1,
-            h: 1,
-            hv: 1,
-            q: rows(&x.q, d),
-            k: rows(&x.k, d),
-            v: rows(&x.v, d),
-            a: rows(&x.g, d),
-            beta: rows(&x.beta, 1),
-            a_log: x.a_log.clone().unwrap_or_default(),
-            dt_bias: x.dt_bias.clone().unwrap_or_default(),
-            pool,
-            slots: 4,
-            cols: 1,
-            indices: vec![1],
-            cu_seqlens: vec![],
-            accepted: vec![1],
-            scale: x.scale,
-            lower_bound: x.lower_bound,
-        };
+        let step = decode_tokens(&x, t, 1, vec![1], pool);
         let got = simulate_decode(&dcfg, &step).unwrap_or_else(|e| panic!("decode of token {t}: {e}"));
         outs.extend(got.out);
         pool = got.pool;

@@ -7,6 +7,9 @@ use kda_kernels::check::check_gemm;
 use kda_kernels::gemm::GemmConfig;
 use kda_kernels::gemm_configs;
 
+#[path = "../../kda-dsl/tests/support/assemble.rs"]
+mod assemble;
+
 #[test]
 fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
     for (i, cfg) in gemm_configs().iter().enumerate() {
@@ -262,29 +265,14 @@ fn the_warp_specialized_gemm_assembles_to_hopper_instructions() {
         .find(|c| c.fill_warps == 4 && c.staged_store && c.b_transposed)
         .expect("a producer-warpgroup config with a staged epilogue");
     let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
-    let dir = std::env::temp_dir().join(format!("kda-ws-gemm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let src = dir.join("gemm.ptx");
-    std::fs::write(&src, ptx).expect("write ptx");
-    let out = std::process::Command::new(ptxas)
-        .args(["-arch=sm_90a", "-v", "-o"])
-        .arg(src.with_extension("cubin"))
-        .arg(&src)
-        .output()
-        .expect("run ptxas");
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "{log}");
+    let done =
+        assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", "ws_gemm", &ptx).unwrap_or_else(|e| panic!("{e}"));
+    let log = done.log;
     assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
     assert!(!log.contains("C7507") && !log.contains("C7508"), "{log}");
-    let out = std::process::Command::new(cuobjdump)
-        .arg("-sass")
-        .arg(src.with_extension("cubin"))
-        .output()
-        .expect("run cuobjdump");
-    let sass = String::from_utf8_lossy(&out.stdout);
+    let sass = done.sass.expect("a cuobjdump was given");
     for op in ["HGMMA.64x128x16.F32.BF16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK", "USETMAXREG"] {
         assert!(sass.contains(op), "no {op} in the SASS");
     }
     assert!(!sass.contains(" HMMA"), "an sm_80 HMMA in the SASS");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -153,20 +153,14 @@ impl Lower<'_> {
                 self.shared_base[*b] = Some(self.em.add32(home[k], Src::Imm(st as i64 * stage_bytes[k])));
             }
             match &tma {
-                Some(tma) => self.tma_stage_fills(tma, &prelude, &fills, Src::Imm(i64::from(st)), live)?,
+                Some(tma) => self.tma_stage_fills(tma, &prelude, &fills, Src::Imm(i64::from(st)), Some(live))?,
                 None => self.stage_fills(&prelude, &fills, live, skip_dead_fills)?,
             }
         }
         // Main loop.
         self.em.loc = loc;
-        let ko = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: ko, a: Src::Reg(s0) });
-        let rd = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
-        let (top, exit) = (self.em.label(), self.em.label());
-        self.em.emit(Op::Label(top));
-        let p = self.em.setp(Cmp::Ge, Ty::S32, ko, e);
-        self.em.emit_if(p, true, Op::Bra { target: exit });
+        let ring = self.open_stage_ring((s0, e));
+        let (ko, rd) = (ring.iter, ring.stage);
         match &tma {
             None if issues_fills => self.em.emit(Op::CpAsyncWait { n: distance - 1 }),
             Some(tma) if work != LoopWork::Fills => self.wait_tma_stage(var, tma, rd),
@@ -197,7 +191,7 @@ impl Lower<'_> {
             self.var_regs.insert(var, iter);
             self.stage_bases(&staged, &home, wr);
             if let Some(tma) = &tma {
-                self.tma_stage_fills(tma, &prelude, &fills, Src::Reg(wr), live)?;
+                self.tma_stage_fills(tma, &prelude, &fills, Src::Reg(wr), Some(live))?;
             } else {
                 self.deferred_fills = Some(vec![]);
                 let fill_result = self.stage_fills(&prelude, &fills, live, skip_dead_fills);
@@ -214,12 +208,7 @@ impl Lower<'_> {
         lowered?;
         self.em.loc = loc;
         self.store_deferred_fills(deferred)?;
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: ko, a: Src::Reg(ko), b: Src::Imm(1) });
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: rd, a: Src::Reg(rd), b: Src::Imm(1) });
-        let full = self.em.setp(Cmp::Eq, Ty::S32, rd, Src::Imm(stages as i64));
-        self.em.emit_if(full, true, Op::Mov { ty: Ty::B32, d: rd, a: Src::Imm(0) });
-        self.em.emit(Op::Bra { target: top });
-        self.em.emit(Op::Label(exit));
+        self.close_stage_ring(ring, stages);
         // A TMA pipeline has nothing in flight: past the end no box is issued.
         if issues_fills && tma.is_none() {
             self.em.emit(Op::CpAsyncWait { n: 0 });
@@ -233,6 +222,32 @@ impl Lower<'_> {
             self.shared_base[*b] = Some(home[k]);
         }
         Ok(())
+    }
+
+    /// Opens a pipeline's main loop over `s0 .. e`: the iteration and the stage it reads (from
+    /// 0), and the loop's head, which leaves at the end.
+    pub(super) fn open_stage_ring(&mut self, (s0, e): (Reg, Reg)) -> StageRing {
+        let iter = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: iter, a: Src::Reg(s0) });
+        let stage = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        let (top, exit) = (self.em.label(), self.em.label());
+        self.em.emit(Op::Label(top));
+        let done = self.em.setp(Cmp::Ge, Ty::S32, iter, e);
+        self.em.emit_if(done, true, Op::Bra { target: exit });
+        StageRing { iter, stage, top, exit }
+    }
+
+    /// Closes the loop `ring` opened: the next iteration, the next of `stages` stages (wrapping
+    /// to 0), back to the head; then the loop's exit.
+    pub(super) fn close_stage_ring(&mut self, ring: StageRing, stages: u32) {
+        let StageRing { iter, stage, top, exit } = ring;
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: iter, a: Src::Reg(iter), b: Src::Imm(1) });
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: stage, a: Src::Reg(stage), b: Src::Imm(1) });
+        let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(stages)));
+        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        self.em.emit(Op::Bra { target: top });
+        self.em.emit(Op::Label(exit));
     }
 
     /// Points each staged tile (`home` its stage 0) at its copy for `stage`.
@@ -292,6 +307,17 @@ impl Lower<'_> {
         self.em.emit(Op::CpAsyncCommit);
         Ok(())
     }
+}
+
+/// A pipeline's main loop, opened by [`Lower::open_stage_ring`]: the iteration, the stage it
+/// reads, and the loop's head and exit labels.
+pub(super) struct StageRing {
+    /// The loop variable's register.
+    pub(super) iter: Reg,
+    /// The stage of the ring this iteration reads (0 to `stages - 1`).
+    pub(super) stage: Reg,
+    top: u32,
+    exit: u32,
 }
 
 /// What one copy of a pipelined loop does.

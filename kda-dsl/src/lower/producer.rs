@@ -36,14 +36,8 @@ impl Lower<'_> {
         let home: Vec<Src> = plan.staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         self.consts.remove(&plan.var);
         self.em.loc = loc;
-        let it = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: it, a: Src::Reg(s0) });
-        let stage = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
-        let (top, exit) = (self.em.label(), self.em.label());
-        self.em.emit(Op::Label(top));
-        let done = self.em.setp(Cmp::Ge, Ty::S32, it, e);
-        self.em.emit_if(done, true, Op::Bra { target: exit });
+        let ring = self.open_stage_ring((s0, e));
+        let (it, stage) = (ring.iter, ring.stage);
         self.var_regs.insert(plan.var, it);
         self.stage_bases(&plan.staged, &home, stage);
         let producer = self.role() == Some(Role::Fill);
@@ -52,8 +46,8 @@ impl Lower<'_> {
             let empty = self.empty_barrier(tma, plan.stages, Src::Reg(stage));
             let bits = self.tma_phases[&plan.var].empty.expect("a warp-specialized pipeline's empty phases");
             self.wait_phase(empty, bits, stage);
-            let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
-            self.tma_stage_fills(tma, &plan.prelude, &fills, Src::Reg(stage), live)?;
+            // Inside the loop every iteration is live.
+            self.tma_stage_fills(tma, &plan.prelude, &fills, Src::Reg(stage), None)?;
         } else {
             self.wait_tma_stage(plan.var, tma, stage);
             let outer = (
@@ -79,12 +73,7 @@ impl Lower<'_> {
                 self.release_stage(tma, plan.stages, stage, None);
             }
         }
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: it, a: Src::Reg(it), b: Src::Imm(1) });
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: stage, a: Src::Reg(stage), b: Src::Imm(1) });
-        let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(plan.stages)));
-        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
-        self.em.emit(Op::Bra { target: top });
-        self.em.emit(Op::Label(exit));
+        self.close_stage_ring(ring, plan.stages);
         if !producer && in_flight {
             self.em.emit(Op::WgmmaWait { n: 0 });
             let none_ran = self.em.setp(Cmp::Eq, Ty::S32, it, s0);

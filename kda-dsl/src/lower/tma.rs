@@ -114,19 +114,20 @@ impl Lower<'_> {
     }
 
     /// One stage's fills as TMA boxes into `stage` (the tiles' `shared_base` already at that
-    /// stage), after the `prelude` they read: thread 0 of the scope, where `live` holds, raises
-    /// the stage's transaction count by the stage's bytes and issues every box.
+    /// stage), after the `prelude` they read: thread 0 of the scope, where `live` holds (always
+    /// without one), raises the stage's transaction count by the stage's bytes and issues every
+    /// box.
     pub(super) fn tma_stage_fills(
         &mut self,
         tma: &TmaPipeline,
         prelude: &[Stmt],
         fills: &[&Stmt],
         stage: Src,
-        live: Reg,
+        live: Option<Reg>,
     ) -> Result<(), Diag> {
         self.block(prelude)?;
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
-        let issue = self.em.and_pred(Some(first), Some(live)).expect("two predicates");
+        let issue = self.em.and_pred(Some(first), live).expect("a predicate");
         let mbar = self.stage_barrier(tma, stage);
         let state = self.em.reg(RegClass::B64);
         self.em.emit_if(issue, true, Op::MbarrierArriveExpectTx { state, addr: mbar, bytes: tma.stage_bytes });

@@ -1,1 +1,2 @@
+pub mod assemble;
 pub mod hopper_programs;

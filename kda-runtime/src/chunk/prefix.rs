@@ -1,5 +1,5 @@
-//! Prefix caching in `chunk_kda`'s pool mode (KDA-SPEC, "Prefill checkpoints for prefix
-//! caching"): `prefix_lens` aligns each sequence's chunks to absolute positions, and
+//! Prefix caching in `chunk_kda`'s pool mode (docs/prefill.md, "Prefix caching"):
+//! `prefix_lens` aligns each sequence's chunks to absolute positions, and
 //! `checkpoint_every` with `checkpoint_slots` writes the state every E tokens into a block
 //! table's slots. Validated here into a [`PrefixPlan`]; the chain kernel does the rest
 //! (`kda_kernels::chunk`, `write_checkpoint`), fused or over a prepared workspace.

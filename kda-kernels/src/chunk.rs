@@ -214,13 +214,45 @@ pub struct PrefixCaching {
     /// that is a multiple of `checkpoint_every` and strictly inside the call's part of the
     /// sequence goes to `checkpoints[checkpoint_slots[n, p / checkpoint_every - 1]]`.
     pub checkpoint_slots: Option<DType>,
+    /// What the kernel's block rows run: the call's sequences, or the split's segments.
+    pub pieces: Pieces,
+}
+
+/// What each block row of a chunk kernel with prefix caching runs, which says where its
+/// checkpoints go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Pieces {
+    /// A sequence `n` of the call: row `n` of `checkpoint_slots`, its part ending at its last
+    /// token, the checkpoints of the state's dtype.
+    #[default]
+    Sequences,
+    /// A segment `s` of the split (`chunk_segments`): `prefix_lens[s]` is the segment's absolute
+    /// start, `segment_rows[s]` its sequence's row of `checkpoint_slots` and absolute end (so a
+    /// checkpoint at the segment's end is written unless the sequence ends there), and the
+    /// checkpoints have the call's state dtype `checkpoints` (the segments' states are f32).
+    Segments {
+        /// The checkpoint pool's dtype.
+        checkpoints: DType,
+    },
 }
 
 impl PrefixCaching {
     /// A short stable name (empty without prefix caching).
     fn key(&self) -> String {
         let part = |tag: &str, d: Option<DType>| d.map(|d| format!("_{tag}{}", d.name())).unwrap_or_default();
-        part("prefix", self.prefix_lens) + &part("ckpt", self.checkpoint_slots)
+        let pieces = match self.pieces {
+            Pieces::Sequences => String::new(),
+            Pieces::Segments { checkpoints } => format!("_segs{}", checkpoints.name()),
+        };
+        part("prefix", self.prefix_lens) + &part("ckpt", self.checkpoint_slots) + &pieces
+    }
+
+    /// The checkpoint pool's dtype, for a kernel whose states are `state_dtype`.
+    pub fn checkpoint_dtype(&self, state_dtype: DType) -> DType {
+        match self.pieces {
+            Pieces::Sequences => state_dtype,
+            Pieces::Segments { checkpoints } => checkpoints,
+        }
     }
 }
 
@@ -731,9 +763,10 @@ fn output_rows(ut: Tile, mq_sh: Tile, ot: Tile, o_sh: Tile, live: Val) {
 }
 
 /// The state `s` (value rows `v0 .. v0 + bv` of head `hv`) after absolute position `p` of
-/// sequence `n`, to its checkpoint when `inside` (a live sequence, `p` before the call's last
-/// token) and `p` is a multiple of `every`: column `p / every - 1` of `slots`' row `n` (of `cc`
-/// columns), skipped past the row's columns or for a slot outside the `pc` of `checkpoints`.
+/// the sequence of checkpoint row `n`, to its checkpoint when `inside` (a live sequence, `p`
+/// before the call's last token) and `p` is a multiple of `every`: column `p / every - 1` of
+/// `slots`' row `n` (of `cc` columns), skipped past the row's columns or for a slot outside the
+/// `pc` of `checkpoints`.
 #[kda_macros::kernel_fn]
 #[allow(clippy::too_many_arguments)] // the checkpoint's tensors and coordinates, as the kernel has them
 fn write_checkpoint(
@@ -786,7 +819,8 @@ pub fn chunk(
     prep_decay: Global<(WB, TC, HV, DW), F32>,
     prefix_lens: Global<(NPL,), { cfg.prefix.prefix_lens.unwrap_or(I32) }>,
     checkpoint_slots: Global<(NCK, CC), { cfg.prefix.checkpoint_slots.unwrap_or(I32) }>,
-    checkpoints: GlobalMut<(PC, HV, S1, S2), { cfg.state_dtype }>,
+    checkpoints: GlobalMut<(PC, HV, S1, S2), { cfg.prefix.checkpoint_dtype(cfg.state_dtype) }>,
+    segment_rows: Global<(NSR, RW), I32>,
     out: GlobalMut<(B, T, HV, VD), { cfg.dtype }>,
     NSEQ: Dim,
     scale: f32,
@@ -919,6 +953,14 @@ pub fn chunk(
     let prefix = sequence_prefix(cfg.prefix.prefix_lens.is_some(), prefix_lens, n);
     let shift = chunk_shift(prefix, bos, eos);
     let mut chunks = ceil_div(eos - bos + shift, 16);
+    // Where the block row's checkpoints go (`Pieces`): its own row of `checkpoint_slots` up to
+    // its last token, or a segment's sequence's row up to that sequence's last.
+    let mut ck_row = n;
+    let mut ck_end = prefix + eos - bos;
+    if matches!(cfg.prefix.pieces, Pieces::Segments { .. }) {
+        ck_row = segment_rows[n][0];
+        ck_end = segment_rows[n][1];
+    }
     if !output {
         // A padding slot writes no output rows here, so it has nothing to do: the split's
         // state passes leave out the segments they do not need so.
@@ -982,9 +1024,9 @@ pub fn chunk(
             decay_and_update(s, eg_sh, ut, kr_sh);
         }
         if cfg.prefix.checkpoint_slots.is_some() {
-            let inside = live && t1 < eos;
             let p = prefix + t1 - bos;
-            write_checkpoint(s, checkpoints, checkpoint_slots, n, hv, v0, bv, inside, p, checkpoint_every, CC, PC);
+            let inside = live && p < ck_end;
+            write_checkpoint(s, checkpoints, checkpoint_slots, ck_row, hv, v0, bv, inside, p, checkpoint_every, CC, PC);
         }
     }
 

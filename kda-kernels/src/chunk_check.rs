@@ -3,7 +3,7 @@
 use crate::check::{simulate, simulate_on, tensor_values};
 use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use crate::chunk_prep::{chunk_prep, prep_rows, PrepConfig};
-use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs};
+use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, PrefixInputs};
 use crate::reference::{rel_err, to_bytes};
 use kda_dsl::sim::SimArg;
 use kda_dsl::{DType, Target};
@@ -159,6 +159,18 @@ pub fn simulate_chunk_on(
     prep_blocks: usize,
     target: Target,
 ) -> Result<ChunkOutputs, String> {
+    simulate_pass(cfg, x, prep_blocks, target, None)
+}
+
+/// [`simulate_chunk_on`], for a split's pass with prefix caching also given each segment's
+/// `segment_rows` (`[S, 2]`: its sequence's checkpoint row and absolute end).
+fn simulate_pass(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    prep_blocks: usize,
+    target: Target,
+    segment_rows: Option<&[i64]>,
+) -> Result<ChunkOutputs, String> {
     let def = chunk(cfg).map_err(|e| e.to_string())?;
     let n = x.sequences();
     let (dt, st) = (cfg.dtype, cfg.state_dtype);
@@ -234,6 +246,11 @@ pub fn simulate_chunk_on(
         _ => args.extend([small("cu_seqlens", DType::I32), i("NC", 1)]),
     }
     args.extend(prefix_args(cfg, x));
+    match segment_rows {
+        Some(rows) => args.extend([t("segment_rows", &as_f64(rows), DType::I32), i("NSR", rows.len() / 2)]),
+        None => args.extend([small("segment_rows", DType::I32), i("NSR", 1)]),
+    }
+    args.push(i("RW", 2));
     match cfg.preparation {
         Preparation::InKernel => args.extend([
             small("prep", cfg.operands.dtype()),
@@ -270,7 +287,7 @@ pub fn simulate_chunk_on(
         _ => vec![],
     };
     let checkpoints = match cfg.prefix.checkpoint_slots {
-        Some(_) => tensor_values(&args, "checkpoints", st),
+        Some(_) => tensor_values(&args, "checkpoints", cfg.prefix.checkpoint_dtype(st)),
         None => vec![],
     };
     Ok(ChunkOutputs { out: tensor_values(&args, "out", dt), final_state, checkpoints })
@@ -295,7 +312,7 @@ fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
             t("checkpoint_slots", &ints(&p.slots), d),
             i("NCK", n),
             i("CC", p.cols),
-            t("checkpoints", &p.pool, cfg.state_dtype),
+            t("checkpoints", &p.pool, cfg.prefix.checkpoint_dtype(cfg.state_dtype)),
             i("PC", p.pool.len() / state),
             ("checkpoint_every".to_string(), SimArg::I32(p.every as i32)),
         ]),
@@ -303,7 +320,7 @@ fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
             t("checkpoint_slots", &[0.0], DType::I32),
             i("NCK", 1),
             i("CC", 1),
-            t("checkpoints", &[0.0], cfg.state_dtype),
+            t("checkpoints", &[0.0], cfg.prefix.checkpoint_dtype(cfg.state_dtype)),
             i("PC", 0),
             ("checkpoint_every".to_string(), SimArg::I32(16)),
         ]),
@@ -318,17 +335,24 @@ fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
 /// states start as NaN, a pool as `x` gives it.
 pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkOutputs, String> {
     use crate::chunk_merge::{chunk_finish, chunk_merge};
-    use crate::chunk_segments::{max_segments, simulate_segments};
+    use crate::chunk_segments::{max_segments, simulate_segments, SegmentPositions};
     use crate::chunk_split::split_configs;
     let c = split_configs(cfg);
     let nseq = x.sequences();
     let (pool_slots, pool) = (x.pool_slots(), cfg.states.pool());
     let indices = x.state_indices.clone().unwrap_or_else(|| vec![0]);
     let cu = x.cu_seqlens.clone().unwrap_or_else(|| vec![0]);
-    let tab = simulate_segments(&c.segments, &cu, x.t, nseq, &indices, pool_slots, seg)?;
+    let lens = x.prefix.as_ref().map_or(vec![0], |p| p.lens.clone());
+    let tab = simulate_segments(&c.segments, &cu, x.t, nseq, &indices, pool_slots, &lens, seg)?;
     let ns = max_segments(nseq, x.b * x.t, seg);
     let state = x.hv * D * D;
-    // The segments as a varlen batch over the same token rows, their states in the tables.
+    // The segments as a varlen batch over the same token rows, their states in the tables;
+    // with prefix caching their prefixes are their absolute starts.
+    let positions = c.segments.positions != SegmentPositions::Unused;
+    let segment_prefix = match &x.prefix {
+        Some(p) if positions => Some(PrefixInputs { lens: tab.seg_prefix.clone(), ..p.clone() }),
+        other => other.clone(),
+    };
     let segments = |indices: &[i64], table: Vec<f64>, has_initial: Option<Vec<i64>>| ChunkInputs {
         b: 1,
         t: x.b * x.t,
@@ -337,6 +361,7 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         state_indices: Some(indices.to_vec()),
         read_indices: None,
         has_initial,
+        prefix: segment_prefix.clone(),
         ..x.clone()
     };
     let poisoned = || vec![f64::NAN; ns * state];
@@ -382,7 +407,8 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
     simulate(&chunk_merge(&c.merge).map_err(|e| e.to_string())?, &mut merge_args)?;
     let starts = tensor_values(&merge_args, "starts", DType::F32);
 
-    let pass4 = simulate_chunk(&c.output, &segments(&tab.live, starts, None))?;
+    let rows = positions.then_some(tab.seg_rows.as_slice());
+    let pass4 = simulate_pass(&c.output, &segments(&tab.live, starts, None), 4, Target::Sm80, rows)?;
     let mut final_state = vec![];
     if let Some(f) = &c.finish {
         let mut args = common;
@@ -394,5 +420,5 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         simulate(&chunk_finish(f).map_err(|e| e.to_string())?, &mut args)?;
         final_state = tensor_values(&args, if pool { "state" } else { "final_state" }, st);
     }
-    Ok(ChunkOutputs { out: pass4.out, final_state, checkpoints: vec![] })
+    Ok(ChunkOutputs { out: pass4.out, final_state, checkpoints: pass4.checkpoints })
 }

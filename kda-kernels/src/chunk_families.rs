@@ -107,7 +107,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             ChunkConfig {
                 varlen: Some(I32),
                 states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
-                prefix: PrefixCaching { prefix_lens: Some(I64), checkpoint_slots: Some(I32) },
+                prefix: PrefixCaching { prefix_lens: Some(I64), checkpoint_slots: Some(I32), ..Default::default() },
                 ..d.clone()
             },
             ChunkSpec {
@@ -125,7 +125,7 @@ pub fn chunk_families() -> Vec<ChunkFamily> {
             ChunkConfig {
                 state_dtype: BF16,
                 states: ChunkStates::Pool { indices: I64, has_initial: None },
-                prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I64) },
+                prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I64), ..Default::default() },
                 ..d.clone()
             },
             ChunkSpec {

@@ -19,7 +19,7 @@
 //! last (whose end state the merge chains), `-1` otherwise. `fresh` is all zeros: the
 //! `has_initial_state` of the pass that runs the segments from zeros.
 
-use crate::chunk::{sequence_end, sequence_start};
+use crate::chunk::{sequence_end, sequence_prefix, sequence_start};
 use kda_dsl::DType;
 use kda_macros::kernel;
 
@@ -52,12 +52,26 @@ pub struct SegmentsConfig {
     /// `state_indices` given (the decode pool), and its type: a sequence whose slot lies
     /// outside the pool's `P` slots is padding, and its segments run nowhere.
     pub pool: Option<DType>,
+    /// Whether the schedule writes the segments' positions (prefix caching), and from what.
+    pub positions: SegmentPositions,
+}
+
+/// Where the segments' absolute positions come from, when the call caches prefixes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SegmentPositions {
+    /// No prefix caching: `seg_prefix` and `seg_rows` are left alone.
+    #[default]
+    Unused,
+    /// Checkpoints without `prefix_lens`: every sequence starts at position 0.
+    FromZero,
+    /// `prefix_lens` given, of this dtype.
+    PrefixLens(DType),
 }
 
 impl Default for SegmentsConfig {
     /// The bench case's: a dense call without a pool.
     fn default() -> Self {
-        SegmentsConfig { varlen: None, pool: None }
+        SegmentsConfig { varlen: None, pool: None, positions: SegmentPositions::Unused }
     }
 }
 
@@ -66,7 +80,20 @@ impl SegmentsConfig {
     pub fn key(&self) -> String {
         let varlen = self.varlen.map_or("dense".to_string(), |d| format!("cu{}", d.name()));
         let pool = self.pool.map_or(String::new(), |d| format!("_pool_{}", d.name()));
-        format!("{varlen}{pool}")
+        let positions = match self.positions {
+            SegmentPositions::Unused => String::new(),
+            SegmentPositions::FromZero => "_pos".to_string(),
+            SegmentPositions::PrefixLens(d) => format!("_prefix{}", d.name()),
+        };
+        format!("{varlen}{pool}{positions}")
+    }
+
+    /// The dtype `prefix_lens` binds as (I32 for a placeholder).
+    fn prefix_lens(&self) -> DType {
+        match self.positions {
+            SegmentPositions::PrefixLens(d) => d,
+            _ => DType::I32,
+        }
     }
 }
 
@@ -102,6 +129,9 @@ pub fn chunk_segments(
     live: GlobalMut<(NS,), I32>,
     split: GlobalMut<(NS,), I32>,
     fresh: GlobalMut<(NS,), I32>,
+    prefix_lens: Global<(NPL,), { cfg.prefix_lens() }>,
+    seg_prefix: GlobalMut<(NSP,), I32>,
+    seg_rows: GlobalMut<(NSP, RW), I32>,
     NSEQ: Dim,
     T: Dim,
     P: Dim,
@@ -109,6 +139,8 @@ pub fn chunk_segments(
 ) {
     let (_x,) = launch(grid = [1], threads = SCAN_TILE);
     let varlen = cfg.varlen.is_some();
+    let positions = cfg.positions != SegmentPositions::Unused;
+    let with_lens = matches!(cfg.positions, SegmentPositions::PrefixLens(_));
     let counts = shared([SCAN_TILE], I32);
     let ends = shared([SCAN_TILE], I32);
     // Segments numbered before the current tile of sequences.
@@ -137,6 +169,9 @@ pub fn chunk_segments(
                     alive = raw >= 0 && raw < P;
                 }
                 seg_first[n] = min(first, NS);
+                // The sequence's place in its prompt, for prefix caching.
+                let prefix = sequence_prefix(with_lens, prefix_lens, n);
+                let len = end_of(varlen, cu_seqlens, n, T, start) - start;
                 // Past `NS` only when `cu_seqlens` overlaps itself (the checked mode reports
                 // it): those segments are left out, never written out of bounds.
                 for j in serial(0, min(count, max(NS - first, 0))) {
@@ -145,6 +180,11 @@ pub fn chunk_segments(
                     live[s] = select(alive, s, -1);
                     split[s] = select(alive && j + 1 < count, s, -1);
                     fresh[s] = 0;
+                    if positions {
+                        seg_prefix[s] = prefix + j * SEG;
+                        seg_rows[s][0] = n;
+                        seg_rows[s][1] = prefix + len;
+                    }
                 }
             }
         }
@@ -167,6 +207,11 @@ pub fn chunk_segments(
                 live[s] = -1;
                 split[s] = -1;
                 fresh[s] = 0;
+                if positions {
+                    seg_prefix[s] = 0;
+                    seg_rows[s][0] = 0;
+                    seg_rows[s][1] = 0;
+                }
             }
         }
     }
@@ -188,11 +233,16 @@ pub struct SegmentTables {
     pub split: Vec<i64>,
     /// `[NS]` zeros.
     pub fresh: Vec<i64>,
+    /// `[NS]` each segment's absolute start (empty without [`SegmentPositions`]).
+    pub seg_prefix: Vec<i64>,
+    /// `[NS, 2]` each segment's sequence's checkpoint row and absolute end (empty without).
+    pub seg_rows: Vec<i64>,
 }
 
 /// Runs the schedule in the block simulator for `nseq` sequences (`cu` their `cu_seqlens`
 /// when varlen), `t` tokens (each, dense; in all, varlen), `indices` their pool slots in a
-/// pool of `pool` slots (with `cfg.pool`), cut every `seg` tokens. Tables start poisoned.
+/// pool of `pool` slots (with `cfg.pool`), `prefix_lens` their prefixes (with
+/// [`SegmentPositions::PrefixLens`]), cut every `seg` tokens. Tables start poisoned.
 pub fn simulate_segments(
     cfg: &SegmentsConfig,
     cu: &[i64],
@@ -200,6 +250,7 @@ pub fn simulate_segments(
     nseq: usize,
     indices: &[i64],
     pool: usize,
+    prefix_lens: &[i64],
     seg: usize,
 ) -> Result<SegmentTables, String> {
     use crate::check::{simulate, tensor_values};
@@ -228,12 +279,19 @@ pub fn simulate_segments(
         ("split".to_string(), poison(ns)),
         ("fresh".to_string(), poison(ns)),
         dim("NS", ns),
+        ("prefix_lens".to_string(), SimArg::Tensor(ints(prefix_lens, cfg.prefix_lens()))),
+        dim("NPL", prefix_lens.len()),
+        ("seg_prefix".to_string(), poison(ns)),
+        ("seg_rows".to_string(), poison(2 * ns)),
+        dim("NSP", ns),
+        dim("RW", 2),
         dim("NSEQ", nseq),
         dim("T", t),
         dim("P", pool),
         dim("SEG", seg),
     ];
     simulate(&def, &mut args)?;
+    let positions = cfg.positions != SegmentPositions::Unused;
     let get = |name: &str| tensor_values(&args, name, DType::I32).into_iter().map(|v| v as i64).collect();
     Ok(SegmentTables {
         seg_cu: get("seg_cu"),
@@ -241,6 +299,8 @@ pub fn simulate_segments(
         live: get("live"),
         split: get("split"),
         fresh: get("fresh"),
+        seg_prefix: if positions { get("seg_prefix") } else { vec![] },
+        seg_rows: if positions { get("seg_rows") } else { vec![] },
     })
 }
 
@@ -250,8 +310,15 @@ mod tests {
 
     /// The tables a host computes from the same lengths: what the kernel must write.
     fn host_tables(rows: &[(i64, i64)], alive: &[bool], ns: usize, seg: i64) -> SegmentTables {
-        let mut t =
-            SegmentTables { seg_cu: vec![], seg_first: vec![], live: vec![], split: vec![], fresh: vec![0; ns] };
+        let mut t = SegmentTables {
+            seg_cu: vec![],
+            seg_first: vec![],
+            live: vec![],
+            split: vec![],
+            fresh: vec![0; ns],
+            seg_prefix: vec![],
+            seg_rows: vec![],
+        };
         for (n, &(start, end)) in rows.iter().enumerate() {
             t.seg_first.push(t.live.len() as i64);
             let count = segment_count((end - start) as usize, seg as usize) as i64;
@@ -278,6 +345,41 @@ mod tests {
         assert_eq!(got.live, want.live, "live");
         assert_eq!(got.split, want.split, "split");
         assert_eq!(got.fresh, want.fresh, "fresh");
+        assert_eq!(got.seg_prefix, want.seg_prefix, "seg_prefix");
+        assert_eq!(got.seg_rows, want.seg_rows, "seg_rows");
+    }
+
+    /// With prefix caching each segment knows its absolute start (its sequence's prefix, a
+    /// negative one taken as 0, plus its offset) and its sequence's checkpoint row and absolute
+    /// end; the unused segments get zeros. Without `prefix_lens` every prefix is 0.
+    #[test]
+    fn segments_know_their_positions() {
+        let seg = 16i64;
+        let lens = [0i64, 40, 17, 50];
+        let prefixes = [5i64, 3, -4, 33];
+        let mut cu = vec![0i64];
+        for l in lens {
+            cu.push(cu[cu.len() - 1] + l);
+        }
+        let t = *cu.last().expect("a total") as usize;
+        let rows: Vec<(i64, i64)> = cu.windows(2).map(|w| (w[0], w[1])).collect();
+        let ns = max_segments(lens.len(), t, seg as usize);
+        for positions in [SegmentPositions::PrefixLens(DType::I64), SegmentPositions::FromZero] {
+            let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: None, positions };
+            let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, &prefixes, seg as usize)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut want = host_tables(&rows, &[true; 4], ns, seg);
+            for (n, &(start, end)) in rows.iter().enumerate() {
+                let prefix = if positions == SegmentPositions::FromZero { 0 } else { prefixes[n].max(0) };
+                for j in 0..segment_count((end - start) as usize, seg as usize) as i64 {
+                    want.seg_prefix.push(prefix + j * seg);
+                    want.seg_rows.extend([n as i64, prefix + end - start]);
+                }
+            }
+            want.seg_prefix.resize(ns, 0);
+            want.seg_rows.resize(2 * ns, 0);
+            assert_same(&got, &want);
+        }
     }
 
     /// Varlen lengths of zero, one, exactly a segment, a segment and one, exactly two (one
@@ -294,8 +396,8 @@ mod tests {
         let t = *cu.last().expect("a total") as usize;
         let rows: Vec<(i64, i64)> = cu.windows(2).map(|w| (w[0], w[1])).collect();
         for index in [DType::I32, DType::I64] {
-            let cfg = SegmentsConfig { varlen: Some(index), pool: None };
-            let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, seg).unwrap_or_else(|e| panic!("{e}"));
+            let cfg = SegmentsConfig { varlen: Some(index), ..SegmentsConfig::default() };
+            let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, &[0], seg).unwrap_or_else(|e| panic!("{e}"));
             let ns = max_segments(lens.len(), t, seg);
             assert_same(&got, &host_tables(&rows, &[true; 8], ns, seg as i64));
         }
@@ -307,7 +409,7 @@ mod tests {
     fn dense_schedule_over_several_scan_tiles() {
         let (nseq, t, seg) = (SCAN_TILE + 3, 48, 16);
         let rows: Vec<(i64, i64)> = (0..nseq as i64).map(|n| (n * t as i64, (n + 1) * t as i64)).collect();
-        let got = simulate_segments(&SegmentsConfig::default(), &[0], t, nseq, &[0], 1, seg)
+        let got = simulate_segments(&SegmentsConfig::default(), &[0], t, nseq, &[0], 1, &[0], seg)
             .unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(nseq, nseq * t, seg);
         assert_same(&got, &host_tables(&rows, &vec![true; nseq], ns, seg as i64));
@@ -321,8 +423,8 @@ mod tests {
         let cu = [0i64, 40, 40, 57];
         let indices = [2i64, -1, 7];
         let rows: Vec<(i64, i64)> = cu.windows(2).map(|w| (w[0], w[1])).collect();
-        let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: Some(DType::I64) };
-        let got = simulate_segments(&cfg, &cu, 57, 3, &indices, 4, seg).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: Some(DType::I64), ..SegmentsConfig::default() };
+        let got = simulate_segments(&cfg, &cu, 57, 3, &indices, 4, &[0], seg).unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(3, 57, seg);
         assert_same(&got, &host_tables(&rows, &[true, false, false], ns, seg as i64));
     }
@@ -331,8 +433,8 @@ mod tests {
     /// schedule leaves the excess out and writes nothing out of bounds (the simulator checks).
     #[test]
     fn overlapping_cu_seqlens_stays_in_bounds() {
-        let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: None };
-        let got = simulate_segments(&cfg, &[0, 64, 0, 64], 64, 3, &[0], 1, 16).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = SegmentsConfig { varlen: Some(DType::I32), ..SegmentsConfig::default() };
+        let got = simulate_segments(&cfg, &[0, 64, 0, 64], 64, 3, &[0], 1, &[0], 16).unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(3, 64, 16);
         assert_eq!(got.seg_first[3], ns as i64, "every slot used, no more");
         assert_eq!(got.live.len(), ns);

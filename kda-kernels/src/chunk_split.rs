@@ -21,11 +21,17 @@
 //! its initial state to its start, and pass 4 runs the unsplit call's arithmetic on it, so its
 //! results are the unsplit call's bits. With [`Preparation::Workspace`] the segments' operands
 //! are prepared once (`chunk_prep` over the segments) and all three chunk passes read them.
+//!
+//! With prefix caching the schedule writes each segment's absolute start, which every pass
+//! takes as the segment's `prefix_lens` (chunks end at absolute multiples of 16, so the state
+//! at every checkpoint position is a chunk's end), and the output pass, running each segment
+//! from its true start state, writes the checkpoints ([`Pieces::Segments`]): a checkpoint
+//! inside a segment is that segment's state there, after the merge.
 
-use crate::chunk::{ChunkConfig, ChunkRun, ChunkStates, Preparation};
+use crate::chunk::{ChunkConfig, ChunkRun, ChunkStates, Pieces, PrefixCaching, Preparation};
 use crate::chunk_merge::MergeConfig;
 use crate::chunk_prep::PrepConfig;
-use crate::chunk_segments::SegmentsConfig;
+use crate::chunk_segments::{SegmentPositions, SegmentsConfig};
 use kda_dsl::DType;
 
 /// Every kernel config of a split call, derived from the call's [`ChunkConfig`] (its dtypes,
@@ -51,21 +57,40 @@ pub struct SplitConfigs {
 /// The split's kernel configs for a call of config `call` (whose `run` is
 /// [`ChunkRun::Output`]).
 pub fn split_configs(call: &ChunkConfig) -> SplitConfigs {
-    // The segments' passes run on tables of their own: no prefix caching (a call with it is
-    // never split).
+    let caching = call.prefix;
+    let positions = match (caching.prefix_lens, caching.checkpoint_slots) {
+        (Some(d), _) => SegmentPositions::PrefixLens(d),
+        (None, Some(_)) => SegmentPositions::FromZero,
+        (None, None) => SegmentPositions::Unused,
+    };
+    // With prefix caching every pass takes the segments' absolute starts as their prefixes
+    // (i32, from the schedule); only the output pass writes checkpoints.
+    let aligned = positions != SegmentPositions::Unused;
+    let prefix = |checkpoints: bool| PrefixCaching {
+        prefix_lens: aligned.then_some(DType::I32),
+        checkpoint_slots: caching.checkpoint_slots.filter(|_| checkpoints),
+        pieces: match caching.checkpoint_slots.filter(|_| checkpoints) {
+            Some(_) => Pieces::Segments { checkpoints: call.state_dtype },
+            None => Pieces::Sequences,
+        },
+    };
     let pass = |run: ChunkRun, has_initial: Option<DType>| ChunkConfig {
         state_dtype: DType::F32,
         varlen: Some(DType::I32),
         states: ChunkStates::Pool { indices: DType::I32, has_initial },
         run,
-        prefix: Default::default(),
+        prefix: prefix(run == ChunkRun::Output),
         ..call.clone()
     };
     let output = pass(ChunkRun::Output, None);
     let merge = MergeConfig { state_dtype: call.state_dtype, states: call.states };
     let writes_final = call.states.store_final() || call.states.pool();
     SplitConfigs {
-        segments: SegmentsConfig { varlen: call.varlen, pool: call.states.pool().then(|| call.states.indices()) },
+        segments: SegmentsConfig {
+            varlen: call.varlen,
+            pool: call.states.pool().then(|| call.states.indices()),
+            positions,
+        },
         prep: (call.preparation == Preparation::Workspace).then(|| PrepConfig::of(&output)),
         transition: pass(ChunkRun::Transition, None),
         from_zeros: pass(ChunkRun::StatesOnly, Some(DType::I32)),
@@ -103,11 +128,39 @@ mod tests {
             );
             assert_eq!((p.run, p.state_dtype, p.varlen), (run, DType::F32, Some(DType::I32)));
         }
-        assert_eq!(s.segments, SegmentsConfig { varlen: Some(DType::I64), pool: Some(DType::I64) });
+        assert_eq!(s.segments, SegmentsConfig { varlen: Some(DType::I64), pool: Some(DType::I64), ..Default::default() });
+        assert!([&s.transition, &s.from_zeros, &s.output].iter().all(|p| p.prefix == PrefixCaching::default()));
         assert_eq!(s.prep.as_ref().map(|p| p.varlen), Some(Some(DType::I32)));
         assert_eq!(s.finish.as_ref().map(|f| f.state_dtype), Some(DType::BF16));
         let bare =
             split_configs(&ChunkConfig { states: ChunkStates::Zeros { store_final: false }, ..ChunkConfig::default() });
         assert!(bare.finish.is_none() && bare.prep.is_none());
+    }
+
+    /// With prefix caching every pass aligns its chunks to the segments' absolute starts, and
+    /// the output pass alone writes the checkpoints, in the call's state dtype.
+    #[test]
+    fn prefix_caching_reaches_every_pass() {
+        for (prefix_lens, positions) in
+            [(Some(DType::I64), SegmentPositions::PrefixLens(DType::I64)), (None, SegmentPositions::FromZero)]
+        {
+            let call = ChunkConfig {
+                state_dtype: DType::BF16,
+                states: ChunkStates::Pool { indices: DType::I32, has_initial: None },
+                prefix: PrefixCaching { prefix_lens, checkpoint_slots: Some(DType::I64), pieces: Pieces::Sequences },
+                ..ChunkConfig::default()
+            };
+            let s = split_configs(&call);
+            assert_eq!(s.segments.positions, positions);
+            for p in [&s.transition, &s.from_zeros] {
+                assert_eq!(p.prefix, PrefixCaching { prefix_lens: Some(DType::I32), ..Default::default() });
+            }
+            let want = PrefixCaching {
+                prefix_lens: Some(DType::I32),
+                checkpoint_slots: Some(DType::I64),
+                pieces: Pieces::Segments { checkpoints: DType::BF16 },
+            };
+            assert_eq!(s.output.prefix, want);
+        }
     }
 }

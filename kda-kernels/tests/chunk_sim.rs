@@ -1,6 +1,6 @@
 //! `chunk` in the block simulator against the f64 reference of `chunk_kda`, on small shapes.
 
-use kda_dsl::DType::{BF16, F16, F32, I32};
+use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, Preparation};
 use kda_kernels::chunk_check::{check_chunk, check_split, compare_chunk, simulate_chunk, simulate_split, tolerance};
@@ -591,6 +591,75 @@ fn split_equals_unsplit() {
     }
 }
 
+/// docs/prefill.md, "Prefix caching", under the exact split: sequences cut every 32 tokens, 0,
+/// 1, 15, 16, 17 and 33 tokens into their prompts, checkpointing every 16 (at every segment's
+/// end too), 48 and 64 tokens, and without `prefix_lens` every 32; f32 and bf16 pools, fused
+/// and over a prepared workspace, with padding, fresh slots, skipped slots and more checkpoints
+/// than columns. Outputs, final states and checkpoints are within the f64 reference's
+/// tolerance, no other slot is touched, and a sequence left whole keeps the unsplit call's
+/// bits, its checkpoints included.
+#[test]
+fn split_writes_checkpoints() {
+    use kda_kernels::chunk::PrefixCaching;
+    use kda_kernels::chunk_ref::PrefixSpec;
+    let seg = 32;
+    let st = 128 * 128;
+    for (i, (state_dtype, every, prepared, prefix_lens)) in
+        [(F32, 16, false, Some(I64)), (BF16, 48, true, Some(I32)), (F32, 64, true, Some(I32)), (F32, 32, false, None)]
+            .into_iter()
+            .enumerate()
+    {
+        let name = format!("{state_dtype} pool, E = {every}, prepared {prepared}, prefix_lens {prefix_lens:?}");
+        let spec = ChunkSpec {
+            lengths: Lengths::Varlen(vec![100, 0, 70, 1, 130, 40]),
+            initial: InitialSpec::Pool { slots: 8 },
+            state_dtype,
+            prefix: Some(PrefixSpec { every, cols: 6 }),
+            ..ChunkSpec::default()
+        };
+        let mut x = ChunkInputs::random(&mut Rng::new(90 + i as u64), &spec);
+        if prefix_lens.is_none() {
+            x.prefix.as_mut().expect("prefix caching").lens.fill(0);
+        }
+        let mut cfg = ChunkConfig {
+            state_dtype,
+            varlen: Some(I32),
+            states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) },
+            prefix: PrefixCaching { prefix_lens, checkpoint_slots: Some(I32), ..Default::default() },
+            ..ChunkConfig::default()
+        };
+        if prepared {
+            cfg = ChunkConfig { preparation: Preparation::Workspace, shape: ChunkShape::PREPARED, ..cfg };
+        }
+        let unsplit = simulate_chunk(&cfg, &x).unwrap_or_else(|e| panic!("{name}, unsplit: {e}"));
+        let r = check_split(&cfg, &x, seg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{name}: unwritten or untouched elements");
+        let (to, ts) = tolerance(&cfg);
+        assert!(r.out_err <= to && r.state_err <= ts, "{name}: out {:.3e} state {:.3e}", r.out_err, r.state_err);
+        let p = x.prefix.as_ref().expect("prefix caching");
+        let ck = |pool: &[f64], slot: usize| pool[slot * st..(slot + 1) * st].to_vec();
+        let mut split_checkpoints = 0;
+        for n in 0..x.sequences() {
+            let len = x.span(n).1;
+            let whole = segment_count(len, seg) == 1;
+            for (_, slot) in p.checkpoints_of(n, len, x.hv) {
+                let (got, want) = (ck(&r.got.checkpoints, slot), ck(&unsplit.checkpoints, slot));
+                if whole {
+                    assert!(bits(&got) == bits(&want), "{name}: sequence {n}'s checkpoint in slot {slot} changed bits");
+                } else {
+                    split_checkpoints += 1;
+                }
+            }
+            if whole {
+                let ((out, s), (want_out, want_s)) = (sequence_of(&x, &r.got, n), sequence_of(&x, &unsplit, n));
+                assert!(bits(&out) == bits(&want_out) && bits(&s) == bits(&want_s), "{name}: sequence {n} changed bits");
+            }
+        }
+        assert!(split_checkpoints >= 3, "{name}: only {split_checkpoints} checkpoints of split sequences");
+        eprintln!("{name}: out {:.2e} state and checkpoints {:.2e} against f64", r.out_err, r.state_err);
+    }
+}
+
 /// A states-only run (the split's segments from zeros) leaves the final states of the full
 /// run, bit for bit, fused and over a prepared workspace, and writes no output row.
 #[test]
@@ -883,7 +952,7 @@ fn checkpointed_prompt(seed: u64) -> (ChunkInputs, ChunkConfig) {
     };
     let cfg = ChunkConfig {
         states: ChunkStates::Pool { indices: I32, has_initial: None },
-        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
+        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32), ..Default::default() },
         ..ChunkConfig::default()
     };
     (ChunkInputs::random(&mut Rng::new(seed), &spec), cfg)
@@ -958,7 +1027,7 @@ fn checkpoints_are_batch_invariant_bit_for_bit() {
     let cfg = ChunkConfig {
         varlen: Some(I32),
         states: ChunkStates::Pool { indices: I32, has_initial: None },
-        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32) },
+        prefix: PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32), ..Default::default() },
         ..ChunkConfig::default()
     };
     let st = 128 * 128;

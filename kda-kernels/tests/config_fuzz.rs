@@ -5,7 +5,7 @@
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
 use kda_kernels::chunk::{
-    ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, PrefixCaching, Preparation,
+    ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, Pieces, PrefixCaching, Preparation,
 };
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
@@ -106,7 +106,14 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),
             operands: x.of(&[ChunkOperands::F16, ChunkOperands::Bf16]),
-            prefix: PrefixCaching { prefix_lens: x.opt_dt(), checkpoint_slots: x.opt_dt() },
+            prefix: PrefixCaching {
+                prefix_lens: x.opt_dt(),
+                checkpoint_slots: x.opt_dt(),
+                pieces: {
+                    let checkpoints = x.dt();
+                    x.of(&[Pieces::Sequences, Pieces::Segments { checkpoints }])
+                },
+            },
         };
         let p = PrepConfig {
             dtype: x.dt(),

@@ -127,6 +127,6 @@ pub fn check_prefix(args: &ChunkArgs, n: usize, hv: usize, initial: InitialState
     if ck_pool > i32::MAX as usize || columns > i32::MAX as usize {
         return Err(invalid("checkpoint_slots", "checkpoint_slots and its pool must fit 32-bit indices.".into()));
     }
-    let caching = PrefixCaching { prefix_lens, checkpoint_slots: slots };
+    let caching = PrefixCaching { prefix_lens, checkpoint_slots: slots, ..Default::default() };
     Ok(PrefixPlan { caching, every, columns, pool: if slots.is_some() { ck_pool } else { 0 } })
 }

@@ -128,7 +128,10 @@ mod tests {
             );
             assert_eq!((p.run, p.state_dtype, p.varlen), (run, DType::F32, Some(DType::I32)));
         }
-        assert_eq!(s.segments, SegmentsConfig { varlen: Some(DType::I64), pool: Some(DType::I64), ..Default::default() });
+        assert_eq!(
+            s.segments,
+            SegmentsConfig { varlen: Some(DType::I64), pool: Some(DType::I64), ..Default::default() }
+        );
         assert!([&s.transition, &s.from_zeros, &s.output].iter().all(|p| p.prefix == PrefixCaching::default()));
         assert_eq!(s.prep.as_ref().map(|p| p.varlen), Some(Some(DType::I32)));
         assert_eq!(s.finish.as_ref().map(|f| f.state_dtype), Some(DType::BF16));

@@ -652,7 +652,10 @@ fn split_writes_checkpoints() {
             }
             if whole {
                 let ((out, s), (want_out, want_s)) = (sequence_of(&x, &r.got, n), sequence_of(&x, &unsplit, n));
-                assert!(bits(&out) == bits(&want_out) && bits(&s) == bits(&want_s), "{name}: sequence {n} changed bits");
+                assert!(
+                    bits(&out) == bits(&want_out) && bits(&s) == bits(&want_s),
+                    "{name}: sequence {n} changed bits"
+                );
             }
         }
         assert!(split_checkpoints >= 3, "{name}: only {split_checkpoints} checkpoints of split sequences");

@@ -915,13 +915,21 @@ fn prefix_caching_needs_the_pool_and_checks_its_arguments() {
     });
     assert!(p.prefix.active());
     assert_eq!((p.prefix.every, p.prefix.columns, p.prefix.pool), (64, 4, 8));
-    // Such a call takes the fused kernel or the two-kernel path, not token ranges or the split.
-    let fused = kda_runtime::chunk::ChunkTuning::fused(&p);
+    // Such a call takes the fused kernel, the two-kernel path or the split, not token ranges.
+    use kda_runtime::chunk::ChunkTuning;
+    let fused = ChunkTuning::fused(&p);
     fused.check(&p).expect("the fused kernel");
-    kda_runtime::chunk::ChunkTuning { prepared: true, ..fused }.check(&p).expect("the two-kernel path");
-    let split = kda_runtime::chunk::ChunkTuning { split: Some(64), ..fused };
-    let e = split.check(&p).expect_err("not the split").to_string();
-    assert!(e.contains("prefix_lens or checkpoints"), "{e}");
+    ChunkTuning { prepared: true, ..fused }.check(&p).expect("the two-kernel path");
+    ChunkTuning { split: Some(64), ..fused }.check(&p).expect("the split");
+    let one = Case::new(1, 64);
+    let (si1, lens1, slots1) = (tv(15, &[1], I32), tv(16, &[1], I64), tv(17, &[1, 4], I32));
+    let p1 = one.plan(|a| {
+        (a.state_indices, a.initial_state, a.prefix_lens) = (Some(&si1), Some(&pool), Some(&lens1));
+        (a.checkpoint_every, a.checkpoint_slots) = (Some(16), Some(&slots1));
+    });
+    let ranges = ChunkTuning { ranges: Some(2), ..ChunkTuning { prepared: true, ..ChunkTuning::fused(&p1) } };
+    let e = ranges.check(&p1).expect_err("not token ranges").to_string();
+    assert!(e.contains("tune") && e.contains("without prefix caching"), "{e}");
 }
 
 /// The checked mode of prefix caching: columns and slots in range, nothing written twice,

@@ -136,10 +136,16 @@ pub fn simulate_all() -> usize {
             }
         }
     }
-    // The exact split, every pass in the simulator, on the pool family with segments of 16
-    // tokens (every sequence past two chunks splits).
+    // The exact split, every pass in the simulator, on the pool families (prefix caching
+    // included) with segments of 16 tokens (every sequence past two chunks splits).
     for (i, f) in families.iter().enumerate().filter(|(_, f)| {
-        matches!(f.name, "varlen_pool_bf16_state_gva4_padding_empty" | "varlen_pool_softplus_raw_beta")
+        matches!(
+            f.name,
+            "varlen_pool_bf16_state_gva4_padding_empty"
+                | "varlen_pool_softplus_raw_beta"
+                | "varlen_pool_prefix_checkpoints_e16"
+                | "dense_bf16_pool_prefix_checkpoints_e64"
+        )
     }) {
         let case = format!("chunk/{}_split_every_16", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));

@@ -18,7 +18,14 @@ use crate::tensor::TensorView;
 const D: usize = crate::validate::HEAD_DIM;
 
 /// The chunk kernel's arguments by name (an array: building them allocates nothing).
-pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 23];
+pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 24];
+
+/// Rebinds argument `name` of `bound` (a split's pass binds its segment tables so).
+pub(crate) fn set_arg(bound: &mut ChunkKernelArgs, name: &str, arg: KernelArg) {
+    if let Some(entry) = bound.iter_mut().find(|(n, _)| *n == name) {
+        entry.1 = arg;
+    }
+}
 
 /// The kernel's arguments for a planned call: the inputs as the kernel's 4-D (3-D for beta)
 /// tensors, varlen `[S, ..]` views included; the output at `out_ptr`; `final_state` (given or
@@ -104,7 +111,7 @@ pub(crate) fn kernel_args(
     };
     let (checkpoint_slots, checkpoints) = match (caching.checkpoint_slots, args.checkpoint_slots) {
         (Some(_), Some(t)) => (*t, *args.checkpoint_pool.unwrap_or(&state)),
-        _ => (view(0, &[0, 0], DType::I32)?, empty_state()?),
+        _ => (view(0, &[0, 0], DType::I32)?, view(0, &[0, hv, D, D], caching.checkpoint_dtype(st))?),
     };
     let every = i32::try_from(plan.prefix.every.max(16))
         .map_err(|_| RuntimeError::bad_argument("checkpoint_every", "below 2^31", plan.prefix.every.to_string()))?;
@@ -128,6 +135,8 @@ pub(crate) fn kernel_args(
         ("prefix_lens", T(prefix_lens)),
         ("checkpoint_slots", T(checkpoint_slots)),
         ("checkpoints", T(checkpoints)),
+        // Bound by the split's output pass alone (`set_arg`).
+        ("segment_rows", T(view(0, &[0, 2], DType::I32)?)),
         ("out", T(out)),
         ("NSEQ", I32(nseq)),
         ("scale", F32(plan.scale)),
@@ -143,7 +152,7 @@ pub(crate) struct PrepArgs {
 }
 
 /// Room for every argument of the chain's kernel, and `NX`.
-const ARGS: usize = 24;
+const ARGS: usize = 25;
 
 impl PrepArgs {
     /// The arguments, by name.

@@ -23,6 +23,11 @@ pub(crate) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some("one sequence (a dense call with B = 1, or varlen with one)")
     } else if plan.seq_len == 0 {
         Some("at least one token")
+    } else if plan.prefix.active() {
+        Some(
+            "a call without prefix caching (prefix_lens, checkpoints): a range would start at a token the \
+             host cannot align to the sequence's absolute chunks; such a call runs as one chain or split",
+        )
     } else if !f32_carry {
         Some(
             "f32 final states (output_final_state with an f32 state) or an f32 pool (state_indices): \

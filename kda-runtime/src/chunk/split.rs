@@ -12,15 +12,21 @@
 //! The schedule, the segments' prepared operands and their three f32 state tables live in the
 //! workspace: the caller's ([`chunk_split_workspace_bytes`] sizes it) or the one
 //! [`crate::Kernels`] keeps for the stream.
+//!
+//! With prefix caching the schedule also writes each segment's absolute start (the passes'
+//! `prefix_lens`) and its sequence's checkpoint row and end, and the output pass writes the
+//! checkpoints (`kda_kernels::chunk_split`); the prepared operands then take 31 rows per segment
+//! (its first chunk may be short), as for a varlen call with `prefix_lens`.
 
-use kda_kernels::chunk::{ChunkConfig, Preparation};
+use kda_kernels::chunk::{ChunkConfig, Pieces, PrefixCaching, Preparation};
 use kda_kernels::chunk_segments::max_segments;
 use kda_kernels::chunk_split::{split_configs, SplitConfigs};
 
 use super::args::ChunkArgs;
-use super::bind::kernel_args;
+use super::bind::{kernel_args, set_arg};
 use super::eligibility::{check_split, SPLIT_MAX_VALUE_HEADS};
 use super::plan::{prepared_bytes, ChunkPlan, FinalState, InitialState};
+use super::prefix::PrefixPlan;
 use super::steps::{Lane, Step};
 use super::tuning::{chunk_tuned_config, ChunkTuning};
 use crate::error::RuntimeError;
@@ -39,7 +45,7 @@ const PART_ALIGN: usize = 256;
 /// when [`chunk_kda`](super::chunk_kda) splits it: for calls of at most
 /// [`SPLIT_MAX_VALUE_HEADS`] value heads, whatever their lengths.
 pub fn chunk_split_variants(plan: &ChunkPlan) -> Option<SplitConfigs> {
-    (plan.value_heads <= SPLIT_MAX_VALUE_HEADS && !plan.prefix.active())
+    (plan.value_heads <= SPLIT_MAX_VALUE_HEADS)
         .then(|| split_configs(&chunk_tuned_config(plan, ChunkTuning::of_path(plan, true))))
 }
 
@@ -62,6 +68,12 @@ fn segment_plan(plan: &ChunkPlan, seg: usize) -> ChunkPlan {
         // per block (any grid covers every chunk).
         max_seqlen: Some(seg),
         checked: false,
+        // With prefix caching the segments' `prefix_lens` are their absolute starts (i32);
+        // the caching each pass takes is set by its config.
+        prefix: PrefixPlan {
+            caching: PrefixCaching { prefix_lens: plan.prefix.active().then_some(DType::I32), ..plan.prefix.caching },
+            ..plan.prefix
+        },
         ..plan.clone()
     }
 }
@@ -74,8 +86,9 @@ struct SplitLayout {
     segments: usize,
     /// Bytes of the prepared operands (at the start).
     prep: usize,
-    /// Where `seg_cu`, `seg_first`, `live`, `split` and `fresh` start.
-    tables: [usize; 5],
+    /// Where `seg_cu`, `seg_first`, `live`, `split`, `fresh`, `seg_prefix` and `seg_rows`
+    /// (`[NS, 2]`) start.
+    tables: [usize; 7],
     /// Where the state tables start, and the bytes of each.
     states: (usize, usize),
     /// Bytes of the whole workspace.
@@ -84,21 +97,21 @@ struct SplitLayout {
 
 impl SplitLayout {
     fn of(plan: &ChunkPlan, seg: usize) -> SplitLayout {
-        SplitLayout::new(plan.nseq, plan.total_tokens, plan.value_heads, seg)
+        SplitLayout::new(plan.nseq, plan.total_tokens, plan.value_heads, seg, plan.prefix.active())
     }
 
     /// The layout for `nseq` sequences over `tokens` packed tokens on `hv` value heads, cut
     /// every `seg` tokens (at least 1): the segments are varlen sequences over the call's
-    /// token rows. Sizes saturate at `usize::MAX` (never panic) and grow with each argument
-    /// but `seg`.
-    fn new(nseq: usize, tokens: usize, hv: usize, seg: usize) -> SplitLayout {
+    /// token rows, their chunks `aligned` to absolute positions with prefix caching. Sizes
+    /// saturate at `usize::MAX` (never panic) and grow with each argument but `seg`.
+    fn new(nseq: usize, tokens: usize, hv: usize, seg: usize, aligned: bool) -> SplitLayout {
         let ns = max_segments(nseq, tokens, seg.max(1));
         let align = |x: usize| x.checked_next_multiple_of(PART_ALIGN).unwrap_or(usize::MAX);
-        let (wb, tp) = prep_rows(1, tokens, ns, true, false);
+        let (wb, tp) = prep_rows(1, tokens, ns, true, aligned);
         let prep = prepared_bytes(wb, tp, hv);
         let mut at = align(prep);
-        let mut tables = [0; 5];
-        for (table, entries) in tables.iter_mut().zip([ns, nseq, ns, ns, ns]) {
+        let mut tables = [0; 7];
+        for (table, entries) in tables.iter_mut().zip([ns, nseq, ns, ns, ns, ns, ns.saturating_mul(2)]) {
             *table = at;
             at = align(at.saturating_add(entries.saturating_add(1).saturating_mul(4)));
         }
@@ -123,9 +136,10 @@ pub(super) fn split_layout_bytes(plan: &ChunkPlan, seg: usize) -> usize {
 }
 
 /// Bytes of the split's workspace for a call of at most `nseq` sequences over `tokens` tokens
-/// on `hv` value heads, cut every `seg` tokens; grows with each of the three.
+/// on `hv` value heads, cut every `seg` tokens, with or without prefix caching; grows with
+/// each of the three.
 pub(super) fn split_bytes_bound(nseq: usize, tokens: usize, hv: usize, seg: usize) -> usize {
-    SplitLayout::new(nseq, tokens, hv, seg).total
+    SplitLayout::new(nseq, tokens, hv, seg, true).total
 }
 
 /// The split's tables, as views into its workspace.
@@ -135,6 +149,8 @@ pub(super) struct SplitTables {
     live: TensorView,
     split: TensorView,
     fresh: TensorView,
+    seg_prefix: TensorView,
+    seg_rows: TensorView,
     m: TensorView,
     h: TensorView,
     starts: TensorView,
@@ -155,6 +171,8 @@ impl SplitTables {
             live: view(t[2], &[ns], DType::I32)?,
             split: view(t[3], &[ns], DType::I32)?,
             fresh: view(t[4], &[ns], DType::I32)?,
+            seg_prefix: view(t[5], &[ns], DType::I32)?,
+            seg_rows: view(t[6], &[ns, 2], DType::I32)?,
             m: state(0)?,
             h: state(1)?,
             starts: state(2)?,
@@ -205,6 +223,13 @@ pub(super) fn steps_over(
         a.state_indices = Some(indices);
         a.has_initial_state = has_initial;
         a.workspace = (cfg.preparation == Preparation::Workspace).then_some(&tables.prep);
+        // Prefix caching: the segments' absolute starts as their prefixes, and the call's
+        // checkpoints (into its checkpoint pool, the state pool unless it gave one).
+        if plan.prefix.active() {
+            a.prefix_lens = Some(&tables.seg_prefix);
+            a.checkpoint_slots = args.checkpoint_slots;
+            a.checkpoint_pool = args.checkpoint_pool.or(args.initial_state);
+        }
         let initial = InitialState::Pool {
             dtype: DType::F32,
             indices: DType::I32,
@@ -212,7 +237,11 @@ pub(super) fn steps_over(
             pool: ns,
         };
         let p = ChunkPlan { initial, ..seg_plan.clone() };
-        Ok::<_, RuntimeError>((p.clone(), kernel_args(&a, &p, cfg, out.ptr(), None)?))
+        let mut bound = kernel_args(&a, &p, cfg, out.ptr(), None)?;
+        if matches!(cfg.prefix.pieces, Pieces::Segments { .. }) {
+            set_arg(&mut bound, "segment_rows", KernelArg::Tensor(tables.seg_rows));
+        }
+        Ok::<_, RuntimeError>((p, bound))
     };
     use KernelArg::{Tensor as T, I32};
     let dim = |name: &str, n: usize| {
@@ -242,6 +271,10 @@ pub(super) fn steps_over(
         Some(_) => index(args.cu_seqlens)?,
         None => empty(&[0], DType::I32)?,
     };
+    let prefix_lens = match plan.prefix.caching.prefix_lens {
+        Some(_) => index(args.prefix_lens)?,
+        None => empty(&[0], DType::I32)?,
+    };
     let segments = vec![
         ("cu_seqlens", T(cu)),
         ("state_indices", T(state_indices)),
@@ -250,6 +283,9 @@ pub(super) fn steps_over(
         ("live", T(tables.live)),
         ("split", T(tables.split)),
         ("fresh", T(tables.fresh)),
+        ("prefix_lens", T(prefix_lens)),
+        ("seg_prefix", T(tables.seg_prefix)),
+        ("seg_rows", T(tables.seg_rows)),
         ("NSEQ", I32(dim("cu_seqlens", plan.nseq)?)),
         ("T", I32(dim("q", plan.seq_len)?)),
         ("P", I32(dim("initial_state", pool_slots)?)),
@@ -334,17 +370,20 @@ mod tests {
     use crate::device::DeviceLimits;
 
     /// Every launch step of a split binds to its compiled kernel, dense and varlen, with and without
-    /// initial and final states, with the pool, for f32 and bf16 states, fused and over a
-    /// prepared workspace; segment lengths that are not multiples of 16 are refused.
+    /// initial and final states, with the pool (and prefix caching), for f32 and bf16 states,
+    /// fused and over a prepared workspace; segment lengths that are not multiples of 16 are
+    /// refused.
     #[test]
     fn split_steps_bind_to_their_kernels() {
         let (h, hv, seg) = (1, 2, 32);
-        for (varlen, pool, state_dtype, with_initial, with_final, prepared) in [
-            (false, false, DType::F32, true, true, true),
-            (false, false, DType::BF16, true, false, false),
-            (true, false, DType::F32, false, true, true),
-            (true, true, DType::F32, true, false, true),
-            (false, true, DType::BF16, true, false, false),
+        for (varlen, pool, state_dtype, with_initial, with_final, prepared, caching) in [
+            (false, false, DType::F32, true, true, true, false),
+            (false, false, DType::BF16, true, false, false, false),
+            (true, false, DType::F32, false, true, true, false),
+            (true, true, DType::F32, true, false, true, false),
+            (false, true, DType::BF16, true, false, false, false),
+            (true, true, DType::F32, true, false, true, true),
+            (false, true, DType::BF16, true, false, false, true),
         ] {
             let (n, t) = (3, 70);
             let lead = if varlen { vec![1, n * t] } else { vec![n, t] };
@@ -371,7 +410,16 @@ mod tests {
             args.output_final_state = with_final;
             args.final_state = with_final.then_some(&fin);
             args.workspace = Some(&ws);
+            // Prefix caching: checkpoints every 32 tokens into a pool of their own.
+            let (lens, table, ckpool) =
+                (tv(17, &[n], DType::I64), tv(18, &[n, 4], DType::I32), tv(19, &[9, hv, D, D], state_dtype));
+            if caching {
+                args.prefix_lens = Some(&lens);
+                (args.checkpoint_every, args.checkpoint_slots, args.checkpoint_pool) =
+                    (Some(32), Some(&table), Some(&ckpool));
+            }
             let plan = plan_chunk(&args).expect("a valid call");
+            assert_eq!(plan.prefix.active(), caching);
             let tune = ChunkTuning { split: Some(seg), ..ChunkTuning::of_path(&plan, prepared) };
             let layout = SplitLayout::of(&plan, seg);
             let tables = SplitTables::at(ws.ptr(), &plan, &layout, 0).expect("tables");
@@ -380,6 +428,28 @@ mod tests {
             let finishes = steps.iter().filter(|s| matches!(s, Step::Finish(..))).count();
             assert_eq!(finishes, usize::from(with_final || pool), "a finish exactly when states are written");
             crate::chunk::steps::assert_steps_bind(&steps);
+            if caching {
+                // Every chain pass takes the segments' starts as prefixes; the output pass (the
+                // last chain) writes the call's checkpoints through the segments' rows.
+                let tensor = |args: &[(&str, KernelArg)], name: &str| {
+                    args.iter().find_map(|(n, a)| match a {
+                        KernelArg::Tensor(t) if *n == name => Some(t.ptr()),
+                        _ => None,
+                    })
+                };
+                let chains: Vec<_> = steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        Step::Chain { args, .. } => Some(args),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(chains.iter().all(|a| tensor(&a[..], "prefix_lens") == Some(tables.seg_prefix.ptr())));
+                let output = chains.last().expect("the output pass");
+                assert_eq!(tensor(&output[..], "segment_rows"), Some(tables.seg_rows.ptr()));
+                assert_eq!(tensor(&output[..], "checkpoints"), Some(ckpool.ptr()));
+                assert_eq!(tensor(&output[..], "checkpoint_slots"), Some(table.ptr()));
+            }
             let e = steps_over(&args, &plan, tune, 40, out.ptr(), &tables, None).expect_err("refused");
             assert!(e.to_string().contains("multiple of 16"), "{e}");
         }
@@ -473,7 +543,7 @@ mod tests {
         let ns = max_segments(b, b * t, seg);
         assert_eq!(l.segments, ns);
         assert!(l.tables[0] >= l.prep && l.tables.iter().all(|t| t.is_multiple_of(PART_ALIGN)));
-        assert!(l.states.0 >= l.tables[4] + 4 * ns && l.states.0.is_multiple_of(PART_ALIGN));
+        assert!(l.states.0 >= l.tables[6] + 8 * ns && l.states.0.is_multiple_of(PART_ALIGN));
         assert!(l.states.1 >= ns * hv * D * D * 4 && l.states.1.is_multiple_of(PART_ALIGN));
         assert_eq!(l.total, l.states.0 + 3 * l.states.1);
         let tables = SplitTables::at(0, &plan, &l, 0).expect("tables");
@@ -484,6 +554,8 @@ mod tests {
             &tables.live,
             &tables.split,
             &tables.fresh,
+            &tables.seg_prefix,
+            &tables.seg_rows,
             &tables.m,
             &tables.h,
             &tables.starts,

@@ -80,15 +80,13 @@ impl ChunkTuning {
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
     /// is two or more.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
-        // Prefix caching takes the fused kernel or the two-kernel path (token ranges and the
-        // split do not carry its chunk alignment and checkpoints yet).
-        let pieces = !plan.prefix.active();
-        if pieces && eligibility::splits_by_default(plan) {
+        if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = chains <= prepared_max_chains(device);
-        let ranges = if prepared && pieces { eligibility::default_ranges(plan) } else { None };
+        // Prefix caching takes no token ranges (`check_ranges` says why).
+        let ranges = if prepared && !plan.prefix.active() { eligibility::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
 
@@ -106,10 +104,6 @@ impl ChunkTuning {
             return bad(&format!(
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
-        }
-        if plan.prefix.active() && (self.split.is_some() || self.ranges.is_some()) {
-            return bad("no token ranges and no split for a call with prefix_lens or checkpoints (they do not take \
-                        them yet)");
         }
         if let Some(seg) = self.split {
             eligibility::check_split(plan, seg, "tune")?;

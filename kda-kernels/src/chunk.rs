@@ -326,6 +326,37 @@ impl ChunkStates {
     }
 }
 
+/// The chunks of every sequence a chunk kernel (and its preparation) runs: `first .. end`,
+/// counted in the sequence's chunks (aligned to absolute positions with `prefix_lens`, so only
+/// the device knows where they start). Token ranges cut a call into windows, each run from the
+/// state the one before left; every other call runs [`ChunkWindow::ALL`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkWindow {
+    /// The first chunk run.
+    pub first: i32,
+    /// The chunk after the last one run (past the sequence's chunks: up to its end).
+    pub end: i32,
+}
+
+impl ChunkWindow {
+    /// Every chunk of every sequence.
+    pub const ALL: ChunkWindow = ChunkWindow { first: 0, end: i32::MAX };
+}
+
+/// The first chunk of a window (`first`) of a sequence of `chunks` chunks, clamped into
+/// `0 ..= chunks`.
+#[kda_macros::kernel_fn]
+pub(crate) fn window_start(first: Val, chunks: Val) -> Val {
+    min(max(first, 0), chunks)
+}
+
+/// The end of a window (`end`) that starts at chunk `start` of a sequence of `chunks` chunks,
+/// clamped into `start ..= chunks`, so a window never runs past its sequence nor backwards.
+#[kda_macros::kernel_fn]
+pub(crate) fn window_end(end: Val, chunks: Val, start: Val) -> Val {
+    max(min(end, chunks), start)
+}
+
 /// Sequence `n`'s state slot: `n`, or with the pool `state_indices[n]` when it lies inside the
 /// pool's `p` slots and -1 (padding) otherwise.
 #[kda_macros::kernel_fn]
@@ -826,6 +857,8 @@ pub fn chunk(
     scale: f32,
     lower_bound: f32,
     checkpoint_every: i32,
+    first_chunk: i32,
+    end_chunk: i32,
 ) {
     let bv = ROWS_PER_WARP * cfg.shape.warps;
     let prepared = cfg.preparation == Preparation::Workspace;
@@ -966,7 +999,11 @@ pub fn chunk(
         // state passes leave out the segments they do not need so.
         chunks = select(live, chunks, 0);
     }
-    for c in pipelined(0, chunks, stages = cfg.shape.stages) {
+    // A token range runs its window of the sequence's chunks (`ChunkWindow`), from the state
+    // the window before left.
+    let c_first = window_start(first_chunk, chunks);
+    let c_end = window_end(end_chunk, chunks, c_first);
+    for c in pipelined(c_first, c_end, stages = cfg.shape.stages) {
         // The chunk's first token, the end of its tokens and its workspace row (the fills see
         // them for the chunk they fetch).
         let t0 = max(bos, bos - shift + 16 * c);

@@ -1,7 +1,7 @@
 //! `chunk` through the block simulator against the f64 reference of `chunk_kda`.
 
 use crate::check::{simulate, simulate_on, tensor_values};
-use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, Preparation, PREP_COLS, PREP_DECAY_COLS};
+use crate::chunk::{chunk, ChunkConfig, ChunkShape, ChunkStates, ChunkWindow, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use crate::chunk_prep::{chunk_prep, prep_rows, PrepConfig};
 use crate::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, PrefixInputs};
 use crate::reference::{rel_err, to_bytes};
@@ -159,16 +159,29 @@ pub fn simulate_chunk_on(
     prep_blocks: usize,
     target: Target,
 ) -> Result<ChunkOutputs, String> {
-    simulate_pass(cfg, x, prep_blocks, target, None)
+    simulate_pass(cfg, x, prep_blocks, target, ChunkWindow::ALL, None)
 }
 
-/// [`simulate_chunk_on`], for a split's pass with prefix caching also given each segment's
-/// `segment_rows` (`[S, 2]`: its sequence's checkpoint row and absolute end).
+/// [`simulate_chunk_with`] over a window of every sequence's chunks (a token range): the
+/// preparation and the chain run chunks `window.first .. window.end` alone, from `x`'s states;
+/// rows outside the window keep their NaN.
+pub fn simulate_chunk_window(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    prep_blocks: usize,
+    window: ChunkWindow,
+) -> Result<ChunkOutputs, String> {
+    simulate_pass(cfg, x, prep_blocks, Target::Sm80, window, None)
+}
+
+/// [`simulate_chunk_on`] over `window`, for a split's pass with prefix caching also given each
+/// segment's `segment_rows` (`[S, 2]`: its sequence's checkpoint row and absolute end).
 fn simulate_pass(
     cfg: &ChunkConfig,
     x: &ChunkInputs,
     prep_blocks: usize,
     target: Target,
+    window: ChunkWindow,
     segment_rows: Option<&[i64]>,
 ) -> Result<ChunkOutputs, String> {
     let def = chunk(cfg).map_err(|e| e.to_string())?;
@@ -195,6 +208,8 @@ fn simulate_pass(
         i("NSEQ", n),
         ("scale".into(), SimArg::F32(x.scale as f32)),
         ("lower_bound".into(), SimArg::F32(x.lower_bound as f32)),
+        ("first_chunk".into(), SimArg::I32(window.first)),
+        ("end_chunk".into(), SimArg::I32(window.end)),
     ];
     match (&x.a_log, &x.dt_bias) {
         (Some(al), Some(db)) => args.extend([
@@ -408,7 +423,7 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
     let starts = tensor_values(&merge_args, "starts", DType::F32);
 
     let rows = positions.then_some(tab.seg_rows.as_slice());
-    let pass4 = simulate_pass(&c.output, &segments(&tab.live, starts, None), 4, Target::Sm80, rows)?;
+    let pass4 = simulate_pass(&c.output, &segments(&tab.live, starts, None), 4, Target::Sm80, ChunkWindow::ALL, rows)?;
     let mut final_state = vec![];
     if let Some(f) = &c.finish {
         let mut args = common;

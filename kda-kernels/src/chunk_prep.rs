@@ -18,8 +18,9 @@
 //! f32 table, `w0` its first workspace row.
 
 use crate::chunk::{
-    chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, ChunkGate, ChunkOperands,
-    KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, window_end, window_start,
+    ChunkGate, ChunkOperands, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR,
+    PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::DType;
@@ -133,7 +134,8 @@ pub(crate) fn sequence_pad(aligned: bool) -> usize {
     }
 }
 
-/// Prepares chunks `x, x + NX, ..` of one (sequence, value head).
+/// Prepares chunks `first + x, first + x + NX, ..` of one (sequence, value head), those of the
+/// window `first_chunk .. end_chunk` ([`crate::chunk::ChunkWindow`]).
 #[kernel]
 pub fn chunk_prep(
     cfg: &PrepConfig,
@@ -151,6 +153,8 @@ pub fn chunk_prep(
     NX: Dim,
     scale: f32,
     lower_bound: f32,
+    first_chunk: i32,
+    end_chunk: i32,
 ) {
     let (x0, hv, n) = launch(grid = [NX, HV, NSEQ], threads = 32 * cfg.warps);
     assume_extent(KD, 128);
@@ -218,8 +222,11 @@ pub fn chunk_prep(
     // The decay table's row of the sequence's first chunk: chunk `c`'s is this plus `c`, so
     // the loop divides nothing.
     let d0 = (bos + pad) / 16;
-    for it in pipelined(0, ceil_div(max(chunks - x0, 0), NX), stages = 2) {
-        let c = x0 + NX * it;
+    // The chain's window of chunks (`ChunkWindow`), block `x0` taking every `NX`-th.
+    let c_first = window_start(first_chunk, chunks);
+    let c_end = window_end(end_chunk, chunks, c_first);
+    for it in pipelined(0, ceil_div(max(c_end - c_first - x0, 0), NX), stages = 2) {
+        let c = c_first + x0 + NX * it;
         let t0 = max(bos, bos - shift + 16 * c);
         let t1 = min(eos, bos - shift + 16 * c + 16);
         let w0 = bos + 16 * c + pad;

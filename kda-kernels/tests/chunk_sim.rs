@@ -2,8 +2,10 @@
 
 use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, Preparation};
-use kda_kernels::chunk_check::{check_chunk, check_split, compare_chunk, simulate_chunk, simulate_split, tolerance};
+use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, Preparation};
+use kda_kernels::chunk_check::{
+    check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_window, simulate_split, tolerance,
+};
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
 use kda_kernels::chunk_segments::segment_count;
@@ -745,29 +747,24 @@ fn prefill_isolation() {
     }
 }
 
-/// Tokens `t0 .. t1` of every batch row of dense inputs, as a call of their own (the states
-/// as `x`'s: each test sets the range's own).
-fn token_range(x: &ChunkInputs, t0: usize, t1: usize) -> ChunkInputs {
-    let rows = |v: &[f64], w: usize| -> Vec<f64> {
-        (0..x.b).flat_map(|b| v[(b * x.t + t0) * w..(b * x.t + t1) * w].to_vec()).collect()
-    };
-    let (qk, vg) = (x.h * 128, x.hv * 128);
-    ChunkInputs {
-        t: t1 - t0,
-        q: rows(&x.q, qk),
-        k: rows(&x.k, qk),
-        v: rows(&x.v, vg),
-        g: rows(&x.g, vg),
-        beta: rows(&x.beta, x.hv),
-        ..x.clone()
+/// The windows of chunks the token-range tests cut a call into: two chunks, one, the rest.
+const WINDOWS: [ChunkWindow; 3] =
+    [ChunkWindow { first: 0, end: 2 }, ChunkWindow { first: 2, end: 3 }, ChunkWindow { first: 3, end: i32::MAX }];
+
+/// `got`'s written rows over `out` (a window leaves the rows of other windows NaN).
+fn take_written(out: &mut [f64], got: &[f64]) {
+    for (o, g) in out.iter_mut().zip(got) {
+        if !g.is_nan() {
+            *o = *g;
+        }
     }
 }
 
-/// A sequence run in token ranges (each a multiple of the chunk, the state carried from one
-/// range's final state to the next one's initial state in f32) gives the bits of the run over
-/// all of it, outputs and final state, fused and over a prepared workspace: chunks start at the
-/// same tokens and the state goes through memory exactly. What running the chain range by range
-/// (beside the next range's preparation) rests on.
+/// A sequence run in token ranges (windows of its chunks, the state carried from one window's
+/// final state to the next one's initial state in f32) gives the bits of the run over all of
+/// it, outputs and final state, fused and over a prepared workspace: the chunks are the same
+/// and the state goes through memory exactly. What running the chain range by range (beside
+/// the next range's preparation) rests on.
 #[test]
 fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
     let x = one_sequence(71, 16 * 5 + 7);
@@ -778,11 +775,11 @@ fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
             ..ChunkConfig::default()
         };
         let whole = simulate_chunk(&whole_cfg, &x).expect("simulates");
-        let (mut state, mut out) = (x.initial.clone(), vec![]);
-        for (t0, t1) in [(0, 32), (32, 48), (48, x.t)] {
-            let range = ChunkInputs { initial: state.clone(), ..token_range(&x, t0, t1) };
-            let r = simulate_chunk(&whole_cfg, &range).expect("simulates a range");
-            out.extend(r.out);
+        let (mut state, mut out) = (x.initial.clone(), vec![f64::NAN; whole.out.len()]);
+        for w in WINDOWS {
+            let range = ChunkInputs { initial: state.clone(), ..x.clone() };
+            let r = simulate_chunk_window(&whole_cfg, &range, 2, w).expect("simulates a range");
+            take_written(&mut out, &r.out);
             state = Some(r.final_state);
         }
         let name = format!("{preparation:?}");
@@ -797,7 +794,6 @@ fn token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit() {
 /// (dense B = 3: a live slot, a padding one, a fresh prompt).
 #[test]
 fn token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit() {
-    let d = 128;
     let spec = ChunkSpec {
         lengths: Lengths::Dense { b: 3, t: 16 * 5 + 7 },
         h: 1,
@@ -811,24 +807,55 @@ fn token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit() {
     for preparation in [Preparation::InKernel, Preparation::Workspace] {
         let cfg = |has_initial| ChunkConfig { states: pool(has_initial), preparation, ..ChunkConfig::default() };
         let whole = simulate_chunk(&cfg(Some(I32)), &x).expect("simulates");
-        let (mut slots, mut out) = (x.initial.clone(), vec![vec![]; x.b]);
-        for (r, (t0, t1)) in [(0, 32), (32, 48), (48, x.t)].into_iter().enumerate() {
+        let (mut slots, mut out) = (x.initial.clone(), vec![f64::NAN; whole.out.len()]);
+        for (r, w) in WINDOWS.into_iter().enumerate() {
             let range = ChunkInputs {
                 initial: slots.clone(),
                 has_initial: x.has_initial.clone().filter(|_| r == 0),
-                ..token_range(&x, t0, t1)
+                ..x.clone()
             };
             let has_initial = if r == 0 { Some(I32) } else { None };
-            let got = simulate_chunk(&cfg(has_initial), &range).expect("simulates a range");
-            for (b, o) in out.iter_mut().enumerate() {
-                let per_row = (t1 - t0) * x.hv * d;
-                o.extend_from_slice(&got.out[b * per_row..(b + 1) * per_row]);
-            }
+            let got = simulate_chunk_window(&cfg(has_initial), &range, 2, w).expect("simulates a range");
+            take_written(&mut out, &got.out);
             slots = Some(got.final_state);
         }
         let name = format!("{preparation:?}");
-        assert!(bits(&out.concat()) == bits(&whole.out), "{name}: outputs differ");
+        assert!(bits(&out) == bits(&whole.out), "{name}: outputs differ");
         assert!(bits(&slots.expect("a pool")) == bits(&whole.final_state), "{name}: pools differ");
+    }
+}
+
+/// Prefix caching in token ranges: windows of the sequence's chunks aligned to absolute
+/// positions (prefixes 0, 9 and 17, so a window's first token moves with the prefix), the first
+/// reading the cached prefix's slot and every later one the slot the one before wrote, the
+/// checkpoints (every 16 and 48) going to the block table as they pass. Outputs, the pool and
+/// the checkpoint pool have the whole call's bits, fused and over a prepared workspace.
+#[test]
+fn token_ranges_with_prefix_caching_equal_the_whole_run_bit_for_bit() {
+    let (x, cfg) = checkpointed_prompt(8);
+    for preparation in [Preparation::InKernel, Preparation::Workspace] {
+        let cfg = ChunkConfig { preparation, ..cfg.clone() };
+        for (prefix, every) in [(0, 16), (9, 48), (17, 16)] {
+            let name = format!("{preparation:?}, prefix {prefix}, E = {every}");
+            let whole_in = checkpointed(&x, 0, 80, prefix, every, 0);
+            let whole = simulate_chunk(&cfg, &whole_in).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut range = whole_in.clone();
+            let mut out = vec![f64::NAN; whole.out.len()];
+            for (r, w) in WINDOWS.into_iter().enumerate() {
+                if r > 0 {
+                    range.read_indices = range.state_indices.clone();
+                }
+                let got = simulate_chunk_window(&cfg, &range, 2, w).unwrap_or_else(|e| panic!("{name}: {e}"));
+                take_written(&mut out, &got.out);
+                range.initial = Some(got.final_state);
+                range.prefix.as_mut().expect("prefix caching").pool = got.checkpoints;
+            }
+            assert!(bits(&out) == bits(&whole.out), "{name}: outputs differ");
+            assert!(bits(range.initial.as_ref().expect("a pool")) == bits(&whole.final_state), "{name}: pools differ");
+            let checkpoints = &range.prefix.as_ref().expect("prefix caching").pool;
+            assert!(bits(checkpoints) == bits(&whole.checkpoints), "{name}: checkpoints differ");
+            assert!(checkpoints.iter().any(|v| *v != 0.5), "{name}: no checkpoint written");
+        }
     }
 }
 
@@ -945,9 +972,14 @@ fn checkpointed(x: &ChunkInputs, from: usize, len: usize, prefix: usize, every: 
 /// An 80-token prompt (dense, H = HV = 1, a 4-slot f32 pool) drawn from `seed`, and the fused
 /// config that reads it with `prefix_lens` and checkpoints (i32 indices).
 fn checkpointed_prompt(seed: u64) -> (ChunkInputs, ChunkConfig) {
+    checkpointed_prompt_of(seed, 80)
+}
+
+/// [`checkpointed_prompt`] of `t` tokens.
+fn checkpointed_prompt_of(seed: u64, t: usize) -> (ChunkInputs, ChunkConfig) {
     use kda_kernels::chunk::PrefixCaching;
     let spec = ChunkSpec {
-        lengths: Lengths::Dense { b: 1, t: 80 },
+        lengths: Lengths::Dense { b: 1, t },
         h: 1,
         hv: 1,
         initial: InitialSpec::Pool { slots: 4 },
@@ -962,19 +994,19 @@ fn checkpointed_prompt(seed: u64) -> (ChunkInputs, ChunkConfig) {
 }
 
 /// docs/prefill.md, "Prefix caching", bit for bit with an f32 pool: for prefix
-/// lengths 0, 1, 15, 16 and 17 and E = 16 and 64, the checkpoints are within the f64
-/// reference's tolerance; each checkpoint is the final state of the same call stopped at its
-/// position; and the call resumed from a checkpoint (its position as the prefix, reading the
-/// checkpoint's slot from the checkpoint pool copied into the state pool) gives the whole
-/// call's remaining output rows and final state.
+/// lengths 0, 1, 15, 16 and 17 and E = 16, 64 (an 80-token prompt) and 256 (a 300-token one),
+/// the checkpoints are within the f64 reference's tolerance; each checkpoint is the final state
+/// of the same call stopped at its position; and the call resumed from a checkpoint (its
+/// position as the prefix, reading the checkpoint's slot from the checkpoint pool copied into
+/// the state pool) gives the whole call's remaining output rows and final state.
 #[test]
 fn checkpoints_are_the_state_at_their_boundary() {
-    let (x, cfg) = checkpointed_prompt(5);
     let st = 128 * 128;
     let slot = |pool: &[f64], s: usize| pool[s * st..(s + 1) * st].to_vec();
-    for every in [16usize, 64] {
+    for (every, t) in [(16usize, 80), (64, 80), (256, 300)] {
+        let (x, cfg) = checkpointed_prompt_of(5, t);
         for prefix in [0usize, 1, 15, 16, 17] {
-            let len = 80 - prefix.min(16);
+            let len = t - prefix.min(16);
             let name = format!("E = {every}, prefix {prefix}");
             let whole = checkpointed(&x, 0, len, prefix, every, 0);
             let r = check_chunk(&cfg, &whole).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -5,7 +5,7 @@
 
 use kda_dsl::artifact::CompiledKernel;
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, Preparation, PREP_COLS, PREP_DECAY_COLS};
+use kda_kernels::chunk::{ChunkConfig, ChunkWindow, Preparation, PREP_COLS, PREP_DECAY_COLS};
 use kda_kernels::chunk_prep::prep_rows;
 
 use super::args::ChunkArgs;
@@ -18,9 +18,10 @@ use crate::tensor::TensorView;
 const D: usize = crate::validate::HEAD_DIM;
 
 /// The chunk kernel's arguments by name (an array: building them allocates nothing).
-pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 24];
+pub(crate) type ChunkKernelArgs = [(&'static str, KernelArg); 26];
 
-/// Rebinds argument `name` of `bound` (a split's pass binds its segment tables so).
+/// Rebinds argument `name` of `bound` (a split's pass binds its segment tables so, a token
+/// range its window).
 pub(crate) fn set_arg(bound: &mut ChunkKernelArgs, name: &str, arg: KernelArg) {
     if let Some(entry) = bound.iter_mut().find(|(n, _)| *n == name) {
         entry.1 = arg;
@@ -142,6 +143,9 @@ pub(crate) fn kernel_args(
         ("scale", F32(plan.scale)),
         ("lower_bound", F32(lower_bound)),
         ("checkpoint_every", I32(every)),
+        // Every chunk; a token range binds its window (`set_arg`).
+        ("first_chunk", I32(ChunkWindow::ALL.first)),
+        ("end_chunk", I32(ChunkWindow::ALL.end)),
     ])
 }
 
@@ -152,7 +156,7 @@ pub(crate) struct PrepArgs {
 }
 
 /// Room for every argument of the chain's kernel, and `NX`.
-const ARGS: usize = 25;
+const ARGS: usize = 27;
 
 impl PrepArgs {
     /// The arguments, by name.

@@ -23,11 +23,6 @@ pub(crate) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some("one sequence (a dense call with B = 1, or varlen with one)")
     } else if plan.seq_len == 0 {
         Some("at least one token")
-    } else if plan.prefix.active() {
-        Some(
-            "a call without prefix caching (prefix_lens, checkpoints): a range would start at a token the \
-             host cannot align to the sequence's absolute chunks; such a call runs as one chain or split",
-        )
     } else if !f32_carry {
         Some(
             "f32 final states (output_final_state with an f32 state) or an f32 pool (state_indices): \
@@ -73,9 +68,6 @@ pub(crate) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
 /// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
 /// token ranges by default: then it needs the thread's highest-priority stream.
 pub(crate) fn may_take_ranges(plan: &ChunkPlan) -> bool {
-    if plan.prefix.active() {
-        return false;
-    }
     let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
     default_ranges(&long).is_some()
 }

@@ -25,7 +25,12 @@ const PREP_CHUNKS_PER_BLOCK: usize = 8;
 /// the grid stays near [`PREP_BLOCKS`]. Each block strides over its sequence's chunks, so any
 /// value covers them all: a wrong hint costs time, never a chunk.
 pub(crate) fn prep_blocks(plan: &ChunkPlan) -> usize {
-    let longest = plan.longest_sequence();
+    prep_blocks_over(plan.longest_sequence(), plan)
+}
+
+/// [`prep_blocks`] for a preparation whose longest sequence prepares `longest` tokens (a token
+/// range's window).
+pub(crate) fn prep_blocks_over(longest: usize, plan: &ChunkPlan) -> usize {
     let cap = (PREP_BLOCKS / (plan.nseq * plan.value_heads).max(1)).max(1);
     longest.div_ceil(16 * PREP_CHUNKS_PER_BLOCK).clamp(1, cap)
 }

@@ -11,28 +11,33 @@
 //! blocks scheduled first. Nothing waits on another kernel's progress, only on completed work,
 //! so no order of execution can deadlock.
 //!
-//! Each range is the chunk kernel on a view of the call (B = 1: a range of tokens is a dense
-//! `[1, L, ..]` view; a varlen call of one sequence is the same call, its `cu_seqlens` being
-//! `[0, S]` by the caller's contract, so it never reads them), its state carried from one
-//! range to the next in the f32 final states, or with `state_indices` in the f32 pool slots
-//! themselves (each range reads and writes them in place; only the first honours
-//! `has_initial_state`). So the bits are those of the whole call (the simulator tests
-//! `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit` and
-//! `token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit`): chunks start at
-//! the same tokens and the state goes through memory exactly. Each range has its own part
-//! of the workspace.
+//! Each range is the chunk kernel and its preparation over a window of the sequence's chunks
+//! ([`ChunkWindow`]): the whole call bound as a dense `[1, T, ..]` call (a varlen call of one
+//! sequence is the same call, its `cu_seqlens` being `[0, S]` by the caller's contract, so it
+//! never reads them), each range running its chunks alone from the state the range before left,
+//! carried in the f32 final states, or with `state_indices` in the f32 pool slots themselves
+//! (each range reads and writes them in place; only the first honours `read_indices` and
+//! `has_initial_state`). The windows count chunks on the device, so with `prefix_lens` a
+//! range's first token moves to the sequence's absolute chunk boundary there, and the
+//! checkpoints are written as the windows pass them. So the bits are those of the whole call
+//! (the simulator tests `token_ranges_carrying_the_state_equal_the_whole_run_bit_for_bit`,
+//! `token_ranges_through_the_pool_in_place_equal_the_whole_run_bit_for_bit` and
+//! `token_ranges_with_prefix_caching_equal_the_whole_run_bit_for_bit`): the chunks are the same
+//! and the state goes through memory exactly. The ranges share the call's workspace, each
+//! preparing its own chunks' rows.
 
 use kda_dsl::DType;
-use kda_kernels::chunk::ChunkConfig;
+use kda_kernels::chunk::{ChunkConfig, ChunkWindow};
 use kda_kernels::chunk_prep::PrepConfig;
 
 use super::args::ChunkArgs;
-use super::bind::{kernel_args, ChunkKernelArgs};
+use super::bind::{kernel_args, set_arg, ChunkKernelArgs};
 use super::eligibility::check_ranges;
-use super::plan::{chunk_workspace_bytes_unsplit, ChunkPlan, FinalState, InitialState};
+use super::plan::{ChunkPlan, FinalState, InitialState};
 use super::steps::{Lane, Step};
 use super::tuning::{chunk_tuned_config, ChunkTuning};
 use crate::error::RuntimeError;
+use crate::launch::KernelArg;
 use crate::tensor::TensorView;
 
 /// Head dimension (K = V).
@@ -45,7 +50,19 @@ pub(super) fn token_ranges(t: usize, nranges: usize) -> Vec<(usize, usize)> {
     (0..t).step_by(per).map(|t0| (t0, (t0 + per).min(t))).collect()
 }
 
-/// One range's chain: its plan (for the preparation), its config and its kernel arguments.
+/// The windows of chunks of a call of `t` tokens (below 2^31) in `nranges` ranges: those of
+/// [`token_ranges`], the last running to the sequence's end (which holds one chunk more when
+/// `prefix_lens` shifts its chunks).
+pub(super) fn chunk_windows(t: usize, nranges: usize) -> Vec<ChunkWindow> {
+    let chunk = |tokens: usize| i32::try_from(tokens / 16).unwrap_or(i32::MAX);
+    token_ranges(t, nranges)
+        .into_iter()
+        .map(|(t0, t1)| ChunkWindow { first: chunk(t0), end: if t1 == t { i32::MAX } else { chunk(t1) } })
+        .collect()
+}
+
+/// One range's chain: its plan, its config, its kernel arguments (the window's bounds among
+/// them) and the tokens of its window (at most).
 pub(super) struct RangeLaunch {
     /// The range's call, planned.
     pub plan: ChunkPlan,
@@ -53,6 +70,8 @@ pub(super) struct RangeLaunch {
     pub cfg: ChunkConfig,
     /// The chain's arguments, from which the preparation takes its own.
     pub bound: ChunkKernelArgs,
+    /// Tokens in the range (its preparation's blocks go by them).
+    pub tokens: usize,
 }
 
 /// Every range's launch, in order. `out_ptr` is the output, `fin` the final states (the
@@ -69,30 +88,24 @@ pub(super) fn range_launches(
     check_ranges(plan, nranges)?;
     let ws = args.workspace.ok_or_else(|| RuntimeError::Unsupported("token ranges without a workspace".into()))?;
     let dev = args.q.device();
-    let (h, hv) = (plan.heads, plan.value_heads);
-    // Tokens t0 .. t1 of a `[1, T, heads, tail..]` tensor: a view at the range's first row.
-    let rows = |ptr: u64, dtype: DType, t0: usize, t1: usize, tail: &[usize]| {
-        let row_bytes = tail.iter().product::<usize>() * dtype.size_bytes();
-        let shape: Vec<usize> = [&[1, t1 - t0][..], tail].concat();
-        TensorView::describe(ptr + (t0 * row_bytes) as u64, &shape, dtype, dev)
+    let (h, hv, t) = (plan.heads, plan.value_heads, plan.seq_len);
+    // The call as a dense `[1, T, ..]` call.
+    let whole = |x: &TensorView, tail: &[usize]| {
+        let shape: Vec<usize> = [&[1, t][..], tail].concat();
+        TensorView::describe(x.ptr(), &shape, x.dtype(), dev)
     };
-    let dt = plan.dtype;
+    let (q, k, v, g) =
+        (whole(args.q, &[h, D])?, whole(args.k, &[h, D])?, whole(args.v, &[hv, D])?, whole(args.g, &[hv, D])?);
+    let beta = whole(args.beta, &[hv])?;
+    let out = TensorView::describe(out_ptr, &[1, t, hv, D], plan.dtype, dev)?;
     let tune = ChunkTuning { prepared: true, split: None, ranges: None, ..tune };
-    // The ranges are dense calls that never split, so their workspace parts are sized as an
-    // unsplit dense call's: together no more than the call's own workspace, a varlen call's
-    // included (its rows have room for 15 more).
-    let dense = ChunkPlan { varlen: None, batch: 1, ..plan.clone() };
     let mut launches = vec![];
-    let mut ws_at = ws.ptr();
-    for (r, (t0, t1)) in token_ranges(plan.seq_len, nranges).into_iter().enumerate() {
-        let q = rows(args.q.ptr(), dt, t0, t1, &[h, D])?;
-        let k = rows(args.k.ptr(), dt, t0, t1, &[h, D])?;
-        let v = rows(args.v.ptr(), dt, t0, t1, &[hv, D])?;
-        let g = rows(args.g.ptr(), dt, t0, t1, &[hv, D])?;
-        let beta = rows(args.beta.ptr(), dt, t0, t1, &[hv])?;
-        let out = rows(out_ptr, dt, t0, t1, &[hv, D])?;
+    for (r, (window, (t0, t1))) in chunk_windows(t, nranges).into_iter().zip(token_ranges(t, nranges)).enumerate() {
         let mut a = args.on_inputs(&q, &k, &v, &g, &beta);
         a.output = Some(&out);
+        a.workspace = Some(ws);
+        (a.prefix_lens, a.checkpoint_every) = (args.prefix_lens, args.checkpoint_every);
+        (a.checkpoint_slots, a.checkpoint_pool) = (args.checkpoint_slots, args.checkpoint_pool);
         match &fin {
             // The first range starts from the call's state, every other from the one before's.
             Some(fin) => {
@@ -112,27 +125,24 @@ pub(super) fn range_launches(
                 a.has_initial_state = args.has_initial_state.filter(|_| r == 0);
             }
         }
-        // The range's own part of the workspace: its prepared operands, 16-byte aligned.
-        let need = chunk_workspace_bytes_unsplit(&ChunkPlan { seq_len: t1 - t0, ..dense.clone() }).next_multiple_of(16);
-        let part = TensorView::describe(ws_at, &[need / 4], DType::F32, dev)?;
-        ws_at += need as u64;
-        let p = range_plan(plan, r, t1 - t0, fin.is_some());
+        let p = range_plan(plan, r, fin.is_some());
         // The derivation is what planning the range's own arguments gives (checked in tests).
         #[cfg(test)]
         assert_eq!(p, super::plan::plan_chunk(&a).expect("a range's call"), "range {r}'s plan");
-        a.workspace = Some(&part);
         let cfg = chunk_tuned_config(&p, tune);
-        let bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
-        launches.push(RangeLaunch { plan: p, cfg, bound });
+        let mut bound = kernel_args(&a, &p, &cfg, out.ptr(), fin)?;
+        set_arg(&mut bound, "first_chunk", KernelArg::I32(window.first));
+        set_arg(&mut bound, "end_chunk", KernelArg::I32(window.end));
+        launches.push(RangeLaunch { plan: p, cfg, bound, tokens: t1 - t0 });
     }
     Ok(launches)
 }
 
-/// Range `r` of a call, `len` tokens, as its own call: dense, B = 1, its state from the call's
-/// (the first) or from the range before (carried in the f32 final states, `by_final`, or in
-/// the pool slots, whose `has_initial_state` only the first honours), into the final states or
-/// the pool again.
-fn range_plan(plan: &ChunkPlan, r: usize, len: usize, by_final: bool) -> ChunkPlan {
+/// Range `r` of a call, as the call's own dense B = 1 form: its state from the call's (the
+/// first) or from the range before (carried in the f32 final states, `by_final`, or in the pool
+/// slots, whose `read_indices` and `has_initial_state` only the first honours), into the final
+/// states or the pool again.
+fn range_plan(plan: &ChunkPlan, r: usize, by_final: bool) -> ChunkPlan {
     let (initial, final_out) = match plan.initial {
         InitialState::Pool { dtype, indices, has_initial, pool } if !by_final => {
             (InitialState::Pool { dtype, indices, has_initial: has_initial.filter(|_| r == 0), pool }, FinalState::Pool)
@@ -140,10 +150,10 @@ fn range_plan(plan: &ChunkPlan, r: usize, len: usize, by_final: bool) -> ChunkPl
         first if r == 0 => (first, FinalState::Given { dtype: DType::F32 }),
         _ => (InitialState::PerSequence { dtype: DType::F32 }, FinalState::Given { dtype: DType::F32 }),
     };
+    let len = plan.seq_len;
     ChunkPlan {
         nseq: 1,
         batch: 1,
-        seq_len: len,
         total_tokens: len,
         varlen: None,
         squeeze_varlen: false,
@@ -177,7 +187,7 @@ pub(super) fn range_steps(
     };
     let mut steps = vec![];
     for l in range_launches(args, plan, tune, nranges, out_ptr, fin)? {
-        let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&l.plan));
+        let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks_over(l.tokens, &l.plan));
         steps.extend([
             Step::Prepare { cfg: PrepConfig::of(&l.cfg), args: l.bound, blocks },
             Step::Join(Lane::Beside),
@@ -193,7 +203,7 @@ mod tests {
     use super::*;
     use crate::chunk::chunk_workspace_bytes;
     use crate::chunk::eligibility::{may_take_ranges, DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
-    use crate::chunk::plan::plan_chunk;
+    use crate::chunk::plan::{chunk_workspace_bytes_unsplit, plan_chunk};
     use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::device::DeviceLimits;
     use crate::launch::bind_args;
@@ -221,8 +231,24 @@ mod tests {
         assert_eq!(token_ranges(0, 4), vec![]);
     }
 
-    /// Every range's chain and preparation bind to their kernels; the ranges' workspace parts
-    /// follow each other inside the call's workspace; the first range starts from the call's
+    /// The i32 bound to the scalar parameter `name`.
+    fn scalar_at(bound: &ChunkKernelArgs, name: &str) -> i32 {
+        match bound.iter().find(|(n, _)| *n == name) {
+            Some((_, KernelArg::I32(v))) => *v,
+            _ => panic!("no i32 `{name}`"),
+        }
+    }
+
+    #[test]
+    fn windows_are_the_ranges_chunks_the_last_open() {
+        let w = |first, end| ChunkWindow { first, end };
+        assert_eq!(chunk_windows(100, 3), vec![w(0, 3), w(3, 6), w(6, i32::MAX)]);
+        assert_eq!(chunk_windows(20, 8), vec![w(0, 1), w(1, i32::MAX)]);
+        assert_eq!(chunk_windows(0, 4), vec![]);
+    }
+
+    /// Every range's chain and preparation bind to their kernels, over the whole call and its
+    /// workspace, each with its window of chunks; the first range starts from the call's
     /// initial state and every later one from the final states.
     #[test]
     fn range_launches_bind_to_their_kernels() {
@@ -243,7 +269,7 @@ mod tests {
         let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
         let launches = range_launches(&args, &plan, tune, 3, out.ptr(), Some(fin)).expect("launches");
         assert_eq!(launches.len(), 3);
-        let mut ws_end = ws.ptr();
+        let windows = chunk_windows(t, 3);
         for (r, l) in launches.iter().enumerate() {
             let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
                 .expect("compiles");
@@ -259,15 +285,56 @@ mod tests {
             bind_args(&prep, prep_args.as_slice()).unwrap_or_else(|e| panic!("range {r} preparation: {e}"));
             assert_eq!(tensor_at(&l.bound, "state"), if r == 0 { init.ptr() } else { fin.ptr() }, "range {r}");
             assert_eq!(tensor_at(&l.bound, "final_state"), fin.ptr(), "range {r}");
-            assert_eq!(tensor_at(&l.bound, "q"), q.ptr() + (48 * r * h * D * 2) as u64, "range {r}");
-            assert_eq!(tensor_at(&l.bound, "out"), out.ptr() + (48 * r * hv * D * 2) as u64, "range {r}");
-            assert_eq!(tensor_at(&l.bound, "prep"), ws_end, "range {r}: its workspace part follows the last");
-            ws_end += chunk_workspace_bytes_unsplit(&l.plan).next_multiple_of(16) as u64;
+            assert_eq!(tensor_at(&l.bound, "q"), q.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "out"), out.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "prep"), ws.ptr(), "range {r}: the call's workspace");
+            let window = (scalar_at(&l.bound, "first_chunk"), scalar_at(&l.bound, "end_chunk"));
+            assert_eq!(window, (windows[r].first, windows[r].end), "range {r}: its window");
+            assert_eq!(prep_args.as_slice().iter().filter(|(n, _)| n.ends_with("_chunk")).count(), 2);
+            assert_eq!(l.tokens, [48, 48, 4][r]);
         }
         assert!(
-            ws_end - ws.ptr() <= chunk_workspace_bytes(&plan, &DeviceLimits::H200) as u64,
-            "the parts fit the call's workspace"
+            chunk_workspace_bytes_unsplit(&launches[0].plan) <= chunk_workspace_bytes(&plan, &DeviceLimits::H200),
+            "the ranges fit the call's workspace"
         );
+    }
+
+    /// With prefix caching, every range binds the call's `prefix_lens`, block table and
+    /// checkpoint pool (the windows count the aligned chunks on the device), only the first its
+    /// `read_indices`; the default takes ranges for such a call as for any other.
+    #[test]
+    fn prefix_caching_ranges_bind_the_call_s_tables() {
+        let (t, h, hv) = (16 * RANGE_MIN_CHUNKS * 2, 2, RANGE_MIN_VALUE_HEADS);
+        let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
+        let pool = tv(64, &[3, hv, D, D], DType::F32);
+        let (slots, read, lens) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32), tv(13, &[1], DType::I64));
+        let (table, ckpool) = (tv(14, &[1, 40], DType::I32), tv(128, &[9, hv, D, D], DType::F32));
+        let ws = tv(11, &[1 << 28], DType::F32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.output = Some(&out);
+        args.initial_state = Some(&pool);
+        args.state_indices = Some(&slots);
+        args.read_indices = Some(&read);
+        args.prefix_lens = Some(&lens);
+        (args.checkpoint_every, args.checkpoint_slots, args.checkpoint_pool) = (Some(256), Some(&table), Some(&ckpool));
+        args.workspace = Some(&ws);
+        let plan = plan_chunk(&args).expect("a valid call");
+        let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
+        assert_eq!(tune.ranges, Some(DEFAULT_RANGES));
+        assert!(may_take_ranges(&plan));
+        let (preloaded, _) = crate::chunk::chunk_variants(&plan);
+        let launches = range_launches(&args, &plan, tune, DEFAULT_RANGES, out.ptr(), None).expect("launches");
+        for (r, l) in launches.iter().enumerate() {
+            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
+                .expect("compiles");
+            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            assert_eq!(tensor_at(&l.bound, "prefix_lens"), lens.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "checkpoint_slots"), table.ptr(), "range {r}");
+            assert_eq!(tensor_at(&l.bound, "checkpoints"), ckpool.ptr(), "range {r}");
+            let reads = tensor_at(&l.bound, "read_indices");
+            assert_eq!(reads, if r == 0 { read.ptr() } else { slots.ptr() }, "range {r}: its read slots");
+            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
+        }
     }
 
     /// A call's steps in ranges: each range's preparation on the call's stream, then its chain
@@ -431,7 +498,7 @@ mod tests {
         assert!(e.to_string().contains("one sequence"), "{e}");
     }
 
-    /// The ranges' workspace parts fit the call's own workspace, sized exactly, when the call
+    /// The ranges' workspace fits the call's own workspace, sized exactly, when the call
     /// has few heads (its ranges, longer than a split's threshold, never split): dense in 5
     /// and 4 ranges, and varlen with a `max_seqlen` hint shorter than its one sequence (a
     /// wrong hint: its workspace holds no split tables).
@@ -460,10 +527,10 @@ mod tests {
             let tune = ChunkTuning { ranges: Some(nranges), ..ChunkTuning::of_path(&plan, true) };
             tune.check(&plan).unwrap_or_else(|e| panic!("T = {t}: {e}"));
             let launches = range_launches(&args, &plan, tune, nranges, out.ptr(), Some(fin)).expect("launches");
-            let last = launches.last().expect("ranges");
-            let end = tensor_at(&last.bound, "prep") + chunk_workspace_bytes_unsplit(&last.plan) as u64;
-            let end = end - ws.ptr();
-            assert!(end <= need as u64, "T = {t} in {nranges}: the parts end at byte {end} of {need}");
+            for l in &launches {
+                let end = tensor_at(&l.bound, "prep") + chunk_workspace_bytes_unsplit(&l.plan) as u64 - ws.ptr();
+                assert!(end <= need as u64, "T = {t} in {nranges}: the workspace ends at byte {end} of {need}");
+            }
         }
     }
 

@@ -85,8 +85,7 @@ impl ChunkTuning {
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = chains <= prepared_max_chains(device);
-        // Prefix caching takes no token ranges (`check_ranges` says why).
-        let ranges = if prepared && !plan.prefix.active() { eligibility::default_ranges(plan) } else { None };
+        let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
 

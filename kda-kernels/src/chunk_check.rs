@@ -350,7 +350,7 @@ fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
 /// states start as NaN, a pool as `x` gives it.
 pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkOutputs, String> {
     use crate::chunk_merge::{chunk_finish, chunk_merge};
-    use crate::chunk_segments::{max_segments, simulate_segments, SegmentPositions};
+    use crate::chunk_segments::{max_segments, simulate_segments, ScheduleInputs, SegmentPositions};
     use crate::chunk_split::split_configs;
     let c = split_configs(cfg);
     let nseq = x.sequences();
@@ -358,7 +358,8 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
     let indices = x.state_indices.clone().unwrap_or_else(|| vec![0]);
     let cu = x.cu_seqlens.clone().unwrap_or_else(|| vec![0]);
     let lens = x.prefix.as_ref().map_or(vec![0], |p| p.lens.clone());
-    let tab = simulate_segments(&c.segments, &cu, x.t, nseq, &indices, pool_slots, &lens, seg)?;
+    let schedule = ScheduleInputs { cu: &cu, t: x.t, nseq, indices: &indices, pool: pool_slots, prefix_lens: &lens };
+    let tab = simulate_segments(&c.segments, &schedule, seg)?;
     let ns = max_segments(nseq, x.b * x.t, seg);
     let state = x.hv * D * D;
     // The segments as a varlen batch over the same token rows, their states in the tables;

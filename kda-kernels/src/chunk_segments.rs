@@ -239,23 +239,30 @@ pub struct SegmentTables {
     pub seg_rows: Vec<i64>,
 }
 
-/// Runs the schedule in the block simulator for `nseq` sequences (`cu` their `cu_seqlens`
-/// when varlen), `t` tokens (each, dense; in all, varlen), `indices` their pool slots in a
-/// pool of `pool` slots (with `cfg.pool`), `prefix_lens` their prefixes (with
-/// [`SegmentPositions::PrefixLens`]), cut every `seg` tokens. Tables start poisoned.
-pub fn simulate_segments(
-    cfg: &SegmentsConfig,
-    cu: &[i64],
-    t: usize,
-    nseq: usize,
-    indices: &[i64],
-    pool: usize,
-    prefix_lens: &[i64],
-    seg: usize,
-) -> Result<SegmentTables, String> {
+/// A call's sequences as the schedule reads them, for [`simulate_segments`].
+#[derive(Clone, Copy, Debug)]
+pub struct ScheduleInputs<'a> {
+    /// `cu_seqlens` (varlen) or a placeholder.
+    pub cu: &'a [i64],
+    /// Tokens: each sequence's (dense) or in all (varlen).
+    pub t: usize,
+    /// Sequences.
+    pub nseq: usize,
+    /// Pool slots (with `cfg.pool`) or a placeholder.
+    pub indices: &'a [i64],
+    /// Slots of the pool.
+    pub pool: usize,
+    /// `prefix_lens` (with [`SegmentPositions::PrefixLens`]) or a placeholder.
+    pub prefix_lens: &'a [i64],
+}
+
+/// Runs the schedule in the block simulator for the call `x`, cut every `seg` tokens. Tables
+/// start poisoned.
+pub fn simulate_segments(cfg: &SegmentsConfig, x: &ScheduleInputs, seg: usize) -> Result<SegmentTables, String> {
     use crate::check::{simulate, tensor_values};
     use kda_dsl::sim::SimArg;
     let def = chunk_segments(cfg).map_err(|e| e.to_string())?;
+    let ScheduleInputs { cu, t, nseq, indices, pool, prefix_lens } = *x;
     let tokens = if cfg.varlen.is_some() { t } else { nseq * t };
     let ns = max_segments(nseq, tokens, seg);
     let ints = |v: &[i64], d: DType| -> Vec<u8> {
@@ -307,6 +314,12 @@ pub fn simulate_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `nseq` sequences over `t` tokens (`cu` their `cu_seqlens` when varlen), no pool, no
+    /// prefixes.
+    fn sequences(cu: &[i64], t: usize, nseq: usize) -> ScheduleInputs<'_> {
+        ScheduleInputs { cu, t, nseq, indices: &[0], pool: 1, prefix_lens: &[0] }
+    }
 
     /// The tables a host computes from the same lengths: what the kernel must write.
     fn host_tables(rows: &[(i64, i64)], alive: &[bool], ns: usize, seg: i64) -> SegmentTables {
@@ -366,8 +379,8 @@ mod tests {
         let ns = max_segments(lens.len(), t, seg as usize);
         for positions in [SegmentPositions::PrefixLens(DType::I64), SegmentPositions::FromZero] {
             let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: None, positions };
-            let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, &prefixes, seg as usize)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let x = ScheduleInputs { prefix_lens: &prefixes, ..sequences(&cu, t, lens.len()) };
+            let got = simulate_segments(&cfg, &x, seg as usize).unwrap_or_else(|e| panic!("{e}"));
             let mut want = host_tables(&rows, &[true; 4], ns, seg);
             for (n, &(start, end)) in rows.iter().enumerate() {
                 let prefix = if positions == SegmentPositions::FromZero { 0 } else { prefixes[n].max(0) };
@@ -397,7 +410,7 @@ mod tests {
         let rows: Vec<(i64, i64)> = cu.windows(2).map(|w| (w[0], w[1])).collect();
         for index in [DType::I32, DType::I64] {
             let cfg = SegmentsConfig { varlen: Some(index), ..SegmentsConfig::default() };
-            let got = simulate_segments(&cfg, &cu, t, lens.len(), &[0], 1, &[0], seg).unwrap_or_else(|e| panic!("{e}"));
+            let got = simulate_segments(&cfg, &sequences(&cu, t, lens.len()), seg).unwrap_or_else(|e| panic!("{e}"));
             let ns = max_segments(lens.len(), t, seg);
             assert_same(&got, &host_tables(&rows, &[true; 8], ns, seg as i64));
         }
@@ -409,7 +422,7 @@ mod tests {
     fn dense_schedule_over_several_scan_tiles() {
         let (nseq, t, seg) = (SCAN_TILE + 3, 48, 16);
         let rows: Vec<(i64, i64)> = (0..nseq as i64).map(|n| (n * t as i64, (n + 1) * t as i64)).collect();
-        let got = simulate_segments(&SegmentsConfig::default(), &[0], t, nseq, &[0], 1, &[0], seg)
+        let got = simulate_segments(&SegmentsConfig::default(), &sequences(&[0], t, nseq), seg)
             .unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(nseq, nseq * t, seg);
         assert_same(&got, &host_tables(&rows, &vec![true; nseq], ns, seg as i64));
@@ -424,7 +437,12 @@ mod tests {
         let indices = [2i64, -1, 7];
         let rows: Vec<(i64, i64)> = cu.windows(2).map(|w| (w[0], w[1])).collect();
         let cfg = SegmentsConfig { varlen: Some(DType::I32), pool: Some(DType::I64), ..SegmentsConfig::default() };
-        let got = simulate_segments(&cfg, &cu, 57, 3, &indices, 4, &[0], seg).unwrap_or_else(|e| panic!("{e}"));
+        let got = simulate_segments(
+            &cfg,
+            &ScheduleInputs { cu: &cu, t: 57, nseq: 3, indices: &indices, pool: 4, prefix_lens: &[0] },
+            seg,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(3, 57, seg);
         assert_same(&got, &host_tables(&rows, &[true, false, false], ns, seg as i64));
     }
@@ -434,7 +452,7 @@ mod tests {
     #[test]
     fn overlapping_cu_seqlens_stays_in_bounds() {
         let cfg = SegmentsConfig { varlen: Some(DType::I32), ..SegmentsConfig::default() };
-        let got = simulate_segments(&cfg, &[0, 64, 0, 64], 64, 3, &[0], 1, &[0], 16).unwrap_or_else(|e| panic!("{e}"));
+        let got = simulate_segments(&cfg, &sequences(&[0, 64, 0, 64], 64, 3), 16).unwrap_or_else(|e| panic!("{e}"));
         let ns = max_segments(3, 64, 16);
         assert_eq!(got.seg_first[3], ns as i64, "every slot used, no more");
         assert_eq!(got.live.len(), ns);

@@ -4,9 +4,11 @@
 use std::time::Instant;
 
 use kda_dsl::DType;
-use kda_kernels::chunk::{ChunkConfig, ChunkOperands, ChunkStates};
+use kda_kernels::chunk::{ChunkConfig, ChunkOperands, ChunkStates, PrefixCaching};
 use kda_kernels::chunk_check::{compare_chunk, tolerance};
-use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
+use kda_kernels::chunk_ref::{
+    chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths, PrefixSpec,
+};
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
     chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_tuned_workspace_bytes, chunk_workspace_bytes, plan_chunk,
@@ -298,6 +300,9 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     let split = |seg| ChunkTuning { split: Some(seg), ..fused };
     // Segments of the varlen split row: the default's at full size.
     let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };
+    // Prefix caching rows: the pool, `prefix_lens` and checkpoints through a block table.
+    let pool_i32 = ChunkStates::Pool { indices: I32, has_initial: Some(I32) };
+    let caching = PrefixCaching { prefix_lens: Some(I32), checkpoint_slots: Some(I32), ..Default::default() };
     vec![
         ChunkCase {
             name: format!("chunk B=2 T={t_dense} H={h_dense} bf16, f32 state in and out"),
@@ -415,6 +420,33 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: Some(four_ranges),
         },
         ChunkCase {
+            name: format!("chunk B=1 T={} prefix caching, checkpoints every 64, 4 token ranges", t_split + 9),
+            cfg: ChunkConfig { states: pool_i32, prefix: caching, ..d.clone() },
+            spec: ChunkSpec {
+                lengths: Lengths::Dense { b: 1, t: t_split + 9 },
+                h: 2,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 3 },
+                prefix: Some(PrefixSpec { every: 64, cols: (t_split + 9 + 33) / 64 + 1 }),
+                ..ChunkSpec::default()
+            },
+            tune: Some(four_ranges),
+        },
+        ChunkCase {
+            name: format!("chunk split every {seg_varlen} tokens, prefix caching, bf16 pool"),
+            cfg: ChunkConfig { state_dtype: BF16, varlen: Some(I32), states: pool_i32, prefix: caching, ..d.clone() },
+            spec: ChunkSpec {
+                lengths: Lengths::Varlen(vec![3 * seg_varlen + 5, 17, 2 * seg_varlen + 1, 0, 40, 3 * seg_varlen]),
+                h: 2,
+                hv: 4,
+                initial: InitialSpec::Pool { slots: 8 },
+                state_dtype: BF16,
+                prefix: Some(PrefixSpec { every: 64, cols: 3 * seg_varlen / 64 + 2 }),
+                ..ChunkSpec::default()
+            },
+            tune: Some(split(seg_varlen)),
+        },
+        ChunkCase {
             name: format!("chunk split every {} tokens, B=2 T={t_split} H=2 HV=4", t_split / 8),
             cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_split }, h: 2, hv: 4, ..init },
@@ -457,8 +489,9 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
         match run(false).and_then(|fused| Ok((run(true)?, fused))) {
             Ok(((prepared, split_ws), (got, split))) => {
                 let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-                let same =
-                    bits(&prepared.out) == bits(&got.out) && bits(&prepared.final_state) == bits(&got.final_state);
+                let same = bits(&prepared.out) == bits(&got.out)
+                    && bits(&prepared.final_state) == bits(&got.final_state)
+                    && bits(&prepared.checkpoints) == bits(&got.checkpoints);
                 // A split differs from the unsplit chain by rounding: with a workspace alone
                 // (the API's default split), the two runs are compared with the reference only.
                 let alike = split_ws == split;

@@ -71,6 +71,12 @@ impl ChunkShape {
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
     /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
     pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1 };
+    /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
+    /// value rows of the state as `wgmma` accumulators, which feed the next products as their
+    /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
+    /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 220 and neither. Not yet
+    /// measured against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Hopper").
+    pub const HOPPER: ChunkShape = ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0 };
 }
 
 pub use crate::rules::Beta;

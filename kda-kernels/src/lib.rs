@@ -115,6 +115,36 @@ pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
     variant_of("chunk", cfg, chunk::ChunkConfig::key, chunk::chunk)
 }
 
+/// The sm_90a variant of a chunk config (shipped when it is one of [`hopper_chunk_configs`],
+/// the first the default on sm_90a).
+pub fn hopper_chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
+    let default = hopper_chunk_configs().first() == Some(&cfg);
+    let v = chunk_variant(cfg);
+    // The target in the name: the same config compiled for sm_80 is another variant.
+    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
+}
+
+/// The variant of a chunk config compiled for `target`: [`hopper_chunk_variant`] on sm_90a,
+/// [`chunk_variant`] otherwise.
+pub fn chunk_variant_on(cfg: chunk::ChunkConfig, target: Target) -> Variant {
+    match target {
+        Target::Sm90a => hopper_chunk_variant(cfg),
+        _ => chunk_variant(cfg),
+    }
+}
+
+/// The chunk configs shipped for sm_90a (compute capability 9.0): the fused ones of
+/// [`chunk_configs`] at [`chunk::ChunkShape::HOPPER`], whose state products take `wgmma` with
+/// the state as the register A operand. The chain over a prepared workspace (2 warps, no whole
+/// warpgroup) and the split's passes keep their sm_80 variants.
+pub fn hopper_chunk_configs() -> Vec<chunk::ChunkConfig> {
+    chunk_configs()
+        .into_iter()
+        .filter(|c| c.preparation == chunk::Preparation::InKernel && c.run == chunk::ChunkRun::Output)
+        .map(|c| chunk::ChunkConfig { shape: chunk::ChunkShape::HOPPER, ..c })
+        .collect()
+}
+
 /// The variant of a chunk-preparation config, which fills the workspace the `chunk` variant
 /// with [`chunk::Preparation::Workspace`] reads; shipped when it is one of
 /// [`chunk_prep_configs`].
@@ -309,6 +339,7 @@ pub fn variants() -> Vec<Variant> {
         .chain(hopper_gemm_configs().into_iter().map(hopper_gemm_variant))
         .chain(decode_configs().into_iter().map(decode_variant))
         .chain(chunk_configs().into_iter().map(chunk_variant))
+        .chain(hopper_chunk_configs().into_iter().map(hopper_chunk_variant))
         .chain(chunk_prep_configs().into_iter().map(chunk_prep_variant))
         .chain(split_kernels_shipped())
         .collect()

@@ -1,10 +1,12 @@
 //! `chunk` in the block simulator against the f64 reference of `chunk_kda`, on small shapes.
 
 use kda_dsl::DType::{BF16, F16, F32, I32, I64};
+use kda_dsl::Target;
 use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, Preparation};
 use kda_kernels::chunk_check::{
-    check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_window, simulate_split, tolerance,
+    check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_on, simulate_chunk_window, simulate_split,
+    tolerance,
 };
 use kda_kernels::chunk_families::chunk_families;
 use kda_kernels::chunk_ref::{chunk_reference, ChunkInputs, ChunkOutputs, ChunkSpec, GateSpec, InitialSpec, Lengths};
@@ -136,15 +138,36 @@ fn sequence_of(x: &ChunkInputs, got: &ChunkOutputs, n: usize) -> (Vec<f64>, Vec<
 /// boundary of the packed tensor; dense B = 3 as row 1).
 #[test]
 fn batch_invariance_bit_for_bit() {
+    batch_invariance_on(Target::Sm80);
+}
+
+/// [`batch_invariance_bit_for_bit`] for the fused kernel on sm_90a, at its Hopper shape.
+#[test]
+fn batch_invariance_bit_for_bit_on_sm_90a() {
+    batch_invariance_on(Target::Sm90a);
+}
+
+/// The fused kernel's shape on `target`.
+fn fused_shape(target: Target) -> ChunkShape {
+    match target {
+        Target::Sm90a => ChunkShape::HOPPER,
+        _ => ChunkShape::FUSED,
+    }
+}
+
+/// The batch-invariance cases of [`batch_invariance_bit_for_bit`], the kernels compiled for
+/// `target`.
+fn batch_invariance_on(target: Target) {
     let x = one_sequence(21, 37);
     // Other sequences: their own token data and initial states, the call's head constants.
     let other = |seed, t| ChunkInputs { a_log: x.a_log.clone(), dt_bias: x.dt_bias.clone(), ..one_sequence(seed, t) };
     let (before, empty, after) = (other(22, 19), other(26, 0), other(23, 5));
     let (row0, row2) = (other(24, 37), other(25, 37));
-    let dense = ChunkConfig::default();
-    let varlen = ChunkConfig { varlen: Some(I32), ..ChunkConfig::default() };
+    let dense = ChunkConfig { shape: fused_shape(target), ..ChunkConfig::default() };
+    let varlen = ChunkConfig { varlen: Some(I32), ..dense.clone() };
+    let run = |cfg: &ChunkConfig, x: &ChunkInputs| simulate_chunk_on(cfg, x, 4, target);
 
-    let alone = simulate_chunk(&dense, &x).unwrap_or_else(|e| panic!("alone: {e}"));
+    let alone = run(&dense, &x).unwrap_or_else(|e| panic!("alone: {e}"));
     let r = compare_chunk(&dense, &x, alone.clone(), &chunk_reference(&x));
     eprintln!("alone: out {:.2e} state {:.2e}", r.out_err, r.state_err);
     assert_eq!(r.bad_elements, 0);
@@ -157,12 +180,36 @@ fn batch_invariance_bit_for_bit() {
         ("varlen 19 | 0 | 37 | 5", &varlen, pack(&[&before, &empty, &x, &after], true), 2),
         ("dense B = 3, row 1", &dense, pack(&[&row0, &x, &row2], false), 1),
     ] {
-        let got = simulate_chunk(cfg, &packed).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = run(cfg, &packed).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(got.out.iter().all(|e| !e.is_nan()), "{name}: unwritten output elements");
         let (out, state) = sequence_of(&packed, &got, n);
         assert!(bits(&out) == bits(&want_out), "{name}: output rows differ from the sequence alone");
         assert!(bits(&state) == bits(&want_state), "{name}: final state differs from the sequence alone");
         eprintln!("{name}: bit-identical to the sequence alone");
+    }
+}
+
+/// The fused kernel on sm_90a (its state products on `wgmma`, at its Hopper shape) and on
+/// sm_80 agree within the f64 reference's tolerance, outputs, states and checkpoints, on a
+/// dense, a varlen pool with checkpoints and a softplus-gate family.
+#[test]
+fn sm_80_and_sm_90a_agree_within_tolerance() {
+    let families = chunk_families();
+    for (i, f) in families.iter().enumerate().filter(|(_, f)| {
+        matches!(
+            f.name,
+            "dense_t37_initial_state" | "varlen_pool_prefix_checkpoints_e16" | "varlen_pool_softplus_raw_beta"
+        )
+    }) {
+        let x = f.inputs(i as u64);
+        let sm80 = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        let hopper = ChunkConfig { shape: ChunkShape::HOPPER, ..f.cfg.clone() };
+        let got = simulate_chunk_on(&hopper, &x, 4, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        let r = compare_chunk(&hopper, &x, got, &sm80);
+        let (to, ts) = tolerance(&f.cfg);
+        assert_eq!((r.bad_elements, r.untouched_changed), (0, 0), "{}", f.name);
+        assert!(r.out_err <= to && r.state_err <= ts, "{}: out {:.2e} state {:.2e}", f.name, r.out_err, r.state_err);
+        eprintln!("{}: sm_90a against sm_80: out {:.2e} state {:.2e}", f.name, r.out_err, r.state_err);
     }
 }
 
@@ -225,7 +272,7 @@ fn decode_tokens(x: &ChunkInputs, t0: usize, n: usize, indices: Vec<i64>, pool: 
 /// slot, and once more as one 3-token call (per-token slots `[slot, s1, s2]`, the state after
 /// the last token in `s2`) that must give the same bits.
 fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
-    let Identity { dtype, state_dtype, gate, beta, operands, seed } = *id;
+    let Identity { dtype, state_dtype, gate, beta, operands, seed, target } = *id;
     const T: usize = 40;
     const PRE: usize = 37;
     let d = 128;
@@ -253,15 +300,18 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
         gate,
         beta,
         operands,
+        shape: fused_shape(target),
         ..ChunkConfig::default()
     };
+    let prefill = |x: &ChunkInputs| simulate_chunk_on(&ccfg, x, 4, target);
     let want = chunk_reference(&whole);
     let name = format!(
-        "{dtype:?} inputs, {state_dtype:?} pool, {gate:?} gate, {beta:?} beta, {operands:?} operands, slot {slot}"
+        "{dtype:?} inputs, {state_dtype:?} pool, {gate:?} gate, {beta:?} beta, {operands:?} operands, slot {slot}, \
+         {target}"
     );
 
     // Path B: prefill of all 40 tokens.
-    let b = simulate_chunk(&ccfg, &whole).unwrap_or_else(|e| panic!("{name}: chunk over {T}: {e}"));
+    let b = prefill(&whole).unwrap_or_else(|e| panic!("{name}: chunk over {T}: {e}"));
     let rb = compare_chunk(&ccfg, &whole, b.clone(), &want);
     assert_eq!((rb.bad_elements, rb.untouched_changed), (0, 0), "{name}: path B writes");
 
@@ -276,7 +326,7 @@ fn prefill_then_decode(id: &Identity) -> [(&'static str, f64); 6] {
         beta: prefix(&whole.beta, 1),
         ..whole.clone()
     };
-    let a_pre = simulate_chunk(&ccfg, &pre).unwrap_or_else(|e| panic!("{name}: chunk over {PRE}: {e}"));
+    let a_pre = prefill(&pre).unwrap_or_else(|e| panic!("{name}: chunk over {PRE}: {e}"));
     let rp = compare_chunk(&ccfg, &pre, a_pre.clone(), &chunk_reference(&pre));
     assert_eq!((rp.bad_elements, rp.untouched_changed), (0, 0), "{name}: path A prefill writes");
     let (to, ts) = tolerance(&ccfg);
@@ -344,6 +394,8 @@ struct Identity {
     beta: Beta,
     operands: ChunkOperands,
     seed: u64,
+    /// The prefill's target (sm_90a: the fused kernel at `ChunkShape::HOPPER`).
+    target: Target,
 }
 
 /// Both paths within 1e-2 of the f64 recurrence; of each other, the f32 states (what the pool
@@ -362,6 +414,7 @@ fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
         beta: Beta::Sigmoid,
         operands: ChunkOperands::F16,
         seed: 31,
+        target: Target::Sm80,
     };
     let mut cases = vec![];
     for seed in [31, 40, 41] {
@@ -374,6 +427,9 @@ fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     // One layer under decode's rules (softplus gate, raw beta) and with negative eigenvalues.
     cases.push(Identity { gate: ChunkGate::Softplus, beta: Beta::Raw, seed: 34, ..base });
     cases.push(Identity { beta: Beta::TwoSigmoid, seed: 35, ..base });
+    // The fused kernel on sm_90a (its state products on `wgmma`), then decode.
+    let hopper = Identity { target: Target::Sm90a, ..base };
+    cases.extend([hopper, Identity { gate: ChunkGate::Softplus, beta: Beta::Raw, seed: 36, ..hopper }]);
     for id in &cases {
         let errs = prefill_then_decode(id);
         let tight = id.state_dtype == F32 && id.operands == ChunkOperands::F16;

@@ -85,7 +85,7 @@ fn with_prefill_calls(mut f: impl FnMut(bool, &dyn Fn())) {
             let plan = plan_chunk(&args).expect("a valid call");
             let tune = crate::chunk::ChunkTuning::of_path(&plan, workspace.is_some());
             let cfg = crate::chunk::chunk_tuned_config(&plan, tune);
-            let ready = kernels.chunk(&cfg).expect("compiles");
+            let ready = kernels.chunk(&cfg, kda_dsl::Target::Sm80).expect("compiles");
             let bound = crate::chunk::bind::kernel_args(&args, &plan, &cfg, out.ptr(), Some(fin)).expect("arguments");
             bind_planned(&ready.kernel, &ready.binding, &bound).expect("binds");
             if tune.prepared {

@@ -94,7 +94,7 @@ pub struct Kernels {
     // Per-call lookups by config, so a launch formats no variant name.
     gemm: Mutex<HashMap<(GemmConfig, Target), Arc<Ready>>>,
     decode: Mutex<HashMap<DecodeConfig, Arc<Ready>>>,
-    chunk: Mutex<HashMap<ChunkConfig, Arc<Ready>>>,
+    chunk: Mutex<HashMap<(ChunkConfig, Target), Arc<Ready>>>,
     chunk_merge: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
     chunk_finish: Mutex<HashMap<MergeConfig, Arc<Ready>>>,
     chunk_segments: Mutex<HashMap<SegmentsConfig, Arc<Ready>>>,
@@ -168,9 +168,9 @@ impl Kernels {
         self.ready(&self.decode, cfg, || kda_kernels::decode_variant(cfg.clone()))
     }
 
-    /// The compiled chunk (prefill) kernel for `cfg` (compiled on first use).
-    pub fn chunk(&self, cfg: &ChunkConfig) -> Result<Arc<Ready>, RuntimeError> {
-        self.ready(&self.chunk, cfg, || kda_kernels::chunk_variant(cfg.clone()))
+    /// The compiled chunk (prefill) kernel for `cfg` on `target` (compiled on first use).
+    pub fn chunk(&self, cfg: &ChunkConfig, target: Target) -> Result<Arc<Ready>, RuntimeError> {
+        self.ready(&self.chunk, &(cfg.clone(), target), || kda_kernels::chunk_variant_on(cfg.clone(), target))
     }
 
     /// The compiled chunk-preparation kernel for `cfg` (compiled on first use).

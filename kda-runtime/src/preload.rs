@@ -28,6 +28,7 @@ use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::kernels::{Kernels, Ready};
 use cudarc::driver::CudaStream;
+use kda_dsl::Target;
 
 /// Compiles and loads on `gpu` every decode variant a call like `args` can pick (the same
 /// dtypes, flags and optional tensors; any batch size, and for varlen calls one or several
@@ -68,10 +69,10 @@ pub fn preload_chunk(
     if may_take_ranges(&plan) || split.is_some() {
         gpu.high_priority_stream()?;
     }
-    let (mut chains, mut preps) = chunk_variants(&plan);
+    let (mut chains, mut preps) = chunk_variants(&plan, &gpu.limits());
     let mut loaded = 0;
     if let Some(c) = split {
-        chains.extend([c.transition, c.from_zeros, c.output]);
+        chains.extend([c.transition, c.from_zeros, c.output].map(|c| (c, Target::Sm80)));
         preps.extend(c.prep);
         load(gpu, kernels, &*kernels.chunk_segments(&c.segments)?)?;
         load(gpu, kernels, &*kernels.chunk_merge(&c.merge)?)?;
@@ -81,8 +82,8 @@ pub fn preload_chunk(
             loaded += 1;
         }
     }
-    for cfg in &chains {
-        load(gpu, kernels, &*kernels.chunk(cfg)?)?;
+    for (cfg, target) in &chains {
+        load(gpu, kernels, &*kernels.chunk(cfg, *target)?)?;
     }
     for p in &preps {
         load(gpu, kernels, &*kernels.chunk_prep(p)?)?;
@@ -145,15 +146,22 @@ mod tests {
                 args.final_state = Some(&fin);
             }
             let plan = plan_chunk(&args).expect("a valid call");
-            let (chains, preps) = chunk_variants(&plan);
-            chains.iter().for_each(|c| check(&kernels.chunk(c).expect("compiles")));
-            preps.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
+            for d in &devices {
+                // The chains a call can pick on `d`: the fused one for sm_90a on an H200.
+                let (chains, preps) = chunk_variants(&plan, d);
+                for (c, target) in &chains {
+                    let ready = kernels.chunk(c, *target).expect("compiles");
+                    ready.fits(d).unwrap_or_else(|e| panic!("{}: {e}", ready.id));
+                }
+                preps.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
+            }
             if let Some(s) = chunk_split_variants(&plan) {
                 check(&kernels.chunk_segments(&s.segments).expect("compiles"));
                 check(&kernels.chunk_merge(&s.merge).expect("compiles"));
                 s.finish.iter().for_each(|f| check(&kernels.chunk_finish(f).expect("compiles")));
                 s.prep.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
-                [s.transition, s.from_zeros, s.output].iter().for_each(|c| check(&kernels.chunk(c).expect("compiles")));
+                let passes = [s.transition, s.from_zeros, s.output];
+                passes.iter().for_each(|c| check(&kernels.chunk(c, Target::Sm80).expect("compiles")));
             }
         }
         // Every variant fits every device its target runs on (sm_90a: compute capability 9.0).

@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -132,19 +132,20 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][fFILL]
-/// [sTOKENS][p[BLOCKS][rRANGES]][b]`: `x` the pipeline's depth in chunks (the path's default
+/// [sTOKENS][p[BLOCKS][rRANGES]][b][h]`: `x` the pipeline's depth in chunks (the path's default
 /// without it), `f` that many fill warps issuing the pipeline's fills, `s`
 /// the exact split into segments of that many tokens, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges, `b` bf16
-/// operands for the state's products (f16 without it); 8x1, 8x2, 4x2
-/// and 4x3 when none is given), over the five bench cases and one with few heads
+/// operands for the state's products (f16 without it), `h` the fused kernel compiled for
+/// sm_90a (`wgmma`; compute capability 9.0); 8x1, 8x2, 4x2, 4x3, 8x1h and 4x2h when none is
+/// given), over the five bench cases and one with few heads
 /// ([`super::chunk_gpu::sweep_prefill_cases`]), optionally only the cases whose name contains
 /// `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
-    let defaults = ["8x1", "8x2", "4x2", "4x3"].map(String::from);
+    let defaults = ["8x1", "8x2", "4x2", "4x3", "8x1h", "4x2h"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));
@@ -167,16 +168,21 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b]`, as
-/// the tuning it names.
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h]`,
+/// as the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b]; {USAGE}");
+    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `b` (bf16 operands for the state's products), `rRANGES` (the two-kernel
+    // From the end: `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
+    // products), `rRANGES` (the two-kernel
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
     // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
     // tokens), `fFILL` (fill warps) and `xSTAGES`.
+    let (a, target) = match a.strip_suffix('h') {
+        Some(rest) => (rest, Target::Sm90a),
+        None => (a, Target::Sm80),
+    };
     let (a, operands) = match a.strip_suffix('b') {
         Some(rest) => (rest, ChunkOperands::Bf16),
         None => (a, ChunkOperands::F16),
@@ -207,7 +213,7 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
     let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps };
-    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands })
+    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
 }
 
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ unless `ab`) compiled for sm_80 and, on
@@ -427,6 +433,7 @@ pub fn time_gemm(
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
+    use kda_dsl::Target;
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
@@ -439,6 +446,7 @@ mod tests {
             prep_blocks,
             ranges,
             operands: ChunkOperands::F16,
+            target: Target::Sm80,
         };
         let cases = [
             ("8x2", tune(shape(8, 2, ChunkShape::FUSED.stages), None, false, None, None)),
@@ -455,11 +463,20 @@ mod tests {
                 },
             ),
             ("8x2b", ChunkTuning { operands: ChunkOperands::Bf16, ..tune(shape(8, 2, 2), None, false, None, None) }),
+            ("8x1h", ChunkTuning { target: Target::Sm90a, ..tune(shape(8, 1, 2), None, false, None, None) }),
+            (
+                "4x2bh",
+                ChunkTuning {
+                    operands: ChunkOperands::Bf16,
+                    target: Target::Sm90a,
+                    ..tune(shape(4, 2, 2), None, false, None, None)
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
-        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb"] {
+        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh"] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");
         }

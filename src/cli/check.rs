@@ -91,9 +91,16 @@ pub fn simulate_all() -> usize {
         let case = format!("chunk/{}", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_chunk(&f.cfg, &f.inputs(i as u64)));
     }
-    // sm_90a: the families whose kernel takes wgmma there, again.
+    // sm_90a: the families whose kernel takes wgmma there, again, the fused ones at the shape
+    // the runtime takes on compute capability 9.0.
     for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
-        let hopper = kda_kernels::chunk::chunk(&f.cfg)
+        let cfg = match f.cfg.preparation {
+            kda_kernels::chunk::Preparation::InKernel => {
+                kda_kernels::chunk::ChunkConfig { shape: kda_kernels::chunk::ChunkShape::HOPPER, ..f.cfg.clone() }
+            }
+            kda_kernels::chunk::Preparation::Workspace => f.cfg.clone(),
+        };
+        let hopper = kda_kernels::chunk::chunk(&cfg)
             .map_err(|e| e.to_string())
             .and_then(|def| kda_kernels::check::takes_wgmma(&def, Target::Sm90a));
         match hopper {
@@ -101,8 +108,7 @@ pub fn simulate_all() -> usize {
             Ok(true) => {
                 let case = format!("chunk/{} {}", f.name, Target::Sm90a);
                 let x = f.inputs(i as u64);
-                failures +=
-                    chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_chunk_on(&f.cfg, &x, Target::Sm90a));
+                failures += chunk_row(&case, &cfg, kda_kernels::chunk_check::check_chunk_on(&cfg, &x, Target::Sm90a));
             }
             Err(e) => {
                 failures += 1;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 use kda_kernels::chunk::{ChunkConfig, ChunkOperands, ChunkStates, PrefixCaching};
 use kda_kernels::chunk_check::{compare_chunk, tolerance};
 use kda_kernels::chunk_ref::{
@@ -232,7 +232,7 @@ pub fn run_chunk_on_gpu(
     t: &ChunkTensors,
     tune: Option<ChunkTuning>,
     prepared: bool,
-) -> Result<(ChunkOutputs, Option<usize>), String> {
+) -> Result<(ChunkOutputs, RunPath), String> {
     let views = t.views();
     let mut args = chunk_args(x, &views);
     let plan = plan_chunk(&args).map_err(|e| e.to_string())?;
@@ -241,6 +241,8 @@ pub fn run_chunk_on_gpu(
         return Err(format!("the call's fused variant is {}, not {}", chosen.key(), cfg.key()));
     }
     let tune = match (tune, prepared) {
+        // The sm_90a fused kernel has no two-kernel form: the API's own path beside it.
+        (Some(t), true) if t.target == Target::Sm90a => None,
         // Token ranges are a form of the two-kernel path: the fused run takes none.
         (Some(t), _) => Some(ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t }),
         (None, false) => Some(ChunkTuning::fused(&plan)),
@@ -250,7 +252,8 @@ pub fn run_chunk_on_gpu(
     let ws = if prepared { Some(poisoned_workspace(gpu, s, &args, tune)?) } else { None };
     let ws_view = ws.as_ref().map(|w| w.view());
     args.workspace = ws_view.as_ref();
-    let split = tune.unwrap_or_else(|| ChunkTuning::for_call(&plan, &gpu.limits())).split;
+    let taken = tune.unwrap_or_else(|| ChunkTuning::for_call(&plan, &gpu.limits()));
+    let path = RunPath { split: taken.split, target: taken.target };
     match tune {
         Some(t) => chunk_kda_tuned(gpu, kernels, s, &args, t),
         None => chunk_kda(gpu, kernels, s, &args),
@@ -266,11 +269,22 @@ pub fn run_chunk_on_gpu(
         Some(c) => from_bytes(&bytes(c)?, cfg.state_dtype),
         None => vec![],
     };
-    Ok((ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state, checkpoints }, split))
+    Ok((ChunkOutputs { out: from_bytes(&bytes(&t.out)?, cfg.dtype), final_state, checkpoints }, path))
+}
+
+/// What a conformance run took that changes its rounding: the split (its segment length) and
+/// the fused kernel's target. Runs that differ in either agree within tolerance, not in bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunPath {
+    /// The split's segment length, if split.
+    pub split: Option<usize>,
+    /// The fused kernel's target.
+    pub target: Target,
 }
 
 /// One prefill conformance case: what the API must pick for the spec, and a launch shape that
 /// overrides its choice (token ranges, or the split at a chosen segment length).
+#[derive(Clone)]
 struct ChunkCase {
     name: String,
     cfg: ChunkConfig,
@@ -295,6 +309,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
         prep_blocks: None,
         ranges: None,
         operands: ChunkOperands::F16,
+        target: Target::Sm80,
     };
     let four_ranges = ChunkTuning { prepared: true, ranges: Some(4), ..fused };
     let split = |seg| ChunkTuning { split: Some(seg), ..fused };
@@ -473,12 +488,39 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
     ]
 }
 
-/// Runs the prefill conformance cases; returns the number of failures.
+/// The cases again with the fused kernel compiled for sm_90a (`wgmma`), on compute capability
+/// 9.0: each of them whose API run is its own choice, at [`ChunkShape::HOPPER`].
+fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
+    cases
+        .iter()
+        .filter(|c| c.tune.is_none())
+        .map(|c| ChunkCase {
+            name: format!("{} sm_90a", c.name),
+            tune: Some(ChunkTuning {
+                shape: ChunkShape::HOPPER,
+                split: None,
+                prepared: false,
+                prep_blocks: None,
+                ranges: None,
+                operands: c.cfg.operands,
+                target: Target::Sm90a,
+            }),
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// Runs the prefill conformance cases (on compute capability 9.0 each also with the sm_90a fused
+/// kernel); returns the number of failures.
 pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scale) -> usize {
     let s = gpu.default_stream();
     let mut failures = 0;
     let quick = scale == super::gpu_checks::Scale::Quick;
-    for (i, ChunkCase { name, cfg, spec, tune }) in chunk_cases(quick).into_iter().enumerate() {
+    let mut cases = chunk_cases(quick);
+    if gpu.limits().target().is_ok_and(|t| t == Target::Sm90a) {
+        cases.extend(hopper_cases(&cases));
+    }
+    for (i, ChunkCase { name, cfg, spec, tune }) in cases.into_iter().enumerate() {
         let x = ChunkInputs::random(&mut Rng::new(100 + i as u64), &spec);
         // Each path on fresh tensors: the pool is updated in place.
         let run = |prepared: bool| {
@@ -487,14 +529,15 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                 .and_then(|t| run_chunk_on_gpu(gpu, kernels, &s, &cfg, &x, &t, tune, prepared))
         };
         match run(false).and_then(|fused| Ok((run(true)?, fused))) {
-            Ok(((prepared, split_ws), (got, split))) => {
+            Ok(((prepared, path_ws), (got, path))) => {
                 let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
                 let same = bits(&prepared.out) == bits(&got.out)
                     && bits(&prepared.final_state) == bits(&got.final_state)
                     && bits(&prepared.checkpoints) == bits(&got.checkpoints);
-                // A split differs from the unsplit chain by rounding: with a workspace alone
-                // (the API's default split), the two runs are compared with the reference only.
-                let alike = split_ws == split;
+                // A split, or another target, differs from the unsplit sm_80 chain by rounding:
+                // with a workspace alone (the API's default split) or an sm_90a fused kernel,
+                // the two runs are compared with the reference only.
+                let alike = path_ws == path;
                 let same = same || !alike;
                 let c = compare_chunk(&cfg, &x, got, &chunk_reference(&x));
                 let (to, ts) = tolerance(&cfg);
@@ -510,7 +553,7 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
                     c.bad_elements,
                     c.untouched_changed,
                     match (alike, same) {
-                        (false, _) => "split, within tolerance",
+                        (false, _) => "another split or target, within tolerance",
                         (true, true) => "bit-identical",
                         (true, false) => "DIFFERS",
                     }

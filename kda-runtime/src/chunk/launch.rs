@@ -186,7 +186,8 @@ fn launch_plan(
         (None, None) => {
             let cfg = chunk_tuned_config(plan, tune);
             let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
-            run_steps(gpu, kernels, stream, prepared::chain_steps(plan, cfg, bound, tune.prep_blocks).iter().flatten())?
+            let steps = prepared::chain_steps(plan, cfg, tune.target, bound, tune.prep_blocks);
+            run_steps(gpu, kernels, stream, steps.iter().flatten())?
         }
     }
     Ok(ChunkResult { output, final_state })

@@ -3,6 +3,7 @@
 //! parallel over chunks, and the `chunk` variant with `Preparation::Workspace` then runs each
 //! sequence's chain over them (`chunk_prep.rs`).
 
+use kda_dsl::Target;
 use kda_kernels::chunk::{ChunkConfig, Preparation};
 use kda_kernels::chunk_prep::PrepConfig;
 
@@ -42,6 +43,7 @@ pub(crate) fn prep_blocks_over(longest: usize, plan: &ChunkPlan) -> usize {
 pub(super) fn chain_steps(
     plan: &ChunkPlan,
     cfg: ChunkConfig,
+    target: Target,
     bound: ChunkKernelArgs,
     blocks: Option<usize>,
 ) -> [Option<Step>; 2] {
@@ -50,7 +52,7 @@ pub(super) fn chain_steps(
         args: bound,
         blocks: blocks.unwrap_or_else(|| prep_blocks(plan)),
     });
-    [prepare, Some(Step::Chain { lane: Lane::Call, cfg, args: bound })]
+    [prepare, Some(Step::Chain { lane: Lane::Call, cfg, target, args: bound })]
 }
 
 #[cfg(test)]
@@ -89,7 +91,7 @@ mod tests {
         {
             let cfg = chunk_tuned_config(&plan, ChunkTuning::of_path(&plan, prepared));
             let bound = kernel_args(&args, &plan, &cfg, out.ptr(), None).expect("arguments");
-            let steps: Vec<Step> = chain_steps(&plan, cfg, bound, blocks).into_iter().flatten().collect();
+            let steps: Vec<Step> = chain_steps(&plan, cfg, Target::Sm80, bound, blocks).into_iter().flatten().collect();
             let got = match &steps[..] {
                 [Step::Chain { lane: Lane::Call, .. }] => None,
                 [Step::Prepare { blocks, .. }, Step::Chain { lane: Lane::Call, .. }] => Some(*blocks),

@@ -32,7 +32,7 @@ use super::tuning::{chunk_tuned_config, ChunkTuning};
 use crate::error::RuntimeError;
 use crate::launch::KernelArg;
 use crate::tensor::TensorView;
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 /// Head dimension (K = V).
@@ -310,7 +310,7 @@ pub(super) fn steps_over(
         let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&output.0));
         steps.push(Step::Prepare { cfg: PrepConfig::of(&c.output), args: output.1, blocks });
     }
-    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), args };
+    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), target: Target::Sm80, args };
     // The transitions do not depend on the states from zeros: they run beside them, and the
     // merge waits for both.
     steps.extend([

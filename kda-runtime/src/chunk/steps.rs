@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
+use kda_dsl::Target;
 use kda_kernels::chunk::ChunkConfig;
 use kda_kernels::chunk_merge::MergeConfig;
 use kda_kernels::chunk_prep::PrepConfig;
@@ -49,6 +50,8 @@ pub(crate) enum Step {
         lane: Lane,
         /// Its variant.
         cfg: ChunkConfig,
+        /// The target it is compiled for.
+        target: Target,
         /// Its arguments.
         args: ChunkKernelArgs,
     },
@@ -94,9 +97,9 @@ pub(crate) fn run_steps<'a>(
     };
     for step in steps {
         match step {
-            Step::Chain { lane, cfg, args } => {
+            Step::Chain { lane, cfg, target, args } => {
                 let s = on(*lane)?;
-                launch_ready(gpu, kernels, s.as_deref().unwrap_or(stream), &*kernels.chunk(cfg)?, args)?
+                launch_ready(gpu, kernels, s.as_deref().unwrap_or(stream), &*kernels.chunk(cfg, *target)?, args)?
             }
             Step::Prepare { cfg, args, blocks } => {
                 let ready = kernels.chunk_prep(cfg)?;
@@ -132,12 +135,15 @@ fn launch_ready(
 #[cfg(test)]
 pub(crate) fn assert_steps_bind(steps: &[Step]) {
     use crate::launch::bind_args;
-    let compile = |def: Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>| {
-        kda_dsl::compile(def.expect("builds"), kda_dsl::Target::Sm80).expect("compiles")
+    let compile_on = |def: Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>, target| {
+        kda_dsl::compile(def.expect("builds"), target).expect("compiles")
     };
+    let compile = |def| compile_on(def, Target::Sm80);
     for (i, step) in steps.iter().enumerate() {
         let bound = match step {
-            Step::Chain { cfg, args, .. } => bind_args(&compile(kda_kernels::chunk::chunk(cfg)), args),
+            Step::Chain { cfg, target, args, .. } => {
+                bind_args(&compile_on(kda_kernels::chunk::chunk(cfg), *target), args)
+            }
             Step::Prepare { cfg, args, blocks } => {
                 let kernel = compile(kda_kernels::chunk_prep::chunk_prep(cfg));
                 let prep = preparation_args(&kernel, args, *blocks).expect("preparation arguments");

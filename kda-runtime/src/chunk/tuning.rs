@@ -4,7 +4,7 @@
 //! kernel variants a path runs ([`chunk_tuned_config`], [`chunk_variants`]).
 
 use kda_dsl::tile::FILL_WARPS_MAX;
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 use kda_kernels::chunk::{ChunkConfig, ChunkStates, Preparation};
 pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::PrepConfig;
@@ -60,6 +60,13 @@ pub struct ChunkTuning {
     /// and states stay below f16's 65504), without it [`ChunkOperands::Bf16`] (f32's range at
     /// 8 significant bits). Either runs at the same speed.
     pub operands: ChunkOperands,
+    /// The fused kernel's PTX target: [`Target::Sm80`], which runs on every device from compute
+    /// capability 8.0, or [`Target::Sm90a`], compute capability 9.0 alone, whose state products
+    /// take `wgmma` with the state as their register A operand (at [`ChunkShape::HOPPER`]).
+    /// [`ChunkTuning::for_call`] takes sm_90a for the fused kernel on 9.0. The two-kernel path,
+    /// token ranges and the split run sm_80 kernels (their 2-warp chains hold no warpgroup), so
+    /// sm_90a with them is refused; on another device it is an error naming `gpu`.
+    pub target: Target,
 }
 
 /// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path:
@@ -85,8 +92,16 @@ impl ChunkTuning {
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = chains <= prepared_max_chains(device);
+        if !prepared && device.target().is_ok_and(|t| t == Target::Sm90a) {
+            return ChunkTuning::hopper(plan);
+        }
         let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
+    }
+
+    /// The fused kernel for sm_90a ([`ChunkTuning::target`]) at [`ChunkShape::HOPPER`].
+    pub fn hopper(plan: &ChunkPlan) -> ChunkTuning {
+        ChunkTuning { shape: ChunkShape::HOPPER, target: Target::Sm90a, ..ChunkTuning::fused(plan) }
     }
 
     /// Whether a planned call can run so: the shape in range, and the split, the preparation
@@ -103,6 +118,9 @@ impl ChunkTuning {
             return bad(&format!(
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
+        }
+        if self.target == Target::Sm90a && (self.prepared || self.split.is_some()) {
+            return bad("the sm_90a target for the fused kernel alone (no two-kernel path, ranges or split)");
         }
         if let Some(seg) = self.split {
             eligibility::check_split(plan, seg, "tune")?;
@@ -121,13 +139,13 @@ impl ChunkTuning {
         ChunkTuning::of_path(plan, false)
     }
 
-    /// Each path at its shape: [`ChunkShape::PREPARED`] for the chain over a prepared
+    /// Each path at its shape on sm_80: [`ChunkShape::PREPARED`] for the chain over a prepared
     /// workspace, [`ChunkShape::FUSED`] otherwise; the call's operands
     /// ([`default_operands`]).
     pub(crate) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
         let operands = default_operands(plan);
-        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands }
+        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands, target: Target::Sm80 }
     }
 }
 
@@ -143,24 +161,31 @@ pub fn default_operands(plan: &ChunkPlan) -> ChunkOperands {
     }
 }
 
-/// The chain's kernel variant a validated call runs on `device`.
-pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
-    chunk_tuned_config(plan, ChunkTuning::for_call(plan, device))
+/// The chain's kernel variant a validated call runs on `device`, and the target it is
+/// compiled for ([`ChunkTuning::target`]).
+pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> (ChunkConfig, Target) {
+    let tune = ChunkTuning::for_call(plan, device);
+    (chunk_tuned_config(plan, tune), tune.target)
 }
 
-/// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick,
-/// whatever its batch: the fused kernel, the chain over prepared operands (taken at most
-/// [`prepared_max_chains`] chains); for a call that can take token ranges also
-/// the form the ranges after the first take (from the final states, or from the pool without
-/// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
-/// the preparations they need.
-pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
-    let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
+/// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
+/// on `device`, whatever its batch, with the target it is compiled for: the fused kernel (on
+/// compute capability 9.0 its sm_90a form, [`ChunkTuning::hopper`]), the chain over prepared
+/// operands (taken at most [`prepared_max_chains`] chains); for a call that can take token
+/// ranges also the form the ranges after the first take (from the final states, or from the
+/// pool without `has_initial_state`) and, varlen, the dense forms of both (the ranges are
+/// dense calls); and the preparations they need.
+pub fn chunk_variants(plan: &ChunkPlan, device: &DeviceLimits) -> (Vec<(ChunkConfig, Target)>, Vec<PrepConfig>) {
+    let fused = match device.target() {
+        Ok(Target::Sm90a) => (chunk_tuned_config(plan, ChunkTuning::hopper(plan)), Target::Sm90a),
+        _ => (chunk_tuned_config(plan, ChunkTuning::of_path(plan, false)), Target::Sm80),
+    };
     let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
     let mut chains = vec![fused];
     let mut preps = vec![PrepConfig::of(&prepared)];
+    let on_sm80 = |configs: Vec<ChunkConfig>| configs.into_iter().map(|c| (c, Target::Sm80));
     if !eligibility::may_take_ranges(plan) {
-        chains.push(prepared);
+        chains.extend(on_sm80(vec![prepared]));
         return (chains, preps);
     }
     // Token ranges after the first start from the state the one before left: the pool without
@@ -178,7 +203,7 @@ pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
         preps.push(PrepConfig::of(&dense[0]));
         range_chains.extend(dense);
     }
-    chains.extend(range_chains);
+    chains.extend(on_sm80(range_chains));
     (chains, preps)
 }
 
@@ -246,6 +271,38 @@ mod tests {
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
         refused(ChunkTuning { ranges: Some(1), ..ok }, "at least 2 ranges");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
+        let hopper = ChunkTuning::hopper(&plan);
+        hopper.check(&plan).expect("the sm_90a fused kernel");
+        refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for the fused kernel alone");
+        refused(ChunkTuning { split: Some(64), ..hopper }, "sm_90a target for the fused kernel alone");
+    }
+
+    /// The target function: a call the fused kernel runs takes its sm_90a form on compute
+    /// capability 9.0 alone (Ampere, Ada and Blackwell run the sm_80 PTX), at the Hopper shape;
+    /// a call of few chains takes the two-kernel path on sm_80 everywhere; the variants a call
+    /// can pick (what `preload_chunk` loads) follow the device.
+    #[test]
+    fn the_fused_kernel_takes_sm_90a_on_compute_capability_9_0_alone() {
+        let plan_of = |b: usize| {
+            let [q, k, v, g, beta] = dense_bf16_inputs(b, 64, 2);
+            plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call")
+        };
+        let (many, few) = (plan_of(400), plan_of(2));
+        for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            let device = DeviceLimits { compute_capability: cc, ..DeviceLimits::H200 };
+            let hopper = cc == (9, 0);
+            let fused = ChunkTuning::for_call(&many, &device);
+            assert!(!fused.prepared, "{cc:?}: 800 chains take the fused kernel");
+            let (target, shape) =
+                if hopper { (Target::Sm90a, ChunkShape::HOPPER) } else { (Target::Sm80, ChunkShape::FUSED) };
+            assert_eq!((fused.target, fused.shape), (target, shape), "{cc:?}");
+            fused.check(&many).unwrap_or_else(|e| panic!("{cc:?}: {e}"));
+            let two = ChunkTuning::for_call(&few, &device);
+            assert!(two.prepared && two.target == Target::Sm80, "{cc:?}: {two:?}");
+            let (chains, _) = chunk_variants(&many, &device);
+            assert_eq!(chains[0], (chunk_tuned_config(&many, fused), target), "{cc:?}: the fused variant loaded");
+            assert!(chains[1..].iter().all(|(_, t)| *t == Target::Sm80), "{cc:?}");
+        }
     }
 
     /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
@@ -268,7 +325,10 @@ mod tests {
             ChunkOperands::Bf16,
             "without l2norm"
         );
-        assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
+        assert!(
+            chunk_variants(&unnormalized, &DeviceLimits::H200).0.iter().all(|(c, _)| c.operands == ChunkOperands::Bf16),
+            "preloads"
+        );
         args.use_qk_l2norm_in_kernel = None;
         for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
             tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));

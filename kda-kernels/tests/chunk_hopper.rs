@@ -1,0 +1,105 @@
+//! The prefill's fused kernel on sm_90a, as the assembler sees it: its state products on
+//! `wgmma` with the state as the register A operand, the state never in shared memory, and
+//! what ptxas and cuobjdump make of it.
+
+use std::collections::HashSet;
+
+use kda_dsl::Target;
+
+#[path = "../../kda-dsl/tests/support/assemble.rs"]
+mod assemble;
+
+/// The default sm_90a chunk variant's PTX (what `kda emit chunk --target sm_90a` prints).
+fn hopper_ptx() -> String {
+    let cfg = kda_kernels::hopper_chunk_configs().remove(0);
+    assert_eq!(cfg.shape, kda_kernels::chunk::ChunkShape::HOPPER);
+    kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx
+}
+
+/// The registers between the first `{` and `}` of a PTX instruction.
+fn braced(line: &str) -> Vec<String> {
+    let (Some(a), Some(b)) = (line.find('{'), line.find('}')) else { return vec![] };
+    line[a + 1..b].split(',').map(|r| r.trim().to_string()).collect()
+}
+
+/// The registers an instruction reads (its operands after the destination).
+fn sources(line: &str) -> Vec<String> {
+    let ops = line.split_once(char::is_whitespace).map_or("", |(_, rest)| rest);
+    ops.split(|c: char| !(c.is_ascii_alphanumeric() || c == '%' || c == '_'))
+        .filter(|t| t.starts_with('%'))
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The state's update is one `wgmma` m64n128k16 per warpgroup whose accumulator is the state
+/// (128 value rows over two warpgroups, 64 f32 registers a thread); the state feeds the other
+/// state products as their register A operand (`W = S kdᵀ` and the output's `S qdᵀ`, m64n16k16
+/// over K = 128, packed to 16-bit pairs in registers); and no `st.shared` stores the state or
+/// anything moved or converted from it: the state never reaches shared memory.
+#[test]
+fn the_state_is_a_wgmma_accumulator_and_never_reaches_shared_memory() {
+    let ptx = hopper_ptx();
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let update: Vec<&&str> =
+        lines.iter().filter(|l| l.starts_with("wgmma.mma_async") && l.contains("m64n128k16")).collect();
+    assert_eq!(update.len(), 1, "one state update per chunk");
+    let state: HashSet<String> = braced(update[0]).into_iter().collect();
+    assert_eq!(state.len(), 64, "64 accumulator registers a thread");
+    // Everything moved or converted from the state, transitively.
+    let mut derived = state.clone();
+    loop {
+        let before = derived.len();
+        for l in lines.iter().filter(|l| l.starts_with("mov.") || l.starts_with("cvt.")) {
+            let dst = l.split_whitespace().nth(1).map(|d| d.trim_end_matches(',').to_string());
+            if let Some(d) = dst.filter(|_| sources(l).iter().any(|r| derived.contains(r))) {
+                derived.insert(d);
+            }
+        }
+        if derived.len() == before {
+            break;
+        }
+    }
+    // The state's 16-bit pairs are the A operands of the products over K = 128.
+    let from_registers: Vec<&&str> =
+        lines.iter().filter(|l| l.starts_with("wgmma.mma_async") && l.contains("m64n16k16")).collect();
+    let packed_state = from_registers
+        .iter()
+        .filter(|l| l.matches('{').count() == 2)
+        .filter(|l| {
+            let second = &l[l.find('}').expect("an accumulator") + 1..];
+            braced(second).iter().all(|r| derived.contains(r))
+        })
+        .count();
+    assert_eq!(packed_state, 16, "W = S kdᵀ and S qdᵀ: 8 K-steps each with the state as A");
+    let stored: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("st.shared"))
+        .filter(|l| sources(l).iter().any(|r| derived.contains(r)))
+        .collect();
+    assert!(stored.is_empty(), "the state reaches shared memory: {stored:?}");
+}
+
+/// ptxas assembles the sm_90a kernel without spills and without serializing its `wgmma`s
+/// (C7512, C7515); its SASS has the Hopper `HGMMA`s of the state products (64 x 16 and the
+/// 64 x 128 update). The key products of the chunk (16 x 16, one warp's rows) stay `HMMA`.
+/// ptxas from `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a
+/// line saying so without them, failed when `KDA_REQUIRE_PTXAS` is set.
+#[test]
+fn the_hopper_chunk_kernel_assembles_to_hgmma() {
+    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
+    let (Some(ptxas), Some(cuobjdump)) = (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) else {
+        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
+        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the sm_90a chunk kernel");
+        return;
+    };
+    let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", "hopper_chunk", &hopper_ptx())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let log = done.log;
+    assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
+    assert!(!log.contains("C7512") && !log.contains("C7515"), "{log}");
+    let sass = done.sass.expect("a cuobjdump was given");
+    for op in ["HGMMA.64x16x16.F32", "HGMMA.64x128x16.F32"] {
+        assert!(sass.contains(op), "no {op} in the SASS");
+    }
+}

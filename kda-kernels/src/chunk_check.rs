@@ -47,7 +47,12 @@ pub fn check_chunk_on(cfg: &ChunkConfig, x: &ChunkInputs, target: Target) -> Res
 /// Runs one call split every `seg` tokens in the simulator ([`simulate_split`]) and compares it
 /// with [`chunk_reference`], per (sequence, value head).
 pub fn check_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkCompare, String> {
-    let got = simulate_split(cfg, x, seg)?;
+    check_split_on(cfg, x, seg, Target::Sm80)
+}
+
+/// [`check_split`] with the split's chunk passes compiled for `target`.
+pub fn check_split_on(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize, target: Target) -> Result<ChunkCompare, String> {
+    let got = simulate_split_on(cfg, x, seg, target)?;
     Ok(compare_chunk(cfg, x, got, &chunk_reference(x)))
 }
 
@@ -349,6 +354,17 @@ fn prefix_args(cfg: &ChunkConfig, x: &ChunkInputs) -> Vec<(String, SimArg)> {
 /// (its preparation says whether the passes read a prepared workspace); the output and final
 /// states start as NaN, a pool as `x` gives it.
 pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<ChunkOutputs, String> {
+    simulate_split_on(cfg, x, seg, Target::Sm80)
+}
+
+/// [`simulate_split`] with the chunk passes (the transitions, the states from zeros and the
+/// output) compiled for `target`; the schedule, the merge and the finish stay sm_80's.
+pub fn simulate_split_on(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    seg: usize,
+    target: Target,
+) -> Result<ChunkOutputs, String> {
     use crate::chunk_merge::{chunk_finish, chunk_merge};
     use crate::chunk_segments::{max_segments, simulate_segments, ScheduleInputs, SegmentPositions};
     use crate::chunk_split::split_configs;
@@ -381,8 +397,9 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
         ..x.clone()
     };
     let poisoned = || vec![f64::NAN; ns * state];
-    let m = simulate_chunk(&c.transition, &segments(&tab.split, poisoned(), None))?.final_state;
-    let h = simulate_chunk(&c.from_zeros, &segments(&tab.split, poisoned(), Some(tab.fresh.clone())))?.final_state;
+    let pass = |cfg: &ChunkConfig, x: &ChunkInputs| simulate_chunk_on(cfg, x, 4, target);
+    let m = pass(&c.transition, &segments(&tab.split, poisoned(), None))?.final_state;
+    let h = pass(&c.from_zeros, &segments(&tab.split, poisoned(), Some(tab.fresh.clone())))?.final_state;
 
     let t = |n: &str, v: &[f64], d: DType| (n.to_string(), SimArg::Tensor(to_bytes(v, d)));
     let i = |n: &str, v: usize| (n.to_string(), SimArg::I32(v as i32));
@@ -424,7 +441,7 @@ pub fn simulate_split(cfg: &ChunkConfig, x: &ChunkInputs, seg: usize) -> Result<
     let starts = tensor_values(&merge_args, "starts", DType::F32);
 
     let rows = positions.then_some(tab.seg_rows.as_slice());
-    let pass4 = simulate_pass(&c.output, &segments(&tab.live, starts, None), 4, Target::Sm80, ChunkWindow::ALL, rows)?;
+    let pass4 = simulate_pass(&c.output, &segments(&tab.live, starts, None), 4, target, ChunkWindow::ALL, rows)?;
     let mut final_state = vec![];
     if let Some(f) = &c.finish {
         let mut args = common;

@@ -45,9 +45,9 @@ pub use cudarc::driver::CudaStream;
 pub use device::{device_count, gpu_available, DeviceLimits, Gpu};
 pub use error::RuntimeError;
 pub use gemm::{gemm, plan_gemm};
-pub use kernels::Kernels;
 /// The PTX target a kernel is compiled for (`ChunkTuning::target`, the GEMM's variant).
 pub use kda_dsl::Target;
+pub use kernels::Kernels;
 pub use launch::{
     bind_args, bind_planned, launch, launch_loaded, launch_planned, BindPlan, BoundArgs, KernelArg, RawArg,
     POINTER_ALIGN,

@@ -155,6 +155,14 @@ pub fn simulate_all() -> usize {
     }) {
         let case = format!("chunk/{}_split_every_16", f.name);
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));
+        // Its fused passes on sm_90a, at the Hopper shape (`ChunkTuning::target`).
+        if matches!(f.name, "varlen_pool_bf16_state_gva4_padding_empty" | "varlen_pool_prefix_checkpoints_e16") {
+            let cfg =
+                kda_kernels::chunk::ChunkConfig { shape: kda_kernels::chunk::ChunkShape::HOPPER, ..f.cfg.clone() };
+            let case = format!("chunk/{}_split_every_16 {}", f.name, Target::Sm90a);
+            let r = kda_kernels::chunk_check::check_split_on(&cfg, &f.inputs(i as u64), 16, Target::Sm90a);
+            failures += chunk_row(&case, &cfg, r);
+        }
     }
     match kda_kernels::selftest::selftests(3) {
         Ok(tests) => {

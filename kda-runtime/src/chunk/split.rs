@@ -32,7 +32,7 @@ use super::tuning::{chunk_tuned_config, ChunkTuning};
 use crate::error::RuntimeError;
 use crate::launch::KernelArg;
 use crate::tensor::TensorView;
-use kda_dsl::{DType, Target};
+use kda_dsl::DType;
 use kda_kernels::chunk_prep::{prep_rows, PrepConfig};
 
 /// Head dimension (K = V).
@@ -310,7 +310,7 @@ pub(super) fn steps_over(
         let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&output.0));
         steps.push(Step::Prepare { cfg: PrepConfig::of(&c.output), args: output.1, blocks });
     }
-    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), target: Target::Sm80, args };
+    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), target: tune.target, args };
     // The transitions do not depend on the states from zeros: they run beside them, and the
     // merge waits for both.
     steps.extend([
@@ -368,6 +368,7 @@ mod tests {
     use crate::chunk::plan::plan_chunk;
     use crate::chunk::testing::tv;
     use crate::device::DeviceLimits;
+    use kda_dsl::Target;
 
     /// Every launch step of a split binds to its compiled kernel, dense and varlen, with and without
     /// initial and final states, with the pool (and prefix caching), for f32 and bf16 states,
@@ -449,6 +450,19 @@ mod tests {
                 assert_eq!(tensor(&output[..], "segment_rows"), Some(tables.seg_rows.ptr()));
                 assert_eq!(tensor(&output[..], "checkpoints"), Some(ckpool.ptr()));
                 assert_eq!(tensor(&output[..], "checkpoint_slots"), Some(table.ptr()));
+            }
+            if !prepared {
+                // The fused passes compiled for sm_90a: every chain on it, the rest on sm_80.
+                let hopper = ChunkTuning { split: Some(seg), ..ChunkTuning::hopper(&plan) };
+                hopper.check(&plan).expect("the split on sm_90a");
+                let steps = steps_over(&args, &plan, hopper, seg, out.ptr(), &tables, with_final.then_some(fin))
+                    .expect("launches");
+                crate::chunk::steps::assert_steps_bind(&steps);
+                let chains = steps.iter().filter_map(|s| match s {
+                    Step::Chain { target, .. } => Some(*target),
+                    _ => None,
+                });
+                assert!(chains.collect::<Vec<_>>() == [Target::Sm90a; 3], "the three passes on sm_90a");
             }
             let e = steps_over(&args, &plan, tune, 40, out.ptr(), &tables, None).expect_err("refused");
             assert!(e.to_string().contains("multiple of 16"), "{e}");

@@ -63,9 +63,10 @@ pub struct ChunkTuning {
     /// The fused kernel's PTX target: [`Target::Sm80`], which runs on every device from compute
     /// capability 8.0, or [`Target::Sm90a`], compute capability 9.0 alone, whose state products
     /// take `wgmma` with the state as their register A operand (at [`ChunkShape::HOPPER`]).
-    /// [`ChunkTuning::for_call`] takes sm_90a for the fused kernel on 9.0. The two-kernel path,
-    /// token ranges and the split run sm_80 kernels (their 2-warp chains hold no warpgroup), so
-    /// sm_90a with them is refused; on another device it is an error naming `gpu`.
+    /// [`ChunkTuning::for_call`] takes sm_90a for the fused kernel on 9.0. The split's chunk
+    /// passes take it too when they are fused (`prepared: false`; its schedule, merge and finish
+    /// stay sm_80); the two-kernel path and token ranges run 2-warp chains, which hold no
+    /// warpgroup, so sm_90a with them is refused. On another device it is an error naming `gpu`.
     pub target: Target,
 }
 
@@ -119,8 +120,8 @@ impl ChunkTuning {
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
         }
-        if self.target == Target::Sm90a && (self.prepared || self.split.is_some()) {
-            return bad("the sm_90a target for the fused kernel alone (no two-kernel path, ranges or split)");
+        if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
+            return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
         }
         if let Some(seg) = self.split {
             eligibility::check_split(plan, seg, "tune")?;
@@ -273,8 +274,8 @@ mod tests {
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
-        refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for the fused kernel alone");
-        refused(ChunkTuning { split: Some(64), ..hopper }, "sm_90a target for the fused kernel alone");
+        refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for fused chunk kernels alone");
+        ChunkTuning { split: Some(64), ..hopper }.check(&plan).expect("the split's fused passes on sm_90a");
     }
 
     /// The target function: a call the fused kernel runs takes its sm_90a form on compute

@@ -50,10 +50,7 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
     let mut kernels: Vec<(String, kda_dsl::tile::KernelDef, Target)> =
         kda_kernels::variants().into_iter().map(|v| (v.id(), v.build().expect("builds"), v.target)).collect();
     kernels.extend(
-        kda_kernels::selftest::selftests(1)
-            .expect("builds")
-            .into_iter()
-            .map(|t| (t.name.to_string(), t.def, Target::Sm80)),
+        kda_kernels::selftest::selftests(1).expect("builds").into_iter().map(|t| (t.name.to_string(), t.def, t.target)),
     );
     // The sm_90a candidates `kda bench --sweep-gemm` times, held to what a shipped variant is.
     kernels.extend(kda_kernels::hopper_gemm_candidates().into_iter().map(|c| {

@@ -6,7 +6,9 @@
 //! A `wgmma` is one warpgroup's 64 x N product: the accumulator's rows split over the warps 16
 //! each (a warpgroup of 4 warps owns 64 rows), every warp holds all N columns, and N (the
 //! accumulator's columns) is a multiple of 8 up to 256. B is a shared tile in a canonical
-//! layout, A a canonical shared tile or an f32 fragment packed to 16-bit pairs (the RS form).
+//! layout, A a canonical shared tile or registers (the RS form): an f32 fragment packed to
+//! 16-bit pairs, or one warp's 16 rows of a shared tile that every warp reads whole
+//! (`tile.replicated()`), each warp loading them into its A registers with `ldmatrix`.
 //! A canonical tile here has rows of one line of a hardware swizzle (32 or 64 bytes) or of whole
 //! 128-byte lines, which it stores as slabs one line wide (K, or M or N for an MN-major
 //! operand, a multiple of 64 bf16 then).
@@ -58,6 +60,10 @@ pub enum WgmmaAFrom {
     Shared(Major),
     /// An f32 fragment packed to 16-bit pairs (the RS form).
     Registers,
+    /// The 16 rows of a shared tile every warp reads whole (`tile.replicated()`), loaded into
+    /// each warp's A registers by `ldmatrix` (the RS form): each warp's 16 accumulator rows are
+    /// the same product.
+    ReplicatedRows,
 }
 
 /// A `gemm` on `wgmma`: N per instruction, A's source and B's major-ness.
@@ -89,7 +95,8 @@ pub enum NoWgmma {
     Columns(u32),
     /// B is a fragment (`wgmma` reads B from shared memory only).
     RegisterB,
-    /// A is transposed from registers, or replicated.
+    /// A is transposed from registers, or replicated but not 16 untransposed rows of a shared
+    /// tile.
     RegisterOrReplicatedA,
     /// An operand's element type is not 16-bit.
     InputType(DType),
@@ -116,7 +123,9 @@ impl fmt::Display for NoWgmma {
             }
             NoWgmma::Columns(n) => write!(f, "N = {n} is not a multiple of 8 up to 256"),
             NoWgmma::RegisterB => f.write_str("B is a fragment"),
-            NoWgmma::RegisterOrReplicatedA => f.write_str("A is replicated or a transposed fragment"),
+            NoWgmma::RegisterOrReplicatedA => {
+                f.write_str("A is a transposed fragment, or replicated but not 16 untransposed rows of a shared tile")
+            }
             NoWgmma::InputType(d) => write!(f, "{d} operand, not 16-bit"),
             NoWgmma::PinnedOtherwise => f.write_str("a fragment another gemm lays out for mma.sync"),
             NoWgmma::NotCanonical { operand, stored: (r, c) } => {
@@ -181,7 +190,8 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     if g.b.fragment {
         return Err(NoWgmma::RegisterB);
     }
-    if g.a.replicated || (g.a.fragment && g.a.transposed) {
+    let one_warps_rows = !g.a.fragment && !g.a.transposed && g.a.stored.0 == 16;
+    if (g.a.replicated && !one_warps_rows) || (g.a.fragment && g.a.transposed) {
         return Err(NoWgmma::RegisterOrReplicatedA);
     }
     let canonical = |o: &OperandFacts, operand: char| -> Result<(), NoWgmma> {
@@ -197,7 +207,12 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     canonical(&g.b, 'b')?;
     // Stored [N, K] (`b.t()`) has K contiguous; stored [K, N], N.
     let b = if g.b.transposed { Major::K } else { Major::MN };
-    let a = if g.a.fragment {
+    let a = if g.a.replicated {
+        if !matches!(g.a.dtype, DType::BF16 | DType::F16) {
+            return Err(NoWgmma::InputType(g.a.dtype));
+        }
+        WgmmaAFrom::ReplicatedRows
+    } else if g.a.fragment {
         WgmmaAFrom::Registers
     } else {
         canonical(&g.a, 'a')?;
@@ -235,6 +250,13 @@ mod tests {
         assert_eq!(choose_wgmma(&b_kn).map(|s| s.b), Ok(Major::MN));
         let regs = GemmFacts { a: OperandFacts { fragment: true, dtype: DType::F32, ..gemm().a }, ..gemm() };
         assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaAFrom::Registers));
+        let replicated = GemmFacts { a: OperandFacts { replicated: true, ..shared((16, 64), false) }, ..gemm() };
+        assert_eq!(choose_wgmma(&replicated).map(|s| s.a), Ok(WgmmaAFrom::ReplicatedRows));
+        let (rows32, transposed) = (shared((32, 64), false), shared((64, 16), true));
+        for a in [rows32, transposed] {
+            let facts = GemmFacts { a: OperandFacts { replicated: true, ..a }, ..gemm() };
+            assert_eq!(choose_wgmma(&facts), Err(NoWgmma::RegisterOrReplicatedA), "{a:?}");
+        }
         let cases = [
             (GemmFacts { target: Target::Sm90, ..gemm() }, NoWgmma::Target(Target::Sm90)),
             (GemmFacts { in_warp_group: true, ..gemm() }, NoWgmma::WarpGroup),

@@ -268,6 +268,6 @@ pub fn simulate_selftest(t: &crate::selftest::SelfTest) -> Result<Vec<Vec<f64>>,
     for (n, v) in dims {
         args.push((n, SimArg::I32(v as i32)));
     }
-    simulate(&t.def, &mut args)?;
+    simulate_on(&t.def, t.target, &mut args)?;
     Ok(t.outputs.iter().map(|(n, _, _)| tensor_values(&args, n, DType::F32)).collect())
 }

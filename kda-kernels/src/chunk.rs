@@ -74,8 +74,8 @@ impl ChunkShape {
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
-    /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 220 and neither. Not yet
-    /// measured against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Hopper").
+    /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 200 and neither. Not yet
+    /// measured against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Devices").
     pub const HOPPER: ChunkShape = ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0 };
 }
 

@@ -1,11 +1,11 @@
 //! Small DSL kernels that exercise the compiler's harder lowerings (reductions across warps,
 //! per-lane serial loops, warp groups with named barriers, a gemm's right operand from
-//! registers), with their references: run through
+//! registers, on sm_90a a replicated left operand on `wgmma`), with their references: run through
 //! the simulator in the tests and on the GPU by `kda check --gpu`, so both agree with hardware.
 
 use crate::reference::{rel_err, Rng};
 use kda_dsl::tile::KernelDef;
-use kda_dsl::DType;
+use kda_dsl::{DType, Target};
 use kda_macros::kernel;
 
 /// Tile extents and threads of a self-test kernel.
@@ -108,12 +108,35 @@ pub fn right_operand_from_registers(
     copy(c2, o2.tile([0, 0], [16, cfg.cols]));
 }
 
+/// `o = x · yᵀ` once per warp of 8 (two warpgroups): every warp multiplies the whole 16-row
+/// `x` (`x.replicated()`) into its own 16 rows of `c`. On sm_90a a `wgmma` whose A every warp
+/// loads from the same rows by `ldmatrix`, as the prefill's key products take it.
+#[kernel]
+pub fn replicated_left_operand(
+    cfg: &TileCfg,
+    x: Global<(M, K), F32>,
+    y: Global<(N, K), F32>,
+    o: GlobalMut<(MO, N), F32>,
+) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let x_sh = shared([16, 64], BF16);
+    copy(x.tile([0, 0], [16, 64]), x_sh);
+    let y_sh = shared([cfg.cols, 64], BF16);
+    copy(y.tile([0, 0], [cfg.cols, 64]), y_sh);
+    let c = fragment([cfg.rows, cfg.cols], F32);
+    clear(c);
+    gemm(x_sh.replicated(), y_sh.t(), c);
+    copy(c, o.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
 /// One self-test: a kernel, its f32 inputs, the outputs it writes and what they must hold.
 pub struct SelfTest {
     /// Row name.
     pub name: &'static str,
     /// The kernel.
     pub def: KernelDef,
+    /// The target it is compiled for (sm_90a for a lowering only that target has).
+    pub target: Target,
     /// (tensor name, shape, values).
     pub inputs: Vec<(&'static str, Vec<usize>, Vec<f64>)>,
     /// (tensor name, shape, expected values).
@@ -142,6 +165,7 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
         out.push(SelfTest {
             name: "dsl/reductions_across_warps",
             def: row_col_stats(&TileCfg { rows: r, cols: c, threads: 256 })?,
+            target: Target::Sm80,
             inputs: vec![("x", vec![r, c], x)],
             outputs: vec![("y", vec![r, c], y), ("sums", vec![c], csum)],
         });
@@ -152,6 +176,7 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
         out.push(SelfTest {
             name: "dsl/per_lane_serial_loops",
             def: per_lane_prefix(&TileCfg { rows: 1, cols: 64, threads: 32 })?,
+            target: Target::Sm80,
             inputs: vec![("x", vec![64], x)],
             outputs: vec![("y", vec![64], y)],
         });
@@ -169,6 +194,7 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
         out.push(SelfTest {
             name: "dsl/warp_groups_named_barriers",
             def: two_warp_groups(&TileCfg { rows: 0, cols: 0, threads: 128 })?,
+            target: Target::Sm80,
             inputs: vec![("x", vec![16, 64], x), ("y", vec![32, 16], y)],
             outputs: vec![("sums", vec![16], sums), ("z", vec![32, 16], scan)],
         });
@@ -187,8 +213,22 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
         out.push(SelfTest {
             name: "dsl/gemm_right_operand_from_registers",
             def: right_operand_from_registers(&TileCfg { rows: m, cols: n, threads: 64 })?,
-            inputs: vec![("x", vec![m, k], x), ("y", vec![k, n], y), ("yt", vec![n, k], yt)],
+            target: Target::Sm80,
+            inputs: vec![("x", vec![m, k], x.clone()), ("y", vec![k, n], y), ("yt", vec![n, k], yt)],
             outputs: vec![("o1", vec![m, n], o.clone()), ("o2", vec![m, n], o)],
+        });
+        // The same exact values, `x · yᵀ` in each of 8 warps' rows, on sm_90a's `wgmma`.
+        let (warps, n) = (8, 32);
+        let y = eighths(&mut rng, n * k);
+        let once: Vec<f64> =
+            (0..m * n).map(|e| (0..k).map(|j| x[(e / n) * k + j] * y[(e % n) * k + j]).sum()).collect();
+        let o: Vec<f64> = (0..warps).flat_map(|_| once.clone()).collect();
+        out.push(SelfTest {
+            name: "dsl/gemm_replicated_left_operand_wgmma",
+            def: replicated_left_operand(&TileCfg { rows: warps * m, cols: n, threads: 32 * warps })?,
+            target: Target::Sm90a,
+            inputs: vec![("x", vec![m, k], x), ("y", vec![n, k], y)],
+            outputs: vec![("o", vec![warps * m, n], o)],
         });
     }
     Ok(out)

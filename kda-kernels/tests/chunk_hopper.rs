@@ -80,26 +80,33 @@ fn the_state_is_a_wgmma_accumulator_and_never_reaches_shared_memory() {
     assert!(stored.is_empty(), "the state reaches shared memory: {stored:?}");
 }
 
-/// ptxas assembles the sm_90a kernel without spills and without serializing its `wgmma`s
-/// (C7512, C7515); its SASS has the Hopper `HGMMA`s of the state products (64 x 16 and the
-/// 64 x 128 update). The key products of the chunk (16 x 16, one warp's rows) stay `HMMA`.
-/// ptxas from `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a
-/// line saying so without them, failed when `KDA_REQUIRE_PTXAS` is set.
+/// ptxas assembles every shipped sm_90a chunk kernel without spills and without serializing
+/// its `wgmma`s (C7512, C7515); its SASS has the Hopper `HGMMA`s of the state products (64 x 16
+/// and the 64 x 128 update) and no sm_80 `HMMA`: the lower-bound gate's key products (16 x 16,
+/// every warp's own copy) take `wgmma` too, their A loaded by `ldmatrix`. ptxas from
+/// `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying
+/// so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
-fn the_hopper_chunk_kernel_assembles_to_hgmma() {
+fn the_hopper_chunk_kernels_assemble_to_hgmma_alone() {
     let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
     let (Some(ptxas), Some(cuobjdump)) = (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) else {
         assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
-        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the sm_90a chunk kernel");
+        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the sm_90a chunk kernels");
         return;
     };
-    let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", "hopper_chunk", &hopper_ptx())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let log = done.log;
-    assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
-    assert!(!log.contains("C7512") && !log.contains("C7515"), "{log}");
-    let sass = done.sass.expect("a cuobjdump was given");
-    for op in ["HGMMA.64x16x16.F32", "HGMMA.64x128x16.F32"] {
-        assert!(sass.contains(op), "no {op} in the SASS");
+    for (i, cfg) in kda_kernels::hopper_chunk_configs().into_iter().enumerate() {
+        let ptx =
+            kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+        let name = format!("hopper_chunk_{i}");
+        let done =
+            assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &name, &ptx).unwrap_or_else(|e| panic!("{e}"));
+        let (key, log) = (cfg.key(), done.log);
+        assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{key}: {log}");
+        assert!(!log.contains("C7512") && !log.contains("C7515"), "{key}: {log}");
+        let sass = done.sass.expect("a cuobjdump was given");
+        for op in ["HGMMA.64x16x16.F32", "HGMMA.64x128x16.F32"] {
+            assert!(sass.contains(op), "{key}: no {op} in the SASS");
+        }
+        assert!(!sass.contains(" HMMA"), "{key}: an sm_80 HMMA in the SASS");
     }
 }

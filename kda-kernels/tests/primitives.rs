@@ -261,6 +261,10 @@ fn reductions_across_warps_per_lane_loops_and_warp_groups() {
     for t in kda_kernels::selftest::selftests(2).expect("builds") {
         let got = kda_kernels::check::simulate_selftest(&t).unwrap_or_else(|e| panic!("{}: {e}", t.name));
         assert!(t.error(&got) < 1e-6, "{}: rel err {}", t.name, t.error(&got));
+        // An sm_90a self-test is there for its `wgmma`.
+        if t.target == kda_dsl::Target::Sm90a {
+            assert_eq!(kda_kernels::check::takes_wgmma(&t.def, t.target), Ok(true), "{}", t.name);
+        }
     }
 }
 

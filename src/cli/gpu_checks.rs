@@ -244,10 +244,15 @@ fn selftest_checks(gpu: &Gpu, kernels: &Kernels) -> usize {
         }
     };
     let mut failures = 0;
+    let device = gpu.limits().target();
     for t in tests {
+        if !device.as_ref().is_ok_and(|d| d.has(t.target)) {
+            out!("{:<52} skipped: {} PTX does not run on this GPU", t.name, t.target);
+            continue;
+        }
         let r = (|| -> Result<f64, RuntimeError> {
             let s = gpu.default_stream();
-            let compiled = kda_dsl::compile(t.def.clone(), kda_dsl::Target::Sm80)
+            let compiled = kda_dsl::compile(t.def.clone(), t.target)
                 .map_err(|e| RuntimeError::Unsupported(format!("{}: {e}", t.name)))?;
             let mut tensors = vec![];
             for (n, shape, v) in &t.inputs {

@@ -48,6 +48,8 @@ pub enum WgmmaSource {
     Shared(OperandTile),
     /// An f32 fragment in the accumulator's layout, packed to 16-bit pairs.
     Registers(FragmentLayout),
+    /// One warp's 16 rows of a shared tile, loaded into every warp's registers by `ldmatrix`.
+    ReplicatedRows,
 }
 
 /// A `gemm` on `mma.sync.m16n8k16`.
@@ -112,6 +114,7 @@ impl fmt::Display for GemmPlan {
                 let a = match &p.a {
                     WgmmaSource::Shared(t) => tile(t),
                     WgmmaSource::Registers(_) => "registers".to_string(),
+                    WgmmaSource::ReplicatedRows => "ldmatrix, its 16 rows in every warp".to_string(),
                 };
                 write!(f, "wgmma.m64n{}k16 {:?}, k {}: a from {a}, b from {}", p.n, p.ty, p.k, tile(&p.b))
             }
@@ -237,6 +240,7 @@ impl Lower<'_> {
         let a_source = match shape.a {
             WgmmaAFrom::Shared(major) => WgmmaSource::Shared(laid_out(a, major).ok_or(NoWgmma::PinnedOtherwise)?),
             WgmmaAFrom::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
+            WgmmaAFrom::ReplicatedRows => WgmmaSource::ReplicatedRows,
         };
         Ok(WgmmaPlan { ty, c: lc, k, n: shape.n, a: a_source, b: b_tile })
     }

@@ -25,7 +25,7 @@ impl Lower<'_> {
         let b_field = self.descriptor_address(b.buf, None);
         let a_field = match p.a {
             WgmmaSource::Shared(tile) => Some((tile, self.descriptor_address(a.buf, Some((tile, warpgroup))))),
-            WgmmaSource::Registers(_) => None,
+            WgmmaSource::Registers(_) | WgmmaSource::ReplicatedRows => None,
         };
         let always = self.em.setp(Cmp::Ge, Ty::U32, Src::Reg(self.scope.th.tid), Src::Imm(0));
         let d: Vec<Reg> = self.regs[c][..(p.n / 2) as usize].to_vec();
@@ -55,6 +55,31 @@ impl Lower<'_> {
                     self.em.emit(Op::WgmmaFence);
                     let op =
                         Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always };
+                    self.em.emit(op);
+                }
+            }
+            (None, WgmmaSource::ReplicatedRows) => {
+                // Every warp loads the tile's 16 rows as `mma.sync`'s A: lane `l` addresses row
+                // `l % 16` at column `8 (l / 16)` of each K-step.
+                let lane = Src::Reg(self.scope.th.lane);
+                let row = self.em.op32(BinKind::And, lane, 15);
+                let half = self.em.op32(BinKind::Shr, lane, 4);
+                let col0 = self.em.op32(BinKind::Shl, half, 3);
+                for step in 0..p.k / 16 {
+                    let col = self.em.add32(col0, Src::Imm(i64::from(16 * step)));
+                    let addr = self.shared_addr(a.buf, row, col);
+                    let regs = [0; 4].map(|_| self.em.reg(RegClass::B32));
+                    self.em.emit(Op::Ldmatrix { trans: false, d: regs, addr });
+                    let b_operand = self.descriptor(p.b, b_field, step);
+                    self.em.emit(Op::WgmmaFence);
+                    let op = Op::Wgmma {
+                        ab: p.ty,
+                        n: p.n,
+                        d: d.clone(),
+                        a: WgmmaA::Registers(regs),
+                        b: b_operand,
+                        accumulate: always,
+                    };
                     self.em.emit(op);
                 }
             }

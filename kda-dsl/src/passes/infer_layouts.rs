@@ -300,11 +300,17 @@ fn pin_wgmma(p: &mut TileProgram) -> HashSet<BufId> {
             gemms.push((a.clone(), b.clone(), *c));
         }
     });
-    // Fragments another gemm pinned to columns or to replicated rows keep that layout: their
-    // gemms on them take mma.sync.
+    // Fragments another gemm pinned to columns, or to replicated rows it cannot take `wgmma` on,
+    // keep that layout: their gemms on them take mma.sync. (A replicated gemm that takes
+    // `wgmma` pins its accumulator 16 rows per warp, as `wgmma` does.)
+    let takes_wgmma = |p: &TileProgram, a: &Operand, b: &Operand, c: BufId| {
+        crate::gemm_choice::choose_wgmma(&crate::gemm_choice::GemmFacts::of(p, a, b, c)).is_ok()
+    };
     let pinned_otherwise: HashSet<BufId> = gemms
         .iter()
-        .filter(|(a, b, _)| a.replicated || p.def.buffers[b.buf].scope == Scope::Fragment)
+        .filter(|(a, b, c)| {
+            (a.replicated && !takes_wgmma(p, a, b, *c)) || p.def.buffers[b.buf].scope == Scope::Fragment
+        })
         .flat_map(|(a, b, c)| [a.buf, b.buf, *c])
         .collect();
     let mut canonical = HashSet::new();

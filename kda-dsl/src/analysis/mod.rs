@@ -5,8 +5,11 @@
 //!   accesses);
 //! - [`ranges`]: the values an expression can take (bound checks that cannot fail);
 //! - [`fill_prelude`]: the body's `let`s a pipeline's fills read (re-evaluated for the fills'
-//!   iteration).
+//!   iteration);
+//! - [`tile_access`]: the tiles a statement reads and writes (where a `wgmma` group must be
+//!   waited for).
 
 pub(crate) mod divisibility;
 pub(crate) mod fill_prelude;
 pub(crate) mod ranges;
+pub(crate) mod tile_access;

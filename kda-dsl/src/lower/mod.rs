@@ -25,6 +25,7 @@ pub mod register_plan;
 mod roles;
 mod tma;
 mod wgmma;
+mod wgmma_waits;
 mod whole_lines;
 
 use crate::analysis::{divisibility, ranges};
@@ -149,6 +150,9 @@ pub(crate) struct Lower<'a> {
     /// The `wgmma.wait_group` a `wgmma` gemm ends with: 0, or 1 in a pipelined loop that keeps
     /// its group in flight (`plan_pipelines::WgmmaInFlight`).
     pub wgmma_wait: u32,
+    /// The `gemm` being lowered leaves its `wgmma` group in flight: its body's plan
+    /// (`wgmma_waits`) places the wait.
+    pub wgmma_deferred: bool,
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
     /// their shared stores at the end of the body (`loops::pipelined`).
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
@@ -261,6 +265,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         copy_plans: vec![],
         gemm_plans: vec![],
         wgmma_wait: 0,
+        wgmma_deferred: false,
         deferred_fills: None,
         fill_warps,
         tensor_maps: vec![],
@@ -360,10 +365,42 @@ impl Lower<'_> {
     }
 
     pub(crate) fn block(&mut self, body: &[Stmt]) -> Result<(), Diag> {
-        for s in body {
-            self.stmt(s)?;
+        // A pipeline keeping its group in flight, and warp roles (whose branches the waits
+        // would straddle), wait right after each `wgmma`.
+        if self.wgmma_wait != 0 || self.role().is_some() || self.p.target != crate::target::Target::Sm90a {
+            for s in body {
+                self.stmt(s)?;
+            }
+            return Ok(());
+        }
+        let waits = wgmma_waits::plan_waits(body, |s| self.wgmma_group(s));
+        let mut waits = waits.into_iter().peekable();
+        for (i, s) in body.iter().enumerate() {
+            while let Some(w) = waits.next_if(|w| w.at == i) {
+                self.em.loc = s.loc;
+                self.em.emit(Op::WgmmaWait { n: w.keep });
+            }
+            self.wgmma_deferred = matches!(s.kind, StmtKind::Gemm { .. });
+            let lowered = self.stmt(s);
+            self.wgmma_deferred = false;
+            lowered?;
+        }
+        for w in waits {
+            self.em.emit(Op::WgmmaWait { n: w.keep });
         }
         Ok(())
+    }
+
+    /// The `wgmma` group statement `s` issues, when it is a `gemm` that takes `wgmma`: its
+    /// accumulator and the shared operands it reads through descriptors.
+    fn wgmma_group(&self, s: &Stmt) -> Option<wgmma_waits::Group> {
+        let StmtKind::Gemm { a, b, c } = &s.kind else { return None };
+        let gemm_plan::GemmPlan::Wgmma(p) = self.plan_gemm(a, b, *c, s.loc).ok()? else { return None };
+        let mut shared = vec![b.buf];
+        if matches!(p.a, gemm_plan::WgmmaSource::Shared(_)) {
+            shared.push(a.buf);
+        }
+        Some(wgmma_waits::Group { acc: *c, shared })
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), Diag> {

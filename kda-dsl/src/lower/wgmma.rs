@@ -3,8 +3,8 @@
 //! descriptors are the tile's constant fields (`hopper_layout`) plus its shared address, which
 //! moves with a pipeline's stage; an A fragment is packed to 16-bit pairs as for `mma.sync`.
 //! The instructions sit between a `wgmma.fence` (the accumulator was written by other
-//! instructions: a clear, an earlier product's epilogue) and a commit and a wait of their group,
-//! so the accumulator is whole when the next statement reads it. The shared operands' generic
+//! instructions: a clear, an earlier product's epilogue) and a commit of their group, waited for
+//! before the first statement that needs it (`wgmma_waits.rs`). The shared operands' generic
 //! writes reach the async proxy through the fences `proxy_fences.rs` places.
 
 use super::gemm_plan::{WgmmaPlan, WgmmaSource};
@@ -87,8 +87,11 @@ impl Lower<'_> {
         }
         self.em.emit(Op::WgmmaCommit);
         // Whole at the next statement, or (a pipelined loop keeping its group in flight) the
-        // previous iteration's group retired.
-        self.em.emit(Op::WgmmaWait { n: self.wgmma_wait });
+        // previous iteration's group retired; or waited for where its body's plan says
+        // (`wgmma_waits`).
+        if !self.wgmma_deferred {
+            self.em.emit(Op::WgmmaWait { n: self.wgmma_wait });
+        }
     }
 
     /// The 64-bit start-address field of shared tile `buf`'s descriptors: its address (the

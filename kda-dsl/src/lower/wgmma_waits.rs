@@ -1,0 +1,140 @@
+//! Where a body's `wgmma` groups are waited for. A `gemm` on `wgmma` commits its group and goes
+//! on; its `wgmma.wait_group` comes before the first later statement of the same body that
+//! touches its accumulator or writes a shared tile it reads, before any loop, branch, warp group
+//! or barrier (another thread may write its shared operands after a barrier), and at the end of
+//! the body. So independent products overlap (the prefill's `S kdᵀ` and `S qdᵀ`, its two key
+//! products), and everything between a product and its first use runs beside it.
+//!
+//! Groups retire in order: retiring a group retires every older one, so a wait keeps the newer
+//! groups in flight (`wgmma.wait_group keep`). The simulator checks what this leaves pending
+//! (a register a pending `wgmma` owns, a shared write under its read, an exit with groups
+//! pending).
+
+use std::fmt;
+
+use crate::analysis::tile_access::tile_access;
+use crate::tile::*;
+
+/// One `wgmma` group in flight: its accumulator and the shared tiles it reads asynchronously.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Group {
+    /// The accumulator fragment.
+    pub acc: BufId,
+    /// The shared operands read through descriptors (not those loaded into registers first).
+    pub shared: Vec<BufId>,
+}
+
+/// Why a wait sits where it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitReason {
+    /// The statement reads or writes a pending group's accumulator.
+    Accumulator(BufId),
+    /// The statement writes a shared tile a pending group reads.
+    SharedOperand(BufId),
+    /// A loop, branch or warp group follows: its body is planned on its own.
+    ControlFlow,
+    /// A barrier follows: other threads may write the shared operands after it.
+    Barrier,
+    /// The body ends.
+    End,
+}
+
+/// A `wgmma.wait_group keep` before statement `at` of a body (`at` = its length: after the
+/// last), keeping the `keep` newest groups in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wait {
+    /// The statement it comes before.
+    pub at: usize,
+    /// Groups left in flight.
+    pub keep: u32,
+    /// Why here.
+    pub why: WaitReason,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "wait_group {} before statement {} ({:?})", self.keep, self.at, self.why)
+    }
+}
+
+/// The waits of `body`, whose statements' `wgmma` groups `group_of` gives (`None`: the statement
+/// issues none).
+pub(crate) fn plan_waits(body: &[Stmt], mut group_of: impl FnMut(&Stmt) -> Option<Group>) -> Vec<Wait> {
+    let mut pending: Vec<Group> = vec![];
+    let mut waits = vec![];
+    for (at, s) in body.iter().enumerate() {
+        let retire = match &s.kind {
+            _ if pending.is_empty() => None,
+            StmtKind::For { .. } | StmtKind::If(..) | StmtKind::WarpGroup { .. } => {
+                Some((pending.len() - 1, WaitReason::ControlFlow))
+            }
+            StmtKind::Barrier => Some((pending.len() - 1, WaitReason::Barrier)),
+            _ => {
+                let access = tile_access(s);
+                // The newest group the statement conflicts with, and why.
+                pending.iter().enumerate().rev().find_map(|(k, g)| {
+                    if access.touches(g.acc) {
+                        return Some((k, WaitReason::Accumulator(g.acc)));
+                    }
+                    g.shared.iter().find(|b| access.writes.contains(b)).map(|b| (k, WaitReason::SharedOperand(*b)))
+                })
+            }
+        };
+        if let Some((k, why)) = retire {
+            let keep = (pending.len() - 1 - k) as u32;
+            waits.push(Wait { at, keep, why });
+            pending.drain(..=k);
+        }
+        pending.extend(group_of(s));
+    }
+    if !pending.is_empty() {
+        waits.push(Wait { at: body.len(), keep: 0, why: WaitReason::End });
+    }
+    waits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diag::SrcLoc;
+
+    fn at(kind: StmtKind) -> Stmt {
+        Stmt { kind, loc: SrcLoc::new("test.rs", 1, 1) }
+    }
+
+    fn gemm(a: BufId, b: BufId, c: BufId) -> Stmt {
+        let operand = |buf| Operand { buf, transposed: false, replicated: false };
+        at(StmtKind::Gemm { a: operand(a), b: operand(b), c })
+    }
+
+    /// Two independent products stay in flight together; the first read of the older one's
+    /// accumulator retires it alone (the newer kept), the newer one's accumulator retires it;
+    /// a write of a shared operand, a barrier, a loop and the body's end each retire what is
+    /// pending.
+    #[test]
+    fn groups_retire_at_their_first_conflict() {
+        let [s, kd, qd, w, o, x, y] = [0, 1, 2, 3, 4, 5, 6].map(BufId::new);
+        let group = |st: &Stmt| match &st.kind {
+            StmtKind::Gemm { b, c, .. } => Some(Group { acc: *c, shared: vec![b.buf] }),
+            _ => None,
+        };
+        let read = |b: BufId| at(StmtKind::Fill(x, Expr::Elem(b, vec![Expr::Int(0, None)])));
+        let body = [gemm(s, kd, w), gemm(s, qd, o), read(w), read(o), read(y)];
+        let waits = plan_waits(&body, group);
+        let want = [
+            Wait { at: 2, keep: 1, why: WaitReason::Accumulator(w) },
+            Wait { at: 3, keep: 0, why: WaitReason::Accumulator(o) },
+        ];
+        assert_eq!(waits, want);
+        // Overwriting `kd` while `S kdᵀ` reads it.
+        let body = [gemm(s, kd, w), at(StmtKind::Fill(kd, Expr::Float(0.0)))];
+        assert_eq!(plan_waits(&body, group), [Wait { at: 1, keep: 0, why: WaitReason::SharedOperand(kd) }]);
+        let body = [gemm(s, kd, w), at(StmtKind::Barrier), gemm(s, qd, o)];
+        let waits = plan_waits(&body, group);
+        assert_eq!(waits[0], Wait { at: 1, keep: 0, why: WaitReason::Barrier });
+        assert_eq!(waits[1], Wait { at: 3, keep: 0, why: WaitReason::End });
+        let body = [gemm(s, kd, w), at(StmtKind::If(Expr::Bool(true), vec![], vec![]))];
+        assert_eq!(plan_waits(&body, group)[0].why, WaitReason::ControlFlow);
+        assert!(plan_waits(&[read(y)], group).is_empty(), "no group, no wait");
+    }
+}

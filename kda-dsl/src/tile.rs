@@ -193,6 +193,30 @@ pub enum Expr {
     Cast(DType, Box<Expr>),
 }
 
+impl Expr {
+    /// Calls `f` on each tile the expression reads an element of, at any depth (once per read).
+    pub fn for_each_elem_tile(&self, f: &mut impl FnMut(BufId)) {
+        match self {
+            Expr::Elem(b, idx) => {
+                f(*b);
+                idx.iter().for_each(|i| i.for_each_elem_tile(f));
+            }
+            Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_elem_tile(f)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_elem_tile(f),
+            Expr::Binary(_, a, b) => {
+                a.for_each_elem_tile(f);
+                b.for_each_elem_tile(f);
+            }
+            Expr::Select(c, a, b) => {
+                c.for_each_elem_tile(f);
+                a.for_each_elem_tile(f);
+                b.for_each_elem_tile(f);
+            }
+            Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) | Expr::Var(_) => {}
+        }
+    }
+}
+
 /// One side of a `copy`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Region {

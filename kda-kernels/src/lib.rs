@@ -65,12 +65,16 @@ where
     Variant { family, name: key(&cfg), default, target: Target::Sm80, build: std::sync::Arc::new(move || build(&cfg)) }
 }
 
+/// `v` compiled for sm_90a, the family's default there when `default`: the target in the name,
+/// since the same config for sm_80 is another variant.
+fn on_sm90a(v: Variant, default: bool) -> Variant {
+    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
+}
+
 /// The sm_90a variant of a GEMM config of [`hopper_gemm_configs`] (the default is the first).
 pub fn hopper_gemm_variant(cfg: gemm::GemmConfig) -> Variant {
     let default = hopper_gemm_configs().first() == Some(&cfg);
-    let v = gemm_variant(cfg);
-    // The target in the name: an sm_80 config of the same shape is another variant.
-    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
+    on_sm90a(gemm_variant(cfg), default)
 }
 
 /// The variant of a GEMM config compiled for `target`: [`hopper_gemm_variant`] on sm_90a,
@@ -119,9 +123,7 @@ pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
 /// the first the default on sm_90a).
 pub fn hopper_chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
     let default = hopper_chunk_configs().first() == Some(&cfg);
-    let v = chunk_variant(cfg);
-    // The target in the name: the same config compiled for sm_80 is another variant.
-    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
+    on_sm90a(chunk_variant(cfg), default)
 }
 
 /// The variant of a chunk config compiled for `target`: [`hopper_chunk_variant`] on sm_90a,

@@ -88,12 +88,7 @@ fn the_state_is_a_wgmma_accumulator_and_never_reaches_shared_memory() {
 /// so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
 fn the_hopper_chunk_kernels_assemble_to_hgmma_alone() {
-    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
-    let (Some(ptxas), Some(cuobjdump)) = (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) else {
-        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
-        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the sm_90a chunk kernels");
-        return;
-    };
+    let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the sm_90a chunk kernels") else { return };
     for (i, cfg) in kda_kernels::hopper_chunk_configs().into_iter().enumerate() {
         let ptx =
             kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;

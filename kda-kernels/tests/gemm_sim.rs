@@ -254,12 +254,7 @@ fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
 /// them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
 fn the_warp_specialized_gemm_assembles_to_hopper_instructions() {
-    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
-    let (Some(ptxas), Some(cuobjdump)) = (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) else {
-        assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
-        println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble the warp-specialized GEMM");
-        return;
-    };
+    let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the warp-specialized GEMM") else { return };
     let cfg = kda_kernels::hopper_gemm_candidates()
         .into_iter()
         .find(|c| c.fill_warps == 4 && c.staged_store && c.b_transposed)

@@ -82,24 +82,9 @@ pub(crate) fn tile_access(s: &Stmt) -> TileAccess {
 
 /// The tiles an expression reads an element of.
 fn expr_reads(e: &Expr, out: &mut HashSet<BufId>) {
-    match e {
-        Expr::Elem(b, idx) => {
-            out.insert(*b);
-            idx.iter().for_each(|x| expr_reads(x, out));
-        }
-        Expr::Load(_, idx) => idx.iter().for_each(|x| expr_reads(x, out)),
-        Expr::Unary(_, x) | Expr::Cast(_, x) => expr_reads(x, out),
-        Expr::Binary(_, x, y) => {
-            expr_reads(x, out);
-            expr_reads(y, out);
-        }
-        Expr::Select(c, x, y) => {
-            expr_reads(c, out);
-            expr_reads(x, out);
-            expr_reads(y, out);
-        }
-        Expr::Var(_) | Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
-    }
+    e.for_each_elem_tile(&mut |b| {
+        out.insert(b);
+    });
 }
 
 #[cfg(test)]

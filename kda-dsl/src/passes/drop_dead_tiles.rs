@@ -74,24 +74,7 @@ fn stmt_buffers(s: &StmtKind, used: &mut IdVec<Buffer, bool>) {
 
 /// The tiles an expression reads elements of.
 fn expr_buffers(e: &Expr, used: &mut IdVec<Buffer, bool>) {
-    match e {
-        Expr::Elem(b, idx) => {
-            used[*b] = true;
-            idx.iter().for_each(|i| expr_buffers(i, used));
-        }
-        Expr::Load(_, idx) => idx.iter().for_each(|i| expr_buffers(i, used)),
-        Expr::Unary(_, a) | Expr::Cast(_, a) => expr_buffers(a, used),
-        Expr::Binary(_, a, b) => {
-            expr_buffers(a, used);
-            expr_buffers(b, used);
-        }
-        Expr::Select(c, a, b) => {
-            expr_buffers(c, used);
-            expr_buffers(a, used);
-            expr_buffers(b, used);
-        }
-        Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) | Expr::Var(_) => {}
-    }
+    e.for_each_elem_tile(&mut |b| used[b] = true);
 }
 
 #[cfg(test)]

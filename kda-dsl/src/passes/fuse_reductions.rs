@@ -68,24 +68,7 @@ fn count_reductions(body: &[Stmt], reduced: &mut IdVec<Buffer, usize>, paired: &
 /// temporary with any is kept).
 fn count_other_uses(body: &[Stmt], n: &mut IdVec<Buffer, usize>) {
     fn expr(e: &Expr, n: &mut IdVec<Buffer, usize>) {
-        match e {
-            Expr::Elem(b, idx) => {
-                n[*b] += 1;
-                idx.iter().for_each(|i| expr(i, n));
-            }
-            Expr::Load(_, idx) => idx.iter().for_each(|i| expr(i, n)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, n),
-            Expr::Binary(_, a, b) => {
-                expr(a, n);
-                expr(b, n);
-            }
-            Expr::Select(c, a, b) => {
-                expr(c, n);
-                expr(a, n);
-                expr(b, n);
-            }
-            _ => {}
-        }
+        e.for_each_elem_tile(&mut |b| n[b] += 1);
     }
     fn region(r: &Region, n: &mut IdVec<Buffer, usize>) {
         if let Region::Buf(b) = r {

@@ -1,7 +1,7 @@
 //! Assembling PTX with ptxas and listing its SASS with cuobjdump, for the tests that check what
 //! the assembler makes of a program (kda-dsl's Hopper programs, kda-kernels' Hopper GEMM).
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::process::Command;
 
 /// What ptxas and cuobjdump made of one module.
@@ -50,4 +50,20 @@ pub fn assemble(
     };
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Assembled { log, sass })
+}
+
+/// ptxas and cuobjdump from `KDA_PTXAS` and `KDA_CUOBJDUMP` (`.ci/run` sets both), or `None`
+/// after a line saying that `what` is skipped without them; a failure instead when
+/// `KDA_REQUIRE_PTXAS` is set.
+#[allow(dead_code)] // each test binary including this file uses what it needs
+pub fn tools_or_skip(what: &str) -> Option<(OsString, OsString)> {
+    let required = std::env::var_os("KDA_REQUIRE_PTXAS").is_some();
+    match (std::env::var_os("KDA_PTXAS"), std::env::var_os("KDA_CUOBJDUMP")) {
+        (Some(ptxas), Some(cuobjdump)) => Some((ptxas, cuobjdump)),
+        _ => {
+            assert!(!required, "KDA_REQUIRE_PTXAS is set but KDA_PTXAS or KDA_CUOBJDUMP is not");
+            println!("skipped: set KDA_PTXAS and KDA_CUOBJDUMP to assemble {what}");
+            None
+        }
+    }
 }

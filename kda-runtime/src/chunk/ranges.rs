@@ -215,6 +215,13 @@ mod tests {
         [bf16(1, h), bf16(2, h), bf16(3, hv), bf16(4, hv), tv(5, &[1, t, hv], DType::BF16), bf16(6, hv)]
     }
 
+    /// Range `r`'s chain arguments bind to its compiled kernel.
+    fn assert_chain_binds(l: &RangeLaunch, r: usize) {
+        let kernel =
+            kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), Target::Sm80).expect("compiles");
+        bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+    }
+
     /// The address bound to the tensor parameter `name`.
     fn tensor_at(bound: &ChunkKernelArgs, name: &str) -> u64 {
         match bound.iter().find(|(n, _)| *n == name) {
@@ -271,9 +278,7 @@ mod tests {
         assert_eq!(launches.len(), 3);
         let windows = chunk_windows(t, 3);
         for (r, l) in launches.iter().enumerate() {
-            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
-                .expect("compiles");
-            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            assert_chain_binds(l, r);
             let prep_cfg = kda_kernels::chunk_prep::PrepConfig::of(&l.cfg);
             let prep = kda_dsl::compile(
                 kda_kernels::chunk_prep::chunk_prep(&prep_cfg).expect("builds"),
@@ -325,9 +330,7 @@ mod tests {
         let (preloaded, _) = crate::chunk::chunk_variants(&plan, &DeviceLimits::H200);
         let launches = range_launches(&args, &plan, tune, DEFAULT_RANGES, out.ptr(), None).expect("launches");
         for (r, l) in launches.iter().enumerate() {
-            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
-                .expect("compiles");
-            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            assert_chain_binds(l, r);
             assert_eq!(tensor_at(&l.bound, "prefix_lens"), lens.ptr(), "range {r}");
             assert_eq!(tensor_at(&l.bound, "checkpoint_slots"), table.ptr(), "range {r}");
             assert_eq!(tensor_at(&l.bound, "checkpoints"), ckpool.ptr(), "range {r}");
@@ -393,9 +396,7 @@ mod tests {
                 .expect("launches");
         assert_eq!(launches.len(), 3);
         for (r, l) in launches.iter().enumerate() {
-            let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
-                .expect("compiles");
-            bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
+            assert_chain_binds(l, r);
             assert_eq!(tensor_at(&l.bound, "state"), pool.ptr(), "range {r}: the pool, in place");
             assert_eq!(tensor_at(&l.bound, "state_indices"), slots.ptr(), "range {r}");
             let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });

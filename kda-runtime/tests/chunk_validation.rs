@@ -744,22 +744,22 @@ fn the_workspace_a_call_takes_follows_its_path_never_the_argument() {
     assert_eq!(chunk_workspace_bytes(&vp, &DeviceLimits::H200), HV * (145 * 416 * 2 + 10 * 144 * 4));
 }
 
-/// The variants a kind of call can pick on a device include the one each batch picks there
-/// (with its target), and the preparation of the two-kernel path.
+/// The variants a kind of call can pick include the one each batch picks on each device, and
+/// the preparation of the two-kernel path.
 #[test]
 fn chunk_variants_cover_every_batch_size() {
     use kda_runtime::chunk::{chunk_config, chunk_variants, prepared_max_chains};
     use kda_runtime::DeviceLimits;
     let few = Case::new(1, 64);
+    let (variants, prep) = chunk_variants(&few.plan(|_| {}));
+    assert_eq!(prep.len(), 1);
     for device in [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H200] {
-        let (variants, prep) = chunk_variants(&few.plan(|_| {}), &device);
-        assert_eq!(prep.len(), 1);
         // HV = 4: 40 sequences are more chains than the two-kernel path takes.
         assert!(40 * HV > prepared_max_chains(&device));
         for b in [1, 2, 40] {
             let c = Case::new(b, 64);
-            let picked = chunk_config(&c.plan(|_| {}), &device);
-            assert!(variants.contains(&picked), "B = {b}: {} not among {variants:?}", picked.0.key());
+            let cfg = chunk_config(&c.plan(|_| {}), &device);
+            assert!(variants.contains(&cfg), "B = {b}: {} not among {variants:?}", cfg.key());
         }
     }
 }
@@ -784,12 +784,12 @@ fn prefill_takes_decodes_gate_and_beta_rules() {
         (a.use_lower_bound, a.lower_bound) = (Some(false), Some(0.0));
     });
     assert_eq!(p.gate, ChunkGate::Softplus);
-    let (cfg, _) = chunk_config(&p, &DeviceLimits::H200);
+    let cfg = chunk_config(&p, &DeviceLimits::H200);
     assert_eq!((cfg.gate, cfg.beta), (kda_kernels::rules::Gate::Softplus, kda_kernels::rules::Beta::Sigmoid));
     // Raw beta (FLA's post-sigmoid) and negative eigenvalues.
     let p = c.plan(|a| a.apply_beta_sigmoid = Some(false));
     assert_eq!((p.gate, p.beta), (ChunkGate::Precomputed, BetaRule::Raw));
-    assert_eq!(chunk_config(&p, &DeviceLimits::H200).0.beta, kda_kernels::rules::Beta::Raw);
+    assert_eq!(chunk_config(&p, &DeviceLimits::H200).beta, kda_kernels::rules::Beta::Raw);
     assert_eq!(c.plan(|a| a.allow_neg_eigval = true).beta, BetaRule::TwoSigmoid);
     // What cannot be meant: a gate rule without the gate's inputs, and 2 sigmoid(b) without the
     // sigmoid.

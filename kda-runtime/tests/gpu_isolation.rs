@@ -468,8 +468,8 @@ fn a_call_without_a_workspace_runs_the_fast_path_with_its_bits() {
     let views = [q.view(), k.view(), v.view(), g.view(), beta.view(), out.view()];
     let mut args = ChunkArgs::new(&views[0], &views[1], &views[2], &views[3], &views[4]);
     args.output = Some(&views[5]);
-    let (cfg, target) = kda_runtime::chunk::chunk_config(&plan_chunk(&args).expect("a call"), &gpu.limits());
-    kernels.chunk(&cfg, target).expect("compiles");
+    let cfg = kda_runtime::chunk::chunk_config(&plan_chunk(&args).expect("a call"), &gpu.limits());
+    kernels.chunk(&cfg, kda_runtime::Target::Sm80).expect("compiles");
     s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("capture");
     let e = chunk_kda(&gpu, &kernels, &s, &args).map(|_| ()).expect_err("no workspace to grow under capture");
     let _ = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));

@@ -9,8 +9,8 @@
 //!   and resolves the defaults into a [`ChunkPlan`], the validated call;
 //! - [`check_chunk_indices`] (`checked.rs`) is the opt-in checked mode over host copies of
 //!   the index tensors;
-//! - `prefix.rs` validates prefix caching (`prefix_lens`, checkpoints) into a [`PrefixPlan`];
-//!   such calls take the fused kernel or the two-kernel path, not token ranges or the split;
+//! - `prefix.rs` validates prefix caching (`prefix_lens`, checkpoints) into a [`PrefixPlan`],
+//!   which every path takes;
 //! - [`ChunkTuning::for_call`] (`tuning.rs`) picks the path from the shapes and the device:
 //!   the fused kernel; for few chains the two-kernel path (the preparation, then the chain over
 //!   its output, bit-identical); for one long sequence its token ranges, whose chains overlap

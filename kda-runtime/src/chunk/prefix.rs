@@ -2,7 +2,8 @@
 //! `prefix_lens` aligns each sequence's chunks to absolute positions, and
 //! `checkpoint_every` with `checkpoint_slots` writes the state every E tokens into a block
 //! table's slots. Validated here into a [`PrefixPlan`]; the chain kernel does the rest
-//! (`kda_kernels::chunk`, `write_checkpoint`), fused or over a prepared workspace.
+//! (`kda_kernels::chunk`, `write_checkpoint`) on every path: fused, over a prepared workspace,
+//! in token ranges (windows of chunks) and split (`Pieces::Segments`).
 
 pub use kda_kernels::chunk::PrefixCaching;
 
@@ -24,8 +25,7 @@ pub struct PrefixPlan {
 }
 
 impl PrefixPlan {
-    /// Whether the call has any prefix caching: then it takes neither token ranges nor the
-    /// split.
+    /// Whether the call has any prefix caching (`prefix_lens` or checkpoints).
     pub fn active(&self) -> bool {
         self.caching != PrefixCaching::default()
     }

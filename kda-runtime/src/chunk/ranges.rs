@@ -327,7 +327,7 @@ mod tests {
         let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
         assert_eq!(tune.ranges, Some(DEFAULT_RANGES));
         assert!(may_take_ranges(&plan));
-        let (preloaded, _) = crate::chunk::chunk_variants(&plan, &DeviceLimits::H200);
+        let (preloaded, _) = crate::chunk::chunk_variants(&plan);
         let launches = range_launches(&args, &plan, tune, DEFAULT_RANGES, out.ptr(), None).expect("launches");
         for (r, l) in launches.iter().enumerate() {
             assert_chain_binds(l, r);
@@ -336,7 +336,7 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "checkpoints"), ckpool.ptr(), "range {r}");
             let reads = tensor_at(&l.bound, "read_indices");
             assert_eq!(reads, if r == 0 { read.ptr() } else { slots.ptr() }, "range {r}: its read slots");
-            assert!(preloaded.contains(&(l.cfg.clone(), Target::Sm80)), "range {r}: {} is not preloaded", l.cfg.key());
+            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
     }
 
@@ -401,8 +401,8 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "state_indices"), slots.ptr(), "range {r}");
             let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });
             assert_eq!(reads_fresh, r == 0, "range {r}: only the first reads has_initial_state");
-            let (preloaded, _) = crate::chunk::chunk_variants(&plan, &DeviceLimits::H200);
-            assert!(preloaded.contains(&(l.cfg.clone(), Target::Sm80)), "range {r}: {} is not preloaded", l.cfg.key());
+            let (preloaded, _) = crate::chunk::chunk_variants(&plan);
+            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
         // A bf16 pool would round the state between ranges: refused, and not the default.
         let pool16 = tv(64, &[3, hv, D, D], DType::BF16);
@@ -480,12 +480,12 @@ mod tests {
             chunk_workspace_bytes(&dense, &DeviceLimits::H200) <= chunk_workspace_bytes(&varlen, &DeviceLimits::H200),
             "the parts fit"
         );
-        let (chains, preps) = crate::chunk::chunk_variants(&varlen, &DeviceLimits::H200);
+        let (chains, preps) = crate::chunk::chunk_variants(&varlen);
         assert_eq!(got.len(), want.len());
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.cfg, w.cfg, "range {r}: config");
             assert_eq!(format!("{:?}", g.bound), format!("{:?}", w.bound), "range {r}: arguments");
-            assert!(chains.contains(&(g.cfg.clone(), Target::Sm80)), "range {r}: {} is not preloaded", g.cfg.key());
+            assert!(chains.contains(&g.cfg), "range {r}: {} is not preloaded", g.cfg.key());
             let prep = kda_kernels::chunk_prep::PrepConfig::of(&g.cfg);
             assert!(preps.contains(&prep), "range {r}: its preparation {} is not preloaded", prep.key());
             assert_ne!(tensor_at(&g.bound, "cu_seqlens"), cu1.ptr(), "range {r}: reads cu_seqlens");

@@ -63,10 +63,11 @@ pub struct ChunkTuning {
     /// The fused kernel's PTX target: [`Target::Sm80`], which runs on every device from compute
     /// capability 8.0, or [`Target::Sm90a`], compute capability 9.0 alone, whose state products
     /// take `wgmma` with the state as their register A operand (at [`ChunkShape::HOPPER`]).
-    /// [`ChunkTuning::for_call`] takes sm_90a for the fused kernel on 9.0. The split's chunk
-    /// passes take it too when they are fused (`prepared: false`; its schedule, merge and finish
-    /// stay sm_80); the two-kernel path and token ranges run 2-warp chains, which hold no
-    /// warpgroup, so sm_90a with them is refused. On another device it is an error naming `gpu`.
+    /// [`ChunkTuning::for_call`] takes sm_80 (see there why); [`ChunkTuning::hopper`] is the
+    /// fused kernel on sm_90a. The split's chunk passes take it too when they are fused
+    /// (`prepared: false`; its schedule, merge and finish stay sm_80); the two-kernel path and
+    /// token ranges run 2-warp chains, which hold no warpgroup, so sm_90a with them is refused.
+    /// On another device it is an error naming `gpu`.
     pub target: Target,
 }
 
@@ -86,21 +87,23 @@ impl ChunkTuning {
     /// [`prepared_max_chains`] chains, the fused kernel for more, each path at its shape
     /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
-    /// is two or more.
+    /// is two or more. Every path's kernels are sm_80's, on every device: the sm_90a fused
+    /// kernel ([`ChunkTuning::hopper`]) rounds otherwise than the two-kernel path and the split
+    /// that a batch of another size or length would take, so picking it by the batch would
+    /// break batch invariance; it is a tuning a caller chooses for all its calls.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
         let prepared = chains <= prepared_max_chains(device);
-        if !prepared && device.target().is_ok_and(|t| t == Target::Sm90a) {
-            return ChunkTuning::hopper(plan);
-        }
         let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
         ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
     }
 
-    /// The fused kernel for sm_90a ([`ChunkTuning::target`]) at [`ChunkShape::HOPPER`].
+    /// The fused kernel for sm_90a ([`ChunkTuning::target`]) at [`ChunkShape::HOPPER`], for a
+    /// caller on compute capability 9.0 that takes it for every call (with `split` for long
+    /// sequences, so that a sequence gets the same bits in any batch).
     pub fn hopper(plan: &ChunkPlan) -> ChunkTuning {
         ChunkTuning { shape: ChunkShape::HOPPER, target: Target::Sm90a, ..ChunkTuning::fused(plan) }
     }
@@ -162,31 +165,25 @@ pub fn default_operands(plan: &ChunkPlan) -> ChunkOperands {
     }
 }
 
-/// The chain's kernel variant a validated call runs on `device`, and the target it is
-/// compiled for ([`ChunkTuning::target`]).
-pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> (ChunkConfig, Target) {
-    let tune = ChunkTuning::for_call(plan, device);
-    (chunk_tuned_config(plan, tune), tune.target)
+/// The chain's kernel variant a validated call runs on `device` (for sm_80,
+/// [`ChunkTuning::for_call`]).
+pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
+    chunk_tuned_config(plan, ChunkTuning::for_call(plan, device))
 }
 
 /// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
-/// on `device`, whatever its batch, with the target it is compiled for: the fused kernel (on
-/// compute capability 9.0 its sm_90a form, [`ChunkTuning::hopper`]), the chain over prepared
-/// operands (taken at most [`prepared_max_chains`] chains); for a call that can take token
-/// ranges also the form the ranges after the first take (from the final states, or from the
-/// pool without `has_initial_state`) and, varlen, the dense forms of both (the ranges are
-/// dense calls); and the preparations they need.
-pub fn chunk_variants(plan: &ChunkPlan, device: &DeviceLimits) -> (Vec<(ChunkConfig, Target)>, Vec<PrepConfig>) {
-    let fused = match device.target() {
-        Ok(Target::Sm90a) => (chunk_tuned_config(plan, ChunkTuning::hopper(plan)), Target::Sm90a),
-        _ => (chunk_tuned_config(plan, ChunkTuning::of_path(plan, false)), Target::Sm80),
-    };
+/// by default, whatever its batch (all on sm_80, see [`ChunkTuning::for_call`]): the fused kernel, the chain over prepared operands (taken at most
+/// [`prepared_max_chains`] chains); for a call that can take token ranges also the form the
+/// ranges after the first take (from the final states, or from the pool without
+/// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
+/// the preparations they need.
+pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
+    let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
     let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
     let mut chains = vec![fused];
     let mut preps = vec![PrepConfig::of(&prepared)];
-    let on_sm80 = |configs: Vec<ChunkConfig>| configs.into_iter().map(|c| (c, Target::Sm80));
     if !eligibility::may_take_ranges(plan) {
-        chains.extend(on_sm80(vec![prepared]));
+        chains.push(prepared);
         return (chains, preps);
     }
     // Token ranges after the first start from the state the one before left: the pool without
@@ -204,7 +201,7 @@ pub fn chunk_variants(plan: &ChunkPlan, device: &DeviceLimits) -> (Vec<(ChunkCon
         preps.push(PrepConfig::of(&dense[0]));
         range_chains.extend(dense);
     }
-    chains.extend(on_sm80(range_chains));
+    chains.extend(range_chains);
     (chains, preps)
 }
 
@@ -278,12 +275,11 @@ mod tests {
         ChunkTuning { split: Some(64), ..hopper }.check(&plan).expect("the split's fused passes on sm_90a");
     }
 
-    /// The target function: a call the fused kernel runs takes its sm_90a form on compute
-    /// capability 9.0 alone (Ampere, Ada and Blackwell run the sm_80 PTX), at the Hopper shape;
-    /// a call of few chains takes the two-kernel path on sm_80 everywhere; the variants a call
-    /// can pick (what `preload_chunk` loads) follow the device.
+    /// The default is sm_80 on every device, whatever the batch (so a sequence's bits do not
+    /// depend on the path its batch takes); the sm_90a fused kernel is a tuning that passes
+    /// `check` for any call the fused kernel or the split can run.
     #[test]
-    fn the_fused_kernel_takes_sm_90a_on_compute_capability_9_0_alone() {
+    fn the_default_stays_sm_80_and_sm_90a_is_a_tuning() {
         let plan_of = |b: usize| {
             let [q, k, v, g, beta] = dense_bf16_inputs(b, 64, 2);
             plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call")
@@ -291,19 +287,14 @@ mod tests {
         let (many, few) = (plan_of(400), plan_of(2));
         for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
             let device = DeviceLimits { compute_capability: cc, ..DeviceLimits::H200 };
-            let hopper = cc == (9, 0);
-            let fused = ChunkTuning::for_call(&many, &device);
-            assert!(!fused.prepared, "{cc:?}: 800 chains take the fused kernel");
-            let (target, shape) =
-                if hopper { (Target::Sm90a, ChunkShape::HOPPER) } else { (Target::Sm80, ChunkShape::FUSED) };
-            assert_eq!((fused.target, fused.shape), (target, shape), "{cc:?}");
-            fused.check(&many).unwrap_or_else(|e| panic!("{cc:?}: {e}"));
-            let two = ChunkTuning::for_call(&few, &device);
-            assert!(two.prepared && two.target == Target::Sm80, "{cc:?}: {two:?}");
-            let (chains, _) = chunk_variants(&many, &device);
-            assert_eq!(chains[0], (chunk_tuned_config(&many, fused), target), "{cc:?}: the fused variant loaded");
-            assert!(chains[1..].iter().all(|(_, t)| *t == Target::Sm80), "{cc:?}");
+            for plan in [&many, &few] {
+                let tune = ChunkTuning::for_call(plan, &device);
+                assert_eq!(tune.target, Target::Sm80, "{cc:?}: {tune:?}");
+            }
         }
+        let hopper = ChunkTuning::hopper(&many);
+        assert_eq!((hopper.target, hopper.shape, hopper.prepared), (Target::Sm90a, ChunkShape::HOPPER, false));
+        hopper.check(&many).expect("the sm_90a fused kernel");
     }
 
     /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
@@ -326,10 +317,7 @@ mod tests {
             ChunkOperands::Bf16,
             "without l2norm"
         );
-        assert!(
-            chunk_variants(&unnormalized, &DeviceLimits::H200).0.iter().all(|(c, _)| c.operands == ChunkOperands::Bf16),
-            "preloads"
-        );
+        assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
         args.use_qk_l2norm_in_kernel = None;
         for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
             tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));

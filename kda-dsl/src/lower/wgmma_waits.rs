@@ -6,7 +6,9 @@
 //! products), and everything between a product and its first use runs beside it.
 //!
 //! Groups retire in order: retiring a group retires every older one, so a wait keeps the newer
-//! groups in flight (`wgmma.wait_group keep`). The simulator checks what this leaves pending
+//! groups in flight (`wgmma.wait_group keep`). The first group in flight also gets a wait
+//! before it, with nothing pending: free at run time, it keeps ptxas from injecting waits of
+//! its own between the K-steps ([`WaitReason::Settled`]). The simulator checks what this leaves pending
 //! (a register a pending `wgmma` owns, a shared write under its read, an exit with groups
 //! pending).
 
@@ -37,6 +39,11 @@ pub(crate) enum WaitReason {
     Barrier,
     /// The body ends.
     End,
+    /// The statement issues the body's first group in flight: nothing is pending, so the wait
+    /// costs nothing, but it tells ptxas that the registers the product reads belong to no
+    /// pending group (across loops and branches it loses track and injects waits of its own
+    /// between the K-steps, C7517, which serialize them).
+    Settled,
 }
 
 /// A `wgmma.wait_group keep` before statement `at` of a body (`at` = its length: after the
@@ -85,7 +92,11 @@ pub(crate) fn plan_waits(body: &[Stmt], mut group_of: impl FnMut(&Stmt) -> Optio
             waits.push(Wait { at, keep, why });
             pending.drain(..=k);
         }
-        pending.extend(group_of(s));
+        let group = group_of(s);
+        if group.is_some() && pending.is_empty() {
+            waits.push(Wait { at, keep: 0, why: WaitReason::Settled });
+        }
+        pending.extend(group);
     }
     if !pending.is_empty() {
         waits.push(Wait { at: body.len(), keep: 0, why: WaitReason::End });
@@ -121,20 +132,23 @@ mod tests {
         let read = |b: BufId| at(StmtKind::Fill(x, Expr::Elem(b, vec![Expr::Int(0, None)])));
         let body = [gemm(s, kd, w), gemm(s, qd, o), read(w), read(o), read(y)];
         let waits = plan_waits(&body, group);
+        let settled = |at| Wait { at, keep: 0, why: WaitReason::Settled };
         let want = [
+            settled(0),
             Wait { at: 2, keep: 1, why: WaitReason::Accumulator(w) },
             Wait { at: 3, keep: 0, why: WaitReason::Accumulator(o) },
         ];
         assert_eq!(waits, want);
         // Overwriting `kd` while `S kdᵀ` reads it.
         let body = [gemm(s, kd, w), at(StmtKind::Fill(kd, Expr::Float(0.0)))];
-        assert_eq!(plan_waits(&body, group), [Wait { at: 1, keep: 0, why: WaitReason::SharedOperand(kd) }]);
+        assert_eq!(plan_waits(&body, group), [settled(0), Wait { at: 1, keep: 0, why: WaitReason::SharedOperand(kd) }]);
         let body = [gemm(s, kd, w), at(StmtKind::Barrier), gemm(s, qd, o)];
         let waits = plan_waits(&body, group);
-        assert_eq!(waits[0], Wait { at: 1, keep: 0, why: WaitReason::Barrier });
-        assert_eq!(waits[1], Wait { at: 3, keep: 0, why: WaitReason::End });
+        assert_eq!(waits[1], Wait { at: 1, keep: 0, why: WaitReason::Barrier });
+        assert_eq!(waits[2], settled(2));
+        assert_eq!(waits[3], Wait { at: 3, keep: 0, why: WaitReason::End });
         let body = [gemm(s, kd, w), at(StmtKind::If(Expr::Bool(true), vec![], vec![]))];
-        assert_eq!(plan_waits(&body, group)[0].why, WaitReason::ControlFlow);
+        assert_eq!(plan_waits(&body, group)[1].why, WaitReason::ControlFlow);
         assert!(plan_waits(&[read(y)], group).is_empty(), "no group, no wait");
     }
 }

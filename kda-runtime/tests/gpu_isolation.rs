@@ -368,6 +368,27 @@ fn prefill_batch_invariance() {
     }
 }
 
+/// The API's default across the chain count at which it turns from the two-kernel path to the
+/// fused kernel (the device's SM count): a sequence alone (4 chains) and packed among enough
+/// others that the call takes the fused kernel gives the same bits. Both defaults must round
+/// alike, on every device (so the default never picks a kernel that rounds otherwise, such as
+/// the sm_90a one, by the batch).
+fn the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let nseq = gpu.limits().sm_count / HV + 2;
+    let lens: Vec<usize> = (0..nseq).map(|i| LENS[i % LENS.len()]).collect();
+    let x = PrefillInputs::random(&lens, 37);
+    let (out, fin) = prefill(&gpu, &kernels, &x, Path::TwoKernel).expect("packed");
+    for n in [0, 1, 3, nseq - 1] {
+        let alone = prefill(&gpu, &kernels, &x.sequence(n), Path::TwoKernel).expect("alone");
+        assert!(alone.0 == out[token_rows(&lens, n)], "sequence {n}: output differs alone and among {nseq}");
+        assert!(alone.1 == fin[n * STATE..(n + 1) * STATE], "sequence {n}: final state differs alone and among {nseq}");
+    }
+}
+
 fn prefill_isolation() {
     if skip_without_gpu() {
         return;
@@ -519,6 +540,10 @@ fn main() {
             ("decode_isolation", decode_isolation),
             ("prefill_batch_invariance", prefill_batch_invariance),
             ("prefill_isolation", prefill_isolation),
+            (
+                "the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count",
+                the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count,
+            ),
             ("prefill_in_token_ranges_is_bit_identical", prefill_in_token_ranges_is_bit_identical),
             ("a_max_seqlen_hint_changes_no_bits", a_max_seqlen_hint_changes_no_bits),
             (

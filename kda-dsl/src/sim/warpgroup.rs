@@ -290,7 +290,9 @@ impl Block<'_> {
             for (v, (slot, r)) in out.iter_mut().zip(d).enumerate() {
                 let (m, col) = acc_layout.coord(local as u32, v as u32);
                 let c = if scale_d { f64::from(f32_of(self.accumulator_value(group, first + local, *r))) } else { 0.0 };
-                let sum = c + (0..16).map(|k| am[m as usize][k] * bm[col as usize][k]).sum::<f64>();
+                // From the accumulator, product by product, as `mma.sync`'s model sums: the two
+                // instructions then agree wherever a kernel's arithmetic does.
+                let sum = (0..16).fold(c, |s, k| s + am[m as usize][k] * bm[col as usize][k]);
                 *slot = u64::from((sum as f32).to_bits());
             }
         }

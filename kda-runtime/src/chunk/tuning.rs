@@ -88,9 +88,10 @@ impl ChunkTuning {
     /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
     /// is two or more. Every path's kernels are sm_80's, on every device: the sm_90a fused
-    /// kernel ([`ChunkTuning::hopper`]) rounds otherwise than the two-kernel path and the split
-    /// that a batch of another size or length would take, so picking it by the batch would
-    /// break batch invariance; it is a tuning a caller chooses for all its calls.
+    /// kernel ([`ChunkTuning::hopper`]) may round otherwise on the GPU (`wgmma` against
+    /// `mma.sync`, not yet measured) than the two-kernel path and the split that a batch of
+    /// another size or length would take, so picking it by the batch could break batch
+    /// invariance; it is a tuning a caller chooses for all its calls.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };

@@ -169,9 +169,13 @@ pub fn chunk_segments(
                     alive = raw >= 0 && raw < P;
                 }
                 seg_first[n] = min(first, NS);
-                // The sequence's place in its prompt, for prefix caching.
-                let prefix = sequence_prefix(with_lens, prefix_lens, n);
-                let len = end_of(varlen, cu_seqlens, n, T, start) - start;
+                // The sequence's place in its prompt, for prefix caching (read only then).
+                let mut prefix = 0;
+                let mut len = 0;
+                if positions {
+                    prefix = sequence_prefix(with_lens, prefix_lens, n);
+                    len = end_of(varlen, cu_seqlens, n, T, start) - start;
+                }
                 // Past `NS` only when `cu_seqlens` overlaps itself (the checked mode reports
                 // it): those segments are left out, never written out of bounds.
                 for j in serial(0, min(count, max(NS - first, 0))) {

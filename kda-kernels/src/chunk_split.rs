@@ -66,13 +66,13 @@ pub fn split_configs(call: &ChunkConfig) -> SplitConfigs {
     // With prefix caching every pass takes the segments' absolute starts as their prefixes
     // (i32, from the schedule); only the output pass writes checkpoints.
     let aligned = positions != SegmentPositions::Unused;
-    let prefix = |checkpoints: bool| PrefixCaching {
-        prefix_lens: aligned.then_some(DType::I32),
-        checkpoint_slots: caching.checkpoint_slots.filter(|_| checkpoints),
-        pieces: match caching.checkpoint_slots.filter(|_| checkpoints) {
+    let prefix = |checkpoints: bool| {
+        let checkpoint_slots = caching.checkpoint_slots.filter(|_| checkpoints);
+        let pieces = match checkpoint_slots {
             Some(_) => Pieces::Segments { checkpoints: call.state_dtype },
             None => Pieces::Sequences,
-        },
+        };
+        PrefixCaching { prefix_lens: aligned.then_some(DType::I32), checkpoint_slots, pieces }
     };
     let pass = |run: ChunkRun, has_initial: Option<DType>| ChunkConfig {
         state_dtype: DType::F32,

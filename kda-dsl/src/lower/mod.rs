@@ -374,6 +374,9 @@ impl Lower<'_> {
             return Ok(());
         }
         let waits = wgmma_waits::plan_waits(body, |s| self.wgmma_group(s));
+        for w in &waits {
+            crate::passes::dump("wgmma_waits", w);
+        }
         let mut waits = waits.into_iter().peekable();
         for (i, s) in body.iter().enumerate() {
             while let Some(w) = waits.next_if(|w| w.at == i) {

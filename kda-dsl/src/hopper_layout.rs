@@ -1,13 +1,12 @@
 //! Hopper's operand layouts as values: the swizzle modes that TMA boxes write and `wgmma`
 //! descriptors read ([`Swizzle`]), the canonical K-major shared tile ([`KMajorTile`]), its
-//! matrix descriptor ([`MatrixDescriptor`]), the TMA box that fills it ([`TensorMap2d`]), and
-//! the warpgroup's register layouts: the f32 accumulator of `wgmma.m64nNk16` and the 16-bit A
-//! operand read from registers ([`WgmmaFragment`]).
+//! matrix descriptor ([`MatrixDescriptor`]), and the warpgroup's register layouts: the f32
+//! accumulator of `wgmma.m64nNk16` and the 16-bit A operand read from registers
+//! ([`WgmmaFragment`]). The TMA box that fills a tile is [`crate::tensor_map::TensorMap`].
 //!
-//! Nothing lowers to these yet; they are the layouts the `wgmma` and TMA lowerings will name,
-//! and the simulator reads `wgmma` operands through [`MatrixDescriptor::decode`].
-//! Their tests check each against a decoder written from the PTX ISA's description of the
-//! descriptor and the canonical layouts, not from the encoder.
+//! The `wgmma` lowering names these layouts, and the simulator reads `wgmma` operands through
+//! [`MatrixDescriptor::decode`]. Their tests check each against a decoder written from the PTX
+//! ISA's description of the descriptor and the canonical layouts, not from the encoder.
 
 /// The swizzle of a Hopper shared tile: within each atom of 8 lines of [`Swizzle::line_bytes`],
 /// the address bits of the 16-byte chunk (as many as a line has chunks: 1, 2 or 3) are XORed
@@ -304,81 +303,6 @@ impl MatrixDescriptor {
     }
 }
 
-/// A TMA tensor map's tiled view of a 2-D global tensor (what `cuTensorMapEncodeTiled`
-/// encodes): `extent` elements (inner, contiguous axis first), rows `row_stride` bytes apart,
-/// copied a box of `box_extent` elements at a time into shared memory, where the box's rows
-/// follow each other and `swizzle` permutes them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TensorMap2d {
-    /// Bytes per element.
-    pub elem_bytes: u32,
-    /// The tensor's extent in elements: `[inner, outer]`.
-    pub extent: [u64; 2],
-    /// Bytes from one outer index to the next.
-    pub row_stride: u64,
-    /// The box's extent in elements: `[inner, outer]`.
-    pub box_extent: [u32; 2],
-    /// The swizzle of the box in shared memory.
-    pub swizzle: Swizzle,
-}
-
-impl TensorMap2d {
-    /// Why the hardware (or this crate) would not take the map: elements of 1, 2, 4 or 8 bytes;
-    /// box extents 1 to 256 with whole 16-byte rows; with a swizzle, rows exactly one swizzle
-    /// line (the layout the `wgmma` descriptors read; the hardware also takes narrower ones);
-    /// extents 1 to 2^32; a row stride of whole 16 bytes, below 2^40, covering a row.
-    pub fn check(&self) -> Result<(), String> {
-        let row_bytes = self.box_extent[0] * self.elem_bytes;
-        if ![1, 2, 4, 8].contains(&self.elem_bytes) {
-            return Err(format!("tensor map element of {} bytes: expected 1, 2, 4 or 8", self.elem_bytes));
-        }
-        if self.box_extent.iter().any(|b| !(1..=256).contains(b)) {
-            return Err(format!("tensor map box {:?}: each extent must be 1 to 256", self.box_extent));
-        }
-        if !row_bytes.is_multiple_of(16) {
-            return Err(format!("tensor map box rows of {row_bytes} bytes: expected a multiple of 16"));
-        }
-        if self.swizzle != Swizzle::None && row_bytes != self.swizzle.line_bytes() {
-            return Err(format!(
-                "tensor map box rows of {row_bytes} bytes with the {:?} swizzle: expected {} (one line)",
-                self.swizzle,
-                self.swizzle.line_bytes()
-            ));
-        }
-        if self.extent.iter().any(|e| !(1..=1 << 32).contains(e)) {
-            return Err(format!("tensor map extent {:?}: each must be 1 to 2^32", self.extent));
-        }
-        let row = self.extent[0] * u64::from(self.elem_bytes);
-        if !self.row_stride.is_multiple_of(16) || self.row_stride >= 1 << 40 || self.row_stride < row {
-            return Err(format!(
-                "tensor map row stride {}: expected a multiple of 16 below 2^40, at least a row's {row} bytes",
-                self.row_stride
-            ));
-        }
-        Ok(())
-    }
-
-    /// Bytes one box fills in shared memory.
-    pub fn box_bytes(&self) -> u32 {
-        self.box_extent[0] * self.box_extent[1] * self.elem_bytes
-    }
-
-    /// Where box element (`inner`, `outer`) lands, in bytes from the box's shared base (which
-    /// is aligned to the swizzle's atom).
-    pub fn shared_offset(&self, inner: u32, outer: u32) -> u32 {
-        let row_bytes = self.box_extent[0] * self.elem_bytes;
-        self.swizzle.apply(outer * row_bytes + inner * self.elem_bytes)
-    }
-
-    /// The global byte offset box element (`inner`, `outer`) of the box at element
-    /// coordinates `at` comes from, or `None` outside the tensor (the copy writes zeros there).
-    pub fn global_offset(&self, at: [i64; 2], inner: u32, outer: u32) -> Option<u64> {
-        let x = u64::try_from(at[0] + i64::from(inner)).ok().filter(|x| *x < self.extent[0])?;
-        let y = u64::try_from(at[1] + i64::from(outer)).ok().filter(|y| *y < self.extent[1])?;
-        Some(y * self.row_stride + x * u64::from(self.elem_bytes))
-    }
-}
-
 /// Which register layout a warpgroup's `wgmma` fragment has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgmmaFragment {
@@ -429,6 +353,7 @@ impl WgmmaFragment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_map::TensorMap;
     use proptest::prelude::*;
     use std::collections::HashSet;
 
@@ -588,35 +513,20 @@ mod tests {
         fn tma_boxes_fill_a_k_major_tile(t in tile().prop_filter("swizzled", |t| t.swizzle != Swizzle::None), atoms in 0u32..16) {
             let base = atoms * 1024;
             let line_elems = t.swizzle.line_bytes() / t.elem_bytes;
-            let map = TensorMap2d {
-                elem_bytes: t.elem_bytes,
-                extent: [u64::from(t.k), u64::from(t.rows)],
-                row_stride: u64::from(t.k * t.elem_bytes),
-                box_extent: [line_elems, t.rows],
-                swizzle: t.swizzle,
-            };
+            let extent = [u64::from(t.k), u64::from(t.rows)];
+            let map = TensorMap::two_d(t.elem_bytes, extent, u64::from(t.k * t.elem_bytes), [line_elems, t.rows], t.swizzle);
             prop_assert_eq!(map.check(), Ok(()));
             for slab in 0..t.k / line_elems {
                 let box_base = base + slab * map.box_bytes();
                 for row in 0..t.rows {
                     for kk in 0..line_elems {
-                        prop_assert_eq!(box_base + map.shared_offset(kk, row), t.address(base, row, slab * line_elems + kk));
-                        let from = map.global_offset([i64::from(slab * line_elems), 0], kk, row);
+                        let index = [kk, row, 0, 0, 0];
+                        prop_assert_eq!(box_base + map.shared_offset(index), t.address(base, row, slab * line_elems + kk));
+                        let from = map.global_offset([i64::from(slab * line_elems), 0, 0, 0, 0], index);
                         prop_assert_eq!(from, Some(u64::from(row * t.k + slab * line_elems + kk) * 2));
                     }
                 }
             }
-        }
-
-        /// Box elements outside the tensor have no source, on either side of either axis.
-        #[test]
-        fn tma_box_elements_outside_the_tensor_are_zero_filled(
-            x in -300i64..300, y in -300i64..300, inner in 0u32..64, outer in 0u32..256, w in 1u64..200, h in 1u64..200,
-        ) {
-            let map = TensorMap2d { elem_bytes: 2, extent: [w, h], row_stride: (w * 2).next_multiple_of(16), box_extent: [64, 256], swizzle: Swizzle::B128 };
-            let (gx, gy) = (x + i64::from(inner), y + i64::from(outer));
-            let inside = (0..w as i64).contains(&gx) && (0..h as i64).contains(&gy);
-            prop_assert_eq!(map.global_offset([x, y], inner, outer).is_some(), inside);
         }
 
         /// The encoding keeps every field (addresses in shared memory's 18 bits, 16-byte
@@ -627,31 +537,6 @@ mod tests {
         ) {
             let d = MatrixDescriptor { start: start << 4, leading: leading << 4, stride: stride << 4, swizzle: mode };
             prop_assert_eq!(decode(d.encode()), (d.start, d.leading, d.stride, mode));
-        }
-    }
-
-    /// Each rule of a tensor map names what it expected.
-    #[test]
-    fn tensor_maps_the_hardware_would_refuse_are_errors() {
-        let ok = TensorMap2d {
-            elem_bytes: 2,
-            extent: [64, 100],
-            row_stride: 128,
-            box_extent: [64, 64],
-            swizzle: Swizzle::B128,
-        };
-        assert_eq!(ok.check(), Ok(()));
-        for (bad, expected) in [
-            (TensorMap2d { elem_bytes: 3, ..ok }, "expected 1, 2, 4 or 8"),
-            (TensorMap2d { box_extent: [64, 257], ..ok }, "each extent must be 1 to 256"),
-            (TensorMap2d { box_extent: [4, 64], swizzle: Swizzle::None, ..ok }, "expected a multiple of 16"),
-            (TensorMap2d { box_extent: [32, 64], ..ok }, "expected 128 (one line)"),
-            (TensorMap2d { extent: [0, 100], ..ok }, "each must be 1 to 2^32"),
-            (TensorMap2d { row_stride: 120, ..ok }, "expected a multiple of 16"),
-            (TensorMap2d { row_stride: 112, extent: [64, 100], ..ok }, "at least a row's 128 bytes"),
-        ] {
-            let e = bad.check().expect_err("refused");
-            assert!(e.contains(expected), "{bad:?}: {e}");
         }
     }
 

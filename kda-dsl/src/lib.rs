@@ -23,6 +23,7 @@ pub mod passes;
 pub mod ptx;
 pub mod sim;
 pub mod target;
+pub mod tensor_map;
 pub mod thread_ir;
 pub mod tile;
 pub mod tile_text;

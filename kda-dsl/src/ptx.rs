@@ -33,7 +33,7 @@ pub fn print_module(prog: &ThreadProgram, target: Target) -> String {
     // Declared even when unused: every kernel takes the base address at entry. Swizzled
     // tiles (TMA boxes, wgmma operands) need their atoms aligned: 1024 bytes for 128-byte lines.
     let hopper_tiles =
-        prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaLoad2d { .. } | Op::TmaStore2d { .. }));
+        prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaLoad { .. } | Op::TmaStore { .. }));
     let align = if hopper_tiles { 1024 } else { 16 };
     let _ = writeln!(out, "\n.extern .shared .align {align} .b8 smem[];");
     let _ = writeln!(out, "\n.visible .entry {}(", prog.name);

@@ -351,15 +351,16 @@ pub enum Op {
     ParamAddress { d: Reg, name: String },
     /// `cvta.param.u64 d, a`: a parameter-space address as a generic one.
     CvtaParam { d: Reg, a: Reg },
-    /// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
-    /// [map, {x, y}], [mbar]`: TMA copies the box at element coordinates (`x`, `y`) of the
-    /// tensor map at generic address `map` to shared `dst`, and lowers the transaction count of
-    /// the mbarrier at `mbar` by the box's bytes.
-    TmaLoad2d { dst: Reg, map: Reg, x: Reg, y: Reg, mbar: Reg },
-    /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {x, y}], [src]`: TMA copies
-    /// shared `src` (laid out as the map's box) to the box at element coordinates (`x`, `y`) of
-    /// the tensor map at generic address `map`, writing only the elements inside the tensor.
-    TmaStore2d { map: Reg, x: Reg, y: Reg, src: Reg },
+    /// `cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes [dst],
+    /// [map, {at..}], [mbar]`: TMA copies the box at element coordinates `at` (one per axis of
+    /// the map, 1 to 5, inner first) of the tensor map at generic address `map` to shared
+    /// `dst`, and lowers the transaction count of the mbarrier at `mbar` by the box's bytes.
+    TmaLoad { dst: Reg, map: Reg, at: Vec<Reg>, mbar: Reg },
+    /// `cp.async.bulk.tensor.Nd.global.shared::cta.bulk_group [map, {at..}], [src]`: TMA copies
+    /// shared `src` (laid out as the map's box) to the box at element coordinates `at` (inner
+    /// first) of the tensor map at generic address `map`, writing only the elements inside the
+    /// tensor.
+    TmaStore { map: Reg, at: Vec<Reg>, src: Reg },
     /// `cp.async.bulk.commit_group`: this thread's bulk copies so far form a group.
     BulkCommit,
     /// `cp.async.bulk.wait_group.read n`: waits until at most `n` of this thread's bulk groups
@@ -653,13 +654,18 @@ impl fmt::Display for Op {
             }
             Op::ParamAddress { d, name } => write!(f, "mov.u64 {d}, {name};"),
             Op::CvtaParam { d, a } => write!(f, "cvta.param.u64 {d}, {a};"),
-            Op::TmaLoad2d { dst, map, x, y, mbar } => write!(
+            Op::TmaLoad { dst, map, at, mbar } => write!(
                 f,
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{mbar}];"
+                "cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{}}}], [{mbar}];",
+                at.len(),
+                list(at)
             ),
-            Op::TmaStore2d { map, x, y, src } => {
-                write!(f, "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{map}, {{{x}, {y}}}], [{src}];")
-            }
+            Op::TmaStore { map, at, src } => write!(
+                f,
+                "cp.async.bulk.tensor.{}d.global.shared::cta.bulk_group [{map}, {{{}}}], [{src}];",
+                at.len(),
+                list(at)
+            ),
             Op::BulkCommit => write!(f, "cp.async.bulk.commit_group;"),
             Op::BulkWaitRead { n } => write!(f, "cp.async.bulk.wait_group.read {n};"),
             Op::Shfl { mode, d, a, b, c } => {
@@ -706,8 +712,8 @@ impl Inst {
             Op::CvtaParam { .. } => (7, 7),
             Op::Movmatrix { .. } | Op::MbarrierTryWait { .. } => (7, 8),
             Op::MbarrierArriveExpectTx { .. }
-            | Op::TmaLoad2d { .. }
-            | Op::TmaStore2d { .. }
+            | Op::TmaLoad { .. }
+            | Op::TmaStore { .. }
             | Op::BulkCommit
             | Op::BulkWaitRead { .. }
             | Op::FenceProxyAsync
@@ -731,8 +737,8 @@ impl Inst {
             Op::FenceProxyAsync
             | Op::MbarrierTryWait { .. }
             | Op::MbarrierArriveExpectTx { .. }
-            | Op::TmaLoad2d { .. }
-            | Op::TmaStore2d { .. }
+            | Op::TmaLoad { .. }
+            | Op::TmaStore { .. }
             | Op::BulkCommit
             | Op::BulkWaitRead { .. } => Target::Sm90,
             _ => Target::Sm80,

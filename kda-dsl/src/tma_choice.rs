@@ -6,50 +6,59 @@
 //! A box lands in shared memory as the hardware lays it out: rows one after the other, each row
 //! one swizzle line (32, 64 or 128 bytes) permuted by the swizzle. That is a canonical tile's
 //! layout ([`SharedLayout::canonical`], the layout `wgmma` operands get), one box per slab. The
-//! tensor map describes the whole tensor, so zero fill happens only at its edges: a fill with an
-//! explicit bound (a varlen sequence's end inside the tensor) keeps `cp.async`, which masks.
+//! tensor has 1 to 5 axes: the tile's columns run along its contiguous (last) axis and its rows
+//! along one other, the box 1 wide on the rest (a `[1, 16, 1, 128]` box of a `[B, T, H, K]`
+//! tensor fills a `[16, 128]` tile). The tensor map describes the whole tensor, so zero fill
+//! happens only at its edges: a fill with an explicit bound (a varlen sequence's end inside the
+//! tensor) keeps `cp.async`, which masks.
 
 use std::fmt;
 
 use crate::analysis::divisibility::{expr_divisor, var_divisors};
 use crate::dtype::DType;
-use crate::hopper_layout::{Swizzle, TensorMap2d};
+use crate::hopper_layout::Swizzle;
 use crate::layout::{ChunkXor, SharedLayout};
 use crate::passes::{BufLayout, TileProgram};
 use crate::target::Target;
+use crate::tensor_map::{TensorMap, MAX_TENSOR_MAP_RANK};
 use crate::tile::*;
 
 /// A tensor map parameter as the compiler declares it: which tensor it maps, the box, and the
-/// swizzle. The runtime and the simulator both make the [`TensorMap2d`] from it ([`Self::map`])
+/// swizzle. The runtime and the simulator both make the [`TensorMap`] from it ([`Self::map`])
 /// with the tensor's extents at the call.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMapSig {
     /// The parameter's name: the tensor's, then `$map` and a number (a `$` no kernel
     /// parameter of the source has).
     pub name: String,
-    /// The tensor parameter it maps (2-D, contiguous rows).
+    /// The tensor parameter it maps (1 to 5 axes, packed).
     pub tensor: String,
-    /// The tensor's extents as named in its signature, `[inner, outer]`: a `Dim` symbol or a
-    /// literal.
-    pub extents: [String; 2],
+    /// The tensor's extents as named in its signature, one per axis, the inner (contiguous)
+    /// axis first: a `Dim` symbol or a literal.
+    pub extents: Vec<String>,
     /// Bytes per element.
     pub elem_bytes: u32,
-    /// The box in elements, `[inner, outer]`.
-    pub box_extent: [u32; 2],
+    /// The box in elements per axis, inner first.
+    pub box_extent: Vec<u32>,
     /// The box's swizzle in shared memory.
     pub swizzle: Swizzle,
 }
 
 impl TensorMapSig {
-    /// The map over a tensor of `inner` x `outer` elements, rows packed.
-    pub fn map(&self, inner: u64, outer: u64) -> TensorMap2d {
-        TensorMap2d {
-            elem_bytes: self.elem_bytes,
-            extent: [inner, outer],
-            row_stride: inner * u64::from(self.elem_bytes),
-            box_extent: self.box_extent,
-            swizzle: self.swizzle,
-        }
+    /// The map over the packed tensor of these extents (inner first, one per axis); `None`
+    /// when they are not one per axis of the signature.
+    pub fn map(&self, extent: &[u64]) -> Option<TensorMap> {
+        TensorMap::packed(self.elem_bytes, extent, &self.box_extent, self.swizzle)
+    }
+
+    /// Bytes one box fills in shared memory.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_extent.iter().product::<u32>() * self.elem_bytes
+    }
+
+    /// The box's extents as `inner x ... x outer`, for dumps.
+    pub fn box_text(&self) -> String {
+        self.box_extent.iter().map(u32::to_string).collect::<Vec<_>>().join("x")
     }
 }
 
@@ -65,7 +74,7 @@ pub struct TmaBoxes {
 impl TmaBoxes {
     /// Shared bytes from one box's destination to the next (one slab).
     pub fn box_bytes(&self) -> u32 {
-        self.map.map(1, 1).box_bytes()
+        self.map.box_bytes()
     }
 }
 
@@ -76,8 +85,10 @@ pub enum NoTma {
     Target(Target),
     /// The pipeline has no stage fills.
     NoFills,
-    /// The tensor is not 2-D.
+    /// The tensor has more axes than a tensor map (5).
     Rank(usize),
+    /// The tile's columns do not run along the tensor's contiguous (last) axis.
+    ColumnsNotContiguous,
     /// The box has an explicit bound: TMA zero-fills only at the tensor's edges.
     Bounded,
     /// The tensor's and the tile's element types differ.
@@ -106,7 +117,10 @@ impl fmt::Display for NoTma {
         match self {
             NoTma::Target(t) => write!(f, "target {t} has no TMA (sm_90a)"),
             NoTma::NoFills => write!(f, "no stage fills"),
-            NoTma::Rank(r) => write!(f, "the tensor has {r} axes, not 2"),
+            NoTma::Rank(r) => write!(f, "the tensor has {r} axes; a tensor map has at most {MAX_TENSOR_MAP_RANK}"),
+            NoTma::ColumnsNotContiguous => {
+                write!(f, "the tile's columns do not run along the tensor's contiguous (last) axis")
+            }
             NoTma::Bounded => write!(f, "the box has its own bound (TMA zero-fills only at the tensor's edges)"),
             NoTma::DtypesDiffer { tensor, tile } => write!(f, "the tensor is {tensor} and the tile {tile}"),
             NoTma::NotCanonical => write!(f, "the tile is not a canonical swizzled tile"),
@@ -149,14 +163,15 @@ pub fn takes_tma_once_canonical(p: &TileProgram, region: &Region, b: BufId) -> b
 }
 
 /// The rules of a TMA box between `region` and tile `b` that do not depend on the tile's
-/// layout; the tensor's name, its `[outer, inner]` extents and the element bytes.
-fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<(String, [ParamId; 2], u32), NoTma> {
+/// layout: the tensor's name, its axes (outer first, as declared), the element bytes and the
+/// axis the tile's rows run along (none for a tile of one row).
+fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<BoxAxes, NoTma> {
     if !p.target.has(Target::Sm90a) {
         return Err(NoTma::Target(p.target));
     }
-    let Region::Global { tensor, offset, bound, .. } = region else { unreachable!("a global box") };
+    let Region::Global { tensor, offset, shape, bound, .. } = region else { unreachable!("a global box") };
     let Param::Tensor { name, dtype, dims, .. } = &p.def.params[*tensor] else { unreachable!("a tensor") };
-    if dims.len() != 2 {
+    if dims.len() > MAX_TENSOR_MAP_RANK {
         return Err(NoTma::Rank(dims.len()));
     }
     if bound.is_some() {
@@ -167,28 +182,43 @@ fn box_rules(p: &TileProgram, region: &Region, b: BufId) -> Result<(String, [Par
         return Err(NoTma::DtypesDiffer { tensor: *dtype, tile: tile.dtype });
     }
     let elem = dtype.size_bytes() as u32;
-    if tile.shape.len() != 2 {
-        return Err(NoTma::TileRank(tile.shape.len()));
+    let [rows, cols] = tile.shape[..] else { return Err(NoTma::TileRank(tile.shape.len())) };
+    if rows > 256 {
+        return Err(NoTma::TooTall(rows));
     }
-    if tile.shape[0] > 256 {
-        return Err(NoTma::TooTall(tile.shape[0]));
+    // The copy's own rule: the box's axes longer than 1 are the tile's (in order).
+    let last = dims.len() - 1;
+    let long: Vec<usize> = (0..last).filter(|a| shape[*a] > 1).collect();
+    let row_axis = long.first().copied();
+    if long.len() > 1 || shape[last] != cols || row_axis.map_or(1, |a| shape[a]) != rows {
+        return Err(NoTma::ColumnsNotContiguous);
     }
     let granule = u64::from(16 / elem);
-    if !(p.def.multiple_of(dims[1]) as u64).is_multiple_of(granule) {
+    if !(p.def.multiple_of(dims[last]) as u64).is_multiple_of(granule) {
         return Err(NoTma::RowLengthNotAligned);
     }
     let divisors = var_divisors(&p.def);
     let var = |v: VarId| divisors.get(&v).copied().unwrap_or(1);
-    let start = expr_divisor(&offset[1], &var, &|d| p.def.multiple_of(d) as u64);
+    let start = expr_divisor(&offset[last], &var, &|d| p.def.multiple_of(d) as u64);
     if !start.is_multiple_of(granule) {
         return Err(NoTma::StartNotAligned);
     }
-    Ok((name.clone(), [dims[0], dims[1]], elem))
+    Ok(BoxAxes { tensor: name.clone(), dims: dims.clone(), elem, row_axis })
+}
+
+/// What [`box_rules`] found of a box that may take TMA.
+struct BoxAxes {
+    tensor: String,
+    /// The tensor's axes, outer first.
+    dims: Vec<ParamId>,
+    elem: u32,
+    /// The axis the tile's rows run along, if it has more than one.
+    row_axis: Option<usize>,
 }
 
 /// The boxes of a copy between the global box `region` and shared tile `b`, or why not TMA.
 fn tma_boxes(p: &TileProgram, region: &Region, b: BufId) -> Result<TmaBoxes, NoTma> {
-    let (tensor, [outer, inner], elem) = box_rules(p, region, b)?;
+    let BoxAxes { tensor, dims, elem, row_axis } = box_rules(p, region, b)?;
     let BufLayout::Shared(SharedLayout::Swizzled { rows, cols, xor: ChunkXor::Plain, slab, .. }) = p.layouts[b] else {
         return Err(NoTma::NotCanonical);
     };
@@ -202,13 +232,24 @@ fn tma_boxes(p: &TileProgram, region: &Region, b: BufId) -> Result<TmaBoxes, NoT
         Some(v) => v.to_string(),
         None => p.def.params[d].name().to_string(),
     };
+    // Inner first, as the hardware numbers the axes: one slab wide, the tile's rows along
+    // their axis, 1 on the others.
+    let last = dims.len() - 1;
+    let box_extent = (0..=last)
+        .rev()
+        .map(|a| match a {
+            _ if a == last => slab,
+            _ if Some(a) == row_axis => rows,
+            _ => 1,
+        })
+        .collect();
     Ok(TmaBoxes {
         map: TensorMapSig {
             name: String::new(),
             tensor,
-            extents: [extent(inner), extent(outer)],
+            extents: dims.iter().rev().map(|d| extent(*d)).collect(),
             elem_bytes: elem,
-            box_extent: [slab, rows],
+            box_extent,
             swizzle,
         },
         boxes: cols / slab,
@@ -236,24 +277,40 @@ mod tests {
     /// A `[64, 128]` tile multiplied by `wgmma` on sm_90a (so canonical), filled from `a`
     /// (`[M, K]`, K a multiple of `k_multiple`) at column `col`.
     fn fill_of(target: Target, k_multiple: u32, col: Val, bounded: bool) -> Result<TmaBoxes, NoTma> {
+        fill_from(target, &["M", "K"], k_multiple, |i| (vec![i, col.clone()], vec![64, 128]), bounded)
+    }
+
+    /// A `[64, 128]` tile multiplied by `wgmma` on sm_90a, filled from `a` of axes `dims` (the
+    /// last a multiple of `k_multiple`) by the box `at(i)` gives (offsets and extents) in
+    /// iteration `i`.
+    fn fill_from(
+        target: Target,
+        dims: &[&str],
+        k_multiple: u32,
+        at: impl Fn(Val) -> (Vec<Val>, Vec<i64>),
+        bounded: bool,
+    ) -> Result<TmaBoxes, NoTma> {
         let k = KernelBuilder::new("t", loc(1));
-        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        let a = k.tensor("a", dims, DType::BF16, false);
+        let w_src = k.tensor("b", &["N", "KB"], DType::BF16, false);
         let o = k.tensor("o", &["M", "N"], DType::F32, true);
-        k.assume_multiple(&k.dim("K"), i64::from(k_multiple), loc(1));
+        k.assume_multiple(&k.dim(dims[dims.len() - 1]), i64::from(k_multiple), loc(1));
+        k.assume_multiple(&k.dim("KB"), 8, loc(1));
         k.launch(vec![Host::int(1)], 128, loc(2));
         let s = k.shared("s", &[64, 128], DType::BF16, loc(3));
         let w = k.shared("w", &[64, 128], DType::BF16, loc(3));
         let acc = k.fragment("acc", &[64, 64], DType::F32, loc(4));
         k.fill(&acc, 0.0, loc(4));
         let i = k.begin_for("i", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(5));
-        let mut src = k.tile_at(&a, vec![i.clone(), col], &[64, 128], loc(6));
+        let (offset, shape) = at(i.clone());
+        let mut src = k.tile_at(&a, offset, &shape, loc(6));
         if bounded {
             if let Region::Global { bound, .. } = &mut src {
                 *bound = Some(vec![Val::from(64).0, Val::from(100).0]);
             }
         }
         k.copy(src, s, loc(6));
-        k.copy(k.tile(&a, vec![Val::from(0), i], &[64, 128], loc(7)), w, loc(7));
+        k.copy(k.tile(&w_src, vec![Val::from(0), i], &[64, 128], loc(7)), w, loc(7));
         k.gemm(s, w.t(), &acc, loc(8));
         k.end();
         k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[64, 64], loc(9)), loc(9));
@@ -265,6 +322,25 @@ mod tests {
             }
         });
         choose_tma(&p, &fill.expect("the fill"))
+    }
+
+    /// A `[1, 64, 1, 128]` box of a `[B, T, H, D]` tensor (rows along T) is a 4-D map whose
+    /// box is one slab wide, 64 rows along T and 1 on the rest; with its columns along
+    /// another axis than the contiguous one it takes no TMA.
+    #[test]
+    fn a_box_of_a_four_axis_tensor_is_a_four_axis_map() {
+        let dims = ["B", "T", "H", "D"];
+        let rows_along_t = |i: Val| (vec![Val::from(0), i, Val::from(2), Val::from(0)], vec![1, 64, 1, 128]);
+        let boxes = fill_from(Target::Sm90a, &dims, 8, rows_along_t, false).expect("TMA");
+        assert_eq!(boxes.boxes, 2);
+        assert_eq!(boxes.map.box_extent, [64, 1, 64, 1]);
+        assert_eq!(boxes.map.extents, ["D", "H", "T", "B"]);
+        assert_eq!(boxes.box_bytes(), 8192);
+        let columns_along_h = |i: Val| (vec![Val::from(0), i, Val::from(0), Val::from(0)], vec![1, 64, 128, 1]);
+        assert_eq!(fill_from(Target::Sm90a, &dims, 8, columns_along_h, false), Err(NoTma::ColumnsNotContiguous));
+        let six = ["A", "B", "C", "T", "H", "D"];
+        let at = |i: Val| (vec![0.into(), 0.into(), 0.into(), i, 0.into(), 0.into()], vec![1, 1, 1, 64, 1, 128]);
+        assert_eq!(fill_from(Target::Sm90a, &six, 8, at, false), Err(NoTma::Rank(6)));
     }
 
     #[test]

@@ -249,15 +249,26 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
     out
 }
 
-/// The GEMM configs shipped for sm_90a (compute capability 9.0), `A·Bᵀ` with aligned shapes:
-/// two warpgroups of 64 accumulator rows each, `wgmma` m64n128k16 on canonical
-/// 128-byte-swizzled tiles of K = 64. `A·B` keeps its sm_80 variant there until an sm_90a one
-/// is measured faster (`docs/performance.md`).
+/// The GEMM configs shipped for sm_90a (compute capability 9.0), both operand orders with
+/// aligned shapes, as Hopper's fastest GEMMs are built: a producer warpgroup filling a 4-stage
+/// ring of canonical 128-byte-swizzled tiles (K = 64) by TMA and handing its registers to two
+/// consumer warpgroups (`setmaxnreg`) of 64 accumulator rows each, `wgmma` m64n128k16 with one
+/// group in flight, and an epilogue through shared memory and a TMA bulk store. The default is
+/// the first (`A·Bᵀ`, bf16 to f32).
 pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     use kda_dsl::DType::*;
-    let base = G { bm: 128, bn: 128, bk: 64, stages: 4, threads: 256, ..G::default() };
-    [BF16, F16].into_iter().flat_map(|dtype| [F32, dtype].map(|out| G { dtype, out, ..base.clone() })).collect()
+    let base =
+        G { bm: 128, bn: 128, bk: 64, stages: 4, threads: 256, fill_warps: 4, staged_store: true, ..G::default() };
+    let orders = [true, false].into_iter().map(|b_transposed| G { b_transposed, ..base.clone() });
+    orders
+        .flat_map(|order| {
+            [BF16, F16].into_iter().flat_map(move |dtype| {
+                let order = order.clone();
+                [F32, dtype].map(move |out| G { dtype, out, ..order.clone() })
+            })
+        })
+        .collect()
 }
 
 /// The sm_80 GEMM tile configs `kda bench --sweep-gemm` times (bf16 to f32, `A·Bᵀ`): how the

@@ -35,9 +35,9 @@ fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
 #[test]
 fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
     let sm80 = gemm_configs().into_iter().filter(|c| !c.aligned);
-    let hopper = kda_kernels::hopper_gemm_configs().remove(0);
-    let slabs =
-        [GemmConfig { b_transposed: false, ..hopper.clone() }, GemmConfig { bk: 128, stages: 3, ..hopper.clone() }];
+    // Without a producer warpgroup or a staged epilogue, which leave no room for K = 128.
+    let plain = GemmConfig { fill_warps: 0, staged_store: false, ..kda_kernels::hopper_gemm_configs().remove(0) };
+    let slabs = [GemmConfig { b_transposed: false, ..plain.clone() }, GemmConfig { bk: 128, stages: 3, ..plain }];
     let swept = kda_kernels::hopper_gemm_candidates();
     let configs = kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).chain(slabs).chain(swept);
     for (i, cfg) in configs.enumerate() {
@@ -73,25 +73,37 @@ fn the_sm_90a_gemm_without_its_proxy_fences_races() {
     assert!(e.contains("no fence.proxy.async after the write"), "{e}");
 }
 
-/// The sm_90a GEMM's steady state keeps one `wgmma` group in flight, its tiles filled by TMA
-/// boxes two stages ahead of four: each iteration waits for its stage's mbarrier phase and
-/// for the group before its own; the loop's exit waits for the last group. No `cp.async`.
+/// The shipped sm_90a GEMMs (both operand orders) keep one `wgmma` group in flight in their
+/// steady state, their tiles filled by a producer warpgroup's TMA boxes two stages ahead of
+/// four: each iteration waits for its stage's mbarrier phase and for the group before its own;
+/// the loop's exit waits for the last group. The registers are split between the roles, the
+/// epilogue is a bulk store after the proxy fence the compiler placed; no `cp.async`. Compiled
+/// for sm_80, the same config has none of the Hopper instructions.
 #[test]
-fn the_sm_90a_gemm_keeps_one_group_in_flight() {
-    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
-    assert_eq!(cfg.stages, 4);
-    let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
-    let p = kda_dsl::passes::run_tile_passes_for(def.clone(), Target::Sm90a).expect("passes");
-    let [plan] = &p.pipelines[..] else { panic!("one pipeline") };
-    assert_eq!(plan.fill_distance(), 2);
-    assert!(matches!(plan.fills, kda_dsl::passes::plan_pipelines::StageFills::TensorBoxes(_)), "{plan:?}");
-    let ptx = kda_dsl::compile(def, Target::Sm90a).expect("compiles").ptx;
-    let waits: Vec<&str> = ptx.lines().map(str::trim).filter(|l| l.contains("wait_group")).collect();
-    assert_eq!(waits, ["wgmma.wait_group.sync.aligned 1;", "wgmma.wait_group.sync.aligned 0;"]);
-    for want in ["cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx"] {
-        assert!(ptx.contains(want), "no {want}");
+fn the_shipped_sm_90a_gemms_keep_one_group_in_flight_behind_a_producer() {
+    use kda_dsl::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
+    let hopper = ["wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "setmaxnreg"];
+    let hopper = hopper.into_iter().chain(["fence.proxy.async", "cp.async.bulk.wait_group.read 0"]);
+    for cfg in kda_kernels::hopper_gemm_configs() {
+        assert_eq!(cfg.stages, 4);
+        let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
+        let p = kda_dsl::passes::run_tile_passes_for(def.clone(), Target::Sm90a).expect("passes");
+        let [plan] = &p.pipelines[..] else { panic!("one pipeline") };
+        assert_eq!(plan.fill_distance(), 2, "{}", cfg.key());
+        let StageFills::TensorBoxes(TmaPipeline { handoff, .. }) = &plan.fills else { panic!("{plan:?}") };
+        assert_eq!(*handoff, Handoff::EmptyBarriers { consumers: cfg.threads as u32 }, "{}", cfg.key());
+        let ptx = kda_dsl::compile(def.clone(), Target::Sm90a).expect("compiles").ptx;
+        let waits: Vec<&str> = ptx.lines().map(str::trim).filter(|l| l.contains("wgmma.wait_group")).collect();
+        assert_eq!(waits, ["wgmma.wait_group.sync.aligned 1;", "wgmma.wait_group.sync.aligned 0;"], "{}", cfg.key());
+        for want in hopper.clone() {
+            assert!(ptx.contains(want), "{}: no {want}", cfg.key());
+        }
+        assert!(!ptx.contains("cp.async.ca") && !ptx.contains("cp.async.cg"), "{}: a cp.async copy", cfg.key());
+        let sm80 = kda_dsl::compile(def, Target::Sm80).expect("compiles").ptx;
+        for absent in hopper.clone().chain(["mbarrier"]) {
+            assert!(!sm80.contains(absent), "{}: {absent} on sm_80", cfg.key());
+        }
     }
-    assert!(!ptx.contains("cp.async.ca") && !ptx.contains("cp.async.cg"), "a cp.async copy");
 }
 
 /// A test config: M (the accumulator's rows) and the threads.
@@ -246,7 +258,7 @@ fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
     assert!(e.contains("exits while its bulk copies still read"), "{e}");
 }
 
-/// The sweep's warp-specialized GEMM with a bulk-store epilogue, assembled for sm_90a: no
+/// The shipped warp-specialized GEMMs with a bulk-store epilogue, assembled for sm_90a: no
 /// spills, no `setmaxnreg` ignored (C7507, C7508), and its SASS has the Hopper instructions
 /// the DSL chose: `HGMMA`, TMA loads and stores (`UTMALDG`, `UTMASTG`), the mbarrier waits
 /// (`SYNCS`) and the register split (`USETMAXREG`), no `HMMA`. ptxas from `KDA_PTXAS`,
@@ -255,19 +267,21 @@ fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
 #[test]
 fn the_warp_specialized_gemm_assembles_to_hopper_instructions() {
     let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the warp-specialized GEMM") else { return };
-    let cfg = kda_kernels::hopper_gemm_candidates()
-        .into_iter()
-        .find(|c| c.fill_warps == 4 && c.staged_store && c.b_transposed)
-        .expect("a producer-warpgroup config with a staged epilogue");
-    let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
-    let done =
-        assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", "ws_gemm", &ptx).unwrap_or_else(|e| panic!("{e}"));
-    let log = done.log;
-    assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
-    assert!(!log.contains("C7507") && !log.contains("C7508"), "{log}");
-    let sass = done.sass.expect("a cuobjdump was given");
-    for op in ["HGMMA.64x128x16.F32.BF16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK", "USETMAXREG"] {
-        assert!(sass.contains(op), "no {op} in the SASS");
+    // The shipped default for each operand order.
+    let shipped = kda_kernels::hopper_gemm_configs();
+    for b_transposed in [true, false] {
+        let cfg = shipped.iter().find(|c| c.b_transposed == b_transposed).expect("shipped for both orders");
+        assert!(cfg.fill_warps == 4 && cfg.staged_store, "{}", cfg.key());
+        let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+        let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &cfg.key(), &ptx)
+            .unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
+        let log = done.log;
+        assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
+        assert!(!log.contains("C7507") && !log.contains("C7508"), "{log}");
+        let sass = done.sass.expect("a cuobjdump was given");
+        for op in ["HGMMA.64x128x16.F32.BF16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK", "USETMAXREG"] {
+            assert!(sass.contains(op), "{}: no {op} in the SASS", cfg.key());
+        }
+        assert!(!sass.contains(" HMMA"), "{}: an sm_80 HMMA in the SASS", cfg.key());
     }
-    assert!(!sass.contains(" HMMA"), "an sm_80 HMMA in the SASS");
 }

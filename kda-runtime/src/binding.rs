@@ -138,15 +138,16 @@ impl BindPlan {
     }
 }
 
-/// The position of the 2-D tensor parameter `sig` maps.
+/// The position of the tensor parameter `sig` maps (one axis per axis of its box).
 fn map_tensor(kernel: &CompiledKernel, sig: &TensorMapSig) -> Result<usize, RuntimeError> {
+    let axes = sig.box_extent.len();
     kernel
         .params
         .iter()
-        .position(|p| matches!(p, ParamSig::Tensor { name, dims, .. } if *name == sig.tensor && dims.len() == 2))
+        .position(|p| matches!(p, ParamSig::Tensor { name, dims, .. } if *name == sig.tensor && dims.len() == axes))
         .ok_or_else(|| {
             RuntimeError::Unsupported(format!(
-                "`{}`: tensor map `{}` maps `{}`, which is no 2-D tensor parameter",
+                "`{}`: tensor map `{}` maps `{}`, which is no tensor parameter of {axes} axes",
                 kernel.entry, sig.name, sig.tensor
             ))
         })
@@ -300,11 +301,22 @@ pub fn bind_planned(
     Ok(bound)
 }
 
-/// The tensor map `sig` over `view` (its 2-D tensor), encoded for this launch; an error names
-/// the tensor when the hardware would not take the map.
+/// The tensor map `sig` over `view` (its tensor), encoded for this launch; an error names the
+/// tensor when the hardware would not take the map.
 fn tensor_map_arg(sig: &TensorMapSig, view: &TensorView) -> Result<TensorMapParam, RuntimeError> {
-    let [outer, inner] = [view.shape()[0], view.shape()[1]].map(|e| e as u64);
-    encode_tensor_map(&sig.tensor, &sig.map(inner, outer), view.ptr(), view.size_bytes() as u64)
+    let shape = view.shape();
+    let mut extent = [0u64; kda_dsl::tensor_map::MAX_TENSOR_MAP_RANK];
+    if shape.len() > extent.len() {
+        return Err(RuntimeError::bad_argument(&sig.tensor, "a tensor of at most 5 axes", format!("{shape:?}")));
+    }
+    // Inner axis first, as the map numbers them.
+    for (e, s) in extent.iter_mut().zip(shape.iter().rev()) {
+        *e = *s as u64;
+    }
+    let map = sig.map(&extent[..shape.len()]).ok_or_else(|| {
+        RuntimeError::bad_argument(&sig.tensor, format!("{} axes", sig.box_extent.len()), format!("{shape:?}"))
+    })?;
+    encode_tensor_map(&sig.tensor, &map, view.ptr(), view.size_bytes() as u64)
 }
 
 /// The arguments by parameter position (references: copying them into a table of

@@ -27,8 +27,8 @@ pub fn gemm_variant(
 }
 
 /// The shipped GEMM config for these operand types and shapes on a device of `target`, and the
-/// target it is compiled for: on sm_90a the `wgmma` configs for `A·Bᵀ` with aligned shapes
-/// (rows of 16-byte multiples, as the copies need), the sm_80 configs otherwise (`A·B` too).
+/// target it is compiled for: on sm_90a the `wgmma` configs for aligned shapes (rows of
+/// 16-byte multiples, as TMA needs), the sm_80 configs otherwise.
 fn gemm_config(
     dtype: DType,
     out: DType,

@@ -10,7 +10,7 @@ use crate::thread_ir::*;
 
 /// Inserts the proxy fences into `prog` (nothing when it has no `wgmma` and no TMA store).
 pub fn insert_proxy_fences(prog: &mut ThreadProgram) {
-    if !prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaStore2d { .. })) {
+    if !prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaStore { .. })) {
         return;
     }
     let body = std::mem::take(&mut prog.body);

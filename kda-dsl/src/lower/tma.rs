@@ -137,32 +137,37 @@ impl Lower<'_> {
             };
             self.em.loc = f.loc;
             let map = self.tensor_maps[*map];
-            for (dst, x, y) in self.slab_boxes(boxes, offset, *b, f.loc)? {
-                self.em.emit_if(issue, true, Op::TmaLoad2d { dst, map, x, y, mbar });
+            for (dst, at) in self.slab_boxes(boxes, offset, *b, f.loc)? {
+                self.em.emit_if(issue, true, Op::TmaLoad { dst, map, at, mbar });
             }
         }
         Ok(())
     }
 
-    /// The boxes of one copy between shared tile `b` and the global box at `offset`: per slab,
-    /// its shared address and its element coordinates (inner, outer) in registers.
+    /// The boxes of one copy between shared tile `b` and the global box at `offset` (outer
+    /// axis first, as written): per slab, its shared address and its element coordinates in
+    /// registers, inner axis first (as the tensor map numbers them).
     fn slab_boxes(
         &mut self,
         boxes: &TmaBoxes,
         offset: &[Expr],
         b: BufId,
         loc: SrcLoc,
-    ) -> Result<Vec<(Reg, Reg, Reg)>, Diag> {
-        let V { s: y, .. } = self.expr(&offset[0], DType::I32, loc)?;
-        let y = self.em.to_reg(y, RegClass::B32, Ty::S32);
-        let V { s: x0, .. } = self.expr(&offset[1], DType::I32, loc)?;
+    ) -> Result<Vec<(Reg, Vec<Reg>)>, Diag> {
+        let mut outer = vec![];
+        for e in offset[..offset.len() - 1].iter().rev() {
+            let V { s, .. } = self.expr(e, DType::I32, loc)?;
+            outer.push(self.em.to_reg(s, RegClass::B32, Ty::S32));
+        }
+        let V { s: x0, .. } = self.expr(&offset[offset.len() - 1], DType::I32, loc)?;
         let base = self.shared_base[b].expect("a shared tile");
         let mut out = vec![];
         for k in 0..boxes.boxes {
             let x = self.em.add32(x0, Src::Imm(i64::from(k * boxes.map.box_extent[0])));
             let x = self.em.to_reg(x, RegClass::B32, Ty::S32);
             let at = self.em.add32(base, Src::Imm(i64::from(k * boxes.box_bytes())));
-            out.push((self.em.to_reg(at, RegClass::B32, Ty::U32), x, y));
+            let coords = std::iter::once(x).chain(outer.iter().copied()).collect();
+            out.push((self.em.to_reg(at, RegClass::B32, Ty::U32), coords));
         }
         Ok(out)
     }
@@ -199,8 +204,8 @@ impl Lower<'_> {
         let (boxes, map) = &store.boxes;
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         let map = self.tensor_maps[*map];
-        for (src, x, y) in self.slab_boxes(boxes, offset, store.buf, loc)? {
-            self.em.emit_if(first, true, Op::TmaStore2d { map, x, y, src });
+        for (src, at) in self.slab_boxes(boxes, offset, store.buf, loc)? {
+            self.em.emit_if(first, true, Op::TmaStore { map, at, src });
         }
         self.em.emit_if(first, true, Op::BulkCommit);
         self.em.emit_if(first, true, Op::BulkWaitRead { n: 0 });

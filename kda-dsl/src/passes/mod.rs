@@ -150,13 +150,9 @@ impl fmt::Display for TileProgram {
         }
         for store in &self.tma_stores {
             let (boxes, _) = &store.boxes;
-            let [w, h] = boxes.map.box_extent;
             let tile = &self.def.buffers[store.buf].name;
-            writeln!(
-                f,
-                "// bulk store of {tile}: {} {}x {w}x{h} {:?}",
-                boxes.map.name, boxes.boxes, boxes.map.swizzle
-            )?;
+            let (map, count, text) = (&boxes.map, boxes.boxes, boxes.map.box_text());
+            writeln!(f, "// bulk store of {tile}: {} {count}x {text} {:?}", map.name, map.swizzle)?;
         }
         write!(f, "{}", self.def)
     }

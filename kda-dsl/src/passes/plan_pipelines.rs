@@ -252,10 +252,7 @@ impl fmt::Display for PipelineLine<'_> {
                 let maps: Vec<String> = tma
                     .fills
                     .iter()
-                    .map(|(b, _)| {
-                        let [w, h] = b.map.box_extent;
-                        format!("{} {}x {w}x{h} {:?}", b.map.name, b.boxes, b.map.swizzle)
-                    })
+                    .map(|(b, _)| format!("{} {}x {} {:?}", b.map.name, b.boxes, b.map.box_text(), b.map.swizzle))
                     .collect();
                 write!(f, "; TMA boxes {}, {} bytes a stage", maps.join(", "), tma.stage_bytes)?;
                 write!(f, ", mbarriers at {}", tma.barriers)?;

@@ -15,7 +15,7 @@ pub(super) struct BoundArgs {
     /// The slot of each tensor argument, in argument order.
     pub(super) tensor_slot: Vec<usize>,
     /// Each tensor map: the slot of the tensor it maps, and the map.
-    pub(super) maps: Vec<(usize, crate::hopper_layout::TensorMap2d)>,
+    pub(super) maps: Vec<(usize, crate::tensor_map::TensorMap)>,
 }
 
 /// Binds `args` (by the parameters' kernel names) to `prog`'s parameters, taking the tensors'
@@ -78,7 +78,15 @@ pub(super) fn bind(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> Resul
                 .and_then(|v| u64::try_from(v).ok())
                 .ok_or_else(|| fail(format!("tensor map `{}`: no extent `{e}` among the arguments", sig.name)))
         };
-        let map = sig.map(extent(&sig.extents[0])?, extent(&sig.extents[1])?);
+        let extents = sig.extents.iter().map(extent).collect::<Result<Vec<u64>, SimError>>()?;
+        let map = sig.map(&extents).ok_or_else(|| {
+            fail(format!(
+                "tensor map `{}`: {} extents for a box of {} axes",
+                sig.name,
+                extents.len(),
+                sig.box_extent.len()
+            ))
+        })?;
         map.check().map_err(|e| fail(format!("tensor map `{}` over `{}`: {e}", sig.name, sig.tensor)))?;
         maps.push((slot, map));
         params.insert(pname.clone(), tma::MAP_TAG | (maps.len() as u64 - 1));

@@ -42,7 +42,7 @@ pub enum SimArg {
         /// The tensor's argument name.
         tensor: String,
         /// The map.
-        map: crate::hopper_layout::TensorMap2d,
+        map: crate::tensor_map::TensorMap,
     },
 }
 
@@ -164,7 +164,7 @@ struct Block<'a> {
     globals: &'a mut [Vec<u8>],
     global_names: &'a [String],
     /// The tensor maps: (the mapped tensor's global slot, the map).
-    maps: &'a [(usize, crate::hopper_layout::TensorMap2d)],
+    maps: &'a [(usize, crate::tensor_map::TensorMap)],
     traces: BTreeMap<(usize, u32), Trace>,
     trace_counts: Vec<HashMap<usize, u32>>,
     executed: u64,
@@ -521,15 +521,15 @@ impl<'a> Block<'a> {
                 let v = self.get(t, &Src::Reg(*a));
                 self.set(t, *d, v);
             }
-            Op::TmaLoad2d { dst, map, x, y, mbar } => {
+            Op::TmaLoad { dst, map, at, mbar } => {
                 let (dst, map, mbar) =
                     (self.get(t, &Src::Reg(*dst)), self.get(t, &Src::Reg(*map)), self.get(t, &Src::Reg(*mbar)));
-                let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
+                let at = self.box_coords(t, at);
                 self.tma_load(t, dst, map, at, mbar)?;
             }
-            Op::TmaStore2d { map, x, y, src } => {
+            Op::TmaStore { map, at, src } => {
                 let (map, src) = (self.get(t, &Src::Reg(*map)), self.get(t, &Src::Reg(*src)));
-                let at = [self.get(t, &Src::Reg(*x)) as u32 as i32, self.get(t, &Src::Reg(*y)) as u32 as i32];
+                let at = self.box_coords(t, at);
                 self.tma_store(t, map, at, src)?;
             }
             Op::BulkCommit => self.bulk_commit(t),

@@ -7,39 +7,55 @@
 //! before a `wgmma` reads them.
 
 use super::*;
-use crate::hopper_layout::TensorMap2d;
+use crate::tensor_map::{BoxIndex, TensorMap};
+
+/// A TMA copy's box coordinates (inner first) and how many the instruction gave.
+#[derive(Clone, Copy)]
+pub(super) struct BoxCoords {
+    at: BoxIndex<i64>,
+    given: usize,
+}
 
 /// Marks a parameter value as tensor map number `value & !MAP_TAG` (an address no tensor has).
 pub(super) const MAP_TAG: u64 = 0xf << 60;
 
 impl Block<'_> {
+    /// The element coordinates of a box, one register per axis of its map (inner first), as
+    /// signed 32-bit values (0 past them), and how many were given.
+    pub(super) fn box_coords(&self, t: usize, at: &[Reg]) -> BoxCoords {
+        let mut coords = [0; crate::tensor_map::MAX_TENSOR_MAP_RANK];
+        for (c, r) in coords.iter_mut().zip(at) {
+            *c = i64::from(self.get(t, &Src::Reg(*r)) as u32 as i32);
+        }
+        BoxCoords { at: coords, given: at.len() }
+    }
+
     /// Thread `t` copies the box at element coordinates `at` of the tensor map whose address is
     /// `map` to shared `dst`, completing its bytes on the mbarrier at `mbar`.
-    pub(super) fn tma_load(&mut self, t: usize, dst: u64, map: u64, at: [i32; 2], mbar: u64) -> R<()> {
-        let (slot, m) = self.checked_box(map, at, dst)?;
+    pub(super) fn tma_load(&mut self, t: usize, dst: u64, map: u64, coords: BoxCoords, mbar: u64) -> R<()> {
+        let (slot, m) = self.checked_box(map, coords, dst)?;
+        let at = coords.at;
         let elem = m.elem_bytes as usize;
-        for outer in 0..m.box_extent[1] {
-            for inner in 0..m.box_extent[0] {
-                let bytes = match m.global_offset([i64::from(at[0]), i64::from(at[1])], inner, outer) {
-                    None => vec![0; elem],
-                    Some(off) => {
-                        let off = off as usize;
-                        let Some(src) = self.globals[slot].get(off..off + elem) else {
-                            return Err(format!(
-                                "the tensor map over `{}` reaches byte {off}, past its {} bytes",
-                                self.global_names[slot],
-                                self.globals[slot].len()
-                            ));
-                        };
-                        src.to_vec()
-                    }
-                };
-                let to = dst + u64::from(m.shared_offset(inner, outer));
-                self.write_shared(t, to, &bytes)?;
-                let at = self.check_shared(to, elem)?;
-                for s in &mut self.shadow[at..at + elem] {
-                    s.async_proxy = true;
+        for index in m.box_elements() {
+            let bytes = match m.global_offset(at, index) {
+                None => vec![0; elem],
+                Some(off) => {
+                    let off = off as usize;
+                    let Some(src) = self.globals[slot].get(off..off + elem) else {
+                        return Err(format!(
+                            "the tensor map over `{}` reaches byte {off}, past its {} bytes",
+                            self.global_names[slot],
+                            self.globals[slot].len()
+                        ));
+                    };
+                    src.to_vec()
                 }
+            };
+            let to = dst + u64::from(m.shared_offset(index));
+            self.write_shared(t, to, &bytes)?;
+            let at = self.check_shared(to, elem)?;
+            for s in &mut self.shadow[at..at + elem] {
+                s.async_proxy = true;
             }
         }
         self.mbarrier_complete_tx(t, mbar, m.box_bytes())
@@ -47,7 +63,7 @@ impl Block<'_> {
 
     /// The tensor map at `map` (its tensor's slot and the map), checked for a box at element
     /// coordinates `at` with its shared side at `shared`.
-    fn checked_box(&self, map: u64, at: [i32; 2], shared: u64) -> R<(usize, TensorMap2d)> {
+    fn checked_box(&self, map: u64, coords: BoxCoords, shared: u64) -> R<(usize, TensorMap)> {
         let index = (map & MAP_TAG == MAP_TAG).then_some((map & !MAP_TAG) as usize);
         let Some(&(slot, m)) = index.and_then(|i| self.maps.get(i)) else {
             return Err(format!("TMA copy through {map:#x}, which is no tensor map parameter's address"));
@@ -61,11 +77,14 @@ impl Block<'_> {
         }
         // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
         // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
-        let inner_bytes = i64::from(at[0]) * i64::from(m.elem_bytes);
+        if coords.given != m.rank {
+            return Err(format!("TMA copy with {} coordinates through a map of {} axes", coords.given, m.rank));
+        }
+        let inner_bytes = coords.at[0] * i64::from(m.elem_bytes);
         if inner_bytes % 16 != 0 {
             return Err(format!(
                 "TMA box at inner coordinate {}: {inner_bytes} bytes into the row, not a multiple of 16",
-                at[0]
+                coords.at[0]
             ));
         }
         self.check_shared(shared, m.box_bytes() as usize)?;
@@ -76,29 +95,28 @@ impl Block<'_> {
     /// tensor map at `map`: the elements inside the tensor, read through the async proxy (so
     /// each was fenced by its writer, and ordered by a barrier, before this copy). The box is
     /// read until the thread's `cp.async.bulk.wait_group.read` retires the copy's group.
-    pub(super) fn tma_store(&mut self, t: usize, map: u64, at: [i32; 2], src: u64) -> R<()> {
-        let (slot, m) = self.checked_box(map, at, src)?;
+    pub(super) fn tma_store(&mut self, t: usize, map: u64, coords: BoxCoords, src: u64) -> R<()> {
+        let (slot, m) = self.checked_box(map, coords, src)?;
+        let at = coords.at;
         let elem = m.elem_bytes as usize;
-        for outer in 0..m.box_extent[1] {
-            for inner in 0..m.box_extent[0] {
-                let Some(off) = m.global_offset([i64::from(at[0]), i64::from(at[1])], inner, outer) else {
-                    continue;
-                };
-                let from = src + u64::from(m.shared_offset(inner, outer));
-                let bytes = self.read_shared(t, from, elem)?;
-                let i = self.check_shared(from, elem)?;
-                for b in i..i + elem {
-                    self.check_async_visible(t as u32, b, "a TMA store")?;
-                }
-                let off = off as usize;
-                let Some(dst) = self.globals[slot].get_mut(off..off + elem) else {
-                    return Err(format!(
-                        "the tensor map over `{}` reaches byte {off}, past its end",
-                        self.global_names[slot]
-                    ));
-                };
-                dst.copy_from_slice(&bytes);
+        for index in m.box_elements() {
+            let Some(off) = m.global_offset(at, index) else {
+                continue;
+            };
+            let from = src + u64::from(m.shared_offset(index));
+            let bytes = self.read_shared(t, from, elem)?;
+            let i = self.check_shared(from, elem)?;
+            for b in i..i + elem {
+                self.check_async_visible(t as u32, b, "a TMA store")?;
             }
+            let off = off as usize;
+            let Some(dst) = self.globals[slot].get_mut(off..off + elem) else {
+                return Err(format!(
+                    "the tensor map over `{}` reaches byte {off}, past its end",
+                    self.global_names[slot]
+                ));
+            };
+            dst.copy_from_slice(&bytes);
         }
         let start = self.check_shared(src, m.box_bytes() as usize)?;
         self.threads[t].bulk_open.push(start..start + m.box_bytes() as usize);

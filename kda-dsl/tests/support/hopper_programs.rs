@@ -3,8 +3,9 @@
 //! (`tests/simulator.rs`) and the GPU test that runs them on an H200 against the simulator
 //! (`kda-runtime/tests/gpu_hopper.rs`), so both run the same programs.
 
-use kda_dsl::hopper_layout::{KMajorTile, Major, MnMajorTile, OperandTile, Swizzle, TensorMap2d, WgmmaFragment};
+use kda_dsl::hopper_layout::{KMajorTile, Major, MnMajorTile, OperandTile, Swizzle, WgmmaFragment};
 use kda_dsl::sim::{run, SimArg};
+use kda_dsl::tensor_map::TensorMap;
 use kda_dsl::thread_ir::*;
 use kda_dsl::SrcLoc;
 
@@ -496,8 +497,7 @@ pub enum TmaFault {
 
 /// The TMA tests' map: a 100 x 20 bf16 tensor (rows padded to 208 bytes) in boxes of 64 x 16,
 /// 128-byte swizzled.
-pub const TMA_MAP: TensorMap2d =
-    TensorMap2d { elem_bytes: 2, extent: [100, 20], row_stride: 208, box_extent: [64, 16], swizzle: Swizzle::B128 };
+pub const TMA_MAP: TensorMap = TensorMap::two_d(2, [100, 20], 208, [64, 16], Swizzle::B128);
 
 /// Thread 0 copies the box at (`x`, `y`) into shared memory with TMA, completing on an
 /// mbarrier it expects the box's bytes on; every thread waits for the phase and copies
@@ -544,7 +544,7 @@ pub fn tma_program(fault: TmaFault) -> ThreadProgram {
     }
     let dst = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: dst, a: Src::Reg(smem), b: Src::Imm(box_offset) });
-    p.guarded(first, Op::TmaLoad2d { dst, map, x, y, mbar });
+    p.guarded(first, Op::TmaLoad { dst, map, at: vec![x, y], mbar });
     if fault != TmaFault::NoWait {
         wait_phase(&mut p, mbar, 0, &mut label);
     }
@@ -566,9 +566,9 @@ pub fn tma_program(fault: TmaFault) -> ThreadProgram {
     let sig = kda_dsl::tma_choice::TensorMapSig {
         name: "map".into(),
         tensor: "t".into(),
-        extents: m.extent.map(|e| e.to_string()),
+        extents: m.extent[..2].iter().map(|e| e.to_string()).collect(),
         elem_bytes: m.elem_bytes,
-        box_extent: m.box_extent,
+        box_extent: m.box_extent[..2].to_vec(),
         swizzle: m.swizzle,
     };
     prog.params.push(("p_map".into(), ParamKind::TensorMap(sig)));
@@ -584,10 +584,11 @@ fn tma_value(x: u64, y: u64) -> u16 {
 /// coordinates, a [`TMA_MAP`] tensor of [`tma_value`]s and the map over it.
 pub fn tma_args(at: [i32; 2]) -> Vec<(String, SimArg)> {
     let m = TMA_MAP;
-    let mut tensor = vec![0u8; (m.row_stride * m.extent[1]) as usize];
+    let row_stride = m.strides[0];
+    let mut tensor = vec![0u8; (row_stride * m.extent[1]) as usize];
     for y in 0..m.extent[1] {
         for x in 0..m.extent[0] {
-            let at = (y * m.row_stride + 2 * x) as usize;
+            let at = (y * row_stride + 2 * x) as usize;
             tensor[at..at + 2].copy_from_slice(&tma_value(x, y).to_le_bytes());
         }
     }
@@ -610,7 +611,7 @@ pub fn tma_expected(at: [i32; 2]) -> Vec<u8> {
             let (gx, gy) = (i64::from(at[0]) + i64::from(inner), i64::from(at[1]) + i64::from(outer));
             let inside = (0..m.extent[0] as i64).contains(&gx) && (0..m.extent[1] as i64).contains(&gy);
             let v = if inside { tma_value(gx as u64, gy as u64) } else { 0 };
-            let to = m.shared_offset(inner, outer) as usize;
+            let to = m.shared_offset([inner, outer, 0, 0, 0]) as usize;
             expected[to..to + 2].copy_from_slice(&v.to_le_bytes());
         }
     }

@@ -297,7 +297,31 @@ pub enum LoopKind {
     Pipelined {
         /// Number of shared-memory stages.
         stages: u32,
+        /// What the barriers inside the body wait for of the next stages' fills.
+        barriers: BodyBarriers,
     },
+}
+
+impl LoopKind {
+    /// A pipelined loop of `stages` stages whose body's barriers wait for every copy.
+    pub const fn pipelined(stages: u32) -> LoopKind {
+        LoopKind::Pipelined { stages, barriers: BodyBarriers::WaitForFills }
+    }
+}
+
+/// What the barriers inside a `pipelined` loop's body wait for of the `cp.async` copies in
+/// flight, the next stages' fills among them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BodyBarriers {
+    /// Every copy in flight, the next stages' fills included: each body's first barrier then
+    /// waits for the fill just issued. Where other blocks share the SM their work covers the
+    /// wait, and in decode this measured the faster (`docs/performance.md`).
+    #[default]
+    WaitForFills,
+    /// None: the fills stay in flight until the top of the iteration that reads them, so a
+    /// block alone on its SM keeps computing meanwhile. The body may issue no other
+    /// global-to-shared copy (those would need the wait).
+    LeaveFillsInFlight,
 }
 
 /// Reductions.
@@ -668,7 +692,12 @@ impl KernelDef {
                 let k = match kind {
                     LoopKind::Serial => "serial".to_string(),
                     LoopKind::Unroll => "unroll".to_string(),
-                    LoopKind::Pipelined { stages } => format!("pipelined(stages={stages})"),
+                    LoopKind::Pipelined { stages, barriers: BodyBarriers::WaitForFills } => {
+                        format!("pipelined(stages={stages})")
+                    }
+                    LoopKind::Pipelined { stages, barriers: BodyBarriers::LeaveFillsInFlight } => {
+                        format!("pipelined(stages={stages}, fills_in_flight)")
+                    }
                 };
                 writeln!(
                     f,

@@ -441,8 +441,14 @@ impl Parser {
                     "pipelined" => {
                         self.punct("(")?;
                         let stages = self.setting("stages")? as u32;
+                        let mut barriers = BodyBarriers::WaitForFills;
+                        if self.is_punct(",") {
+                            self.punct(",")?;
+                            self.keyword("fills_in_flight")?;
+                            barriers = BodyBarriers::LeaveFillsInFlight;
+                        }
                         self.punct(")")?;
-                        LoopKind::Pipelined { stages }
+                        LoopKind::Pipelined { stages, barriers }
                     }
                     k => return Err(format!("unknown loop kind `{k}`")),
                 };

@@ -301,7 +301,7 @@ mod tests {
         let w = k.shared("w", &[64, 128], DType::BF16, loc(3));
         let acc = k.fragment("acc", &[64, 64], DType::F32, loc(4));
         k.fill(&acc, 0.0, loc(4));
-        let i = k.begin_for("i", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(5));
+        let i = k.begin_for("i", LoopKind::pipelined(3), 0, 4, loc(5));
         let (offset, shape) = at(i.clone());
         let mut src = k.tile_at(&a, offset, &shape, loc(6));
         if bounded {

@@ -494,7 +494,7 @@ fn a_stage_fill_without_row_masks_chooses_its_source_once() {
     k.assume_extent(&k.dim("C"), 64, loc(2));
     k.launch(vec![Host::int(1)], 128, loc(3));
     let s = k.shared("s", &[32, 64], DType::F32, loc(4));
-    let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, k.dim("N"), loc(5));
+    let it = k.begin_for("it", LoopKind::pipelined(2), 0, k.dim("N"), loc(5));
     let at = |t: &kda_dsl::builder::Tensor, l: u32| {
         k.tile_at(t, vec![it.clone(), Val::from(0), Val::from(0)], &[1, 32, 64], loc(l))
     };
@@ -681,7 +681,7 @@ fn strided_fill_pipeline() -> kda_dsl::thread_ir::ThreadProgram {
     let o = k.tensor("o", &["C", "X"], DType::BF16, true);
     k.launch(vec![Host::int(1)], 32, loc(2));
     let s = k.shared("s", &[16], DType::BF16, loc(3));
-    let c = k.begin_for("c", LoopKind::Pipelined { stages: 2 }, 0, k.dim("C"), loc(4));
+    let c = k.begin_for("c", LoopKind::pipelined(2), 0, k.dim("C"), loc(4));
     k.copy(k.tile(&a, vec![c.clone(), Val::from(0)], &[16, 1], loc(5)), s, loc(5));
     k.copy(s, k.tile(&o, vec![c, Val::from(0)], &[1, 16], loc(6)), loc(6));
     k.end();

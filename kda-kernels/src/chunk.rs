@@ -58,11 +58,17 @@ pub struct ChunkShape {
     /// fill_warps)`): the chain's step issues its fills' address arithmetic on the same warps
     /// as its products otherwise. The arithmetic, and so the bits, do not depend on it.
     pub fill_warps: usize,
+    /// The barriers inside a chunk's step leave the next chunks' loads in flight instead of
+    /// waiting for them (`pipelined(.., fills_in_flight)`): with other blocks on the SM their
+    /// work covers that wait, alone on it the block would stall at its step's first barrier
+    /// for the loads it has just issued. Same arithmetic, same bits.
+    pub fills_in_flight: bool,
 }
 
 impl ChunkShape {
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape = ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0 };
+    pub const FUSED: ChunkShape =
+        ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -70,13 +76,16 @@ impl ChunkShape {
     /// issues the fills, whose address arithmetic was on the step's path. The fastest of `kda
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
     /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape = ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1 };
+    pub const PREPARED: ChunkShape =
+        ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1, fills_in_flight: false };
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
-    /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 200 and neither. Not yet
-    /// measured against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Devices").
-    pub const HOPPER: ChunkShape = ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0 };
+    /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 200 and neither. Alone
+    /// on its SM, its step's barriers leave the next chunk's loads in flight. Not yet measured
+    /// against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Devices").
+    pub const HOPPER: ChunkShape =
+        ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0, fills_in_flight: true };
 }
 
 pub use crate::rules::Beta;
@@ -412,7 +421,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -425,6 +434,7 @@ impl ChunkConfig {
             // Two stages, the fused kernel's, go unnamed.
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.shape.fill_warps == 0 { String::new() } else { format!("_fw{}", self.shape.fill_warps) },
+            if self.shape.fills_in_flight { "_ff" } else { "" },
             match self.run {
                 ChunkRun::Output => "",
                 ChunkRun::StatesOnly => "_states",
@@ -1009,7 +1019,7 @@ pub fn chunk(
     // the window before left.
     let c_first = window_start(first_chunk, chunks);
     let c_end = window_end(end_chunk, chunks, c_first);
-    for c in pipelined(c_first, c_end, stages = cfg.shape.stages) {
+    for c in pipelined(c_first, c_end, stages = cfg.shape.stages, fills_in_flight = cfg.shape.fills_in_flight) {
         // The chunk's first token, the end of its tokens and its workspace row (the fills see
         // them for the chunk they fetch).
         let t0 = max(bos, bos - shift + 16 * c);

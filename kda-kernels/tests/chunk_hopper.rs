@@ -105,3 +105,34 @@ fn the_hopper_chunk_kernels_assemble_to_hgmma_alone() {
         assert!(!sass.contains(" HMMA"), "{key}: an sm_80 HMMA in the SASS");
     }
 }
+
+/// The lines of the loop of `ptx` that holds the most `bar.sync`s: from its label to the
+/// branch back to it.
+fn busiest_loop(ptx: &str) -> Vec<&str> {
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let label_at = |label: &str| lines.iter().position(|l| *l == format!("{label}:"));
+    let loops = lines.iter().enumerate().filter_map(|(end, l)| {
+        let label = l.strip_prefix("bra ").or_else(|| l.split_once(" bra ").map(|(_, b)| b))?.trim_end_matches(';');
+        label_at(label).filter(|top| *top < end).map(|top| &lines[top..=end])
+    });
+    let barriers = |body: &&[&str]| body.iter().filter(|l| l.starts_with("bar.sync")).count();
+    loops.max_by_key(barriers).expect("a loop").to_vec()
+}
+
+/// Alone on its SM, the sm_90a kernel's chunk step waits for its chunk's loads once, at the top
+/// of the step, and its other barriers leave the next chunk's loads (issued just after) in
+/// flight (`ChunkShape::fills_in_flight`); the sm_80 fused kernel, two blocks to an SM, waits
+/// for them at every barrier of its step.
+#[test]
+fn the_hopper_step_leaves_the_next_chunks_loads_in_flight() {
+    let waits = |ptx: &str| busiest_loop(ptx).iter().filter(|l| l.starts_with("cp.async.wait_group")).count();
+    let ptx = hopper_ptx();
+    let barriers = busiest_loop(&ptx).iter().filter(|l| l.starts_with("bar.sync")).count();
+    assert!(barriers > 2, "{barriers} barriers in the step");
+    assert_eq!(waits(&ptx), 1);
+    let fused = kda_kernels::chunk::ChunkConfig::default();
+    assert!(!fused.shape.fills_in_flight);
+    let sm80 =
+        kda_dsl::compile(kda_kernels::chunk::chunk(&fused).expect("builds"), Target::Sm80).expect("compiles").ptx;
+    assert!(waits(&sm80) > 2, "the sm_80 step waits at its barriers");
+}

@@ -102,6 +102,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 min_blocks: x.of(&[1, 2, 3, 0]),
                 stages: x.of(&[2, 3, 4, 1, 0]),
                 fill_warps: x.of(&[0, 1, 2, 5]),
+                fills_in_flight: x.b(),
             },
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

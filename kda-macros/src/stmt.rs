@@ -796,18 +796,35 @@ impl Cx {
                     }
                 }
                 _ => {
-                    let mut stages = None;
+                    let (mut stages, mut in_flight) = (None, None);
                     for (k, v, ksp) in &kw {
-                        if k != "stages" {
-                            return err(*ksp, format!("unknown `pipelined` argument `{k}`; expected `stages`"));
-                        }
+                        let slot = match k.as_str() {
+                            "stages" => &mut stages,
+                            "fills_in_flight" => &mut in_flight,
+                            _ => {
+                                return err(
+                                    *ksp,
+                                    format!(
+                                        "unknown `pipelined` argument `{k}`; expected `stages` or `fills_in_flight`"
+                                    ),
+                                )
+                            }
+                        };
                         if self.is_dsl(v) {
-                            return err(v.span(), "the stage count must be known when the kernel is specialized");
+                            return err(v.span(), format!("`{k}` must be known when the kernel is specialized"));
                         }
-                        stages = Some(*v);
+                        *slot = Some(*v);
                     }
                     let Some(s) = stages else { return err(sp, "`pipelined` needs `stages = n`") };
-                    quote!(::kda_dsl::tile::LoopKind::Pipelined { stages: (#s) as u32 })
+                    let barriers = match in_flight {
+                        Some(b) => quote!(if #b {
+                            ::kda_dsl::tile::BodyBarriers::LeaveFillsInFlight
+                        } else {
+                            ::kda_dsl::tile::BodyBarriers::WaitForFills
+                        }),
+                        None => quote!(::kda_dsl::tile::BodyBarriers::WaitForFills),
+                    };
+                    quote!(::kda_dsl::tile::LoopKind::Pipelined { stages: (#s) as u32, barriers: #barriers })
                 }
             };
             let vs = var.to_string();

@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -168,14 +168,16 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]`,
 /// as the tuning it names.
 fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
-    let bad = || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][b][h]; {USAGE}");
+    let bad =
+        || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
-    // products), `rRANGES` (the two-kernel
+    // products), `i` (the step's barriers leave the next chunks' loads in flight), `rRANGES`
+    // (the two-kernel
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
     // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
     // tokens), `fFILL` (fill warps) and `xSTAGES`.
@@ -186,6 +188,10 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     let (a, operands) = match a.strip_suffix('b') {
         Some(rest) => (rest, ChunkOperands::Bf16),
         None => (a, ChunkOperands::F16),
+    };
+    let (a, fills_in_flight) = match a.strip_suffix('i') {
+        Some(rest) => (rest, true),
+        None => (a, false),
     };
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
@@ -212,7 +218,7 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     };
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
-    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps };
+    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps, fills_in_flight };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
 }
 
@@ -438,7 +444,8 @@ mod tests {
 
     #[test]
     fn chunk_shapes_parse_every_part() {
-        let shape = |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages, fill_warps: 0 };
+        let shape =
+            |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false };
         let tune = |shape, split, prepared, prep_blocks, ranges| ChunkTuning {
             shape,
             split,
@@ -464,6 +471,14 @@ mod tests {
             ),
             ("8x2b", ChunkTuning { operands: ChunkOperands::Bf16, ..tune(shape(8, 2, 2), None, false, None, None) }),
             ("8x1h", ChunkTuning { target: Target::Sm90a, ..tune(shape(8, 1, 2), None, false, None, None) }),
+            (
+                "8x1ih",
+                ChunkTuning {
+                    shape: ChunkShape::HOPPER,
+                    target: Target::Sm90a,
+                    ..tune(shape(8, 1, 2), None, false, None, None)
+                },
+            ),
             (
                 "4x2bh",
                 ChunkTuning {

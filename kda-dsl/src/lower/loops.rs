@@ -56,7 +56,7 @@ impl Lower<'_> {
                 self.em.emit(Op::Label(exit));
                 Ok(())
             }
-            LoopKind::Pipelined { stages } => self.pipelined(var, stages, start, end, body, loc),
+            LoopKind::Pipelined { stages, .. } => self.pipelined(var, stages, start, end, body, loc),
         }
     }
 
@@ -129,7 +129,7 @@ impl Lower<'_> {
         let rest: Vec<Stmt> = body.iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let distance = plan.fill_distance();
         let in_flight = plan.wgmma_in_flight.is_some();
-        let PipelinePlan { staged, prelude, skip_dead_fills, fills: how, .. } = plan;
+        let PipelinePlan { staged, prelude, skip_dead_fills, fills: how, barriers, .. } = plan;
         let tma = match how {
             StageFills::TensorBoxes(tma) => Some(tma),
             StageFills::AsyncCopies { .. } => None,
@@ -208,8 +208,11 @@ impl Lower<'_> {
         self.var_regs.insert(var, ko);
         self.stage_bases(&staged, &home, rd);
         let outer_wait = std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight));
+        let in_flight_fills = barriers == BodyBarriers::LeaveFillsInFlight;
+        let outer_fills = std::mem::replace(&mut self.fills_in_flight, in_flight_fills);
         let lowered = self.block(&rest);
         self.wgmma_wait = outer_wait;
+        self.fills_in_flight = outer_fills;
         lowered?;
         self.em.loc = loc;
         self.store_deferred_fills(deferred)?;

@@ -167,6 +167,9 @@ pub(crate) struct Lower<'a> {
     /// Lowering the compute warps' copy of a warp-specialized loop, whose barriers leave the
     /// fill warps out (`producer`).
     pub producer_apart: bool,
+    /// Lowering the body of a pipelined loop whose barriers leave the next stages' fills in
+    /// flight (`BodyBarriers::LeaveFillsInFlight`).
+    pub fills_in_flight: bool,
 }
 
 fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
@@ -272,6 +275,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         tensor_maps: vec![],
         tma_phases: HashMap::new(),
         producer_apart: false,
+        fills_in_flight: false,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
     let mut params = vec![];
@@ -550,10 +554,12 @@ impl Lower<'_> {
             StmtKind::Barrier => {
                 // Asynchronous copies (other than stage fills) land before the barrier releases
                 // anyone. In a kernel that has them, a barrier inside a pipeline's body also
-                // waits for the next stage's fill: leaving it in flight measured slower, three
-                // times, though a profile puts much of the time at this wait
-                // (docs/performance.md, "Decode and GEMM").
-                if self.async_copies {
+                // waits for the next stage's fill unless the loop asks otherwise (in decode,
+                // leaving it in flight measured slower, three times, though a profile puts much
+                // of the time at this wait: docs/performance.md, "Decode and GEMM"). Such a
+                // body issues no other copy (`plan_pipelines`), and the copies before the loop
+                // landed at its first iteration's wait.
+                if self.async_copies && !self.fills_in_flight {
                     self.wait_plain_async_copies();
                 }
                 self.block_barrier();

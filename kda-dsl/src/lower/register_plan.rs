@@ -177,7 +177,7 @@ mod tests {
         let w = k.shared("w", &[128, 64], DType::BF16, loc(3));
         let acc = k.fragment("acc", &[128, 128], DType::F32, loc(4));
         k.fill(&acc, 0.0, loc(4));
-        let i = k.begin_for("i", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(5));
+        let i = k.begin_for("i", LoopKind::pipelined(3), 0, 4, loc(5));
         k.copy(k.tile(&a, vec![Val::from(0), i.clone()], &[128, 64], loc(6)), s, loc(6));
         k.copy(k.tile(&a, vec![Val::from(1), i], &[128, 64], loc(7)), w, loc(7));
         k.gemm(s, w.t(), &acc, loc(8));

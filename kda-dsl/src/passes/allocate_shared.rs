@@ -147,7 +147,7 @@ mod tests {
         let s = k.shared("a_s", &[64, 32], DType::BF16, loc(3));
         let f = k.fragment("f", &[64, 64], DType::F32, loc(4));
         let r = k.fragment("r", &[64], DType::F32, loc(5));
-        let ko = k.begin_for("ko", LoopKind::Pipelined { stages: 3 }, 0, k.dim("K"), loc(6));
+        let ko = k.begin_for("ko", LoopKind::pipelined(3), 0, k.dim("K"), loc(6));
         k.copy(k.tile(&a, vec![Val::from(0), ko], &[64, 32], loc(7)), s, loc(7));
         k.end();
         k.reduce(ReduceOp::Sum, &f, &r, 1, loc(8));

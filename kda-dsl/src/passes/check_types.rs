@@ -205,7 +205,7 @@ pub(crate) fn threads_error(threads: i64) -> Option<String> {
 /// stages).
 pub(crate) fn loop_kind_error(kind: LoopKind) -> Option<String> {
     match kind {
-        LoopKind::Pipelined { stages } if !(2..=8).contains(&stages) => {
+        LoopKind::Pipelined { stages, .. } if !(2..=8).contains(&stages) => {
             Some(format!("stages = {stages}: expected 2 to 8"))
         }
         _ => None,

@@ -414,7 +414,7 @@ fn pin_register_operands(
 fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut IdVec<Buffer, u32>) {
     for s in body {
         match &s.kind {
-            StmtKind::For { kind: LoopKind::Pipelined { stages: n }, body, .. } => {
+            StmtKind::For { kind: LoopKind::Pipelined { stages: n, .. }, body, .. } => {
                 for inner in body.iter().filter(|x| super::plan_pipelines::is_stage_fill(def, x)) {
                     if let StmtKind::Copy { dst: Region::Buf(b), .. } = &inner.kind {
                         stages[*b] = stages[*b].max(*n);

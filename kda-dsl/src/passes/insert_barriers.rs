@@ -298,7 +298,7 @@ mod tests {
         let tab = k.shared("tab", &[64], DType::I32, loc(3));
         let st = k.shared("st", &[4, 64], DType::F32, loc(4));
         k.fill(&tab, 0, loc(5));
-        let it = k.begin_for("it", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(6));
+        let it = k.begin_for("it", LoopKind::pipelined(2), 0, 4, loc(6));
         // The fill's row comes from the table; the body then rewrites the table.
         let row = k.elem(&tab, vec![it.clone()], loc(7));
         k.copy(k.tile_at(&a, vec![row, Val::from(0)], &[4, 64], loc(7)), st, loc(7));

@@ -34,6 +34,8 @@ pub struct PipelinePlan {
     pub wgmma_in_flight: Option<WgmmaInFlight>,
     /// How the fills are copied and awaited.
     pub fills: StageFills,
+    /// What the body's barriers wait for of the next stages' fills (the loop's own choice).
+    pub barriers: BodyBarriers,
 }
 
 /// How a pipeline's stage fills are copied, and how the body waits for a stage.
@@ -123,9 +125,16 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
     let mut plans = vec![];
     let mut first_error = None;
     visit_stmts(&p.def.body, &mut |s| {
-        let StmtKind::For { var, kind: LoopKind::Pipelined { stages }, body, .. } = &s.kind else {
+        let StmtKind::For { var, kind: LoopKind::Pipelined { stages, barriers }, body, .. } = &s.kind else {
             return;
         };
+        if *barriers == BodyBarriers::LeaveFillsInFlight {
+            if let Some(copy) = other_shared_copy(&p.def, body) {
+                let why = "a pipelined loop with `fills_in_flight` issues no global-to-shared copy but its stage fills (its barriers would not wait for this one); copy before the loop";
+                first_error.get_or_insert(Diag::new(copy.loc, why));
+                return;
+            }
+        }
         let fills: Vec<&Stmt> = body.iter().filter(|x| is_stage_fill(&p.def, x)).collect();
         let staged = fills
             .iter()
@@ -143,6 +152,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
                 prelude,
                 skip_dead_fills: !contains_gemm(body),
                 wgmma_in_flight: wgmma_in_flight(p, *stages, body),
+                barriers: *barriers,
             }),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -216,6 +226,21 @@ fn wgmma_in_flight(p: &TileProgram, stages: u32, body: &[Stmt]) -> Option<WgmmaI
     (shared_a && stages >= 3).then_some(WgmmaInFlight { acc: *c })
 }
 
+/// A global-to-shared copy in a loop's `body` other than its stage fills (one nested deeper,
+/// or in a loop inside it), if there is one.
+fn other_shared_copy<'a>(def: &KernelDef, body: &'a [Stmt]) -> Option<&'a Stmt> {
+    let is_shared_copy = |s: &Stmt| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if def.buffers[*b].scope == Scope::Shared);
+    let mut found = None;
+    for s in body.iter().filter(|s| !is_stage_fill(def, s)) {
+        visit_stmts(std::slice::from_ref(s), &mut |x| {
+            if found.is_none() && is_shared_copy(x) {
+                found = Some(x);
+            }
+        });
+    }
+    found
+}
+
 /// Whether `body` has a tensor-core `gemm` at any depth.
 fn contains_gemm(body: &[Stmt]) -> bool {
     let mut found = false;
@@ -265,6 +290,9 @@ impl fmt::Display for PipelineLine<'_> {
             let acc = &def.buffers[w.acc].name;
             write!(f, "; wgmma group into {acc} in flight (wait_group 1), fills {} ahead", plan.fill_distance())?;
         }
+        if plan.barriers == BodyBarriers::LeaveFillsInFlight {
+            write!(f, "; the body's barriers leave the fills in flight")?;
+        }
         Ok(())
     }
 }
@@ -285,13 +313,13 @@ mod tests {
         let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
         let w = k.shared("w", &[64, 16], DType::BF16, loc(3));
         let acc = k.fragment("acc", &[16, 16], DType::F32, loc(4));
-        let i = k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
+        let i = k.begin_for("i", LoopKind::pipelined(2), 0, 4, loc(5));
         let row = k.let_var("row", Val::bin(crate::tile::BinOp::Add, i, Val::from(1)), loc(6));
         k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
         k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(8)), loc(8));
         k.end();
         k.fill(&acc, 0.0, loc(9));
-        let j = k.begin_for("j", LoopKind::Pipelined { stages: 3 }, 0, 4, loc(10));
+        let j = k.begin_for("j", LoopKind::pipelined(3), 0, 4, loc(10));
         k.copy(k.tile(&a, vec![Val::from(0), j.clone()], &[16, 64], loc(11)), s, loc(11));
         k.copy(k.tile(&a, vec![j, Val::from(0)], &[64, 16], loc(12)), w, loc(12));
         k.gemm(s, w, &acc, loc(13));
@@ -321,7 +349,7 @@ mod tests {
         let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
         let t = k.shared("t", &[16], DType::I32, loc(3));
         k.fill(&t, Val::from(0), loc(4));
-        k.begin_for("i", LoopKind::Pipelined { stages: 2 }, 0, 4, loc(5));
+        k.begin_for("i", LoopKind::pipelined(2), 0, 4, loc(5));
         let row = k.elem(&t, vec![Val::from(0)], loc(6));
         k.copy(k.tile(&a, vec![row, Val::from(0)], &[16, 64], loc(7)), s, loc(7));
         k.fill(&t, Val::from(1), loc(8));
@@ -329,5 +357,37 @@ mod tests {
         let e = crate::passes::run_tile_passes(k.finish().expect("valid")).expect_err("a stale read");
         assert_eq!(e.loc.line, 7, "{e}");
         assert!(e.message.contains("which the body writes"), "{e}");
+    }
+    /// A loop whose barriers leave its fills in flight may issue no other copy into shared
+    /// memory (its barriers would not wait for it): an error at that copy. Without one, the
+    /// plan keeps the loop's choice and its dump line says so.
+    #[test]
+    fn a_loop_leaving_its_fills_in_flight_copies_nothing_else_to_shared_memory() {
+        let build = |other_copy: bool| {
+            let k = KernelBuilder::new("t", loc(1));
+            let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+            let o = k.tensor("o", &["M", "K"], DType::F32, true);
+            k.launch(vec![Host::int(1)], 32, loc(2));
+            let s = k.shared("s", &[16, 64], DType::BF16, loc(3));
+            let u = k.shared("u", &[16, 64], DType::BF16, loc(3));
+            let kind = LoopKind::Pipelined { stages: 2, barriers: BodyBarriers::LeaveFillsInFlight };
+            let i = k.begin_for("i", kind, 0, 4, loc(5));
+            k.copy(k.tile(&a, vec![i.clone(), Val::from(0)], &[16, 64], loc(6)), s, loc(6));
+            if other_copy {
+                k.begin_for("j", LoopKind::Serial, 0, 2, loc(7));
+                k.copy(k.tile(&a, vec![i, Val::from(0)], &[16, 64], loc(8)), u, loc(8));
+                k.end();
+                k.copy(u, k.tile(&o, vec![Val::from(1), Val::from(0)], &[16, 64], loc(9)), loc(9));
+            }
+            k.copy(s, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 64], loc(10)), loc(10));
+            k.end();
+            crate::passes::run_tile_passes(k.finish().expect("valid"))
+        };
+        let p = build(false).expect("passes");
+        assert_eq!(p.pipelines[0].barriers, BodyBarriers::LeaveFillsInFlight);
+        assert!(p.to_string().contains("the body's barriers leave the fills in flight"), "{p}");
+        let e = build(true).expect_err("another copy");
+        assert_eq!(e.loc.line, 8, "{e}");
+        assert!(e.message.contains("fills_in_flight"), "{e}");
     }
 }

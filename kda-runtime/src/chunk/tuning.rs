@@ -114,7 +114,7 @@ impl ChunkTuning {
     /// when not.
     pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
         let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
-        let ChunkShape { warps, min_blocks, stages, fill_warps } = self.shape;
+        let ChunkShape { warps, min_blocks, stages, fill_warps, .. } = self.shape;
         if !matches!(warps, 1 | 2 | 4 | 8)
             || !(1..=8).contains(&min_blocks)
             || !(2..=8).contains(&stages)
@@ -253,7 +253,7 @@ mod tests {
             assert!(e.contains("tune") && e.contains(expected), "{e}");
         };
         let shape = |warps, min_blocks, stages| ChunkTuning {
-            shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0 },
+            shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false },
             ..ok
         };
         let shapes =

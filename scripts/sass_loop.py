@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Static estimate of one iteration of a kernel's busiest loop, read from its SASS.
+
+    scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--warps N] [--at 0xTOP]
+
+Builds nothing: it runs `target/release/kda emit`, ptxas and cuobjdump (from KDA_PTXAS and
+KDA_CUOBJDUMP, else `.cache/`), lists the loops (a label and the branch back to it), takes
+the one with the most instructions (or the one starting at `--at`) and prints, per iteration
+of one warp:
+
+- the instructions by class;
+- the issue bound: a warp scheduler issues one instruction a cycle, and the block's warps
+  share the SM's four schedulers, so an iteration takes at least `instructions x warps / 4`
+  cycles;
+- the latency bound: the cycles one warp takes to issue the iteration in order, each
+  instruction waiting for its operands (register dependences) and each barrier for every
+  earlier result, with the latencies of LATENCY below;
+- the tensor bound: the cycles the SM's tensor cores spend on the iteration's `HGMMA`s for all
+  warpgroups (dense bf16 or f16: 2048 multiply-adds a cycle per SM).
+
+These are estimates, not measurements: the latencies are assumptions (public microbenchmarks
+of Ampere and Hopper put them in these ranges; none is measured here), branches inside the
+loop are taken as straight-line code (every instruction counted), and warps are assumed to
+overlap perfectly on a scheduler. An iteration takes at least the largest bound; where the
+latency bound leads, more independent work per warp (or more warps) would fill the gaps.
+"""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# Cycles from an instruction's issue until its result can be read (assumed: see above).
+LATENCY = {
+    "alu": 4,  # FFMA, FADD, FMUL, IMAD, IADD3, LOP3, SHF, LEA, FSEL, MOV, PRMT, F2FP, ...
+    "mufu": 16,  # MUFU.EX2, RCP, RSQ, ...
+    "shfl": 24,
+    "lds": 30,  # LDS
+    "ldsm": 32,  # LDSM
+    "sts": 20,  # STS: until a barrier may release readers
+    "global": 600,  # LDG (off the step's chain when the pipeline works)
+    "bar": 24,  # BAR.SYNC, once every earlier result is in
+    "fence": 40,  # MEMBAR, FENCE
+    "hgmma_fixed": 24,  # HGMMA pipeline latency beside its tensor cycles
+    "hmma": 32,  # HMMA.16816 (mma.sync m16n8k16)
+}
+TENSOR_FMA_PER_CYCLE = 2048  # dense bf16/f16 per SM per cycle (H100/H200)
+
+CLASSES = [
+    ("tensor", ("HGMMA", "HMMA")),
+    ("shared", ("LDS", "STS", "LDSM", "STSM")),
+    ("global", ("LDG", "STG", "LDGSTS", "UTMALDG", "UTMASTG", "LDGDEPBAR", "RED", "ATOM")),
+    ("special", ("MUFU",)),
+    ("shuffle", ("SHFL",)),
+    ("sync", ("BAR", "MEMBAR", "FENCE", "DEPBAR", "WARPGROUP", "WARPSYNC", "SYNCS", "BSSY", "BSYNC")),
+    ("float", ("FFMA", "FMUL", "FADD", "FSEL", "FSETP", "FMNMX", "F2FP", "F2F", "FCHK", "FRND")),
+    ("branch", ("BRA", "EXIT", "RET", "CALL")),
+]
+
+
+def op_class(op):
+    base = op.split(".")[0]
+    for name, ops in CLASSES:
+        if base in ops:
+            return name
+    return "integer"
+
+
+def tool(var, name):
+    return os.environ.get(var) or os.path.join(".cache", name)
+
+
+def sass_of(args):
+    kda = os.path.join("target", "release", "kda")
+    ptx = subprocess.run([kda, "emit", *args], check=True, capture_output=True, text=True).stdout
+    with tempfile.TemporaryDirectory() as d:
+        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        open(src, "w").write(ptx)
+        arch = re.search(r"^\.target (\S+)", ptx, re.M).group(1)
+        log = subprocess.run(
+            [tool("KDA_PTXAS", "ptxas"), f"-arch={arch}", "-v", src, "-o", cubin],
+            check=True, capture_output=True, text=True,
+        ).stderr
+        env = dict(os.environ, PATH=os.path.abspath(".cache") + os.pathsep + os.environ.get("PATH", ""))
+        sass = subprocess.run(
+            [tool("KDA_CUOBJDUMP", "cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True, env=env
+        ).stdout
+    threads = re.search(r"\.(?:reqntid|maxntid) (\d+)", ptx)
+    return sass, log, int(threads.group(1)) if threads else None
+
+
+def instructions(sass):
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def loops(ins):
+    """Every loop as (top address, bottom address, its instructions)."""
+    out = []
+    for bottom, text in ins:
+        m = re.search(r"\bBRA\s+(?:`\(.*?\)\s*)?(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= bottom:
+            top = int(m.group(1), 16)
+            out.append((top, bottom, [t for a, t in ins if top <= a <= bottom]))
+    return out
+
+
+def regs(text):
+    """(destinations, sources) of one SASS instruction, as register names."""
+    guard = re.match(r"@!?(U?P\d)\s+", text)
+    if guard:
+        text = text[guard.end():]
+    op, _, rest = text.partition(" ")
+    operands = [o.strip() for o in rest.split(",")] if rest else []
+    width = 1
+    for suffix, w in ((".128", 4), (".64", 2), (".WIDE", 2), (".4", 4), (".2", 2)):
+        if suffix in op:
+            width = w
+    names = lambda o: re.findall(r"\b(U?R\d+|U?P\d)\b", o)
+    base = op.split(".")[0]
+    no_dest = base in ("STS", "STG", "ST", "BAR", "BRA", "RED", "ATOM", "MEMBAR", "FENCE", "DEPBAR",
+                       "WARPGROUP", "LDGSTS", "UTMALDG", "UTMASTG", "SYNCS", "BSSY", "BSYNC", "EXIT", "STSM")
+    dests, srcs = [], [guard.group(1)] if guard else []
+    for k, o in enumerate(operands):
+        found = names(o)
+        if k == 0 and not no_dest and not o.startswith("["):
+            for r in found:
+                dests.extend(expand(r, hgmma_width(op) if base == "HGMMA" else width))
+            continue
+        for r in found:
+            srcs.extend(expand(r, width if base in ("STS", "STG") and not o.startswith("[") else 1))
+    if base == "HGMMA" and len(operands) > 1:
+        srcs.extend(expand(names(operands[1])[0], 4) if names(operands[1]) else [])
+    return dests, srcs
+
+
+def hgmma_width(op):
+    m = re.search(r"64x(\d+)x", op)
+    return int(m.group(1)) // 2 if m else 1
+
+
+def expand(reg, width):
+    m = re.match(r"(U?R)(\d+)$", reg)
+    if not m or width == 1:
+        return [reg]
+    return [f"{m.group(1)}{int(m.group(2)) + k}" for k in range(width)]
+
+
+def latency(op):
+    base = op.split(".")[0]
+    if base == "HGMMA":
+        m = re.search(r"64x(\d+)x16", op)
+        tensor = 64 * int(m.group(1)) * 16 // TENSOR_FMA_PER_CYCLE if m else 8
+        return tensor + LATENCY["hgmma_fixed"], tensor
+    table = {"HMMA": "hmma", "MUFU": "mufu", "SHFL": "shfl", "LDS": "lds", "LDSM": "ldsm", "STS": "sts", "LDG": "global",
+             "BAR": "bar", "MEMBAR": "fence", "FENCE": "fence"}
+    return LATENCY[table.get(base, "alu")], 0
+
+
+def estimate(body):
+    ready = collections.defaultdict(int)
+    issue, last_done, tensor, copies_done = 0, 0, 0, 0
+    for text in body:
+        dests, srcs = regs(text)
+        op = re.sub(r"^@!?U?P\d\s+", "", text).split(" ")[0]
+        lat, cycles = latency(op)
+        tensor += cycles
+        start = max([issue + 1] + [ready[r] for r in srcs if r not in ("PT", "UPT")])
+        if op.startswith("BAR") or op.startswith("WARPGROUP.DEPBAR"):
+            start = max(start, last_done)
+        if op.startswith("DEPBAR"):
+            # `cp.async.wait_group`: the copies this iteration issued must land (those of
+            # earlier iterations are taken as landed).
+            start = max(start, copies_done)
+        issue = start
+        if op.startswith("LDGSTS"):
+            copies_done = max(copies_done, start + LATENCY["global"])
+        done = start + lat
+        for r in dests:
+            ready[r] = done
+        last_done = max(last_done, done)
+    return issue, tensor
+
+
+def option(argv, name):
+    """The value of `name` in `argv` (removed from it), or None."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def main(argv):
+    warps, at = option(argv, "--warps"), option(argv, "--at")
+    if not argv:
+        sys.exit(__doc__)
+    sass, log, threads = sass_of(argv)
+    warps = int(warps) if warps else (threads // 32 if threads else None)
+    found = loops(instructions(sass))
+    for top, bottom, body in found:
+        print(f"loop {top:#x}..{bottom:#x}: {len(body)} instructions")
+    chosen = [f for f in found if at is None or f[0] == int(at, 16)]
+    if not chosen:
+        sys.exit("no such loop in the SASS")
+    top, bottom, body = max(chosen, key=lambda f: len(f[2]))
+    print(f"taken: {top:#x}..{bottom:#x}")
+    for line in log.splitlines():
+        if "registers" in line or "spill" in line:
+            print("ptxas:", line.split(":", 1)[-1].strip())
+    mix = collections.Counter(op_class(re.sub(r"^@!?U?P\d\s+", "", t).split(" ")[0]) for t in body)
+    print(f"loop: {len(body)} instructions a warp per iteration")
+    for name, count in mix.most_common():
+        print(f"  {name:<8} {count}")
+    chain, tensor = estimate(body)
+    print(f"latency bound (one warp, in order): {chain} cycles")
+    if warps:
+        groups = max(warps // 4, 1)
+        print(f"issue bound ({warps} warps on 4 schedulers): {len(body) * warps // 4} cycles")
+        print(f"tensor bound ({groups} warpgroup(s)): {tensor * groups} cycles")
+    else:
+        print("issue bound: give --warps (no .reqntid in the PTX)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

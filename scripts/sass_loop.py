@@ -11,7 +11,8 @@ of one warp:
 - the instructions by class;
 - the issue bound: a warp scheduler issues one instruction a cycle, and the block's warps
   share the SM's four schedulers, so an iteration takes at least `instructions x warps / 4`
-  cycles;
+  cycles, and at least `instructions` (the warps from the PTX's `.maxntid`, fill and producer warps included: `--warps`
+  gives those that run the loop);
 - the latency bound: the cycles one warp takes to issue the iteration in order, each
   instruction waiting for its operands (register dependences) and each barrier for every
   earlier result, with the latencies of LATENCY below;
@@ -223,7 +224,8 @@ def main(argv):
     print(f"latency bound (one warp, in order): {chain} cycles")
     if warps:
         groups = max(warps // 4, 1)
-        print(f"issue bound ({warps} warps on 4 schedulers): {len(body) * warps // 4} cycles")
+        # A warp keeps to one scheduler: fewer than 4 warps leave some idle.
+        print(f"issue bound ({warps} warps on 4 schedulers): {len(body) * max(warps, 4) // 4} cycles")
         print(f"tensor bound ({groups} warpgroup(s)): {tensor * groups} cycles")
     else:
         print("issue bound: give --warps (no .reqntid in the PTX)")

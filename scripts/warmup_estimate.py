@@ -52,6 +52,8 @@ def main(heads):
     print("|---|---|---|")
     for lo in (0.0, 0.7, 1.4, 2.1):
         m = (a_log >= lo) & (a_log < lo + 0.7)
+        if not m.any():
+            continue
         median = np.median(need[m])
         shown = "never" if median > LIMIT else f"{median:.0f}"
         print(f"| [{lo:.1f}, {lo + 0.7:.1f}) | {shown} | {np.mean(need[m] <= 256):.0%} |")

@@ -8,6 +8,9 @@ use crate::hopper_layout::Swizzle;
 /// The most axes a tensor map has (`cp.async.bulk.tensor.1d` to `.5d`).
 pub const MAX_TENSOR_MAP_RANK: usize = 5;
 
+/// The most bytes one box may fill: a block's shared memory on compute capability 9.0.
+pub const MAX_BOX_BYTES: u64 = 227 * 1024;
+
 /// Per axis of a box, the inner (contiguous) axis first: an element's index in the box, or a
 /// box's element coordinates in the tensor. Axes past the map's rank are 0.
 pub type BoxIndex<T> = [T; MAX_TENSOR_MAP_RANK];
@@ -81,7 +84,9 @@ impl TensorMap {
         if !(1..=MAX_TENSOR_MAP_RANK).contains(&rank) {
             return Err(format!("tensor map of {rank} axes: expected 1 to {MAX_TENSOR_MAP_RANK}"));
         }
-        let row_bytes = self.row_bytes();
+        if self.extent[rank..].iter().any(|e| *e != 1) || self.box_extent[rank..].iter().any(|b| *b != 1) {
+            return Err(format!("tensor map of {rank} axes: extents past them must be 1"));
+        }
         if ![1, 2, 4, 8].contains(&self.elem_bytes) {
             return Err(format!("tensor map element of {} bytes: expected 1, 2, 4 or 8", self.elem_bytes));
         }
@@ -89,6 +94,11 @@ impl TensorMap {
         if box_extent.iter().any(|b| !(1..=256).contains(b)) {
             return Err(format!("tensor map box {box_extent:?}: each extent must be 1 to 256"));
         }
+        let box_bytes = box_extent.iter().map(|b| u64::from(*b)).product::<u64>() * u64::from(self.elem_bytes);
+        if box_bytes > MAX_BOX_BYTES {
+            return Err(format!("tensor map box of {box_bytes} bytes: at most {MAX_BOX_BYTES} (shared memory)"));
+        }
+        let row_bytes = self.row_bytes();
         if !row_bytes.is_multiple_of(16) {
             return Err(format!("tensor map box rows of {row_bytes} bytes: expected a multiple of 16"));
         }
@@ -242,6 +252,8 @@ mod tests {
             (TensorMap { strides: [120, 0, 0, 0], ..ok }, "expected a multiple of 16"),
             (TensorMap { strides: [112, 0, 0, 0], ..ok }, "at least a row's 128 bytes"),
             (TensorMap { strides: [128, 8, 0, 0], ..three }, "stride 8 of axis 2"),
+            (TensorMap { box_extent: [64, 64, 2, 1, 1], ..ok }, "extents past them must be 1"),
+            (TensorMap::packed(2, &[64, 256, 256], &[64, 256, 256], Swizzle::B128).expect("3 axes"), "at most 232448"),
         ] {
             let e = bad.check().expect_err("refused");
             assert!(e.contains(expected), "{bad:?}: {e}");

@@ -166,9 +166,11 @@ impl Lower<'_> {
             Some(tma) if work != LoopWork::Fills => self.wait_tma_stage(var, tma, rd),
             _ => {}
         }
-        // A stage's mbarrier orders only its boxes: the kernel's own `cp.async` copies (a tile
-        // filled before the loop) land before this barrier, as before any other.
-        if tma.is_some() && self.async_copies {
+        // The kernel's own `cp.async` copies (a tile filled before the loop) land before this
+        // barrier, as before any other, where the wait above does not cover them: a stage's
+        // mbarrier orders only its boxes, and the compute warps' copy of a loop with fill
+        // warps waits for no fill (theirs are all the compute warps have in flight).
+        if (tma.is_some() || work == LoopWork::Body) && self.async_copies {
             self.wait_plain_async_copies();
         }
         self.block_barrier();

@@ -58,6 +58,11 @@ impl Lower<'_> {
             // was to be there): with shared tiles beside the staged ones, the compute warps'
             // barrier orders one iteration's accesses before the next's.
             if self.touches_unstaged_shared(plan, &rest) {
+                // The compute warps' own `cp.async` copies (a tile filled before the loop) land
+                // first: the stage's mbarrier orders only its boxes.
+                if self.async_copies {
+                    self.wait_plain_async_copies();
+                }
                 self.block_barrier();
             }
             let lowered = self.block(&rest);

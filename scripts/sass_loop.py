@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Static estimate of one iteration of a kernel's busiest loop, read from its SASS.
 
-    scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--warps N] [--at 0xTOP]
+    scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--warps N] [--at 0xTOP] [--lines N]
 
-Builds nothing: it runs `target/release/kda emit`, ptxas and cuobjdump (from KDA_PTXAS and
-KDA_CUOBJDUMP, else `.cache/`), lists the loops (a label and the branch back to it), takes
+Builds nothing: it runs `target/release/kda emit`, ptxas and nvdisasm (from KDA_PTXAS and
+KDA_NVDISASM, else `.cache/`), lists the loops (a label and the branch back to it), takes
 the one with the most instructions (or the one starting at `--at`) and prints, per iteration
 of one warp:
 
@@ -15,7 +15,8 @@ of one warp:
   gives those that run the loop);
 - the latency bound: the cycles one warp takes to issue the iteration in order, each
   instruction waiting for its operands (register dependences) and each barrier for every
-  earlier result, with the latencies of LATENCY below;
+  earlier result, with the latencies of LATENCY below; and the kernel source lines taking the
+  most of those cycles (their instructions' issue and waits);
 - the tensor bound: the cycles the SM's tensor cores spend on the iteration's `HGMMA`s for all
   warpgroups (dense bf16 or f16: 2048 multiply-adds a cycle per SM).
 
@@ -74,6 +75,9 @@ def tool(var, name):
 
 
 def sass_of(args):
+    """The kernel's SASS as (address, instruction, (file, line)) rows, ptxas's log and the
+    block's threads. ptxas keeps line tables (`-lineinfo`, which changes no instruction) and
+    nvdisasm prints them; branch targets are given as addresses."""
     kda = os.path.join("target", "release", "kda")
     ptx = subprocess.run([kda, "emit", *args], check=True, capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as d:
@@ -81,34 +85,48 @@ def sass_of(args):
         open(src, "w").write(ptx)
         arch = re.search(r"^\.target (\S+)", ptx, re.M).group(1)
         log = subprocess.run(
-            [tool("KDA_PTXAS", "ptxas"), f"-arch={arch}", "-v", src, "-o", cubin],
+            [tool("KDA_PTXAS", "ptxas"), f"-arch={arch}", "-v", "-lineinfo", src, "-o", cubin],
             check=True, capture_output=True, text=True,
         ).stderr
-        env = dict(os.environ, PATH=os.path.abspath(".cache") + os.pathsep + os.environ.get("PATH", ""))
         sass = subprocess.run(
-            [tool("KDA_CUOBJDUMP", "cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True, env=env
+            [tool("KDA_NVDISASM", "nvdisasm"), "-g", "-c", cubin], check=True, capture_output=True, text=True
         ).stdout
     threads = re.search(r"\.(?:reqntid|maxntid) (\d+)", ptx)
-    return sass, log, int(threads.group(1)) if threads else None
+    return instructions(sass), log, int(threads.group(1)) if threads else None
 
 
 def instructions(sass):
-    out = []
+    """(address, text, (file, line)) of every instruction of nvdisasm's `-g` listing."""
+    rows, labels, pending, where = [], {}, [], None
     for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        s = line.strip()
+        m = re.search(r'//## File "(.*?)", line (\d+)', s)
         if m:
-            out.append((int(m.group(1), 16), m.group(2)))
-    return out
+            where = (m.group(1).split("/")[-1], int(m.group(2)))
+            continue
+        m = re.match(r"\.(L_x_\d+):", s)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", s)
+        if m:
+            addr = int(m.group(1), 16)
+            for label in pending:
+                labels[label] = addr
+            pending = []
+            rows.append((addr, m.group(2), where))
+    target = lambda m: hex(labels.get(m.group(1), 0))
+    return [(a, re.sub(r"`\(\.(L_x_\d+)\)", target, t), w) for a, t, w in rows]
 
 
 def loops(ins):
     """Every loop as (top address, bottom address, its instructions)."""
     out = []
-    for bottom, text in ins:
-        m = re.search(r"\bBRA\s+(?:`\(.*?\)\s*)?(0x[0-9a-f]+)", text)
+    for bottom, text, _ in ins:
+        m = re.search(r"\bBRA\s+(0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) <= bottom:
             top = int(m.group(1), 16)
-            out.append((top, bottom, [t for a, t in ins if top <= a <= bottom]))
+            out.append((top, bottom, [(t, w) for a, t, w in ins if top <= a <= bottom]))
     return out
 
 
@@ -165,9 +183,12 @@ def latency(op):
 
 
 def estimate(body):
+    """The latency bound of `body` ((instruction, source line) rows), its tensor cycles, and
+    per source line the cycles it takes: its instructions' issue plus their waits."""
     ready = collections.defaultdict(int)
     issue, last_done, tensor, copies_done = 0, 0, 0, 0
-    for text in body:
+    by_line = collections.Counter()
+    for text, where in body:
         dests, srcs = regs(text)
         op = re.sub(r"^@!?U?P\d\s+", "", text).split(" ")[0]
         lat, cycles = latency(op)
@@ -179,6 +200,7 @@ def estimate(body):
             # `cp.async.wait_group`: the copies this iteration issued must land (those of
             # earlier iterations are taken as landed).
             start = max(start, copies_done)
+        by_line[where] += start - issue
         issue = start
         if op.startswith("LDGSTS"):
             copies_done = max(copies_done, start + LATENCY["global"])
@@ -186,7 +208,7 @@ def estimate(body):
         for r in dests:
             ready[r] = done
         last_done = max(last_done, done)
-    return issue, tensor
+    return issue, tensor, by_line
 
 
 def option(argv, name):
@@ -200,12 +222,12 @@ def option(argv, name):
 
 
 def main(argv):
-    warps, at = option(argv, "--warps"), option(argv, "--at")
+    warps, at, lines = option(argv, "--warps"), option(argv, "--at"), int(option(argv, "--lines") or 12)
     if not argv:
         sys.exit(__doc__)
-    sass, log, threads = sass_of(argv)
+    rows, log, threads = sass_of(argv)
     warps = int(warps) if warps else (threads // 32 if threads else None)
-    found = loops(instructions(sass))
+    found = loops(rows)
     for top, bottom, body in found:
         print(f"loop {top:#x}..{bottom:#x}: {len(body)} instructions")
     chosen = [f for f in found if at is None or f[0] == int(at, 16)]
@@ -216,12 +238,15 @@ def main(argv):
     for line in log.splitlines():
         if "registers" in line or "spill" in line:
             print("ptxas:", line.split(":", 1)[-1].strip())
-    mix = collections.Counter(op_class(re.sub(r"^@!?U?P\d\s+", "", t).split(" ")[0]) for t in body)
+    mix = collections.Counter(op_class(re.sub(r"^@!?U?P\d\s+", "", t).split(" ")[0]) for t, _ in body)
     print(f"loop: {len(body)} instructions a warp per iteration")
     for name, count in mix.most_common():
         print(f"  {name:<8} {count}")
-    chain, tensor = estimate(body)
-    print(f"latency bound (one warp, in order): {chain} cycles")
+    chain, tensor, by_line = estimate(body)
+    print(f"latency bound (one warp, in order): {chain} cycles; the source lines taking most:")
+    for (where, cycles) in by_line.most_common(lines):
+        file, line = where or ("?", 0)
+        print(f"  {cycles:>6} cycles  {file}:{line}")
     if warps:
         groups = max(warps // 4, 1)
         # A warp keeps to one scheduler: fewer than 4 warps leave some idle.

@@ -138,17 +138,26 @@ mod tests {
         at(StmtKind::Gemm { a: operand(a), b: operand(b), c })
     }
 
+    /// A gemm's group: its accumulator, its B operand read from shared memory.
+    fn group(st: &Stmt) -> Option<Group> {
+        match &st.kind {
+            StmtKind::Gemm { b, c, .. } => Some(Group { acc: *c, shared: vec![b.buf] }),
+            _ => None,
+        }
+    }
+
+    /// `x` filled from an element of `b`: a read of `b`.
+    fn read_into(x: BufId, b: BufId) -> Stmt {
+        at(StmtKind::Fill(x, Expr::Elem(b, vec![Expr::Int(0, None)])))
+    }
+
     /// Two independent products stay in flight together; the first read of the older one's
     /// accumulator retires it alone (the newer kept), the newer one's accumulator retires it;
     /// a write of a shared operand, a loop and the body's end each retire what is pending.
     #[test]
     fn groups_retire_at_their_first_conflict() {
         let [s, kd, qd, w, o, x, y] = [0, 1, 2, 3, 4, 5, 6].map(BufId::new);
-        let group = |st: &Stmt| match &st.kind {
-            StmtKind::Gemm { b, c, .. } => Some(Group { acc: *c, shared: vec![b.buf] }),
-            _ => None,
-        };
-        let read = |b: BufId| at(StmtKind::Fill(x, Expr::Elem(b, vec![Expr::Int(0, None)])));
+        let read = |b: BufId| read_into(x, b);
         let body = [gemm(s, kd, w), gemm(s, qd, o), read(w), read(o), read(y)];
         let waits = plan_waits(&body, group);
         let settled = |at| Wait { at, keep: 0, why: WaitReason::Settled };
@@ -173,11 +182,7 @@ mod tests {
     #[test]
     fn groups_stay_in_flight_across_barriers_until_an_operand_is_written() {
         let [s, kd, qd, w, o, x, y] = [0, 1, 2, 3, 4, 5, 6].map(BufId::new);
-        let group = |st: &Stmt| match &st.kind {
-            StmtKind::Gemm { b, c, .. } => Some(Group { acc: *c, shared: vec![b.buf] }),
-            _ => None,
-        };
-        let read = |b: BufId| at(StmtKind::Fill(x, Expr::Elem(b, vec![Expr::Int(0, None)])));
+        let read = |b: BufId| read_into(x, b);
         let barrier = || at(StmtKind::Barrier);
         let write_kd = || at(StmtKind::Fill(kd, Expr::Float(0.0)));
         let settled = |at| Wait { at, keep: 0, why: WaitReason::Settled };

@@ -71,19 +71,28 @@ fn on_sm90a(v: Variant, default: bool) -> Variant {
     Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
 }
 
+/// `cfg`'s variant (`variant` makes it) compiled for `target`: on sm_90a under its own name,
+/// the family's default there when it is the first of `shipped` (the family's sm_90a
+/// configs).
+fn variant_for<C: PartialEq>(cfg: C, target: Target, variant: fn(C) -> Variant, shipped: fn() -> Vec<C>) -> Variant {
+    match target {
+        Target::Sm90a => {
+            let default = shipped().first() == Some(&cfg);
+            on_sm90a(variant(cfg), default)
+        }
+        _ => variant(cfg),
+    }
+}
+
 /// The sm_90a variant of a GEMM config of [`hopper_gemm_configs`] (the default is the first).
 pub fn hopper_gemm_variant(cfg: gemm::GemmConfig) -> Variant {
-    let default = hopper_gemm_configs().first() == Some(&cfg);
-    on_sm90a(gemm_variant(cfg), default)
+    variant_for(cfg, Target::Sm90a, gemm_variant, hopper_gemm_configs)
 }
 
 /// The variant of a GEMM config compiled for `target`: [`hopper_gemm_variant`] on sm_90a,
 /// [`gemm_variant`] otherwise.
 pub fn gemm_variant_on(cfg: gemm::GemmConfig, target: Target) -> Variant {
-    match target {
-        Target::Sm90a => hopper_gemm_variant(cfg),
-        _ => gemm_variant(cfg),
-    }
+    variant_for(cfg, target, gemm_variant, hopper_gemm_configs)
 }
 
 /// The variant of a GEMM config (the default variant is the first of [`gemm_configs`]).
@@ -122,17 +131,13 @@ pub fn chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
 /// The sm_90a variant of a chunk config (shipped when it is one of [`hopper_chunk_configs`],
 /// the first the default on sm_90a).
 pub fn hopper_chunk_variant(cfg: chunk::ChunkConfig) -> Variant {
-    let default = hopper_chunk_configs().first() == Some(&cfg);
-    on_sm90a(chunk_variant(cfg), default)
+    variant_for(cfg, Target::Sm90a, chunk_variant, hopper_chunk_configs)
 }
 
 /// The variant of a chunk config compiled for `target`: [`hopper_chunk_variant`] on sm_90a,
 /// [`chunk_variant`] otherwise.
 pub fn chunk_variant_on(cfg: chunk::ChunkConfig, target: Target) -> Variant {
-    match target {
-        Target::Sm90a => hopper_chunk_variant(cfg),
-        _ => chunk_variant(cfg),
-    }
+    variant_for(cfg, target, chunk_variant, hopper_chunk_configs)
 }
 
 /// The chunk configs shipped for sm_90a (compute capability 9.0): the fused ones of
@@ -260,15 +265,15 @@ pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     use kda_dsl::DType::*;
     let base =
         G { bm: 128, bn: 128, bk: 64, stages: 4, threads: 256, fill_warps: 4, staged_store: true, ..G::default() };
-    let orders = [true, false].into_iter().map(|b_transposed| G { b_transposed, ..base.clone() });
-    orders
-        .flat_map(|order| {
-            [BF16, F16].into_iter().flat_map(move |dtype| {
-                let order = order.clone();
-                [F32, dtype].map(move |out| G { dtype, out, ..order.clone() })
-            })
-        })
-        .collect()
+    let mut configs = vec![];
+    for b_transposed in [true, false] {
+        for dtype in [BF16, F16] {
+            for out in [F32, dtype] {
+                configs.push(G { b_transposed, dtype, out, ..base.clone() });
+            }
+        }
+    }
+    configs
 }
 
 /// The sm_80 GEMM tile configs `kda bench --sweep-gemm` times (bf16 to f32, `A·Bᵀ`): how the

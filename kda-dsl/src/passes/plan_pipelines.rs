@@ -229,11 +229,11 @@ fn wgmma_in_flight(p: &TileProgram, stages: u32, body: &[Stmt]) -> Option<WgmmaI
 /// A global-to-shared copy in a loop's `body` other than its stage fills (one nested deeper,
 /// or in a loop inside it), if there is one.
 fn other_shared_copy<'a>(def: &KernelDef, body: &'a [Stmt]) -> Option<&'a Stmt> {
-    let is_shared_copy = |s: &Stmt| matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if def.buffers[*b].scope == Scope::Shared);
+    // A global-to-shared copy anywhere is what a stage fill is at the body's top level.
     let mut found = None;
     for s in body.iter().filter(|s| !is_stage_fill(def, s)) {
         visit_stmts(std::slice::from_ref(s), &mut |x| {
-            if found.is_none() && is_shared_copy(x) {
+            if found.is_none() && is_stage_fill(def, x) {
                 found = Some(x);
             }
         });

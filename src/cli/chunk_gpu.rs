@@ -572,8 +572,8 @@ pub fn chunk_checks(gpu: &Gpu, kernels: &Kernels, scale: super::gpu_checks::Scal
     failures
 }
 
-/// One standard prefill bench case: name, batch rows, tokens per row, heads, value heads, and
-/// varlen lengths.
+/// One standard prefill bench case: name, batch rows, tokens per row, heads, value heads,
+/// varlen lengths, where its states come from and go, and how its gates are drawn.
 #[derive(Clone)]
 pub struct PrefillCase {
     /// The peer bench's case name.
@@ -584,23 +584,69 @@ pub struct PrefillCase {
     hv: usize,
     lens: Option<Vec<usize>>,
     states: BenchStates,
+    gates: BenchGates,
 }
 
 impl PrefillCase {
     /// A dense case of `b` rows of `t` tokens, per-sequence states.
     fn dense(name: &'static str, b: usize, t: usize, h: usize, hv: usize) -> PrefillCase {
-        PrefillCase { name, b, t, h, hv, lens: None, states: BenchStates::PerSequence }
+        PrefillCase { name, b, t, h, hv, lens: None, states: BenchStates::PerSequence, gates: BenchGates::Standard }
     }
 
     /// A varlen case of these sequence lengths, per-sequence states.
     fn varlen(name: &'static str, lens: &[usize], h: usize, hv: usize) -> PrefillCase {
         let t = lens.iter().sum();
-        PrefillCase { name, b: 1, t, h, hv, lens: Some(lens.to_vec()), states: BenchStates::PerSequence }
+        let (states, gates) = (BenchStates::PerSequence, BenchGates::Standard);
+        PrefillCase { name, b: 1, t, h, hv, lens: Some(lens.to_vec()), states, gates }
     }
 
     /// The case with its states from and to `states`.
     fn with_states(self, states: BenchStates) -> PrefillCase {
         PrefillCase { states, ..self }
+    }
+
+    /// The case with its gates drawn as `gates` says.
+    fn with_gates(self, gates: BenchGates) -> PrefillCase {
+        PrefillCase { gates, ..self }
+    }
+}
+
+/// How a prefill bench row's gate parameters are drawn, beyond the peer bench's standard draw
+/// (`A_log ~ 2.8·U(0, 1)` per value head, `dt_bias ~ N(0, 1)` per value head and channel, raw
+/// gates `N(0, 1)`, the safe gate's lower bound -5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchGates {
+    /// The standard draw.
+    Standard,
+    /// The standard draw, then channel 0 of every value head made never to decay:
+    /// `dt_bias[h·D + 0]` = [`NO_DECAY_DT_BIAS`] for every value head `h`, so that its gate
+    /// `-5·sigmoid(exp(A_log)·(g + dt_bias))` is at most about 2e-10 in magnitude (g near 0,
+    /// decay near 1) on every token.
+    /// A warm-up shortcut (a piece of a split sequence started from zeros some chunks early) is
+    /// safe only where its bound on the state it drops (the product over the warm-up's chunks
+    /// of the slowest channel's decay) is small; a channel that never decays keeps that bound
+    /// near 1 on every head, so this row prices the exact path such a shortcut would have to
+    /// fall back to (`docs/performance.md`, "A warm-up shortcut for the split").
+    OneChannelNoDecay,
+}
+
+/// The `dt_bias` of [`BenchGates::OneChannelNoDecay`]'s never-decaying channel: with `A_log`
+/// at least 0 and the raw gate's draws within ±6, `exp(A_log)·(g + dt_bias)` is at most -24,
+/// and the gate at most `5·sigmoid(-24)` ≈ 2e-10 in magnitude.
+pub const NO_DECAY_DT_BIAS: f32 = -30.0;
+
+impl BenchGates {
+    /// Applies the row's override to `dt_bias [hv·D]` as drawn (the draw itself, and so every
+    /// later draw from the same generator, is the standard one).
+    fn apply(self, dt_bias: &mut [f32]) {
+        match self {
+            BenchGates::Standard => {}
+            BenchGates::OneChannelNoDecay => {
+                for head in dt_bias.chunks_exact_mut(D) {
+                    head[0] = NO_DECAY_DT_BIAS;
+                }
+            }
+        }
     }
 }
 
@@ -626,7 +672,7 @@ const VARLEN_MIX64: [usize; 64] = [
     9000,
 ];
 
-/// The five prefill cases of the peer bench (`fla_ref.py`'s `PREFILL`).
+/// The prefill cases of the peer bench (`fla_ref.py`'s `PREFILL`).
 pub fn prefill_cases() -> Vec<PrefillCase> {
     let pool = |checkpoint_every| BenchStates::Pool { checkpoint_every };
     vec![
@@ -643,10 +689,12 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
         // One GPU's heads of a 32-head model under 4- and 8-way tensor parallelism.
         PrefillCase::dense("prefill_tp4_b1_t32768_h8", 1, 32768, 8, 8),
         PrefillCase::dense("prefill_tp8_b1_t32768_h4", 1, 32768, 4, 4),
+        // The B = 1 row with channel 0 of every value head never decaying (g near 0).
+        PrefillCase::dense("prefill_nodecay_b1_t32768_h32", 1, 32768, 32, 32).with_gates(BenchGates::OneChannelNoDecay),
     ]
 }
 
-/// The sweeps' cases: the peer bench's five; one long sequence with few heads
+/// The sweeps' cases: the peer bench's; one long sequence with few heads
 /// (`prefill_b1_t32768_h8`, the shape cuLA publishes its intra-sequence split at), where one
 /// chain per head leaves most SMs idle; the varlen16 lengths with few heads, where the
 /// split's extra passes meet more chains; and 32 sequences of 8192 tokens on 8 heads, every
@@ -745,7 +793,8 @@ impl PoolTensors {
 }
 
 /// Times one prefill case as the peer's bench runs it (bf16, lower-bound gate with `A_log` and
-/// `dt_bias`, l2norm, beta logits, an f32 initial state in and the final state out), through
+/// `dt_bias` drawn as `c`'s [`BenchGates`] says, l2norm, beta logits, an f32 initial state in
+/// and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
 /// 20 CUDA-event timings after 3 warm-up calls, over `workspace`. `tune` overrides the launch
 /// shape the API picks.
@@ -771,7 +820,9 @@ pub fn time_prefill(
     let g = up(&[b, t, hv, D], bf, repeated(&mut rng, tokens * hv * D, normal))?;
     let beta = up(&[b, t, hv], bf, repeated(&mut rng, tokens * hv, normal))?;
     let a_log = up(&[hv], DType::F32, repeated(&mut rng, hv, |r| 2.8 * r.uniform()))?;
-    let dt_bias = up(&[hv * D], DType::F32, repeated(&mut rng, hv * D, normal))?;
+    let mut dt_bias = repeated(&mut rng, hv * D, normal);
+    c.gates.apply(&mut dt_bias);
+    let dt_bias = up(&[hv * D], DType::F32, dt_bias)?;
     let h0 = up(&[n, hv, D, D], DType::F32, repeated(&mut rng, n * hv * D * D, |r| 0.1 * r.normal()))?;
     let fin = DeviceTensor::zeros(gpu, &s, &[n, hv, D, D], DType::F32).map_err(e)?;
     let out = DeviceTensor::zeros(gpu, &s, &[b, t, hv, D], bf).map_err(e)?;

@@ -45,18 +45,29 @@ VARLEN_MIX64 = [
     3000, 65, 4095, 10000, 4500, 3333, 200, 100, 2, 2500, 1100, 512, 2000, 2047, 31, 9000,
 ]
 
-# Prefill rows: (name, B, T, H, HV, lengths or None). A varlen row is B = 1 with T the sum of
-# its lengths.
+# How a prefill row's gate parameters are drawn (kda's `BenchGates`, src/cli/chunk_gpu.rs):
+# STANDARD draws A_log = 2.8·U(0, 1) per value head and dt_bias ~ N(0, 1) per value head and
+# channel; NODECAY draws the same, then sets dt_bias[h·D + 0] = NODECAY_DT_BIAS for every value
+# head h, so that channel 0's gate -5·sigmoid(exp(A_log)·(g + dt_bias)) is at most about 2e-10
+# (g near 0): it never decays, and a warm-up shortcut's bound (docs/performance.md) fails on
+# every head.
+STANDARD, NODECAY = "standard", "one_channel_no_decay"
+NODECAY_DT_BIAS = -30.0
+
+# Prefill rows: (name, B, T, H, HV, lengths or None, gates). A varlen row is B = 1 with T the
+# sum of its lengths.
 PREFILL = [
-    ("prefill_b1_t32768_h32", 1, 32768, 32, 32, None),
-    ("prefill_b8_t4096_h32", 8, 4096, 32, 32, None),
-    ("prefill_gva_b1_t32768_h16_hv32", 1, 32768, 16, 32, None),
-    ("prefill_varlen16_s65536_h32", 1, sum(VARLEN16), 32, 32, VARLEN16),
-    ("prefill_varlen_mix64_h32", 1, sum(VARLEN_MIX64), 32, 32, VARLEN_MIX64),
+    ("prefill_b1_t32768_h32", 1, 32768, 32, 32, None, STANDARD),
+    ("prefill_b8_t4096_h32", 8, 4096, 32, 32, None, STANDARD),
+    ("prefill_gva_b1_t32768_h16_hv32", 1, 32768, 16, 32, None, STANDARD),
+    ("prefill_varlen16_s65536_h32", 1, sum(VARLEN16), 32, 32, VARLEN16, STANDARD),
+    ("prefill_varlen_mix64_h32", 1, sum(VARLEN_MIX64), 32, 32, VARLEN_MIX64, STANDARD),
     # One GPU's heads of a 32-head model (Kimi Linear) under 4-way and 8-way tensor parallelism:
     # one long prompt on few heads, where the per-head chain is serial unless it is split.
-    ("prefill_tp4_b1_t32768_h8", 1, 32768, 8, 8, None),
-    ("prefill_tp8_b1_t32768_h4", 1, 32768, 4, 4, None),
+    ("prefill_tp4_b1_t32768_h8", 1, 32768, 8, 8, None, STANDARD),
+    ("prefill_tp8_b1_t32768_h4", 1, 32768, 4, 4, None, STANDARD),
+    # The B = 1 row with channel 0 of every value head never decaying (g near 0).
+    ("prefill_nodecay_b1_t32768_h32", 1, 32768, 32, 32, None, NODECAY),
 ]
 
 # Decode rows: (name, B, tokens per sequence, state dtype, speculative). H = HV = 32; the pool
@@ -79,17 +90,18 @@ def prefill_min_bytes(B, T, H, HV, N):
     return B * T * per_token + 2 * N * HV * D * D * 4
 
 
-def prefill_inputs(B, T, H, HV, lens):
+def prefill_inputs(B, T, H, HV, lens, gates=STANDARD):
     """One prefill case's inputs on the GPU, the same on every call (a fixed seed).
 
     q, k [B, T, H, D], v and the gate logits g [B, T, HV, D], beta logits [B, T, HV], all bf16;
-    A_log [HV] and dt_bias [HV·D] in f32; one f32 V-first initial state [N, HV, D, D] per
-    sequence; `cu` (int64 cu_seqlens) for a varlen row, else None.
+    A_log [HV] and dt_bias [HV·D] in f32 (drawn as `gates` says); one f32 V-first initial state
+    [N, HV, D, D] per sequence; `cu` (int64 cu_seqlens) for a varlen row, else None.
     """
     import torch
 
     if lens is not None:
         assert B == 1 and sum(lens) == T, "a varlen row is B = 1 over the sum of its lengths"
+    assert gates in (STANDARD, NODECAY), f"unknown gates {gates!r}"
     torch.manual_seed(SEED)
     dev, bf16, f32 = "cuda", torch.bfloat16, torch.float32
     n = B if lens is None else len(lens)
@@ -105,6 +117,8 @@ def prefill_inputs(B, T, H, HV, lens):
         "n": n,
         "cu": None,
     }
+    if gates == NODECAY:  # after every draw, so the other tensors are the standard row's
+        x["dt_bias"].view(HV, D)[:, 0] = NODECAY_DT_BIAS
     if lens is not None:
         offsets = [0]
         for length in lens:
@@ -133,12 +147,12 @@ def fla_chunk(x):
     )
 
 
-def prefill(name, B, T, H, HV, lens):
+def prefill(name, B, T, H, HV, lens, gates):
     """Times FLA's prefill on one `PREFILL` row; returns its JSON row."""
     import torch
     from triton.testing import do_bench
 
-    x = prefill_inputs(B, T, H, HV, lens)
+    x = prefill_inputs(B, T, H, HV, lens, gates)
     with torch.inference_mode():
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -147,12 +147,13 @@ def results(rows, engines, fla_check):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="cuDNN-frontend's sm90 KDA engines on kda's prefill cases, as JSON lines")
-    ap.add_argument("--case", default="", help="only the prefill cases whose name contains this")
+    ap.add_argument("--case", default="", help="only the prefill cases whose name contains this, or one of these comma-separated names")
     ap.add_argument("--engines", default="kda_hopper_cuda", help="comma-separated plan names (kda_hopper_cuda, kda_hopper)")
     ap.add_argument("--no-fla-check", action="store_true", help="skip rel_err_vs_fla (FLA's first call compiles for minutes)")
     ap.add_argument("--out", default=None, help="also write the JSON lines to this file")
     args = ap.parse_args(argv)
-    rows = [row for row in fla_ref.PREFILL if args.case in row[0]]
+    wanted = args.case.split(",")
+    rows = [row for row in fla_ref.PREFILL if any(w in row[0] for w in wanted)]
     if not rows:
         sys.exit(f"no prefill case name contains {args.case!r}; the cases: {', '.join(r[0] for r in fla_ref.PREFILL)}")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

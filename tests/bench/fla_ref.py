@@ -261,11 +261,12 @@ def write_rows(rows, path=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="FLA (fla-core 0.6.0) on kda's standard bench cases, as JSON lines")
-    ap.add_argument("--case", default="", help="only the cases whose name contains this (e.g. prefill, decode_b256)")
+    ap.add_argument("--case", default="", help="only the cases whose name contains this, or one of these comma-separated names (e.g. prefill, decode_b256, tp4,nodecay)")
     ap.add_argument("--out", default=None, help="also write the JSON lines to this file")
     args = ap.parse_args(argv)
     jobs = [(prefill, row) for row in PREFILL] + [(decode, row) for row in DECODE]
-    jobs = [(fn, row) for fn, row in jobs if args.case in row[0]]
+    wanted = args.case.split(",")
+    jobs = [(fn, row) for fn, row in jobs if any(w in row[0] for w in wanted)]
     if not jobs:
         names = ", ".join(row[0] for row in PREFILL + DECODE)
         sys.exit(f"no case name contains {args.case!r}; the cases: {names}")

@@ -628,18 +628,52 @@ fn key_products(
 /// `inv = (I + strict_lower(l))^-1` for a 16 x 16 `l`, by f32 forward substitution with one lane
 /// per column, right-looking: once `x_m` is final it updates every later `x_i`, so the longest
 /// chain of dependent multiply-adds is 15 long instead of the 120 of summing each row in turn.
-/// `cols` is a `[16]` tile giving the lanes their columns; `x` a `local([16])`.
+/// `cols` is a `[16]` tile giving the lanes their columns; `x` a `local([16])`. `stores` says
+/// when each `x_m` goes to `inv_sh` (the same values either way).
 #[kda_macros::kernel_fn]
-fn invert_unit_lower(l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
+fn invert_unit_lower(stores: InverseStores, l_sh: Tile, cols: Tile, x: Tile, inv_sh: Tile) {
     for (jc,) in parallel(cols) {
         for i in 0..16 {
             x[i] = select(jc == i as i32, 1.0, 0.0);
         }
         for m in 0..16 {
-            inv_sh[m][jc] = x[m];
+            if stores == InverseStores::AsSolved {
+                inv_sh[m][jc] = x[m];
+            }
             for i in m + 1..16 {
                 x[i] = x[i] - l_sh[i][m] * x[m];
             }
+        }
+        if stores == InverseStores::AfterSolve {
+            for m in 0..16 {
+                inv_sh[m][jc] = x[m];
+            }
+        }
+    }
+}
+
+/// When the forward substitution ([`invert_unit_lower`]) stores its columns of `INV`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InverseStores {
+    /// Each `x_m` once final, between the loads of `l`: the assembler cannot tell the two tiles
+    /// apart, so a store keeps it from issuing the next column's loads before it, and every
+    /// column of the solve waits for its loads. Fewest live registers.
+    AsSolved,
+    /// All 16 after the solve: the loads of `l` issue ahead of the multiply-adds that need
+    /// them, held in registers meanwhile (the sm_80 fused kernel, at 128 registers a thread,
+    /// spills with it).
+    AfterSolve,
+}
+
+impl InverseStores {
+    /// The plan for a block of `threads` threads of which `min_blocks` must fit on an SM:
+    /// after the solve where a thread may take more than 128 registers.
+    pub fn for_block(threads: usize, min_blocks: usize) -> InverseStores {
+        // 64 Ki registers an SM (every target the kernels build for).
+        if 65536 / (threads * min_blocks).max(1) > 128 {
+            InverseStores::AfterSolve
+        } else {
+            InverseStores::AsSolved
         }
     }
 }
@@ -733,10 +767,11 @@ pub(crate) fn prepare_keys(
 #[kda_macros::kernel_fn]
 pub(crate) fn solve_chunk(
     lower: bool,
+    stores: InverseStores,
     KeyTiles { kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh, .. }: KeyTiles,
 ) {
     key_products(lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
-    invert_unit_lower(l_sh, cols, x, inv_sh);
+    invert_unit_lower(stores, l_sh, cols, x, inv_sh);
 }
 
 /// Sequence `n`'s first token among the packed rows: `cu_seqlens[n]` clamped into `[0, t]`.
@@ -893,6 +928,7 @@ pub fn chunk(
     assume_extent(S2, 128);
     let h = hv / (HV / H);
     let v0 = vb * bv;
+    let inverse_stores = InverseStores::for_block(32 * cfg.shape.warps, cfg.shape.min_blocks);
     let lower = cfg.gate == ChunkGate::LowerBound;
     if prepared {
         assume_extent(PW, PREP_COLS);
@@ -1059,7 +1095,7 @@ pub fn chunk(
                 copy(qf, qd_sh);
             }
             copy(sq, kr_sh);
-            solve_chunk(lower, keys);
+            solve_chunk(lower, inverse_stores, keys);
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a

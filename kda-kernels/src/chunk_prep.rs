@@ -19,8 +19,8 @@
 
 use crate::chunk::{
     chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, window_end, window_start,
-    ChunkGate, ChunkOperands, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR,
-    PREP_MQK, PREP_QD,
+    ChunkGate, ChunkOperands, InverseStores, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV,
+    PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::DType;
@@ -240,7 +240,9 @@ pub fn chunk_prep(
         copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
         copy(qf, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
         copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
-        solve_chunk(lower, keys);
+        // Many blocks share an SM here and cover the solve's waits for each other: its stores
+        // stay where they take the fewest registers.
+        solve_chunk(lower, InverseStores::AsSolved, keys);
 
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));

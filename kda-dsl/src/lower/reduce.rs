@@ -365,6 +365,10 @@ impl Lower<'_> {
             let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
             self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: zero });
             self.element_loop(|lw| {
+                // Every load before the first store: a store between them would keep the
+                // assembler from issuing the next loads early (it cannot tell swizzled addresses
+                // of one tile apart), and the line's scan would wait for each load in turn.
+                let mut loaded = Vec::with_capacity(len as usize);
                 for e in 0..len {
                     let (addr, dt) = if shared {
                         let (r, c) = if sb.shape.len() == 1 || axis == 1 {
@@ -379,7 +383,9 @@ impl Lower<'_> {
                         (lw.scratch_addr(at), if vt == DType::F32 { DType::F32 } else { DType::I32 })
                     };
                     let v = lw.load_mem(Space::Shared, addr, dt);
-                    let vr = lw.em.to_reg(v.s, class_of(vt), ty_of(vt));
+                    loaded.push((addr, dt, lw.em.to_reg(v.s, class_of(vt), ty_of(vt))));
+                }
+                for (addr, dt, vr) in loaded {
                     lw.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a: Src::Reg(acc), b: Src::Reg(vr) });
                     lw.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
                 }

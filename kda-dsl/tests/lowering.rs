@@ -944,3 +944,71 @@ fn independent_wgmma_products_stay_in_flight_together() {
         &got[..40]
     );
 }
+
+/// A kernel of 32 threads whose `parallel` body over a 16 x 16 shared tile `d` (8 elements a
+/// thread) is written by `body` at line 8, after `s` is loaded from `a`; `d` goes to `o`.
+fn shared_body(body: impl Fn(&KernelBuilder, &Tile, &Tile, &[Val])) -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new("k", loc(1));
+    let a = k.tensor("a", &["M", "N"], DType::F32, false);
+    let o = k.tensor("o", &["M", "N"], DType::F32, true);
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+    let d = k.shared("d", &[16, 16], DType::F32, loc(4));
+    k.copy(k.tile(&a, vec![Val::from(0), Val::from(0)], &[16, 16], loc(5)), s.clone(), loc(5));
+    k.fill(&d, 1.0, loc(6));
+    let ij = k.begin_parallel(&d, &["i", "j"], loc(7));
+    body(&k, &s, &d, &ij);
+    k.end();
+    k.copy(d, k.tile(&o, vec![Val::from(0), Val::from(0)], &[16, 16], loc(9)), loc(9));
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// Positions of the shared loads and stores among line 8's instructions.
+fn loads_and_stores(p: &kda_dsl::thread_ir::ThreadProgram) -> (Vec<usize>, Vec<usize>) {
+    let ir = line_ir(p, 8);
+    let at = |what: &str| ir.lines().enumerate().filter(|(_, l)| l.contains(what)).map(|(i, _)| i).collect();
+    (at("ld.shared"), at("st.shared"))
+}
+
+/// A thread's elements of a `parallel` body load before any of them stores (the assembler
+/// cannot move a shared load above a shared store), and compute what they did.
+#[test]
+fn a_parallel_bodys_shared_stores_wait_for_its_last_element() {
+    let p = shared_body(|k, s, d, ij| {
+        k.store(d, ij.to_vec(), Val::bin(BinOp::Mul, k.elem(s, ij.to_vec(), loc(8)), Val::from(2.0)), loc(8));
+    });
+    let (loads, stores) = loads_and_stores(&p);
+    assert_eq!((loads.len(), stores.len()), (8, 8), "{}", line_ir(&p, 8));
+    assert!(loads.iter().max() < stores.iter().min(), "{}", line_ir(&p, 8));
+    let x: Vec<f32> = (0..256).map(|i| i as f32 - 100.0).collect();
+    let mut args = vec![
+        ("a".to_string(), SimArg::Tensor(x.iter().flat_map(|v| v.to_le_bytes()).collect())),
+        ("o".to_string(), SimArg::Tensor(vec![0; 256 * 4])),
+        ("M".to_string(), SimArg::I32(16)),
+        ("N".to_string(), SimArg::I32(16)),
+    ];
+    run(&p, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[1].1 else { unreachable!() };
+    let got: Vec<f32> = out.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!(got, x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+}
+
+/// A body that reads the tile it stores, or stores it under a condition, keeps each store in
+/// its element.
+#[test]
+fn a_parallel_bodys_stores_stay_where_the_body_reads_the_tile_or_branches() {
+    let reads_itself = shared_body(|k, s, d, ij| {
+        let sum = Val::bin(BinOp::Add, k.elem(d, ij.to_vec(), loc(8)), k.elem(s, ij.to_vec(), loc(8)));
+        k.store(d, ij.to_vec(), sum, loc(8));
+    });
+    let under_if = shared_body(|k, s, d, ij| {
+        k.begin_if(Val::bin(BinOp::Lt, ij[0].clone(), Val::from(3)), loc(8));
+        k.store(d, ij.to_vec(), k.elem(s, ij.to_vec(), loc(8)), loc(8));
+        k.end();
+    });
+    for p in [reads_itself, under_if] {
+        let (loads, stores) = loads_and_stores(&p);
+        assert_eq!(stores.len(), 8, "{}", line_ir(&p, 8));
+        assert!(stores.iter().min() < loads.iter().max(), "{}", line_ir(&p, 8));
+    }
+}

@@ -30,6 +30,14 @@ impl Lower<'_> {
         }
     }
 
+    /// Whether the threads cover shared tile `b` in whole rows, each pass all of them: no
+    /// element of [`Lower::for_each_shared_elem`] is then behind a bounds branch.
+    fn whole_passes(&self, b: BufId) -> bool {
+        let (rows, cols) = self.p.shared(b).shape();
+        let threads = self.scope.threads;
+        threads.is_multiple_of(cols) && (rows * cols).is_multiple_of(threads)
+    }
+
     /// Runs `f(row, col)` for each element of shared tile `b` this thread owns (cyclic over threads).
     pub(crate) fn for_each_shared_elem(
         &mut self,
@@ -39,7 +47,7 @@ impl Lower<'_> {
         let (rows, cols) = self.p.shared(b).shape();
         let n = rows * cols;
         let threads = self.scope.threads;
-        if threads.is_multiple_of(cols) && n.is_multiple_of(threads) {
+        if self.whole_passes(b) {
             // Every pass covers whole rows: pass k is pass 0 moved down k * threads / cols rows.
             let row0 = self.em.op32(BinKind::Div, self.scope.th.tid, cols as i64);
             let col0 = self.em.op32(BinKind::Rem, self.scope.th.tid, cols as i64);
@@ -78,17 +86,20 @@ impl Lower<'_> {
         if self.elem.is_some() {
             return self.err(loc, "`parallel` loops do not nest");
         }
+        let held = super::deferred_stores::deferrable_tiles(self.p, body);
         match self.p.layouts[over] {
             BufLayout::Fragment(l) => self.element_loop(|lw| {
-                for s in 0..l.slots() {
-                    let (row, col) = lw.frag_coords(l, s);
-                    lw.bind_index(vars, &[row, col]);
-                    lw.elem = Some(ElemCtx { over, slot: s, vars: [vars.first().copied(), vars.get(1).copied()] });
-                    let r = lw.block(body);
-                    lw.elem = None;
-                    r?;
-                }
-                Ok(())
+                lw.with_deferred_stores(held, |lw| {
+                    for s in 0..l.slots() {
+                        let (row, col) = lw.frag_coords(l, s);
+                        lw.bind_index(vars, &[row, col]);
+                        lw.elem = Some(ElemCtx { over, slot: s, vars: [vars.first().copied(), vars.get(1).copied()] });
+                        let r = lw.block(body);
+                        lw.elem = None;
+                        r?;
+                    }
+                    Ok(())
+                })
             }),
             BufLayout::Local => {
                 let shape = self.def().buffers[over].shape.clone();
@@ -105,10 +116,14 @@ impl Lower<'_> {
             }
             BufLayout::Shared(_) => {
                 let two_d = self.def().buffers[over].shape.len() == 2;
-                self.for_each_shared_elem(over, |lw, row, col| {
-                    let idx = if two_d { [row, col] } else { [col, Src::Imm(0)] };
-                    lw.bind_index(vars, &idx);
-                    lw.block(body)
+                // Only where no element sits behind a bounds branch.
+                let held = if self.whole_passes(over) { held } else { Default::default() };
+                self.with_deferred_stores(held, |lw| {
+                    lw.for_each_shared_elem(over, |lw, row, col| {
+                        let idx = if two_d { [row, col] } else { [col, Src::Imm(0)] };
+                        lw.bind_index(vars, &idx);
+                        lw.block(body)
+                    })
                 })
             }
             BufLayout::Unknown => unreachable!(),
@@ -190,7 +205,9 @@ impl Lower<'_> {
                 // twice (ptxas keeps both).
                 let (row, col) = self.shared_rc(idx, loc)?;
                 let a = self.shared_addr(b, row, col);
-                self.store_mem(Space::Shared, a, dt, v);
+                if !self.defer_store(b, a, dt, v) {
+                    self.store_mem(Space::Shared, a, dt, v);
+                }
             }
             BufLayout::Unknown => unreachable!(),
         }

@@ -8,6 +8,7 @@ mod copy;
 mod copy_fragment;
 pub mod copy_plan;
 mod copy_shared;
+mod deferred_stores;
 mod element_addr;
 mod elementwise;
 pub mod emit;
@@ -130,6 +131,8 @@ pub(crate) struct Lower<'a> {
     pub ptrs: HashMap<ParamId, Reg>,
     pub scalars: HashMap<ParamId, Reg>,
     pub elem: Option<ElemCtx>,
+    /// A `parallel` body's shared stores waiting for the thread's last element.
+    pub deferred_stores: Option<deferred_stores::DeferredStores>,
     /// How many times each variable is assigned in the kernel.
     pub assign_counts: HashMap<VarId, usize>,
     /// A divisor of every value each assigned variable takes (alignment of boxes it offsets).
@@ -260,6 +263,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         ptrs: HashMap::new(),
         scalars: HashMap::new(),
         elem: None,
+        deferred_stores: None,
         assign_counts: HashMap::new(),
         var_divisors: divisibility::var_divisors(&p.def),
         var_ranges: ranges::var_ranges(&p.def),

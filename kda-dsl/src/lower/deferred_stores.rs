@@ -1,0 +1,136 @@
+//! A `parallel` body's shared stores held back until the thread's last element: its loads of
+//! every element then come before the first store.
+//!
+//! A thread runs a `parallel` body once for each element it owns, one after the other. The
+//! assembler cannot tell two shared tiles apart (their addresses are swizzled offsets of one
+//! base), so a shared store keeps it from moving any later shared load above it: with the
+//! stores in place, each element waits for its own loads, and a body that loads, computes and
+//! stores is as slow as its chain times the elements. The elements of a `parallel` loop are
+//! independent, so a store may wait until the thread's last element when nothing in the body
+//! reads that tile and the store is not under a condition (a branch around it would be lost).
+//! The values stored, the addresses and their order are the same; only the schedule changes.
+
+use super::{class_of, ty_of, Lower, V};
+use crate::dtype::DType;
+use crate::passes::{BufLayout, TileProgram};
+use crate::thread_ir::*;
+use crate::tile::*;
+use std::collections::HashSet;
+
+/// The shared stores of the elements lowered so far, waiting for the thread's last element.
+pub(crate) struct DeferredStores {
+    /// The tiles whose stores wait.
+    tiles: HashSet<BufId>,
+    /// Address, element type and value of each store, in program order.
+    pending: Vec<(Reg, DType, V)>,
+}
+
+/// The shared tiles whose stores in `body` may wait for the thread's last element: stored only
+/// by statements of the body itself (not under an `if` or a loop) and read nowhere in it.
+pub(crate) fn deferrable_tiles(p: &TileProgram, body: &[Stmt]) -> HashSet<BufId> {
+    let mut top_level = HashSet::new();
+    for s in body {
+        if let StmtKind::Store(b, ..) = &s.kind {
+            top_level.insert(*b);
+        }
+    }
+    let mut nested = HashSet::new();
+    let mut read = HashSet::new();
+    stores_and_reads(body, true, &mut nested, &mut read);
+    top_level
+        .into_iter()
+        .filter(|b| matches!(p.layouts[*b], BufLayout::Shared(_)) && !nested.contains(b) && !read.contains(b))
+        .collect()
+}
+
+/// Collects the tiles stored below the top level of `body` into `nested` and every tile an
+/// expression reads into `read`.
+fn stores_and_reads(body: &[Stmt], top: bool, nested: &mut HashSet<BufId>, read: &mut HashSet<BufId>) {
+    for s in body {
+        match &s.kind {
+            StmtKind::Store(b, idx, e) => {
+                if !top {
+                    nested.insert(*b);
+                }
+                idx.iter().chain([e]).for_each(|x| reads(x, read));
+            }
+            StmtKind::Assign(_, e) => reads(e, read),
+            StmtKind::StoreGlobal(_, idx, e) => idx.iter().chain([e]).for_each(|x| reads(x, read)),
+            StmtKind::If(c, t, f) => {
+                reads(c, read);
+                stores_and_reads(t, false, nested, read);
+                stores_and_reads(f, false, nested, read);
+            }
+            StmtKind::For { start, end, body, .. } => {
+                reads(start, read);
+                reads(end, read);
+                stores_and_reads(body, false, nested, read);
+            }
+            // Anything else in a `parallel` body: keep every store in place.
+            _ => {
+                let mut all = vec![];
+                crate::passes::infer_layouts::tiles_used(std::slice::from_ref(s), &mut all);
+                read.extend(all);
+            }
+        }
+    }
+}
+
+fn reads(e: &Expr, out: &mut HashSet<BufId>) {
+    match e {
+        Expr::Elem(b, idx) => {
+            out.insert(*b);
+            idx.iter().for_each(|x| reads(x, out));
+        }
+        Expr::Load(_, idx) => idx.iter().for_each(|x| reads(x, out)),
+        Expr::Unary(_, a) | Expr::Cast(_, a) => reads(a, out),
+        Expr::Binary(_, a, b) => {
+            reads(a, out);
+            reads(b, out);
+        }
+        Expr::Select(c, a, b) => {
+            reads(c, out);
+            reads(a, out);
+            reads(b, out);
+        }
+        Expr::Var(_) | Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
+    }
+}
+
+impl Lower<'_> {
+    /// Lowers `f` (a thread's elements of a `parallel` body, with no branch around any of
+    /// them) with the shared stores to `tiles` held back, then emits them in order.
+    pub(crate) fn with_deferred_stores<T>(&mut self, tiles: HashSet<BufId>, f: impl FnOnce(&mut Self) -> T) -> T {
+        if tiles.is_empty() {
+            return f(self);
+        }
+        let outer = self.deferred_stores.replace(DeferredStores { tiles, pending: vec![] });
+        let r = f(self);
+        let held = std::mem::replace(&mut self.deferred_stores, outer).map(|d| d.pending).unwrap_or_default();
+        for (addr, dt, v) in held {
+            self.store_mem(Space::Shared, addr, dt, v);
+        }
+        r
+    }
+
+    /// Holds back a store of `v` to shared tile `b` at `addr` if `b`'s stores wait; false if
+    /// the caller is to store it now.
+    pub(crate) fn defer_store(&mut self, b: BufId, addr: Reg, dt: DType, v: V) -> bool {
+        if !self.deferred_stores.as_ref().is_some_and(|d| d.tiles.contains(&b)) {
+            return false;
+        }
+        // A copy: the body may assign the value's register again for a later element.
+        let v = match v.s {
+            Src::Reg(r) => {
+                let held = self.em.reg(class_of(v.ty));
+                self.em.emit(Op::Mov { ty: ty_of(v.ty), d: held, a: Src::Reg(r) });
+                V { s: Src::Reg(held), ty: v.ty }
+            }
+            _ => v,
+        };
+        if let Some(d) = self.deferred_stores.as_mut() {
+            d.pending.push((addr, dt, v));
+        }
+        true
+    }
+}

@@ -954,7 +954,7 @@ fn shared_body(body: impl Fn(&KernelBuilder, &Tile, &Tile, &[Val])) -> kda_dsl::
     k.launch(vec![Host::int(1)], 32, loc(2));
     let s = k.shared("s", &[16, 16], DType::F32, loc(3));
     let d = k.shared("d", &[16, 16], DType::F32, loc(4));
-    k.copy(k.tile(&a, vec![Val::from(0), Val::from(0)], &[16, 16], loc(5)), s.clone(), loc(5));
+    k.copy(k.tile(&a, vec![Val::from(0), Val::from(0)], &[16, 16], loc(5)), s, loc(5));
     k.fill(&d, 1.0, loc(6));
     let ij = k.begin_parallel(&d, &["i", "j"], loc(7));
     body(&k, &s, &d, &ij);

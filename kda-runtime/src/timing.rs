@@ -33,8 +33,14 @@ pub fn host_us_per_call(
 /// Graph replays run before timing, to settle clocks and caches.
 const GRAPH_WARMUP: usize = 3;
 
-/// Runs `f` `warmup` times, then `iters` times between CUDA events recorded on `stream`, and
-/// returns each timed iteration's milliseconds. `f` must enqueue its work on `stream`.
+/// How long [`time_ms`] keeps the GPU busy before timing, at least: from idle its clocks take
+/// longer to rise than a few calls of a millisecond last, and the first bench row timed after
+/// an idle spell measured up to a fifth slower than the same row later.
+const WARM: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs `f` `warmup` times and on until the GPU has been busy with it for [`WARM`] (at most
+/// 1000 calls), then `iters` times between CUDA events recorded on `stream`, and returns each
+/// timed iteration's milliseconds. `f` must enqueue its work on `stream`.
 pub fn time_ms(
     gpu: &Gpu,
     stream: &CudaStream,
@@ -43,8 +49,16 @@ pub fn time_ms(
     mut f: impl FnMut() -> Result<(), RuntimeError>,
 ) -> Result<Vec<f32>, RuntimeError> {
     gpu.check_stream("stream", stream)?;
-    for _ in 0..warmup {
+    let start = std::time::Instant::now();
+    let mut calls = 0;
+    while calls < warmup || (calls < 1000 && start.elapsed() < WARM) {
         f()?;
+        calls += 1;
+        // The host runs ahead of the GPU: wait now and then so that the elapsed time is the
+        // GPU's.
+        if calls % 8 == 0 {
+            stream.synchronize().op("cuStreamSynchronize")?;
+        }
     }
     let events = (0..=iters).map(|_| timing_event(gpu)).collect::<Result<Vec<_>, _>>()?;
     let Some((first, rest)) = events.split_first() else {

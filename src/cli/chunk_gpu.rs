@@ -796,8 +796,8 @@ impl PoolTensors {
 /// `dt_bias` drawn as `c`'s [`BenchGates`] says, l2norm, beta logits, an f32 initial state in
 /// and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
-/// 20 CUDA-event timings after 3 warm-up calls, over `workspace`. `tune` overrides the launch
-/// shape the API picks.
+/// 20 CUDA-event timings after at least 3 warm-up calls and 200 ms (`time_ms`), over
+/// `workspace`. `tune` overrides the launch shape the API picks.
 pub fn time_prefill(
     gpu: &Gpu,
     kernels: &Kernels,

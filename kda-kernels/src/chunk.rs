@@ -82,8 +82,9 @@ impl ChunkShape {
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
     /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 200 and neither. Alone
-    /// on its SM, its step's barriers leave the next chunk's loads in flight. Not yet measured
-    /// against [`ChunkShape::FUSED`] on sm_80 (docs/prefill.md, "Devices").
+    /// on its SM, its step's barriers leave the next chunk's loads in flight. Slower than
+    /// [`ChunkShape::FUSED`] on sm_80, whose second block per SM hides its waits
+    /// (docs/prefill.md, "Devices").
     pub const HOPPER: ChunkShape =
         ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0, fills_in_flight: true };
 }

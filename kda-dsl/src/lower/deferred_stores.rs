@@ -77,24 +77,9 @@ fn stores_and_reads(body: &[Stmt], top: bool, nested: &mut HashSet<BufId>, read:
 }
 
 fn reads(e: &Expr, out: &mut HashSet<BufId>) {
-    match e {
-        Expr::Elem(b, idx) => {
-            out.insert(*b);
-            idx.iter().for_each(|x| reads(x, out));
-        }
-        Expr::Load(_, idx) => idx.iter().for_each(|x| reads(x, out)),
-        Expr::Unary(_, a) | Expr::Cast(_, a) => reads(a, out),
-        Expr::Binary(_, a, b) => {
-            reads(a, out);
-            reads(b, out);
-        }
-        Expr::Select(c, a, b) => {
-            reads(c, out);
-            reads(a, out);
-            reads(b, out);
-        }
-        Expr::Var(_) | Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
-    }
+    e.for_each_elem_tile(&mut |b| {
+        out.insert(b);
+    });
 }
 
 impl Lower<'_> {

@@ -970,6 +970,20 @@ fn loads_and_stores(p: &kda_dsl::thread_ir::ThreadProgram) -> (Vec<usize>, Vec<u
     (at("ld.shared"), at("st.shared"))
 }
 
+/// `o` after running `p` (from [`shared_body`]) on `a[i] = i - 100`, and `a`.
+fn run_shared_body(p: &kda_dsl::thread_ir::ThreadProgram) -> (Vec<f32>, Vec<f32>) {
+    let x: Vec<f32> = (0..256).map(|i| i as f32 - 100.0).collect();
+    let mut args = vec![
+        ("a".to_string(), SimArg::Tensor(x.iter().flat_map(|v| v.to_le_bytes()).collect())),
+        ("o".to_string(), SimArg::Tensor(vec![0; 256 * 4])),
+        ("M".to_string(), SimArg::I32(16)),
+        ("N".to_string(), SimArg::I32(16)),
+    ];
+    run(p, [1, 1, 1], &mut args).expect("runs");
+    let SimArg::Tensor(out) = &args[1].1 else { unreachable!() };
+    (out.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(), x)
+}
+
 /// A thread's elements of a `parallel` body load before any of them stores (the assembler
 /// cannot move a shared load above a shared store), and compute what they did.
 #[test]
@@ -980,17 +994,26 @@ fn a_parallel_bodys_shared_stores_wait_for_its_last_element() {
     let (loads, stores) = loads_and_stores(&p);
     assert_eq!((loads.len(), stores.len()), (8, 8), "{}", line_ir(&p, 8));
     assert!(loads.iter().max() < stores.iter().min(), "{}", line_ir(&p, 8));
-    let x: Vec<f32> = (0..256).map(|i| i as f32 - 100.0).collect();
-    let mut args = vec![
-        ("a".to_string(), SimArg::Tensor(x.iter().flat_map(|v| v.to_le_bytes()).collect())),
-        ("o".to_string(), SimArg::Tensor(vec![0; 256 * 4])),
-        ("M".to_string(), SimArg::I32(16)),
-        ("N".to_string(), SimArg::I32(16)),
-    ];
-    run(&p, [1, 1, 1], &mut args).expect("runs");
-    let SimArg::Tensor(out) = &args[1].1 else { unreachable!() };
-    let got: Vec<f32> = out.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let (got, x) = run_shared_body(&p);
     assert_eq!(got, x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+}
+
+/// A held store keeps the value its element gave it: a variable that every element assigns
+/// again, under a run-time condition too, is stored as each element left it.
+#[test]
+fn a_held_store_keeps_its_elements_value() {
+    let p = shared_body(|k, s, d, ij| {
+        let t = k.let_var("t", k.elem(s, ij.to_vec(), loc(8)), loc(8));
+        k.begin_if(Val::bin(BinOp::Lt, ij[0].clone(), Val::from(3)), loc(8));
+        k.assign(&t, Val::bin(BinOp::Mul, t.clone(), Val::from(3.0)), loc(8));
+        k.end();
+        k.store(d, ij.to_vec(), t, loc(8));
+    });
+    let (loads, stores) = loads_and_stores(&p);
+    assert!(loads.iter().max() < stores.iter().min(), "{}", line_ir(&p, 8));
+    let (got, x) = run_shared_body(&p);
+    let want: Vec<f32> = x.iter().enumerate().map(|(e, v)| if e / 16 < 3 { v * 3.0 } else { *v }).collect();
+    assert_eq!(got, want);
 }
 
 /// A body that reads the tile it stores, or stores it under a condition, keeps each store in

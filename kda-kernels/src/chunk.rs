@@ -929,7 +929,7 @@ pub fn chunk(
     assume_extent(S2, 128);
     let h = hv / (HV / H);
     let v0 = vb * bv;
-    let inverse_stores = InverseStores::for_block(32 * cfg.shape.warps, cfg.shape.min_blocks);
+    let inverse_stores = InverseStores::for_block(32 * (cfg.shape.warps + cfg.shape.fill_warps), cfg.shape.min_blocks);
     let lower = cfg.gate == ChunkGate::LowerBound;
     if prepared {
         assume_extent(PW, PREP_COLS);

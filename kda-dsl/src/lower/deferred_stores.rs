@@ -17,6 +17,10 @@ use crate::thread_ir::*;
 use crate::tile::*;
 use std::collections::HashSet;
 
+/// Stores held at most: a thread's elements of the chunk kernel's bodies (8 to 16) wait whole,
+/// a fragment of 64 elements a thread does not hold 64 more values live.
+const MAX_HELD: usize = 16;
+
 /// The shared stores of the elements lowered so far, waiting for the thread's last element.
 pub(crate) struct DeferredStores {
     /// The tiles whose stores wait.
@@ -115,6 +119,14 @@ impl Lower<'_> {
         };
         if let Some(d) = self.deferred_stores.as_mut() {
             d.pending.push((addr, dt, v));
+            // Each held store keeps its value (and address) live: past a bound, store them
+            // rather than spill.
+            if d.pending.len() >= MAX_HELD {
+                let held = std::mem::take(&mut d.pending);
+                for (addr, dt, v) in held {
+                    self.store_mem(Space::Shared, addr, dt, v);
+                }
+            }
         }
         true
     }

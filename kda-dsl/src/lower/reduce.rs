@@ -13,6 +13,10 @@ use crate::passes::BufLayout;
 use crate::thread_ir::*;
 use crate::tile::*;
 
+/// Elements of a `cumsum` line loaded ahead of their adds and stores, at most: the chunk
+/// kernel's lines of 16 load whole, a line of hundreds does not hold them all in registers.
+const SCAN_BATCH: usize = 16;
+
 impl Lower<'_> {
     fn combine(&mut self, op: ReduceOp, vt: DType, d: Reg, a: Reg, b: Reg) {
         let k = if op == ReduceOp::Sum { BinKind::Add } else { BinKind::Max };
@@ -365,9 +369,10 @@ impl Lower<'_> {
             let zero = if vt == DType::F32 { Src::F32(0.0) } else { Src::Imm(0) };
             self.em.emit(Op::Mov { ty: ty_of(vt), d: acc, a: zero });
             self.element_loop(|lw| {
-                // Every load before the first store: a store between them would keep the
-                // assembler from issuing the next loads early (it cannot tell swizzled addresses
-                // of one tile apart), and the line's scan would wait for each load in turn.
+                // The loads of a batch before its first store: a store between them would keep
+                // the assembler from issuing the next loads early (it cannot tell swizzled
+                // addresses of one tile apart), and the line's scan would wait for each load in
+                // turn. Batches bound the registers a long line holds.
                 let mut loaded = Vec::with_capacity(len as usize);
                 for e in 0..len {
                     let (addr, dt) = if shared {
@@ -384,10 +389,13 @@ impl Lower<'_> {
                     };
                     let v = lw.load_mem(Space::Shared, addr, dt);
                     loaded.push((addr, dt, lw.em.to_reg(v.s, class_of(vt), ty_of(vt))));
-                }
-                for (addr, dt, vr) in loaded {
-                    lw.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a: Src::Reg(acc), b: Src::Reg(vr) });
-                    lw.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
+                    if loaded.len() == SCAN_BATCH || e + 1 == len {
+                        for (addr, dt, vr) in loaded.drain(..) {
+                            let (a, b) = (Src::Reg(acc), Src::Reg(vr));
+                            lw.em.emit(Op::Bin { op: BinKind::Add, ty: ty_of(vt), d: acc, a, b });
+                            lw.store_mem(Space::Shared, addr, dt, V { s: Src::Reg(acc), ty: vt });
+                        }
+                    }
                 }
             });
             self.em.emit(Op::Label(skip));

@@ -62,6 +62,11 @@ CLASSES = [
 ]
 
 
+def opcode(text):
+    """The opcode of one SASS instruction, its guard predicate left out."""
+    return re.sub(r"^@!?U?P\d\s+", "", text).split(" ")[0]
+
+
 def op_class(op):
     base = op.split(".")[0]
     for name, ops in CLASSES:
@@ -190,10 +195,10 @@ def estimate(body):
     by_line = collections.Counter()
     for text, where in body:
         dests, srcs = regs(text)
-        op = re.sub(r"^@!?U?P\d\s+", "", text).split(" ")[0]
+        op = opcode(text)
         lat, cycles = latency(op)
         tensor += cycles
-        start = max([issue + 1] + [ready[r] for r in srcs if r not in ("PT", "UPT")])
+        start = max([issue + 1] + [ready[r] for r in srcs])
         if op.startswith("BAR") or op.startswith("WARPGROUP.DEPBAR"):
             start = max(start, last_done)
         if op.startswith("DEPBAR"):
@@ -238,7 +243,7 @@ def main(argv):
     for line in log.splitlines():
         if "registers" in line or "spill" in line:
             print("ptxas:", line.split(":", 1)[-1].strip())
-    mix = collections.Counter(op_class(re.sub(r"^@!?U?P\d\s+", "", t).split(" ")[0]) for t, _ in body)
+    mix = collections.Counter(op_class(opcode(t)) for t, _ in body)
     print(f"loop: {len(body)} instructions a warp per iteration")
     for name, count in mix.most_common():
         print(f"  {name:<8} {count}")

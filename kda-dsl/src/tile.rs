@@ -311,12 +311,11 @@ impl LoopKind {
 
 /// What the barriers inside a `pipelined` loop's body wait for of the `cp.async` copies in
 /// flight, the next stages' fills among them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyBarriers {
     /// Every copy in flight, the next stages' fills included: each body's first barrier then
     /// waits for the fill just issued. Where other blocks share the SM their work covers the
     /// wait, and in decode this measured the faster (`docs/performance.md`).
-    #[default]
     WaitForFills,
     /// None: the fills stay in flight until the top of the iteration that reads them, so a
     /// block alone on its SM keeps computing meanwhile. The body may issue no other

@@ -418,6 +418,16 @@ pub(crate) fn starts_from_slot(with_has_initial: bool, has_initial: Tensor, n: V
 }
 
 impl ChunkConfig {
+    /// This config as it runs on `target`: on sm_90a a fused one (its keys prepared in the
+    /// kernel) takes [`ChunkShape::HOPPER`], its state products on `wgmma`; the chain over a
+    /// workspace, and every config on another target, keep their shape.
+    pub fn on_target(self, target: kda_dsl::Target) -> ChunkConfig {
+        match (target, self.preparation) {
+            (kda_dsl::Target::Sm90a, Preparation::InKernel) => ChunkConfig { shape: ChunkShape::HOPPER, ..self },
+            _ => self,
+        }
+    }
+
     /// A short stable name.
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
@@ -670,8 +680,7 @@ impl InverseStores {
     /// The plan for a block of `threads` threads of which `min_blocks` must fit on an SM:
     /// after the solve where a thread may take more than 128 registers.
     pub fn for_block(threads: usize, min_blocks: usize) -> InverseStores {
-        // 64 Ki registers an SM (every target the kernels build for).
-        if 65536 / (threads * min_blocks).max(1) > 128 {
+        if kda_dsl::lower::register_plan::REGISTER_FILE as usize / (threads * min_blocks) > 128 {
             InverseStores::AfterSolve
         } else {
             InverseStores::AsSolved

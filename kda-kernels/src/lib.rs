@@ -65,20 +65,15 @@ where
     Variant { family, name: key(&cfg), default, target: Target::Sm80, build: std::sync::Arc::new(move || build(&cfg)) }
 }
 
-/// `v` compiled for sm_90a, the family's default there when `default`: the target in the name,
-/// since the same config for sm_80 is another variant.
-fn on_sm90a(v: Variant, default: bool) -> Variant {
-    Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
-}
-
-/// `cfg`'s variant (`variant` makes it) compiled for `target`: on sm_90a under its own name,
-/// the family's default there when it is the first of `shipped` (the family's sm_90a
-/// configs).
+/// `cfg`'s variant (`variant` makes it) compiled for `target`: on sm_90a under its own name
+/// (the same config for sm_80 is another variant), the family's default there when it is the
+/// first of `shipped` (the family's sm_90a configs).
 fn variant_for<C: PartialEq>(cfg: C, target: Target, variant: fn(C) -> Variant, shipped: fn() -> Vec<C>) -> Variant {
     match target {
         Target::Sm90a => {
             let default = shipped().first() == Some(&cfg);
-            on_sm90a(variant(cfg), default)
+            let v = variant(cfg);
+            Variant { target: Target::Sm90a, default, name: format!("{}_sm90a", v.name), ..v }
         }
         _ => variant(cfg),
     }
@@ -143,12 +138,13 @@ pub fn chunk_variant_on(cfg: chunk::ChunkConfig, target: Target) -> Variant {
 /// The chunk configs shipped for sm_90a (compute capability 9.0): the fused ones of
 /// [`chunk_configs`] at [`chunk::ChunkShape::HOPPER`], whose state products take `wgmma` with
 /// the state as the register A operand. The chain over a prepared workspace (2 warps, no whole
-/// warpgroup) and the split's passes keep their sm_80 variants.
+/// warpgroup) and the split's passes ship only their sm_80 variants (a caller's
+/// `ChunkTuning::hopper` with a split compiles its fused passes for sm_90a on first use).
 pub fn hopper_chunk_configs() -> Vec<chunk::ChunkConfig> {
     chunk_configs()
         .into_iter()
         .filter(|c| c.preparation == chunk::Preparation::InKernel && c.run == chunk::ChunkRun::Output)
-        .map(|c| chunk::ChunkConfig { shape: chunk::ChunkShape::HOPPER, ..c })
+        .map(|c| c.on_target(Target::Sm90a))
         .collect()
 }
 

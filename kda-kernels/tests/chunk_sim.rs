@@ -206,7 +206,7 @@ fn sm_80_and_sm_90a_agree_bit_for_bit_in_the_simulator() {
     for (i, f) in chunk_families().iter().enumerate().filter(|(_, f)| f.cfg.preparation == Preparation::InKernel) {
         let x = f.inputs(i as u64);
         let sm80 = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let hopper = ChunkConfig { shape: ChunkShape::HOPPER, ..f.cfg.clone() };
+        let hopper = f.cfg.clone().on_target(Target::Sm90a);
         let got = simulate_chunk_on(&hopper, &x, 4, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         assert!(bits(&got.out) == bits(&sm80.out), "{}: outputs differ", f.name);
         assert!(bits(&got.final_state) == bits(&sm80.final_state), "{}: states differ", f.name);

@@ -170,7 +170,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
 
 /// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]`,
 /// as the tuning it names.
-fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
+fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad =
         || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]; {USAGE}");
@@ -181,18 +181,13 @@ fn parse_chunk_shape(a: &str) -> Result<kda_runtime::chunk::ChunkTuning, String>
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
     // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
     // tokens), `fFILL` (fill warps) and `xSTAGES`.
-    let (a, target) = match a.strip_suffix('h') {
-        Some(rest) => (rest, Target::Sm90a),
-        None => (a, Target::Sm80),
-    };
-    let (a, operands) = match a.strip_suffix('b') {
-        Some(rest) => (rest, ChunkOperands::Bf16),
-        None => (a, ChunkOperands::F16),
-    };
-    let (a, fills_in_flight) = match a.strip_suffix('i') {
-        Some(rest) => (rest, true),
-        None => (a, false),
-    };
+    // `a` less the suffix `c`, and whether it had it.
+    let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, sm90a) = flag(a, 'h');
+    let target = if sm90a { Target::Sm90a } else { Target::Sm80 };
+    let (a, bf16) = flag(a, 'b');
+    let operands = if bf16 { ChunkOperands::Bf16 } else { ChunkOperands::F16 };
+    let (a, fills_in_flight) = flag(a, 'i');
     let (a_path, ranges) = match a.rsplit_once('r') {
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a, None),

@@ -94,12 +94,7 @@ pub fn simulate_all() -> usize {
     // sm_90a: the families whose kernel takes wgmma there, again, the fused ones at the shape
     // the runtime takes on compute capability 9.0.
     for (i, f) in kda_kernels::chunk_families::chunk_families().iter().enumerate() {
-        let cfg = match f.cfg.preparation {
-            kda_kernels::chunk::Preparation::InKernel => {
-                kda_kernels::chunk::ChunkConfig { shape: kda_kernels::chunk::ChunkShape::HOPPER, ..f.cfg.clone() }
-            }
-            kda_kernels::chunk::Preparation::Workspace => f.cfg.clone(),
-        };
+        let cfg = f.cfg.clone().on_target(Target::Sm90a);
         let hopper = kda_kernels::chunk::chunk(&cfg)
             .map_err(|e| e.to_string())
             .and_then(|def| kda_kernels::check::takes_wgmma(&def, Target::Sm90a));
@@ -157,8 +152,7 @@ pub fn simulate_all() -> usize {
         failures += chunk_row(&case, &f.cfg, kda_kernels::chunk_check::check_split(&f.cfg, &f.inputs(i as u64), 16));
         // Its fused passes on sm_90a, at the Hopper shape (`ChunkTuning::target`).
         if matches!(f.name, "varlen_pool_bf16_state_gva4_padding_empty" | "varlen_pool_prefix_checkpoints_e16") {
-            let cfg =
-                kda_kernels::chunk::ChunkConfig { shape: kda_kernels::chunk::ChunkShape::HOPPER, ..f.cfg.clone() };
+            let cfg = f.cfg.clone().on_target(Target::Sm90a);
             let case = format!("chunk/{}_split_every_16 {}", f.name, Target::Sm90a);
             let r = kda_kernels::chunk_check::check_split_on(&cfg, &f.inputs(i as u64), 16, Target::Sm90a);
             failures += chunk_row(&case, &cfg, r);

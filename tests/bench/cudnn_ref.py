@@ -152,8 +152,7 @@ def main(argv=None):
     ap.add_argument("--no-fla-check", action="store_true", help="skip rel_err_vs_fla (FLA's first call compiles for minutes)")
     ap.add_argument("--out", default=None, help="also write the JSON lines to this file")
     args = ap.parse_args(argv)
-    wanted = args.case.split(",")
-    rows = [row for row in fla_ref.PREFILL if any(w in row[0] for w in wanted)]
+    rows = [row for row in fla_ref.PREFILL if fla_ref.named(row[0], args.case)]
     if not rows:
         sys.exit(f"no prefill case name contains {args.case!r}; the cases: {', '.join(r[0] for r in fla_ref.PREFILL)}")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

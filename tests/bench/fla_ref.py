@@ -259,14 +259,18 @@ def write_rows(rows, path=None):
             out.close()
 
 
+def named(name, case):
+    """Whether a row's `name` contains `case` or one of its comma-separated parts."""
+    return any(part in name for part in case.split(","))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="FLA (fla-core 0.6.0) on kda's standard bench cases, as JSON lines")
     ap.add_argument("--case", default="", help="only the cases whose name contains this, or one of these comma-separated names (e.g. prefill, decode_b256, tp4,nodecay)")
     ap.add_argument("--out", default=None, help="also write the JSON lines to this file")
     args = ap.parse_args(argv)
     jobs = [(prefill, row) for row in PREFILL] + [(decode, row) for row in DECODE]
-    wanted = args.case.split(",")
-    jobs = [(fn, row) for fn, row in jobs if any(w in row[0] for w in wanted)]
+    jobs = [(fn, row) for fn, row in jobs if named(row[0], args.case)]
     if not jobs:
         names = ", ".join(row[0] for row in PREFILL + DECODE)
         sys.exit(f"no case name contains {args.case!r}; the cases: {names}")

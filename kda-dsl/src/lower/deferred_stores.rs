@@ -11,6 +11,7 @@
 //! The values stored, the addresses and their order are the same; only the schedule changes.
 
 use super::{class_of, ty_of, Lower, V};
+use crate::analysis::tile_access::tile_access;
 use crate::dtype::DType;
 use crate::passes::{BufLayout, TileProgram};
 use crate::thread_ir::*;
@@ -32,58 +33,19 @@ pub(crate) struct DeferredStores {
 /// The shared tiles whose stores in `body` may wait for the thread's last element: stored only
 /// by statements of the body itself (not under an `if` or a loop) and read nowhere in it.
 pub(crate) fn deferrable_tiles(p: &TileProgram, body: &[Stmt]) -> HashSet<BufId> {
-    let mut top_level = HashSet::new();
+    let (mut stored, mut kept) = (HashSet::new(), HashSet::new());
     for s in body {
-        if let StmtKind::Store(b, ..) = &s.kind {
-            top_level.insert(*b);
-        }
-    }
-    let mut nested = HashSet::new();
-    let mut read = HashSet::new();
-    stores_and_reads(body, true, &mut nested, &mut read);
-    top_level
-        .into_iter()
-        .filter(|b| matches!(p.layouts[*b], BufLayout::Shared(_)) && !nested.contains(b) && !read.contains(b))
-        .collect()
-}
-
-/// Collects the tiles stored below the top level of `body` into `nested` and every tile an
-/// expression reads into `read`.
-fn stores_and_reads(body: &[Stmt], top: bool, nested: &mut HashSet<BufId>, read: &mut HashSet<BufId>) {
-    for s in body {
+        let access = tile_access(s);
+        kept.extend(access.reads);
         match &s.kind {
-            StmtKind::Store(b, idx, e) => {
-                if !top {
-                    nested.insert(*b);
-                }
-                idx.iter().chain([e]).for_each(|x| reads(x, read));
+            StmtKind::Store(b, ..) => {
+                stored.insert(*b);
             }
-            StmtKind::Assign(_, e) => reads(e, read),
-            StmtKind::StoreGlobal(_, idx, e) => idx.iter().chain([e]).for_each(|x| reads(x, read)),
-            StmtKind::If(c, t, f) => {
-                reads(c, read);
-                stores_and_reads(t, false, nested, read);
-                stores_and_reads(f, false, nested, read);
-            }
-            StmtKind::For { start, end, body, .. } => {
-                reads(start, read);
-                reads(end, read);
-                stores_and_reads(body, false, nested, read);
-            }
-            // Anything else in a `parallel` body: keep every store in place.
-            _ => {
-                let mut all = vec![];
-                crate::passes::infer_layouts::tiles_used(std::slice::from_ref(s), &mut all);
-                read.extend(all);
-            }
+            // Written under a condition or in a loop, or by anything else: stores stay.
+            _ => kept.extend(access.writes),
         }
     }
-}
-
-fn reads(e: &Expr, out: &mut HashSet<BufId>) {
-    e.for_each_elem_tile(&mut |b| {
-        out.insert(b);
-    });
+    stored.into_iter().filter(|b| matches!(p.layouts[*b], BufLayout::Shared(_)) && !kept.contains(b)).collect()
 }
 
 impl Lower<'_> {
@@ -96,10 +58,15 @@ impl Lower<'_> {
         let outer = self.deferred_stores.replace(DeferredStores { tiles, pending: vec![] });
         let r = f(self);
         let held = std::mem::replace(&mut self.deferred_stores, outer).map(|d| d.pending).unwrap_or_default();
+        self.store_held(held);
+        r
+    }
+
+    /// Emits held stores, in order.
+    fn store_held(&mut self, held: Vec<(Reg, DType, V)>) {
         for (addr, dt, v) in held {
             self.store_mem(Space::Shared, addr, dt, v);
         }
-        r
     }
 
     /// Holds back a store of `v` to shared tile `b` at `addr` if `b`'s stores wait; false if
@@ -117,16 +84,14 @@ impl Lower<'_> {
             }
             _ => v,
         };
-        if let Some(d) = self.deferred_stores.as_mut() {
+        // Each held store keeps its value (and address) live: past a bound, store them rather
+        // than spill.
+        let full = self.deferred_stores.as_mut().and_then(|d| {
             d.pending.push((addr, dt, v));
-            // Each held store keeps its value (and address) live: past a bound, store them
-            // rather than spill.
-            if d.pending.len() >= MAX_HELD {
-                let held = std::mem::take(&mut d.pending);
-                for (addr, dt, v) in held {
-                    self.store_mem(Space::Shared, addr, dt, v);
-                }
-            }
+            (d.pending.len() >= MAX_HELD).then(|| std::mem::take(&mut d.pending))
+        });
+        if let Some(held) = full {
+            self.store_held(held);
         }
         true
     }

@@ -170,7 +170,7 @@ impl Lower<'_> {
         // barrier, as before any other, where the wait above does not cover them: a stage's
         // mbarrier orders only its boxes, and the compute warps' copy of a loop with fill
         // warps waits for no fill (theirs are all the compute warps have in flight).
-        if (tma.is_some() || work == LoopWork::Body) && self.async_copies {
+        if tma.is_some() || work == LoopWork::Body {
             self.wait_plain_async_copies();
         }
         self.block_barrier();

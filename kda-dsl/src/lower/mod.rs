@@ -375,8 +375,12 @@ impl Lower<'_> {
 
     pub(crate) fn block(&mut self, body: &[Stmt]) -> Result<(), Diag> {
         // A pipeline keeping its group in flight, and warp roles (whose branches the waits
-        // would straddle), wait right after each `wgmma`.
-        if self.wgmma_wait != 0 || self.role().is_some() || self.p.target != crate::target::Target::Sm90a {
+        // would straddle), wait right after each `wgmma`; a `parallel` body holds none.
+        if self.wgmma_wait != 0
+            || self.role().is_some()
+            || self.elem.is_some()
+            || self.p.target != crate::target::Target::Sm90a
+        {
             for s in body {
                 self.stmt(s)?;
             }
@@ -563,7 +567,7 @@ impl Lower<'_> {
                 // of the time at this wait: docs/performance.md, "Decode and GEMM"). Such a
                 // body issues no other copy (`plan_pipelines`), and the copies before the loop
                 // landed at its first iteration's wait.
-                if self.async_copies && !self.fills_in_flight {
+                if !self.fills_in_flight {
                     self.wait_plain_async_copies();
                 }
                 self.block_barrier();

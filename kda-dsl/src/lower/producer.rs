@@ -60,9 +60,7 @@ impl Lower<'_> {
             if self.touches_unstaged_shared(plan, &rest) {
                 // The compute warps' own `cp.async` copies (a tile filled before the loop) land
                 // first: the stage's mbarrier orders only its boxes.
-                if self.async_copies {
-                    self.wait_plain_async_copies();
-                }
+                self.wait_plain_async_copies();
                 self.block_barrier();
             }
             let lowered = self.block(&rest);

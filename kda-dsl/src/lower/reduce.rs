@@ -373,7 +373,7 @@ impl Lower<'_> {
                 // the assembler from issuing the next loads early (it cannot tell swizzled
                 // addresses of one tile apart), and the line's scan would wait for each load in
                 // turn. Batches bound the registers a long line holds.
-                let mut loaded = Vec::with_capacity(len as usize);
+                let mut loaded = Vec::with_capacity(SCAN_BATCH.min(len as usize));
                 for e in 0..len {
                     let (addr, dt) = if shared {
                         let (r, c) = if sb.shape.len() == 1 || axis == 1 {

@@ -19,7 +19,7 @@ use crate::target::Target;
 pub const PRODUCER_REGISTERS: u32 = 40;
 
 /// Registers one block may hold (per SM, on every target from sm_80 up).
-const REGISTER_FILE: u32 = 65536;
+pub const REGISTER_FILE: u32 = 65536;
 
 /// Threads per warpgroup.
 const WARPGROUP: u32 = 128;

@@ -160,8 +160,12 @@ impl Lower<'_> {
     }
 
     /// `cp.async.wait_group 0` for the threads that issue plain (non-stage) async copies: the
-    /// compute warps (the fill warps' groups are their pipeline's to wait for).
+    /// compute warps (the fill warps' groups are their pipeline's to wait for). Nothing in a
+    /// kernel that issues none.
     pub(crate) fn wait_plain_async_copies(&mut self) {
+        if !self.async_copies {
+            return;
+        }
         match self.fill_warps.as_ref().map(|f| (f.role, f.is_fill)) {
             None | Some((Role::Compute, _)) => self.em.emit(Op::CpAsyncWait { n: 0 }),
             Some((Role::Both, is_fill)) => self.em.emit_if(is_fill, false, Op::CpAsyncWait { n: 0 }),

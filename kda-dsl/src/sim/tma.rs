@@ -75,11 +75,11 @@ impl Block<'_> {
                 m.swizzle
             ));
         }
-        // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
-        // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
         if coords.given != m.rank {
             return Err(format!("TMA copy with {} coordinates through a map of {} axes", coords.given, m.rank));
         }
+        // A box starts on a 16-byte granule of its row (the H200 faults with an illegal
+        // instruction otherwise, `kda-runtime/tests/gpu_hopper.rs`).
         let inner_bytes = coords.at[0] * i64::from(m.elem_bytes);
         if inner_bytes % 16 != 0 {
             return Err(format!(

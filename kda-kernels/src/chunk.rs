@@ -680,7 +680,8 @@ impl InverseStores {
     /// The plan for a block of `threads` threads of which `min_blocks` must fit on an SM:
     /// after the solve where a thread may take more than 128 registers.
     pub fn for_block(threads: usize, min_blocks: usize) -> InverseStores {
-        if kda_dsl::lower::register_plan::REGISTER_FILE as usize / (threads * min_blocks) > 128 {
+        // (A config with no threads or blocks gets its diagnostic from the launch, not here.)
+        if kda_dsl::lower::register_plan::REGISTER_FILE as usize / (threads * min_blocks).max(1) > 128 {
             InverseStores::AfterSolve
         } else {
             InverseStores::AsSolved

@@ -3,7 +3,7 @@
 //! copies run ahead of the compute).
 
 use super::roles::Role;
-use super::{Lower, V};
+use super::{Lower, WgmmaWait, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
 use crate::passes::plan_pipelines::{is_stage_fill, Handoff, PipelinePlan, StageFills, TmaPipeline};
@@ -209,7 +209,7 @@ impl Lower<'_> {
         // Compute on the stage read this iteration (the fill warps' copy passes its barriers).
         self.var_regs.insert(var, ko);
         self.stage_bases(&staged, &home, rd);
-        let outer_wait = std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight));
+        let outer_wait = std::mem::replace(&mut self.wgmma_wait, WgmmaWait::in_pipeline(in_flight));
         let in_flight_fills = barriers == BodyBarriers::LeaveFillsInFlight;
         let outer_fills = std::mem::replace(&mut self.fills_in_flight, in_flight_fills);
         let lowered = self.block(&rest);

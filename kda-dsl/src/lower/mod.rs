@@ -151,12 +151,8 @@ pub(crate) struct Lower<'a> {
     pub copy_plans: Vec<copy_plan::CopyPlan>,
     /// Every `gemm`'s plan, in order.
     pub gemm_plans: Vec<gemm_plan::GemmPlan>,
-    /// The `wgmma.wait_group` a `wgmma` gemm ends with: 0, or 1 in a pipelined loop that keeps
-    /// its group in flight (`plan_pipelines::WgmmaInFlight`).
-    pub wgmma_wait: u32,
-    /// The `gemm` being lowered leaves its `wgmma` group in flight: its body's plan
-    /// (`wgmma_waits`) places the wait.
-    pub wgmma_deferred: bool,
+    /// Where the `wgmma` group of the `gemm` being lowered is waited for.
+    pub wgmma_wait: WgmmaWait,
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
     /// their shared stores at the end of the body (`loops::pipelined`).
     pub deferred_fills: Option<Vec<loops::DeferredFill>>,
@@ -175,22 +171,28 @@ pub(crate) struct Lower<'a> {
     pub fills_in_flight: bool,
 }
 
-fn has_plain_global_to_shared(p: &TileProgram, body: &[Stmt]) -> bool {
-    body.iter().any(|s| match &s.kind {
-        StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } => {
-            matches!(p.layouts[*b], BufLayout::Shared(_))
+/// Where a `wgmma` gemm's group is waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaWait {
+    /// Right after it, whole (`wgmma.wait_group 0`).
+    Whole,
+    /// Right after it, leaving it in flight and the previous iteration's group retired
+    /// (`wgmma.wait_group 1`): a pipelined loop that keeps its group in flight
+    /// (`plan_pipelines::WgmmaInFlight`).
+    KeepLatest,
+    /// Where its body's plan says (`wgmma_waits`).
+    Planned,
+}
+
+impl WgmmaWait {
+    /// The wait inside a pipelined loop's body, which keeps its group in flight or not.
+    pub fn in_pipeline(in_flight: bool) -> Self {
+        if in_flight {
+            WgmmaWait::KeepLatest
+        } else {
+            WgmmaWait::Whole
         }
-        // A pipeline's top-level fills are its own; copies nested deeper in its body are plain.
-        StmtKind::For { kind: LoopKind::Pipelined { .. }, body, .. } => body.iter().any(|x| {
-            !crate::passes::plan_pipelines::is_stage_fill(&p.def, x)
-                && has_plain_global_to_shared(p, std::slice::from_ref(x))
-        }),
-        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-            has_plain_global_to_shared(p, body)
-        }
-        StmtKind::If(_, t, e) => has_plain_global_to_shared(p, t) || has_plain_global_to_shared(p, e),
-        _ => false,
-    })
+    }
 }
 
 fn count_assigns(body: &[Stmt], n: &mut HashMap<VarId, usize>) {
@@ -267,13 +269,12 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         assign_counts: HashMap::new(),
         var_divisors: divisibility::var_divisors(&p.def),
         var_ranges: ranges::var_ranges(&p.def),
-        async_copies: has_plain_global_to_shared(p, &p.def.body),
+        async_copies: crate::passes::plan_pipelines::plain_shared_copy(&p.def, &p.def.body).is_some(),
         split_indices: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
         gemm_plans: vec![],
-        wgmma_wait: 0,
-        wgmma_deferred: false,
+        wgmma_wait: WgmmaWait::Whole,
         deferred_fills: None,
         fill_warps,
         tensor_maps: vec![],
@@ -376,7 +377,7 @@ impl Lower<'_> {
     pub(crate) fn block(&mut self, body: &[Stmt]) -> Result<(), Diag> {
         // A pipeline keeping its group in flight, and warp roles (whose branches the waits
         // would straddle), wait right after each `wgmma`; a `parallel` body holds none.
-        if self.wgmma_wait != 0
+        if self.wgmma_wait != WgmmaWait::Whole
             || self.role().is_some()
             || self.elem.is_some()
             || self.p.target != crate::target::Target::Sm90a
@@ -396,9 +397,12 @@ impl Lower<'_> {
                 self.em.loc = s.loc;
                 self.em.emit(Op::WgmmaWait { n: w.keep });
             }
-            self.wgmma_deferred = matches!(s.kind, StmtKind::Gemm { .. });
+            let outer = self.wgmma_wait;
+            if matches!(s.kind, StmtKind::Gemm { .. }) {
+                self.wgmma_wait = WgmmaWait::Planned;
+            }
             let lowered = self.stmt(s);
-            self.wgmma_deferred = false;
+            self.wgmma_wait = outer;
             lowered?;
         }
         for w in waits {

@@ -12,7 +12,7 @@
 //! an outer loop) goes on from the phases it left.
 
 use super::roles::Role;
-use super::Lower;
+use super::{Lower, WgmmaWait};
 use crate::diag::{Diag, SrcLoc};
 use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan, TmaPipeline};
 use crate::passes::BufLayout;
@@ -51,7 +51,7 @@ impl Lower<'_> {
         } else {
             self.wait_tma_stage(plan.var, tma, stage);
             let outer = (
-                std::mem::replace(&mut self.wgmma_wait, u32::from(in_flight)),
+                std::mem::replace(&mut self.wgmma_wait, WgmmaWait::in_pipeline(in_flight)),
                 std::mem::replace(&mut self.producer_apart, true),
             );
             // The barrier passes put none at the top of a pipelined body (the pipeline's own

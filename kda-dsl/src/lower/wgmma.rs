@@ -8,7 +8,7 @@
 //! writes reach the async proxy through the fences `proxy_fences.rs` places.
 
 use super::gemm_plan::{WgmmaPlan, WgmmaSource};
-use super::Lower;
+use super::{Lower, WgmmaWait};
 use crate::hopper_layout::{Major, OperandTile};
 use crate::thread_ir::*;
 use crate::tile::*;
@@ -89,8 +89,10 @@ impl Lower<'_> {
         // Whole at the next statement, or (a pipelined loop keeping its group in flight) the
         // previous iteration's group retired; or waited for where its body's plan says
         // (`wgmma_waits`).
-        if !self.wgmma_deferred {
-            self.em.emit(Op::WgmmaWait { n: self.wgmma_wait });
+        match self.wgmma_wait {
+            WgmmaWait::Whole => self.em.emit(Op::WgmmaWait { n: 0 }),
+            WgmmaWait::KeepLatest => self.em.emit(Op::WgmmaWait { n: 1 }),
+            WgmmaWait::Planned => {}
         }
     }
 

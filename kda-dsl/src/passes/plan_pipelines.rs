@@ -226,19 +226,24 @@ fn wgmma_in_flight(p: &TileProgram, stages: u32, body: &[Stmt]) -> Option<WgmmaI
     (shared_a && stages >= 3).then_some(WgmmaInFlight { acc: *c })
 }
 
-/// A global-to-shared copy in a loop's `body` other than its stage fills (one nested deeper,
-/// or in a loop inside it), if there is one.
-fn other_shared_copy<'a>(def: &KernelDef, body: &'a [Stmt]) -> Option<&'a Stmt> {
-    // A global-to-shared copy anywhere is what a stage fill is at the body's top level.
-    let mut found = None;
-    for s in body.iter().filter(|s| !is_stage_fill(def, s)) {
-        visit_stmts(std::slice::from_ref(s), &mut |x| {
-            if found.is_none() && is_stage_fill(def, x) {
-                found = Some(x);
-            }
-        });
-    }
-    found
+/// A global-to-shared copy in a `pipelined` loop's `body` other than its stage fills (one nested
+/// deeper, or in a loop inside it), if there is one.
+pub(crate) fn other_shared_copy<'a>(def: &KernelDef, body: &'a [Stmt]) -> Option<&'a Stmt> {
+    body.iter().filter(|s| !is_stage_fill(def, s)).find_map(|s| plain_shared_copy(def, std::slice::from_ref(s)))
+}
+
+/// The first global-to-shared copy in `body` that is not a stage fill (a copy at the top level of
+/// a `pipelined` loop's body), if there is one.
+pub(crate) fn plain_shared_copy<'a>(def: &KernelDef, body: &'a [Stmt]) -> Option<&'a Stmt> {
+    body.iter().find_map(|s| match &s.kind {
+        _ if is_stage_fill(def, s) => Some(s),
+        StmtKind::For { kind: LoopKind::Pipelined { .. }, body, .. } => other_shared_copy(def, body),
+        StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+            plain_shared_copy(def, body)
+        }
+        StmtKind::If(_, t, e) => plain_shared_copy(def, t).or_else(|| plain_shared_copy(def, e)),
+        _ => None,
+    })
 }
 
 /// Whether `body` has a tensor-core `gemm` at any depth.

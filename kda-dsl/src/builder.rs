@@ -331,6 +331,12 @@ impl KernelBuilder {
         }
     }
 
+    /// `launch(.., hoist = h)`: which loop-invariant instructions move before their loop
+    /// ([`crate::tile::Hoist`]).
+    pub fn hoist(&self, h: crate::tile::Hoist) {
+        self.st.borrow_mut().def.hoist = h;
+    }
+
     /// Assumes extent `dim` is exactly `v`; launchers check it, copies drop the masks it makes
     /// unnecessary.
     pub fn assume_extent(&self, dim: &Val, v: impl HostInt, loc: SrcLoc) {

@@ -34,3 +34,4 @@ pub use compile::{compile, lower_kernel, lower_kernel_for};
 pub use diag::{Diag, SrcLoc};
 pub use dtype::DType;
 pub use target::Target;
+pub use tile::Hoist;

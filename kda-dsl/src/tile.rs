@@ -473,6 +473,8 @@ pub struct KernelDef {
     /// instructions issue in order, so fills on warps of their own take their address
     /// arithmetic off the compute warps' path.
     pub fill_warps: u32,
+    /// Which loop-invariant instructions move out of the kernel's loops (`lower/hoist.rs`).
+    pub hoist: Hoist,
     /// Grid extents.
     pub grid: [HostExpr; 3],
     /// Variables holding the block index per grid axis.
@@ -489,6 +491,39 @@ pub struct KernelDef {
     pub body: Vec<Stmt>,
     /// Where the kernel was declared.
     pub loc: SrcLoc,
+}
+
+/// Which loop-invariant thread-IR instructions move before their loop (`launch(.., hoist =
+/// ..)`). A moved value is computed once instead of every iteration, and stays in a register
+/// across the loop: how many registers a thread has to spare is the kernel's to judge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Hoist {
+    /// None: each value is computed where it is used.
+    #[default]
+    Nothing,
+    /// Those whose value is the same in every thread of the block (computed from parameters,
+    /// block indices, constants, the shared base and loads from such addresses): ptxas keeps
+    /// most of them in uniform registers, beside the thread's own.
+    BlockUniform,
+    /// Every integer and predicate value that does not change across the loop, per-thread
+    /// addresses included.
+    Everything,
+}
+
+impl Hoist {
+    /// Its name in the kernel's text form.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hoist::Nothing => "nothing",
+            Hoist::BlockUniform => "block_uniform",
+            Hoist::Everything => "everything",
+        }
+    }
+
+    /// The setting named `name` in the kernel's text form.
+    pub fn named(name: &str) -> Option<Hoist> {
+        [Hoist::Nothing, Hoist::BlockUniform, Hoist::Everything].into_iter().find(|h| h.name() == name)
+    }
 }
 
 /// The most fill warps a kernel takes ([`KernelDef::fill_warps`]).
@@ -508,6 +543,7 @@ impl KernelDef {
             threads: 0,
             min_blocks_per_sm: None,
             fill_warps: 0,
+            hoist: Hoist::Nothing,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
             buffers: Arena::new(),
@@ -553,9 +589,10 @@ impl fmt::Display for KernelDef {
         }
         let min_blocks = self.min_blocks_per_sm.map(|m| format!(" min_blocks={m}")).unwrap_or_default();
         let fill_warps = if self.fill_warps > 0 { format!(" fill_warps={}", self.fill_warps) } else { String::new() };
+        let hoist = if self.hoist == Hoist::Nothing { String::new() } else { format!(" hoist={}", self.hoist.name()) };
         writeln!(
             f,
-            ") threads={}{min_blocks}{fill_warps} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks}{fill_warps}{hoist} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),

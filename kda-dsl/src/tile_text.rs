@@ -563,6 +563,13 @@ impl Parser {
         if self.is_ident("fill_warps") {
             self.def.fill_warps = self.setting("fill_warps")? as u32;
         }
+        if self.is_ident("hoist") {
+            self.keyword("hoist")?;
+            self.punct("=")?;
+            let name = self.ident()?;
+            self.def.hoist = Hoist::named(&name)
+                .ok_or(format!("hoist = {name}: expected `nothing`, `block_uniform` or `everything`"))?;
+        }
         self.keyword("grid")?;
         self.punct("=")?;
         self.punct("[")?;

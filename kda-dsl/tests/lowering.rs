@@ -1035,3 +1035,58 @@ fn a_parallel_bodys_stores_stay_where_the_body_reads_the_tile_or_branches() {
         assert!(stores.iter().min() < loads.iter().max(), "{}", line_ir(&p, 8));
     }
 }
+
+/// Copies `a` to `o` (f32 `[M, 16]`) through a shared tile, one 16-row tile an iteration of a
+/// `serial` loop over `N` tiles from the block's, with `hoist`.
+fn row_blocks(hoist: kda_dsl::Hoist) -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new("rows", loc(1));
+    let a = k.tensor("a", &["M", "C"], DType::F32, false);
+    let o = k.tensor("o", &["M", "C"], DType::F32, true);
+    let b = k.launch(vec![Host::int(1)], 32, loc(2));
+    k.hoist(hoist);
+    k.assume_extent(&k.dim("C"), 16, loc(2));
+    let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+    let i = k.begin_for("i", LoopKind::Serial, 0, k.dim("N"), loc(4));
+    let row = k.let_var("row", Val::bin(BinOp::Add, b[0].clone(), i), loc(5));
+    k.copy(k.tile(&a, vec![row.clone(), Val::from(0)], &[16, 16], loc(6)), s, loc(6));
+    k.copy(s, k.tile(&o, vec![row, Val::from(0)], &[16, 16], loc(7)), loc(7));
+    k.end();
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// Instructions between the loop's label and its branch back.
+fn loop_length(p: &kda_dsl::thread_ir::ThreadProgram) -> usize {
+    use kda_dsl::thread_ir::Op;
+    let back = p.body.iter().rposition(|i| matches!(i.op, Op::Bra { .. })).expect("a loop");
+    let Op::Bra { target } = p.body[back].op else { unreachable!() };
+    let top = p.body.iter().position(|i| i.op == Op::Label(target)).expect("its label");
+    back - top - 1
+}
+
+#[test]
+fn hoisting_moves_loop_invariant_addresses_out_and_keeps_the_values() {
+    let a: Vec<f32> = (0..48 * 16).map(|x| x as f32 * 0.5 - 7.0).collect();
+    let run_rows = |p: &kda_dsl::thread_ir::ThreadProgram| {
+        let mut args = vec![
+            ("a".to_string(), SimArg::Tensor(a.iter().flat_map(|x| x.to_le_bytes()).collect())),
+            ("M".to_string(), SimArg::I32(48)),
+            ("C".to_string(), SimArg::I32(16)),
+            ("o".to_string(), SimArg::Tensor(vec![0; 48 * 16 * 4])),
+            ("N".to_string(), SimArg::I32(3)),
+        ];
+        run(p, [1, 1, 1], &mut args).expect("runs");
+        let SimArg::Tensor(o) = &args[3].1 else { unreachable!() };
+        o.clone()
+    };
+    let plain = row_blocks(kda_dsl::Hoist::Nothing);
+    let expected = run_rows(&plain);
+    assert_eq!(expected, a.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let mut lengths = vec![loop_length(&plain)];
+    for hoist in [kda_dsl::Hoist::BlockUniform, kda_dsl::Hoist::Everything] {
+        let p = row_blocks(hoist);
+        assert_eq!(run_rows(&p), expected, "{hoist:?}");
+        lengths.push(loop_length(&p));
+    }
+    // The boxes' starts leave the loop first (block-uniform), then the threads' own offsets.
+    assert!(lengths[0] > lengths[1] && lengths[1] > lengths[2], "{lengths:?}");
+}

@@ -35,7 +35,7 @@
 use crate::chunk_order::{longest_first, ORDERED_MAX_SEQUENCES};
 use crate::rules::{beta_of, gate_of};
 use kda_dsl::builder::Tile;
-use kda_dsl::DType;
+use kda_dsl::{DType, Hoist};
 use kda_macros::kernel;
 
 /// Value rows of the state one warp owns.
@@ -931,6 +931,10 @@ pub fn chunk(
         threads = 32 * cfg.shape.warps,
         min_blocks = cfg.shape.min_blocks,
         fill_warps = cfg.shape.fill_warps,
+        // Block-uniform addresses (a box's start, a tile's base) once per loop, not per chunk:
+        // no more registers at two blocks an SM, fewer instructions. Per-thread ones too would
+        // take more registers than the sm_90a kernel has (ptxas spills some configs).
+        hoist = Hoist::BlockUniform,
     );
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);

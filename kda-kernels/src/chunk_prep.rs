@@ -23,7 +23,7 @@ use crate::chunk::{
     PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
-use kda_dsl::DType;
+use kda_dsl::{DType, Hoist};
 use kda_macros::kernel;
 
 /// Warps of the preparation: the shipped fused kernel's ([`crate::chunk::ChunkConfig::default`]).
@@ -156,7 +156,10 @@ pub fn chunk_prep(
     first_chunk: i32,
     end_chunk: i32,
 ) {
-    let (x0, hv, n) = launch(grid = [NX, HV, NSEQ], threads = 32 * cfg.warps);
+    // Block-uniform addresses once per loop (`hoist`), at the registers that keep four blocks
+    // an SM (`min_blocks`), as many as fitted before.
+    let (x0, hv, n) =
+        launch(grid = [NX, HV, NSEQ], threads = 32 * cfg.warps, min_blocks = 4, hoist = Hoist::BlockUniform);
     assume_extent(KD, 128);
     assume_extent(PW, PREP_COLS);
     assume_extent(DW, PREP_DECAY_COLS);

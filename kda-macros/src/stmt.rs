@@ -243,17 +243,19 @@ impl Cx {
         let mut threads = None;
         let mut min_blocks = None;
         let mut fill_warps = None;
+        let mut hoist = None;
         for (k, v, sp) in kw {
             match k.as_str() {
                 "grid" => grid = Some(v),
                 "threads" => threads = Some(v),
                 "min_blocks" => min_blocks = Some(v),
                 "fill_warps" => fill_warps = Some(v),
+                "hoist" => hoist = Some(v),
                 _ => {
                     return err(
                         sp,
                         format!(
-                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks` or `fill_warps`"
+                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps` or `hoist`"
                         ),
                     )
                 }
@@ -306,10 +308,16 @@ impl Cx {
             Some(m) => quote!(__kb.fill_warps(#m, #lc);),
             None => quote!(),
         };
+        let hoist = match hoist {
+            Some(h) if self.is_dsl(h) => return err(h.span(), "`hoist` must be known when the kernel is specialized"),
+            Some(h) => quote!(__kb.hoist(#h);),
+            None => quote!(),
+        };
         Ok(quote! {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
             #min_blocks
             #fill_warps
+            #hoist
             #(#binds)*
         })
     }

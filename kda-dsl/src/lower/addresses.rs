@@ -116,6 +116,16 @@ impl Lower<'_> {
     /// address). Boxes that differ only in a constant innermost start (column blocks of one
     /// row) then compute the same first part, which ptxas shares.
     pub(crate) fn global_addr_parts(&mut self, t: ParamId, idx: &[Src]) -> (Reg, i64) {
+        self.global_addr_parts_in_loop(t, idx, &vec![false; idx.len()])
+    }
+
+    /// [`Self::global_addr_parts`] where `varies[k]` says index `k` changes from one iteration
+    /// of the innermost loop to the next. When some do and some do not, the indices that do
+    /// not make an address of their own (the others taken as 0), and each that does adds its
+    /// index times its axis's bytes: that first address reads only values fixed across the
+    /// loop, so it is computed once before the loop (`hoist`) instead of every iteration.
+    /// The same address either way (64-bit arithmetic, reassociated).
+    pub(crate) fn global_addr_parts_in_loop(&mut self, t: ParamId, idx: &[Src], varies: &[bool]) -> (Reg, i64) {
         let dims = self.tensor_dims(t);
         let esize = self.tensor_dtype(t).size_bytes() as i64;
         let last = dims.len() - 1;
@@ -123,22 +133,48 @@ impl Lower<'_> {
             Src::Imm(c) if c >= 0 && last > 0 => Some(c),
             _ => None,
         };
-        let first = self.em.wide(idx[0]);
+        let split_off = |k: usize| split.is_some() && k == last;
+        let loop_part: Vec<usize> = (0..idx.len()).filter(|k| varies[*k] && !split_off(*k)).collect();
+        let mixed = !loop_part.is_empty() && loop_part.len() < idx.len();
+        let fixed = |k: usize| if split_off(k) || (mixed && varies[k]) { Src::Imm(0) } else { idx[k] };
+        let first = self.em.wide(fixed(0));
         let mut lin = Src::Reg(self.em.to_reg(first, RegClass::B64, Ty::S64));
         for k in 1..dims.len() {
             let d = self.extent64(dims[k]);
-            let i = match split {
-                Some(_) if k == last => Src::Imm(0),
-                _ => self.em.wide(idx[k]),
-            };
+            let i = self.em.wide(fixed(k));
             let r = self.em.reg(RegClass::B64);
             self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: d, c: i });
             lin = Src::Reg(r);
         }
         let base = self.ptrs[&t];
-        let a = self.em.reg(RegClass::B64);
+        let mut a = self.em.reg(RegClass::B64);
         self.em.emit(Op::Mad { ty: Ty::S64, d: a, a: lin, b: Src::Imm(esize), c: Src::Reg(base) });
+        if mixed {
+            for k in loop_part {
+                let mut bytes = Src::Imm(esize);
+                for d in &dims[k + 1..] {
+                    let e = self.extent64(*d);
+                    bytes = self.mul64(bytes, e);
+                }
+                let i = self.em.wide(idx[k]);
+                let i = self.em.to_reg(i, RegClass::B64, Ty::S64);
+                let r = self.em.reg(RegClass::B64);
+                self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: Src::Reg(i), b: bytes, c: Src::Reg(a) });
+                a = r;
+            }
+        }
         (a, split.map_or(0, |c| c * esize))
+    }
+
+    /// `a * b` in 64 bits, folded when both are constants that fit.
+    pub(crate) fn mul64(&mut self, a: Src, b: Src) -> Src {
+        match (a, b) {
+            (Src::Imm(x), Src::Imm(y)) if x.checked_mul(y).is_some() => Src::Imm(x * y),
+            (a, b) => {
+                let a = self.em.to_reg(a, RegClass::B64, Ty::S64);
+                Src::Reg(self.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, a, b))
+            }
+        }
     }
 
     /// The address (register, constant offset) of each `vec`-run of a tile fragment in swizzled

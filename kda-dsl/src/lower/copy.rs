@@ -244,7 +244,12 @@ impl Lower<'_> {
         for e in offset {
             offs.push(self.expr(e, DType::I32, loc)?.s);
         }
-        let base_parts = self.global_addr_parts(t, &offs);
+        // Split only where the loop-invariant part will move out (`hoist`): kept in the loop,
+        // the split costs a multiply-add per varying index and the one chain ptxas shares
+        // between boxes.
+        let hoisted = self.def().hoist != Hoist::Nothing;
+        let varies: Vec<bool> = offset.iter().map(|e| hoisted && self.varies_in_loop(e)).collect();
+        let base_parts = self.global_addr_parts_in_loop(t, &offs, &varies);
         let base = self.plus_bytes(base_parts.0, base_parts.1);
         let mut lims = vec![];
         for (k, e) in offs.iter().enumerate() {

@@ -18,6 +18,7 @@ pub mod gemm_plan;
 mod plans;
 pub mod proxy_fences;
 pub use plans::{plans, Plans};
+pub mod hoist;
 mod if_conversion;
 mod loops;
 mod memory;
@@ -151,6 +152,9 @@ pub(crate) struct Lower<'a> {
     pub copy_plans: Vec<copy_plan::CopyPlan>,
     /// Every `gemm`'s plan, in order.
     pub gemm_plans: Vec<gemm_plan::GemmPlan>,
+    /// Per enclosing run-time loop, innermost last: its variable and every variable its body
+    /// assigns. An expression that reads none of the innermost's has one value across it.
+    pub loop_variant: Vec<std::collections::HashSet<VarId>>,
     /// Where the `wgmma` group of the `gemm` being lowered is waited for.
     pub wgmma_wait: WgmmaWait,
     /// Inside a pipeline's main loop: its element-wise stage fills, loaded and waiting for
@@ -274,6 +278,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         thread_offsets: None,
         copy_plans: vec![],
         gemm_plans: vec![],
+        loop_variant: vec![],
         wgmma_wait: WgmmaWait::Whole,
         deferred_fills: None,
         fill_warps,
@@ -361,6 +366,9 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         body: lw.em.body,
         reg_counts: lw.em.counts,
     };
+    for moved in hoist::hoist_invariants(&mut prog, p.def.hoist) {
+        crate::passes::dump("hoist", &moved);
+    }
     proxy_fences::insert_proxy_fences(&mut prog);
     Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans, registers }))
 }
@@ -409,6 +417,20 @@ impl Lower<'_> {
             self.em.emit(Op::WgmmaWait { n: w.keep });
         }
         Ok(())
+    }
+
+    /// Whether `e` may take another value in the next iteration of the innermost run-time loop
+    /// being lowered: it reads a variable the loop assigns (its own included) or memory.
+    pub(crate) fn varies_in_loop(&self, e: &Expr) -> bool {
+        let Some(variant) = self.loop_variant.last() else { return false };
+        match e {
+            Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => false,
+            Expr::Var(v) => variant.contains(v),
+            Expr::Load(..) | Expr::Elem(..) => true,
+            Expr::Unary(_, a) | Expr::Cast(_, a) => self.varies_in_loop(a),
+            Expr::Binary(_, a, b) => self.varies_in_loop(a) || self.varies_in_loop(b),
+            Expr::Select(c, a, b) => self.varies_in_loop(c) || self.varies_in_loop(a) || self.varies_in_loop(b),
+        }
     }
 
     /// The `wgmma` group statement `s` issues, when it is a `gemm` that takes `wgmma`: its
@@ -530,7 +552,17 @@ impl Lower<'_> {
                 Ok(())
             }
             StmtKind::For { var, kind, start, end, body } => {
-                self.scoped_addresses(|lw| lw.for_loop(*var, *kind, start, end, body, loc))
+                let run_time = *kind != LoopKind::Unroll;
+                if run_time {
+                    let mut assigned = HashMap::new();
+                    count_assigns(body, &mut assigned);
+                    self.loop_variant.push(assigned.into_keys().chain([*var]).collect());
+                }
+                let lowered = self.scoped_addresses(|lw| lw.for_loop(*var, *kind, start, end, body, loc));
+                if run_time {
+                    self.loop_variant.pop();
+                }
+                lowered
             }
             StmtKind::If(c, t, e) => {
                 let cond = self.expr(c, DType::Bool, loc)?;

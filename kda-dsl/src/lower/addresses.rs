@@ -139,8 +139,8 @@ impl Lower<'_> {
         let fixed = |k: usize| if split_off(k) || (mixed && varies[k]) { Src::Imm(0) } else { idx[k] };
         let first = self.em.wide(fixed(0));
         let mut lin = Src::Reg(self.em.to_reg(first, RegClass::B64, Ty::S64));
-        for k in 1..dims.len() {
-            let d = self.extent64(dims[k]);
+        for (k, dim) in dims.iter().enumerate().skip(1) {
+            let d = self.extent64(*dim);
             let i = self.em.wide(fixed(k));
             let r = self.em.reg(RegClass::B64);
             self.em.emit(Op::Mad { ty: Ty::S64, d: r, a: lin, b: d, c: i });
@@ -151,11 +151,7 @@ impl Lower<'_> {
         self.em.emit(Op::Mad { ty: Ty::S64, d: a, a: lin, b: Src::Imm(esize), c: Src::Reg(base) });
         if mixed {
             for k in loop_part {
-                let mut bytes = Src::Imm(esize);
-                for d in &dims[k + 1..] {
-                    let e = self.extent64(*d);
-                    bytes = self.mul64(bytes, e);
-                }
+                let bytes = self.axis_bytes(&dims, k, esize);
                 let i = self.em.wide(idx[k]);
                 let i = self.em.to_reg(i, RegClass::B64, Ty::S64);
                 let r = self.em.reg(RegClass::B64);
@@ -166,15 +162,20 @@ impl Lower<'_> {
         (a, split.map_or(0, |c| c * esize))
     }
 
-    /// `a * b` in 64 bits, folded when both are constants that fit.
-    pub(crate) fn mul64(&mut self, a: Src, b: Src) -> Src {
-        match (a, b) {
-            (Src::Imm(x), Src::Imm(y)) if x.checked_mul(y).is_some() => Src::Imm(x * y),
-            (a, b) => {
-                let a = self.em.to_reg(a, RegClass::B64, Ty::S64);
-                Src::Reg(self.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, a, b))
-            }
+    /// Bytes between consecutive indices of axis `axis` of a tensor of extents `dims` and
+    /// elements of `esize` bytes (64-bit; a constant where the extents are known).
+    pub(crate) fn axis_bytes(&mut self, dims: &[ParamId], axis: usize, esize: i64) -> Src {
+        let mut s = Src::Imm(esize);
+        for d in &dims[axis + 1..] {
+            s = match (self.extent64(*d), s) {
+                (Src::Imm(a), Src::Imm(b)) if a.checked_mul(b).is_some() => Src::Imm(a * b),
+                (a, b) => {
+                    let a = self.em.to_reg(a, RegClass::B64, Ty::S64);
+                    Src::Reg(self.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, a, b))
+                }
+            };
         }
+        s
     }
 
     /// The address (register, constant offset) of each `vec`-run of a tile fragment in swizzled

@@ -283,19 +283,7 @@ impl Lower<'_> {
                 unit_ok = self.em.and_pred(unit_ok, Some(p));
             }
         }
-        let stride_of = |lw: &mut Self, axis: usize| -> Src {
-            let mut s: Src = Src::Imm(esize);
-            for d in &dims[axis + 1..] {
-                s = match (lw.extent64(*d), s) {
-                    (Src::Imm(a), Src::Imm(b)) if a.checked_mul(b).is_some() => Src::Imm(a * b),
-                    (a, b) => {
-                        let a = lw.em.to_reg(a, RegClass::B64, Ty::S64);
-                        Src::Reg(lw.em.bin(BinKind::Mul, Ty::S64, RegClass::B64, a, b))
-                    }
-                };
-            }
-            s
-        };
+        let stride_of = |lw: &mut Self, axis: usize| lw.axis_bytes(&dims, axis, esize);
         let row_stride = row_axis.map(|a| {
             let s = stride_of(self, a);
             self.em.to_reg(s, RegClass::B64, Ty::S64)

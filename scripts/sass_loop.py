@@ -2,6 +2,10 @@
 """Static estimate of one iteration of a kernel's busiest loop, read from its SASS.
 
     scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--warps N] [--at 0xTOP] [--lines N]
+    scripts/sass_loop.py --all
+
+`--all` prints one line per shipped variant (`kda list`): its registers, spill bytes and the
+instructions of its busiest loop, to compare two commits' code at a glance.
 
 Builds nothing: it runs `target/release/kda emit`, ptxas and nvdisasm (from KDA_PTXAS and
 KDA_NVDISASM, else `.cache/`), lists the loops (a label and the branch back to it), takes
@@ -226,7 +230,27 @@ def option(argv, name):
     return value
 
 
+def every_variant():
+    """One line per shipped variant: registers, spill stores and its busiest loop's length."""
+    kda = os.path.join("target", "release", "kda")
+    listing = subprocess.run([kda, "list"], check=True, capture_output=True, text=True).stdout
+    for row in listing.splitlines():
+        fields = row.split()
+        if len(fields) < 2:
+            continue
+        family, config = fields[0], fields[1]
+        target = "sm_90a" if "[sm_90a]" in fields else "sm_80"
+        rows, log, _ = sass_of([family, config, "--target", target])
+        used = re.search(r"Used (\d+) registers", log)
+        spill = re.search(r"(\d+) bytes spill stores", log)
+        busiest = max((len(body) for _, _, body in loops(rows)), default=0)
+        print(f"{family:<12} {config:<78} {target:<7} registers {used.group(1) if used else '?':>3}"
+              f"  spills {spill.group(1) if spill else '?':>3}  loop {busiest:>5}")
+
+
 def main(argv):
+    if argv == ["--all"]:
+        return every_variant()
     warps, at, lines = option(argv, "--warps"), option(argv, "--at"), int(option(argv, "--lines") or 12)
     if not argv:
         sys.exit(__doc__)

@@ -66,6 +66,21 @@ pub struct ChunkShape {
 }
 
 impl ChunkShape {
+    /// Which loop-invariant values the kernel computes once per loop instead of once per
+    /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base) where
+    /// a thread may hold more than 128 registers. At 128 (8 warps, 2 blocks an SM) ptxas has
+    /// no room for them: one config spills when assembled for sm_90. Per-thread values too
+    /// would spill some sm_90a configs.
+    pub fn hoist(self) -> Hoist {
+        let threads = 32 * (self.warps + self.fill_warps) as u32;
+        let registers = kda_dsl::lower::register_plan::REGISTER_FILE / (threads * self.min_blocks as u32).max(1);
+        if registers > 128 {
+            Hoist::BlockUniform
+        } else {
+            Hoist::Nothing
+        }
+    }
+
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
     pub const FUSED: ChunkShape =
         ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false };
@@ -931,10 +946,7 @@ pub fn chunk(
         threads = 32 * cfg.shape.warps,
         min_blocks = cfg.shape.min_blocks,
         fill_warps = cfg.shape.fill_warps,
-        // Block-uniform addresses (a box's start, a tile's base) once per loop, not per chunk:
-        // no more registers at two blocks an SM, fewer instructions. Per-thread ones too would
-        // take more registers than the sm_90a kernel has (ptxas spills some configs).
-        hoist = Hoist::BlockUniform,
+        hoist = cfg.shape.hoist(),
     );
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);

@@ -501,12 +501,13 @@ pub enum Hoist {
     /// None: each value is computed where it is used.
     #[default]
     Nothing,
-    /// Those whose value is the same in every thread of the block (computed from parameters,
-    /// block indices, constants, the shared base and loads from such addresses): ptxas keeps
-    /// most of them in uniform registers, beside the thread's own.
+    /// Those computed from parameters, block indices, constants, the shared base and loads
+    /// from such addresses, not from the thread index: ptxas keeps most of them in uniform
+    /// registers, beside the thread's own. (A value written under a branch on a per-thread
+    /// condition counts as such too; it costs a register, never a wrong value.)
     BlockUniform,
-    /// Every integer and predicate value that does not change across the loop, per-thread
-    /// addresses included.
+    /// Every value that does not change across the loop but f32 ones (integers, predicates,
+    /// packed halves), per-thread addresses included.
     Everything,
 }
 

@@ -72,9 +72,7 @@ impl ChunkShape {
     /// no room for them: one config spills when assembled for sm_90. Per-thread values too
     /// would spill some sm_90a configs.
     pub fn hoist(self) -> Hoist {
-        let threads = 32 * (self.warps + self.fill_warps) as u32;
-        let registers = kda_dsl::lower::register_plan::REGISTER_FILE / (threads * self.min_blocks as u32).max(1);
-        if registers > 128 {
+        if registers_per_thread(32 * (self.warps + self.fill_warps), self.min_blocks) > 128 {
             Hoist::BlockUniform
         } else {
             Hoist::Nothing
@@ -695,13 +693,18 @@ impl InverseStores {
     /// The plan for a block of `threads` threads of which `min_blocks` must fit on an SM:
     /// after the solve where a thread may take more than 128 registers.
     pub fn for_block(threads: usize, min_blocks: usize) -> InverseStores {
-        // (A config with no threads or blocks gets its diagnostic from the launch, not here.)
-        if kda_dsl::lower::register_plan::REGISTER_FILE as usize / (threads * min_blocks).max(1) > 128 {
+        if registers_per_thread(threads, min_blocks) > 128 {
             InverseStores::AfterSolve
         } else {
             InverseStores::AsSolved
         }
     }
+}
+
+/// The registers a thread of a block of `threads` may hold when `min_blocks` blocks share an SM
+/// (a config with no threads or blocks gets its diagnostic from the launch, not here).
+fn registers_per_thread(threads: usize, min_blocks: usize) -> usize {
+    kda_dsl::lower::register_plan::REGISTER_FILE as usize / (threads * min_blocks).max(1)
 }
 
 /// The tiles of one chunk's key preparation and solve, as each kernel lays them out, passed

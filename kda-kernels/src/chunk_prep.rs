@@ -156,10 +156,14 @@ pub fn chunk_prep(
     first_chunk: i32,
     end_chunk: i32,
 ) {
-    // Block-uniform addresses once per loop (`hoist`), at the registers that keep four blocks
-    // an SM (`min_blocks`), as many as fitted before.
-    let (x0, hv, n) =
-        launch(grid = [NX, HV, NSEQ], threads = 32 * cfg.warps, min_blocks = 4, hoist = Hoist::BlockUniform);
+    // Block-uniform addresses once per loop (`hoist`), at the registers that keep 32 warps an
+    // SM (`min_blocks`: four blocks of the default 8 warps, as many as fitted without hoisting).
+    let (x0, hv, n) = launch(
+        grid = [NX, HV, NSEQ],
+        threads = 32 * cfg.warps,
+        min_blocks = (32 / cfg.warps.max(1)).max(1),
+        hoist = Hoist::BlockUniform,
+    );
     assume_extent(KD, 128);
     assume_extent(PW, PREP_COLS);
     assume_extent(DW, PREP_DECAY_COLS);

@@ -33,24 +33,31 @@ impl fmt::Display for HoistedLoop {
 /// Moves what `hoist` allows out of every loop of `prog` (a label and a branch back to it),
 /// innermost first, so a value fixed across an outer loop too leaves that one next.
 pub fn hoist_invariants(prog: &mut ThreadProgram, hoist: Hoist) -> Vec<HoistedLoop> {
-    let defs = def_counts(&prog.body);
     let per_thread = match hoist {
         Hoist::Nothing => return vec![],
         Hoist::Everything => HashSet::new(),
         Hoist::BlockUniform => thread_dependent(&prog.body),
     };
+    let defs = def_counts(&prog.body);
     let mut report = vec![];
     for label in loops_innermost_first(&prog.body) {
         let Some((top, back)) = loop_span(&prog.body, label) else { continue };
+        if entered_from_the_side(&prog.body, top, back) {
+            continue;
+        }
         let inside = &prog.body[top + 1..back];
+        let skippable = skippable_inside(inside);
         let mut defined_inside: HashSet<Reg> = inside.iter().flat_map(|i| defined(&i.op)).collect();
         let mut moved = vec![];
         for (k, inst) in inside.iter().enumerate() {
             let dests = defined(&inst.op);
+            // f32 values stay: a float computed once per loop is rare, and each would hold
+            // a register the loop's own arithmetic wants.
             let movable = inst.guard.is_none()
-                && is_pure(&inst.op)
+                && !skippable[k]
+                && may_speculate(&inst.op)
                 && dests.iter().all(|d| defs[d] == 1 && d.class != RegClass::F32 && !per_thread.contains(d))
-                && read(&inst.op).iter().all(|r| !defined_inside.contains(r));
+                && sources(&inst.op).is_some_and(|srcs| srcs.iter().all(|r| !defined_inside.contains(r)));
             if movable {
                 dests.iter().for_each(|d| {
                     defined_inside.remove(d);
@@ -109,6 +116,47 @@ fn loop_span(body: &[Inst], label: u32) -> Option<(usize, usize)> {
     (back > top).then_some((top, back))
 }
 
+/// Whether a branch from outside `top ..= back` lands inside the loop or on its top label: the
+/// code moved before the label would not run on that path.
+fn entered_from_the_side(body: &[Inst], top: usize, back: usize) -> bool {
+    let inside: HashSet<u32> = body[top..=back]
+        .iter()
+        .filter_map(|i| match i.op {
+            Op::Label(l) => Some(l),
+            _ => None,
+        })
+        .collect();
+    body.iter().enumerate().any(|(k, i)| {
+        let outside = k < top || k > back;
+        matches!(i.op, Op::Bra { target } if outside && inside.contains(&target))
+    })
+}
+
+/// Per instruction of a loop's body, whether a branch inside the body can jump over it to a
+/// label inside the body (an `if` arm): such an instruction does not run in every iteration,
+/// and moved out it would read what that path may not have written. The loop's exit (a branch
+/// past its end) skips nothing here: a loop whose body runs at least once per entry is the
+/// common case, and its zero-trip entry computes values nothing then reads.
+fn skippable_inside(inside: &[Inst]) -> Vec<bool> {
+    let labels: HashMap<u32, usize> = inside
+        .iter()
+        .enumerate()
+        .filter_map(|(k, i)| match i.op {
+            Op::Label(l) => Some((l, k)),
+            _ => None,
+        })
+        .collect();
+    let mut skippable = vec![false; inside.len()];
+    for (k, i) in inside.iter().enumerate() {
+        if let Op::Bra { target } = i.op {
+            if let Some(&to) = labels.get(&target).filter(|to| **to > k) {
+                skippable[k + 1..to].iter_mut().for_each(|x| *x = true);
+            }
+        }
+    }
+    skippable
+}
+
 /// How many instructions write each register (a guarded one counts as a definition too).
 fn def_counts(body: &[Inst]) -> HashMap<Reg, u32> {
     let mut n = HashMap::new();
@@ -131,8 +179,7 @@ fn thread_dependent(body: &[Inst]) -> HashSet<Reg> {
             let from_thread = match &i.op {
                 Op::ReadSpecial { sreg, .. } => *sreg == Special::Tid,
                 Op::Ld { addr, .. } => per_thread.contains(addr),
-                op if is_pure(op) => read(op).iter().any(|r| per_thread.contains(r)),
-                _ => true,
+                op => sources(op).is_none_or(|srcs| srcs.iter().any(|r| per_thread.contains(r))),
             };
             if from_thread || i.guard.is_some_and(|(p, _)| per_thread.contains(&p)) {
                 per_thread.extend(defined(&i.op));
@@ -144,29 +191,16 @@ fn thread_dependent(body: &[Inst]) -> HashSet<Reg> {
     }
 }
 
-/// Whether `op` only computes its destinations from its sources: no memory, no other thread,
-/// no side effect, no fault (an integer division by zero gives an unspecified value in PTX).
-fn is_pure(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Mov { .. }
-            | Op::ReadSpecial { .. }
-            | Op::SharedBase { .. }
-            | Op::LdParam { .. }
-            | Op::CvtaGlobal { .. }
-            | Op::Bin { .. }
-            | Op::MulWide { .. }
-            | Op::Mad { .. }
-            | Op::Un { .. }
-            | Op::Setp { .. }
-            | Op::PredLogic { .. }
-            | Op::Selp { .. }
-            | Op::Cvt { .. }
-            | Op::PackHalf2 { .. }
-            | Op::Unpack2 { .. }
-            | Op::ParamAddress { .. }
-            | Op::CvtaParam { .. }
-    )
+/// Whether `op` may run where it did not before: an integer division or remainder only by a
+/// non-zero constant (PTX gives an unspecified value for a zero divisor, and the simulator
+/// stops there).
+fn may_speculate(op: &Op) -> bool {
+    match op {
+        Op::Bin { op: BinKind::Div | BinKind::Rem, ty, b, .. } if !matches!(ty, Ty::F32 | Ty::F16 | Ty::BF16) => {
+            matches!(b, Src::Imm(v) if *v != 0)
+        }
+        _ => true,
+    }
 }
 
 fn src_reg(s: &Src) -> Option<Reg> {
@@ -176,19 +210,50 @@ fn src_reg(s: &Src) -> Option<Reg> {
     }
 }
 
-/// The registers a pure instruction reads (none for the others: only pure ones move).
-fn read(op: &Op) -> Vec<Reg> {
-    let srcs: Vec<&Src> = match op {
-        Op::Mov { a, .. } | Op::Un { a, .. } | Op::Cvt { a, .. } => vec![a],
-        Op::Bin { a, b, .. } | Op::MulWide { a, b, .. } | Op::Setp { a, b, .. } => vec![a, b],
-        Op::Mad { a, b, c, .. } => vec![a, b, c],
-        Op::PackHalf2 { hi, lo, .. } => vec![hi, lo],
-        Op::Selp { a, b, p, .. } => return [src_reg(a), src_reg(b), Some(*p)].into_iter().flatten().collect(),
-        Op::PredLogic { a, b, .. } => return vec![*a, *b],
-        Op::CvtaGlobal { a, .. } | Op::CvtaParam { a, .. } | Op::Unpack2 { a, .. } => return vec![*a],
-        _ => vec![],
-    };
-    srcs.into_iter().filter_map(src_reg).collect()
+/// The registers `op` reads when it is pure (it only computes its destinations from them: no
+/// memory, no other thread, no side effect); `None` for every other operation.
+fn sources(op: &Op) -> Option<Vec<Reg>> {
+    let regs = |srcs: &[&Src]| srcs.iter().filter_map(|s| src_reg(s)).collect::<Vec<Reg>>();
+    Some(match op {
+        Op::Mov { a, .. } | Op::Un { a, .. } | Op::Cvt { a, .. } => regs(&[a]),
+        Op::Bin { a, b, .. } | Op::MulWide { a, b, .. } | Op::Setp { a, b, .. } => regs(&[a, b]),
+        Op::Mad { a, b, c, .. } => regs(&[a, b, c]),
+        Op::PackHalf2 { hi, lo, .. } => regs(&[hi, lo]),
+        Op::Selp { a, b, p, .. } => [src_reg(a), src_reg(b), Some(*p)].into_iter().flatten().collect(),
+        Op::PredLogic { a, b, .. } => vec![*a, *b],
+        Op::CvtaGlobal { a, .. } | Op::CvtaParam { a, .. } | Op::Unpack2 { a, .. } => vec![*a],
+        Op::ReadSpecial { .. } | Op::SharedBase { .. } | Op::LdParam { .. } | Op::ParamAddress { .. } => vec![],
+        Op::Ld { .. }
+        | Op::St { .. }
+        | Op::CpAsync { .. }
+        | Op::Prefetch { .. }
+        | Op::CpAsyncCommit
+        | Op::CpAsyncWait { .. }
+        | Op::Ldmatrix { .. }
+        | Op::Movmatrix { .. }
+        | Op::Mma { .. }
+        | Op::WgmmaFence
+        | Op::Wgmma { .. }
+        | Op::WgmmaCommit
+        | Op::WgmmaWait { .. }
+        | Op::SetMaxNReg { .. }
+        | Op::FenceProxyAsync
+        | Op::MbarrierInit { .. }
+        | Op::MbarrierArrive { .. }
+        | Op::MbarrierTryWait { .. }
+        | Op::MbarrierArriveExpectTx { .. }
+        | Op::TmaLoad { .. }
+        | Op::TmaStore { .. }
+        | Op::BulkCommit
+        | Op::BulkWaitRead { .. }
+        | Op::Shfl { .. }
+        | Op::Bar { .. }
+        | Op::BarArrive { .. }
+        | Op::Label(_)
+        | Op::Bra { .. }
+        | Op::Ret
+        | Op::Trace { .. } => return None,
+    })
 }
 
 /// The registers `op` writes.
@@ -311,5 +376,47 @@ mod tests {
         // r3 is written under a guard, so r6 (which reads it) stays as well.
         assert!(prog.body[top + 1..].iter().any(|i| defined(&i.op) == vec![r(3)]));
         assert!(position(&prog, 6) > top);
+    }
+
+    /// Wraps `program()`'s loop in an outer loop (label 9) over `r7`: `r1 + 4` leaves both.
+    #[test]
+    fn a_value_fixed_across_both_loops_leaves_the_inner_then_the_outer() {
+        let mut prog = program();
+        let inner = prog.body.drain(2..10).collect::<Vec<_>>();
+        let mut outer = vec![inst(Op::Mov { ty: Ty::S32, d: r(7), a: Src::Imm(0) }), inst(Op::Label(9))];
+        outer.extend(inner);
+        outer.extend([add(7, 7, Src::Imm(1)), inst(Op::Bra { target: 9 })]);
+        prog.body.splice(2..2, outer);
+        let report = hoist_invariants(&mut prog, Hoist::Everything);
+        assert_eq!(report.iter().map(|l| l.label).collect::<Vec<_>>(), vec![7, 9]);
+        let outer_top = prog.body.iter().position(|i| i.op == Op::Label(9)).unwrap();
+        assert!(position(&prog, 3) < outer_top && position(&prog, 6) < outer_top);
+        // `r2` starts again at 0 in every outer iteration: its `mov` stays in the outer loop.
+        assert!(position(&prog, 5) > outer_top);
+    }
+
+    #[test]
+    fn a_loop_entered_from_the_side_keeps_its_instructions() {
+        let mut prog = program();
+        // A branch from before the loop to a label inside it, past the loop's top.
+        prog.body.insert(2, inst(Op::Bra { target: 8 }));
+        prog.body.insert(6, inst(Op::Label(8)));
+        assert!(hoist_invariants(&mut prog, Hoist::Everything).is_empty());
+    }
+
+    #[test]
+    fn what_an_if_inside_the_loop_skips_and_divisions_by_registers_stay() {
+        let mut prog = program();
+        // `@p bra 8` skips `r3 = r1 + 4`; `r4 = r0 / r1` may divide by zero.
+        let p = Reg { class: RegClass::Pred, id: 0 };
+        let skip = Inst { guard: Some((p, true)), ..inst(Op::Bra { target: 8 }) };
+        prog.body.insert(4, skip);
+        prog.body.insert(6, inst(Op::Label(8)));
+        let div = Op::Bin { op: BinKind::Div, ty: Ty::S32, d: r(4), a: Src::Reg(r(0)), b: Src::Reg(r(1)) };
+        let at = position(&prog, 4);
+        prog.body[at].op = div;
+        hoist_invariants(&mut prog, Hoist::Everything);
+        let top = prog.body.iter().position(|i| i.op == Op::Label(7)).unwrap();
+        assert!(position(&prog, 3) > top && position(&prog, 4) > top);
     }
 }

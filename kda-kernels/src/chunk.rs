@@ -63,6 +63,9 @@ pub struct ChunkShape {
     /// work covers that wait, alone on it the block would stall at its step's first barrier
     /// for the loads it has just issued. Same arithmetic, same bits.
     pub fills_in_flight: bool,
+    /// Another choice of the loop-invariant values computed once per loop than
+    /// [`ChunkShape::hoist`]'s own (`kda bench --sweep-chunk` times them). Same bits.
+    pub hoist_override: Option<Hoist>,
 }
 
 impl ChunkShape {
@@ -72,6 +75,9 @@ impl ChunkShape {
     /// no room for them: one config spills when assembled for sm_90. Per-thread values too
     /// would spill some sm_90a configs.
     pub fn hoist(self) -> Hoist {
+        if let Some(h) = self.hoist_override {
+            return h;
+        }
         if registers_per_thread(32 * (self.warps + self.fill_warps), self.min_blocks) > 128 {
             Hoist::BlockUniform
         } else {
@@ -81,7 +87,7 @@ impl ChunkShape {
 
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
     pub const FUSED: ChunkShape =
-        ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false };
+        ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false, hoist_override: None };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -90,7 +96,7 @@ impl ChunkShape {
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
     /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
     pub const PREPARED: ChunkShape =
-        ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1, fills_in_flight: false };
+        ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1, fills_in_flight: false, hoist_override: None };
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
@@ -99,7 +105,7 @@ impl ChunkShape {
     /// [`ChunkShape::FUSED`] on sm_80, whose second block per SM hides its waits
     /// (docs/prefill.md, "Devices").
     pub const HOPPER: ChunkShape =
-        ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0, fills_in_flight: true };
+        ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0, fills_in_flight: true, hoist_override: None };
 }
 
 pub use crate::rules::Beta;
@@ -445,7 +451,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -459,6 +465,12 @@ impl ChunkConfig {
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.shape.fill_warps == 0 { String::new() } else { format!("_fw{}", self.shape.fill_warps) },
             if self.shape.fills_in_flight { "_ff" } else { "" },
+            match self.shape.hoist_override {
+                None => "",
+                Some(Hoist::Nothing) => "_hn",
+                Some(Hoist::BlockUniform) => "_hu",
+                Some(Hoist::Everything) => "_he",
+            },
             match self.run {
                 ChunkRun::Output => "",
                 ChunkRun::StatesOnly => "_states",

@@ -4,6 +4,7 @@
 //! never panic.
 
 use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
+use kda_dsl::Hoist;
 use kda_kernels::chunk::{
     ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, Pieces, PrefixCaching, Preparation,
 };
@@ -103,6 +104,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 stages: x.of(&[2, 3, 4, 1, 0]),
                 fill_warps: x.of(&[0, 1, 2, 5]),
                 fills_in_flight: x.b(),
+                hoist_override: x.of(&[None, Some(Hoist::Nothing), Some(Hoist::BlockUniform), Some(Hoist::Everything)]),
             },
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -168,14 +168,15 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad =
-        || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h]; {USAGE}");
+        || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n]; {USAGE}");
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
+    // From the end: `e` or `n` (every loop-invariant value computed once per loop, or none:
+    // `ChunkShape::hoist_override`), `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
     // products), `i` (the step's barriers leave the next chunks' loads in flight), `rRANGES`
     // (the two-kernel
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
@@ -183,6 +184,14 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // tokens), `fFILL` (fill warps) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, every_invariant) = flag(a, 'e');
+    let (a, no_invariant) = flag(a, 'n');
+    let hoist_override = match (every_invariant, no_invariant) {
+        (true, false) => Some(kda_dsl::Hoist::Everything),
+        (false, true) => Some(kda_dsl::Hoist::Nothing),
+        (false, false) => None,
+        (true, true) => return Err(bad()),
+    };
     let (a, sm90a) = flag(a, 'h');
     let target = if sm90a { Target::Sm90a } else { Target::Sm80 };
     let (a, bf16) = flag(a, 'b');
@@ -213,7 +222,8 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     };
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
-    let shape = ChunkShape { warps, min_blocks, stages: stages.unwrap_or(default_stages), fill_warps, fills_in_flight };
+    let stages = stages.unwrap_or(default_stages);
+    let shape = ChunkShape { warps, min_blocks, stages, fill_warps, fills_in_flight, hoist_override };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
 }
 
@@ -434,13 +444,19 @@ pub fn time_gemm(
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
-    use kda_dsl::Target;
+    use kda_dsl::{Hoist, Target};
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
     fn chunk_shapes_parse_every_part() {
-        let shape =
-            |warps, min_blocks, stages| ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false };
+        let shape = |warps, min_blocks, stages| ChunkShape {
+            warps,
+            min_blocks,
+            stages,
+            fill_warps: 0,
+            fills_in_flight: false,
+            hoist_override: None,
+        };
         let tune = |shape, split, prepared, prep_blocks, ranges| ChunkTuning {
             shape,
             split,
@@ -475,6 +491,24 @@ mod tests {
                 },
             ),
             (
+                "8x1ihe",
+                ChunkTuning {
+                    shape: ChunkShape { hoist_override: Some(Hoist::Everything), ..ChunkShape::HOPPER },
+                    target: Target::Sm90a,
+                    ..tune(shape(8, 1, 2), None, false, None, None)
+                },
+            ),
+            (
+                "2x4x4f1pn",
+                tune(
+                    ChunkShape { fill_warps: 1, hoist_override: Some(Hoist::Nothing), ..shape(2, 4, 4) },
+                    None,
+                    true,
+                    None,
+                    None,
+                ),
+            ),
+            (
                 "4x2bh",
                 ChunkTuning {
                     operands: ChunkOperands::Bf16,
@@ -486,7 +520,10 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
-        for text in ["8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh"] {
+        for text in [
+            "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
+            "8x2ee",
+        ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");
         }

@@ -253,7 +253,14 @@ mod tests {
             assert!(e.contains("tune") && e.contains(expected), "{e}");
         };
         let shape = |warps, min_blocks, stages| ChunkTuning {
-            shape: ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false },
+            shape: ChunkShape {
+                warps,
+                min_blocks,
+                stages,
+                fill_warps: 0,
+                fills_in_flight: false,
+                hoist_override: None,
+            },
             ..ok
         };
         let shapes =

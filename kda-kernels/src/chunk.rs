@@ -70,10 +70,14 @@ pub struct ChunkShape {
 
 impl ChunkShape {
     /// Which loop-invariant values the kernel computes once per loop instead of once per
-    /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base) where
-    /// a thread may hold more than 128 registers. At 128 (8 warps, 2 blocks an SM) ptxas has
-    /// no room for them: one config spills when assembled for sm_90. Per-thread values too
-    /// would spill some sm_90a configs.
+    /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base)
+    /// where a thread may hold more than 128 registers (the chain, the sm_90a kernel); none at
+    /// 128 (8 warps, 2 blocks an SM), where ptxas has no room for them (one config spills when
+    /// assembled for sm_90). Every invariant value (`Hoist::Everything`) fits the sm_90a
+    /// kernel's 255 without a spill and cuts its step by a tenth, but ptxas then schedules it
+    /// with a longer chain of waits (`scripts/sass_loop.py`'s latency bound 3575 to 3942
+    /// cycles), and alone on its SM that kernel waits more than it issues: the sweep's `e`
+    /// times it.
     pub fn hoist(self) -> Hoist {
         if let Some(h) = self.hoist_override {
             return h;

@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -168,15 +168,16 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
-    let bad =
-        || format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|n]; {USAGE}");
+    let bad = || {
+        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]; {USAGE}")
+    };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `e` or `n` (every loop-invariant value computed once per loop, or none:
-    // `ChunkShape::hoist_override`), `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
+    // From the end: `e`, `u` or `n` (every loop-invariant value computed once per loop, the
+    // block-uniform ones, or none: `ChunkShape::hoist_override`), `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
     // products), `i` (the step's barriers leave the next chunks' loads in flight), `rRANGES`
     // (the two-kernel
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
@@ -184,13 +185,11 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // tokens), `fFILL` (fill warps) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
-    let (a, every_invariant) = flag(a, 'e');
-    let (a, no_invariant) = flag(a, 'n');
-    let hoist_override = match (every_invariant, no_invariant) {
-        (true, false) => Some(kda_dsl::Hoist::Everything),
-        (false, true) => Some(kda_dsl::Hoist::Nothing),
-        (false, false) => None,
-        (true, true) => return Err(bad()),
+    let hoists =
+        [('e', kda_dsl::Hoist::Everything), ('u', kda_dsl::Hoist::BlockUniform), ('n', kda_dsl::Hoist::Nothing)];
+    let (a, hoist_override) = match hoists.iter().find(|(c, _)| a.ends_with(*c)) {
+        Some((c, h)) => (&a[..a.len() - c.len_utf8()], Some(*h)),
+        None => (a, None),
     };
     let (a, sm90a) = flag(a, 'h');
     let target = if sm90a { Target::Sm90a } else { Target::Sm80 };
@@ -494,6 +493,14 @@ mod tests {
                 "8x1ihe",
                 ChunkTuning {
                     shape: ChunkShape { hoist_override: Some(Hoist::Everything), ..ChunkShape::HOPPER },
+                    target: Target::Sm90a,
+                    ..tune(shape(8, 1, 2), None, false, None, None)
+                },
+            ),
+            (
+                "8x1ihu",
+                ChunkTuning {
+                    shape: ChunkShape { hoist_override: Some(Hoist::BlockUniform), ..ChunkShape::HOPPER },
                     target: Target::Sm90a,
                     ..tune(shape(8, 1, 2), None, false, None, None)
                 },

@@ -194,10 +194,13 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     if (g.a.replicated && !one_warps_rows) || (g.a.fragment && g.a.transposed) {
         return Err(NoWgmma::RegisterOrReplicatedA);
     }
+    // `wgmma` multiplies bf16 or f16 (an f32 operand would take its tf32 form).
+    let input_type = |d: DType| match d {
+        DType::BF16 | DType::F16 => Ok(()),
+        d => Err(NoWgmma::InputType(d)),
+    };
     let canonical = |o: &OperandFacts, operand: char| -> Result<(), NoWgmma> {
-        if !matches!(o.dtype, DType::BF16 | DType::F16) {
-            return Err(NoWgmma::InputType(o.dtype));
-        }
+        input_type(o.dtype)?;
         let (r, c) = o.stored;
         match SharedLayout::canonical(r, c, o.dtype.size_bytes() as u32) {
             Some(_) => Ok(()),
@@ -208,9 +211,7 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     // Stored [N, K] (`b.t()`) has K contiguous; stored [K, N], N.
     let b = if g.b.transposed { Major::K } else { Major::MN };
     let a = if g.a.replicated {
-        if !matches!(g.a.dtype, DType::BF16 | DType::F16) {
-            return Err(NoWgmma::InputType(g.a.dtype));
-        }
+        input_type(g.a.dtype)?;
         WgmmaAFrom::ReplicatedRows
     } else if g.a.fragment {
         WgmmaAFrom::Registers

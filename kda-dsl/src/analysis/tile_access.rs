@@ -1,5 +1,6 @@
 //! The tiles a statement reads and writes, at any depth: what the lowering needs to know to
-//! leave a `wgmma` group in flight across it (`lower/wgmma_waits.rs`).
+//! leave a `wgmma` group in flight across it (`lower/wgmma_waits.rs`) or hold a store
+//! (`lower/deferred_stores.rs`), and which tiles a kernel uses at all (`drop_dead_tiles`).
 
 use std::collections::HashSet;
 
@@ -74,7 +75,15 @@ pub(crate) fn tile_access(s: &Stmt) -> TileAccess {
                 // Its index space: a fragment's lanes own elements as its layout says.
                 a.reads.insert(*over);
             }
-            _ => {}
+            // Every kind is listed, so a new one must say what it touches (the expressions
+            // above are its reads).
+            StmtKind::Assign(..)
+            | StmtKind::StoreGlobal(..)
+            | StmtKind::Prefetch(_)
+            | StmtKind::For { .. }
+            | StmtKind::If(..)
+            | StmtKind::WarpGroup { .. }
+            | StmtKind::Barrier => {}
         }
     });
     a

@@ -4,6 +4,7 @@
 //! the unused ones by hand.
 
 use super::{BufLayout, TileProgram};
+use crate::analysis::tile_access::tile_access;
 use crate::diag::Diag;
 use crate::tile::*;
 
@@ -21,60 +22,13 @@ pub fn drop_dead_tiles(p: &mut TileProgram) -> Result<(), Diag> {
 /// Per buffer: whether any statement of `body` (nested bodies included) reads or writes it.
 pub fn used_buffers(body: &[Stmt], buffers: usize) -> IdVec<Buffer, bool> {
     let mut used = IdVec::filled(buffers, false);
-    visit_stmts(body, &mut |s| stmt_buffers(&s.kind, &mut used));
-    used
-}
-
-/// The buffers one statement names itself (not those of the bodies nested in it, which
-/// `visit_stmts` visits), in every expression it holds. Every kind is listed, so a new one
-/// must say what it touches.
-fn stmt_buffers(s: &StmtKind, used: &mut IdVec<Buffer, bool>) {
-    let mark = |b: BufId, used: &mut IdVec<Buffer, bool>| used[b] = true;
-    match s {
-        StmtKind::Assign(_, e) => expr_buffers(e, used),
-        StmtKind::Copy { src, dst } => {
-            for r in [src, dst] {
-                if let Region::Buf(b) = r {
-                    mark(*b, used);
-                }
-                r.index_exprs().for_each(|e| expr_buffers(e, used));
-            }
+    for s in body {
+        let access = tile_access(s);
+        for b in access.reads.into_iter().chain(access.writes) {
+            used[b] = true;
         }
-        StmtKind::Gemm { a, b, c } => {
-            mark(a.buf, used);
-            mark(b.buf, used);
-            mark(*c, used);
-        }
-        StmtKind::Fill(b, e) => {
-            mark(*b, used);
-            expr_buffers(e, used);
-        }
-        StmtKind::Parallel { over, .. } => mark(*over, used),
-        StmtKind::Store(b, idx, e) => {
-            mark(*b, used);
-            idx.iter().chain([e]).for_each(|e| expr_buffers(e, used));
-        }
-        StmtKind::StoreGlobal(_, idx, e) => idx.iter().chain([e]).for_each(|e| expr_buffers(e, used)),
-        StmtKind::For { start, end, .. } => [start, end].into_iter().for_each(|e| expr_buffers(e, used)),
-        StmtKind::If(c, ..) => expr_buffers(c, used),
-        StmtKind::Reduce { src, dst, .. } | StmtKind::Cumsum { src, dst, .. } => {
-            mark(*src, used);
-            mark(*dst, used);
-        }
-        StmtKind::ReduceLanes { dst, .. } => mark(*dst, used),
-        StmtKind::ReduceVectorLanes { dst, vector, .. } => {
-            mark(*dst, used);
-            mark(*vector, used);
-        }
-        StmtKind::Print(b) => mark(*b, used),
-        StmtKind::Prefetch(r) => r.index_exprs().for_each(|e| expr_buffers(e, used)),
-        StmtKind::WarpGroup { .. } | StmtKind::Barrier => {}
     }
-}
-
-/// The tiles an expression reads elements of.
-fn expr_buffers(e: &Expr, used: &mut IdVec<Buffer, bool>) {
-    e.for_each_elem_tile(&mut |b| used[b] = true);
+    used
 }
 
 #[cfg(test)]

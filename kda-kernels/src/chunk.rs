@@ -75,9 +75,9 @@ impl ChunkShape {
     /// 128 (8 warps, 2 blocks an SM), where ptxas has no room for them (one config spills when
     /// assembled for sm_90). Every invariant value (`Hoist::Everything`) fits the sm_90a
     /// kernel's 255 without a spill and cuts its step by a tenth, but ptxas then schedules it
-    /// with a longer chain of waits (`scripts/sass_loop.py`'s latency bound 3575 to 3942
-    /// cycles), and alone on its SM that kernel waits more than it issues: the sweep's `e`
-    /// times it.
+    /// with a longer chain of waits (`scripts/sass_loop.py`'s latency bound), and alone on its
+    /// SM that kernel waits more than it issues: the sweep's `e` times it
+    /// (docs/performance.md).
     pub fn hoist(self) -> Hoist {
         if let Some(h) = self.hoist_override {
             return h;

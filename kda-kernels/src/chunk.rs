@@ -89,6 +89,13 @@ impl ChunkShape {
         }
     }
 
+    /// `warps` warps, `min_blocks` blocks an SM, `stages` chunks in shared memory, and the rest
+    /// plain: no fill warps, the step's barriers wait for the next loads, the hoisting
+    /// [`ChunkShape::hoist`] picks.
+    pub const fn plain(warps: usize, min_blocks: usize, stages: usize) -> ChunkShape {
+        ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false, hoist_override: None }
+    }
+
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
     pub const FUSED: ChunkShape =
         ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false, hoist_override: None };

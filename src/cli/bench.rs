@@ -222,7 +222,8 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
     let stages = stages.unwrap_or(default_stages);
-    let shape = ChunkShape { warps, min_blocks, stages, fill_warps, fills_in_flight, hoist_override };
+    let shape =
+        ChunkShape { fill_warps, fills_in_flight, hoist_override, ..ChunkShape::plain(warps, min_blocks, stages) };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
 }
 
@@ -448,14 +449,7 @@ mod tests {
 
     #[test]
     fn chunk_shapes_parse_every_part() {
-        let shape = |warps, min_blocks, stages| ChunkShape {
-            warps,
-            min_blocks,
-            stages,
-            fill_warps: 0,
-            fills_in_flight: false,
-            hoist_override: None,
-        };
+        let shape = ChunkShape::plain;
         let tune = |shape, split, prepared, prep_blocks, ranges| ChunkTuning {
             shape,
             split,

@@ -93,14 +93,19 @@ pub fn hoist_invariants(prog: &mut ThreadProgram, hoist: Hoist) -> Vec<HoistedLo
 /// Each loop's top label: a label with a branch back to it from further down, the shortest
 /// span first (a loop inside another is shorter than it).
 fn loops_innermost_first(body: &[Inst]) -> Vec<u32> {
+    let labels: HashMap<u32, usize> = body
+        .iter()
+        .enumerate()
+        .filter_map(|(k, i)| match i.op {
+            Op::Label(l) => Some((l, k)),
+            _ => None,
+        })
+        .collect();
     let mut spans: Vec<(usize, u32)> = body
         .iter()
         .enumerate()
         .filter_map(|(k, i)| match i.op {
-            Op::Bra { target } => {
-                let top = body[..k].iter().position(|x| x.op == Op::Label(target))?;
-                Some((k - top, target))
-            }
+            Op::Bra { target } => labels.get(&target).filter(|top| **top < k).map(|top| (k - top, target)),
             _ => None,
         })
         .collect();

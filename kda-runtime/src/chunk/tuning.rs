@@ -252,17 +252,8 @@ mod tests {
             let e = tune.check(&plan).expect_err(expected).to_string();
             assert!(e.contains("tune") && e.contains(expected), "{e}");
         };
-        let shape = |warps, min_blocks, stages| ChunkTuning {
-            shape: ChunkShape {
-                warps,
-                min_blocks,
-                stages,
-                fill_warps: 0,
-                fills_in_flight: false,
-                hoist_override: None,
-            },
-            ..ok
-        };
+        let shape =
+            |warps, min_blocks, stages| ChunkTuning { shape: ChunkShape::plain(warps, min_blocks, stages), ..ok };
         let shapes =
             format!("warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}");
         let shapes = shapes.as_str();

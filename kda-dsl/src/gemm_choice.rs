@@ -5,7 +5,10 @@
 //!
 //! A `wgmma` is one warpgroup's 64 x N product: the accumulator's rows split over the warps 16
 //! each (a warpgroup of 4 warps owns 64 rows), every warp holds all N columns, and N (the
-//! accumulator's columns) is a multiple of 8 up to 256. B is a shared tile in a canonical
+//! accumulator's columns) is a multiple of 8 up to 256. An accumulator of 32 or more rows a warp
+//! takes one `wgmma` per 16-row block of each warp (a warpgroup of 4 warps then owns 128 rows
+//! or more): the instruction's 64 rows are every warp's block `i`, which only an A operand from
+//! registers can give in that order (a shared A's 64 rows are evenly spaced lines). B is a shared tile in a canonical
 //! layout, A a canonical shared tile or registers (the RS form): an f32 fragment packed to
 //! 16-bit pairs, or one warp's 16 rows of a shared tile that every warp reads whole
 //! (`tile.replicated()`), each warp loading them into its A registers with `ldmatrix`.
@@ -75,6 +78,8 @@ pub struct WgmmaShape {
     pub a: WgmmaAFrom,
     /// B's major-ness: K when stored `[N, K]` (`b.t()`), MN when stored `[K, N]`.
     pub b: Major,
+    /// The accumulator's 16-row blocks a warp: one instruction each per K-step.
+    pub row_blocks: u32,
 }
 
 /// Why a `gemm` does not take `wgmma`.
@@ -84,7 +89,7 @@ pub enum NoWgmma {
     Target(Target),
     /// Inside a `warp_group` block.
     WarpGroup,
-    /// The accumulator's rows are not 16 per warp over whole warpgroups.
+    /// The accumulator's rows are not a multiple of 16 per warp over whole warpgroups.
     AccumulatorRows {
         /// Its rows.
         rows: u32,
@@ -93,6 +98,11 @@ pub enum NoWgmma {
     },
     /// The accumulator's columns (the instruction's N) are not a multiple of 8 up to 256.
     Columns(u32),
+    /// The accumulator holds more than 16 rows a warp, and A does not come from registers.
+    RowBlocksFromShared {
+        /// The accumulator's rows a warp.
+        rows_per_warp: u32,
+    },
     /// B is a fragment (`wgmma` reads B from shared memory only).
     RegisterB,
     /// A is transposed from registers, or replicated but not 16 untransposed rows of a shared
@@ -119,9 +129,15 @@ impl fmt::Display for NoWgmma {
             NoWgmma::Target(t) => write!(f, "{t} has no wgmma (sm_90a)"),
             NoWgmma::WarpGroup => f.write_str("inside a warp group block"),
             NoWgmma::AccumulatorRows { rows, warps } => {
-                write!(f, "the accumulator's {rows} rows are not 16 per warp over {warps} warps in whole warpgroups")
+                write!(
+                    f,
+                    "the accumulator's {rows} rows are not a multiple of 16 per warp over {warps} warps in whole warpgroups"
+                )
             }
             NoWgmma::Columns(n) => write!(f, "N = {n} is not a multiple of 8 up to 256"),
+            NoWgmma::RowBlocksFromShared { rows_per_warp } => {
+                write!(f, "the accumulator's {rows_per_warp} rows a warp need A from registers (a fragment)")
+            }
             NoWgmma::RegisterB => f.write_str("B is a fragment"),
             NoWgmma::RegisterOrReplicatedA => {
                 f.write_str("A is a transposed fragment, or replicated but not 16 untransposed rows of a shared tile")
@@ -181,11 +197,15 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
         return Err(NoWgmma::WarpGroup);
     }
     let (rows, n) = g.acc;
-    if g.warps == 0 || !g.warps.is_multiple_of(4) || rows != 16 * g.warps {
+    if g.warps == 0 || !g.warps.is_multiple_of(4) || rows == 0 || !rows.is_multiple_of(16 * g.warps) {
         return Err(NoWgmma::AccumulatorRows { rows, warps: g.warps });
     }
     if !n.is_multiple_of(8) || !(8..=256).contains(&n) {
         return Err(NoWgmma::Columns(n));
+    }
+    let row_blocks = rows / (16 * g.warps);
+    if row_blocks > 1 && !(g.a.fragment && !g.a.transposed && !g.a.replicated) {
+        return Err(NoWgmma::RowBlocksFromShared { rows_per_warp: rows / g.warps });
     }
     if g.b.fragment {
         return Err(NoWgmma::RegisterB);
@@ -220,7 +240,7 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
         // Stored [M, K] has K contiguous; stored [K, M] (`a.t()`), M.
         WgmmaAFrom::Shared(if g.a.transposed { Major::MN } else { Major::K })
     };
-    Ok(WgmmaShape { n, a, b })
+    Ok(WgmmaShape { n, a, b, row_blocks })
 }
 
 #[cfg(test)]
@@ -245,12 +265,15 @@ mod tests {
     /// Each rule picks `wgmma` or says which part of the `gemm` does not fit.
     #[test]
     fn each_rule_has_its_reason() {
-        let ok = WgmmaShape { n: 128, a: WgmmaAFrom::Shared(Major::K), b: Major::K };
+        let ok = WgmmaShape { n: 128, a: WgmmaAFrom::Shared(Major::K), b: Major::K, row_blocks: 1 };
         assert_eq!(choose_wgmma(&gemm()), Ok(ok));
         let b_kn = GemmFacts { b: shared((64, 64), false), acc: (128, 64), ..gemm() };
         assert_eq!(choose_wgmma(&b_kn).map(|s| s.b), Ok(Major::MN));
         let regs = GemmFacts { a: OperandFacts { fragment: true, dtype: DType::F32, ..gemm().a }, ..gemm() };
         assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaAFrom::Registers));
+        // 32 rows a warp: two instructions a K-step, A from registers only.
+        let two_blocks = GemmFacts { warps: 4, ..regs };
+        assert_eq!(choose_wgmma(&two_blocks).map(|s| (s.a, s.row_blocks)), Ok((WgmmaAFrom::Registers, 2)));
         let replicated = GemmFacts { a: OperandFacts { replicated: true, ..shared((16, 64), false) }, ..gemm() };
         assert_eq!(choose_wgmma(&replicated).map(|s| s.a), Ok(WgmmaAFrom::ReplicatedRows));
         let (rows32, transposed) = (shared((32, 64), false), shared((64, 16), true));
@@ -261,7 +284,8 @@ mod tests {
         let cases = [
             (GemmFacts { target: Target::Sm90, ..gemm() }, NoWgmma::Target(Target::Sm90)),
             (GemmFacts { in_warp_group: true, ..gemm() }, NoWgmma::WarpGroup),
-            (GemmFacts { warps: 4, ..gemm() }, NoWgmma::AccumulatorRows { rows: 128, warps: 4 }),
+            (GemmFacts { warps: 4, ..gemm() }, NoWgmma::RowBlocksFromShared { rows_per_warp: 32 }),
+            (GemmFacts { warps: 4, acc: (96, 128), ..gemm() }, NoWgmma::AccumulatorRows { rows: 96, warps: 4 }),
             (GemmFacts { warps: 2, acc: (32, 128), ..gemm() }, NoWgmma::AccumulatorRows { rows: 32, warps: 2 }),
             (GemmFacts { acc: (128, 264), ..gemm() }, NoWgmma::Columns(264)),
             (GemmFacts { acc: (128, 12), ..gemm() }, NoWgmma::Columns(12)),

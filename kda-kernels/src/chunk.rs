@@ -1,10 +1,10 @@
 //! `chunk_kda` in the DSL: the KDA recurrence over 16-token chunks, the heavy products on
 //! tensor cores.
 //!
-//! A block owns `16 · warps` value rows of one (sequence, value head)'s V-first state
-//! `S [V, K]`, each warp 16 of them, held in registers as an f32 mma accumulator for the whole
-//! sequence. Value rows are independent in the delta rule, so the `128 / (16 · warps)` blocks of
-//! a head need nothing from each other. The block's warps prepare each chunk's keys together,
+//! A block owns `rows_per_warp · warps` value rows of one (sequence, value head)'s V-first
+//! state `S [V, K]` ([`ChunkShape::value_rows`]), each warp 16 or 32 of them, held in registers
+//! as an f32 mma accumulator for the whole sequence. Value rows are independent in the delta
+//! rule, so the blocks of a head need nothing from each other. The block's warps prepare each chunk's keys together,
 //! once for all their rows. Per chunk of `C = 16` tokens, with `G` the in-chunk inclusive
 //! cumulative gate in log2 units and `Γ = G[last valid row]`:
 //!
@@ -38,16 +38,24 @@ use kda_dsl::builder::Tile;
 use kda_dsl::{DType, Hoist};
 use kda_macros::kernel;
 
-/// Value rows of the state one warp owns.
+/// Value rows of the state one warp owns unless a shape says otherwise
+/// ([`ChunkShape::rows_per_warp`]): one mma accumulator row block.
 pub const ROWS_PER_WARP: usize = 16;
 
 /// How a chunk variant is launched: the part of its config the kind of call chooses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ChunkShape {
-    /// Warps per block (1, 2, 4 or 8), each owning 16 value rows: a block holds
-    /// `16 · warps` rows of a head's state (and, fused, prepares each chunk's keys once for
-    /// them).
+    /// Warps per block (1, 2, 4 or 8), each owning `rows_per_warp` value rows: a block holds
+    /// [`ChunkShape::value_rows`] rows of a head's state (and, fused, prepares each chunk's
+    /// keys once for them).
     pub warps: usize,
+    /// Value rows of the state each warp owns: 16 ([`ROWS_PER_WARP`]) or 32, at most 128 a
+    /// block. At 32 a block of 4 warps holds a head's whole state, so the head's keys are
+    /// prepared by 4 warps instead of 8: the per-warp share of the preparation (the key
+    /// products every warp computes whole, the loop's own arithmetic) is paid half as often,
+    /// for twice the state registers a thread (about 230 at 4 warps: 2 blocks an SM). Each
+    /// value row's arithmetic is the same either way, so the bits are too.
+    pub rows_per_warp: usize,
     /// Blocks that must fit on an SM at once (caps registers per thread).
     pub min_blocks: usize,
     /// Chunks in shared memory at once (the pipeline's depth, 2 or more; the loads of a chunk
@@ -93,12 +101,24 @@ impl ChunkShape {
     /// plain: no fill warps, the step's barriers wait for the next loads, the hoisting
     /// [`ChunkShape::hoist`] picks.
     pub const fn plain(warps: usize, min_blocks: usize, stages: usize) -> ChunkShape {
-        ChunkShape { warps, min_blocks, stages, fill_warps: 0, fills_in_flight: false, hoist_override: None }
+        ChunkShape {
+            warps,
+            rows_per_warp: ROWS_PER_WARP,
+            min_blocks,
+            stages,
+            fill_warps: 0,
+            fills_in_flight: false,
+            hoist_override: None,
+        }
+    }
+
+    /// The value rows of a head's state one block holds: `rows_per_warp · warps`.
+    pub const fn value_rows(self) -> usize {
+        self.rows_per_warp * self.warps
     }
 
     /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape =
-        ChunkShape { warps: 8, min_blocks: 2, stages: 2, fill_warps: 0, fills_in_flight: false, hoist_override: None };
+    pub const FUSED: ChunkShape = ChunkShape::plain(8, 2, 2);
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -106,8 +126,7 @@ impl ChunkShape {
     /// issues the fills, whose address arithmetic was on the step's path. The fastest of `kda
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
     /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape =
-        ChunkShape { warps: 2, min_blocks: 4, stages: 4, fill_warps: 1, fills_in_flight: false, hoist_override: None };
+    pub const PREPARED: ChunkShape = ChunkShape { fill_warps: 1, ..ChunkShape::plain(2, 4, 4) };
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it
@@ -115,8 +134,7 @@ impl ChunkShape {
     /// on its SM, its step's barriers leave the next chunk's loads in flight. Slower than
     /// [`ChunkShape::FUSED`] on sm_80, whose second block per SM hides its waits
     /// (docs/prefill.md, "Devices").
-    pub const HOPPER: ChunkShape =
-        ChunkShape { warps: 8, min_blocks: 1, stages: 2, fill_warps: 0, fills_in_flight: true, hoist_override: None };
+    pub const HOPPER: ChunkShape = ChunkShape { fills_in_flight: true, ..ChunkShape::plain(8, 1, 2) };
 }
 
 pub use crate::rules::Beta;
@@ -462,7 +480,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}_mb{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -471,6 +489,12 @@ impl ChunkConfig {
             self.states.key(),
             self.prefix.key(),
             self.shape.warps,
+            // 16 rows a warp, the default, go unnamed.
+            if self.shape.rows_per_warp == ROWS_PER_WARP {
+                String::new()
+            } else {
+                format!("r{}", self.shape.rows_per_warp)
+            },
             self.shape.min_blocks,
             // Two stages, the fused kernel's, go unnamed.
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
@@ -928,7 +952,8 @@ fn write_checkpoint(
     }
 }
 
-/// The chunked recurrence for `16 · warps` value rows of one (sequence, value head).
+/// The chunked recurrence for [`ChunkShape::value_rows`] value rows of one (sequence, value
+/// head).
 ///
 /// Tensors a config does not use are still parameters; the launcher binds a placeholder the
 /// kernel never reads. `state` is `initial_state` (or the pool, read and written in place),
@@ -963,7 +988,7 @@ pub fn chunk(
     first_chunk: i32,
     end_chunk: i32,
 ) {
-    let bv = ROWS_PER_WARP * cfg.shape.warps;
+    let bv = cfg.shape.value_rows();
     let prepared = cfg.preparation == Preparation::Workspace;
     let transition = cfg.run == ChunkRun::Transition;
     let output = cfg.run == ChunkRun::Output;
@@ -1062,10 +1087,12 @@ pub fn chunk(
     let qd_key = shared([16, 128], BF16);
     let kn_sh = shared([16, 128], F32);
     let qn_sh = shared([16, 128], F32);
-    let la = fragment([bv, 16], F32);
-    let ma = fragment([bv, 16], F32);
-    let l_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
-    let m_sh = shared([if lower && !prepared { bv } else { 16 }, 16], F32);
+    // The key products: one 16-row copy a warp, however many value rows it holds.
+    let key_rows = 16 * cfg.shape.warps;
+    let la = fragment([key_rows, 16], F32);
+    let ma = fragment([key_rows, 16], F32);
+    let l_sh = shared([if lower && !prepared { key_rows } else { 16 }, 16], F32);
+    let m_sh = shared([if lower && !prepared { key_rows } else { 16 }, 16], F32);
     let mq_sh = shared([16, 16], op);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);

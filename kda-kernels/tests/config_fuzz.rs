@@ -100,6 +100,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             },
             shape: ChunkShape {
                 warps: x.of(&[1, 2, 4, 8, 3, 16, 0]),
+                rows_per_warp: x.of(&[16, 32, 0, 24]),
                 min_blocks: x.of(&[1, 2, 3, 0]),
                 stages: x.of(&[2, 3, 4, 1, 0]),
                 fill_warps: x.of(&[0, 1, 2, 5]),

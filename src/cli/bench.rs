@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -131,9 +131,10 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
     Ok((shapes, filter))
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][fFILL]
+/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL]
 /// [sTOKENS][p[BLOCKS][rRANGES]][b][h]`: `x` the pipeline's depth in chunks (the path's default
-/// without it), `f` that many fill warps issuing the pipeline's fills, `s`
+/// without it), `w` the value rows each warp holds (16 without it), `f` that many fill warps
+/// issuing the pipeline's fills, `s`
 /// the exact split into segments of that many tokens, `p` the two-kernel path
 /// with that many preparation blocks per chain, `r` that path in token ranges, `b` bf16
 /// operands for the state's products (f16 without it), `h` the fused kernel compiled for
@@ -168,12 +169,12 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || {
-        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]; {USAGE}")
+        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]; {USAGE}")
     };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `e`, `u` or `n` (every loop-invariant value computed once per loop, the
@@ -182,7 +183,7 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // (the two-kernel
     // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
     // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
-    // tokens), `fFILL` (fill warps) and `xSTAGES`.
+    // tokens), `fFILL` (fill warps), `wROWS` (value rows a warp) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
     let hoists =
@@ -213,6 +214,10 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
         Some((rest, n)) => (rest, num(n)?),
         None => (a_shape, 0),
     };
+    let (a_shape, rows_per_warp) = match a_shape.split_once('w') {
+        Some((rest, n)) => (rest, num(n)?),
+        None => (a_shape, kda_kernels::chunk::ROWS_PER_WARP),
+    };
     let fields: Vec<&str> = a_shape.split('x').collect();
     let (warps, min_blocks, stages) = match fields.as_slice() {
         [w, m] => (num(w)?, num(m)?, None),
@@ -222,8 +227,13 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // Without `xSTAGES`, the path's own depth.
     let default_stages = if prepared { ChunkShape::PREPARED.stages } else { ChunkShape::FUSED.stages };
     let stages = stages.unwrap_or(default_stages);
-    let shape =
-        ChunkShape { fill_warps, fills_in_flight, hoist_override, ..ChunkShape::plain(warps, min_blocks, stages) };
+    let shape = ChunkShape {
+        rows_per_warp,
+        fill_warps,
+        fills_in_flight,
+        hoist_override,
+        ..ChunkShape::plain(warps, min_blocks, stages)
+    };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
 }
 
@@ -509,6 +519,11 @@ mod tests {
                     None,
                 ),
             ),
+            ("4x2w32", tune(ChunkShape { rows_per_warp: 32, ..shape(4, 2, 2) }, None, false, None, None)),
+            (
+                "2x4x4w32f1p",
+                tune(ChunkShape { rows_per_warp: 32, fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, None),
+            ),
             (
                 "4x2bh",
                 ChunkTuning {
@@ -523,7 +538,7 @@ mod tests {
         }
         for text in [
             "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee",
+            "8x2ee", "8x2w", "8x2wx",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

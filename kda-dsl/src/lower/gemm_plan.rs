@@ -23,14 +23,17 @@ pub enum GemmPlan {
     Wgmma(WgmmaPlan),
 }
 
-/// A `gemm` on `wgmma`: each warpgroup's 64 accumulator rows by all N columns, one instruction
-/// per K-step of 16, between a `wgmma.fence` and a commit and wait of their group.
+/// A `gemm` on `wgmma`: each warpgroup's accumulator rows (64 a row block) by all N columns, one
+/// instruction per row block and K-step of 16, between a `wgmma.fence` and a commit and wait of
+/// their group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgmmaPlan {
     /// The 16-bit input type (bf16 or f16).
     pub ty: Ty,
-    /// The accumulator's layout: 16 rows per warp, every column in each.
+    /// The accumulator's layout: 16 rows per warp a row block, every column in each.
     pub c: FragmentLayout,
+    /// The accumulator's 16-row blocks a warp (more than one only with A from registers).
+    pub row_blocks: u32,
     /// The reduction extent, a multiple of 16.
     pub k: u32,
     /// The instruction's N.
@@ -116,7 +119,8 @@ impl fmt::Display for GemmPlan {
                     WgmmaSource::Registers(_) => "registers".to_string(),
                     WgmmaSource::ReplicatedRows => "ldmatrix, its 16 rows in every warp".to_string(),
                 };
-                write!(f, "wgmma.m64n{}k16 {:?}, k {}: a from {a}, b from {}", p.n, p.ty, p.k, tile(&p.b))
+                let blocks = if p.row_blocks > 1 { format!(" x {} row blocks", p.row_blocks) } else { String::new() };
+                write!(f, "wgmma.m64n{}k16{blocks} {:?}, k {}: a from {a}, b from {}", p.n, p.ty, p.k, tile(&p.b))
             }
         }
     }
@@ -229,9 +233,11 @@ impl Lower<'_> {
             BufLayout::Shared(l) => l.operand_tile(major, self.def().buffers[o.buf].dtype.size_bytes() as u32),
             _ => None,
         };
-        // `infer_layouts` lays a wgmma accumulator (and an A fragment) out 16 rows per warp and
-        // its shared operands canonically, unless another gemm pinned its fragments otherwise.
-        let warpgroup_rows = |l: FragmentLayout| l.wn == 1 && l.warp_rows() == 16;
+        // `infer_layouts` lays a wgmma accumulator (and an A fragment) out in whole rows of 16
+        // per row block and warp and its shared operands canonically, unless another gemm
+        // pinned its fragments otherwise.
+        let block_rows = 16 * shape.row_blocks;
+        let warpgroup_rows = |l: FragmentLayout| l.wn == 1 && l.warp_rows() == block_rows;
         let a_rows = !matches!(shape.a, WgmmaAFrom::Registers) || warpgroup_rows(self.p.frag(a.buf));
         if !warpgroup_rows(lc) || !a_rows {
             return Err(NoWgmma::PinnedOtherwise);
@@ -242,7 +248,7 @@ impl Lower<'_> {
             WgmmaAFrom::Registers => WgmmaSource::Registers(self.p.frag(a.buf)),
             WgmmaAFrom::ReplicatedRows => WgmmaSource::ReplicatedRows,
         };
-        Ok(WgmmaPlan { ty, c: lc, k, n: shape.n, a: a_source, b: b_tile })
+        Ok(WgmmaPlan { ty, c: lc, row_blocks: shape.row_blocks, k, n: shape.n, a: a_source, b: b_tile })
     }
 
     fn operand_shape(&self, o: &Operand) -> (u32, u32) {

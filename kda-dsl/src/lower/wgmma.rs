@@ -1,5 +1,6 @@
 //! Lowering of a `gemm` planned on `wgmma` (sm_90a): each warpgroup multiplies its 64
-//! accumulator rows by all N columns, one `wgmma.mma_async.m64nNk16` per K-step. The operands'
+//! accumulator rows by all N columns, one `wgmma.mma_async.m64nNk16` per K-step (and per
+//! 16-row block of each warp, where a warp holds more: A then comes from registers). The operands'
 //! descriptors are the tile's constant fields (`hopper_layout`) plus its shared address, which
 //! moves with a pipeline's stage; an A fragment is packed to 16-bit pairs as for `mma.sync`.
 //! The instructions sit between a `wgmma.fence` (the accumulator was written by other
@@ -28,7 +29,10 @@ impl Lower<'_> {
             WgmmaSource::Registers(_) | WgmmaSource::ReplicatedRows => None,
         };
         let always = self.em.setp(Cmp::Ge, Ty::U32, Src::Reg(self.scope.th.tid), Src::Imm(0));
-        let d: Vec<Reg> = self.regs[c][..(p.n / 2) as usize].to_vec();
+        // Row block `i`'s accumulator registers: the layout's slots of its `i`-th 16 rows.
+        let per_block = (p.n / 2) as usize;
+        let d_of = |lw: &Self, i: u32| lw.regs[c][i as usize * per_block..(i as usize + 1) * per_block].to_vec();
+        let d = d_of(self, 0);
         // `wgmma` may read its A registers only as a `wgmma.fence` left them: from shared
         // memory every descriptor is made before one fence; from registers each K-step's A is
         // packed and fenced just before its instruction, so that only one step's A is live
@@ -50,12 +54,14 @@ impl Lower<'_> {
             }
             (None, WgmmaSource::Registers(layout)) => {
                 for step in 0..p.k / 16 {
-                    let a_operand = WgmmaA::Registers(self.pack_a(a.buf, layout, 0, step, p.ty));
                     let b_operand = self.descriptor(p.b, b_field, step);
-                    self.em.emit(Op::WgmmaFence);
-                    let op =
-                        Op::Wgmma { ab: p.ty, n: p.n, d: d.clone(), a: a_operand, b: b_operand, accumulate: always };
-                    self.em.emit(op);
+                    for block in 0..p.row_blocks {
+                        let a_operand = WgmmaA::Registers(self.pack_a(a.buf, layout, block, step, p.ty));
+                        self.em.emit(Op::WgmmaFence);
+                        let d = d_of(self, block);
+                        let op = Op::Wgmma { ab: p.ty, n: p.n, d, a: a_operand, b: b_operand, accumulate: always };
+                        self.em.emit(op);
+                    }
                 }
             }
             (None, WgmmaSource::ReplicatedRows) => {

@@ -20,8 +20,9 @@ use crate::error::RuntimeError;
 /// [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkTuning {
-    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `min_blocks` 1 to 8; `stages` 2 to
-    /// 8; `fill_warps` 0 to [`FILL_WARPS_MAX`]).
+    /// The chain kernel's launch shape (warps 1, 2, 4 or 8; `rows_per_warp` 16 or 32, at most
+    /// 128 value rows a block; `min_blocks` 1 to 8; `stages` 2 to 8; `fill_warps` 0 to
+    /// [`FILL_WARPS_MAX`]).
     pub shape: ChunkShape,
     /// Tokens per segment of the exact long-sequence split (`split.rs`), a positive multiple
     /// of 16: every sequence longer than twice that is cut into segments of that many tokens
@@ -114,7 +115,7 @@ impl ChunkTuning {
     /// when not.
     pub fn check(&self, plan: &ChunkPlan) -> Result<(), RuntimeError> {
         let bad = |what: &str| Err(RuntimeError::bad_argument("tune", what, format!("{self:?}")));
-        let ChunkShape { warps, min_blocks, stages, fill_warps, .. } = self.shape;
+        let ChunkShape { warps, rows_per_warp, min_blocks, stages, fill_warps, .. } = self.shape;
         if !matches!(warps, 1 | 2 | 4 | 8)
             || !(1..=8).contains(&min_blocks)
             || !(2..=8).contains(&stages)
@@ -123,6 +124,9 @@ impl ChunkTuning {
             return bad(&format!(
                 "warps 1, 2, 4 or 8, min_blocks 1 to 8, stages 2 to 8 and fill_warps 0 to {FILL_WARPS_MAX}"
             ));
+        }
+        if !matches!(rows_per_warp, 16 | 32) || self.shape.value_rows() > 128 {
+            return bad("rows_per_warp 16 or 32, at most 128 value rows a block (rows_per_warp x warps)");
         }
         if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
             return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
@@ -265,6 +269,16 @@ mod tests {
             ChunkTuning { shape: ChunkShape { fill_warps: FILL_WARPS_MAX as usize + 1, ..ok.shape }, ..ok },
             shapes,
         );
+        let rows = |warps, rows_per_warp| ChunkTuning {
+            shape: ChunkShape { rows_per_warp, ..ChunkShape::plain(warps, 2, 2) },
+            prepared: false,
+            ranges: None,
+            ..ok
+        };
+        rows(4, 32).check(&plan).expect("4 warps of 32 value rows");
+        refused(rows(8, 32), "at most 128 value rows a block");
+        refused(rows(4, 24), "rows_per_warp 16 or 32");
+        refused(rows(4, 0), "rows_per_warp 16 or 32");
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
         refused(ChunkTuning { ranges: Some(1), ..ok }, "at least 2 ranges");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");

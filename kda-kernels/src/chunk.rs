@@ -79,9 +79,9 @@ pub struct ChunkShape {
 impl ChunkShape {
     /// Which loop-invariant values the kernel computes once per loop instead of once per
     /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base)
-    /// where a thread may hold more than 128 registers (the chain, the sm_90a kernel); none at
-    /// 128 (8 warps, 2 blocks an SM), where ptxas has no room for them (one config spills when
-    /// assembled for sm_90). Every invariant value (`Hoist::Everything`) fits the sm_90a
+    /// where a thread may hold more than 128 registers (the chain, the fused kernel at 4
+    /// warps, the sm_90a kernel); none at 128 (8 warps, 2 blocks an SM), where ptxas has no
+    /// room for them (one config spills when assembled for sm_90). Every invariant value (`Hoist::Everything`) fits the sm_90a
     /// kernel's 255 without a spill and cuts its step by a tenth, but ptxas then schedules it
     /// with a longer chain of waits (`scripts/sass_loop.py`'s latency bound), and alone on its
     /// SM that kernel waits more than it issues: the sweep's `e` times it
@@ -117,8 +117,14 @@ impl ChunkShape {
         self.rows_per_warp * self.warps
     }
 
-    /// The fused kernel's: 8 warps, 2 blocks per SM (the best of `kda bench --sweep-chunk`).
-    pub const FUSED: ChunkShape = ChunkShape::plain(8, 2, 2);
+    /// The fused kernel's: 4 warps of 32 value rows (a head's whole state in one block), 2
+    /// blocks per SM, the step's barriers leaving the next chunk's loads in flight. Against 8
+    /// warps of 16 rows, its 4 warps prepare each chunk's keys once for 128 rows, so the work
+    /// every warp repeats is paid half as often (35% fewer instructions a block): 20 to 26%
+    /// faster on every fused row of `kda bench --sweep-chunk` (docs/performance.md,
+    /// 2026-12-05, H100). Leaving the loads in flight gained 4 to 7% more there: with 8 warps
+    /// an SM, the other block does not cover the step's waits for them.
+    pub const FUSED: ChunkShape = ChunkShape { rows_per_warp: 32, fills_in_flight: true, ..ChunkShape::plain(4, 2, 2) };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -1002,6 +1008,8 @@ pub fn chunk(
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);
     assume_extent(VD, 128);
+    // A head's 128 value rows in whole blocks: a launch of a shape past them is refused.
+    assume_multiple(VD, bv);
     assume_extent(S1, 128);
     assume_extent(S2, 128);
     let h = hv / (HV / H);

@@ -119,20 +119,24 @@ fn busiest_loop(ptx: &str) -> Vec<&str> {
     loops.max_by_key(barriers).expect("a loop").to_vec()
 }
 
-/// Alone on its SM, the sm_90a kernel's chunk step waits for its chunk's loads once, at the top
-/// of the step, and its other barriers leave the next chunk's loads (issued just after) in
-/// flight (`ChunkShape::fills_in_flight`); the sm_80 fused kernel, two blocks to an SM, waits
-/// for them at every barrier of its step.
+/// The fused kernels' chunk step (sm_90a alone on its SM, and sm_80's default at 4 warps of 32
+/// rows) waits for its chunk's loads once, at the top of the step, and its other barriers leave
+/// the next chunk's loads (issued just after) in flight (`ChunkShape::fills_in_flight`); without
+/// it the step waits for them at every barrier.
 #[test]
-fn the_hopper_step_leaves_the_next_chunks_loads_in_flight() {
+fn the_fused_step_leaves_the_next_chunks_loads_in_flight() {
     let waits = |ptx: &str| busiest_loop(ptx).iter().filter(|l| l.starts_with("cp.async.wait_group")).count();
     let ptx = hopper_ptx();
     let barriers = busiest_loop(&ptx).iter().filter(|l| l.starts_with("bar.sync")).count();
     assert!(barriers > 2, "{barriers} barriers in the step");
     assert_eq!(waits(&ptx), 1);
+    let sm80 = |cfg: &kda_kernels::chunk::ChunkConfig| {
+        kda_dsl::compile(kda_kernels::chunk::chunk(cfg).expect("builds"), Target::Sm80).expect("compiles").ptx
+    };
     let fused = kda_kernels::chunk::ChunkConfig::default();
-    assert!(!fused.shape.fills_in_flight);
-    let sm80 =
-        kda_dsl::compile(kda_kernels::chunk::chunk(&fused).expect("builds"), Target::Sm80).expect("compiles").ptx;
-    assert!(waits(&sm80) > 2, "the sm_80 step waits at its barriers");
+    assert!(fused.shape.fills_in_flight);
+    assert_eq!(waits(&sm80(&fused)), 1);
+    let waiting = kda_kernels::chunk::ChunkShape { fills_in_flight: false, ..fused.shape };
+    let plain = kda_kernels::chunk::ChunkConfig { shape: waiting, ..fused };
+    assert!(waits(&sm80(&plain)) > 2, "without fills_in_flight the step waits at its barriers");
 }

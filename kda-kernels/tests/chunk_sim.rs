@@ -3,7 +3,9 @@
 use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 use kda_dsl::Target;
 use kda_kernels::check::simulate_decode;
-use kda_kernels::chunk::{ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, Preparation};
+use kda_kernels::chunk::{
+    ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, Preparation, ROWS_PER_WARP,
+};
 use kda_kernels::chunk_check::{
     check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_on, simulate_chunk_window, simulate_split,
     tolerance,
@@ -55,7 +57,7 @@ fn prepared_workspace_equals_fused_bit_for_bit() {
         let x = f.inputs(i as u64);
         let warps = [8, 4, 2][i % 3];
         for (prep_blocks, fill_warps) in [(1, 0), (3, 0), (2, 1)] {
-            let chain = ChunkShape { warps, fill_warps, ..f.cfg.shape };
+            let chain = ChunkShape { warps, fill_warps, rows_per_warp: ROWS_PER_WARP, ..f.cfg.shape };
             let same =
                 two_kernel_path_matches(&f.cfg, &x, chain, prep_blocks).unwrap_or_else(|e| panic!("{}: {e}", f.name));
             assert!(

@@ -131,22 +131,23 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
     Ok((shapes, filter))
 }
 
-/// Times the prefill cases at each chunk launch shape (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL]
-/// [sTOKENS][p[BLOCKS][rRANGES]][b][h]`: `x` the pipeline's depth in chunks (the path's default
-/// without it), `w` the value rows each warp holds (16 without it), `f` that many fill warps
-/// issuing the pipeline's fills, `s`
-/// the exact split into segments of that many tokens, `p` the two-kernel path
-/// with that many preparation blocks per chain, `r` that path in token ranges, `b` bf16
-/// operands for the state's products (f16 without it), `h` the fused kernel compiled for
-/// sm_90a (`wgmma`; compute capability 9.0); 8x1, 8x2, 4x2, 4x3, 8x1h and 4x2h when none is
-/// given), over the five bench cases and one with few heads
-/// ([`super::chunk_gpu::sweep_prefill_cases`]), optionally only the cases whose name contains
-/// `--case NAME`: how the default was chosen.
+/// Times the prefill cases at each chunk launch shape
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`: `x`
+/// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
+/// holds (16 without it), `f` that many fill warps issuing the pipeline's fills, `s` the exact
+/// split into segments of that many tokens, `p` the two-kernel path with that many preparation
+/// blocks per chain, `r` that path in token ranges, `i` the step's barriers leaving the next
+/// chunks' loads in flight, `b` bf16 operands for the state's products (f16 without it), `h`
+/// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `e`, `u` or `n` the
+/// loop-invariant values hoisted (every one, the block-uniform ones, none); 4x2w32i (the
+/// default), 4x2w32, 8x2, 4x1w32i, 8x1ih and 4x2w32ihn when none is given), over the five
+/// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
+/// only the cases whose name contains `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
-    let defaults = ["8x1", "8x2", "4x2", "4x3", "8x1h", "4x2h"].map(String::from);
+    let defaults = ["4x2w32i", "4x2w32", "8x2", "4x1w32i", "8x1ih", "4x2w32ihn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));

@@ -77,7 +77,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         })
         .collect::<Vec<_>>();
     for (c, workspace) in prefill_runs {
-        let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c, None, workspace)
+        let r = super::chunk_gpu::time_prefill(&gpu, &kernels, &c, None, workspace, super::chunk_gpu::ResultBits::Skip)
             .map_err(|e| format!("{}: {e}", c.name))?;
         let name = match workspace {
             WorkspaceSource::Kept => c.name.to_string(),
@@ -159,9 +159,25 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     for c in super::chunk_gpu::sweep_prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
+        // Every unsplit shape gives the bits of the case's first one (the split rounds its
+        // merge otherwise): each row says whether it did.
+        let mut first: Option<(&String, u64)> = None;
         for (name, tune) in &shapes {
-            match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune), WorkspaceSource::Caller) {
-                Ok(r) => out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s", c.name, r.ms, r.first_call_s),
+            let hashed = super::chunk_gpu::ResultBits::Hash;
+            match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune), WorkspaceSource::Caller, hashed) {
+                Ok(r) => {
+                    let bits = r.bits.unwrap_or_default();
+                    let verdict = match first {
+                        None if tune.split.is_none() => {
+                            first = Some((name, bits));
+                            "bits: the first".to_string()
+                        }
+                        Some((_, b)) if b == bits => "bits: the same".to_string(),
+                        Some((f, _)) if tune.split.is_none() => format!("bits: DIFFER from {f}"),
+                        _ => "bits: a split's own".to_string(),
+                    };
+                    out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s  {verdict}", c.name, r.ms, r.first_call_s)
+                }
                 // A tuning the case cannot take is skipped, saying so.
                 Err(e) => out!("{:<36} {name:<8} skipped: {e}", c.name),
             }

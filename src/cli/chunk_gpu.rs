@@ -728,6 +728,19 @@ pub struct PrefillTiming {
     pub min_bytes: usize,
     /// Host microseconds of one eager call ([`kda_runtime::host_us_per_call`]).
     pub host_us: f32,
+    /// A hash of the first call's output and final-state bytes, where [`ResultBits::Hash`]
+    /// asked for it: two launch shapes of one case that give the same bits give the same hash.
+    pub bits: Option<u64>,
+}
+
+/// Whether [`time_prefill`] hashes its first call's results (downloading them: a sweep
+/// compares shapes' bits, a bench row only times).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultBits {
+    /// Hash the output and the final states.
+    Hash,
+    /// Time only.
+    Skip,
 }
 
 /// `n` values drawn as `f` does, from a block of 1 Mi random draws repeated (timing does not
@@ -796,13 +809,15 @@ impl PoolTensors {
 /// and the final state out), through
 /// [`chunk_kda`] with every output preallocated: the first call's wall time, then the median of
 /// 20 CUDA-event timings after at least 3 warm-up calls and 200 ms (`time_ms`), over
-/// `workspace`. `tune` overrides the launch shape the API picks.
+/// `workspace`. `tune` overrides the launch shape the API picks; `bits` says whether to hash
+/// the first call's results.
 pub fn time_prefill(
     gpu: &Gpu,
     kernels: &Kernels,
     c: &PrefillCase,
     tune: Option<ChunkTuning>,
     workspace: WorkspaceSource,
+    bits: ResultBits,
 ) -> Result<PrefillTiming, String> {
     let e = |e: RuntimeError| e.to_string();
     let s = gpu.new_stream().map_err(e)?;
@@ -878,10 +893,30 @@ pub fn time_prefill(
     call().map_err(e)?;
     s.synchronize().map_err(|e| e.to_string())?;
     let first_call_s = t0.elapsed().as_secs_f64();
+    // The first call's results, before the timed calls run it again over the pool's states.
+    let bits = match bits {
+        ResultBits::Skip => None,
+        ResultBits::Hash => {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            out.to_bytes(&s).map_err(e)?.hash(&mut h);
+            // A pool row's states are `h0`'s slots, updated in place; its checkpoints beside.
+            match &pool {
+                Some(p) => {
+                    h0.to_bytes(&s).map_err(e)?.hash(&mut h);
+                    if let Some(c) = &p.checkpoints {
+                        c.to_bytes(&s).map_err(e)?.hash(&mut h);
+                    }
+                }
+                None => fin.to_bytes(&s).map_err(e)?.hash(&mut h),
+            }
+            Some(h.finish())
+        }
+    };
     let mut samples = time_ms(gpu, &s, 3, 20, || call().map(|_| ())).map_err(e)?;
     let host_us = kda_runtime::host_us_per_call(&s, || call().map(|_| ())).map_err(e)?;
     let checkpoint_bytes = pool.as_ref().map_or(0, |p| p.written * hv * D * D * 4);
     let min_bytes =
         tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
-    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us })
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits })
 }

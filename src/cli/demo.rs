@@ -17,8 +17,14 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let tflops = 2.0 * 8192f64.powi(3) / (ms as f64 * 1e-3) / 1e12;
         out!("gemm bf16 8192^3 A·Bᵀ ({target}): {ms:.3} ms, {tflops:.1} TFLOP/s");
         for case in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name == "prefill_b8_t4096_h32") {
-            let r =
-                super::chunk_gpu::time_prefill(&gpu, &kernels, case, None, super::chunk_gpu::WorkspaceSource::Kept)?;
+            let r = super::chunk_gpu::time_prefill(
+                &gpu,
+                &kernels,
+                case,
+                None,
+                super::chunk_gpu::WorkspaceSource::Kept,
+                super::chunk_gpu::ResultBits::Skip,
+            )?;
             out!(
                 "chunk_kda B=8 T=4096 H=32 bf16: {:.3} ms, {:.1} M tokens/s (first call {:.2} s)",
                 r.ms,

@@ -8,10 +8,11 @@
 //! accumulator's columns) is a multiple of 8 up to 256. An accumulator of 32 or more rows a warp
 //! takes one `wgmma` per 16-row block of each warp (a warpgroup of 4 warps then owns 128 rows
 //! or more): the instruction's 64 rows are every warp's block `i`, which only an A operand from
-//! registers can give in that order (a shared A's 64 rows are evenly spaced lines). B is a shared tile in a canonical
-//! layout, A a canonical shared tile or registers (the RS form): an f32 fragment packed to
-//! 16-bit pairs, or one warp's 16 rows of a shared tile that every warp reads whole
-//! (`tile.replicated()`), each warp loading them into its A registers with `ldmatrix`.
+//! registers can give in that order (a shared A's 64 rows are evenly spaced lines). B is a
+//! shared tile in a canonical layout, A a canonical shared tile or registers (the RS form): an
+//! f32 fragment packed to 16-bit pairs, or one warp's 16 rows of a shared tile that every warp
+//! reads whole (`tile.replicated()`), each warp loading them into its A registers with
+//! `ldmatrix`.
 //! A canonical tile here has rows of one line of a hardware swizzle (32 or 64 bytes) or of whole
 //! 128-byte lines, which it stores as slabs one line wide (K, or M or N for an MN-major
 //! operand, a multiple of 64 bf16 then).

@@ -4,8 +4,8 @@
 //! A block owns `rows_per_warp · warps` value rows of one (sequence, value head)'s V-first
 //! state `S [V, K]` ([`ChunkShape::value_rows`]), each warp 16 or 32 of them, held in registers
 //! as an f32 mma accumulator for the whole sequence. Value rows are independent in the delta
-//! rule, so the blocks of a head need nothing from each other. The block's warps prepare each chunk's keys together,
-//! once for all their rows. Per chunk of `C = 16` tokens, with `G` the in-chunk inclusive
+//! rule, so the blocks of a head need nothing from each other. The block's warps prepare each
+//! chunk's keys together, once for all their rows. Per chunk of `C = 16` tokens, with `G` the in-chunk inclusive
 //! cumulative gate in log2 units and `Γ = G[last valid row]`:
 //!
 //! ```text
@@ -81,10 +81,11 @@ impl ChunkShape {
     /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base)
     /// where a thread may hold more than 128 registers (the chain, the fused kernel at 4
     /// warps, the sm_90a kernel); none at 128 (8 warps, 2 blocks an SM), where ptxas has no
-    /// room for them (one config spills when assembled for sm_90). Every invariant value (`Hoist::Everything`) fits the sm_90a
-    /// kernel's 255 without a spill and cuts its step by a tenth, but ptxas then schedules it
-    /// with a longer chain of waits (`scripts/sass_loop.py`'s latency bound), and alone on its
-    /// SM that kernel waits more than it issues: the sweep's `e` times it
+    /// room for them (one config spills when assembled for sm_90). Every invariant value
+    /// (`Hoist::Everything`) fits the sm_90a kernel's 255 without a spill and cuts its step by
+    /// a tenth, but ptxas then schedules it with a longer chain of waits
+    /// (`scripts/sass_loop.py`'s latency bound), and alone on its SM that kernel waits more
+    /// than it issues: the sweep's `e` times it
     /// (docs/performance.md).
     pub fn hoist(self) -> Hoist {
         if let Some(h) = self.hoist_override {

@@ -92,19 +92,19 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
     }
 }
 
-/// A block of 4 warps holding 32 value rows each (`ChunkShape::rows_per_warp`: a head's whole
-/// state in one block) gives the bits of the fused kernel's 8 warps of 16 on every other family,
-/// on sm_80 and on sm_90a (there every state product takes two `wgmma`s a K-step, one per
-/// 16-row block of each warp); so does the chain over a workspace at 2 warps of 32 on every
-/// fourth.
+/// The fused kernel's 4 warps of 32 value rows (`ChunkShape::rows_per_warp`: a head's whole
+/// state in one block) give the bits of 8 warps of 16 on every other family, on sm_80 and on
+/// sm_90a (there every state product takes two `wgmma`s a K-step, one per 16-row block of each
+/// warp); so does the chain over a workspace at 2 warps of 32 on every fourth.
 #[test]
 fn thirty_two_rows_a_warp_change_no_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
     for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 2 == 1) {
         let x = f.inputs(i as u64);
-        let want = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let shape = ChunkShape { warps: 4, rows_per_warp: 32, ..f.cfg.shape };
-        let wide = ChunkConfig { shape, ..f.cfg.clone() };
+        assert_eq!((f.cfg.shape.warps, f.cfg.shape.rows_per_warp), (4, 32), "{}: the fused default", f.name);
+        let narrow = ChunkConfig { shape: ChunkShape::plain(8, 2, 2), ..f.cfg.clone() };
+        let want = simulate_chunk(&narrow, &x).unwrap_or_else(|e| panic!("{} (8 warps of 16 rows): {e}", f.name));
+        let wide = f.cfg.clone();
         for target in [Target::Sm80, Target::Sm90a] {
             let got = simulate_chunk_on(&wide, &x, 4, target)
                 .unwrap_or_else(|e| panic!("{} (4 warps of 32 rows, {target}): {e}", f.name));

@@ -74,6 +74,9 @@ pub struct ChunkShape {
     /// Another choice of the loop-invariant values computed once per loop than
     /// [`ChunkShape::hoist`]'s own (`kda bench --sweep-chunk` times them). Same bits.
     pub hoist_override: Option<Hoist>,
+    /// Another way of summing a chunk's gates than [`ChunkShape::gate_scan`]'s own (`kda bench
+    /// --sweep-chunk` times them). Same bits.
+    pub gate_scan_override: Option<GateScan>,
 }
 
 impl ChunkShape {
@@ -110,7 +113,14 @@ impl ChunkShape {
             fill_warps: 0,
             fills_in_flight: false,
             hoist_override: None,
+            gate_scan_override: None,
         }
+    }
+
+    /// How the fused step sums a chunk's gates: [`GateScan::for_block`] of its warps, unless
+    /// overridden.
+    pub fn gate_scan(self) -> GateScan {
+        self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.warps))
     }
 
     /// The value rows of a head's state one block holds: `rows_per_warp · warps`.
@@ -487,7 +497,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -512,6 +522,11 @@ impl ChunkConfig {
                 Some(Hoist::Nothing) => "_hn",
                 Some(Hoist::BlockUniform) => "_hu",
                 Some(Hoist::Everything) => "_he",
+            },
+            match self.shape.gate_scan_override {
+                None => "",
+                Some(GateScan::PerChannel) => "_gc",
+                Some(GateScan::Shared) => "_gs",
             },
             match self.run {
                 ChunkRun::Output => "",
@@ -552,10 +567,11 @@ fn beta_gate(rule: Beta, b_sh: Tile, bt_sh: Tile, nv: Val) {
 }
 
 /// The chunk's gate by `gate` in log2 units (0 past its `nv` valid rows) and its inclusive
-/// cumulative sum down the chunk into `gl`; beta by `beta` into `bt_sh` (0 past the end); the
-/// chunk's decay of the state, `2^Γ` per key channel, into `eg_sh`.
+/// cumulative sum down the chunk into `gl`, as `scan` says; beta by `beta` into `bt_sh` (0 past
+/// the end); the chunk's decay of the state, `2^Γ` per key channel, into `eg_sh`.
 #[kda_macros::kernel_fn]
 fn gate_and_beta(
+    scan: GateScan,
     gate: ChunkGate,
     beta: Beta,
     g_sh: Tile,
@@ -568,19 +584,35 @@ fn gate_and_beta(
     ea: Val,
     lower_bound: Val,
 ) {
-    // A scan through shared memory: one thread per channel summing down the chunk measured
-    // slower (a longer dependent chain).
-    for (i, j) in parallel(gl) {
-        let mut gx = g_sh[i][j] as f32;
-        if gate.in_kernel() {
-            gx = gate_of(gate, gx + dt_sh[j] as f32, ea, lower_bound);
+    // Both sum each channel's gates from 0 in row order, so they give the same bits; past the
+    // valid rows they add zeros, so the last row's sum is `Γ`.
+    if scan == GateScan::PerChannel {
+        for (j,) in parallel(eg_sh) {
+            let mut acc = 0.0;
+            for i in 0..16 {
+                let mut gx = g_sh[i][j] as f32;
+                if gate.in_kernel() {
+                    gx = gate_of(gate, gx + dt_sh[j] as f32, ea, lower_bound);
+                }
+                acc = acc + select(i < nv, gx * LOG2E, 0.0);
+                gl[i][j] = acc;
+            }
+            eg_sh[j] = exp2(acc);
         }
-        gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
-    }
-    cumsum(gl, gl, 0);
-    beta_gate(beta, b_sh, bt_sh, nv);
-    for (j,) in parallel(eg_sh) {
-        eg_sh[j] = exp2(gl[nv - 1][j]);
+        beta_gate(beta, b_sh, bt_sh, nv);
+    } else {
+        for (i, j) in parallel(gl) {
+            let mut gx = g_sh[i][j] as f32;
+            if gate.in_kernel() {
+                gx = gate_of(gate, gx + dt_sh[j] as f32, ea, lower_bound);
+            }
+            gl[i][j] = select(i < nv, gx * LOG2E, 0.0);
+        }
+        cumsum(gl, gl, 0);
+        beta_gate(beta, b_sh, bt_sh, nv);
+        for (j,) in parallel(eg_sh) {
+            eg_sh[j] = exp2(gl[nv - 1][j]);
+        }
     }
 }
 
@@ -730,6 +762,33 @@ fn invert_unit_lower(stores: InverseStores, l_sh: Tile, cols: Tile, x: Tile, inv
     }
 }
 
+/// How [`gate_and_beta`] sums a chunk's gates down its 16 rows; either gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GateScan {
+    /// One thread per key channel computes the channel's 16 gates and sums them in registers
+    /// as it goes, storing each row's sum: no barrier or shared-memory round trip between the
+    /// gates and the sum. Each of the block's threads owns a channel or more.
+    PerChannel,
+    /// Every thread computes gates across the tile, then `cumsum` sums each channel through
+    /// shared memory: with more threads than channels the gates' special functions spread
+    /// over all of them, which per channel would leave half idle.
+    Shared,
+}
+
+impl GateScan {
+    /// The plan for a block of `threads` compute threads: one thread per channel where there
+    /// are at most 128 of them (`scripts/sass_loop.py`: at 4 warps the fused step's latency
+    /// bound falls from 3263 to 2859 cycles; at 8 warps `chunk_prep`'s rises from 3147 to
+    /// 4006).
+    pub fn for_block(threads: usize) -> GateScan {
+        if threads <= 128 {
+            GateScan::PerChannel
+        } else {
+            GateScan::Shared
+        }
+    }
+}
+
 /// When the forward substitution ([`invert_unit_lower`]) stores its columns of `INV`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InverseStores {
@@ -808,6 +867,7 @@ pub(crate) struct KeyTiles {
 /// what makes their results the same bits.
 #[kda_macros::kernel_fn]
 pub(crate) fn prepare_keys(
+    scan: GateScan,
     gate: ChunkGate,
     beta: Beta,
     l2norm: bool,
@@ -840,7 +900,7 @@ pub(crate) fn prepare_keys(
     // Only the lower-bound gate bounds a chunk's exponents enough for its key products to run
     // on tensor cores; the others take the exact element-wise form.
     let lower = gate == ChunkGate::LowerBound;
-    gate_and_beta(gate, beta, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
+    gate_and_beta(scan, gate, beta, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
     load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
     prepare_operands(lower, kf, qf, sq, gl, ki_sh, kd_key, qd_key, kn_sh, qn_sh, nv, scale);
 }
@@ -1016,6 +1076,7 @@ pub fn chunk(
     let h = hv / (HV / H);
     let v0 = vb * bv;
     let inverse_stores = InverseStores::for_block(32 * (cfg.shape.warps + cfg.shape.fill_warps), cfg.shape.min_blocks);
+    let gate_scan = cfg.shape.gate_scan();
     let lower = cfg.gate == ChunkGate::LowerBound;
     if prepared {
         assume_extent(PW, PREP_COLS);
@@ -1178,7 +1239,7 @@ pub fn chunk(
         let nv = min(t1 - t0, 16);
 
         if !prepared {
-            prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+            prepare_keys(gate_scan, cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
             copy(kf, kd_sh);
             if output {
                 copy(qf, qd_sh);

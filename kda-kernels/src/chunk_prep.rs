@@ -19,8 +19,8 @@
 
 use crate::chunk::{
     chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, window_end, window_start,
-    ChunkGate, ChunkOperands, InverseStores, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS, PREP_INV,
-    PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    ChunkGate, ChunkOperands, GateScan, InverseStores, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS,
+    PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::{DType, Hoist};
@@ -243,7 +243,17 @@ pub fn chunk_prep(
         copy(beta.tile_at([bi, t0, hv], [1, 16, 1]).bounded([B, t1, HV]), b_sh);
         let nv = min(t1 - t0, 16);
 
-        prepare_keys(cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+        prepare_keys(
+            GateScan::for_block(32 * cfg.warps),
+            cfg.gate,
+            cfg.beta,
+            cfg.l2norm,
+            keys,
+            nv,
+            ea,
+            lower_bound,
+            scale,
+        );
         copy(kf, prep.tile_at([bi, w0, hv, PREP_KD], [1, 16, 1, 128]));
         copy(qf, prep.tile_at([bi, w0, hv, PREP_QD], [1, 16, 1, 128]));
         copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));

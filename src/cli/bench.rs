@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -132,14 +132,15 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape
-/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`: `x`
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]`: `x`
 /// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
 /// holds (16 without it), `f` that many fill warps issuing the pipeline's fills, `s` the exact
 /// split into segments of that many tokens, `p` the two-kernel path with that many preparation
 /// blocks per chain, `r` that path in token ranges, `i` the step's barriers leaving the next
 /// chunks' loads in flight, `b` bf16 operands for the state's products (f16 without it), `h`
 /// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `e`, `u` or `n` the
-/// loop-invariant values hoisted (every one, the block-uniform ones, none); 4x2w32i (the
+/// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
+/// through shared memory (`GateScan::Shared`); 4x2w32i (the
 /// default), 4x2w32, 8x2, 4x1w32i, 8x1ih and 4x2w32ihn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen.
@@ -186,23 +187,26 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || {
-        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n]; {USAGE}")
+        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]; {USAGE}")
     };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `e`, `u` or `n` (every loop-invariant value computed once per loop, the
-    // block-uniform ones, or none: `ChunkShape::hoist_override`), `h` (the fused kernel for sm_90a), `b` (bf16 operands for the state's
-    // products), `i` (the step's barriers leave the next chunks' loads in flight), `rRANGES`
-    // (the two-kernel
-    // path in that many token ranges), `p[BLOCKS]` (the two-kernel path, BLOCKS preparation
-    // blocks per (sequence, value head)), then `sTOKENS` (the split into segments of that many
-    // tokens), `fFILL` (fill warps), `wROWS` (value rows a warp) and `xSTAGES`.
+    // From the end: `c` (the gates summed through shared memory: `ChunkShape::
+    // gate_scan_override`), `e`, `u` or `n` (every loop-invariant value computed once per loop,
+    // the block-uniform ones, or none: `ChunkShape::hoist_override`), `h` (the fused kernel for
+    // sm_90a), `b` (bf16 operands for the state's products), `i` (the step's barriers leave the
+    // next chunks' loads in flight), `rRANGES` (the two-kernel path in that many token ranges),
+    // `p[BLOCKS]` (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)),
+    // then `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps),
+    // `wROWS` (value rows a warp) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, shared_scan) = flag(a, 'c');
+    let gate_scan_override = shared_scan.then_some(kda_kernels::chunk::GateScan::Shared);
     let hoists =
         [('e', kda_dsl::Hoist::Everything), ('u', kda_dsl::Hoist::BlockUniform), ('n', kda_dsl::Hoist::Nothing)];
     let (a, hoist_override) = match hoists.iter().find(|(c, _)| a.ends_with(*c)) {
@@ -249,6 +253,7 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
         fill_warps,
         fills_in_flight,
         hoist_override,
+        gate_scan_override,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
@@ -538,6 +543,21 @@ mod tests {
             ),
             ("4x2w32", tune(ChunkShape { rows_per_warp: 32, ..shape(4, 2, 2) }, None, false, None, None)),
             (
+                "4x2w32ic",
+                tune(
+                    ChunkShape {
+                        rows_per_warp: 32,
+                        fills_in_flight: true,
+                        gate_scan_override: Some(kda_kernels::chunk::GateScan::Shared),
+                        ..shape(4, 2, 2)
+                    },
+                    None,
+                    false,
+                    None,
+                    None,
+                ),
+            ),
+            (
                 "2x4x4w32f1p",
                 tune(ChunkShape { rows_per_warp: 32, fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, None),
             ),
@@ -555,7 +575,7 @@ mod tests {
         }
         for text in [
             "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee", "8x2w", "8x2wx",
+            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

@@ -105,6 +105,20 @@ pub fn simulate_on(
             _ => None,
         })
     };
+    // What the runtime checks before a launch, the simulator checks too: the extents the
+    // kernel assumes exact or multiples of a factor.
+    for (p, v) in &def.exact_extents {
+        let name = def.params[*p].name();
+        if dims(name).is_some_and(|e| e != *v) {
+            return Err(format!("{name} = {} where `{}` assumes {v}", dims(name).unwrap_or(0), def.name));
+        }
+    }
+    for (p, m) in &def.assumptions {
+        let name = def.params[*p].name();
+        if dims(name).is_some_and(|e| e % i64::from(*m) != 0) {
+            return Err(format!("{name} = {} where `{}` assumes a multiple of {m}", dims(name).unwrap_or(0), def.name));
+        }
+    }
     let mut grid = [1u32; 3];
     for (i, g) in grid.iter_mut().enumerate() {
         *g = def.grid[i].eval(&dims).ok_or_else(|| format!("grid axis {i} needs an extent that was not given"))? as u32;

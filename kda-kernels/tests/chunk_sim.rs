@@ -119,6 +119,17 @@ fn thirty_two_rows_a_warp_change_no_bit() {
     }
 }
 
+/// A shape past a head's 128 value rows (8 warps of 32) is refused before it runs, as the
+/// runtime's launch refuses it (the kernel assumes `VD` a multiple of its block's rows), instead
+/// of running no block and writing nothing.
+#[test]
+fn a_shape_past_a_heads_rows_is_refused() {
+    let f = &chunk_families()[0];
+    let shape = ChunkShape { rows_per_warp: 32, ..ChunkShape::plain(8, 1, 2) };
+    let e = simulate_chunk(&ChunkConfig { shape, ..f.cfg.clone() }, &f.inputs(0)).expect_err("256 rows a block");
+    assert!(e.contains("VD = 128") && e.contains("a multiple of 256"), "{e}");
+}
+
 fn bits(v: &[f64]) -> Vec<u64> {
     v.iter().map(|e| e.to_bits()).collect()
 }

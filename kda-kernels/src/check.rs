@@ -109,14 +109,14 @@ pub fn simulate_on(
     // kernel assumes exact or multiples of a factor.
     for (p, v) in &def.exact_extents {
         let name = def.params[*p].name();
-        if dims(name).is_some_and(|e| e != *v) {
-            return Err(format!("{name} = {} where `{}` assumes {v}", dims(name).unwrap_or(0), def.name));
+        if let Some(e) = dims(name).filter(|e| e != v) {
+            return Err(format!("{name} = {e} where `{}` assumes {v}", def.name));
         }
     }
     for (p, m) in &def.assumptions {
         let name = def.params[*p].name();
-        if dims(name).is_some_and(|e| e % i64::from(*m) != 0) {
-            return Err(format!("{name} = {} where `{}` assumes a multiple of {m}", dims(name).unwrap_or(0), def.name));
+        if let Some(e) = dims(name).filter(|e| e % i64::from(*m) != 0) {
+            return Err(format!("{name} = {e} where `{}` assumes a multiple of {m}", def.name));
         }
     }
     let mut grid = [1u32; 3];

@@ -337,6 +337,15 @@ impl KernelBuilder {
         self.st.borrow_mut().def.hoist = h;
     }
 
+    /// `launch(.., wgmma_min_n = n)`: the narrowest accumulator a `gemm` takes `wgmma` for
+    /// ([`crate::tile::KernelDef::wgmma_min_n`]); a multiple of 8 from 8 to 256.
+    pub fn wgmma_min_n(&self, n: impl HostInt, loc: SrcLoc) {
+        match u32::try_from(n.to_i64()) {
+            Ok(v) if v.is_multiple_of(8) && (8..=256).contains(&v) => self.st.borrow_mut().def.wgmma_min_n = v,
+            _ => self.error(loc, format!("wgmma_min_n = {}: expected a multiple of 8 from 8 to 256", n.to_i64())),
+        }
+    }
+
     /// Assumes extent `dim` is exactly `v`; launchers check it, copies drop the masks it makes
     /// unnecessary.
     pub fn assume_extent(&self, dim: &Val, v: impl HostInt, loc: SrcLoc) {

@@ -51,6 +51,8 @@ pub struct GemmFacts {
     /// Whether the `gemm` runs in a `warp_group` block (its warps then need not be whole
     /// warpgroups from warp 0).
     pub in_warp_group: bool,
+    /// The kernel's narrowest N for `wgmma` (`launch(.., wgmma_min_n)`).
+    pub min_n: u32,
     /// The left operand (`[M, K]` after its transpose).
     pub a: OperandFacts,
     /// The right operand (`[K, N]` after its transpose).
@@ -99,6 +101,13 @@ pub enum NoWgmma {
     },
     /// The accumulator's columns (the instruction's N) are not a multiple of 8 up to 256.
     Columns(u32),
+    /// The accumulator's columns are fewer than the kernel's `wgmma_min_n`.
+    Narrow {
+        /// Its columns.
+        n: u32,
+        /// The kernel's `wgmma_min_n`.
+        min_n: u32,
+    },
     /// The accumulator holds more than 16 rows a warp, and A does not come from registers.
     RowBlocksFromShared {
         /// The accumulator's rows a warp.
@@ -136,6 +145,7 @@ impl fmt::Display for NoWgmma {
                 )
             }
             NoWgmma::Columns(n) => write!(f, "N = {n} is not a multiple of 8 up to 256"),
+            NoWgmma::Narrow { n, min_n } => write!(f, "N = {n} is below the kernel's wgmma_min_n = {min_n}"),
             NoWgmma::RowBlocksFromShared { rows_per_warp } => {
                 write!(f, "the accumulator's {rows_per_warp} rows a warp need A from registers (a fragment)")
             }
@@ -183,6 +193,7 @@ impl GemmFacts {
             warps: p.warps_of(c),
             // Fill warps come after the kernel's `threads`: its warps still start at warp 0.
             in_warp_group: p.owner[c] != 0,
+            min_n: def.wgmma_min_n,
             a: facts(a),
             b: facts(b),
         }
@@ -203,6 +214,9 @@ pub fn choose_wgmma(g: &GemmFacts) -> Result<WgmmaShape, NoWgmma> {
     }
     if !n.is_multiple_of(8) || !(8..=256).contains(&n) {
         return Err(NoWgmma::Columns(n));
+    }
+    if n < g.min_n {
+        return Err(NoWgmma::Narrow { n, min_n: g.min_n });
     }
     let row_blocks = rows / (16 * g.warps);
     if row_blocks > 1 && !(g.a.fragment && !g.a.transposed && !g.a.replicated) {
@@ -258,6 +272,7 @@ mod tests {
             acc: (128, 128),
             warps: 8,
             in_warp_group: false,
+            min_n: 8,
             a: shared((128, 64), false),
             b: shared((128, 64), true),
         }
@@ -270,6 +285,8 @@ mod tests {
         assert_eq!(choose_wgmma(&gemm()), Ok(ok));
         let b_kn = GemmFacts { b: shared((64, 64), false), acc: (128, 64), ..gemm() };
         assert_eq!(choose_wgmma(&b_kn).map(|s| s.b), Ok(Major::MN));
+        // At the kernel's narrowest N it still takes `wgmma`.
+        assert_eq!(choose_wgmma(&GemmFacts { min_n: 128, ..gemm() }), Ok(ok));
         let regs = GemmFacts { a: OperandFacts { fragment: true, dtype: DType::F32, ..gemm().a }, ..gemm() };
         assert_eq!(choose_wgmma(&regs).map(|s| s.a), Ok(WgmmaAFrom::Registers));
         // 32 rows a warp: two instructions a K-step, A from registers only.
@@ -290,6 +307,7 @@ mod tests {
             (GemmFacts { warps: 2, acc: (32, 128), ..gemm() }, NoWgmma::AccumulatorRows { rows: 32, warps: 2 }),
             (GemmFacts { acc: (128, 264), ..gemm() }, NoWgmma::Columns(264)),
             (GemmFacts { acc: (128, 12), ..gemm() }, NoWgmma::Columns(12)),
+            (GemmFacts { min_n: 256, ..gemm() }, NoWgmma::Narrow { n: 128, min_n: 256 }),
             (GemmFacts { b: OperandFacts { fragment: true, ..gemm().b }, ..gemm() }, NoWgmma::RegisterB),
             (GemmFacts { a: OperandFacts { replicated: true, ..gemm().a }, ..gemm() }, NoWgmma::RegisterOrReplicatedA),
             (GemmFacts { b: OperandFacts { dtype: DType::F32, ..gemm().b }, ..gemm() }, NoWgmma::InputType(DType::F32)),

@@ -475,6 +475,12 @@ pub struct KernelDef {
     pub fill_warps: u32,
     /// Which loop-invariant instructions move out of the kernel's loops (`lower/hoist.rs`).
     pub hoist: Hoist,
+    /// The narrowest accumulator (N, its columns) a `gemm` takes `wgmma` for on sm_90a
+    /// (`launch(.., wgmma_min_n = n)`, a multiple of 8 up to 256; 8, every width, by
+    /// default): a narrower one takes `mma.sync` (`gemm_choice.rs`, `NoWgmma::Narrow`). A
+    /// `wgmma` of few columns does little work for its fixed cost (descriptors, fences, the
+    /// wait), which the kernel may judge too high.
+    pub wgmma_min_n: u32,
     /// Grid extents.
     pub grid: [HostExpr; 3],
     /// Variables holding the block index per grid axis.
@@ -492,6 +498,9 @@ pub struct KernelDef {
     /// Where the kernel was declared.
     pub loc: SrcLoc,
 }
+
+/// `wgmma`'s narrowest N, and [`KernelDef::wgmma_min_n`]'s default: every width takes it.
+pub const WGMMA_MIN_N: u32 = 8;
 
 /// Which loop-invariant thread-IR instructions move before their loop (`launch(.., hoist =
 /// ..)`). A moved value is computed once instead of every iteration, and stays in a register
@@ -545,6 +554,7 @@ impl KernelDef {
             min_blocks_per_sm: None,
             fill_warps: 0,
             hoist: Hoist::Nothing,
+            wgmma_min_n: WGMMA_MIN_N,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
             buffers: Arena::new(),
@@ -591,9 +601,11 @@ impl fmt::Display for KernelDef {
         let min_blocks = self.min_blocks_per_sm.map(|m| format!(" min_blocks={m}")).unwrap_or_default();
         let fill_warps = if self.fill_warps > 0 { format!(" fill_warps={}", self.fill_warps) } else { String::new() };
         let hoist = if self.hoist == Hoist::Nothing { String::new() } else { format!(" hoist={}", self.hoist.name()) };
+        let wgmma_min_n =
+            if self.wgmma_min_n == WGMMA_MIN_N { String::new() } else { format!(" wgmma_min_n={}", self.wgmma_min_n) };
         writeln!(
             f,
-            ") threads={}{min_blocks}{fill_warps}{hoist} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks}{fill_warps}{hoist}{wgmma_min_n} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),

@@ -570,6 +570,9 @@ impl Parser {
             self.def.hoist = Hoist::named(&name)
                 .ok_or(format!("hoist = {name}: expected `nothing`, `block_uniform` or `everything`"))?;
         }
+        if self.is_ident("wgmma_min_n") {
+            self.def.wgmma_min_n = self.setting("wgmma_min_n")? as u32;
+        }
         self.keyword("grid")?;
         self.punct("=")?;
         self.punct("[")?;

@@ -77,6 +77,36 @@ pub struct ChunkShape {
     /// Another way of summing a chunk's gates than [`ChunkShape::gate_scan`]'s own (`kda bench
     /// --sweep-chunk` times them). Same bits.
     pub gate_scan_override: Option<GateScan>,
+    /// On sm_90a, the instruction of the products 16 columns wide ([`NarrowProducts`]).
+    pub narrow_products: NarrowProducts,
+}
+
+/// Which instruction the sm_90a kernel gives its products of 16 columns (a chunk's tokens):
+/// the key products `kd kiᵀ` and `qd kiᵀ`, and the state's `S kdᵀ`, `S qdᵀ`, `Uᵀ = vn INVᵀ`,
+/// `Uᵀ Mqkᵀ`. The state's update (`S += Uᵀ kr`, 128 columns) takes `wgmma` either way, and
+/// on sm_80 every product is `mma.sync`. `wgmma` and `mma.sync` round these products alike
+/// (`kda check --gpu`: the sm_90a kernel gives the sm_80 bits), so the choice changes no bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NarrowProducts {
+    /// `wgmma`: the state stays the register A operand of every state product.
+    Wgmma,
+    /// `mma.sync` (`launch(.., wgmma_min_n = 32)`): a `wgmma` of 16 columns does a warp's
+    /// `mma.sync` work for the descriptors, fences and waits around it, which cost more
+    /// instructions and a longer dependent chain than the work they spare, and at 4 warps of
+    /// 32 rows more registers than fit (docs/prefill.md, "Devices"). The state's fragments are
+    /// laid out the same for both (each warp's rows in 16-row blocks), so it passes from one to
+    /// the other in registers.
+    MmaSync,
+}
+
+impl NarrowProducts {
+    /// The kernel's `launch(.., wgmma_min_n)`.
+    pub fn wgmma_min_n(self) -> usize {
+        match self {
+            NarrowProducts::Wgmma => 8,
+            NarrowProducts::MmaSync => 32,
+        }
+    }
 }
 
 impl ChunkShape {
@@ -114,6 +144,7 @@ impl ChunkShape {
             fills_in_flight: false,
             hoist_override: None,
             gate_scan_override: None,
+            narrow_products: NarrowProducts::Wgmma,
         }
     }
 
@@ -150,7 +181,10 @@ impl ChunkShape {
     /// spills and serializes the `wgmma`s (C7512); at 1 it takes about 200 and neither. Alone
     /// on its SM, its step's barriers leave the next chunk's loads in flight. Slower than
     /// [`ChunkShape::FUSED`] on sm_80, whose second block per SM hides its waits
-    /// (docs/prefill.md, "Devices").
+    /// (docs/prefill.md, "Devices"). At [`ChunkShape::FUSED`]'s shape (4 warps of 32 rows, 2
+    /// blocks an SM) every state product on `wgmma` was faster but spills in one shipped config;
+    /// with its products of 16 columns on `mma.sync` ([`NarrowProducts::MmaSync`], the sweep's
+    /// `4x2w32ihm`) it spills in none, untimed so far.
     pub const HOPPER: ChunkShape = ChunkShape { fills_in_flight: true, ..ChunkShape::plain(8, 1, 2) };
 }
 
@@ -497,7 +531,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -527,6 +561,10 @@ impl ChunkConfig {
                 None => "",
                 Some(GateScan::PerChannel) => "_gc",
                 Some(GateScan::Shared) => "_gs",
+            },
+            match self.shape.narrow_products {
+                NarrowProducts::Wgmma => "",
+                NarrowProducts::MmaSync => "_nm",
             },
             match self.run {
                 ChunkRun::Output => "",
@@ -1065,6 +1103,7 @@ pub fn chunk(
         min_blocks = cfg.shape.min_blocks,
         fill_warps = cfg.shape.fill_warps,
         hoist = cfg.shape.hoist(),
+        wgmma_min_n = cfg.shape.narrow_products.wgmma_min_n(),
     );
     // K = V = 128 (the launcher checks): boxes along these axes need no masks.
     assume_extent(KD, 128);

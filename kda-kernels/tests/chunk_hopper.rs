@@ -106,6 +106,37 @@ fn the_hopper_chunk_kernels_assemble_to_hgmma_alone() {
     }
 }
 
+/// The sweep's `4x2w32ihm` (the sm_90a kernel at the sm_80 default's 4 warps of 32 rows, its
+/// products of 16 columns on `mma.sync`, `NarrowProducts::MmaSync`): every shipped sm_90a
+/// config assembles without spills or serialized `wgmma`s, the state's update on `HGMMA`
+/// 64 x 128 and the rest on `HMMA`. With every product on `wgmma` that shape spills in one
+/// (docs/performance.md), which this option is there to avoid.
+#[test]
+fn narrow_products_on_mma_sync_fit_four_warps_of_32_rows() {
+    use kda_kernels::chunk::{ChunkShape, NarrowProducts};
+    let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the sm_90a chunk kernels at 4 warps") else { return };
+    let shape = ChunkShape {
+        rows_per_warp: 32,
+        fills_in_flight: true,
+        narrow_products: NarrowProducts::MmaSync,
+        ..ChunkShape::plain(4, 2, 2)
+    };
+    for (i, cfg) in kda_kernels::hopper_chunk_configs().into_iter().enumerate() {
+        let cfg = kda_kernels::chunk::ChunkConfig { shape, ..cfg };
+        let ptx =
+            kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+        let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &format!("hopper_chunk_nm_{i}"), &ptx)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (key, log) = (cfg.key(), done.log);
+        assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{key}: {log}");
+        assert!(["C7512", "C7515", "C7517"].iter().all(|c| !log.contains(c)), "{key}: {log}");
+        let sass = done.sass.expect("a cuobjdump was given");
+        assert!(sass.contains("HGMMA.64x128x16.F32"), "{key}: the update is not on HGMMA");
+        assert!(!sass.contains("HGMMA.64x16x16"), "{key}: a product of 16 columns on HGMMA");
+        assert!(sass.contains(" HMMA"), "{key}: no HMMA in the SASS");
+    }
+}
+
 /// The lines of the loop of `ptx` that holds the most `bar.sync`s: from its label to the
 /// branch back to it.
 fn busiest_loop(ptx: &str) -> Vec<&str> {

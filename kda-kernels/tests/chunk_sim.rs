@@ -4,7 +4,8 @@ use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 use kda_dsl::Target;
 use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{
-    ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, Preparation, ROWS_PER_WARP,
+    ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, NarrowProducts, Preparation,
+    ROWS_PER_WARP,
 };
 use kda_kernels::chunk_check::{
     check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_on, simulate_chunk_window, simulate_split,
@@ -95,7 +96,8 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
 /// The fused kernel's 4 warps of 32 value rows (`ChunkShape::rows_per_warp`: a head's whole
 /// state in one block) give the bits of 8 warps of 16 on every other family, on sm_80 and on
 /// sm_90a (there every state product takes two `wgmma`s a K-step, one per 16-row block of each
-/// warp); so does the chain over a workspace at 2 warps of 32 on every fourth.
+/// warp; or, with `NarrowProducts::MmaSync`, those of 16 columns `mma.sync` from the same
+/// fragments); so does the chain over a workspace at 2 warps of 32 on every fourth.
 #[test]
 fn thirty_two_rows_a_warp_change_no_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
@@ -104,12 +106,16 @@ fn thirty_two_rows_a_warp_change_no_bit() {
         assert_eq!((f.cfg.shape.warps, f.cfg.shape.rows_per_warp), (4, 32), "{}: the fused default", f.name);
         let narrow = ChunkConfig { shape: ChunkShape::plain(8, 2, 2), ..f.cfg.clone() };
         let want = simulate_chunk(&narrow, &x).unwrap_or_else(|e| panic!("{} (8 warps of 16 rows): {e}", f.name));
-        let wide = f.cfg.clone();
-        for target in [Target::Sm80, Target::Sm90a] {
+        // On sm_90a the state's products on `wgmma`, then those of 16 columns on `mma.sync`.
+        let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..f.cfg.shape };
+        let runs = [(Target::Sm80, f.cfg.shape), (Target::Sm90a, f.cfg.shape), (Target::Sm90a, on_mma_sync)];
+        for (target, shape) in runs {
+            let wide = ChunkConfig { shape, ..f.cfg.clone() };
             let got = simulate_chunk_on(&wide, &x, 4, target)
-                .unwrap_or_else(|e| panic!("{} (4 warps of 32 rows, {target}): {e}", f.name));
-            assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ at 32 rows a warp on {target}", f.name);
-            assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ on {target}", f.name);
+                .unwrap_or_else(|e| panic!("{} (4 warps of 32 rows, {target}, {shape:?}): {e}", f.name));
+            let what = format!("{} at 32 rows a warp on {target}, {:?}", f.name, shape.narrow_products);
+            assert!(bits(&got.out) == bits(&want.out), "{what}: outputs differ");
+            assert!(bits(&got.final_state) == bits(&want.final_state), "{what}: final states differ");
         }
         if i % 4 == 1 {
             let chain = ChunkShape { rows_per_warp: 32, ..ChunkShape::PREPARED };

@@ -244,6 +244,7 @@ impl Cx {
         let mut min_blocks = None;
         let mut fill_warps = None;
         let mut hoist = None;
+        let mut wgmma_min_n = None;
         for (k, v, sp) in kw {
             match k.as_str() {
                 "grid" => grid = Some(v),
@@ -251,11 +252,12 @@ impl Cx {
                 "min_blocks" => min_blocks = Some(v),
                 "fill_warps" => fill_warps = Some(v),
                 "hoist" => hoist = Some(v),
+                "wgmma_min_n" => wgmma_min_n = Some(v),
                 _ => {
                     return err(
                         sp,
                         format!(
-                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps` or `hoist`"
+                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps`, `hoist` or `wgmma_min_n`"
                         ),
                     )
                 }
@@ -313,11 +315,19 @@ impl Cx {
             Some(h) => quote!(__kb.hoist(#h);),
             None => quote!(),
         };
+        let wgmma_min_n = match wgmma_min_n {
+            Some(n) if self.is_dsl(n) => {
+                return err(n.span(), "`wgmma_min_n` must be known when the kernel is specialized")
+            }
+            Some(n) => quote!(__kb.wgmma_min_n(#n, #lc);),
+            None => quote!(),
+        };
         Ok(quote! {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
             #min_blocks
             #fill_warps
             #hoist
+            #wgmma_min_n
             #(#binds)*
         })
     }

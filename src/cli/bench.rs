@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -132,23 +132,24 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape
-/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]`: `x`
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]`: `x`
 /// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
 /// holds (16 without it), `f` that many fill warps issuing the pipeline's fills, `s` the exact
 /// split into segments of that many tokens, `p` the two-kernel path with that many preparation
 /// blocks per chain, `r` that path in token ranges, `i` the step's barriers leaving the next
 /// chunks' loads in flight, `b` bf16 operands for the state's products (f16 without it), `h`
-/// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `e`, `u` or `n` the
+/// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `m` its products of
+/// 16 columns on `mma.sync` (`NarrowProducts::MmaSync`), `e`, `u` or `n` the
 /// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
 /// through shared memory (`GateScan::Shared`); 4x2w32i (the
-/// default), 4x2w32ic, 8x2, 4x1w32i, 8x1ih and 4x2w32ihn when none is given), over the five
+/// default), 8x2, 8x1ih, 4x2w32ihn, 4x2w32ihm and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
-    let defaults = ["4x2w32i", "4x2w32ic", "8x2", "4x1w32i", "8x1ih", "4x2w32ihn"].map(String::from);
+    let defaults = ["4x2w32i", "8x2", "8x1ih", "4x2w32ihn", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));
@@ -187,17 +188,19 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
+    use kda_kernels::chunk::NarrowProducts;
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || {
-        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][e|u|n][c]; {USAGE}")
+        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]; {USAGE}")
     };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `c` (the gates summed through shared memory: `ChunkShape::
     // gate_scan_override`), `e`, `u` or `n` (every loop-invariant value computed once per loop,
-    // the block-uniform ones, or none: `ChunkShape::hoist_override`), `h` (the fused kernel for
+    // the block-uniform ones, or none: `ChunkShape::hoist_override`), `m` (products of 16 columns
+    // on `mma.sync`: `ChunkShape::narrow_products`), `h` (the fused kernel for
     // sm_90a), `b` (bf16 operands for the state's products), `i` (the step's barriers leave the
     // next chunks' loads in flight), `rRANGES` (the two-kernel path in that many token ranges),
     // `p[BLOCKS]` (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)),
@@ -213,6 +216,8 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
         Some((c, h)) => (&a[..a.len() - c.len_utf8()], Some(*h)),
         None => (a, None),
     };
+    let (a, on_mma_sync) = flag(a, 'm');
+    let narrow_products = if on_mma_sync { NarrowProducts::MmaSync } else { NarrowProducts::Wgmma };
     let (a, sm90a) = flag(a, 'h');
     let target = if sm90a { Target::Sm90a } else { Target::Sm80 };
     let (a, bf16) = flag(a, 'b');
@@ -254,6 +259,7 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
         fills_in_flight,
         hoist_override,
         gate_scan_override,
+        narrow_products,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
@@ -562,6 +568,25 @@ mod tests {
                 tune(ChunkShape { rows_per_warp: 32, fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, None),
             ),
             (
+                "4x2w32ihmn",
+                ChunkTuning {
+                    target: Target::Sm90a,
+                    ..tune(
+                        ChunkShape {
+                            rows_per_warp: 32,
+                            fills_in_flight: true,
+                            narrow_products: kda_kernels::chunk::NarrowProducts::MmaSync,
+                            hoist_override: Some(Hoist::Nothing),
+                            ..shape(4, 2, 2)
+                        },
+                        None,
+                        false,
+                        None,
+                        None,
+                    )
+                },
+            ),
+            (
                 "4x2bh",
                 ChunkTuning {
                     operands: ChunkOperands::Bf16,
@@ -575,7 +600,7 @@ mod tests {
         }
         for text in [
             "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce",
+            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

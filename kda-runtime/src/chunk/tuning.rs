@@ -5,7 +5,7 @@
 
 use kda_dsl::tile::FILL_WARPS_MAX;
 use kda_dsl::{DType, Target};
-use kda_kernels::chunk::{ChunkConfig, ChunkStates, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkStates, NarrowProducts, Preparation};
 pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::PrepConfig;
 
@@ -130,6 +130,11 @@ impl ChunkTuning {
         }
         if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
             return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
+        }
+        // On sm_80 every product is `mma.sync` already: the option would compile the same
+        // kernel under another name.
+        if self.target != Target::Sm90a && self.shape.narrow_products == NarrowProducts::MmaSync {
+            return bad("narrow_products MmaSync on the sm_90a target alone");
         }
         if let Some(seg) = self.split {
             eligibility::check_split(plan, seg, "tune")?;
@@ -285,6 +290,9 @@ mod tests {
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
         refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for fused chunk kernels alone");
+        let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..ChunkShape::FUSED };
+        ChunkTuning { shape: on_mma_sync, ..hopper }.check(&plan).expect("narrow products on mma.sync, sm_90a");
+        refused(ChunkTuning { shape: on_mma_sync, ..ChunkTuning::fused(&plan) }, "MmaSync on the sm_90a target alone");
         ChunkTuning { split: Some(64), ..hopper }.check(&plan).expect("the split's fused passes on sm_90a");
     }
 

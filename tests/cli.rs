@@ -119,7 +119,7 @@ fn emit_into_a_reader_that_stops_early_exits_cleanly() {
 
 #[test]
 fn every_command_takes_help_and_the_tool_its_version() {
-    for cmd in ["list", "emit", "check", "bench", "demo"] {
+    for cmd in ["list", "emit", "check", "bench", "conflicts", "demo"] {
         for flag in ["--help", "-h"] {
             let (code, out, err) = kda(&[cmd, flag]);
             assert_eq!(code, 0, "kda {cmd} {flag}: {err}");
@@ -134,6 +134,24 @@ fn every_command_takes_help_and_the_tool_its_version() {
         assert_eq!(code, 0);
         assert_eq!(out.trim(), format!("kda {}", env!("CARGO_PKG_VERSION")));
     }
+}
+
+/// `kda conflicts` counts the prefill kernel's shared-memory wavefronts per source line in the
+/// simulator, on either target and either path; an unknown family or argument is refused.
+#[test]
+fn conflicts_counts_wavefronts_per_line() {
+    for args in [&["conflicts"][..], &["conflicts", "pool", "--target", "sm_90a"], &["conflicts", "--prepared"]] {
+        let (code, out, err) = kda(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("chunk/") && lines[1].starts_with("line"), "{out}");
+        assert!(lines.iter().any(|l| l.starts_with("chunk.rs:") && l.contains("ldmatrix")), "{out}");
+        assert!(lines.last().is_some_and(|l| l.starts_with("all: ")), "{out}");
+    }
+    let (code, _, err) = kda(&["conflicts", "nosuchfamily"]);
+    assert!(code == 2 && err.contains("nosuchfamily"), "{err}");
+    let (code, _, err) = kda(&["conflicts", "a", "b"]);
+    assert!(code == 2 && err.contains("usage: kda conflicts"), "{err}");
 }
 
 #[test]

@@ -461,3 +461,35 @@ fn barriers_order_transitively() {
     let e = err_of(&barrier_chain(false), &mut []);
     assert!(e.contains("race") && e.contains("written by thread 64 and read by thread 0"), "{e}");
 }
+
+/// Bank conflicts are counted per source line when asked for: a warp storing consecutive words
+/// takes one wavefront, one storing a column of a 32-word pitch takes 32 (every lane in one
+/// bank), and reading its row back takes one; two warps and two blocks sum.
+#[test]
+fn bank_conflicts_are_counted_per_line() {
+    use kda_dsl::sim::banks::{with_shared_access_stats, SharedOp};
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let z = shared_at(&mut p, 0);
+    let row = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: row, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(z) });
+    let col = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: col, a: Src::Reg(t), b: Src::Imm(128), c: Src::Reg(z) });
+    p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: row, offset: 8192, vals: vec![Src::Reg(t)] });
+    p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: col, offset: 0, vals: vec![Src::Reg(t)] });
+    let v = p.reg(RegClass::B32);
+    p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: row, offset: 8192 });
+    p.op(Op::Ret);
+    let prog = p.prog(64, 8192 + 256, vec![]);
+    let (ran, stats) = with_shared_access_stats(|| run(&prog, [2, 1, 1], &mut []));
+    ran.expect("no fault");
+    let at = |line: u32| stats.iter().find(|s| s.loc.line == line).copied().expect("a counted line");
+    let (row_store, col_store, row_load) = (at(6), at(7), at(8));
+    assert_eq!((row_store.op, row_store.requests, row_store.wavefronts, row_store.ideal), (SharedOp::Store, 4, 4, 4));
+    assert_eq!((col_store.requests, col_store.wavefronts, col_store.excess()), (4, 4 * 32, 4 * 31));
+    assert_eq!((row_load.op, row_load.wavefronts), (SharedOp::Load, 4));
+    assert_eq!(stats[0].loc.line, 7, "the most excess first");
+    // Outside a scope nothing is counted.
+    let (_, none) = with_shared_access_stats(|| ());
+    assert!(none.is_empty());
+}

@@ -3,21 +3,7 @@
 use kda_dsl::Target;
 
 pub fn run(args: &[String]) -> Result<i32, String> {
-    let mut target = Target::Sm80;
-    let mut pos = vec![];
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--target" {
-            let t = it.next().ok_or("--target needs sm_80, sm_90 or sm_90a")?;
-            target =
-                Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80, sm_90 or sm_90a"))?;
-        } else if let Some(t) = a.strip_prefix("--target=") {
-            target =
-                Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80, sm_90 or sm_90a"))?;
-        } else {
-            pos.push(a.as_str());
-        }
-    }
+    let (target, pos) = super::take_target(args)?;
     let (family, config) = match pos.as_slice() {
         [f] => (*f, None),
         [f, c] => (*f, Some(*c)),

@@ -23,6 +23,7 @@ pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
 mod bench;
 mod check;
 mod chunk_gpu;
+mod conflicts;
 mod decode_gpu;
 mod demo;
 mod emit;
@@ -36,12 +37,36 @@ const USAGE: &str = "usage: kda <command> [--help]
   check [--gpu [--quick] [--allow-no-gpu]]
                                          every kernel family through the simulator against its
                                          reference (with --gpu: on the GPU too); exit 1 on failure
+  conflicts [FAMILY] [--target T] [--prepared]
+                                         the prefill kernel's shared-memory bank conflicts per
+                                         source line, counted in the simulator
   bench [--json FILE] [--case NAME]      GPU timings (and JSON lines), the cases whose name
                                          contains NAME; --sweep-gemm, --sweep-decode and
                                          --sweep-chunk time launch shapes
   demo                                   the main job: run and check the kernels on the GPU, or
                                          without one, compile everything and run `check`
   --version                              the version";
+
+/// The target `--target T` (or `--target=T`) names among `args` (sm_80 without one), and the
+/// other arguments.
+fn take_target(args: &[String]) -> Result<(kda_dsl::Target, Vec<&str>), String> {
+    let parse = |t: &str| {
+        kda_dsl::Target::parse(t).ok_or_else(|| format!("unknown target `{t}`; expected sm_80, sm_90 or sm_90a"))
+    };
+    let mut target = kda_dsl::Target::Sm80;
+    let mut rest = vec![];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--target" {
+            target = parse(it.next().ok_or("--target needs sm_80, sm_90 or sm_90a")?)?;
+        } else if let Some(t) = a.strip_prefix("--target=") {
+            target = parse(t)?;
+        } else {
+            rest.push(a.as_str());
+        }
+    }
+    Ok((target, rest))
+}
 
 /// Each command's `--help`: its usage and what it does.
 fn command_help(cmd: &str) -> Option<&'static str> {
@@ -50,6 +75,7 @@ fn command_help(cmd: &str) -> Option<&'static str> {
         "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise.",
         "check" => "usage: kda check [--gpu [--quick] [--allow-no-gpu]]\n\nRuns every kernel family through the simulator against its f64 reference and\nprints a row per case. --gpu adds the GPU cases at real shapes (--quick: small and\nragged shapes, for compute-sanitizer). Exit status: 0 all passed, 1 a check failed,\n2 bad usage, 3 --gpu without a GPU (nothing run; --allow-no-gpu runs the simulator\nchecks and exits 0).",
         "bench" => bench::USAGE,
+        "conflicts" => conflicts::USAGE,
         "demo" => "usage: kda demo\n\nThe main job. With a GPU: runs the kernels at real shapes against the f64 reference,\nthen times the GEMM and one prefill case. Without one: says so, compiles every\nshipped variant for every target and runs the simulator checks.",
         _ => return None,
     })
@@ -72,6 +98,7 @@ pub fn run(args: &[String]) -> i32 {
         "emit" => emit::run(rest),
         "check" => check::run(rest),
         "bench" => bench::run(rest),
+        "conflicts" => conflicts::run(rest),
         "demo" => demo::run(rest),
         "-h" | "--help" | "help" => {
             out!("{USAGE}");

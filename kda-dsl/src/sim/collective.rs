@@ -65,6 +65,20 @@ impl Block<'_> {
                 }
             }
             Op::Ldmatrix { trans, d, addr } => {
+                if self.banks.is_some() {
+                    // One phase a matrix: its 8 row addresses of 16 bytes.
+                    let rows = 8 * d.len();
+                    let lanes: Vec<banks::LaneRequest> = (0..rows)
+                        .map(|lane| banks::LaneRequest {
+                            lane,
+                            addr: self.get(base + lane, &Src::Reg(addr)),
+                            bytes: 16,
+                        })
+                        .collect();
+                    if let Some(rec) = self.banks.as_mut() {
+                        rec.record_warp(pc, &lanes);
+                    }
+                }
                 // Row addresses from lanes 8q..8q+7 for matrix q; each row is 8 b16.
                 let mut m = [[[0u16; 8]; 8]; 4];
                 for (q, mat) in m.iter_mut().enumerate() {

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 mod args;
+pub mod banks;
 mod collective;
 mod mbarrier;
 mod memory;
@@ -184,6 +185,18 @@ struct Block<'a> {
     tracks_wgmma_registers: bool,
     /// The `mbarrier` objects, by shared address.
     mbarriers: HashMap<u32, mbarrier::Mbarrier>,
+    /// Its shared accesses, recorded when a bank-conflict count is open ([`banks`]).
+    banks: Option<banks::BankRecorder>,
+}
+
+/// The counted kind of a shared-memory instruction ([`banks`]).
+fn shared_op(op: &Op) -> banks::SharedOp {
+    match op {
+        Op::St { .. } => banks::SharedOp::Store,
+        Op::CpAsync { .. } => banks::SharedOp::CpAsync,
+        Op::Ldmatrix { .. } => banks::SharedOp::Ldmatrix,
+        _ => banks::SharedOp::Load,
+    }
 }
 
 fn class_slot(c: RegClass) -> usize {
@@ -191,6 +204,15 @@ fn class_slot(c: RegClass) -> usize {
 }
 
 impl<'a> Block<'a> {
+    /// Thread `t`'s shared access of `n` bytes at `addr` by its current instruction, for the
+    /// bank-conflict count when one is open.
+    fn record_shared(&mut self, t: usize, addr: u64, n: usize) {
+        let pc = self.threads[t].pc;
+        if let Some(rec) = self.banks.as_mut() {
+            rec.record(t, pc, addr, n as u32);
+        }
+    }
+
     fn reg_index(&self, r: Reg) -> usize {
         self.reg_base[class_slot(r.class)] + r.id as usize
     }
@@ -431,6 +453,9 @@ impl<'a> Block<'a> {
                 let a = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
                 let w = ty.bytes() as usize;
                 let n = w * d.len();
+                if *space == Space::Shared {
+                    self.record_shared(t, a, n);
+                }
                 let bytes = match space {
                     Space::Global => self.read_global(a, n)?,
                     Space::Shared => self.read_shared(t, a, n)?,
@@ -456,7 +481,10 @@ impl<'a> Block<'a> {
                 }
                 match space {
                     Space::Global => self.write_global(a, &bytes)?,
-                    Space::Shared => self.write_shared(t, a, &bytes)?,
+                    Space::Shared => {
+                        self.record_shared(t, a, bytes.len());
+                        self.write_shared(t, a, &bytes)?
+                    }
                 }
             }
             Op::CpAsync { dst, src, src_bytes } => {
@@ -466,6 +494,7 @@ impl<'a> Block<'a> {
                 }
                 let d = self.get(t, &Src::Reg(*dst));
                 self.check_shared(d, 16)?;
+                self.record_shared(t, d, 16);
                 let mut data = [0u8; 16];
                 if n > 0 {
                     let a = self.get(t, &Src::Reg(*src));
@@ -660,9 +689,13 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                     warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
                         .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
                         .collect(),
+                    banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
                 };
                 let r = run_block(&mut blk);
                 report.instructions += blk.executed;
+                if let Some(rec) = blk.banks.take() {
+                    rec.finish(|pc| (prog.body[pc].loc, shared_op(&prog.body[pc].op)));
+                }
                 for ((_, _), (name, shape, vals)) in std::mem::take(&mut blk.traces) {
                     report.prints.push(format_print(&name, &shape, [bx, by, bz], &vals));
                 }

@@ -22,7 +22,12 @@ of one warp:
   earlier result, with the latencies of LATENCY below; and the kernel source lines taking the
   most of those cycles (their instructions' issue and waits);
 - the tensor bound: the cycles the SM's tensor cores spend on the iteration's `HGMMA`s for all
-  warpgroups (dense bf16 or f16: 2048 multiply-adds a cycle per SM).
+  warpgroups (dense bf16 or f16: 2048 multiply-adds a cycle per SM);
+- the shared bound: the cycles shared memory takes to serve the iteration's accesses for all
+  the block's warps at one 128-byte wavefront a cycle per SM, without a bank conflict (the
+  fewest: `LDS`/`STS` of 4, 8 or 16 bytes a lane take 1, 2 or 4 wavefronts a warp, an
+  `LDSM`/`STSM` one a matrix, `LDGSTS` its write, an `HGMMA` its shared operands once per
+  warpgroup). Conflicts only add to it (`kda conflicts` counts them in the PTX's terms).
 
 These are estimates, not measurements: the latencies are assumptions (public microbenchmarks
 of Ampere and Hopper put them in these ranges; none is measured here), branches inside the
@@ -53,6 +58,7 @@ LATENCY = {
     "hmma": 32,  # HMMA.16816 (mma.sync m16n8k16)
 }
 TENSOR_FMA_PER_CYCLE = 2048  # dense bf16/f16 per SM per cycle (H100/H200)
+WAVEFRONT_BYTES = 128  # shared memory serves 32 banks of 4 bytes a cycle per SM
 
 CLASSES = [
     ("tensor", ("HGMMA", "HMMA")),
@@ -191,6 +197,28 @@ def latency(op):
     return LATENCY[table.get(base, "alu")], 0
 
 
+def wavefronts(text):
+    """The fewest shared-memory wavefronts one warp's instruction takes (see the docstring)."""
+    op = opcode(text)
+    base = op.split(".")[0]
+    lane_bytes = 16 if ".128" in op else 8 if ".64" in op else 4
+    if base in ("LDS", "STS"):
+        return 32 * lane_bytes / WAVEFRONT_BYTES
+    if base in ("LDSM", "STSM"):
+        return 4 if op.endswith(".4") else 2 if op.endswith(".2") else 1
+    if base == "LDGSTS":
+        return 32 * lane_bytes / WAVEFRONT_BYTES
+    if base == "HGMMA":
+        m = re.search(r"64x(\d+)x16", op)
+        n = int(m.group(1)) if m else 0
+        # B (N x 16, 2 bytes each) from shared memory always, A (64 x 16) when a descriptor
+        # holds it; the warpgroup's 4 warps issue the instruction, which reads them once.
+        operands = re.sub(r"^@!?U?P\d\s+", "", text).partition(" ")[2].split(",")
+        a_from_shared = len(operands) > 1 and operands[1].strip().startswith("gdesc")
+        return (n * 16 * 2 + (64 * 16 * 2 if a_from_shared else 0)) / WAVEFRONT_BYTES / 4
+    return 0
+
+
 def estimate(body):
     """The latency bound of `body` ((instruction, source line) rows), its tensor cycles, and
     per source line the cycles it takes: its instructions' issue plus their waits."""
@@ -281,6 +309,15 @@ def main(argv):
         # A warp keeps to one scheduler: fewer than 4 warps leave some idle.
         print(f"issue bound ({warps} warps on 4 schedulers): {len(body) * max(warps, 4) // 4} cycles")
         print(f"tensor bound ({groups} warpgroup(s)): {tensor * groups} cycles")
+        shared = sum(wavefronts(t) for t, _ in body)
+        print(f"shared bound ({warps} warps, conflict-free): {round(shared * warps)} cycles "
+              f"({shared:.0f} wavefronts a warp); the source lines taking most:")
+        by_line = collections.Counter()
+        for t, where in body:
+            by_line[where] += wavefronts(t)
+        for (where, w) in by_line.most_common(lines):
+            file, line = where or ("?", 0)
+            print(f"  {w:>6.0f} wavefronts  {file}:{line}  {' '.join(sorted({opcode(t) for t, x in body if x == where and wavefronts(t)}))}")
     else:
         print("issue bound: give --warps (no .reqntid in the PTX)")
 

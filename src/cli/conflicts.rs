@@ -1,4 +1,4 @@
-//! `kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared]`: the prefill kernel's shared-
+//! `kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared] [--all]`: the prefill kernel's shared-
 //! memory bank conflicts, per source line, counted in the simulator over one chunk family's
 //! call (`kda_dsl::sim::banks`).
 
@@ -6,13 +6,14 @@ use kda_kernels::chunk::{ChunkConfig, ChunkShape, Preparation};
 use kda_kernels::chunk_check::simulate_chunk_on;
 use kda_kernels::chunk_families::chunk_families;
 
-pub(crate) const USAGE: &str = "usage: kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared]
+pub(crate) const USAGE: &str = "usage: kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared] [--all]
 
 Runs the prefill's chunk family whose name contains FAMILY (`kda check` lists them as
 chunk/NAME; the first when omitted) in the simulator, compiled for the target (sm_80 unless
 --target says otherwise; sm_90a runs the fused kernel as it ships there), and prints its
 shared-memory instructions per source line: warp requests, the wavefronts they took, the
-fewest they could take, and the excess (bank conflicts), the most first. --prepared runs the
+fewest they could take, and the excess (bank conflicts), the most first (the first 20 lines;
+--all prints every one). --prepared runs the
 two-kernel path (chunk_prep, then the chain over its workspace) instead of the fused kernel.
 These are the PTX's requests: ptxas may merge a thread's adjacent 4-byte accesses into
 vectors, which cost less; confirm a flagged line in the SASS (cuobjdump -sass).";
@@ -23,7 +24,8 @@ const SHOWN: usize = 20;
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (target, rest) = super::take_target(args)?;
     let prepared = rest.contains(&"--prepared");
-    let names: Vec<&str> = rest.into_iter().filter(|a| *a != "--prepared").collect();
+    let shown = if rest.contains(&"--all") { usize::MAX } else { SHOWN };
+    let names: Vec<&str> = rest.into_iter().filter(|a| !matches!(*a, "--prepared" | "--all")).collect();
     let filter = match names.as_slice() {
         [] => "",
         [f] if !f.starts_with('-') => f,
@@ -58,7 +60,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         "excess",
         "per request"
     );
-    for s in stats.iter().take(SHOWN) {
+    for s in stats.iter().take(shown) {
         let at = format!("{}:{}", s.loc.file.rsplit('/').next().unwrap_or(s.loc.file), s.loc.line);
         let per = s.wavefronts as f64 / s.requests.max(1) as f64;
         out!(
@@ -71,8 +73,8 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         );
     }
     let (w, i): (u64, u64) = stats.iter().map(|s| (s.wavefronts, s.ideal)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    if stats.len() > SHOWN {
-        out!("({} more lines)", stats.len() - SHOWN);
+    if stats.len() > shown {
+        out!("({} more lines; --all prints them)", stats.len() - shown);
     }
     out!("all: {w} wavefronts, {i} at the fewest, {} excess ({:.1}%)", w - i, 100.0 * (w - i) as f64 / w.max(1) as f64);
     Ok(0)

@@ -306,8 +306,9 @@ pub enum Op {
     CpAsyncCommit,
     /// `cp.async.wait_group n`
     CpAsyncWait { n: u32 },
-    /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 {d0..d3}, [addr]`
-    Ldmatrix { trans: bool, d: [Reg; 4], addr: Reg },
+    /// `ldmatrix.sync.aligned.m8n8.x{2,4}[.trans].shared.b16 {d..}, [addr]`: one matrix a
+    /// register of `d` (2 or 4), matrix `q`'s rows addressed by lanes `8q .. 8q + 8`.
+    Ldmatrix { trans: bool, d: Vec<Reg>, addr: Reg },
     /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`: the warp's 8 x 8 matrix of 16-bit
     /// pairs (lane `l` holds row `l / 4`, columns `2 (l % 4)` and `2 (l % 4) + 1`), transposed
     /// in the same layout.
@@ -609,7 +610,7 @@ impl fmt::Display for Op {
             Op::CpAsyncWait { n } => write!(f, "cp.async.wait_group {n};"),
             Op::Ldmatrix { trans, d, addr: a } => {
                 let t = if *trans { ".trans" } else { "" };
-                write!(f, "ldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{{}}}, [{a}];", list(d))
+                write!(f, "ldmatrix.sync.aligned.m8n8.x{}{t}.shared.b16 {{{}}}, [{a}];", d.len(), list(d))
             }
             Op::Movmatrix { d, a } => write!(f, "movmatrix.sync.aligned.m8n8.trans.b16 {d}, {a};"),
             Op::Mma { ab, d, a, b, c } => write!(

@@ -79,6 +79,9 @@ pub struct ChunkShape {
     pub gate_scan_override: Option<GateScan>,
     /// On sm_90a, the instruction of the products 16 columns wide ([`NarrowProducts`]).
     pub narrow_products: NarrowProducts,
+    /// Another way of computing the key products than [`ChunkShape::key_products`]'s own
+    /// (`kda bench --sweep-chunk` times them). Same bits.
+    pub key_products_override: Option<KeyProducts>,
 }
 
 /// Which instruction the sm_90a kernel gives its products of 16 columns (a chunk's tokens):
@@ -145,6 +148,7 @@ impl ChunkShape {
             hoist_override: None,
             gate_scan_override: None,
             narrow_products: NarrowProducts::Wgmma,
+            key_products_override: None,
         }
     }
 
@@ -152,6 +156,16 @@ impl ChunkShape {
     /// overridden.
     pub fn gate_scan(self) -> GateScan {
         self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.warps))
+    }
+
+    /// How the fused step computes the key products: [`KeyProducts::Replicated`] unless
+    /// overridden. The split form moves a third of the operand bytes through shared memory, the
+    /// step's largest static bound, but leaves each warp one chain of 8 dependent `mma`s where
+    /// the replicated form interleaves four, and takes more instructions to stack its operands
+    /// (docs/performance.md, 2026-12-05 late); which of those the step waits on is for the GPU
+    /// to say (the sweep's `k`).
+    pub fn key_products(self) -> KeyProducts {
+        self.key_products_override.unwrap_or(KeyProducts::Replicated)
     }
 
     /// The value rows of a head's state one block holds: `rows_per_warp · warps`.
@@ -531,7 +545,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -565,6 +579,11 @@ impl ChunkConfig {
             match self.shape.narrow_products {
                 NarrowProducts::Wgmma => "",
                 NarrowProducts::MmaSync => "_nm",
+            },
+            match self.shape.key_products_override {
+                None => "",
+                Some(KeyProducts::Replicated) => "_kr",
+                Some(KeyProducts::Split) => "_ks",
             },
             match self.run {
                 ChunkRun::Output => "",
@@ -690,8 +709,10 @@ fn prepare_operands(
     sq: Tile,
     gl: Tile,
     ki_sh: Tile,
+    products: KeyProducts,
     kd_key: Tile,
     qd_key: Tile,
+    kq_key: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
     nv: Val,
@@ -717,8 +738,15 @@ fn prepare_operands(
         qf[i][j] = qf[i][j] * decay;
     }
     if lower {
-        copy(kf, kd_key);
-        copy(qf, qd_key);
+        if products == KeyProducts::Split {
+            for (i, j) in parallel(kf) {
+                kq_key[i][j] = kf[i][j];
+                kq_key[i + 16][j] = qf[i][j];
+            }
+        } else {
+            copy(kf, kd_key);
+            copy(qf, qd_key);
+        }
     }
 }
 
@@ -727,14 +755,18 @@ fn prepare_operands(
 /// `16 · warps` rows every warp computes both products whole and stores its copy in its own rows
 /// of `l_sh` and `m_sh` (so no two warps write one word; rows 0..16 are read); with 16 x 16
 /// ones they are laid out on the first warp, which alone computes them (the same instructions on
-/// the same operands as every warp's copy, so the same bits). The precomputed gate's products
+/// the same operands as every warp's copy, so the same bits). [`KeyProducts::Split`] computes
+/// them as one product of `kq_sh` (`kd` over `qd`) into `lm`, a 16 x 8 tile a warp. The
+/// precomputed gate's products
 /// take each pair's own `2^(G_i - G_j)`, `j <= i` (at most 1 for a decay `g <= 0`, however
 /// strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
 fn key_products(
     lower: bool,
+    products: KeyProducts,
     kd_sh: Tile,
     qd_sh: Tile,
+    kq_sh: Tile,
     ki_sh: Tile,
     kn_sh: Tile,
     qn_sh: Tile,
@@ -742,11 +774,23 @@ fn key_products(
     bt_sh: Tile,
     la: Tile,
     ma: Tile,
+    lm: Tile,
     l_sh: Tile,
     m_sh: Tile,
     mq_sh: Tile,
 ) {
-    if lower {
+    if lower && products == KeyProducts::Split {
+        // Rows 0..16 of `lm` are `kd kiᵀ`, rows 16..32 `qd kiᵀ`: one 16 x 8 tile a warp.
+        clear(lm);
+        gemm(kq_sh, ki_sh.t(), lm);
+        for (i, j) in parallel(lm) {
+            if i < 16 {
+                l_sh[i][j] = bt_sh[i] * lm[i][j];
+            } else {
+                m_sh[i - 16][j] = lm[i][j];
+            }
+        }
+    } else if lower {
         clear(la);
         clear(ma);
         gemm(kd_sh.replicated(), ki_sh.t(), la);
@@ -827,6 +871,20 @@ impl GateScan {
     }
 }
 
+/// How a block computes the lower-bound gate's key products `kd kiᵀ` and `qd kiᵀ` (16 x 16
+/// each, over K = 128). Each 16 x 8 tile of them takes the same `mma`s in the same order
+/// either way, so the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyProducts {
+    /// Each 16-row block of the accumulators computes both whole: every warp its own copy
+    /// (`kd_key.replicated()`), or the first warp alone when they are 16 rows.
+    Replicated,
+    /// `[kd; qd] kiᵀ` as one 32 x 16 product, one 16 x 8 tile a warp (a fused kernel of 4
+    /// warps): each warp loads one 16-row operand and half of `ki` instead of both operands and
+    /// all of `ki`, a third of the replicated form's shared-memory traffic.
+    Split,
+}
+
 /// When the forward substitution ([`invert_unit_lower`]) stores its columns of `INV`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InverseStores {
@@ -884,12 +942,16 @@ pub(crate) struct KeyTiles {
     pub ki_sh: Tile,
     pub kd_key: Tile,
     pub qd_key: Tile,
+    // `kd` over `qd` (32 rows), for [`KeyProducts::Split`].
+    pub kq_key: Tile,
     pub kn_sh: Tile,
     pub qn_sh: Tile,
     // The key products (accumulators, then rows), `Mqk`, and the solve's columns, lane
     // vector and result `INV`.
     pub la: Tile,
     pub ma: Tile,
+    // Both products stacked ([`KeyProducts::Split`]).
+    pub lm: Tile,
     pub l_sh: Tile,
     pub m_sh: Tile,
     pub mq_sh: Tile,
@@ -906,6 +968,7 @@ pub(crate) struct KeyTiles {
 #[kda_macros::kernel_fn]
 pub(crate) fn prepare_keys(
     scan: GateScan,
+    products: KeyProducts,
     gate: ChunkGate,
     beta: Beta,
     l2norm: bool,
@@ -926,6 +989,7 @@ pub(crate) fn prepare_keys(
         ki_sh,
         kd_key,
         qd_key,
+        kq_key,
         kn_sh,
         qn_sh,
         ..
@@ -940,7 +1004,7 @@ pub(crate) fn prepare_keys(
     let lower = gate == ChunkGate::LowerBound;
     gate_and_beta(scan, gate, beta, g_sh, dt_sh, b_sh, gl, bt_sh, eg_sh, nv, ea, lower_bound);
     load_normalized(l2norm, k_sh, q_sh, kf, qf, sq, rk, rq);
-    prepare_operands(lower, kf, qf, sq, gl, ki_sh, kd_key, qd_key, kn_sh, qn_sh, nv, scale);
+    prepare_operands(lower, kf, qf, sq, gl, ki_sh, products, kd_key, qd_key, kq_key, kn_sh, qn_sh, nv, scale);
 }
 
 /// The key products and the solve, after [`prepare_keys`]: `INV` into `inv_sh`, `Mqk` into
@@ -948,10 +1012,31 @@ pub(crate) fn prepare_keys(
 #[kda_macros::kernel_fn]
 pub(crate) fn solve_chunk(
     lower: bool,
+    products: KeyProducts,
     stores: InverseStores,
-    KeyTiles { kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh, .. }: KeyTiles,
+    KeyTiles {
+        kd_key,
+        qd_key,
+        kq_key,
+        ki_sh,
+        kn_sh,
+        qn_sh,
+        gl,
+        bt_sh,
+        la,
+        ma,
+        lm,
+        l_sh,
+        m_sh,
+        mq_sh,
+        cols,
+        x,
+        inv_sh,
+        ..
+    }: KeyTiles,
 ) {
-    key_products(lower, kd_key, qd_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, l_sh, m_sh, mq_sh);
+    #[rustfmt::skip]
+    key_products(lower, products, kd_key, qd_key, kq_key, ki_sh, kn_sh, qn_sh, gl, bt_sh, la, ma, lm, l_sh, m_sh, mq_sh);
     invert_unit_lower(stores, l_sh, cols, x, inv_sh);
 }
 
@@ -1194,14 +1279,19 @@ pub fn chunk(
     let ki_sh = shared([16, 128], BF16);
     let kd_key = shared([16, 128], BF16);
     let qd_key = shared([16, 128], BF16);
+    let kq_key = shared([32, 128], BF16);
     let kn_sh = shared([16, 128], F32);
     let qn_sh = shared([16, 128], F32);
-    // The key products: one 16-row copy a warp, however many value rows it holds.
+    // The key products: one 16-row copy a warp, however many value rows it holds, or split
+    // over the warps.
+    let key_products = cfg.shape.key_products();
     let key_rows = 16 * cfg.shape.warps;
     let la = fragment([key_rows, 16], F32);
     let ma = fragment([key_rows, 16], F32);
-    let l_sh = shared([if lower && !prepared { key_rows } else { 16 }, 16], F32);
-    let m_sh = shared([if lower && !prepared { key_rows } else { 16 }, 16], F32);
+    let lm = fragment([32, 16], F32);
+    let copies = lower && !prepared && key_products == KeyProducts::Replicated;
+    let l_sh = shared([if copies { key_rows } else { 16 }, 16], F32);
+    let m_sh = shared([if copies { key_rows } else { 16 }, 16], F32);
     let mq_sh = shared([16, 16], op);
     let bt_sh = shared([16], F32);
     let eg_sh = shared([128], F32);
@@ -1210,8 +1300,8 @@ pub fn chunk(
     let inv_sh = shared([16, 16], op);
     #[rustfmt::skip]
     let keys = KeyTiles {
-        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key, kn_sh, qn_sh,
-        la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
+        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key, kq_key, kn_sh,
+        qn_sh, la, ma, lm, l_sh, m_sh, mq_sh, cols, x, inv_sh,
     };
     // The state's products.
     let wt = fragment([bv, 16], F32);
@@ -1278,13 +1368,13 @@ pub fn chunk(
         let nv = min(t1 - t0, 16);
 
         if !prepared {
-            prepare_keys(gate_scan, cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+            prepare_keys(gate_scan, key_products, cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
             copy(kf, kd_sh);
             if output {
                 copy(qf, qd_sh);
             }
             copy(sq, kr_sh);
-            solve_chunk(lower, inverse_stores, keys);
+            solve_chunk(lower, key_products, inverse_stores, keys);
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a

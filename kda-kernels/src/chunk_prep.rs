@@ -19,8 +19,8 @@
 
 use crate::chunk::{
     chunk_shift, prepare_keys, sequence_end, sequence_prefix, sequence_start, solve_chunk, window_end, window_start,
-    ChunkGate, ChunkOperands, GateScan, InverseStores, KeyTiles, Preparation, PREP_BETA, PREP_COLS, PREP_DECAY_COLS,
-    PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
+    ChunkGate, ChunkOperands, GateScan, InverseStores, KeyProducts, KeyTiles, Preparation, PREP_BETA, PREP_COLS,
+    PREP_DECAY_COLS, PREP_INV, PREP_KD, PREP_KR, PREP_MQK, PREP_QD,
 };
 use crate::rules::Beta;
 use kda_dsl::{DType, Hoist};
@@ -203,6 +203,9 @@ pub fn chunk_prep(
     let op = cfg.operands.dtype();
     let kd_key = shared([16, 128], BF16);
     let qd_key = shared([16, 128], BF16);
+    // Only `KeyProducts::Split` (4 warps) reads these: no shared memory here.
+    let kq_key = shared([32, 128], BF16);
+    let lm = fragment([32, 16], F32);
     let ki_sh = shared([16, 128], BF16);
     let kn_sh = shared([16, 128], F32);
     let qn_sh = shared([16, 128], F32);
@@ -221,8 +224,8 @@ pub fn chunk_prep(
     let inv_sh = shared([16, 16], op);
     #[rustfmt::skip]
     let keys = KeyTiles {
-        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key,
-        kn_sh, qn_sh, la, ma, l_sh, m_sh, mq_sh, cols, x, inv_sh,
+        g_sh, dt_sh, b_sh, k_sh, q_sh, gl, bt_sh, eg_sh, kf, qf, sq, rk, rq, ki_sh, kd_key, qd_key, kq_key,
+        kn_sh, qn_sh, la, ma, lm, l_sh, m_sh, mq_sh, cols, x, inv_sh,
     };
 
     let chunks = ceil_div(eos - bos + shift, 16);
@@ -245,6 +248,7 @@ pub fn chunk_prep(
 
         prepare_keys(
             GateScan::for_block(32 * cfg.warps),
+            KeyProducts::Replicated,
             cfg.gate,
             cfg.beta,
             cfg.l2norm,
@@ -259,7 +263,7 @@ pub fn chunk_prep(
         copy(sq, prep.tile_at([bi, w0, hv, PREP_KR], [1, 16, 1, 128]));
         // Many blocks share an SM here and cover the solve's waits for each other: its stores
         // stay where they take the fewest registers.
-        solve_chunk(lower, InverseStores::AsSolved, keys);
+        solve_chunk(lower, KeyProducts::Replicated, InverseStores::AsSolved, keys);
 
         copy(inv_sh, prep.tile_at([bi, w0, hv, PREP_INV], [1, 16, 1, 16]));
         copy(mq_sh, prep.tile_at([bi, w0, hv, PREP_MQK], [1, 16, 1, 16]));

@@ -129,6 +129,21 @@ pub fn replicated_left_operand(
     copy(c, o.tile([0, 0], [cfg.rows, cfg.cols]));
 }
 
+/// `o = x · yᵀ` with 8 of the accumulator's columns a warp (a 2 x 2 grid of warps over
+/// `[rows, 16]`): each warp's B is one 8-column `ldmatrix.x2` a K-step.
+#[kernel]
+pub fn eight_columns_a_warp(cfg: &TileCfg, x: Global<(M, K), F32>, y: Global<(N, K), F32>, o: GlobalMut<(M, N), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let x_sh = shared([cfg.rows, 64], BF16);
+    copy(x.tile([0, 0], [cfg.rows, 64]), x_sh);
+    let y_sh = shared([cfg.cols, 64], BF16);
+    copy(y.tile([0, 0], [cfg.cols, 64]), y_sh);
+    let c = fragment([cfg.rows, cfg.cols], F32);
+    clear(c);
+    gemm(x_sh, y_sh.t(), c);
+    copy(c, o.tile([0, 0], [cfg.rows, cfg.cols]));
+}
+
 /// One self-test: a kernel, its f32 inputs, the outputs it writes and what they must hold.
 pub struct SelfTest {
     /// Row name.
@@ -216,6 +231,19 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
             target: Target::Sm80,
             inputs: vec![("x", vec![m, k], x.clone()), ("y", vec![k, n], y), ("yt", vec![n, k], yt)],
             outputs: vec![("o1", vec![m, n], o.clone()), ("o2", vec![m, n], o)],
+        });
+        // `x · yᵀ` for 32 rows and 16 columns over 4 warps: 8 columns a warp.
+        let (rows, n) = (32, 16);
+        let x32 = eighths(&mut rng, rows * k);
+        let y16 = eighths(&mut rng, n * k);
+        let o8: Vec<f64> =
+            (0..rows * n).map(|e| (0..k).map(|j| x32[(e / n) * k + j] * y16[(e % n) * k + j]).sum()).collect();
+        out.push(SelfTest {
+            name: "dsl/gemm_eight_columns_a_warp",
+            def: eight_columns_a_warp(&TileCfg { rows, cols: n, threads: 128 })?,
+            target: Target::Sm80,
+            inputs: vec![("x", vec![rows, k], x32), ("y", vec![n, k], y16)],
+            outputs: vec![("o", vec![rows, n], o8)],
         });
         // The same exact values, `x · yᵀ` in each of 8 warps' rows, on sm_90a's `wgmma`.
         let (warps, n) = (8, 32);

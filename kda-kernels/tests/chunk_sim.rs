@@ -4,8 +4,8 @@ use kda_dsl::DType::{BF16, F16, F32, I32, I64};
 use kda_dsl::Target;
 use kda_kernels::check::simulate_decode;
 use kda_kernels::chunk::{
-    ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, NarrowProducts, Preparation,
-    ROWS_PER_WARP,
+    ChunkConfig, ChunkGate, ChunkOperands, ChunkShape, ChunkStates, ChunkWindow, KeyProducts, NarrowProducts,
+    Preparation, ROWS_PER_WARP,
 };
 use kda_kernels::chunk_check::{
     check_chunk, check_split, compare_chunk, simulate_chunk, simulate_chunk_on, simulate_chunk_window, simulate_split,
@@ -97,7 +97,8 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
 /// state in one block) give the bits of 8 warps of 16 on every other family, on sm_80 and on
 /// sm_90a (there every state product takes two `wgmma`s a K-step, one per 16-row block of each
 /// warp; or, with `NarrowProducts::MmaSync`, those of 16 columns `mma.sync` from the same
-/// fragments); so does the chain over a workspace at 2 warps of 32 on every fourth.
+/// fragments), and with the key products split over the warps (`KeyProducts::Split`); so does
+/// the chain over a workspace at 2 warps of 32 on every fourth.
 #[test]
 fn thirty_two_rows_a_warp_change_no_bit() {
     use kda_kernels::chunk_check::two_kernel_path_matches;
@@ -108,12 +109,20 @@ fn thirty_two_rows_a_warp_change_no_bit() {
         let want = simulate_chunk(&narrow, &x).unwrap_or_else(|e| panic!("{} (8 warps of 16 rows): {e}", f.name));
         // On sm_90a the state's products on `wgmma`, then those of 16 columns on `mma.sync`.
         let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..f.cfg.shape };
-        let runs = [(Target::Sm80, f.cfg.shape), (Target::Sm90a, f.cfg.shape), (Target::Sm90a, on_mma_sync)];
+        // And the key products split over the warps, one 16 x 8 tile each.
+        let split = ChunkShape { key_products_override: Some(KeyProducts::Split), ..f.cfg.shape };
+        let runs = [
+            (Target::Sm80, f.cfg.shape),
+            (Target::Sm90a, f.cfg.shape),
+            (Target::Sm90a, on_mma_sync),
+            (Target::Sm80, split),
+            (Target::Sm90a, split),
+        ];
         for (target, shape) in runs {
             let wide = ChunkConfig { shape, ..f.cfg.clone() };
             let got = simulate_chunk_on(&wide, &x, 4, target)
                 .unwrap_or_else(|e| panic!("{} (4 warps of 32 rows, {target}, {shape:?}): {e}", f.name));
-            let what = format!("{} at 32 rows a warp on {target}, {:?}", f.name, shape.narrow_products);
+            let what = format!("{} at 32 rows a warp on {target}, {shape:?}", f.name);
             assert!(bits(&got.out) == bits(&want.out), "{what}: outputs differ");
             assert!(bits(&got.final_state) == bits(&want.final_state), "{what}: final states differ");
         }

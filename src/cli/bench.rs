@@ -11,7 +11,7 @@ use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
 pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c] ...] [--case NAME]";
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k] ...] [--case NAME]";
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -132,7 +132,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape
-/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]`: `x`
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`: `x`
 /// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
 /// holds (16 without it), `f` that many fill warps issuing the pipeline's fills, `s` the exact
 /// split into segments of that many tokens, `p` the two-kernel path with that many preparation
@@ -141,15 +141,16 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `m` its products of
 /// 16 columns on `mma.sync` (`NarrowProducts::MmaSync`), `e`, `u` or `n` the
 /// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
-/// through shared memory (`GateScan::Shared`); 4x2w32i (the
-/// default), 8x2, 8x1ih, 4x2w32ihn, 4x2w32ihm and 4x2w32ihmn when none is given), over the five
+/// through shared memory (`GateScan::Shared`), `k` the key products split over the warps
+/// (`KeyProducts::Split`); 4x2w32i (the default), 4x2w32ik, 8x2, 8x1ih, 4x2w32ihn, 4x2w32ihm and
+/// 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
-    let defaults = ["4x2w32i", "8x2", "8x1ih", "4x2w32ihn", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
+    let defaults = ["4x2w32i", "4x2w32ik", "8x2", "8x1ih", "4x2w32ihn", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));
@@ -188,16 +189,17 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
 /// as the tuning it names.
 fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || {
-        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c]; {USAGE}")
+        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]; {USAGE}")
     };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
-    // From the end: `c` (the gates summed through shared memory: `ChunkShape::
+    // From the end: `k` (the key products split over the warps: `ChunkShape::
+    // key_products_override`), `c` (the gates summed through shared memory: `ChunkShape::
     // gate_scan_override`), `e`, `u` or `n` (every loop-invariant value computed once per loop,
     // the block-uniform ones, or none: `ChunkShape::hoist_override`), `m` (products of 16 columns
     // on `mma.sync`: `ChunkShape::narrow_products`), `h` (the fused kernel for
@@ -208,6 +210,8 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
     // `wROWS` (value rows a warp) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, split_keys) = flag(a, 'k');
+    let key_products_override = split_keys.then_some(kda_kernels::chunk::KeyProducts::Split);
     let (a, shared_scan) = flag(a, 'c');
     let gate_scan_override = shared_scan.then_some(kda_kernels::chunk::GateScan::Shared);
     let hoists =
@@ -260,6 +264,7 @@ fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, 
         hoist_override,
         gate_scan_override,
         narrow_products,
+        key_products_override,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
@@ -568,6 +573,21 @@ mod tests {
                 tune(ChunkShape { rows_per_warp: 32, fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, None),
             ),
             (
+                "4x2w32ik",
+                tune(
+                    ChunkShape {
+                        rows_per_warp: 32,
+                        fills_in_flight: true,
+                        key_products_override: Some(kda_kernels::chunk::KeyProducts::Split),
+                        ..shape(4, 2, 2)
+                    },
+                    None,
+                    false,
+                    None,
+                    None,
+                ),
+            ),
+            (
                 "4x2w32ihmn",
                 ChunkTuning {
                     target: Target::Sm90a,
@@ -600,7 +620,7 @@ mod tests {
         }
         for text in [
             "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm",
+            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm", "8x2kk", "8x2kc",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

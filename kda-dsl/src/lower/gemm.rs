@@ -122,7 +122,7 @@ impl Lower<'_> {
                             let (row, col) = index(lw, parts, a.transposed, i * 16, k0);
                             let addr = lw.shared_addr(a.buf, row, col);
                             let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
-                            lw.em.emit(Op::Ldmatrix { trans: a_trans, d, addr });
+                            lw.em.emit(Op::Ldmatrix { trans: a_trans, d: d.to_vec(), addr });
                             afr.push(d);
                         }
                         Some(la) => afr.push(lw.pack_a(a.buf, la, i, kk, ab_ty)),
@@ -132,13 +132,17 @@ impl Lower<'_> {
                 match b_frag {
                     None => {
                         let parts = b_parts.expect("a shared B has its parts");
-                        for jp in 0..ni / 2 {
+                        // 16 columns an `ldmatrix.x4`; a warp's odd last 8 an `.x2`, whose
+                        // matrices are the first two of the `.x4`'s (lanes 0..16 address them).
+                        for jp in 0..ni.div_ceil(2) {
                             let (row, col) = index(lw, parts, !b.transposed, jp * 16, k0);
                             let addr = lw.shared_addr(b.buf, row, col);
-                            let d = [0; 4].map(|_| lw.em.reg(RegClass::B32));
-                            lw.em.emit(Op::Ldmatrix { trans: b_trans, d, addr });
-                            bfr.push([d[0], d[1]]);
-                            bfr.push([d[2], d[3]]);
+                            let matrices = if 2 * jp + 1 < ni { 4 } else { 2 };
+                            let d: Vec<Reg> = (0..matrices).map(|_| lw.em.reg(RegClass::B32)).collect();
+                            lw.em.emit(Op::Ldmatrix { trans: b_trans, d: d.clone(), addr });
+                            for pair in d.chunks(2) {
+                                bfr.push([pair[0], pair[1]]);
+                            }
                         }
                     }
                     Some(lb) => {

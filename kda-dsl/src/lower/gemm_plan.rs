@@ -199,13 +199,6 @@ impl Lower<'_> {
             Err(NoWgmma::Target(_)) => None,
             Err(why) => Some(why),
         };
-        // `ldmatrix` loads B 16 columns at a time (`wgmma` takes any multiple of 8).
-        if lc.ni() % 2 != 0 && b_frag.is_none() {
-            return self.err(
-                loc,
-                format!("gemm: each warp's {} accumulator columns must be a multiple of 16 ({lc})", lc.warp_cols()),
-            );
-        }
         let a = match a_frag {
             None => OperandSource::Ldmatrix { trans: a.transposed },
             Some(layout) => OperandSource::Registers { layout, movmatrix: false },

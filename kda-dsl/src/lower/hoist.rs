@@ -284,8 +284,8 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::CvtaParam { d, .. }
         | Op::Shfl { d, .. } => vec![*d],
         Op::Unpack2 { lo, hi, .. } => vec![*lo, *hi],
-        Op::Ld { d, .. } | Op::Wgmma { d, .. } => d.clone(),
-        Op::Ldmatrix { d, .. } | Op::Mma { d, .. } => d.to_vec(),
+        Op::Ld { d, .. } | Op::Wgmma { d, .. } | Op::Ldmatrix { d, .. } => d.clone(),
+        Op::Mma { d, .. } => d.to_vec(),
         Op::MbarrierArrive { state, .. } | Op::MbarrierArriveExpectTx { state, .. } => vec![*state],
         Op::St { .. }
         | Op::CpAsync { .. }

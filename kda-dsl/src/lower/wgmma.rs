@@ -75,7 +75,7 @@ impl Lower<'_> {
                     let col = self.em.add32(col0, Src::Imm(i64::from(16 * step)));
                     let addr = self.shared_addr(a.buf, row, col);
                     let regs = [0; 4].map(|_| self.em.reg(RegClass::B32));
-                    self.em.emit(Op::Ldmatrix { trans: false, d: regs, addr });
+                    self.em.emit(Op::Ldmatrix { trans: false, d: regs.to_vec(), addr });
                     let b_operand = self.descriptor(p.b, b_field, step);
                     self.em.emit(Op::WgmmaFence);
                     let op = Op::Wgmma {

@@ -79,9 +79,10 @@ impl Block<'_> {
                         rec.record_warp(pc, &lanes);
                     }
                 }
-                // Row addresses from lanes 8q..8q+7 for matrix q; each row is 8 b16.
+                // Row addresses from lanes 8q..8q+7 for matrix q; each row is 8 b16. An `.x2`
+                // reads two matrices (lanes 0..16 address them), an `.x4` four.
                 let mut m = [[[0u16; 8]; 8]; 4];
-                for (q, mat) in m.iter_mut().enumerate() {
+                for (q, mat) in m.iter_mut().enumerate().take(d.len()) {
                     for (r, row) in mat.iter_mut().enumerate() {
                         let a = self.get(base + q * 8 + r, &Src::Reg(addr));
                         let bytes = self.read_shared(base + q * 8 + r, a, 16)?;

@@ -5,7 +5,7 @@
 
 use kda_dsl::tile::FILL_WARPS_MAX;
 use kda_dsl::{DType, Target};
-use kda_kernels::chunk::{ChunkConfig, ChunkStates, NarrowProducts, Preparation};
+use kda_kernels::chunk::{ChunkConfig, ChunkStates, KeyProducts, NarrowProducts, Preparation};
 pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::PrepConfig;
 
@@ -130,6 +130,10 @@ impl ChunkTuning {
         }
         if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
             return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
+        }
+        // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys.
+        if self.shape.key_products_override == Some(KeyProducts::Split) && (self.shape.warps != 4 || self.prepared) {
+            return bad("key products split over exactly 4 warps of the fused kernel");
         }
         // On sm_80 every product is `mma.sync` already: the option would compile the same
         // kernel under another name.
@@ -290,6 +294,12 @@ mod tests {
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
         refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for fused chunk kernels alone");
+        let split = ChunkShape { key_products_override: Some(KeyProducts::Split), ..ChunkShape::FUSED };
+        ChunkTuning { shape: split, ..ChunkTuning::fused(&plan) }.check(&plan).expect("split key products");
+        refused(
+            ChunkTuning { shape: ChunkShape { warps: 8, rows_per_warp: 16, ..split }, ..ChunkTuning::fused(&plan) },
+            "exactly 4 warps",
+        );
         let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..ChunkShape::FUSED };
         ChunkTuning { shape: on_mma_sync, ..hopper }.check(&plan).expect("narrow products on mma.sync, sm_90a");
         refused(ChunkTuning { shape: on_mma_sync, ..ChunkTuning::fused(&plan) }, "MmaSync on the sm_90a target alone");

@@ -1,6 +1,6 @@
-//! `kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared] [--all]`: the prefill kernel's shared-
-//! memory bank conflicts, per source line, counted in the simulator over one chunk family's
-//! call (`kda_dsl::sim::banks`).
+//! `kda conflicts [FAMILY] [--target sm_80|sm_90a] [--prepared] [--all]`: the prefill
+//! kernel's shared-memory bank conflicts, per source line, counted in the simulator over one
+//! chunk family's call (`kda_dsl::sim::banks`).
 
 use kda_kernels::chunk::{ChunkConfig, ChunkShape, Preparation};
 use kda_kernels::chunk_check::simulate_chunk_on;
@@ -12,11 +12,11 @@ Runs the prefill's chunk family whose name contains FAMILY (`kda check` lists th
 chunk/NAME; the first when omitted) in the simulator, compiled for the target (sm_80 unless
 --target says otherwise; sm_90a runs the fused kernel as it ships there), and prints its
 shared-memory instructions per source line: warp requests, the wavefronts they took, the
-fewest they could take, and the excess (bank conflicts), the most first (the first 20 lines;
---all prints every one). --prepared runs the
-two-kernel path (chunk_prep, then the chain over its workspace) instead of the fused kernel.
-These are the PTX's requests: ptxas may merge a thread's adjacent 4-byte accesses into
-vectors, which cost less; confirm a flagged line in the SASS (cuobjdump -sass).";
+fewest they could take, and the excess (bank conflicts), the most first; the first 20 lines,
+every one with --all. --prepared runs the two-kernel path (chunk_prep, then the chain over its
+workspace) instead of the fused kernel. These are the PTX's requests: ptxas may merge a
+thread's adjacent 4-byte accesses into vectors, which cost less; confirm a flagged line in the
+SASS (cuobjdump -sass).";
 
 /// Lines printed: the rest are summed on one more.
 const SHOWN: usize = 20;

@@ -757,9 +757,8 @@ fn prepare_operands(
 /// ones they are laid out on the first warp, which alone computes them (the same instructions on
 /// the same operands as every warp's copy, so the same bits). [`KeyProducts::Split`] computes
 /// them as one product of `kq_sh` (`kd` over `qd`) into `lm`, a 16 x 8 tile a warp. The
-/// precomputed gate's products
-/// take each pair's own `2^(G_i - G_j)`, `j <= i` (at most 1 for a decay `g <= 0`, however
-/// strong; the pairs above the diagonal, never read, take exponent 0).
+/// precomputed gate's products take each pair's own `2^(G_i - G_j)`, `j <= i` (at most 1 for a
+/// decay `g <= 0`, however strong; the pairs above the diagonal, never read, take exponent 0).
 #[kda_macros::kernel_fn]
 fn key_products(
     lower: bool,

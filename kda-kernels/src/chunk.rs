@@ -779,40 +779,42 @@ fn key_products(
     mq_sh: Tile,
 ) {
     if lower && products == KeyProducts::Split {
-        // Rows 0..16 of `lm` are `kd kiᵀ`, rows 16..32 `qd kiᵀ`: one 16 x 8 tile a warp.
+        // Rows 0..16 of `lm` are `kd kiᵀ`, rows 16..32 `qd kiᵀ`: one 16 x 8 tile a warp. `l_sh`
+        // takes both (32 rows; the second product times 1, exactly itself), in one store.
         clear(lm);
         gemm(kq_sh, ki_sh.t(), lm);
         for (i, j) in parallel(lm) {
-            if i < 16 {
-                l_sh[i][j] = bt_sh[i] * lm[i][j];
-            } else {
-                m_sh[i - 16][j] = lm[i][j];
-            }
+            l_sh[i][j] = select(i < 16, bt_sh[i % 16], 1.0) * lm[i][j];
         }
-    } else if lower {
-        clear(la);
-        clear(ma);
-        gemm(kd_sh.replicated(), ki_sh.t(), la);
-        gemm(qd_sh.replicated(), ki_sh.t(), ma);
-        for (i, j) in parallel(la) {
-            l_sh[i][j] = bt_sh[i % 16] * la[i][j];
-            m_sh[i][j] = ma[i][j];
+        for (i, j) in parallel(mq_sh) {
+            mq_sh[i][j] = select(j <= i, l_sh[i + 16][j], 0.0);
         }
     } else {
-        for (i, j) in parallel(mq_sh) {
-            let mut acc_l = 0.0;
-            let mut acc_m = 0.0;
-            for cc in serial(0, 128) {
-                let kj = kn_sh[j][cc] * exp2(select(j <= i, gl[i][cc] - gl[j][cc], 0.0));
-                acc_l = acc_l + kn_sh[i][cc] * kj;
-                acc_m = acc_m + qn_sh[i][cc] * kj;
+        if lower {
+            clear(la);
+            clear(ma);
+            gemm(kd_sh.replicated(), ki_sh.t(), la);
+            gemm(qd_sh.replicated(), ki_sh.t(), ma);
+            for (i, j) in parallel(la) {
+                l_sh[i][j] = bt_sh[i % 16] * la[i][j];
+                m_sh[i][j] = ma[i][j];
             }
-            l_sh[i][j] = bt_sh[i] * acc_l;
-            m_sh[i][j] = acc_m;
+        } else {
+            for (i, j) in parallel(mq_sh) {
+                let mut acc_l = 0.0;
+                let mut acc_m = 0.0;
+                for cc in serial(0, 128) {
+                    let kj = kn_sh[j][cc] * exp2(select(j <= i, gl[i][cc] - gl[j][cc], 0.0));
+                    acc_l = acc_l + kn_sh[i][cc] * kj;
+                    acc_m = acc_m + qn_sh[i][cc] * kj;
+                }
+                l_sh[i][j] = bt_sh[i] * acc_l;
+                m_sh[i][j] = acc_m;
+            }
         }
-    }
-    for (i, j) in parallel(mq_sh) {
-        mq_sh[i][j] = select(j <= i, m_sh[i][j], 0.0);
+        for (i, j) in parallel(mq_sh) {
+            mq_sh[i][j] = select(j <= i, m_sh[i][j], 0.0);
+        }
     }
 }
 
@@ -1288,8 +1290,15 @@ pub fn chunk(
     let la = fragment([key_rows, 16], F32);
     let ma = fragment([key_rows, 16], F32);
     let lm = fragment([32, 16], F32);
-    let copies = lower && !prepared && key_products == KeyProducts::Replicated;
-    let l_sh = shared([if copies { key_rows } else { 16 }, 16], F32);
+    let fused_keys = lower && !prepared;
+    let copies = fused_keys && key_products == KeyProducts::Replicated;
+    // Split, `l_sh` holds both products (32 rows).
+    let l_rows = match (fused_keys, key_products) {
+        (true, KeyProducts::Replicated) => key_rows,
+        (true, KeyProducts::Split) => 32,
+        (false, _) => 16,
+    };
+    let l_sh = shared([l_rows, 16], F32);
     let m_sh = shared([if copies { key_rows } else { 16 }, 16], F32);
     let mq_sh = shared([16, 16], op);
     let bt_sh = shared([16], F32);

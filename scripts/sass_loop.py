@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Static estimate of one iteration of a kernel's busiest loop, read from its SASS.
 
-    scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--warps N] [--at 0xTOP] [--lines N]
+    scripts/sass_loop.py FAMILY [CONFIG] [--target sm_80|sm_90a] [--shape SHAPE] [--warps N] [--at 0xTOP] [--lines N]
     scripts/sass_loop.py --all
 
 `--all` prints one line per shipped variant (`kda list`): its registers, spill bytes and the
 instructions of its busiest loop, to compare two commits' code at a glance.
 
-Builds nothing: it runs `target/release/kda emit`, ptxas and nvdisasm (from KDA_PTXAS and
+`--shape` passes to `kda emit chunk`: a `kda bench --sweep-chunk` shape (`4x2w32ik`, say) instead of
+the config's own. Builds nothing: it runs `target/release/kda emit`, ptxas and nvdisasm (from KDA_PTXAS and
 KDA_NVDISASM, else `.cache/`), lists the loops (a label and the branch back to it), takes
 the one with the most instructions (or the one starting at `--at`) and prints, per iteration
 of one warp:

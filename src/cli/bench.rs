@@ -191,7 +191,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
 
 /// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
 /// as the tuning it names.
-fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
+pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || {

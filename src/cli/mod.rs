@@ -32,7 +32,7 @@ mod list;
 
 const USAGE: &str = "usage: kda <command> [--help]
   list                                   kernels and their shipped configs
-  emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]
+  emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a] [--shape SHAPE]
                                          PTX of a variant on stdout (default config when omitted)
   check [--gpu [--quick] [--allow-no-gpu]]
                                          every kernel family through the simulator against its
@@ -72,7 +72,7 @@ fn take_target(args: &[String]) -> Result<(kda_dsl::Target, Vec<&str>), String> 
 fn command_help(cmd: &str) -> Option<&'static str> {
     Some(match cmd {
         "list" => "usage: kda list\n\nLists every shipped kernel variant by family and config name; `(default)` marks\nthe config `kda emit NAME` prints without one.",
-        "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise.",
+        "emit" => "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a] [--shape SHAPE]\n\nPrints the PTX of a shipped variant (`kda list` names them): the family's default\nconfig without CONFIG; for sm_80 unless --target says otherwise. For `chunk`,\n--shape SHAPE (a `kda bench --sweep-chunk` shape, e.g. 4x2w32ik) replaces the config's\nlaunch shape, path and operands: the kernel that sweep row times.",
         "check" => "usage: kda check [--gpu [--quick] [--allow-no-gpu]]\n\nRuns every kernel family through the simulator against its f64 reference and\nprints a row per case. --gpu adds the GPU cases at real shapes (--quick: small and\nragged shapes, for compute-sanitizer). Exit status: 0 all passed, 1 a check failed,\n2 bad usage, 3 --gpu without a GPU (nothing run; --allow-no-gpu runs the simulator\nchecks and exits 0).",
         "bench" => bench::USAGE,
         "conflicts" => conflicts::USAGE,

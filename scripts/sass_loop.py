@@ -25,10 +25,11 @@ of one warp:
 - the tensor bound: the cycles the SM's tensor cores spend on the iteration's `HGMMA`s for all
   warpgroups (dense bf16 or f16: 2048 multiply-adds a cycle per SM);
 - the shared bound: the cycles shared memory takes to serve the iteration's accesses for all
-  the block's warps at one 128-byte wavefront a cycle per SM, without a bank conflict (the
-  fewest: `LDS`/`STS` of 4, 8 or 16 bytes a lane take 1, 2 or 4 wavefronts a warp, an
-  `LDSM`/`STSM` one a matrix, `LDGSTS` its write, an `HGMMA` its shared operands once per
-  warpgroup). Conflicts only add to it (`kda conflicts` counts them in the PTX's terms).
+  the block's warps at one 128-byte wavefront a cycle per SM, each lane reading its own bytes
+  and no bank conflict: `LDS`/`STS` of 4, 8 or 16 bytes a lane take 1, 2 or 4 wavefronts a
+  warp, an `LDSM`/`STSM` one a matrix, `LDGSTS` its write, an `HGMMA` its shared operands once
+  per warpgroup. Conflicts add to it (`kda conflicts` counts them in the PTX's terms); lanes
+  reading one address (a broadcast) take one wavefront, less than it counts.
 
 These are estimates, not measurements: the latencies are assumptions (public microbenchmarks
 of Ampere and Hopper put them in these ranges; none is measured here), branches inside the

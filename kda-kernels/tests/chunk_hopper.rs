@@ -90,15 +90,7 @@ fn the_state_is_a_wgmma_accumulator_and_never_reaches_shared_memory() {
 fn the_hopper_chunk_kernels_assemble_to_hgmma_alone() {
     let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the sm_90a chunk kernels") else { return };
     for (i, cfg) in kda_kernels::hopper_chunk_configs().into_iter().enumerate() {
-        let ptx =
-            kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
-        let name = format!("hopper_chunk_{i}");
-        let done =
-            assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &name, &ptx).unwrap_or_else(|e| panic!("{e}"));
-        let (key, log) = (cfg.key(), done.log);
-        assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{key}: {log}");
-        assert!(["C7512", "C7515", "C7517"].iter().all(|c| !log.contains(c)), "{key}: {log}");
-        let sass = done.sass.expect("a cuobjdump was given");
+        let (key, sass) = assembled_without_spills(&ptxas, &cuobjdump, &cfg, &format!("hopper_chunk_{i}"));
         for op in ["HGMMA.64x16x16.F32", "HGMMA.64x128x16.F32"] {
             assert!(sass.contains(op), "{key}: no {op} in the SASS");
         }
@@ -123,18 +115,27 @@ fn narrow_products_on_mma_sync_fit_four_warps_of_32_rows() {
     };
     for (i, cfg) in kda_kernels::hopper_chunk_configs().into_iter().enumerate() {
         let cfg = kda_kernels::chunk::ChunkConfig { shape, ..cfg };
-        let ptx =
-            kda_dsl::compile(kda_kernels::chunk::chunk(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
-        let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &format!("hopper_chunk_nm_{i}"), &ptx)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let (key, log) = (cfg.key(), done.log);
-        assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{key}: {log}");
-        assert!(["C7512", "C7515", "C7517"].iter().all(|c| !log.contains(c)), "{key}: {log}");
-        let sass = done.sass.expect("a cuobjdump was given");
+        let (key, sass) = assembled_without_spills(&ptxas, &cuobjdump, &cfg, &format!("hopper_chunk_nm_{i}"));
         assert!(sass.contains("HGMMA.64x128x16.F32"), "{key}: the update is not on HGMMA");
         assert!(!sass.contains("HGMMA.64x16x16"), "{key}: a product of 16 columns on HGMMA");
         assert!(sass.contains(" HMMA"), "{key}: no HMMA in the SASS");
     }
+}
+
+/// `cfg`'s chunk kernel compiled for sm_90a and assembled by ptxas (as `name`), checked for no
+/// spills and no serialized or waited-on `wgmma`s (C7512, C7515, C7517): its key and SASS.
+fn assembled_without_spills(
+    ptxas: &std::ffi::OsStr,
+    cuobjdump: &std::ffi::OsStr,
+    cfg: &kda_kernels::chunk::ChunkConfig,
+    name: &str,
+) -> (String, String) {
+    let ptx = kda_dsl::compile(kda_kernels::chunk::chunk(cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+    let done = assemble::assemble(ptxas, Some(cuobjdump), "sm_90a", name, &ptx).unwrap_or_else(|e| panic!("{e}"));
+    let (key, log) = (cfg.key(), done.log);
+    assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{key}: {log}");
+    assert!(["C7512", "C7515", "C7517"].iter().all(|c| !log.contains(c)), "{key}: {log}");
+    (key, done.sass.expect("a cuobjdump was given"))
 }
 
 /// The lines of the loop of `ptx` that holds the most `bar.sync`s: from its label to the

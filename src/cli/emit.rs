@@ -3,7 +3,7 @@
 //! own, so the shapes the sweep times can be read and counted (`scripts/sass_loop.py`) too.
 
 use kda_dsl::Target;
-use kda_kernels::chunk::{ChunkConfig, Preparation};
+use kda_kernels::chunk::ChunkConfig;
 
 pub(crate) const USAGE: &str = "usage: kda emit NAME [CONFIG] [--target sm_80|sm_90|sm_90a] [--shape SHAPE]";
 
@@ -43,10 +43,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
             .find(|v| v.name == c)
             .ok_or_else(|| format!("`{family}` has no config `{c}`; `kda list` shows them"))?,
     };
-    let def = v.build().map_err(|e| e.to_string())?;
-    let k = kda_dsl::compile(def, target).map_err(|e| e.to_string())?;
-    super::write_stdout(&k.ptx).map_err(|e| format!("writing the PTX: {e}"))?;
-    Ok(0)
+    print_ptx(v.build().map_err(|e| e.to_string())?, target)
 }
 
 /// The `chunk` kernel of `config` (the default without one) at a `--sweep-chunk` shape: the
@@ -64,10 +61,12 @@ fn emit_chunk_shape(family: &str, config: Option<&str>, shape: &str, target: Tar
             .ok_or_else(|| format!("`chunk` has no sm_80 config `{c}`; `kda list` shows them"))?,
     };
     let tuning = super::bench::parse_chunk_shape(shape)?;
-    let preparation = if tuning.prepared { Preparation::Workspace } else { Preparation::InKernel };
-    let cfg = ChunkConfig { shape: tuning.shape, preparation, operands: tuning.operands, ..base };
     let target = if tuning.target == Target::Sm90a { Target::Sm90a } else { target };
-    let def = kda_kernels::chunk::chunk(&cfg).map_err(|e| e.to_string())?;
+    print_ptx(kda_kernels::chunk::chunk(&tuning.apply(base)).map_err(|e| e.to_string())?, target)
+}
+
+/// Compiles `def` for `target` and prints its PTX.
+fn print_ptx(def: kda_dsl::tile::KernelDef, target: Target) -> Result<i32, String> {
     let k = kda_dsl::compile(def, target).map_err(|e| e.to_string())?;
     super::write_stdout(&k.ptx).map_err(|e| format!("writing the PTX: {e}"))?;
     Ok(0)

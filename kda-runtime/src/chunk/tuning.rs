@@ -152,6 +152,13 @@ impl ChunkTuning {
         Ok(())
     }
 
+    /// The chunk kernel `self` runs for `cfg`'s call: its shape, path (a prepared workspace or
+    /// not) and operands.
+    pub fn apply(self, cfg: ChunkConfig) -> ChunkConfig {
+        let preparation = if self.prepared { Preparation::Workspace } else { Preparation::InKernel };
+        ChunkConfig { shape: self.shape, preparation, operands: self.operands, ..cfg }
+    }
+
     /// The fused kernel alone, at its shape: no workspace, no split.
     pub fn fused(plan: &ChunkPlan) -> ChunkTuning {
         ChunkTuning::of_path(plan, false)
@@ -227,7 +234,7 @@ pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         InitialState::PerSequence { .. } => ChunkStates::PerSequence { store_final },
         InitialState::Pool { indices, has_initial, .. } => ChunkStates::Pool { indices, has_initial },
     };
-    ChunkConfig {
+    tune.apply(ChunkConfig {
         dtype: plan.dtype,
         state_dtype: plan.state_dtype,
         gate: plan.gate.kernel(),
@@ -236,12 +243,10 @@ pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
         l2norm: plan.l2norm,
         varlen: plan.varlen,
         states,
-        shape: tune.shape,
-        run: kda_kernels::chunk::ChunkRun::Output,
-        preparation: if tune.prepared { Preparation::Workspace } else { Preparation::InKernel },
-        operands: tune.operands,
         prefix: plan.prefix.caching,
-    }
+        // The shape, path and operands are the tuning's; the run writes the output.
+        ..ChunkConfig::default()
+    })
 }
 
 #[cfg(test)]

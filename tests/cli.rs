@@ -137,15 +137,19 @@ fn every_command_takes_help_and_the_tool_its_version() {
 }
 
 /// `kda emit chunk --shape` prints the kernel a `--sweep-chunk` row times: the split key products
-/// load a warp's 8 columns with `ldmatrix.x2`; `h` compiles for sm_90a, `m` puts the narrow
-/// products on `mma.sync` beside the update's `wgmma`. Other families refuse it.
+/// (the default's) load a warp's 8 columns with `ldmatrix.x2`, the replicated ones do not; `h`
+/// compiles for sm_90a, `m` puts the narrow products on `mma.sync` beside the update's `wgmma`.
+/// Other families refuse it.
 #[test]
 fn emit_takes_a_sweep_shape_for_chunk() {
     let (code, split, err) = kda(&["emit", "chunk", "--shape", "4x2w32ik"]);
     assert_eq!(code, 0, "{err}");
     assert!(split.contains("ldmatrix.sync.aligned.m8n8.x2.shared.b16"), "no ldmatrix.x2");
     let (_, default, _) = kda(&["emit", "chunk"]);
-    assert!(!default.contains(".x2.shared") && split != default);
+    assert_eq!(default, split, "the default is the split key products' shape");
+    let (code, replicated, err) = kda(&["emit", "chunk", "--shape", "4x2w32i"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!replicated.contains(".x2.shared"));
     let (code, hopper, err) = kda(&["emit", "chunk", "--shape", "4x2w32ihm"]);
     assert_eq!(code, 0, "{err}");
     assert!(hopper.contains(".target sm_90a") && hopper.contains("wgmma.mma_async") && hopper.contains("mma.sync"));

@@ -79,9 +79,9 @@ pub struct ChunkShape {
     pub gate_scan_override: Option<GateScan>,
     /// On sm_90a, the instruction of the products 16 columns wide ([`NarrowProducts`]).
     pub narrow_products: NarrowProducts,
-    /// Another way of computing the key products than [`ChunkShape::key_products`]'s own
-    /// (`kda bench --sweep-chunk` times them). Same bits.
-    pub key_products_override: Option<KeyProducts>,
+    /// How the fused step computes the lower-bound gate's key products ([`KeyProducts`]; the
+    /// sweep's `k` is [`KeyProducts::Split`]). Same bits either way.
+    pub key_products: KeyProducts,
 }
 
 /// Which instruction the sm_90a kernel gives its products of 16 columns (a chunk's tokens):
@@ -148,7 +148,7 @@ impl ChunkShape {
             hoist_override: None,
             gate_scan_override: None,
             narrow_products: NarrowProducts::Wgmma,
-            key_products_override: None,
+            key_products: KeyProducts::Replicated,
         }
     }
 
@@ -156,16 +156,6 @@ impl ChunkShape {
     /// overridden.
     pub fn gate_scan(self) -> GateScan {
         self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.warps))
-    }
-
-    /// How the fused step computes the key products: [`KeyProducts::Replicated`] unless
-    /// overridden. The split form moves a third of the operand bytes through shared memory, the
-    /// step's largest static bound, but leaves each warp one chain of 8 dependent `mma`s where
-    /// the replicated form interleaves four, and takes more instructions to stack its operands
-    /// (docs/performance.md, 2026-12-05 late); which of those the step waits on is for the GPU
-    /// to say (the sweep's `k`).
-    pub fn key_products(self) -> KeyProducts {
-        self.key_products_override.unwrap_or(KeyProducts::Replicated)
     }
 
     /// The value rows of a head's state one block holds: `rows_per_warp · warps`.
@@ -179,8 +169,16 @@ impl ChunkShape {
     /// every warp repeats is paid half as often (35% fewer instructions a block): 20 to 26%
     /// faster on every fused row of `kda bench --sweep-chunk` (docs/performance.md,
     /// 2026-12-05, H100). Leaving the loads in flight gained 4 to 7% more there: with 8 warps
-    /// an SM, the other block does not cover the step's waits for them.
-    pub const FUSED: ChunkShape = ChunkShape { rows_per_warp: 32, fills_in_flight: true, ..ChunkShape::plain(4, 2, 2) };
+    /// an SM, the other block does not cover the step's waits for them. Its key products are
+    /// split over the 4 warps ([`KeyProducts::Split`]): a third of the replicated form's
+    /// operand traffic through shared memory, for a few more instructions; the faster on every
+    /// fused row of the sweep (docs/performance.md, 2026-12-05, night).
+    pub const FUSED: ChunkShape = ChunkShape {
+        rows_per_warp: 32,
+        fills_in_flight: true,
+        key_products: KeyProducts::Split,
+        ..ChunkShape::plain(4, 2, 2)
+    };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -580,10 +578,9 @@ impl ChunkConfig {
                 NarrowProducts::Wgmma => "",
                 NarrowProducts::MmaSync => "_nm",
             },
-            match self.shape.key_products_override {
-                None => "",
-                Some(KeyProducts::Replicated) => "_kr",
-                Some(KeyProducts::Split) => "_ks",
+            match self.shape.key_products {
+                KeyProducts::Replicated => "",
+                KeyProducts::Split => "_ks",
             },
             match self.run {
                 ChunkRun::Output => "",
@@ -1285,7 +1282,7 @@ pub fn chunk(
     let qn_sh = shared([16, 128], F32);
     // The key products: one 16-row copy a warp, however many value rows it holds, or split
     // over the warps.
-    let key_products = cfg.shape.key_products();
+    let key_products = cfg.shape.key_products;
     let key_rows = 16 * cfg.shape.warps;
     let la = fragment([key_rows, 16], F32);
     let ma = fragment([key_rows, 16], F32);

@@ -253,14 +253,17 @@ pub fn gemm_configs() -> Vec<gemm::GemmConfig> {
 /// The GEMM configs shipped for sm_90a (compute capability 9.0), both operand orders with
 /// aligned shapes, as Hopper's fastest GEMMs are built: a producer warpgroup filling a 4-stage
 /// ring of canonical 128-byte-swizzled tiles (K = 64) by TMA and handing its registers to two
-/// consumer warpgroups (`setmaxnreg`) of 64 accumulator rows each, `wgmma` m64n128k16 with one
-/// group in flight, and an epilogue through shared memory and a TMA bulk store. The default is
-/// the first (`A·Bᵀ`, bf16 to f32).
+/// consumer warpgroups (`setmaxnreg`) of 64 x 256 accumulators each, `wgmma` m64n256k16 with
+/// one group in flight, each consumer storing its fragments. Against 128-column tiles with an
+/// epilogue through shared memory (the earlier default), the 256-column tile reads A half as
+/// often and was the faster at 8192³ (`kda bench --sweep-gemm`, docs/performance.md,
+/// 2026-12-05, night); a 256-column staged epilogue would not fit beside the ring. The default
+/// is the first (`A·Bᵀ`, bf16 to f32).
 pub fn hopper_gemm_configs() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     use kda_dsl::DType::*;
     let base =
-        G { bm: 128, bn: 128, bk: 64, stages: 4, threads: 256, fill_warps: 4, staged_store: true, ..G::default() };
+        G { bm: 128, bn: 256, bk: 64, stages: 4, threads: 256, fill_warps: 4, staged_store: false, ..G::default() };
     let mut configs = vec![];
     for b_transposed in [true, false] {
         for dtype in [BF16, F16] {

@@ -97,7 +97,7 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
 /// state in one block) give the bits of 8 warps of 16 on every other family, on sm_80 and on
 /// sm_90a (there every state product takes two `wgmma`s a K-step, one per 16-row block of each
 /// warp; or, with `NarrowProducts::MmaSync`, those of 16 columns `mma.sync` from the same
-/// fragments), and with the key products split over the warps (`KeyProducts::Split`); so does
+/// fragments), and with the key products split over the warps or not (`KeyProducts`); so does
 /// the chain over a workspace at 2 warps of 32 on every fourth.
 #[test]
 fn thirty_two_rows_a_warp_change_no_bit() {
@@ -109,14 +109,19 @@ fn thirty_two_rows_a_warp_change_no_bit() {
         let want = simulate_chunk(&narrow, &x).unwrap_or_else(|e| panic!("{} (8 warps of 16 rows): {e}", f.name));
         // On sm_90a the state's products on `wgmma`, then those of 16 columns on `mma.sync`.
         let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..f.cfg.shape };
-        // And the key products split over the warps, one 16 x 8 tile each.
-        let split = ChunkShape { key_products_override: Some(KeyProducts::Split), ..f.cfg.shape };
+        // And the key products the other way than the default's (split over the warps, one
+        // 16 x 8 tile each, or every warp's own copy).
+        let other_keys = match f.cfg.shape.key_products {
+            KeyProducts::Split => KeyProducts::Replicated,
+            KeyProducts::Replicated => KeyProducts::Split,
+        };
+        let other_keys = ChunkShape { key_products: other_keys, ..f.cfg.shape };
         let runs = [
             (Target::Sm80, f.cfg.shape),
             (Target::Sm90a, f.cfg.shape),
             (Target::Sm90a, on_mma_sync),
-            (Target::Sm80, split),
-            (Target::Sm90a, split),
+            (Target::Sm80, other_keys),
+            (Target::Sm90a, other_keys),
         ];
         for (target, shape) in runs {
             let wide = ChunkConfig { shape, ..f.cfg.clone() };

@@ -109,7 +109,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 hoist_override: x.of(&[None, Some(Hoist::Nothing), Some(Hoist::BlockUniform), Some(Hoist::Everything)]),
                 gate_scan_override: x.of(&[None, Some(GateScan::PerChannel), Some(GateScan::Shared)]),
                 narrow_products: x.of(&[NarrowProducts::Wgmma, NarrowProducts::MmaSync]),
-                key_products_override: x.of(&[None, Some(KeyProducts::Replicated), Some(KeyProducts::Split)]),
+                key_products: x.of(&[KeyProducts::Replicated, KeyProducts::Split]),
             },
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

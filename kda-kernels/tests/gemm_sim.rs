@@ -35,8 +35,10 @@ fn every_shipped_gemm_variant_matches_the_reference_in_the_simulator() {
 #[test]
 fn the_sm_90a_gemms_match_the_reference_in_the_simulator() {
     let sm80 = gemm_configs().into_iter().filter(|c| !c.aligned);
-    // Without a producer warpgroup or a staged epilogue, which leave no room for K = 128.
-    let plain = GemmConfig { fill_warps: 0, staged_store: false, ..kda_kernels::hopper_gemm_configs().remove(0) };
+    // Without a producer warpgroup or a staged epilogue, and 128 columns, which leave room for
+    // K = 128.
+    let plain =
+        GemmConfig { fill_warps: 0, staged_store: false, bn: 128, ..kda_kernels::hopper_gemm_configs().remove(0) };
     let slabs = [GemmConfig { b_transposed: false, ..plain.clone() }, GemmConfig { bk: 128, stages: 3, ..plain }];
     let swept = kda_kernels::hopper_gemm_candidates();
     let configs = kda_kernels::hopper_gemm_configs().into_iter().chain(sm80).chain(slabs).chain(swept);
@@ -76,15 +78,18 @@ fn the_sm_90a_gemm_without_its_proxy_fences_races() {
 /// The shipped sm_90a GEMMs (both operand orders) keep one `wgmma` group in flight in their
 /// steady state, their tiles filled by a producer warpgroup's TMA boxes two stages ahead of
 /// four: each iteration waits for its stage's mbarrier phase and for the group before its own;
-/// the loop's exit waits for the last group. The registers are split between the roles, the
-/// epilogue is a bulk store after the proxy fence the compiler placed; no `cp.async`. Compiled
-/// for sm_80, the same config has none of the Hopper instructions.
+/// the loop's exit waits for the last group. The registers are split between the roles; a
+/// staged epilogue (the swept candidates') is a bulk store after the proxy fence the compiler
+/// placed; no `cp.async`. Compiled for sm_80, the same config has none of the Hopper
+/// instructions.
 #[test]
 fn the_shipped_sm_90a_gemms_keep_one_group_in_flight_behind_a_producer() {
     use kda_dsl::passes::plan_pipelines::{Handoff, StageFills, TmaPipeline};
-    let hopper = ["wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "setmaxnreg"];
-    let hopper = hopper.into_iter().chain(["fence.proxy.async", "cp.async.bulk.wait_group.read 0"]);
-    for cfg in kda_kernels::hopper_gemm_configs() {
+    let staged = kda_kernels::hopper_gemm_candidates().into_iter().filter(|c| c.fill_warps == 4 && c.staged_store);
+    for cfg in kda_kernels::hopper_gemm_configs().into_iter().chain(staged) {
+        let hopper = ["wgmma.mma_async", "cp.async.bulk.tensor.2d", "mbarrier.try_wait.parity", "setmaxnreg"];
+        let bulk_store = ["fence.proxy.async", "cp.async.bulk.wait_group.read 0"];
+        let hopper = hopper.into_iter().chain(bulk_store.into_iter().filter(|_| cfg.staged_store));
         assert_eq!(cfg.stages, 4);
         let def = kda_kernels::gemm::gemm(&cfg).expect("builds");
         let p = kda_dsl::passes::run_tile_passes_for(def.clone(), Target::Sm90a).expect("passes");
@@ -258,28 +263,33 @@ fn the_staged_epilogue_is_a_bulk_store_on_sm_90a() {
     assert!(e.contains("exits while its bulk copies still read"), "{e}");
 }
 
-/// The shipped warp-specialized GEMMs with a bulk-store epilogue, assembled for sm_90a: no
-/// spills, no `setmaxnreg` ignored (C7507, C7508), and its SASS has the Hopper instructions
-/// the DSL chose: `HGMMA`, TMA loads and stores (`UTMALDG`, `UTMASTG`), the mbarrier waits
-/// (`SYNCS`) and the register split (`USETMAXREG`), no `HMMA`. ptxas from `KDA_PTXAS`,
-/// cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying so without
-/// them, failed when `KDA_REQUIRE_PTXAS` is set.
+/// The shipped warp-specialized GEMMs (and the swept one with a bulk-store epilogue), assembled
+/// for sm_90a: no spills, no `setmaxnreg` ignored (C7507, C7508), and its SASS has the Hopper
+/// instructions the DSL chose: `HGMMA` of the tile's width, TMA loads (and, staged, stores:
+/// `UTMALDG`, `UTMASTG`), the mbarrier waits (`SYNCS`) and the register split (`USETMAXREG`),
+/// no `HMMA`. ptxas from `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both);
+/// skipped with a line saying so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
 fn the_warp_specialized_gemm_assembles_to_hopper_instructions() {
     let Some((ptxas, cuobjdump)) = assemble::tools_or_skip("the warp-specialized GEMM") else { return };
-    // The shipped default for each operand order.
+    // The shipped default for each operand order, and the staged candidate.
     let shipped = kda_kernels::hopper_gemm_configs();
-    for b_transposed in [true, false] {
-        let cfg = shipped.iter().find(|c| c.b_transposed == b_transposed).expect("shipped for both orders");
-        assert!(cfg.fill_warps == 4 && cfg.staged_store, "{}", cfg.key());
-        let ptx = kda_dsl::compile(kda_kernels::gemm::gemm(cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
+    let staged = kda_kernels::hopper_gemm_candidates().into_iter().find(|c| c.fill_warps == 4 && c.staged_store);
+    let defaults = [true, false]
+        .map(|b_transposed| shipped.iter().find(|c| c.b_transposed == b_transposed).expect("shipped for both orders"));
+    for cfg in defaults.into_iter().cloned().chain(staged) {
+        assert_eq!(cfg.fill_warps, 4, "{}", cfg.key());
+        let ptx =
+            kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), Target::Sm90a).expect("compiles").ptx;
         let done = assemble::assemble(&ptxas, Some(&cuobjdump), "sm_90a", &cfg.key(), &ptx)
             .unwrap_or_else(|e| panic!("{}: {e}", cfg.key()));
         let log = done.log;
         assert!(log.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{log}");
         assert!(!log.contains("C7507") && !log.contains("C7508"), "{log}");
         let sass = done.sass.expect("a cuobjdump was given");
-        for op in ["HGMMA.64x128x16.F32.BF16", "UTMALDG.2D", "UTMASTG.2D", "SYNCS.PHASECHK", "USETMAXREG"] {
+        let hgmma = format!("HGMMA.64x{}x16.F32.BF16", cfg.bn);
+        let store = cfg.staged_store.then_some("UTMASTG.2D");
+        for op in [hgmma.as_str(), "UTMALDG.2D", "SYNCS.PHASECHK", "USETMAXREG"].into_iter().chain(store) {
             assert!(sass.contains(op), "{}: no {op} in the SASS", cfg.key());
         }
         assert!(!sass.contains(" HMMA"), "{}: an sm_80 HMMA in the SASS", cfg.key());

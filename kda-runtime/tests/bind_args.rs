@@ -184,10 +184,12 @@ fn grids_past_cuda_limits_are_rejected() {
     }
 }
 
-/// The sm_90a GEMM, whose fills are TMA boxes and whose epilogue is a bulk store: three tensor
-/// maps after the source's parameters.
+/// An sm_90a GEMM whose fills are TMA boxes and whose epilogue is a bulk store (a swept
+/// candidate; the shipped one stores its fragments): three tensor maps after the source's
+/// parameters.
 fn hopper_gemm() -> CompiledKernel {
-    let cfg = kda_kernels::hopper_gemm_configs().remove(0);
+    let staged = |c: &kda_kernels::gemm::GemmConfig| c.fill_warps == 4 && c.staged_store;
+    let cfg = kda_kernels::hopper_gemm_candidates().into_iter().find(staged).expect("a staged candidate");
     kda_dsl::compile(kda_kernels::gemm::gemm(&cfg).expect("builds"), kda_dsl::Target::Sm90a).expect("compiles")
 }
 

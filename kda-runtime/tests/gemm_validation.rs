@@ -55,10 +55,10 @@ fn ragged_extents_pick_the_unaligned_variant_and_empty_work_launches_nothing() {
 fn sm_90a_picks_the_hopper_variant_for_aligned_shapes() {
     let (a, bt, c) = (t(&[64, 32], DType::BF16), t(&[48, 32], DType::BF16), t(&[64, 48], DType::F32));
     let v = plan_gemm(&a, &bt, &c, true, Target::Sm90a).expect("valid").expect("work");
-    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_abt_128x128x64_s4_t256_fw4_ss_sm90a"));
+    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_abt_128x256x64_s4_t256_fw4_sm90a"));
     let b = t(&[32, 48], DType::BF16);
     let v = plan_gemm(&a, &b, &c, false, Target::Sm90a).expect("valid").expect("work");
-    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_ab_128x128x64_s4_t256_fw4_ss_sm90a"));
+    assert_eq!((v.target, v.name.as_str()), (Target::Sm90a, "bf16_f32_ab_128x256x64_s4_t256_fw4_sm90a"));
     let ragged =
         plan_gemm(&t(&[5, 7], DType::F16), &t(&[3, 7], DType::F16), &t(&[5, 3], DType::F16), true, Target::Sm90a);
     let v = ragged.expect("valid").expect("work");

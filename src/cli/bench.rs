@@ -142,7 +142,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// 16 columns on `mma.sync` (`NarrowProducts::MmaSync`), `e`, `u` or `n` the
 /// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
 /// through shared memory (`GateScan::Shared`), `k` the key products split over the warps
-/// (`KeyProducts::Split`); 4x2w32i (the default), 4x2w32ik, 8x2, 8x1ih, 4x2w32ihn, 4x2w32ihm and
+/// (`KeyProducts::Split`); 4x2w32ik (the default), 4x2w32i, 8x2, 8x1ih, 4x2w32ihmk, 4x2w32ihm and
 /// 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen.
@@ -150,7 +150,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
-    let defaults = ["4x2w32i", "4x2w32ik", "8x2", "8x1ih", "4x2w32ihn", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
+    let defaults = ["4x2w32ik", "4x2w32i", "8x2", "8x1ih", "4x2w32ihmk", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));
@@ -199,7 +199,7 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     };
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `k` (the key products split over the warps: `ChunkShape::
-    // key_products_override`), `c` (the gates summed through shared memory: `ChunkShape::
+    // key_products`), `c` (the gates summed through shared memory: `ChunkShape::
     // gate_scan_override`), `e`, `u` or `n` (every loop-invariant value computed once per loop,
     // the block-uniform ones, or none: `ChunkShape::hoist_override`), `m` (products of 16 columns
     // on `mma.sync`: `ChunkShape::narrow_products`), `h` (the fused kernel for
@@ -211,7 +211,8 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
     let (a, split_keys) = flag(a, 'k');
-    let key_products_override = split_keys.then_some(kda_kernels::chunk::KeyProducts::Split);
+    let key_products =
+        if split_keys { kda_kernels::chunk::KeyProducts::Split } else { kda_kernels::chunk::KeyProducts::Replicated };
     let (a, shared_scan) = flag(a, 'c');
     let gate_scan_override = shared_scan.then_some(kda_kernels::chunk::GateScan::Shared);
     let hoists =
@@ -264,7 +265,7 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
         hoist_override,
         gate_scan_override,
         narrow_products,
-        key_products_override,
+        key_products,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
@@ -578,7 +579,7 @@ mod tests {
                     ChunkShape {
                         rows_per_warp: 32,
                         fills_in_flight: true,
-                        key_products_override: Some(kda_kernels::chunk::KeyProducts::Split),
+                        key_products: kda_kernels::chunk::KeyProducts::Split,
                         ..shape(4, 2, 2)
                     },
                     None,

@@ -131,8 +131,10 @@ impl ChunkTuning {
         if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
             return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
         }
-        // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys.
-        if self.shape.key_products_override == Some(KeyProducts::Split) && (self.shape.warps != 4 || self.prepared) {
+        // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys. (A
+        // chain over a prepared workspace computes none: the option is moot there, and the
+        // paths derived from a fused tuning, token ranges and the split, keep its shape.)
+        if self.shape.key_products == KeyProducts::Split && self.shape.warps != 4 && !self.prepared {
             return bad("key products split over exactly 4 warps of the fused kernel");
         }
         // On sm_80 every product is `mma.sync` already: the option would compile the same
@@ -155,8 +157,14 @@ impl ChunkTuning {
     /// The chunk kernel `self` runs for `cfg`'s call: its shape, path (a prepared workspace or
     /// not) and operands.
     pub fn apply(self, cfg: ChunkConfig) -> ChunkConfig {
-        let preparation = if self.prepared { Preparation::Workspace } else { Preparation::InKernel };
-        ChunkConfig { shape: self.shape, preparation, operands: self.operands, ..cfg }
+        let (preparation, shape) = if self.prepared {
+            // The chain reads the key products' results from the workspace: one kernel (and
+            // one name) whichever way a fused step would compute them.
+            (Preparation::Workspace, ChunkShape { key_products: KeyProducts::Replicated, ..self.shape })
+        } else {
+            (Preparation::InKernel, self.shape)
+        };
+        ChunkConfig { shape, preparation, operands: self.operands, ..cfg }
     }
 
     /// The fused kernel alone, at its shape: no workspace, no split.
@@ -299,12 +307,17 @@ mod tests {
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
         refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for fused chunk kernels alone");
-        let split = ChunkShape { key_products_override: Some(KeyProducts::Split), ..ChunkShape::FUSED };
+        let split = ChunkShape { key_products: KeyProducts::Split, ..ChunkShape::FUSED };
         ChunkTuning { shape: split, ..ChunkTuning::fused(&plan) }.check(&plan).expect("split key products");
         refused(
             ChunkTuning { shape: ChunkShape { warps: 8, rows_per_warp: 16, ..split }, ..ChunkTuning::fused(&plan) },
             "exactly 4 warps",
         );
+        // Token ranges and the split derive a prepared tuning from the fused one: accepted, and
+        // its chain, which computes no key products, has one name either way.
+        let chain = ChunkTuning { prepared: true, ..ChunkTuning::fused(&plan) };
+        chain.check(&plan).expect("the fused shape on the chain");
+        assert_eq!(chain.apply(ChunkConfig::default()).shape.key_products, KeyProducts::Replicated);
         let on_mma_sync = ChunkShape { narrow_products: NarrowProducts::MmaSync, ..ChunkShape::FUSED };
         ChunkTuning { shape: on_mma_sync, ..hopper }.check(&plan).expect("narrow products on mma.sync, sm_90a");
         refused(ChunkTuning { shape: on_mma_sync, ..ChunkTuning::fused(&plan) }, "MmaSync on the sm_90a target alone");

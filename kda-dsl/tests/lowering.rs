@@ -121,7 +121,8 @@ fn a_difference_with_a_product_is_one_fused_multiply_add() {
 }
 
 /// An element stored to a bf16 shared tile is rounded once, by the store (a register tile of
-/// bf16 keeps the rounded value as f32, so there it is rounded and widened).
+/// bf16 keeps the rounded value as f32, so there it is rounded and widened); a fragment's two
+/// adjacent columns go out as one 4-byte store, packed by one conversion.
 #[test]
 fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
     let k = KernelBuilder::new("narrow", loc(1));
@@ -134,9 +135,33 @@ fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
     k.end();
     let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
     let line6: String = line_ir(&prog, 6);
-    // 8 elements per thread: one conversion each, and none back to f32.
-    assert_eq!(line6.matches("cvt.rn.bf16.f32").count(), 8, "{line6}");
+    // 8 elements per thread, 4 pairs of adjacent columns: one conversion and one store a pair,
+    // and none back to f32.
+    assert_eq!(line6.matches("cvt.rn.bf16x2.f32").count(), 4, "{line6}");
+    assert_eq!(line6.matches("st.shared.b32").count(), 4, "{line6}");
+    assert!(!line6.contains("cvt.rn.bf16.f32") && !line6.contains("st.shared.b16"), "{line6}");
     assert!(!line6.contains("cvt.f32.bf16"), "{line6}");
+}
+
+/// Held stores pair only where nothing between them may write the same word: a store between
+/// whose address is not a split of a thread part and a constant (`j * 1 + 16`: columns no other
+/// store of the body writes, but the lowering cannot tell) keeps every 16-bit store apart.
+#[test]
+fn stores_that_may_overlap_are_not_paired() {
+    let k = KernelBuilder::new("overlap", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
+    let s = k.shared("s", &[16, 32], DType::BF16, loc(4));
+    k.fill(&f, 1.5, loc(5));
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    let opaque = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[1].clone(), Val::from(1)), Val::from(16));
+    k.store(&s, ij.clone(), k.elem(&f, ij.clone(), loc(6)), loc(6));
+    k.store(&s, vec![ij[0].clone(), opaque], Val::from(2.0), loc(6));
+    k.end();
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line6: String = line_ir(&prog, 6);
+    assert!(!line6.contains("st.shared.b32"), "{line6}");
+    assert_eq!(line6.matches("st.shared.b16").count(), 16, "{line6}");
 }
 
 /// A gemm's `ldmatrix` addresses are a per-thread part computed once per operand plus a

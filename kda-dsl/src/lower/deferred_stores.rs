@@ -9,7 +9,13 @@
 //! independent, so a store may wait until the thread's last element when nothing in the body
 //! reads that tile and the store is not under a condition (a branch around it would be lost).
 //! The values stored, the addresses and their order are the same; only the schedule changes.
+//!
+//! Held 16-bit stores to the two halves of one 4-byte word (a fragment's adjacent columns)
+//! then go out as one store of both, packed by one conversion, when their addresses' parts
+//! prove it ([`SplitAddr::pairs_with`]) and no held store between them may touch that word: the
+//! same bytes get the same values, in half the stores.
 
+use super::element_addr::SplitAddr;
 use super::{class_of, ty_of, Lower, V};
 use crate::analysis::tile_access::tile_access;
 use crate::dtype::DType;
@@ -26,8 +32,22 @@ const MAX_HELD: usize = 16;
 pub(crate) struct DeferredStores {
     /// The tiles whose stores wait.
     tiles: HashSet<BufId>,
-    /// Address, element type and value of each store, in program order.
-    pending: Vec<(Reg, DType, V)>,
+    /// Each store, in program order.
+    pending: Vec<HeldStore>,
+}
+
+/// One held store.
+struct HeldStore {
+    /// The tile stored to.
+    tile: BufId,
+    /// Its shared address.
+    addr: Reg,
+    /// The tile's element type.
+    dt: DType,
+    /// The value.
+    v: V,
+    /// The address's parts, where `split_shared_addr` made it.
+    parts: Option<SplitAddr>,
 }
 
 /// The shared tiles whose stores in `body` may wait for the thread's last element: stored only
@@ -62,10 +82,29 @@ impl Lower<'_> {
         r
     }
 
-    /// Emits held stores, in order.
-    fn store_held(&mut self, held: Vec<(Reg, DType, V)>) {
-        for (addr, dt, v) in held {
-            self.store_mem(Space::Shared, addr, dt, v);
+    /// Emits held stores, in order, each 16-bit one with the store to the other half of its word
+    /// where [`word_partner`] finds one (that store moves up to it).
+    fn store_held(&mut self, held: Vec<HeldStore>) {
+        let mut stored = vec![false; held.len()];
+        for i in 0..held.len() {
+            if stored[i] {
+                continue;
+            }
+            stored[i] = true;
+            let h = &held[i];
+            match word_partner(&held, &stored, i) {
+                Some(j) => {
+                    stored[j] = true;
+                    let half = if h.dt == DType::BF16 { Ty::BF16 } else { Ty::F16 };
+                    let lo = self.em.to_reg(h.v.s, RegClass::F32, Ty::F32);
+                    let hi = self.em.to_reg(held[j].v.s, RegClass::F32, Ty::F32);
+                    let d = self.em.reg(RegClass::B32);
+                    self.em.emit(Op::PackHalf2 { half, d, hi: Src::Reg(hi), lo: Src::Reg(lo) });
+                    let vals = vec![Src::Reg(d)];
+                    self.em.emit(Op::St { space: Space::Shared, ty: Ty::B32, addr: h.addr, offset: 0, vals });
+                }
+                None => self.store_mem(Space::Shared, h.addr, h.dt, h.v),
+            }
         }
     }
 
@@ -86,8 +125,9 @@ impl Lower<'_> {
         };
         // Each held store keeps its value (and address) live: past a bound, store them rather
         // than spill.
+        let parts = self.split_addrs.get(&addr).copied();
         let full = self.deferred_stores.as_mut().and_then(|d| {
-            d.pending.push((addr, dt, v));
+            d.pending.push(HeldStore { tile: b, addr, dt, v, parts });
             (d.pending.len() >= MAX_HELD).then(|| std::mem::take(&mut d.pending))
         });
         if let Some(held) = full {
@@ -95,4 +135,28 @@ impl Lower<'_> {
         }
         true
     }
+}
+
+/// The held store after `i` to the other half of `i`'s 4-byte word, which may move up to `i`:
+/// both 16-bit stores of f32 values to one tile, at addresses whose parts prove the pair, and
+/// no store left between them that may touch that word (another tile's stores cannot: tiles
+/// written in one body are live together, so apart).
+fn word_partner(held: &[HeldStore], stored: &[bool], i: usize) -> Option<usize> {
+    let h = &held[i];
+    let halves = matches!(h.dt, DType::BF16 | DType::F16) && h.v.ty == DType::F32;
+    let first = h.parts.filter(|_| halves)?;
+    for (j, k) in held.iter().enumerate().skip(i + 1) {
+        if stored[j] {
+            continue;
+        }
+        let second = k.parts.filter(|p| k.tile == h.tile && k.dt == h.dt && k.v.ty == h.v.ty && first.pairs_with(p));
+        if second.is_some() {
+            return Some(j);
+        }
+        let may_touch = k.tile == h.tile && k.parts.is_none_or(|p| first.may_touch_word_of(&p));
+        if may_touch {
+            return None;
+        }
+    }
+    None
 }

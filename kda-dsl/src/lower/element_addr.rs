@@ -63,6 +63,14 @@ impl IndexSide {
             IndexSide::Split(s) => s.off,
         }
     }
+
+    /// Every bit the base can have (none for a constant).
+    fn base_bits(&self) -> u32 {
+        match self {
+            IndexSide::Constant(_) => 0,
+            IndexSide::Split(s) => s.base_bits,
+        }
+    }
 }
 
 /// The constant part of the byte offset of element `(r0 | kr, c0 | kc)` of `layout`
@@ -88,11 +96,79 @@ pub(crate) fn split_offset(layout: SharedLayout, elem_bytes: u32, kr: u32, kc: u
     }
 }
 
+/// A shared address [`Lower::split_shared_addr`] made, by its parts: `base + (thread ^ xor) +
+/// add`. Two with the same base, thread part and XOR lie `add` apart, so held 16-bit stores to
+/// both halves of one 4-byte word may go out as one (`deferred_stores.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitAddr {
+    /// The buffer's shared base.
+    pub(crate) base: Reg,
+    /// The thread part of the offset, in bytes.
+    pub(crate) thread: Reg,
+    /// XORed into the thread part (16-byte chunk bits).
+    pub(crate) xor: u32,
+    /// Added after, in bytes.
+    pub(crate) add: u32,
+    /// Whether `base + (thread ^ xor)` is a multiple of 4 bytes for every thread.
+    pub(crate) word_aligned: bool,
+}
+
+impl SplitAddr {
+    /// Whether `other` is the 16-bit element right after `self` in the same 4-byte word.
+    pub(crate) fn pairs_with(&self, other: &SplitAddr) -> bool {
+        self.word_aligned
+            && self.add.is_multiple_of(4)
+            && (other.base, other.thread, other.xor) == (self.base, self.thread, self.xor)
+            && other.add == self.add + 2
+    }
+
+    /// Whether a store at `other` (of at most 4 bytes) may touch the word `self` starts, as
+    /// far as the parts tell: another base or thread part may be anywhere.
+    pub(crate) fn may_touch_word_of(&self, other: &SplitAddr) -> bool {
+        (other.base, other.thread, other.xor) != (self.base, self.thread, self.xor)
+            || (other.add + 4 > self.add && other.add < self.add + 4)
+    }
+}
+
+/// Whether every thread part `offset(r, c)` (in bytes) of `layout` is a multiple of 4 bytes,
+/// over every row and column base the bits allow; false when there are too many to check.
+pub(crate) fn thread_parts_word_aligned(layout: SharedLayout, elem_bytes: u32, row_bits: u32, col_bits: u32) -> bool {
+    if row_bits.count_ones() + col_bits.count_ones() > 12 || !(layout.size() * elem_bytes).is_multiple_of(4) {
+        return false;
+    }
+    let (rows, cols) = layout.shape();
+    let cs = values_under(col_bits);
+    values_under(row_bits)
+        .into_iter()
+        .filter(|&r| r < rows)
+        .all(|r| cs.iter().filter(|&&c| c < cols).all(|&c| (layout.offset(r, c) * elem_bytes).is_multiple_of(4)))
+}
+
+/// A thread part of a split shared offset.
+#[derive(Clone, Copy, Debug)]
+struct ThreadPart {
+    /// `offset(r0, c0)` in bytes.
+    bytes: Reg,
+    /// Whether it is a multiple of 4 for every thread.
+    word_aligned: bool,
+}
+
+/// Every value whose bits lie within `bits` (0 included), in increasing order.
+fn values_under(bits: u32) -> Vec<u32> {
+    let mut v = vec![0];
+    let mut x = bits & bits.wrapping_neg();
+    while x != 0 {
+        v.push(x);
+        x = x.wrapping_sub(bits) & bits;
+    }
+    v
+}
+
 /// Per-thread parts cached while their registers dominate the code being lowered.
 #[derive(Clone, Default)]
 pub(crate) struct ThreadOffsets {
-    /// `offset(r0, c0)` in bytes, by layout, element size and bases.
-    offsets: HashMap<(SharedLayout, u32, Option<Reg>, Option<Reg>), Reg>,
+    /// `offset(r0, c0)` by layout, element size and bases.
+    offsets: HashMap<(SharedLayout, u32, Option<Reg>, Option<Reg>), ThreadPart>,
     /// `shared_base + offset`, by base register and thread part.
     addresses: HashMap<(Reg, Reg), Reg>,
     /// Integer results by operation and operands, so that an index every element computes
@@ -212,8 +288,9 @@ impl Lower<'_> {
     /// thread parts keyed by it and the integer results computed from it.
     pub(crate) fn forget_cached(&mut self, r: Reg) {
         self.split_indices.remove(&r);
+        self.split_addrs.retain(|a, p| *a != r && p.base != r && p.thread != r);
         if let Some(c) = self.thread_offsets.as_mut() {
-            c.offsets.retain(|(_, _, rb, cb), v| *rb != Some(r) && *cb != Some(r) && *v != r);
+            c.offsets.retain(|(_, _, rb, cb), v| *rb != Some(r) && *cb != Some(r) && v.bytes != r);
             c.addresses.retain(|(b, o), v| *b != r && *o != r && *v != r);
             c.values.retain(|(_, _, a, b), v| !a.is(r) && !b.is(r) && *v != r);
         }
@@ -236,15 +313,17 @@ impl Lower<'_> {
         // Computed for every thread, as fragment bases are: an if-converted arm may ask first.
         let guard = self.em.guard.take();
         let key = (layout, esize, rs.base(), cs.base());
-        let offset = match self.cached(|c| c.offsets.get(&key).copied()) {
-            Some(r) => r,
+        let ThreadPart { bytes: offset, word_aligned } = match self.cached(|c| c.offsets.get(&key).copied()) {
+            Some(thread) => thread,
             None => {
                 let to_src = |b: Option<Reg>| b.map(Src::Reg).unwrap_or(Src::Imm(0));
                 let elems = self.element_offset(b, to_src(rs.base()), to_src(cs.base()));
                 let bytes = self.em.mul32(elems, Src::Imm(esize as i64));
-                let r = self.em.to_reg(bytes, RegClass::B32, Ty::U32);
-                self.cache_mut().offsets.insert(key, r);
-                r
+                let bytes = self.em.to_reg(bytes, RegClass::B32, Ty::U32);
+                let word_aligned = thread_parts_word_aligned(layout, esize, rs.base_bits(), cs.base_bits());
+                let thread = ThreadPart { bytes, word_aligned };
+                self.cache_mut().offsets.insert(key, thread);
+                thread
             }
         };
         let at = if part.xor == 0 {
@@ -265,7 +344,10 @@ impl Lower<'_> {
             self.em.add32(base, x)
         };
         let addr = self.em.add32(at, Src::Imm(part.add as i64));
-        Some(self.em.to_reg(addr, RegClass::B32, Ty::U32))
+        let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
+        let parts = SplitAddr { base, thread: offset, xor: part.xor, add: part.add, word_aligned };
+        self.split_addrs.insert(addr, parts);
+        Some(addr)
     }
 
     fn cached<T>(&self, f: impl FnOnce(&ThreadOffsets) -> T) -> T {
@@ -303,9 +385,25 @@ impl Lower<'_> {
 mod tests {
     use super::*;
 
-    /// Every bit pattern `base` could have under `bits`.
-    fn values_under(bits: u32) -> Vec<u32> {
-        (0..=bits).filter(|v| v & !bits == 0).collect()
+    #[test]
+    fn values_under_are_every_pattern_of_the_bits() {
+        for bits in [0, 1, 0b110, 0b1011, 0b1111_0000] {
+            let want: Vec<u32> = (0..=bits).filter(|v| v & !bits == 0).collect();
+            assert_eq!(values_under(bits), want, "{bits:#b}");
+        }
+    }
+
+    /// A fragment's thread parts (rows from `lane / 4`, even columns from `2 (lane % 4)`) are
+    /// whole 4-byte words in a swizzled bf16 tile; an odd column base or a row of 34 bytes is not.
+    #[test]
+    fn thread_parts_are_word_aligned_where_every_base_is() {
+        let swizzled = SharedLayout::choose(16, 128, 2);
+        assert!(thread_parts_word_aligned(swizzled, 2, 0b111, 0b110));
+        assert!(!thread_parts_word_aligned(swizzled, 2, 0b111, 0b111));
+        let odd_rows = SharedLayout::RowMajor { rows: 16, cols: 17 };
+        assert!(thread_parts_word_aligned(odd_rows, 2, 0, 0b110));
+        assert!(!thread_parts_word_aligned(odd_rows, 2, 0b1, 0b110));
+        assert!(thread_parts_word_aligned(odd_rows, 4, 0b1, 0b111), "f32 elements are words");
     }
 
     #[test]

@@ -297,6 +297,9 @@ impl Lower<'_> {
         if let Some(r) = self.split_remainder(op, x, y) {
             return Ok(V { s: r, ty });
         }
+        if let Some(r) = self.split_offset(op, x, y) {
+            return Ok(V { s: r, ty });
+        }
         // PTX wants the first operand in a register.
         let x = match x {
             Src::Reg(r) => Src::Reg(r),
@@ -328,6 +331,20 @@ impl Lower<'_> {
             None => self.em.bin(BinKind::And, Ty::B32, RegClass::B32, a, b),
         };
         Some(self.split_index(base, split.base_bits & mask, split.off & mask))
+    }
+
+    /// `x + c` (either order) of a split index `x = base | off` and a constant `c` with `off + c`
+    /// still disjoint from the base's bits (a row block further down, `kq[i + 16][j]`) as the
+    /// split index `base | (off + c)`, so a shared access at it still splits into a thread part
+    /// and constants (`element_addr.rs`) instead of swizzling its address whole; `None`
+    /// otherwise.
+    fn split_offset(&mut self, op: BinOp, x: Src, y: Src) -> Option<Src> {
+        let (BinOp::Add, (Src::Reg(r), Src::Imm(c)) | (Src::Imm(c), Src::Reg(r))) = (op, (x, y)) else {
+            return None;
+        };
+        let split = self.split_of(r)?;
+        let off = u32::try_from(c).ok().and_then(|c| split.off.checked_add(c))?;
+        (off & split.base_bits == 0).then(|| self.split_index(split.base, split.base_bits, off))
     }
 
     /// `m * n + c` (either order), `c - m * n` and `m * n - c` of f32 values as one

@@ -74,7 +74,17 @@ impl Lower<'_> {
             };
             let row = self.em.op32(BinKind::Div, e, cols as i64);
             let col = self.em.op32(BinKind::Rem, e, cols as i64);
-            f(self, row, col)?;
+            // Past the bounds branch `e < n`, so the row is below `rows` as the column is below
+            // `cols`: both are split indices (with no constant part), whose shared addresses
+            // then split into a thread part cached for this pass and a constant
+            // (`element_addr.rs`), as in whole passes.
+            self.element_loop(|lw| {
+                let row = lw.em.to_reg(row, RegClass::B32, Ty::U32);
+                let col = lw.em.to_reg(col, RegClass::B32, Ty::U32);
+                let row = lw.split_index(row, bits_below(rows), 0);
+                let col = lw.split_index(col, bits_below(cols), 0);
+                f(lw, row, col)
+            })?;
             if let Some(l) = skip {
                 self.em.emit(Op::Label(l));
             }

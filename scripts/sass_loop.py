@@ -13,7 +13,7 @@ KDA_NVDISASM, else `.cache/`), lists the loops (a label and the branch back to i
 the one with the most instructions (or the one starting at `--at`) and prints, per iteration
 of one warp:
 
-- the instructions by class;
+- the instructions by class, and the source lines with the most instructions (by class);
 - the issue bound: a warp scheduler issues one instruction a cycle, and the block's warps
   share the SM's four schedulers, so an iteration takes at least `instructions x warps / 4`
   cycles, and at least `instructions` (the warps from the PTX's `.maxntid`, fill and producer warps included: `--warps`
@@ -301,6 +301,14 @@ def main(argv):
     print(f"loop: {len(body)} instructions a warp per iteration")
     for name, count in mix.most_common():
         print(f"  {name:<8} {count}")
+    per_line = collections.defaultdict(collections.Counter)
+    for t, where in body:
+        per_line[where][op_class(opcode(t))] += 1
+    print("the source lines with the most instructions:")
+    for where, classes in sorted(per_line.items(), key=lambda kv: -sum(kv[1].values()))[:lines]:
+        file, line = where or ("?", 0)
+        parts = " ".join(f"{name} {n}" for name, n in classes.most_common())
+        print(f"  {sum(classes.values()):>6} instructions  {file}:{line}  ({parts})")
     chain, tensor, by_line = estimate(body)
     print(f"latency bound (one warp, in order): {chain} cycles; the source lines taking most:")
     for (where, cycles) in by_line.most_common(lines):

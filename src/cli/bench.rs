@@ -51,10 +51,10 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         if !case.contains(&filter) {
             continue;
         }
-        let ms = time_gemm(&gpu, &kernels, m, n, k, bt, target).map_err(|e| e.to_string())?;
+        let GemmTiming { ms, first_call_s } = time_gemm(&gpu, &kernels, m, n, k, bt, target)?;
         let tflops = 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
-        out!("{case:<36} {ms:>10.4} {tflops:>10.1}");
-        lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}}}"));
+        out!("{case:<36} {ms:>10.4} {tflops:>10.1}   first call {first_call_s:.2} s");
+        lines.push(format!("{{\"case\": \"{case}\", \"impl\": \"kda\", \"ms\": {ms:.6}, \"tflops\": {tflops:.2}, \"first_call_s\": {first_call_s:.4}}}"));
     }
     let mut host_rows = vec![];
     for (case, b, t, state, spec) in DECODE_CASES.iter().filter(|c| c.0.contains(&filter)) {
@@ -474,16 +474,32 @@ pub fn time_gemm(
     k: usize,
     bt: bool,
     target: Target,
-) -> Result<f32, kda_runtime::RuntimeError> {
+) -> Result<GemmTiming, String> {
     let s = gpu.default_stream();
     let mut rng = Rng::new(7);
     let gen = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
-    let a = DeviceTensor::from_f32(gpu, &s, &[m, k], DType::BF16, &gen(&mut rng, m * k))?;
+    let e = |e: kda_runtime::RuntimeError| e.to_string();
+    let a = DeviceTensor::from_f32(gpu, &s, &[m, k], DType::BF16, &gen(&mut rng, m * k)).map_err(e)?;
     let bshape = if bt { [n, k] } else { [k, n] };
-    let b = DeviceTensor::from_f32(gpu, &s, &bshape, DType::BF16, &gen(&mut rng, n * k))?;
-    let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32)?;
-    let mut t = time_ms(gpu, &s, 5, 20, || gemm_on(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt, target))?;
-    Ok(median(&mut t))
+    let b = DeviceTensor::from_f32(gpu, &s, &bshape, DType::BF16, &gen(&mut rng, n * k)).map_err(e)?;
+    let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32).map_err(e)?;
+    let call = || gemm_on(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt, target);
+    // The first call compiles the variant, loads its module and has the driver JIT it (with
+    // `CUDA_CACHE_DISABLE=1`, every time).
+    let t0 = std::time::Instant::now();
+    call().map_err(e)?;
+    s.synchronize().map_err(|e| e.to_string())?;
+    let first_call_s = t0.elapsed().as_secs_f64();
+    let mut t = time_ms(gpu, &s, 5, 20, call).map_err(e)?;
+    Ok(GemmTiming { ms: median(&mut t), first_call_s })
+}
+
+/// [`time_gemm`]'s result.
+pub struct GemmTiming {
+    /// The median of the timed calls, ms.
+    pub ms: f32,
+    /// Wall seconds of the first call (variant compile, module load and driver JIT included).
+    pub first_call_s: f64,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         let gpu = kda_runtime::Gpu::new(0).map_err(|e| e.to_string())?;
         let kernels = kda_runtime::Kernels::new();
         let target = gpu.limits().target().map_err(|e| e.to_string())?;
-        let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true, target).map_err(|e| e.to_string())?;
+        let ms = super::bench::time_gemm(&gpu, &kernels, 8192, 8192, 8192, true, target)?.ms;
         let tflops = 2.0 * 8192f64.powi(3) / (ms as f64 * 1e-3) / 1e12;
         out!("gemm bf16 8192^3 A·Bᵀ ({target}): {ms:.3} ms, {tflops:.1} TFLOP/s");
         for case in super::chunk_gpu::prefill_cases().iter().filter(|c| c.name == "prefill_b8_t4096_h32") {

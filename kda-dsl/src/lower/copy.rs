@@ -612,30 +612,34 @@ impl Lower<'_> {
                 if floats && run >= 2 && (l.kind == FragmentKind::Tile || (to_frag && l.kind != FragmentKind::Rows)) {
                     let fast = if two_d && run == l.vec { self.swizzled_runs(sh, l) } else { None };
                     let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
-                    let mut k = 0;
-                    while k < l.slots() {
-                        let (a, off) = match (&fast, affine) {
-                            (Some(runs), _) => runs[(k / l.vec) as usize],
-                            (None, Some((base, row_bytes))) => {
-                                let c = l.slot_coord(k);
-                                let off = c.row_off as i64 * row_bytes + (c.col_off * esize) as i64;
-                                (base, off)
+                    // No run is behind a branch: as in an element loop, each run's address is
+                    // a thread part cached for the copy and constants (`element_addr.rs`).
+                    return self.element_loop(|lw| {
+                        let mut k = 0;
+                        while k < l.slots() {
+                            let (a, off) = match (&fast, affine) {
+                                (Some(runs), _) => runs[(k / l.vec) as usize],
+                                (None, Some((base, row_bytes))) => {
+                                    let c = l.slot_coord(k);
+                                    let off = c.row_off as i64 * row_bytes + (c.col_off * esize) as i64;
+                                    (base, off)
+                                }
+                                (None, None) => {
+                                    let (row, col) = lw.frag_coords(l, k);
+                                    let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                                    (lw.shared_addr(sh, row, col), 0)
+                                }
+                            };
+                            let regs: Vec<Reg> = (k..k + run).map(|j| lw.regs[fr][j as usize]).collect();
+                            if to_frag {
+                                lw.run_load(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                            } else {
+                                lw.run_store(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
                             }
-                            (None, None) => {
-                                let (row, col) = self.frag_coords(l, k);
-                                let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
-                                (self.shared_addr(sh, row, col), 0)
-                            }
-                        };
-                        let regs: Vec<Reg> = (k..k + run).map(|j| self.regs[fr][j as usize]).collect();
-                        if to_frag {
-                            self.run_load(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
-                        } else {
-                            self.run_store(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                            k += run;
                         }
-                        k += run;
-                    }
-                    return Ok(());
+                        Ok(())
+                    });
                 }
                 // Replicated vector elements are written to shared once, by their owners.
                 let owner = if to_frag { None } else { self.vector_owner(l) };

@@ -643,24 +643,28 @@ impl Lower<'_> {
                 }
                 // Replicated vector elements are written to shared once, by their owners.
                 let owner = if to_frag { None } else { self.vector_owner(l) };
-                for k in 0..l.slots() {
-                    let (row, col) = self.frag_coords(l, k);
-                    let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
-                    let a = self.shared_addr(sh, row, col);
-                    let fr_reg = self.regs[fr][k as usize];
-                    if to_frag {
-                        let v = self.load_mem(Space::Shared, a, sdt);
-                        let v = self.round_for(v, ddt);
-                        self.mov(fr_reg, v);
-                    } else {
-                        let skip = self.em.label();
-                        if let Some(p) = owner {
-                            self.em.emit_if(p, false, Op::Bra { target: skip });
+                // Each address comes before the branch around its store: the thread part cached
+                // at the first dominates every later use, as in an element loop.
+                self.element_loop(|lw| {
+                    for k in 0..l.slots() {
+                        let (row, col) = lw.frag_coords(l, k);
+                        let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                        let a = lw.shared_addr(sh, row, col);
+                        let fr_reg = lw.regs[fr][k as usize];
+                        if to_frag {
+                            let v = lw.load_mem(Space::Shared, a, sdt);
+                            let v = lw.round_for(v, ddt);
+                            lw.mov(fr_reg, v);
+                        } else {
+                            let skip = lw.em.label();
+                            if let Some(p) = owner {
+                                lw.em.emit_if(p, false, Op::Bra { target: skip });
+                            }
+                            lw.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
+                            lw.em.emit(Op::Label(skip));
                         }
-                        self.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
-                        self.em.emit(Op::Label(skip));
                     }
-                }
+                });
                 Ok(())
             }
             (BufLayout::Shared(_), BufLayout::Shared(_)) => self.for_each_shared_elem(d, |lw, r, c| {

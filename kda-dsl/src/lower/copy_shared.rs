@@ -3,6 +3,7 @@
 
 use super::copy::{covers, GlobalBox};
 use super::copy_plan::{CopyKind, NoFastPath};
+use super::element_addr::bits_below;
 use super::Lower;
 use super::V;
 use crate::diag::{Diag, SrcLoc};
@@ -307,6 +308,26 @@ impl Lower<'_> {
     /// `shared_to_global` in 16-byte vector loads and stores.
     fn vector_stores(&mut self, gb: &GlobalBox, b: BufId) {
         let dt = self.def().buffers[b].dtype;
+        let (_, cols) = self.tile_rc(b);
+        let threads = self.scope.threads;
+        let chunk = 16 / dt.size_bytes() as u32;
+        let vpr = cols / chunk;
+        // With whole rows a pass, pass k's row is pass 0's plus `k * threads / vpr` and its
+        // column pass 0's: split indices, whose shared addresses are a thread part cached at
+        // the first pass plus constants (`element_addr.rs`). Each is computed before the
+        // branch around its store, so the cached part dominates every later use.
+        let pass0 = threads.is_multiple_of(vpr).then(|| {
+            let r0 = self.em.op32(BinKind::Div, self.scope.th.tid, vpr as i64);
+            let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr as i64);
+            let c0 = self.em.op32(BinKind::Mul, cv, chunk as i64);
+            (self.em.to_reg(r0, RegClass::B32, Ty::U32), self.em.to_reg(c0, RegClass::B32, Ty::U32))
+        });
+        self.element_loop(|lw| lw.vector_store_passes(gb, b, pass0));
+    }
+
+    /// [`Self::vector_stores`]'s passes; with `pass0`, pass 0's row and column registers.
+    fn vector_store_passes(&mut self, gb: &GlobalBox, b: BufId, pass0: Option<(Reg, Reg)>) {
+        let dt = self.def().buffers[b].dtype;
         let (rows, cols) = self.tile_rc(b);
         let threads = self.scope.threads;
         let chunk = 16 / dt.size_bytes() as u32;
@@ -314,9 +335,17 @@ impl Lower<'_> {
         let n = rows * vpr;
         for k in 0..n.div_ceil(threads) {
             let v = self.em.add32(self.scope.th.tid, Src::Imm((k * threads) as i64));
-            let r = self.em.op32(BinKind::Div, v, vpr as i64);
-            let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
-            let c = self.em.op32(BinKind::Mul, cv, chunk as i64);
+            let (r, c) = match pass0 {
+                Some((r0, c0)) => (
+                    self.split_index(r0, bits_below(threads / vpr), k * (threads / vpr)),
+                    self.split_index(c0, bits_below(vpr) * chunk, 0),
+                ),
+                None => {
+                    let r = self.em.op32(BinKind::Div, v, vpr as i64);
+                    let cv = self.em.op32(BinKind::Rem, v, vpr as i64);
+                    (r, self.em.op32(BinKind::Mul, cv, chunk as i64))
+                }
+            };
             let (addr, valid) = self.box_elem(gb, r, c);
             let valid = if (k + 1) * threads > n {
                 let p = self.em.setp(Cmp::Lt, Ty::S32, v, Src::Imm(n as i64));
@@ -324,11 +353,11 @@ impl Lower<'_> {
             } else {
                 valid
             };
+            let saddr = self.shared_addr(b, r, c);
             let skip = self.em.label();
             if let Some(p) = valid {
                 self.em.emit_if(p, false, Op::Bra { target: skip });
             }
-            let saddr = self.shared_addr(b, r, c);
             let regs: Vec<Reg> = (0..4).map(|_| self.em.reg(RegClass::B32)).collect();
             self.em.emit(Op::Ld { space: Space::Shared, ty: Ty::B32, d: regs.clone(), addr: saddr, offset: 0 });
             self.em.emit(Op::St {

@@ -143,6 +143,27 @@ fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
     assert!(!line6.contains("cvt.f32.bf16"), "{line6}");
 }
 
+/// A shared element at the loop's index plus a constant row block (`s[i + 16][j]`) stays a
+/// per-thread part plus constants: the thread part's swizzle is computed once and each store
+/// adds a constant to it (before, each of the 8 elements swizzled its own address), and they
+/// pair as `s[i][j]`'s do.
+#[test]
+fn an_index_plus_a_constant_keeps_its_address_split() {
+    let k = KernelBuilder::new("stacked", loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
+    let s = k.shared("s", &[32, 16], DType::BF16, loc(4));
+    k.fill(&f, 1.5, loc(5));
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    let below = vec![Val::bin(BinOp::Add, ij[0].clone(), Val::from(16)), ij[1].clone()];
+    k.store(&s, below, k.elem(&f, ij.clone(), loc(7)), loc(7));
+    k.end();
+    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let line7: String = line_ir(&prog, 7);
+    assert_eq!(line7.matches("st.shared.b32").count(), 4, "{line7}");
+    assert_eq!(line7.matches("xor.b32").count(), 1, "{line7}");
+}
+
 /// Held stores pair only where nothing between them may write the same word: a store between
 /// whose address is not a split of a thread part and a constant (`j * 1 + 16`: columns no other
 /// store of the body writes, but the lowering cannot tell) keeps every 16-bit store apart.

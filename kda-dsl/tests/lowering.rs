@@ -120,20 +120,33 @@ fn a_difference_with_a_product_is_one_fused_multiply_add() {
     assert_eq!(got[1], 1.0 + 1.0 / 2048.0, "2 y - 1");
 }
 
+/// A 32-thread kernel whose `parallel` over a 16 x 16 f32 fragment `f` (filled with 1.5, line
+/// 5; the loop at line 6) runs `body(k, f, s, [i, j])` with `s` a bf16 shared tile of `shape`,
+/// lowered.
+fn stores_from_a_fragment(
+    name: &str,
+    shape: &[i64],
+    body: impl FnOnce(&KernelBuilder, &Tile, &Tile, Vec<Val>),
+) -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new(name, loc(1));
+    k.launch(vec![Host::int(1)], 32, loc(2));
+    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
+    let s = k.shared("s", shape, DType::BF16, loc(4));
+    k.fill(&f, 1.5, loc(5));
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
+    body(&k, &f, &s, ij);
+    k.end();
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
 /// An element stored to a bf16 shared tile is rounded once, by the store (a register tile of
 /// bf16 keeps the rounded value as f32, so there it is rounded and widened); a fragment's two
 /// adjacent columns go out as one 4-byte store, packed by one conversion.
 #[test]
 fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
-    let k = KernelBuilder::new("narrow", loc(1));
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
-    let s = k.shared("s", &[16, 16], DType::BF16, loc(4));
-    k.fill(&f, 1.5, loc(5));
-    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
-    k.store(&s, ij.clone(), Val::bin(BinOp::Mul, k.elem(&f, ij.clone(), loc(6)), Val::from(3.0)), loc(6));
-    k.end();
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let prog = stores_from_a_fragment("narrow", &[16, 16], |k, f, s, ij| {
+        k.store(s, ij.clone(), Val::bin(BinOp::Mul, k.elem(f, ij.clone(), loc(6)), Val::from(3.0)), loc(6));
+    });
     let line6: String = line_ir(&prog, 6);
     // 8 elements per thread, 4 pairs of adjacent columns: one conversion and one store a pair,
     // and none back to f32.
@@ -149,16 +162,10 @@ fn an_element_stored_to_bf16_shared_memory_is_converted_once() {
 /// pair as `s[i][j]`'s do.
 #[test]
 fn an_index_plus_a_constant_keeps_its_address_split() {
-    let k = KernelBuilder::new("stacked", loc(1));
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
-    let s = k.shared("s", &[32, 16], DType::BF16, loc(4));
-    k.fill(&f, 1.5, loc(5));
-    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
-    let below = vec![Val::bin(BinOp::Add, ij[0].clone(), Val::from(16)), ij[1].clone()];
-    k.store(&s, below, k.elem(&f, ij.clone(), loc(7)), loc(7));
-    k.end();
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let prog = stores_from_a_fragment("stacked", &[32, 16], |k, f, s, ij| {
+        let below = vec![Val::bin(BinOp::Add, ij[0].clone(), Val::from(16)), ij[1].clone()];
+        k.store(s, below, k.elem(f, ij.clone(), loc(7)), loc(7));
+    });
     let line7: String = line_ir(&prog, 7);
     assert_eq!(line7.matches("st.shared.b32").count(), 4, "{line7}");
     assert_eq!(line7.matches("xor.b32").count(), 1, "{line7}");
@@ -169,17 +176,11 @@ fn an_index_plus_a_constant_keeps_its_address_split() {
 /// store of the body writes, but the lowering cannot tell) keeps every 16-bit store apart.
 #[test]
 fn stores_that_may_overlap_are_not_paired() {
-    let k = KernelBuilder::new("overlap", loc(1));
-    k.launch(vec![Host::int(1)], 32, loc(2));
-    let f = k.fragment("f", &[16, 16], DType::F32, loc(3));
-    let s = k.shared("s", &[16, 32], DType::BF16, loc(4));
-    k.fill(&f, 1.5, loc(5));
-    let ij = k.begin_parallel(&f, &["i", "j"], loc(6));
-    let opaque = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[1].clone(), Val::from(1)), Val::from(16));
-    k.store(&s, ij.clone(), k.elem(&f, ij.clone(), loc(6)), loc(6));
-    k.store(&s, vec![ij[0].clone(), opaque], Val::from(2.0), loc(6));
-    k.end();
-    let (_, prog) = kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers");
+    let prog = stores_from_a_fragment("overlap", &[16, 32], |k, f, s, ij| {
+        let opaque = Val::bin(BinOp::Add, Val::bin(BinOp::Mul, ij[1].clone(), Val::from(1)), Val::from(16));
+        k.store(s, ij.clone(), k.elem(f, ij.clone(), loc(6)), loc(6));
+        k.store(s, vec![ij[0].clone(), opaque], Val::from(2.0), loc(6));
+    });
     let line6: String = line_ir(&prog, 6);
     assert!(!line6.contains("st.shared.b32"), "{line6}");
     assert_eq!(line6.matches("st.shared.b16").count(), 16, "{line6}");

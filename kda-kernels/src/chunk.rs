@@ -106,7 +106,7 @@ impl NarrowProducts {
     /// The kernel's `launch(.., wgmma_min_n)`.
     pub fn wgmma_min_n(self) -> usize {
         match self {
-            NarrowProducts::Wgmma => 8,
+            NarrowProducts::Wgmma => kda_dsl::tile::WGMMA_MIN_N as usize,
             NarrowProducts::MmaSync => 32,
         }
     }

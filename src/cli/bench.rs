@@ -10,8 +10,18 @@ use kda_runtime::gemm::gemm_on;
 use kda_runtime::{gpu_available, median, time_ms, DeviceTensor, Gpu, Kernels};
 use std::io::Write;
 
-pub(crate) const USAGE: &str =
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k] ...] [--case NAME]";
+/// A `--sweep-chunk` shape's grammar, for the usage and the parser's errors alike.
+macro_rules! chunk_shape_grammar {
+    () => {
+        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]"
+    };
+}
+
+pub(crate) const USAGE: &str = concat!(
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [",
+    chunk_shape_grammar!(),
+    " ...] [--case NAME]"
+);
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
@@ -195,9 +205,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
 pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
-    let bad = || {
-        format!("`{a}` is not WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]; {USAGE}")
-    };
+    let bad = || format!("`{a}` is not {}; {USAGE}", chunk_shape_grammar!());
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `k` (the key products split over the warps: `ChunkShape::
     // key_products`), `c` (the gates summed through shared memory: `ChunkShape::
@@ -484,8 +492,8 @@ pub fn time_gemm(
     let b = DeviceTensor::from_f32(gpu, &s, &bshape, DType::BF16, &gen(&mut rng, n * k)).map_err(e)?;
     let c = DeviceTensor::zeros(gpu, &s, &[m, n], DType::F32).map_err(e)?;
     let call = || gemm_on(gpu, kernels, &s, &a.view(), &b.view(), &c.view(), bt, target);
-    // The first call compiles the variant, loads its module and has the driver JIT it (with
-    // `CUDA_CACHE_DISABLE=1`, every time).
+    // The process's first call of a variant compiles it, loads its module and has the driver
+    // JIT it (with `CUDA_CACHE_DISABLE=1`, in every process).
     let t0 = std::time::Instant::now();
     call().map_err(e)?;
     s.synchronize().map_err(|e| e.to_string())?;
@@ -498,7 +506,8 @@ pub fn time_gemm(
 pub struct GemmTiming {
     /// The median of the timed calls, ms.
     pub ms: f32,
-    /// Wall seconds of the first call (variant compile, module load and driver JIT included).
+    /// Wall seconds of the process's first call of the variant (compile, module load and
+    /// driver JIT included): a later row of the same variant finds it loaded.
     pub first_call_s: f64,
 }
 

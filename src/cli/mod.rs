@@ -37,7 +37,7 @@ const USAGE: &str = "usage: kda <command> [--help]
   check [--gpu [--quick] [--allow-no-gpu]]
                                          every kernel family through the simulator against its
                                          reference (with --gpu: on the GPU too); exit 1 on failure
-  conflicts [FAMILY] [--target T] [--prepared]
+  conflicts [FAMILY] [--target T] [--prepared] [--all]
                                          the prefill kernel's shared-memory bank conflicts per
                                          source line, counted in the simulator
   bench [--json FILE] [--case NAME]      GPU timings (and JSON lines), the cases whose name

@@ -9,7 +9,7 @@ use crate::analysis::ranges;
 use crate::artifact::HostExpr;
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::layout::FragmentKind;
+use crate::layout::{FragmentKind, FragmentLayout};
 use crate::passes::check_types::value_type;
 use crate::passes::BufLayout;
 use crate::thread_ir::*;
@@ -598,73 +598,10 @@ impl Lower<'_> {
             }
             (BufLayout::Shared(_), BufLayout::Fragment(l)) | (BufLayout::Fragment(l), BufLayout::Shared(_)) => {
                 let to_frag = matches!(ld, BufLayout::Fragment(_));
-                let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
-                // A thread's `vec` adjacent columns start at a multiple of `vec`; accessed in runs
-                // of at most 16 bytes, each run lies in one 16-byte chunk of a swizzled tile.
-                let (shared_dt, frag_dt) = if to_frag { (sdt, ddt) } else { (ddt, sdt) };
-                let esize = shared_dt.size_bytes() as u32;
-                let run = l.vec.min(16 / esize);
-                let floats = matches!(shared_dt, DType::F32 | DType::BF16 | DType::F16);
-                // One aligned vector access per run: loads widen 16-bit pairs in registers, stores
-                // pack them. A tile fragment holds each element once, so every thread stores its
-                // own runs (vector fragments, replicated over warps, store element by element
-                // from their owners below).
-                if floats && run >= 2 && (l.kind == FragmentKind::Tile || (to_frag && l.kind != FragmentKind::Rows)) {
-                    let fast = if two_d && run == l.vec { self.swizzled_runs(sh, l) } else { None };
-                    let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
-                    // No run is behind a branch: as in an element loop, each run's address is
-                    // a thread part cached for the copy and constants (`element_addr.rs`).
-                    return self.element_loop(|lw| {
-                        let mut k = 0;
-                        while k < l.slots() {
-                            let (a, off) = match (&fast, affine) {
-                                (Some(runs), _) => runs[(k / l.vec) as usize],
-                                (None, Some((base, row_bytes))) => {
-                                    let c = l.slot_coord(k);
-                                    let off = c.row_off as i64 * row_bytes + (c.col_off * esize) as i64;
-                                    (base, off)
-                                }
-                                (None, None) => {
-                                    let (row, col) = lw.frag_coords(l, k);
-                                    let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
-                                    (lw.shared_addr(sh, row, col), 0)
-                                }
-                            };
-                            let regs: Vec<Reg> = (k..k + run).map(|j| lw.regs[fr][j as usize]).collect();
-                            if to_frag {
-                                lw.run_load(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
-                            } else {
-                                lw.run_store(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
-                            }
-                            k += run;
-                        }
-                        Ok(())
-                    });
-                }
-                // Replicated vector elements are written to shared once, by their owners.
-                let owner = if to_frag { None } else { self.vector_owner(l) };
-                // Each address comes before the branch around its store: the thread part cached
-                // at the first dominates every later use, as in an element loop.
-                self.element_loop(|lw| {
-                    for k in 0..l.slots() {
-                        let (row, col) = lw.frag_coords(l, k);
-                        let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
-                        let a = lw.shared_addr(sh, row, col);
-                        let fr_reg = lw.regs[fr][k as usize];
-                        if to_frag {
-                            let v = lw.load_mem(Space::Shared, a, sdt);
-                            let v = lw.round_for(v, ddt);
-                            lw.mov(fr_reg, v);
-                        } else {
-                            let skip = lw.em.label();
-                            if let Some(p) = owner {
-                                lw.em.emit_if(p, false, Op::Bra { target: skip });
-                            }
-                            lw.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
-                            lw.em.emit(Op::Label(skip));
-                        }
-                    }
-                });
+                // No access is behind a branch (an owner's store has its address before the
+                // branch around it): as in an element loop, each address is a thread part cached
+                // for the copy plus constants (`element_addr.rs`).
+                self.element_loop(|lw| lw.shared_fragment_copy(s, d, l, to_frag, two_d));
                 Ok(())
             }
             (BufLayout::Shared(_), BufLayout::Shared(_)) => self.for_each_shared_elem(d, |lw, r, c| {
@@ -699,6 +636,71 @@ impl Lower<'_> {
                 loc,
                 "this copy direction is not supported (write local tiles to shared element by element in `parallel`)",
             ),
+        }
+    }
+
+    /// A copy between shared tile and fragment `l` (`to_frag`: shared to fragment), inside an
+    /// element loop.
+    fn shared_fragment_copy(&mut self, s: BufId, d: BufId, l: FragmentLayout, to_frag: bool, two_d: bool) {
+        let (sdt, ddt) = (self.def().buffers[s].dtype, self.def().buffers[d].dtype);
+        let (sh, fr) = if to_frag { (s, d) } else { (d, s) };
+        // A thread's `vec` adjacent columns start at a multiple of `vec`; accessed in runs of at
+        // most 16 bytes, each run lies in one 16-byte chunk of a swizzled tile.
+        let (shared_dt, frag_dt) = if to_frag { (sdt, ddt) } else { (ddt, sdt) };
+        let esize = shared_dt.size_bytes() as u32;
+        let run = l.vec.min(16 / esize);
+        let floats = matches!(shared_dt, DType::F32 | DType::BF16 | DType::F16);
+        // One aligned vector access per run: loads widen 16-bit pairs in registers, stores pack
+        // them. A tile fragment holds each element once, so every thread stores its own runs
+        // (vector fragments, replicated over warps, store element by element from their owners
+        // below).
+        if floats && run >= 2 && (l.kind == FragmentKind::Tile || (to_frag && l.kind != FragmentKind::Rows)) {
+            let fast = if two_d && run == l.vec { self.swizzled_runs(sh, l) } else { None };
+            let affine = if fast.is_none() { self.affine_base(sh, l, two_d) } else { None };
+            let mut k = 0;
+            while k < l.slots() {
+                let (a, off) = match (&fast, affine) {
+                    (Some(runs), _) => runs[(k / l.vec) as usize],
+                    (None, Some((base, row_bytes))) => {
+                        let c = l.slot_coord(k);
+                        let off = c.row_off as i64 * row_bytes + (c.col_off * esize) as i64;
+                        (base, off)
+                    }
+                    (None, None) => {
+                        let (row, col) = self.frag_coords(l, k);
+                        let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+                        (self.shared_addr(sh, row, col), 0)
+                    }
+                };
+                let regs: Vec<Reg> = (k..k + run).map(|j| self.regs[fr][j as usize]).collect();
+                if to_frag {
+                    self.run_load(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                } else {
+                    self.run_store(Space::Shared, a, off, shared_dt, None, frag_dt, &regs);
+                }
+                k += run;
+            }
+            return;
+        }
+        // Replicated vector elements are written to shared once, by their owners.
+        let owner = if to_frag { None } else { self.vector_owner(l) };
+        for k in 0..l.slots() {
+            let (row, col) = self.frag_coords(l, k);
+            let (row, col) = if two_d { (row, col) } else { (Src::Imm(0), row) };
+            let a = self.shared_addr(sh, row, col);
+            let fr_reg = self.regs[fr][k as usize];
+            if to_frag {
+                let v = self.load_mem(Space::Shared, a, sdt);
+                let v = self.round_for(v, ddt);
+                self.mov(fr_reg, v);
+            } else {
+                let skip = self.em.label();
+                if let Some(p) = owner {
+                    self.em.emit_if(p, false, Op::Bra { target: skip });
+                }
+                self.store_mem(Space::Shared, a, ddt, V { s: Src::Reg(fr_reg), ty: value_type(sdt) });
+                self.em.emit(Op::Label(skip));
+            }
         }
     }
 }

@@ -125,7 +125,7 @@ impl Lower<'_> {
         };
         // Each held store keeps its value (and address) live: past a bound, store them rather
         // than spill.
-        let parts = self.split_addrs.get(&addr).copied();
+        let parts = self.split_addr_parts(addr);
         let full = self.deferred_stores.as_mut().and_then(|d| {
             d.pending.push(HeldStore { tile: b, addr, dt, v, parts });
             (d.pending.len() >= MAX_HELD).then(|| std::mem::take(&mut d.pending))

@@ -171,6 +171,9 @@ pub(crate) struct ThreadOffsets {
     offsets: HashMap<(SharedLayout, u32, Option<Reg>, Option<Reg>), ThreadPart>,
     /// `shared_base + offset`, by base register and thread part.
     addresses: HashMap<(Reg, Reg), Reg>,
+    /// The parts of each shared address made from them, by its register (held 16-bit stores
+    /// pair by them: `deferred_stores.rs`).
+    address_parts: HashMap<Reg, SplitAddr>,
     /// Integer results by operation and operands, so that an index every element computes
     /// alike (`nv - 1`) is one register, whose thread part is then cached once.
     values: HashMap<(BinKind, Ty, Operand, Operand), Reg>,
@@ -288,10 +291,10 @@ impl Lower<'_> {
     /// thread parts keyed by it and the integer results computed from it.
     pub(crate) fn forget_cached(&mut self, r: Reg) {
         self.split_indices.remove(&r);
-        self.split_addrs.retain(|a, p| *a != r && p.base != r && p.thread != r);
         if let Some(c) = self.thread_offsets.as_mut() {
             c.offsets.retain(|(_, _, rb, cb), v| *rb != Some(r) && *cb != Some(r) && v.bytes != r);
             c.addresses.retain(|(b, o), v| *b != r && *o != r && *v != r);
+            c.address_parts.retain(|a, p| *a != r && p.base != r && p.thread != r);
             c.values.retain(|(_, _, a, b), v| !a.is(r) && !b.is(r) && *v != r);
         }
     }
@@ -346,8 +349,14 @@ impl Lower<'_> {
         let addr = self.em.add32(at, Src::Imm(part.add as i64));
         let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
         let parts = SplitAddr { base, thread: offset, xor: part.xor, add: part.add, word_aligned };
-        self.split_addrs.insert(addr, parts);
+        self.cache_mut().address_parts.insert(addr, parts);
         Some(addr)
+    }
+
+    /// The parts of shared address `addr`, where [`Self::split_shared_addr`] made it in the
+    /// element loop being lowered.
+    pub(crate) fn split_addr_parts(&self, addr: Reg) -> Option<SplitAddr> {
+        self.thread_offsets.as_ref()?.address_parts.get(&addr).copied()
     }
 
     fn cached<T>(&self, f: impl FnOnce(&ThreadOffsets) -> T) -> T {

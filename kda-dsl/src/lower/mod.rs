@@ -146,8 +146,6 @@ pub(crate) struct Lower<'a> {
     pub async_copies: bool,
     /// Index registers known as a per-thread base plus a constant (`element_addr`).
     pub split_indices: HashMap<Reg, element_addr::SplitIndex>,
-    /// The parts of each shared address `split_shared_addr` made (for pairing held stores).
-    pub split_addrs: HashMap<Reg, element_addr::SplitAddr>,
     /// Inside an element loop: the thread parts of shared addresses computed so far.
     pub thread_offsets: Option<element_addr::ThreadOffsets>,
     /// Every copy's plan, in the order lowered.
@@ -277,7 +275,6 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         var_ranges: ranges::var_ranges(&p.def),
         async_copies: crate::passes::plan_pipelines::plain_shared_copy(&p.def, &p.def.body).is_some(),
         split_indices: HashMap::new(),
-        split_addrs: HashMap::new(),
         thread_offsets: None,
         copy_plans: vec![],
         gemm_plans: vec![],

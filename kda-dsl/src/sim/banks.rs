@@ -143,10 +143,14 @@ impl BankRecorder {
 
     /// Adds the block's counts to the open scope, each instruction's under its line and kind.
     pub(super) fn finish(self, loc_op: impl Fn(usize) -> (SrcLoc, SharedOp)) {
+        // Per instruction: requests, wavefronts, the fewest.
         let mut per_pc: HashMap<usize, (u64, u64, u64)> = HashMap::new();
-        for (pc, w, i) in self.whole {
+        let mut add = |pc: usize, (w, i): (u64, u64)| {
             let e = per_pc.entry(pc).or_default();
             *e = (e.0 + 1, e.1 + w, e.2 + i);
+        };
+        for (pc, w, i) in self.whole {
+            add(pc, (w, i));
         }
         for warp in self.accesses.chunks(32) {
             let mut requests: HashMap<(usize, u32), Vec<LaneRequest>> = HashMap::new();
@@ -160,9 +164,7 @@ impl BankRecorder {
                 }
             }
             for ((pc, _), lanes) in requests {
-                let (w, i) = wavefronts(&lanes);
-                let e = per_pc.entry(pc).or_default();
-                *e = (e.0 + 1, e.1 + w, e.2 + i);
+                add(pc, wavefronts(&lanes));
             }
         }
         COUNTS.with(|c| {

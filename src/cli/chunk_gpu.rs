@@ -622,10 +622,10 @@ pub enum BenchGates {
     /// `-5·sigmoid(exp(A_log)·(g + dt_bias))` is at most about 2e-10 in magnitude (g near 0,
     /// decay near 1) on every token.
     /// A warm-up shortcut (a piece of a split sequence started from zeros some chunks early) is
-    /// safe only where its bound on the state it drops (the product over the warm-up's chunks
+    /// safe only where its bound on the state it drops (the product over the warm-up's tokens
     /// of the slowest channel's decay) is small; a channel that never decays keeps that bound
     /// near 1 on every head, so this row prices the exact path such a shortcut would have to
-    /// fall back to (`docs/performance.md`, "A warm-up shortcut for the split").
+    /// fall back to (`docs/performance.md`, "The warm-up shortcut's bound, per token").
     OneChannelNoDecay,
 }
 

@@ -196,23 +196,66 @@ pub enum Expr {
 impl Expr {
     /// Calls `f` on each tile the expression reads an element of, at any depth (once per read).
     pub fn for_each_elem_tile(&self, f: &mut impl FnMut(BufId)) {
+        self.for_each_elem_read(&mut |b, _| f(b));
+    }
+
+    /// Calls `f` on each tile element read of the expression, with its indices, at any depth
+    /// (once per read; a read inside another's index after it).
+    pub fn for_each_elem_read(&self, f: &mut impl FnMut(BufId, &[Expr])) {
         match self {
             Expr::Elem(b, idx) => {
-                f(*b);
-                idx.iter().for_each(|i| i.for_each_elem_tile(f));
+                f(*b, idx);
+                idx.iter().for_each(|i| i.for_each_elem_read(f));
             }
-            Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_elem_tile(f)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_elem_tile(f),
+            Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_elem_read(f)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_elem_read(f),
             Expr::Binary(_, a, b) => {
-                a.for_each_elem_tile(f);
-                b.for_each_elem_tile(f);
+                a.for_each_elem_read(f);
+                b.for_each_elem_read(f);
             }
             Expr::Select(c, a, b) => {
-                c.for_each_elem_tile(f);
-                a.for_each_elem_tile(f);
-                b.for_each_elem_tile(f);
+                c.for_each_elem_read(f);
+                a.for_each_elem_read(f);
+                b.for_each_elem_read(f);
             }
             Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) | Expr::Var(_) => {}
+        }
+    }
+}
+
+impl Stmt {
+    /// Calls `f` on every statement nested in this one (loops' and warp groups' bodies, both
+    /// arms of an `if`), at any depth, not on this one.
+    pub fn for_each_nested<'a>(&'a self, f: &mut impl FnMut(&'a Stmt)) {
+        match &self.kind {
+            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                visit_stmts(body, f)
+            }
+            StmtKind::If(_, t, e) => {
+                visit_stmts(t, f);
+                visit_stmts(e, f);
+            }
+            _ => {}
+        }
+    }
+
+    /// Calls `f` on each expression of the statement itself (values, indices, bounds,
+    /// conditions, a copy's box), not of the statements nested in it.
+    pub fn for_each_expr(&self, f: &mut impl FnMut(&Expr)) {
+        match &self.kind {
+            StmtKind::Assign(_, e) | StmtKind::Fill(_, e) => f(e),
+            StmtKind::Store(_, idx, e) | StmtKind::StoreGlobal(_, idx, e) => {
+                idx.iter().for_each(&mut *f);
+                f(e);
+            }
+            StmtKind::For { start, end, .. } => {
+                f(start);
+                f(end);
+            }
+            StmtKind::If(c, ..) => f(c),
+            StmtKind::Copy { src, dst } => src.index_exprs().chain(dst.index_exprs()).for_each(f),
+            StmtKind::Prefetch(r) => r.index_exprs().for_each(f),
+            _ => {}
         }
     }
 }
@@ -248,16 +291,7 @@ pub enum Region {
 pub fn visit_stmts<'a>(body: &'a [Stmt], f: &mut impl FnMut(&'a Stmt)) {
     for s in body {
         f(s);
-        match &s.kind {
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                visit_stmts(body, f)
-            }
-            StmtKind::If(_, t, e) => {
-                visit_stmts(t, f);
-                visit_stmts(e, f);
-            }
-            _ => {}
-        }
+        s.for_each_nested(f);
     }
 }
 

@@ -13,8 +13,8 @@
 //!
 //! The kernel is type-checked first (its error is the output). A stage is a tile pass (`infer_layouts`, `fuse_reductions`, `insert_barriers`, `drop_dead_tiles`,
 //! `plan_pipelines`, `plan_tma_stores`, `allocate_shared`: the pipeline runs up to and including it, and the program is printed),
-//! `copy_plans` and `gemm_plans` (the lowering's plan for every copy or `gemm`) or `ptx` (the
-//! whole compile). A `; target: sm_90a` line picks the target every stage chooses instructions
+//! `copy_plans`, `gemm_plans` and `matrix_access_plans` (the lowering's plan for every copy,
+//! `gemm`, or shared tile access at a `parallel`'s index) or `ptx` (the whole compile). A `; target: sm_90a` line picks the target every stage chooses instructions
 //! for (default sm_80).
 //! `KDA_BLESS=1 cargo test -p kda-dsl --test filetests` rewrites the expected outputs
 //! (`scripts/bless` does it with the other snapshots).
@@ -39,6 +39,8 @@ enum Stage {
     CopyPlans,
     /// The lowering's plan for every `gemm`.
     GemmPlans,
+    /// The lowering's plan for every shared tile access at a `parallel`'s own index.
+    MatrixAccessPlans,
     /// The whole compile, printed as PTX.
     Ptx,
 }
@@ -59,12 +61,13 @@ impl Stage {
         match name {
             "copy_plans" => Ok(Stage::CopyPlans),
             "gemm_plans" => Ok(Stage::GemmPlans),
+            "matrix_access_plans" => Ok(Stage::MatrixAccessPlans),
             "ptx" => Ok(Stage::Ptx),
-            _ => PASSES
-                .iter()
-                .position(|p| *p == name)
-                .map(|i| Stage::TilePasses(i + 1))
-                .ok_or_else(|| format!("unknown stage `{name}` (a tile pass, `copy_plans`, `gemm_plans` or `ptx`)")),
+            _ => PASSES.iter().position(|p| *p == name).map(|i| Stage::TilePasses(i + 1)).ok_or_else(|| {
+                format!(
+                    "unknown stage `{name}` (a tile pass, `copy_plans`, `gemm_plans`, `matrix_access_plans` or `ptx`)"
+                )
+            }),
         }
     }
 }
@@ -170,6 +173,13 @@ fn run(test: &FileTest) -> Result<String, String> {
             let mut s = String::new();
             for (i, plan) in plans.gemms.iter().enumerate() {
                 writeln!(s, "gemm {i}: {plan}").expect("writes to a string");
+            }
+            s
+        }),
+        Stage::MatrixAccessPlans => kda_dsl::lower::plans(def, test.target).map(|plans| {
+            let mut s = String::new();
+            for (i, plan) in plans.matrix_accesses.iter().enumerate() {
+                writeln!(s, "access {i}: {plan}").expect("writes to a string");
             }
             s
         }),

@@ -1137,3 +1137,103 @@ fn hoisting_moves_loop_invariant_addresses_out_and_keeps_the_values() {
     // The boxes' starts leave the loop first (block-uniform), then the threads' own offsets.
     assert!(lengths[0] > lengths[1] && lengths[1] > lengths[2], "{lengths:?}");
 }
+
+/// The bits of `x` as `dt` (bf16 or f16; `x` a multiple of 1/4 below 16, exact in both).
+fn half_bits(x: f32, dt: DType) -> u16 {
+    match dt {
+        DType::BF16 => (x.to_bits() >> 16) as u16,
+        _ => {
+            let (sign, a) = (if x < 0.0 { 0x8000 } else { 0 }, x.abs());
+            if a == 0.0 {
+                return sign;
+            }
+            let e = a.log2().floor() as i32;
+            let mant = ((a / 2f32.powi(e) - 1.0) * 1024.0).round() as u16;
+            sign | (((e + 15) as u16) << 10) | mant
+        }
+    }
+}
+
+/// A kernel of `warps` warps whose `parallel` over a `[rows, cols]` accumulator fragment `f`
+/// (a `gemm`'s, so laid out as `mma.sync`'s) reads the 16-bit tiles `vt` `[cols, rows]`
+/// transposed and `vd` `[rows, cols]` at its index, `f[i][j] = 2 vt[j][i] + vd[i][j]`, and
+/// stores `f` transposed into the 16-bit tile `ot` (`ot[j][i] = f[i][j] + 0.5`); `o` gets `f`
+/// and `ot` gets `ot`. Returns the lowered program.
+fn matrix_access_kernel(rows: i64, cols: i64, warps: i64, dt: DType) -> kda_dsl::thread_ir::ThreadProgram {
+    let k = KernelBuilder::new("blocks", loc(1));
+    let a = k.tensor("a", &["C", "R"], dt, false);
+    let b = k.tensor("b", &["R", "C"], dt, false);
+    let o = k.tensor("o", &["R", "C"], DType::F32, true);
+    let ot_out = k.tensor("ot_out", &["C", "R"], dt, true);
+    k.launch(vec![Host::int(1)], 32 * warps, loc(2));
+    let f = k.fragment("f", &[rows, cols], DType::F32, loc(3));
+    let vt = k.shared("vt", &[cols, rows], dt, loc(3));
+    let vd = k.shared("vd", &[rows, cols], dt, loc(3));
+    let ot = k.shared("ot", &[cols, rows], dt, loc(3));
+    let z1 = k.shared("z1", &[rows, 16], dt, loc(3));
+    let z2 = k.shared("z2", &[16, cols], dt, loc(3));
+    let zero = || vec![Val::from(0), Val::from(0)];
+    k.copy(k.tile(&a, zero(), &[cols, rows], loc(4)), vt, loc(4));
+    k.copy(k.tile(&b, zero(), &[rows, cols], loc(4)), vd, loc(4));
+    k.fill(&z1, 0.0, loc(4));
+    k.fill(&z2, 0.0, loc(4));
+    k.fill(&f, 0.0, loc(4));
+    k.gemm(z1, z2, &f, loc(4));
+    let ij = k.begin_parallel(&f, &["i", "j"], loc(5));
+    let ji = vec![ij[1].clone(), ij[0].clone()];
+    let twice = Val::bin(BinOp::Mul, k.elem(&vt, ji.clone(), loc(6)), Val::from(2.0));
+    k.store(&f, ij.clone(), Val::bin(BinOp::Add, twice, k.elem(&vd, ij.clone(), loc(6))), loc(6));
+    k.store(&ot, ji, Val::bin(BinOp::Add, k.elem(&f, ij.clone(), loc(7)), Val::from(0.5)), loc(7));
+    k.end();
+    k.copy(f, k.tile(&o, zero(), &[rows, cols], loc(8)), loc(8));
+    k.copy(ot, k.tile(&ot_out, zero(), &[cols, rows], loc(8)), loc(8));
+    kda_dsl::lower_kernel(k.finish().expect("valid")).expect("lowers").1
+}
+
+/// A `parallel` over an `mma.sync` accumulator reads 16-bit shared tiles at its index and
+/// transposed by `ldmatrix`, and stores one transposed by `movmatrix` and 4-byte stores,
+/// giving every element where per-element accesses would (the simulator against the host), for
+/// each way the blocks group into instructions: two atoms side by side (`[32, 16]` on 2
+/// warps), one above the other (`[64, 8]` on 2 warps), one atom an instruction (`[16, 24]` on
+/// 1 warp: 3 atoms a row), in bf16 and f16.
+#[test]
+fn accumulator_loops_move_16_bit_tiles_in_8_by_8_blocks() {
+    for (rows, cols, warps) in [(32, 16, 2), (64, 8, 2), (16, 24, 1)] {
+        for dt in [DType::BF16, DType::F16] {
+            let prog = matrix_access_kernel(rows, cols, warps, dt);
+            let ir = line_ir(&prog, 5) + &line_ir(&prog, 6) + &line_ir(&prog, 7);
+            let (r, c) = (rows as usize, cols as usize);
+            assert!(ir.contains("ldmatrix.sync.aligned.m8n8.x") && ir.contains(".trans.shared.b16"), "{ir}");
+            assert_eq!(
+                ir.matches("movmatrix.sync.aligned.m8n8.trans.b16").count(),
+                r * c / 64 / warps as usize,
+                "{ir}"
+            );
+            assert!(!ir.contains("ld.shared.b16") && !ir.contains("st.shared.b16"), "{ir}");
+            // Multiples of 1/4 below 4, so that every value here is exact in both types.
+            let av: Vec<f32> = (0..r * c).map(|e| ((e * 37 % 31) as f32 - 15.0) / 4.0).collect();
+            let bv: Vec<f32> = (0..r * c).map(|e| ((e * 91 % 29) as f32 - 14.0) / 4.0).collect();
+            let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| half_bits(*x, dt).to_le_bytes()).collect() };
+            let mut args = vec![
+                ("a".to_string(), SimArg::Tensor(bytes(&av))),
+                ("C".to_string(), SimArg::I32(cols as i32)),
+                ("R".to_string(), SimArg::I32(rows as i32)),
+                ("b".to_string(), SimArg::Tensor(bytes(&bv))),
+                ("o".to_string(), SimArg::Tensor(vec![0; 4 * r * c])),
+                ("ot_out".to_string(), SimArg::Tensor(vec![0; 2 * r * c])),
+            ];
+            run(&prog, [1, 1, 1], &mut args).expect("runs");
+            let SimArg::Tensor(o) = &args[4].1 else { unreachable!() };
+            let SimArg::Tensor(ot) = &args[5].1 else { unreachable!() };
+            for i in 0..r {
+                for j in 0..c {
+                    let want = 2.0 * av[j * r + i] + bv[i * c + j];
+                    let got = f32::from_le_bytes(o[4 * (i * c + j)..4 * (i * c + j) + 4].try_into().expect("4 bytes"));
+                    assert_eq!(got, want, "{rows}x{cols} {dt:?}: f[{i}][{j}]");
+                    let stored = u16::from_le_bytes([ot[2 * (j * r + i)], ot[2 * (j * r + i) + 1]]);
+                    assert_eq!(stored, half_bits(want + 0.5, dt), "{rows}x{cols} {dt:?}: ot[{j}][{i}]");
+                }
+            }
+        }
+    }
+}

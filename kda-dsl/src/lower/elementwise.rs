@@ -99,7 +99,8 @@ impl Lower<'_> {
         let held = super::deferred_stores::deferrable_tiles(self.p, body);
         match self.p.layouts[over] {
             BufLayout::Fragment(l) => self.element_loop(|lw| {
-                lw.with_deferred_stores(held, |lw| {
+                (lw.matrix_read_regs, lw.matrix_store_regs) = lw.matrix_reads(over, l, vars, body);
+                let r = lw.with_deferred_stores(held, |lw| {
                     for s in 0..l.slots() {
                         let (row, col) = lw.frag_coords(l, s);
                         lw.bind_index(vars, &[row, col]);
@@ -109,7 +110,12 @@ impl Lower<'_> {
                         r?;
                     }
                     Ok(())
-                })
+                });
+                lw.matrix_read_regs.clear();
+                let stores = std::mem::take(&mut lw.matrix_store_regs);
+                r?;
+                lw.matrix_stores(l, stores);
+                Ok(())
             }),
             BufLayout::Local => {
                 let shape = self.def().buffers[over].shape.clone();
@@ -213,6 +219,9 @@ impl Lower<'_> {
             BufLayout::Shared(_) => {
                 // The store rounds to the element type itself: rounding first would convert
                 // twice (ptxas keeps both).
+                if self.store_elem_of_block(b, idx, v) {
+                    return Ok(());
+                }
                 let (row, col) = self.shared_rc(idx, loc)?;
                 let a = self.shared_addr(b, row, col);
                 if !self.defer_store(b, a, dt, v) {

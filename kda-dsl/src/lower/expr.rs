@@ -153,12 +153,24 @@ impl Lower<'_> {
                 Ok(V { s: Src::Reg(self.regs[b][i]), ty: vt })
             }
             BufLayout::Shared(_) => {
+                if let Some(f) = self.matrix_read(b, idx) {
+                    return Ok(V { s: Src::Reg(f), ty: vt });
+                }
                 let (row, col) = self.shared_rc(idx, loc)?;
                 let a = self.shared_addr(b, row, col);
                 Ok(self.load_mem(Space::Shared, a, dt))
             }
             BufLayout::Unknown => unreachable!(),
         }
+    }
+
+    /// Shared tile `b`'s element at `idx` (as f32), where the `parallel` being lowered read it
+    /// by `ldmatrix` (`matrix_access`): `idx` is the loop's index, or transposed.
+    fn matrix_read(&self, b: BufId, idx: &[Expr]) -> Option<Reg> {
+        let ctx = self.elem?;
+        let [Some(i), Some(j)] = ctx.vars else { return None };
+        let transposed = super::matrix_access::index_order(idx, (i, j))?;
+        self.matrix_read_regs.get(&(b, transposed)).and_then(|slots| slots[ctx.slot as usize])
     }
 
     fn f32_reg(&mut self, s: Src) -> Reg {

@@ -21,6 +21,7 @@ pub use plans::{plans, Plans};
 pub mod hoist;
 mod if_conversion;
 mod loops;
+pub mod matrix_access;
 mod memory;
 mod producer;
 mod reduce;
@@ -152,6 +153,14 @@ pub(crate) struct Lower<'a> {
     pub copy_plans: Vec<copy_plan::CopyPlan>,
     /// Every `gemm`'s plan, in order.
     pub gemm_plans: Vec<gemm_plan::GemmPlan>,
+    /// Every access of a shared tile at a `parallel`'s index, in order (`matrix_access`).
+    pub matrix_access_plans: Vec<matrix_access::MatrixAccessPlan>,
+    /// Inside a `parallel`: the shared tiles read by `ldmatrix` before its element loop, per
+    /// (tile, transposed), each register slot's element as f32.
+    pub matrix_read_regs: matrix_access::SlotRegs,
+    /// Inside a `parallel`: the shared tiles stored transposed in 8 x 8 blocks after its
+    /// element loop, per (tile, transposed), each register slot's value once stored.
+    pub matrix_store_regs: matrix_access::SlotRegs,
     /// Per enclosing run-time loop, innermost last: its variable and every variable its body
     /// assigns. An expression that reads none of the innermost's has one value across it.
     pub loop_variant: Vec<std::collections::HashSet<VarId>>,
@@ -278,6 +287,9 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         thread_offsets: None,
         copy_plans: vec![],
         gemm_plans: vec![],
+        matrix_access_plans: vec![],
+        matrix_read_regs: HashMap::new(),
+        matrix_store_regs: HashMap::new(),
         loop_variant: vec![],
         wgmma_wait: WgmmaWait::Whole,
         deferred_fills: None,
@@ -370,7 +382,10 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         crate::passes::dump("hoist", &moved);
     }
     proxy_fences::insert_proxy_fences(&mut prog);
-    Ok((prog, Plans { copies: lw.copy_plans, gemms: lw.gemm_plans, registers }))
+    Ok((
+        prog,
+        Plans { copies: lw.copy_plans, gemms: lw.gemm_plans, matrix_accesses: lw.matrix_access_plans, registers },
+    ))
 }
 
 impl Lower<'_> {

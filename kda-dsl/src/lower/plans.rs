@@ -11,6 +11,9 @@ pub struct Plans {
     pub copies: Vec<copy_plan::CopyPlan>,
     /// Every `gemm`'s ([`gemm_plan::GemmPlan`]).
     pub gemms: Vec<gemm_plan::GemmPlan>,
+    /// Every access of a shared tile at a `parallel`'s own index
+    /// ([`super::matrix_access::MatrixAccessPlan`]).
+    pub matrix_accesses: Vec<super::matrix_access::MatrixAccessPlan>,
     /// How the registers are spread over the roles.
     pub registers: super::register_plan::RegisterPlan,
 }

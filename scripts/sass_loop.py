@@ -137,13 +137,23 @@ def instructions(sass):
 
 
 def loops(ins):
-    """Every loop as (top address, bottom address, its instructions)."""
+    """Every loop as (top address, bottom address, its instructions). A loop whose barriers
+    are `barrier.sync` (a kernel with fill warps) holds two copies of its body: ptxas branches
+    to one with `BAR.SYNC` inline when the warp is converged (`BRA.CONV ~URZ`) and falls through
+    to one calling a barrier routine otherwise. Warps arrive converged, so an iteration runs the
+    first; the fallback is left out."""
+    fallback = set()
+    for addr, text, _ in ins:
+        m = re.match(r"BRA\.CONV ~URZ, (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) > addr:
+            fallback.update(a for a, _, _ in ins if addr < a < int(m.group(1), 16))
     out = []
     for bottom, text, _ in ins:
         m = re.search(r"\bBRA\s+(0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) <= bottom:
             top = int(m.group(1), 16)
-            out.append((top, bottom, [(t, w) for a, t, w in ins if top <= a <= bottom]))
+            body = [(t, w) for a, t, w in ins if top <= a <= bottom and a not in fallback]
+            out.append((top, bottom, body))
     return out
 
 
@@ -225,6 +235,11 @@ def estimate(body):
     """The latency bound of `body` ((instruction, source line) rows), its tensor cycles, and
     per source line the cycles it takes: its instructions' issue plus their waits."""
     ready = collections.defaultdict(int)
+    # When the next `HGMMA` into the same accumulator may start: `wgmma`s accumulating into one
+    # set of registers pipeline in the tensor cores, each starting once the previous has had
+    # its tensor cycles (assumed: a GEMM's main loop reaches the tensor cores' peak with
+    # back-to-back `wgmma`s into one accumulator); anything else waits for the whole latency.
+    accumulating = collections.defaultdict(int)
     issue, last_done, tensor, copies_done = 0, 0, 0, 0
     by_line = collections.Counter()
     for text, where in body:
@@ -232,7 +247,9 @@ def estimate(body):
         op = opcode(text)
         lat, cycles = latency(op)
         tensor += cycles
-        start = max([issue + 1] + [ready[r] for r in srcs])
+        hgmma = op.startswith("HGMMA")
+        waits = [accumulating[r] if hgmma and r in dests else ready[r] for r in srcs]
+        start = max([issue + 1] + waits)
         if op.startswith("BAR") or op.startswith("WARPGROUP.DEPBAR"):
             start = max(start, last_done)
         if op.startswith("DEPBAR"):
@@ -246,6 +263,8 @@ def estimate(body):
         done = start + lat
         for r in dests:
             ready[r] = done
+            if hgmma:
+                accumulating[r] = start + cycles
         last_done = max(last_done, done)
     return issue, tensor, by_line
 

@@ -53,7 +53,13 @@ impl FillWarps {
     /// block's thread registers; emits what tells them apart.
     pub(crate) fn new(em: &mut super::Emitter, th: ThreadRegs, compute_threads: u32, fill_warps: u32) -> FillWarps {
         let compute_warps = i64::from(compute_threads / 32);
-        let is_fill = em.setp(Cmp::Ge, Ty::U32, Src::Reg(th.warp), Src::Imm(compute_warps));
+        // The warp index as lane 0 has it: the assembler then knows the roles' branch is the
+        // same for every lane of a warp. Branching on the thread's own index makes each role's
+        // code a divergent path to it, where it waits for every `wgmma` before issuing the
+        // next (C7518).
+        let warp = em.reg(RegClass::B32);
+        em.emit(Op::Shfl { mode: super::ShflMode::Idx, d: warp, a: th.warp, b: Src::Imm(0), c: 0x1f });
+        let is_fill = em.setp(Cmp::Ge, Ty::U32, Src::Reg(warp), Src::Imm(compute_warps));
         let tid = em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, Src::Imm(i64::from(compute_threads)));
         let warp = em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, Src::Imm(compute_warps));
         let scope = Scope {

@@ -33,10 +33,10 @@ impl Lower<'_> {
         let per_block = (p.n / 2) as usize;
         let d_of = |lw: &Self, i: u32| lw.regs[c][i as usize * per_block..(i as usize + 1) * per_block].to_vec();
         let d = d_of(self, 0);
-        // `wgmma` may read its A registers only as a `wgmma.fence` left them: from shared
-        // memory every descriptor is made before one fence; from registers each K-step's A is
-        // packed and fenced just before its instruction, so that only one step's A is live
-        // beside the accumulator.
+        // `wgmma` may read its A registers only as a `wgmma.fence` left them: every K-step's A
+        // (its descriptor, or its registers packed to 16-bit pairs) is made before one fence.
+        // A fence between two `wgmma`s into one accumulator makes ptxas wait for the first
+        // before the second (C7517): the K-steps would no longer overlap.
         match (a_field, p.a) {
             (Some((tile, field)), _) => {
                 let operands: Vec<(WgmmaA, SharedOperand)> = (0..p.k / 16)
@@ -53,15 +53,19 @@ impl Lower<'_> {
                 }
             }
             (None, WgmmaSource::Registers(layout)) => {
+                let mut steps = vec![];
                 for step in 0..p.k / 16 {
                     let b_operand = self.descriptor(p.b, b_field, step);
                     for block in 0..p.row_blocks {
                         let a_operand = WgmmaA::Registers(self.pack_a(a.buf, layout, block, step, p.ty));
-                        self.em.emit(Op::WgmmaFence);
-                        let d = d_of(self, block);
-                        let op = Op::Wgmma { ab: p.ty, n: p.n, d, a: a_operand, b: b_operand, accumulate: always };
-                        self.em.emit(op);
+                        steps.push((block, a_operand, b_operand));
                     }
+                }
+                self.em.emit(Op::WgmmaFence);
+                for (block, a_operand, b_operand) in steps {
+                    let d = d_of(self, block);
+                    let op = Op::Wgmma { ab: p.ty, n: p.n, d, a: a_operand, b: b_operand, accumulate: always };
+                    self.em.emit(op);
                 }
             }
             (None, WgmmaSource::ReplicatedRows) => {

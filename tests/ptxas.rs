@@ -58,6 +58,18 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
         let v = kda_kernels::hopper_gemm_variant(c);
         (format!("{} (sweep)", v.id()), v.build().expect("builds"), Target::Sm90a)
     }));
+    // The sm_90a chain over a prepared workspace (`ChunkShape::HOPPER_PREPARED`), a tuning the
+    // sweep times, held to the same.
+    let hopper_chain = kda_kernels::chunk::ChunkConfig {
+        shape: kda_kernels::chunk::ChunkShape::HOPPER_PREPARED,
+        preparation: kda_kernels::chunk::Preparation::Workspace,
+        ..Default::default()
+    };
+    kernels.push((
+        format!("chunk/{} (sweep)", hopper_chain.key()),
+        kda_kernels::chunk::chunk(&hopper_chain).expect("builds"),
+        Target::Sm90a,
+    ));
     for (id, def, shipped) in &kernels {
         for t in Target::ALL {
             // Where it ships: sm_80 PTX also for sm_90, which the driver compiles it for.

@@ -187,6 +187,13 @@ impl ChunkShape {
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
     /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
     pub const PREPARED: ChunkShape = ChunkShape { fill_warps: 1, ..ChunkShape::plain(2, 4, 4) };
+    /// The chain over a prepared workspace on sm_90a: one warpgroup of 16 value rows a warp (64
+    /// a block, two blocks a head), the fill warp, 2 blocks an SM, 4 stages. Its state products
+    /// take `wgmma` with the state as their register A operand, each product's K-steps in
+    /// flight together; at [`ChunkShape::PREPARED`]'s 2 warps there is no warpgroup. The same
+    /// bits as the sm_80 chain in the simulator (`chunk_sim`). No device takes it by default:
+    /// untimed so far (docs/performance.md, 2026-12-05, late night).
+    pub const HOPPER_PREPARED: ChunkShape = ChunkShape { fill_warps: 1, ..ChunkShape::plain(4, 2, 4) };
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their
     /// register A operand), 1 block per SM. At 2 per SM ptxas has 128 registers a thread: it

@@ -65,9 +65,21 @@ pub fn two_kernel_path_matches(
     chain: ChunkShape,
     prep_blocks: usize,
 ) -> Result<bool, String> {
+    two_kernel_path_matches_on(cfg, x, chain, prep_blocks, Target::Sm80)
+}
+
+/// [`two_kernel_path_matches`] with the chain compiled for `target` (the fused kernel and the
+/// preparation for sm_80).
+pub fn two_kernel_path_matches_on(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    chain: ChunkShape,
+    prep_blocks: usize,
+    target: Target,
+) -> Result<bool, String> {
     let fused = simulate_chunk(cfg, x)?;
     let two = ChunkConfig { preparation: Preparation::Workspace, shape: chain, ..cfg.clone() };
-    let got = simulate_chunk_with(&two, x, prep_blocks)?;
+    let got = simulate_chunk_on(&two, x, prep_blocks, target)?;
     let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
     Ok(bits(&got.out) == bits(&fused.out)
         && bits(&got.final_state) == bits(&fused.final_state)
@@ -296,8 +308,9 @@ fn simulate_pass(
                 i("DW", PREP_DECAY_COLS),
                 i("NX", prep_blocks),
             ]);
+            // The preparation is sm_80's on every device, as the runtime launches it.
             let prep = chunk_prep(&PrepConfig::of(cfg)).map_err(|e| e.to_string())?;
-            simulate_on(&prep, target, &mut args)?;
+            simulate_on(&prep, Target::Sm80, &mut args)?;
         }
     }
     simulate_on(&def, target, &mut args)?;

@@ -93,6 +93,27 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
     }
 }
 
+/// The chain over a prepared workspace on sm_90a (one warpgroup of 16 value rows a warp, a fill
+/// warp: its state products on `wgmma`, the state their register A operand) gives the sm_80
+/// fused kernel's bits on every other family, the preparation being sm_80's; so does 4 warps of
+/// 32 rows (two `wgmma`s a K-step) on every fourth.
+#[test]
+fn the_sm_90a_chain_gives_the_fused_kernels_bits() {
+    use kda_kernels::chunk_check::two_kernel_path_matches_on;
+    for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let x = f.inputs(i as u64);
+        let mut chains = vec![ChunkShape::HOPPER_PREPARED];
+        if i % 4 == 0 {
+            chains.push(ChunkShape { min_blocks: 1, rows_per_warp: 32, ..ChunkShape::HOPPER_PREPARED });
+        }
+        for chain in chains {
+            let same = two_kernel_path_matches_on(&f.cfg, &x, chain, 2, Target::Sm90a)
+                .unwrap_or_else(|e| panic!("{} ({chain:?}): {e}", f.name));
+            assert!(same, "{}: the sm_90a chain ({chain:?}) gives other bits", f.name);
+        }
+    }
+}
+
 /// The fused kernel's 4 warps of 32 value rows (`ChunkShape::rows_per_warp`: a head's whole
 /// state in one block) give the bits of 8 warps of 16 on every other family, on sm_80 and on
 /// sm_90a (there every state product takes two `wgmma`s a K-step, one per 16-row block of each

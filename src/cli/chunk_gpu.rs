@@ -241,8 +241,10 @@ pub fn run_chunk_on_gpu(
         return Err(format!("the call's fused variant is {}, not {}", chosen.key(), cfg.key()));
     }
     let tune = match (tune, prepared) {
-        // The sm_90a fused kernel has no two-kernel form: the API's own path beside it.
-        (Some(t), true) if t.target == Target::Sm90a => None,
+        // Beside the sm_90a fused kernel, the sm_90a chain over a prepared workspace, unsplit.
+        (Some(t), true) if t.target == Target::Sm90a => {
+            Some(ChunkTuning { prepared, shape: ChunkShape::HOPPER_PREPARED, split: None, ranges: None, ..t })
+        }
         // Token ranges are a form of the two-kernel path: the fused run takes none.
         (Some(t), _) => Some(ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t }),
         (None, false) => Some(ChunkTuning::fused(&plan)),
@@ -489,7 +491,8 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
 }
 
 /// The cases again with the fused kernel compiled for sm_90a (`wgmma`), on compute capability
-/// 9.0: each of them whose API run is its own choice, at [`ChunkShape::HOPPER`].
+/// 9.0: each of them whose API run is its own choice, at [`ChunkShape::HOPPER`] (and its
+/// two-kernel run the sm_90a chain, [`ChunkShape::HOPPER_PREPARED`]).
 fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
     cases
         .iter()

@@ -26,7 +26,7 @@
 //! and the state goes through memory exactly. The ranges share the call's workspace, each
 //! preparing its own chunks' rows.
 
-use kda_dsl::{DType, Target};
+use kda_dsl::DType;
 use kda_kernels::chunk::{ChunkConfig, ChunkWindow};
 use kda_kernels::chunk_prep::PrepConfig;
 
@@ -191,7 +191,7 @@ pub(super) fn range_steps(
         steps.extend([
             Step::Prepare { cfg: PrepConfig::of(&l.cfg), args: l.bound, blocks },
             Step::Join(Lane::Beside),
-            Step::Chain { lane: Lane::Beside, cfg: l.cfg, target: Target::Sm80, args: l.bound },
+            Step::Chain { lane: Lane::Beside, cfg: l.cfg, target: tune.target, args: l.bound },
         ]);
     }
     steps.push(Step::Join(Lane::Call));
@@ -217,8 +217,8 @@ mod tests {
 
     /// Range `r`'s chain arguments bind to its compiled kernel.
     fn assert_chain_binds(l: &RangeLaunch, r: usize) {
-        let kernel =
-            kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), Target::Sm80).expect("compiles");
+        let kernel = kda_dsl::compile(kda_kernels::chunk::chunk(&l.cfg).expect("builds"), kda_dsl::Target::Sm80)
+            .expect("compiles");
         bind_args(&kernel, &l.bound).unwrap_or_else(|e| panic!("range {r}: {e}"));
     }
 

@@ -61,14 +61,15 @@ pub struct ChunkTuning {
     /// and states stay below f16's 65504), without it [`ChunkOperands::Bf16`] (f32's range at
     /// 8 significant bits). Either runs at the same speed.
     pub operands: ChunkOperands,
-    /// The fused kernel's PTX target: [`Target::Sm80`], which runs on every device from compute
+    /// The chunk kernel's PTX target: [`Target::Sm80`], which runs on every device from compute
     /// capability 8.0, or [`Target::Sm90a`], compute capability 9.0 alone, whose state products
     /// take `wgmma` with the state as their register A operand (at [`ChunkShape::HOPPER`]).
     /// [`ChunkTuning::for_call`] takes sm_80 (see there why); [`ChunkTuning::hopper`] is the
     /// fused kernel on sm_90a. The split's chunk passes take it too when they are fused
-    /// (`prepared: false`; its schedule, merge and finish stay sm_80); the two-kernel path and
-    /// token ranges run 2-warp chains, which hold no warpgroup, so sm_90a with them is refused.
-    /// On another device it is an error naming `gpu`.
+    /// (`prepared: false`; its schedule, merge and finish stay sm_80). The chain over a
+    /// prepared workspace (and token ranges) takes it at whole warpgroups (4 or 8 warps; the
+    /// default's 2 hold none, so sm_90a with them is refused), without the split; its
+    /// preparation stays sm_80. On another device it is an error naming `gpu`.
     pub target: Target,
 }
 
@@ -128,8 +129,13 @@ impl ChunkTuning {
         if !matches!(rows_per_warp, 16 | 32) || self.shape.value_rows() > 128 {
             return bad("rows_per_warp 16 or 32, at most 128 value rows a block (rows_per_warp x warps)");
         }
-        if self.target == Target::Sm90a && (self.prepared || self.ranges.is_some()) {
-            return bad("the sm_90a target for fused chunk kernels alone (no two-kernel path or ranges)");
+        // The chain over a prepared workspace takes `wgmma` only as whole warpgroups: at 1 or 2
+        // warps every product would be `mma.sync`, the sm_80 kernel under another name.
+        if self.target == Target::Sm90a && self.prepared && !warps.is_multiple_of(4) {
+            return bad("the sm_90a target for a chain over a prepared workspace of whole warpgroups (4 or 8 warps)");
+        }
+        if self.target == Target::Sm90a && self.prepared && self.split.is_some() {
+            return bad("the sm_90a target for a chain over a prepared workspace without the split");
         }
         // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys. (A
         // chain over a prepared workspace computes none: the option is moot there, and the
@@ -306,7 +312,11 @@ mod tests {
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
-        refused(ChunkTuning { prepared: true, ..hopper }, "sm_90a target for fused chunk kernels alone");
+        // The chain over a prepared workspace on sm_90a: whole warpgroups, no split.
+        let hopper_chain = ChunkTuning { shape: ChunkShape::HOPPER_PREPARED, prepared: true, ..hopper };
+        hopper_chain.check(&plan).expect("the sm_90a chain of one warpgroup");
+        refused(ChunkTuning { shape: ChunkShape::PREPARED, ..hopper_chain }, "whole warpgroups (4 or 8 warps)");
+        refused(ChunkTuning { split: Some(64), ..hopper_chain }, "without the split");
         let split = ChunkShape { key_products: KeyProducts::Split, ..ChunkShape::FUSED };
         ChunkTuning { shape: split, ..ChunkTuning::fused(&plan) }.check(&plan).expect("split key products");
         refused(

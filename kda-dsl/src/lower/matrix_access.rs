@@ -224,6 +224,49 @@ fn index_accesses(body: &[Stmt], ij: (VarId, VarId)) -> (Vec<IndexAccess>, HashM
     (found, uses)
 }
 
+/// Which 8 x 8 blocks one `ldmatrix` reads: an atom's two (16 rows by 8 columns), or two
+/// atoms' four where the second atom is a constant step from the first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockGroup {
+    /// Two atoms of one atom row (the warp's atom columns are even in number).
+    AtomsSideBySide,
+    /// Two atoms of one atom column (the warp has one atom column).
+    AtomsStacked,
+    /// One atom (the last of an odd count, or atom columns odd in number but for one).
+    OneAtom,
+}
+
+impl BlockGroup {
+    /// The group starting at atom `atom` of a warp's `atoms`, `ni` atoms a row.
+    fn at(atom: u32, atoms: u32, ni: u32) -> BlockGroup {
+        match ni {
+            _ if atom + 1 >= atoms => BlockGroup::OneAtom,
+            1 => BlockGroup::AtomsStacked,
+            n if n.is_multiple_of(2) => BlockGroup::AtomsSideBySide,
+            _ => BlockGroup::OneAtom,
+        }
+    }
+
+    /// Its atoms.
+    fn atoms(self) -> u32 {
+        match self {
+            BlockGroup::OneAtom => 1,
+            BlockGroup::AtomsSideBySide | BlockGroup::AtomsStacked => 2,
+        }
+    }
+
+    /// The fragment (row, column) offset from the group's first atom of the block lane `lane`
+    /// addresses (block `lane / 8`: its upper half `lane / 8 % 2`, its second atom `lane / 16`).
+    fn lane_offsets(self, lane: u32) -> (u32, u32) {
+        let (half, second) = ((lane >> 3) & 1, lane >> 4);
+        match self {
+            BlockGroup::AtomsStacked => (16 * second + 8 * half, 0),
+            BlockGroup::AtomsSideBySide => (8 * half, 8 * second),
+            BlockGroup::OneAtom => (8 * half, 0),
+        }
+    }
+}
+
 /// Per (tile, transposed): each register slot's element as f32 (of a read, loaded; of a store,
 /// once the body has run).
 pub(crate) type SlotRegs = HashMap<(BufId, bool), Vec<Option<Reg>>>;
@@ -304,10 +347,7 @@ impl Lower<'_> {
                     col_bits |= (w / frag.wn) * frag.warp_rows() + 2 * (lane % 4);
                 }
             }
-            let wr = self.em.op32(BinKind::Div, th.warp, i64::from(frag.wn));
-            let wc = self.em.op32(BinKind::Rem, th.warp, i64::from(frag.wn));
-            let warp_row = self.em.mul32(wr, Src::Imm(i64::from(frag.warp_rows())));
-            let warp_col = self.em.mul32(wc, Src::Imm(i64::from(frag.warp_cols())));
+            let (warp_row, warp_col) = self.warp_origin(frag);
             let tile_row = self.em.add32(warp_col, Src::Reg(th.g));
             let tile_row = self.em.to_reg(tile_row, RegClass::B32, Ty::U32);
             let t2 = self.em.op32(BinKind::Shl, Src::Reg(th.t), 1);
@@ -337,65 +377,56 @@ impl Lower<'_> {
         }
     }
 
+    /// The first fragment row and column of this thread's warp in layout `frag`.
+    fn warp_origin(&mut self, frag: FragmentLayout) -> (Src, Src) {
+        let th = self.scope.th;
+        let wr = self.em.op32(BinKind::Div, th.warp, i64::from(frag.wn));
+        let wc = self.em.op32(BinKind::Rem, th.warp, i64::from(frag.wn));
+        (
+            self.em.mul32(wr, Src::Imm(i64::from(frag.warp_rows()))),
+            self.em.mul32(wc, Src::Imm(i64::from(frag.warp_cols()))),
+        )
+    }
+
     /// Every element of fragment layout `frag` from shared tile `b` (`[rows, cols]` of the
     /// fragment, or `[cols, rows]` when `transposed`), by `ldmatrix`: each slot's element as
-    /// f32. The warp's 8 x 8 blocks go in slot order (`(atom, upper half)`), four an
-    /// instruction, lane `l` addressing row `l % 8` of block `l / 8`.
+    /// f32. The warp's 8 x 8 blocks go in slot order (`(atom, upper half)`), two atoms (four
+    /// blocks) an instruction where [`BlockGroup`] allows, lane `l` addressing row `l % 8` of
+    /// block `l / 8`.
     fn ldmatrix_reads(&mut self, frag: FragmentLayout, b: BufId, transposed: bool) -> Vec<Reg> {
         let dtype = self.def().buffers[b].dtype;
-        let th = self.scope.th;
-        let warps = self.scope.threads / 32;
-        let (mi, ni) = (frag.mi(), frag.ni());
-        let atoms = mi * ni;
-        // A block's first fragment row: the warp's, 16 an atom row and 8 its upper half; its
-        // first column the warp's and 8 an atom column. Whether four blocks (two atoms) share
-        // an instruction with a lane-independent first atom: with an even number of atom
-        // columns (the pair side by side) or one (the pair one above the other).
-        let four = ni.is_multiple_of(2) || ni == 1;
-        let lane_part = |lane: u32, pair_of_atoms: bool| -> (u32, u32) {
-            let (half, second) = ((lane >> 3) & 1, lane >> 4);
-            match (pair_of_atoms, ni) {
-                (true, 1) => (16 * second + 8 * half, 0),
-                (true, _) => (8 * half, 8 * second),
-                (false, _) => (8 * half, 0),
-            }
-        };
-        // The lane's block (`l / 8`: its upper half, and its second atom) and row (`l % 8`),
-        // and the warp's first fragment row and column.
-        let lane = Src::Reg(th.lane);
+        let (warps, lane) = (self.scope.threads / 32, Src::Reg(self.scope.th.lane));
+        let (ni, atoms) = (frag.ni(), frag.mi() * frag.ni());
+        // The lane's block (`l / 8`: its upper half, and its second atom) and row (`l % 8`).
         let block = self.em.op32(BinKind::Shr, lane, 3);
         let half = self.em.op32(BinKind::And, block, 1);
         let half8 = self.em.op32(BinKind::Shl, half, 3);
         let second = self.em.op32(BinKind::Shr, lane, 4);
         let r8 = self.em.op32(BinKind::And, lane, 7);
-        let wr = self.em.op32(BinKind::Div, th.warp, i64::from(frag.wn));
-        let wc = self.em.op32(BinKind::Rem, th.warp, i64::from(frag.wn));
-        let warp_row = self.em.mul32(wr, Src::Imm(i64::from(frag.warp_rows())));
-        let warp_col = self.em.mul32(wc, Src::Imm(i64::from(frag.warp_cols())));
+        let (warp_row, warp_col) = self.warp_origin(frag);
         let mut slots = vec![None; frag.slots() as usize];
         let mut atom = 0;
         while atom < atoms {
-            let pair_of_atoms = four && atom + 1 < atoms;
+            let group = BlockGroup::at(atom, atoms, ni);
             // Fragment (row, column) of this thread's block start, as a per-thread base and
-            // the group's constant; the bits the base takes over every warp and lane.
-            let (i, j) = (atom / ni, atom % ni);
-            let (row_c, col_c) = (16 * i, 8 * j);
+            // the group's constant (its first atom's); the bits the base takes over every warp
+            // and lane.
+            let (row_c, col_c) = (16 * (atom / ni), 8 * (atom % ni));
             let mut bits = (0, 0);
             for w in 0..warps {
-                let (wr, wc) = (w / frag.wn, w % frag.wn);
-                for lane in 0..32 {
-                    let (r, c) = lane_part(lane, pair_of_atoms);
-                    bits.0 |= wr * frag.warp_rows() + r;
-                    bits.1 |= wc * frag.warp_cols() + c;
+                for l in 0..32 {
+                    let (r, c) = group.lane_offsets(l);
+                    bits.0 |= (w / frag.wn) * frag.warp_rows() + r;
+                    bits.1 |= (w % frag.wn) * frag.warp_cols() + c;
                 }
             }
-            let (r_lane, c_lane) = match (pair_of_atoms, ni) {
-                (true, 1) => {
+            let (r_lane, c_lane) = match group {
+                BlockGroup::AtomsStacked => {
                     let s16 = self.em.op32(BinKind::Shl, second, 4);
                     (self.em.add32(s16, half8), Src::Imm(0))
                 }
-                (true, _) => (half8, self.em.op32(BinKind::Shl, second, 3)),
-                (false, _) => (half8, Src::Imm(0)),
+                BlockGroup::AtomsSideBySide => (half8, self.em.op32(BinKind::Shl, second, 3)),
+                BlockGroup::OneAtom => (half8, Src::Imm(0)),
             };
             let row_base = self.em.add32(warp_row, r_lane);
             let col_base = self.em.add32(warp_col, c_lane);
@@ -414,8 +445,7 @@ impl Lower<'_> {
                 (self.split_index(tile_row, bits.0 | 7, row_c), self.split_index(tile_col, bits.1, col_c))
             };
             let addr = self.shared_addr(b, row, col);
-            let blocks = if pair_of_atoms { 4 } else { 2 };
-            let d: Vec<Reg> = (0..blocks).map(|_| self.em.reg(RegClass::B32)).collect();
+            let d: Vec<Reg> = (0..2 * group.atoms()).map(|_| self.em.reg(RegClass::B32)).collect();
             self.em.emit(Op::Ldmatrix { trans: transposed, d: d.clone(), addr });
             // Block `2 * atom + k` holds slots `2 (2 atom + k)` (its lower column) and the next.
             for (k, packed) in d.into_iter().enumerate() {
@@ -424,7 +454,7 @@ impl Lower<'_> {
                 slots[s] = Some(lo);
                 slots[s + 1] = Some(hi);
             }
-            atom += if pair_of_atoms { 2 } else { 1 };
+            atom += group.atoms();
         }
         slots.into_iter().map(|r| r.expect("every slot is in a block")).collect()
     }
@@ -497,6 +527,27 @@ mod tests {
         assert_eq!(choice(Store, frag, DType::BF16, true, read_too, false), no(NoBlocks::ReadInLoop));
         let two_stores = BodyUse { one_store: false, ..STORED };
         assert_eq!(choice(Store, frag, DType::BF16, true, two_stores, false), no(NoBlocks::NotTheOnlyStore));
+    }
+
+    #[test]
+    fn blocks_group_two_atoms_an_instruction_where_the_second_is_a_constant_step_away() {
+        let groups = |atoms: u32, ni: u32| {
+            let (mut atom, mut out) = (0, vec![]);
+            while atom < atoms {
+                let g = BlockGroup::at(atom, atoms, ni);
+                out.push(g);
+                atom += g.atoms();
+            }
+            out
+        };
+        use BlockGroup::*;
+        assert_eq!(groups(4, 2), [AtomsSideBySide, AtomsSideBySide]);
+        assert_eq!(groups(3, 1), [AtomsStacked, OneAtom]);
+        assert_eq!(groups(3, 3), [OneAtom, OneAtom, OneAtom]);
+        // Lanes 16..32 address the second atom: 8 columns on, or 16 rows down.
+        assert_eq!(AtomsSideBySide.lane_offsets(24), (8, 8));
+        assert_eq!(AtomsStacked.lane_offsets(24), (24, 0));
+        assert_eq!(OneAtom.lane_offsets(8), (8, 0));
     }
 
     #[test]

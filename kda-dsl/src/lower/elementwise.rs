@@ -99,7 +99,7 @@ impl Lower<'_> {
         let held = super::deferred_stores::deferrable_tiles(self.p, body);
         match self.p.layouts[over] {
             BufLayout::Fragment(l) => self.element_loop(|lw| {
-                (lw.matrix_read_regs, lw.matrix_store_regs) = lw.matrix_reads(over, l, vars, body);
+                (lw.matrix_read_regs, lw.matrix_store_regs) = lw.matrix_accesses(over, l, vars, body);
                 let r = lw.with_deferred_stores(held, |lw| {
                     for s in 0..l.slots() {
                         let (row, col) = lw.frag_coords(l, s);

@@ -15,7 +15,7 @@
 //!
 //! The bits are the same either way: the same elements move, rounded the same (to nearest
 //! even). Decided first ([`matrix_access_choice`], one [`MatrixAccessPlan`] per access the
-//! lowering met), then emitted by [`Lower::matrix_reads`] and [`Lower::matrix_stores`].
+//! lowering met), then emitted by [`Lower::matrix_accesses`] and [`Lower::matrix_stores`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -277,7 +277,7 @@ impl Lower<'_> {
     /// (`ldmatrix`) and returns them (every slot filled), with the stores that move blocks
     /// (no slot filled yet: [`Lower::store_elem_of_block`] fills them as the body runs, then
     /// [`Lower::matrix_stores`] stores them). Called inside the loop's element-address scope.
-    pub(crate) fn matrix_reads(
+    pub(crate) fn matrix_accesses(
         &mut self,
         over: BufId,
         frag: FragmentLayout,
@@ -310,7 +310,7 @@ impl Lower<'_> {
     }
 
     /// Holds `v` as the element of slot `slot` for shared tile `b`'s transposed block store,
-    /// where the loop being lowered stores `b` so ([`Lower::matrix_reads`]); false if the
+    /// where the loop being lowered stores `b` so ([`Lower::matrix_accesses`]); false if the
     /// caller is to store it now.
     pub(crate) fn store_elem_of_block(&mut self, b: BufId, idx: &[Expr], v: V) -> bool {
         let Some(ctx) = self.elem else { return false };

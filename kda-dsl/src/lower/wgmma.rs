@@ -53,19 +53,28 @@ impl Lower<'_> {
                 }
             }
             (None, WgmmaSource::Registers(layout)) => {
-                let mut steps = vec![];
-                for step in 0..p.k / 16 {
-                    let b_operand = self.descriptor(p.b, b_field, step);
-                    for block in 0..p.row_blocks {
-                        let a_operand = WgmmaA::Registers(self.pack_a(a.buf, layout, block, step, p.ty));
-                        steps.push((block, a_operand, b_operand));
-                    }
-                }
-                self.em.emit(Op::WgmmaFence);
-                for (block, a_operand, b_operand) in steps {
+                let b_operands: Vec<SharedOperand> =
+                    (0..p.k / 16).map(|step| self.descriptor(p.b, b_field, step)).collect();
+                // One row block at a time: its K-steps' A packed, one fence, its `wgmma`s. A
+                // fence between two row blocks' instructions (other accumulators) costs no wait,
+                // and only one block's A is live at once.
+                for block in 0..p.row_blocks {
+                    let a_operands: Vec<WgmmaA> = (0..p.k / 16)
+                        .map(|step| WgmmaA::Registers(self.pack_a(a.buf, layout, block, step, p.ty)))
+                        .collect();
+                    self.em.emit(Op::WgmmaFence);
                     let d = d_of(self, block);
-                    let op = Op::Wgmma { ab: p.ty, n: p.n, d, a: a_operand, b: b_operand, accumulate: always };
-                    self.em.emit(op);
+                    for (a_operand, b_operand) in a_operands.into_iter().zip(b_operands.iter().copied()) {
+                        let op = Op::Wgmma {
+                            ab: p.ty,
+                            n: p.n,
+                            d: d.clone(),
+                            a: a_operand,
+                            b: b_operand,
+                            accumulate: always,
+                        };
+                        self.em.emit(op);
+                    }
                 }
             }
             (None, WgmmaSource::ReplicatedRows) => {

@@ -153,7 +153,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
 /// through shared memory (`GateScan::Shared`), `k` the key products split over the warps
 /// (`KeyProducts::Split`); 4x2w32ik (the default), 4x2w32i, 4x2w32iek, 8x2, 8x1ih, 4x2w32ihmk,
-/// 4x2w32ihm and 4x2w32ihmn when none is given), over the five
+/// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
@@ -161,7 +161,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let mut shapes = vec![];
     // The fused kernel's shapes when none is given.
     let defaults =
-        ["4x2w32ik", "4x2w32i", "4x2w32iek", "8x2", "8x1ih", "4x2w32ihmk", "4x2w32ihm", "4x2w32ihmn"].map(String::from);
+        ["4x2w32ik", "4x2w32i", "4x2w32iek", "8x2", "8x1ih", "4x2w32ihmk", "4x2w32ihk", "4x2w32ihmn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
         shapes.push((a.clone(), parse_chunk_shape(a)?));

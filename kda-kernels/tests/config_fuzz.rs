@@ -146,6 +146,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
             aligned: x.b(),
             fill_warps: x.of(&[0, 1, 2]),
             staged_store: x.b(),
+            raster_group: x.of(&[0, 8, 3]),
         };
         for built in [
             compiles_or_says_why(format!("case {case}: decode {d:?}"), || kda_kernels::decode::decode(&d)),

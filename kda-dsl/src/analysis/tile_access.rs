@@ -26,20 +26,7 @@ impl TileAccess {
 pub(crate) fn tile_access(s: &Stmt) -> TileAccess {
     let mut a = TileAccess::default();
     visit_stmts(std::slice::from_ref(s), &mut |s| {
-        let mut reads = |e: &Expr| expr_reads(e, &mut a.reads);
-        match &s.kind {
-            StmtKind::Assign(_, e) | StmtKind::Fill(_, e) => reads(e),
-            StmtKind::Store(_, idx, e) | StmtKind::StoreGlobal(_, idx, e) => {
-                idx.iter().chain([e]).for_each(reads);
-            }
-            StmtKind::Copy { src, dst } => {
-                src.index_exprs().chain(dst.index_exprs()).for_each(reads);
-            }
-            StmtKind::Prefetch(r) => r.index_exprs().for_each(reads),
-            StmtKind::For { start, end, .. } => [start, end].into_iter().for_each(reads),
-            StmtKind::If(c, ..) => reads(c),
-            _ => {}
-        }
+        s.for_each_expr(&mut |e: &Expr| expr_reads(e, &mut a.reads));
         match &s.kind {
             StmtKind::Copy { src, dst } => {
                 if let Region::Buf(b) = src {

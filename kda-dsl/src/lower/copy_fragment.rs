@@ -110,18 +110,7 @@ impl Lower<'_> {
             }
             guarded(self, Op::Ld { space, ty: Ty::B32, d: words.clone(), addr, offset });
             for (k, w) in words.iter().enumerate() {
-                if src == DType::BF16 {
-                    // bf16 is the upper half of an f32: a shift and a mask widen a packed pair.
-                    let (lo, hi) = (vals[2 * k], vals[2 * k + 1]);
-                    self.em.emit(Op::Bin { op: BinKind::Shl, ty: Ty::B32, d: lo, a: Src::Reg(*w), b: Src::Imm(16) });
-                    let mask = Src::Imm(0xffff_0000);
-                    self.em.emit(Op::Bin { op: BinKind::And, ty: Ty::B32, d: hi, a: Src::Reg(*w), b: mask });
-                } else {
-                    let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
-                    self.em.emit(Op::Unpack2 { lo, hi, a: *w });
-                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k], a: Src::Reg(lo) });
-                    self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: vals[2 * k + 1], a: Src::Reg(hi) });
-                }
+                self.widen_pair_into(*w, src, vals[2 * k], vals[2 * k + 1]);
             }
         }
         for (v, d) in vals.into_iter().zip(dst) {

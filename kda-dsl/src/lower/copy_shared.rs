@@ -147,9 +147,7 @@ impl Lower<'_> {
         let l = self.p.shared(b);
         let (_, cols) = l.shape();
         let vpr = cols as i64 / chunk;
-        let r0 = self.em.op32(BinKind::Div, self.scope.th.tid, vpr);
-        let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr);
-        let c0 = self.em.op32(BinKind::Mul, cv, chunk);
+        let (r0, cv, c0) = self.first_pass_chunk(vpr, chunk);
         // Global: the first chunk's address and the columns' mask; rows are masked per pass.
         // With the columns inside the tensor, a constant column start is added after the
         // masked selection: fills of other column blocks of the same rows (and the tensor's
@@ -305,6 +303,15 @@ impl Lower<'_> {
         }
     }
 
+    /// This thread's 16-byte chunk in the first pass over a tile of `vpr` chunks a row, of
+    /// `chunk` elements each: its row, its chunk in the row and that chunk's first column.
+    fn first_pass_chunk(&mut self, vpr: i64, chunk: i64) -> (Src, Src, Src) {
+        let r0 = self.em.op32(BinKind::Div, self.scope.th.tid, vpr);
+        let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr);
+        let c0 = self.em.op32(BinKind::Mul, cv, chunk);
+        (r0, cv, c0)
+    }
+
     /// `shared_to_global` in 16-byte vector loads and stores.
     fn vector_stores(&mut self, gb: &GlobalBox, b: BufId) {
         let dt = self.def().buffers[b].dtype;
@@ -317,9 +324,7 @@ impl Lower<'_> {
         // the first pass plus constants (`element_addr.rs`). Each is computed before the
         // branch around its store, so the cached part dominates every later use.
         let pass0 = threads.is_multiple_of(vpr).then(|| {
-            let r0 = self.em.op32(BinKind::Div, self.scope.th.tid, vpr as i64);
-            let cv = self.em.op32(BinKind::Rem, self.scope.th.tid, vpr as i64);
-            let c0 = self.em.op32(BinKind::Mul, cv, chunk as i64);
+            let (r0, _, c0) = self.first_pass_chunk(vpr as i64, chunk as i64);
             (self.em.to_reg(r0, RegClass::B32, Ty::U32), self.em.to_reg(c0, RegClass::B32, Ty::U32))
         });
         self.element_loop(|lw| lw.vector_store_passes(gb, b, pass0));

@@ -108,21 +108,26 @@ impl Lower<'_> {
         }
     }
 
-    /// Holds back a store of `v` to shared tile `b` at `addr` if `b`'s stores wait; false if
-    /// the caller is to store it now.
-    pub(crate) fn defer_store(&mut self, b: BufId, addr: Reg, dt: DType, v: V) -> bool {
-        if !self.deferred_stores.as_ref().is_some_and(|d| d.tiles.contains(&b)) {
-            return false;
-        }
-        // A copy: the body may assign the value's register again for a later element.
-        let v = match v.s {
+    /// `v` in a register of its own (a constant as it is), to store after the thread's later
+    /// elements: the body may assign the value's register again for a later element.
+    pub(crate) fn held_value(&mut self, v: V) -> V {
+        match v.s {
             Src::Reg(r) => {
                 let held = self.em.reg(class_of(v.ty));
                 self.em.emit(Op::Mov { ty: ty_of(v.ty), d: held, a: Src::Reg(r) });
                 V { s: Src::Reg(held), ty: v.ty }
             }
             _ => v,
-        };
+        }
+    }
+
+    /// Holds back a store of `v` to shared tile `b` at `addr` if `b`'s stores wait; false if
+    /// the caller is to store it now.
+    pub(crate) fn defer_store(&mut self, b: BufId, addr: Reg, dt: DType, v: V) -> bool {
+        if !self.deferred_stores.as_ref().is_some_and(|d| d.tiles.contains(&b)) {
+            return false;
+        }
+        let v = self.held_value(v);
         // Each held store keeps its value (and address) live: past a bound, store them rather
         // than spill.
         let parts = self.split_addr_parts(addr);

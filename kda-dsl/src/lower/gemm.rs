@@ -35,10 +35,7 @@ impl Lower<'_> {
             OperandSource::Ldmatrix { trans } => (None, trans),
         };
         let th = self.scope.th;
-        let wr = self.em.op32(BinKind::Div, th.warp, lc.wn as i64);
-        let wc = self.em.op32(BinKind::Rem, th.warp, lc.wn as i64);
-        let m_base = self.em.mul32(wr, Src::Imm(lc.warp_rows() as i64));
-        let n_base = self.em.mul32(wc, Src::Imm(lc.warp_cols() as i64));
+        let (m_base, n_base) = self.warp_origin(lc);
         let lane = Src::Reg(th.lane);
         let q = self.em.op32(BinKind::Shr, lane, 3);
         let r8 = self.em.op32(BinKind::And, lane, 7);

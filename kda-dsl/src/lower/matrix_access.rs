@@ -126,7 +126,7 @@ pub fn matrix_access_choice(
     guarded: bool,
 ) -> MatrixAccessChoice {
     use MatrixAccessChoice::PerElement;
-    if dtype.size_bytes() != 2 {
+    if !dtype.is_half() {
         return PerElement(NoBlocks::NotSixteenBit);
     }
     if frag.kind != FragmentKind::Tile || frag.lanes_per_row != 4 || frag.vec != 2 {
@@ -319,12 +319,10 @@ impl Lower<'_> {
         if !self.matrix_store_regs.contains_key(&(b, transposed)) {
             return false;
         }
-        // A copy: the body may assign the value's register again for a later element.
-        let held = self.em.to_reg(v.s, RegClass::F32, Ty::F32);
-        let copy = self.em.reg(RegClass::F32);
-        self.em.emit(Op::Mov { ty: Ty::F32, d: copy, a: Src::Reg(held) });
+        let held = self.held_value(v);
+        let held = self.em.to_reg(held.s, RegClass::F32, Ty::F32);
         let slots = self.matrix_store_regs.get_mut(&(b, transposed)).expect("checked");
-        slots[ctx.slot as usize] = Some(copy);
+        slots[ctx.slot as usize] = Some(held);
         true
     }
 
@@ -375,17 +373,6 @@ impl Lower<'_> {
                 });
             }
         }
-    }
-
-    /// The first fragment row and column of this thread's warp in layout `frag`.
-    fn warp_origin(&mut self, frag: FragmentLayout) -> (Src, Src) {
-        let th = self.scope.th;
-        let wr = self.em.op32(BinKind::Div, th.warp, i64::from(frag.wn));
-        let wc = self.em.op32(BinKind::Rem, th.warp, i64::from(frag.wn));
-        (
-            self.em.mul32(wr, Src::Imm(i64::from(frag.warp_rows()))),
-            self.em.mul32(wc, Src::Imm(i64::from(frag.warp_cols()))),
-        )
     }
 
     /// Every element of fragment layout `frag` from shared tile `b` (`[rows, cols]` of the
@@ -449,7 +436,8 @@ impl Lower<'_> {
             self.em.emit(Op::Ldmatrix { trans: transposed, d: d.clone(), addr });
             // Block `2 * atom + k` holds slots `2 (2 atom + k)` (its lower column) and the next.
             for (k, packed) in d.into_iter().enumerate() {
-                let (lo, hi) = self.widen_pair(packed, dtype);
+                let (lo, hi) = (self.em.reg(RegClass::F32), self.em.reg(RegClass::F32));
+                self.widen_pair_into(packed, dtype, lo, hi);
                 let s = 2 * (2 * atom as usize + k);
                 slots[s] = Some(lo);
                 slots[s + 1] = Some(hi);
@@ -457,25 +445,6 @@ impl Lower<'_> {
             atom += group.atoms();
         }
         slots.into_iter().map(|r| r.expect("every slot is in a block")).collect()
-    }
-
-    /// The two 16-bit elements of `packed` (the lower half first) as f32: a bf16's bits are
-    /// the top half of its f32's, so a shift or a mask moves each (one instruction, where
-    /// unpacking and converting take two or three); f16 converts.
-    fn widen_pair(&mut self, packed: Reg, dtype: DType) -> (Reg, Reg) {
-        if dtype == DType::BF16 {
-            let (lo, hi) = (self.em.reg(RegClass::F32), self.em.reg(RegClass::F32));
-            self.em.emit(Op::Bin { op: BinKind::Shl, ty: Ty::B32, d: lo, a: Src::Reg(packed), b: Src::Imm(16) });
-            self.em.emit(Op::Bin { op: BinKind::And, ty: Ty::B32, d: hi, a: Src::Reg(packed), b: Src::Imm(-65536) });
-            return (lo, hi);
-        }
-        let (lo, hi) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
-        self.em.emit(Op::Unpack2 { lo, hi, a: packed });
-        let widen = |lw: &mut Self, h: Reg| match lw.widen(h, dtype).s {
-            Src::Reg(f) => f,
-            other => unreachable!("a widened register, not {other:?}"),
-        };
-        (widen(self, lo), widen(self, hi))
     }
 }
 

@@ -79,6 +79,22 @@ impl Lower<'_> {
         }
     }
 
+    /// The two 16-bit elements of `dt` (bf16 or f16) packed in `word`, the lower half first,
+    /// widened to f32 into `lo` and `hi`. bf16 is the upper half of an f32: a shift and a mask
+    /// widen a packed pair; f16 unpacks and converts.
+    pub(crate) fn widen_pair_into(&mut self, word: Reg, dt: DType, lo: Reg, hi: Reg) {
+        if dt == DType::BF16 {
+            self.em.emit(Op::Bin { op: BinKind::Shl, ty: Ty::B32, d: lo, a: Src::Reg(word), b: Src::Imm(16) });
+            let mask = Src::Imm(0xffff_0000);
+            self.em.emit(Op::Bin { op: BinKind::And, ty: Ty::B32, d: hi, a: Src::Reg(word), b: mask });
+        } else {
+            let (l, h) = (self.em.reg(RegClass::B16), self.em.reg(RegClass::B16));
+            self.em.emit(Op::Unpack2 { lo: l, hi: h, a: word });
+            self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: lo, a: Src::Reg(l) });
+            self.em.emit(Op::Cvt { dty: Ty::F32, sty: Ty::F16, d: hi, a: Src::Reg(h) });
+        }
+    }
+
     /// Rounds a value to 16 bits for storing as `dt`.
     pub(crate) fn round_to_half(&mut self, v: V, dt: DType) -> Reg {
         let h = self.em.reg(RegClass::B16);

@@ -702,6 +702,17 @@ impl Lower<'_> {
         r
     }
 
+    /// The first fragment row and column of this thread's warp in layout `frag`.
+    pub(crate) fn warp_origin(&mut self, frag: FragmentLayout) -> (Src, Src) {
+        let th = self.scope.th;
+        let wr = self.em.op32(BinKind::Div, th.warp, i64::from(frag.wn));
+        let wc = self.em.op32(BinKind::Rem, th.warp, i64::from(frag.wn));
+        (
+            self.em.mul32(wr, Src::Imm(i64::from(frag.warp_rows()))),
+            self.em.mul32(wc, Src::Imm(i64::from(frag.warp_cols()))),
+        )
+    }
+
     /// This thread's row group `g` and lane along the row `t` in fragment layout `l`.
     pub(crate) fn lane_parts(&mut self, l: FragmentLayout) -> (Src, Src) {
         match l.lanes_per_row {

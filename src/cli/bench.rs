@@ -18,7 +18,7 @@ macro_rules! chunk_shape_grammar {
 }
 
 pub(crate) const USAGE: &str = concat!(
-    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [",
+    "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm [--case NAME] | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [",
     chunk_shape_grammar!(),
     " ...] [--case NAME]"
 );
@@ -26,7 +26,8 @@ pub(crate) const USAGE: &str = concat!(
 pub fn run(args: &[String]) -> Result<i32, String> {
     let (mut json, mut filter) = (None, String::new());
     match args {
-        [flag] if flag == "--sweep-gemm" => return sweep_gemm(),
+        [flag] if flag == "--sweep-gemm" => return sweep_gemm(""),
+        [flag, case, name] if flag == "--sweep-gemm" && case == "--case" => return sweep_gemm(name),
         [flag, rest @ ..] if flag == "--sweep-decode" => return sweep_decode(rest),
         [flag, rest @ ..] if flag == "--sweep-chunk" => return sweep_chunk(rest),
         _ => {
@@ -284,14 +285,17 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
 /// compute capability 9.0, for sm_90a (where those that fit take `wgmma`: 16 accumulator rows
 /// per warp, operand rows of whole swizzle lines), each checked on 256 sampled elements: how
 /// the shipped defaults were chosen.
-fn sweep_gemm() -> Result<i32, String> {
+/// Times every GEMM candidate whose row name (its key and target, as printed) contains
+/// `filter` at 8192³.
+fn sweep_gemm(filter: &str) -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let (m, n, k) = (8192usize, 8192usize, 8192usize);
     let device = gpu.limits().target().map_err(|e| e.to_string())?;
     let sm80 = kda_kernels::gemm_candidates().into_iter().map(|c| (c, Target::Sm80));
     let sm90a = kda_kernels::hopper_gemm_candidates().into_iter().map(|c| (c, Target::Sm90a));
-    let configs = sm80.chain(sm90a.filter(|(_, t)| device.has(*t)));
+    let row = |cfg: &kda_kernels::gemm::GemmConfig, target: Target| format!("{} {target}", cfg.key());
+    let configs = sm80.chain(sm90a.filter(|(_, t)| device.has(*t))).filter(|(c, t)| row(c, *t).contains(filter));
     for (cfg, target) in configs {
         let v = kda_kernels::gemm_variant_on(cfg.clone(), target);
         let r = (|| -> Result<(f32, f64), kda_runtime::RuntimeError> {
@@ -330,11 +334,11 @@ fn sweep_gemm() -> Result<i32, String> {
         match r {
             Ok((ms, err)) => out!(
                 "{:<48} {ms:>8.3} ms {:>7.1} TFLOP/s   rel err {err:.1e}{}",
-                format!("{} {target}", cfg.key()),
+                row(&cfg, target),
                 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12,
                 if err <= 1e-3 { "" } else { "  WRONG" }
             ),
-            Err(e) => out!("{:<48} error: {e}", format!("{} {target}", cfg.key())),
+            Err(e) => out!("{:<48} error: {e}", row(&cfg, target)),
         }
     }
     Ok(0)

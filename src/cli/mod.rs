@@ -42,7 +42,8 @@ const USAGE: &str = "usage: kda <command> [--help]
                                          source line, counted in the simulator
   bench [--json FILE] [--case NAME]      GPU timings (and JSON lines), the cases whose name
                                          contains NAME; --sweep-gemm, --sweep-decode and
-                                         --sweep-chunk time launch shapes
+                                         --sweep-chunk time launch shapes (--case NAME:
+                                         the rows or cases whose name contains NAME)
   demo                                   the main job: run and check the kernels on the GPU, or
                                          without one, compile everything and run `check`
   --version                              the version";

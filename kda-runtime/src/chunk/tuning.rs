@@ -90,10 +90,9 @@ impl ChunkTuning {
     /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
     /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
     /// is two or more. Every path's kernels are sm_80's, on every device: the sm_90a fused
-    /// kernel ([`ChunkTuning::hopper`]) may round otherwise on the GPU (`wgmma` against
-    /// `mma.sync`, not yet measured) than the two-kernel path and the split that a batch of
-    /// another size or length would take, so picking it by the batch could break batch
-    /// invariance; it is a tuning a caller chooses for all its calls.
+    /// kernel ([`ChunkTuning::hopper`]) gives the sm_80 kernels' bits (the simulator, and
+    /// `kda check --gpu` on an H100 and an H200), but measured slower than the sm_80 fused
+    /// kernel (docs/prefill.md, "Devices"); it is a tuning a caller chooses for all its calls.
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         if eligibility::splits_by_default(plan) {
             return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };

@@ -342,6 +342,11 @@ pub enum Op {
     /// `mbarrier.arrive.shared.b64 state, [addr]`: one arrival, releasing this thread's
     /// earlier shared accesses to whoever waits for the phase.
     MbarrierArrive { state: Reg, addr: Reg },
+    /// `cp.async.mbarrier.arrive.noinc.shared.b64 [addr]`: one arrival on the mbarrier at
+    /// `addr` once every `cp.async` this thread issued before it has landed, releasing their
+    /// bytes to whoever waits for the phase; `.noinc`, so the arrival counts among the phase's
+    /// (the `init` count includes the copying threads). The copies need no `wait_group`.
+    CpAsyncMbarrierArrive { addr: Reg },
     /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity`: `d` is whether the phase of
     /// parity `parity` completed (acquiring what its arrivals released).
     MbarrierTryWait { d: Reg, addr: Reg, parity: Src },
@@ -647,6 +652,7 @@ impl fmt::Display for Op {
             }
             Op::MbarrierInit { addr, count } => write!(f, "mbarrier.init.shared.b64 [{addr}], {count};"),
             Op::MbarrierArrive { state, addr } => write!(f, "mbarrier.arrive.shared.b64 {state}, [{addr}];"),
+            Op::CpAsyncMbarrierArrive { addr } => write!(f, "cp.async.mbarrier.arrive.noinc.shared.b64 [{addr}];"),
             Op::MbarrierTryWait { d, addr, parity } => {
                 write!(f, "mbarrier.try_wait.parity.shared.b64 {d}, [{addr}], {parity};")
             }

@@ -294,6 +294,22 @@ fn mbarrier_misuse_is_reported() {
     }
 }
 
+#[test]
+fn cp_async_copies_hand_over_through_an_mbarrier() {
+    assert_eq!(run_cp_async_ring(CpAsyncRingFault::None).expect("runs"), cp_async_ring_input());
+}
+
+#[test]
+fn cp_async_ring_misuse_is_reported() {
+    for (fault, expected) in [
+        (CpAsyncRingFault::ConsumerSkipsFullWait, "race: shared byte"),
+        (CpAsyncRingFault::PlainArrive, "which nothing wrote"),
+    ] {
+        let e = run_cp_async_ring(fault).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
 /// sm_90a, the mbarrier ring and the TMA copy for sm_90), and their SASS has the Hopper
 /// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`, `USETMAXREG` (and
@@ -337,6 +353,7 @@ fn hopper_programs_assemble() {
         ),
         ("ring", ring_program(RingFault::None), Target::Sm90, "SYNCS.PHASECHK.TRANS64.TRYWAIT"),
         ("tma", tma_program(TmaFault::None), Target::Sm90, "UTMALDG.2D"),
+        ("cp_async_ring", cp_async_ring_program(CpAsyncRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
     ];
     for (name, prog, target, sass_op) in programs {

@@ -64,6 +64,12 @@ fn probes() -> Vec<Probe> {
         program: ring_program(RingFault::None),
         args: ring_args(),
     });
+    out.push(Probe {
+        name: "cp.async ring".into(),
+        target: Target::Sm90,
+        program: cp_async_ring_program(CpAsyncRingFault::None),
+        args: cp_async_ring_args(),
+    });
     for at in [[0, 0], [32, 4], [56, -3], [-8, 15]] {
         out.push(Probe {
             name: format!("tma box at {at:?}"),

@@ -245,6 +245,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::FenceProxyAsync
         | Op::MbarrierInit { .. }
         | Op::MbarrierArrive { .. }
+        | Op::CpAsyncMbarrierArrive { .. }
         | Op::MbarrierTryWait { .. }
         | Op::MbarrierArriveExpectTx { .. }
         | Op::TmaLoad { .. }
@@ -298,6 +299,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::SetMaxNReg { .. }
         | Op::FenceProxyAsync
         | Op::MbarrierInit { .. }
+        | Op::CpAsyncMbarrierArrive { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
         | Op::BulkCommit

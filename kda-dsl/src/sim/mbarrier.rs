@@ -105,6 +105,21 @@ impl Block<'_> {
         Ok(u64::from(phase))
     }
 
+    /// `cp.async.mbarrier.arrive.noinc`: thread `t`'s `cp.async` copies (committed or not, not
+    /// yet waited for) land, then it arrives on the mbarrier at `addr`, which releases them. As
+    /// a TMA box, they land when the simulator reaches the arrival; a later `wait_group` has
+    /// none of them left to wait for.
+    pub(super) fn cp_async_arrive(&mut self, t: usize, addr: u64) -> R<()> {
+        // In issue order, so that a later copy to the same bytes lands last.
+        let open = std::mem::take(&mut self.threads[t].open_group);
+        let mut copies: Vec<_> = self.threads[t].groups.iter_mut().flat_map(std::mem::take).collect();
+        copies.extend(open);
+        for (d, data) in copies {
+            self.write_shared(t, u64::from(d), &data)?;
+        }
+        self.mbarrier_arrive(t, addr, 0).map(|_| ())
+    }
+
     /// A copy thread `t` issued completed `bytes` of the phase's transactions: like an
     /// arrival, it releases what it wrote.
     pub(super) fn mbarrier_complete_tx(&mut self, t: usize, addr: u64, bytes: u32) -> R<()> {

@@ -537,6 +537,10 @@ impl<'a> Block<'a> {
                 let phase = self.mbarrier_arrive(t, a, 0)?;
                 self.set(t, *state, phase);
             }
+            Op::CpAsyncMbarrierArrive { addr } => {
+                let a = self.get(t, &Src::Reg(*addr));
+                self.cp_async_arrive(t, a)?;
+            }
             Op::MbarrierArriveExpectTx { state, addr, bytes } => {
                 let a = self.get(t, &Src::Reg(*addr));
                 let phase = self.mbarrier_arrive(t, a, *bytes)?;

@@ -484,6 +484,88 @@ pub fn run_ring(fault: RingFault) -> Result<Vec<u32>, String> {
     Ok(ring_words(tensor(&args, "out")))
 }
 
+/// What a [`cp_async_ring_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CpAsyncRingFault {
+    None,
+    /// The consumer reads the slot without waiting for `full`.
+    ConsumerSkipsFullWait,
+    /// The producer arrives on `full` with a plain `mbarrier.arrive`, which does not wait for
+    /// its copies.
+    PlainArrive,
+}
+
+/// A producer warp fills a shared slot of 16 bytes a lane with `cp.async` from the input, one
+/// round after another, and hands each round over with `cp.async.mbarrier.arrive.noinc` on
+/// `full` (32 arrivals a phase: the copying threads count, `.noinc`), never waiting for the
+/// copies itself; a consumer warp waits for `full`, copies its lane's 16 bytes to the output
+/// and arrives on `empty`, as in [`ring_program`].
+pub fn cp_async_ring_program(fault: CpAsyncRingFault) -> ThreadProgram {
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let ring = ring_setup(&mut p, t, 32, 32, true);
+    let Ring { full, empty, lane, .. } = ring;
+    let slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(16), c: Src::Reg(full) });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: slot, a: Src::Reg(slot), b: Src::Imm(16) });
+    let (consumer, end) = (1000, 1001);
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target: consumer });
+    let generic = per_thread_global(&mut p, lane, "input", 16);
+    let input = p.reg(RegClass::B64);
+    p.op(Op::CvtaGlobal { d: input, a: generic });
+    for round in 0..RING_ROUNDS {
+        wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
+        let src = p.reg(RegClass::B64);
+        let offset = i64::from(round * 32 * 16);
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: src, a: Src::Reg(input), b: Src::Imm(offset) });
+        p.op(Op::CpAsync { dst: slot, src, src_bytes: Src::Imm(16) });
+        match fault {
+            CpAsyncRingFault::PlainArrive => p.op(Op::MbarrierArrive { state: ring.state, addr: full }),
+            _ => p.op(Op::CpAsyncMbarrierArrive { addr: full }),
+        }
+    }
+    p.op(Op::Bra { target: end });
+    p.op(Op::Label(consumer));
+    let out = per_thread_global(&mut p, lane, "out", 16);
+    let words: Vec<Reg> = (0..4).map(|_| p.reg(RegClass::B32)).collect();
+    for round in 0..RING_ROUNDS {
+        if fault != CpAsyncRingFault::ConsumerSkipsFullWait {
+            wait_phase(&mut p, full, round % 2, &mut label);
+        }
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: words.clone(), addr: slot, offset: 0 });
+        let offset = i64::from(round * 32 * 16);
+        let vals = words.iter().map(|w| Src::Reg(*w)).collect();
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals });
+        p.op(Op::MbarrierArrive { state: ring.state, addr: empty });
+    }
+    p.op(Op::Label(end));
+    p.op(Op::Ret);
+    p.prog(64, 16 + 32 * 16, vec![("p_input".into(), Ty::U64), ("p_out".into(), Ty::U64)])
+}
+
+/// The input of [`cp_async_ring_program`]: byte `i` of the [`RING_ROUNDS`] rounds of 32 lanes'
+/// 16 bytes is `i * 7 + 3` (mod 256), so every byte of a round differs from the last's.
+pub fn cp_async_ring_input() -> Vec<u8> {
+    (0..RING_ROUNDS * 32 * 16).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// The arguments of [`cp_async_ring_program`]: the input and a zeroed output of its size.
+pub fn cp_async_ring_args() -> Vec<(String, SimArg)> {
+    let input = cp_async_ring_input();
+    let out = vec![0; input.len()];
+    vec![("input".to_string(), SimArg::Tensor(input)), ("out".to_string(), SimArg::Tensor(out))]
+}
+
+/// Runs [`cp_async_ring_program`] in the simulator; returns its output.
+pub fn run_cp_async_ring(fault: CpAsyncRingFault) -> Result<Vec<u8>, String> {
+    let mut args = cp_async_ring_args();
+    run(&cp_async_ring_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(tensor(&args, "out").to_vec())
+}
+
 /// What a TMA test program gets wrong on purpose.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum TmaFault {

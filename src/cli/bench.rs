@@ -288,15 +288,18 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
 /// Times every GEMM candidate whose row name (its key and target, as printed) contains
 /// `filter` at 8192³.
 fn sweep_gemm(filter: &str) -> Result<i32, String> {
+    let row = |cfg: &kda_kernels::gemm::GemmConfig, target: Target| format!("{} {target}", cfg.key());
+    let sm80 = kda_kernels::gemm_candidates().into_iter().map(|c| (c, Target::Sm80));
+    let sm90a = kda_kernels::hopper_gemm_candidates().into_iter().map(|c| (c, Target::Sm90a));
+    let candidates: Vec<_> = sm80.chain(sm90a).filter(|(c, t)| row(c, *t).contains(filter)).collect();
+    if candidates.is_empty() {
+        return Err(format!("--sweep-gemm --case {filter:?}: no candidate's row name (`KEY TARGET`) contains it"));
+    }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let (m, n, k) = (8192usize, 8192usize, 8192usize);
     let device = gpu.limits().target().map_err(|e| e.to_string())?;
-    let sm80 = kda_kernels::gemm_candidates().into_iter().map(|c| (c, Target::Sm80));
-    let sm90a = kda_kernels::hopper_gemm_candidates().into_iter().map(|c| (c, Target::Sm90a));
-    let row = |cfg: &kda_kernels::gemm::GemmConfig, target: Target| format!("{} {target}", cfg.key());
-    let configs = sm80.chain(sm90a.filter(|(_, t)| device.has(*t))).filter(|(c, t)| row(c, *t).contains(filter));
-    for (cfg, target) in configs {
+    for (cfg, target) in candidates.into_iter().filter(|(_, t)| device.has(*t)) {
         let v = kda_kernels::gemm_variant_on(cfg.clone(), target);
         let r = (|| -> Result<(f32, f64), kda_runtime::RuntimeError> {
             let compiled = kernels.compiled(&v)?;
@@ -518,6 +521,12 @@ pub struct GemmTiming {
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
+
+    #[test]
+    fn a_gemm_sweep_filter_matching_no_candidate_is_refused_before_the_gpu() {
+        let e = super::sweep_gemm("no such row").expect_err("no candidate matches");
+        assert!(e.contains("no candidate's row name"), "{e}");
+    }
     use kda_dsl::{Hoist, Target};
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 

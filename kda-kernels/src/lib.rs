@@ -302,7 +302,8 @@ fn tile_configs(tiles: &[(usize, usize, usize, usize, usize, bool)]) -> Vec<gemm
 /// The sm_90a GEMM configs `kda bench --sweep-gemm` times beside the shipped one (bf16 to f32):
 /// two warpgroups of 64 rows (or four), N up to 256, K of one or two 128-byte slabs, `A·B`
 /// with its B MN-major in slabs, a fill warp beside the warpgroups, an epilogue through
-/// shared memory, and the shipped tiles walked in groups of 8 tile rows. Each takes `wgmma`; the simulator checks them (`gemm_sim`).
+/// shared memory, and the shipped tiles walked in groups of 8 tile rows. Each takes `wgmma`;
+/// the simulator checks them (`gemm_sim`).
 pub fn hopper_gemm_candidates() -> Vec<gemm::GemmConfig> {
     use gemm::GemmConfig as G;
     tile_configs(&[

@@ -284,9 +284,8 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ unless `ab`) compiled for sm_80 and, on
 /// compute capability 9.0, for sm_90a (where those that fit take `wgmma`: 16 accumulator rows
 /// per warp, operand rows of whole swizzle lines), each checked on 256 sampled elements: how
-/// the shipped defaults were chosen.
-/// Times every GEMM candidate whose row name (its key and target, as printed) contains
-/// `filter` at 8192³.
+/// the shipped defaults were chosen. Only the candidates whose row name (key and target, as
+/// printed) contains `filter`; none is an error, before the GPU is asked.
 fn sweep_gemm(filter: &str) -> Result<i32, String> {
     let row = |cfg: &kda_kernels::gemm::GemmConfig, target: Target| format!("{} {target}", cfg.key());
     let sm80 = kda_kernels::gemm_candidates().into_iter().map(|c| (c, Target::Sm80));
@@ -521,14 +520,14 @@ pub struct GemmTiming {
 #[cfg(test)]
 mod tests {
     use super::parse_chunk_shape;
+    use kda_dsl::{Hoist, Target};
+    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
     fn a_gemm_sweep_filter_matching_no_candidate_is_refused_before_the_gpu() {
         let e = super::sweep_gemm("no such row").expect_err("no candidate matches");
         assert!(e.contains("no candidate's row name"), "{e}");
     }
-    use kda_dsl::{Hoist, Target};
-    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
     fn chunk_shapes_parse_every_part() {

@@ -17,7 +17,7 @@
 //! even). Decided first ([`matrix_access_choice`], one [`MatrixAccessPlan`] per access the
 //! lowering met), then emitted by [`Lower::matrix_accesses`] and [`Lower::matrix_stores`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use super::{Lower, V};
@@ -268,8 +268,22 @@ impl BlockGroup {
 }
 
 /// Per (tile, transposed): each register slot's element as f32 (of a read, loaded; of a store,
-/// once the body has run).
-pub(crate) type SlotRegs = HashMap<(BufId, bool), Vec<Option<Reg>>>;
+/// once the body has run). Ordered, so that the stores go out in the same order every compile.
+pub(crate) type SlotRegs = BTreeMap<(BufId, bool), Vec<Option<Reg>>>;
+
+/// The bits a per-thread value takes over every lane of `warps` warps, each value the OR of
+/// `at(warp, lane)`'s two parts (so that `split_index` can tell its constant's bits apart).
+fn bits_over_lanes(warps: u32, at: impl Fn(u32, u32) -> (u32, u32)) -> (u32, u32) {
+    let mut bits = (0, 0);
+    for w in 0..warps {
+        for lane in 0..32 {
+            let (a, b) = at(w, lane);
+            bits.0 |= a;
+            bits.1 |= b;
+        }
+    }
+    bits
+}
 
 impl Lower<'_> {
     /// Plans the accesses of the `parallel` over fragment `over` (laid out as `frag`, index
@@ -284,7 +298,7 @@ impl Lower<'_> {
         vars: &[VarId],
         body: &[Stmt],
     ) -> (SlotRegs, SlotRegs) {
-        let (mut reads, mut stores) = (HashMap::new(), HashMap::new());
+        let (mut reads, mut stores) = (BTreeMap::new(), BTreeMap::new());
         let [i, j] = vars else { return (reads, stores) };
         let (accesses, uses) = index_accesses(body, (*i, *j));
         for IndexAccess { tile: b, access, transposed } in accesses {
@@ -331,26 +345,25 @@ impl Lower<'_> {
     /// packed, the block transposed, and the two adjacent elements of the tile's row the
     /// thread then holds stored at once.
     pub(crate) fn matrix_stores(&mut self, frag: FragmentLayout, stores: SlotRegs) {
+        if stores.is_empty() {
+            return;
+        }
+        // After the transpose, lane `(g, t)` holds row `g`, columns `2t` and `2t + 1` of the
+        // block's transpose: the tile's row (the fragment's column) `g`, columns (the
+        // fragment's rows) `2t`, `2t + 1`. As a per-thread base (and the bits it takes over
+        // every warp and lane) plus each block's constant; the same for every tile.
+        let th = self.scope.th;
+        let (row_bits, col_bits) = bits_over_lanes(self.scope.threads / 32, |w, lane| {
+            ((w % frag.wn) * frag.warp_cols() + lane / 4, (w / frag.wn) * frag.warp_rows() + 2 * (lane % 4))
+        });
+        let (warp_row, warp_col) = self.warp_origin(frag);
+        let tile_row = self.em.add32(warp_col, Src::Reg(th.g));
+        let tile_row = self.em.to_reg(tile_row, RegClass::B32, Ty::U32);
+        let t2 = self.em.op32(BinKind::Shl, Src::Reg(th.t), 1);
+        let tile_col = self.em.add32(warp_row, t2);
+        let tile_col = self.em.to_reg(tile_col, RegClass::B32, Ty::U32);
         for ((b, _), slots) in stores {
             let half = if self.def().buffers[b].dtype == DType::BF16 { Ty::BF16 } else { Ty::F16 };
-            // After the transpose, lane `(g, t)` holds row `g`, columns `2t` and `2t + 1` of
-            // the block's transpose: the tile's row (the fragment's column) `g`, columns (the
-            // fragment's rows) `2t`, `2t + 1`. As a per-thread base (and the bits it takes over
-            // every warp and lane) plus each block's constant.
-            let th = self.scope.th;
-            let (mut row_bits, mut col_bits) = (0, 0);
-            for w in 0..self.scope.threads / 32 {
-                for lane in 0..32 {
-                    row_bits |= (w % frag.wn) * frag.warp_cols() + lane / 4;
-                    col_bits |= (w / frag.wn) * frag.warp_rows() + 2 * (lane % 4);
-                }
-            }
-            let (warp_row, warp_col) = self.warp_origin(frag);
-            let tile_row = self.em.add32(warp_col, Src::Reg(th.g));
-            let tile_row = self.em.to_reg(tile_row, RegClass::B32, Ty::U32);
-            let t2 = self.em.op32(BinKind::Shl, Src::Reg(th.t), 1);
-            let tile_col = self.em.add32(warp_row, t2);
-            let tile_col = self.em.to_reg(tile_col, RegClass::B32, Ty::U32);
             for block in 0..frag.slots() / 2 {
                 let (lo, hi) = (slots[2 * block as usize], slots[2 * block as usize + 1]);
                 let (lo, hi) = (lo.expect("every slot stored"), hi.expect("every slot stored"));
@@ -399,14 +412,10 @@ impl Lower<'_> {
             // the group's constant (its first atom's); the bits the base takes over every warp
             // and lane.
             let (row_c, col_c) = (16 * (atom / ni), 8 * (atom % ni));
-            let mut bits = (0, 0);
-            for w in 0..warps {
-                for l in 0..32 {
-                    let (r, c) = group.lane_offsets(l);
-                    bits.0 |= (w / frag.wn) * frag.warp_rows() + r;
-                    bits.1 |= (w % frag.wn) * frag.warp_cols() + c;
-                }
-            }
+            let bits = bits_over_lanes(warps, |w, l| {
+                let (r, c) = group.lane_offsets(l);
+                ((w / frag.wn) * frag.warp_rows() + r, (w % frag.wn) * frag.warp_cols() + c)
+            });
             let (r_lane, c_lane) = match group {
                 BlockGroup::AtomsStacked => {
                     let s16 = self.em.op32(BinKind::Shl, second, 4);

@@ -114,8 +114,9 @@ impl NarrowProducts {
 
 impl ChunkShape {
     /// Which loop-invariant values the kernel computes once per loop instead of once per
-    /// chunk (`launch(.., hoist)`): the block-uniform ones (a box's start, a tile's base)
-    /// where a thread may hold more than 128 registers (the chain, the fused kernel at 4
+    /// chunk (`launch(.., hoist)`): the shape's override if it has one (the chain's
+    /// [`ChunkShape::PREPARED`] takes every one); else the block-uniform ones (a box's start,
+    /// a tile's base) where a thread may hold more than 128 registers (the fused kernel at 4
     /// warps, the sm_90a kernel); none at 128 (8 warps, 2 blocks an SM), where ptxas has no
     /// room for them (one config spills when assembled for sm_90). Every invariant value
     /// (`Hoist::Everything`) fits the sm_90a kernel's 255 without a spill and cuts its step by
@@ -185,14 +186,19 @@ impl ChunkShape {
     /// to a load's latency from memory, so it stages 3 chunks ahead; and a warp of its own
     /// issues the fills, whose address arithmetic was on the step's path. The fastest of `kda
     /// bench --sweep-chunk` (docs/performance.md, 2026-12-01 run 8 and 2026-12-02 runs 13 to
-    /// 16). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
-    pub const PREPARED: ChunkShape = ChunkShape { fill_warps: 1, ..ChunkShape::plain(2, 4, 4) };
+    /// 16). Every loop-invariant value is computed once per loop ([`Hoist::Everything`]): the
+    /// chain's step is latency-bound, and the hoisted step is shorter in instructions and in
+    /// its chain of waits, within the registers of 4 blocks an SM (docs/performance.md,
+    /// 2026-12-06). Its arithmetic depends on none of it, so the bits stay the fused kernel's.
+    pub const PREPARED: ChunkShape =
+        ChunkShape { fill_warps: 1, hoist_override: Some(Hoist::Everything), ..ChunkShape::plain(2, 4, 4) };
     /// The chain over a prepared workspace on sm_90a: one warpgroup of 16 value rows a warp (64
     /// a block, two blocks a head), the fill warp, 2 blocks an SM, 4 stages. Its state products
     /// take `wgmma` with the state as their register A operand, each product's K-steps in
     /// flight together; at [`ChunkShape::PREPARED`]'s 2 warps there is no warpgroup. The same
-    /// bits as the sm_80 chain in the simulator (`chunk_sim`). No device takes it by default:
-    /// untimed so far (docs/performance.md, 2026-12-05, late night).
+    /// bits as the sm_80 chain in the simulator (`chunk_sim`) and on an H100. No device takes
+    /// it by default: slower there than the sm_80 chain, hoisted or not (docs/performance.md,
+    /// 2026-12-06).
     pub const HOPPER_PREPARED: ChunkShape = ChunkShape { fill_warps: 1, ..ChunkShape::plain(4, 2, 4) };
     /// The fused kernel's on sm_90a: 8 warps (two warpgroups, each holding 64 of a head's 128
     /// value rows of the state as `wgmma` accumulators, which feed the next products as their

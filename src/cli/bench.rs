@@ -151,7 +151,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// chunks' loads in flight, `b` bf16 operands for the state's products (f16 without it), `h`
 /// the fused kernel compiled for sm_90a (`wgmma`; compute capability 9.0), `m` its products of
 /// 16 columns on `mma.sync` (`NarrowProducts::MmaSync`), `e`, `u` or `n` the
-/// loop-invariant values hoisted (every one, the block-uniform ones, none), `c` the gates summed
+/// loop-invariant values hoisted (every one, the block-uniform ones, none; without one, by
+/// `ChunkShape::hoist`'s rule for a shape without an override, so the default chain over a
+/// prepared workspace is `2x4x4f1pe`), `c` the gates summed
 /// through shared memory (`GateScan::Shared`), `k` the key products split over the warps
 /// (`KeyProducts::Split`); 4x2w32ik (the default), 4x2w32i, 4x2w32iek, 8x2, 8x1ih, 4x2w32ihmk,
 /// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five

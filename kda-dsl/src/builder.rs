@@ -205,6 +205,7 @@ enum Frame {
     Then { cond: Expr, loc: SrcLoc },
     Else { cond: Expr, then: Vec<Stmt>, loc: SrcLoc },
     WarpGroup { first: u32, count: u32, id: u32, var: VarId, loc: SrcLoc },
+    Producer { loc: SrcLoc },
 }
 
 struct State {
@@ -654,6 +655,19 @@ impl KernelBuilder {
         Val(Expr::Var(var))
     }
 
+    /// Opens `for _ in producer() { .. }`: the producer's part of a `pipelined` loop's body
+    /// ([`StmtKind::Producer`]; `passes::place_producers` checks where it stands). Close with
+    /// [`Self::end`].
+    pub fn begin_producer(&self, loc: SrcLoc) {
+        let mut st = self.st.borrow_mut();
+        let nested = st.parallel_depth > 0 || st.frames.iter().any(|(f, _)| matches!(f, Frame::Producer { .. }));
+        st.frames.push((Frame::Producer { loc }, vec![]));
+        drop(st);
+        if nested {
+            self.error(loc, "a producer block is a statement of a `pipelined` loop's body, not inside `parallel` or another producer block");
+        }
+    }
+
     /// Opens `if cond { .. }`. Continue with [`Self::begin_else`] or close with [`Self::end`].
     pub fn begin_if(&self, cond: impl Into<Val>, loc: SrcLoc) {
         self.st.borrow_mut().frames.push((Frame::Then { cond: cond.into().0, loc }, vec![]));
@@ -684,6 +698,7 @@ impl KernelBuilder {
             Frame::WarpGroup { first, count, id, var, loc } => {
                 (StmtKind::WarpGroup { first, count, id, var, body }, loc)
             }
+            Frame::Producer { loc } => (StmtKind::Producer(body), loc),
         };
         st.frames.last_mut().expect("frame stack is never empty").1.push(Stmt { kind, loc });
     }

@@ -199,6 +199,25 @@ impl Expr {
         self.for_each_elem_read(&mut |b, _| f(b));
     }
 
+    /// Calls `f` on each variable the expression reads, at any depth (once per read).
+    pub fn for_each_var(&self, f: &mut impl FnMut(VarId)) {
+        match self {
+            Expr::Var(v) => f(*v),
+            Expr::Elem(_, idx) | Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_var(f)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_var(f),
+            Expr::Binary(_, a, b) => {
+                a.for_each_var(f);
+                b.for_each_var(f);
+            }
+            Expr::Select(c, a, b) => {
+                c.for_each_var(f);
+                a.for_each_var(f);
+                b.for_each_var(f);
+            }
+            Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
+        }
+    }
+
     /// Calls `f` on each tile element read of the expression, with its indices, at any depth
     /// (once per read; a read inside another's index after it).
     pub fn for_each_elem_read(&self, f: &mut impl FnMut(BufId, &[Expr])) {
@@ -228,9 +247,10 @@ impl Stmt {
     /// arms of an `if`), at any depth, not on this one.
     pub fn for_each_nested<'a>(&'a self, f: &mut impl FnMut(&'a Stmt)) {
         match &self.kind {
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                visit_stmts(body, f)
-            }
+            StmtKind::For { body, .. }
+            | StmtKind::Parallel { body, .. }
+            | StmtKind::WarpGroup { body, .. }
+            | StmtKind::Producer(body) => visit_stmts(body, f),
             StmtKind::If(_, t, e) => {
                 visit_stmts(t, f);
                 visit_stmts(e, f);
@@ -489,6 +509,11 @@ pub enum StmtKind {
     Prefetch(Region),
     /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
     Barrier,
+    /// The producer's part of a `pipelined` loop's body (`for _ in producer() { .. }`): what it
+    /// computes from the stage's fills into shared tiles for the rest of the body, which a role
+    /// of its own may run ahead of the rest. Its meaning is its statements written in its place;
+    /// `passes::place_producers` checks its rules and places it.
+    Producer(Vec<Stmt>),
 }
 
 /// A kernel as the front end builds it.
@@ -822,6 +847,10 @@ impl KernelDef {
                 block(f, body)
             }
             StmtKind::Barrier => writeln!(f, "{pad}barrier"),
+            StmtKind::Producer(body) => {
+                writeln!(f, "{pad}producer {{")?;
+                block(f, body)
+            }
         }
     }
 }

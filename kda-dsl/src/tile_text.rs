@@ -483,6 +483,10 @@ impl Parser {
             "print" => StmtKind::Print(self.tile()?),
             "prefetch" => StmtKind::Prefetch(self.region()?),
             "barrier" => StmtKind::Barrier,
+            "producer" => {
+                self.punct("{")?;
+                StmtKind::Producer(self.block()?)
+            }
             "warp_group" => {
                 self.punct("#")?;
                 let id = self.uint()? as u32;
@@ -694,9 +698,10 @@ pub fn without_locs(def: &KernelDef) -> KernelDef {
         for s in body {
             s.loc = SrcLoc::default();
             match &mut s.kind {
-                StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                    strip(body)
-                }
+                StmtKind::For { body, .. }
+                | StmtKind::Parallel { body, .. }
+                | StmtKind::WarpGroup { body, .. }
+                | StmtKind::Producer(body) => strip(body),
                 StmtKind::If(_, t, e) => {
                     strip(t);
                     strip(e);

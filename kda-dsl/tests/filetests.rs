@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use kda_dsl::passes::{
     allocate_shared::allocate_shared, check_types::check_types, drop_dead_tiles::drop_dead_tiles,
     fuse_reductions::fuse_reductions, infer_layouts::infer_layouts, insert_barriers::insert_barriers,
-    plan_pipelines::plan_pipelines, plan_tma_stores::plan_tma_stores, TileProgram,
+    place_producers::place_producers, plan_pipelines::plan_pipelines, plan_tma_stores::plan_tma_stores, TileProgram,
 };
 use kda_dsl::tile::KernelDef;
 use kda_dsl::tile_text::parse_kernel;
@@ -46,7 +46,8 @@ enum Stage {
 }
 
 /// The tile passes in pipeline order.
-const PASSES: [&str; 7] = [
+const PASSES: [&str; 8] = [
+    "place_producers",
     "infer_layouts",
     "fuse_reductions",
     "insert_barriers",
@@ -134,7 +135,8 @@ type TilePass = fn(&mut TileProgram) -> Result<(), kda_dsl::Diag>;
 /// The tile passes up to `n` over a type-checked kernel.
 fn tile_passes(def: KernelDef, target: kda_dsl::Target, n: usize) -> Result<TileProgram, kda_dsl::Diag> {
     let mut p = TileProgram::new(def, target);
-    let passes: [TilePass; 7] = [
+    let passes: [TilePass; 8] = [
+        place_producers,
         infer_layouts,
         fuse_reductions,
         insert_barriers,

@@ -926,3 +926,71 @@ fn tile_fragments_store_into_shared_tiles_in_vectors() {
         );
     }
 }
+
+/// The step of [`produced_step`]: `out = 2 s + 1` through a fragment.
+#[kda_macros::kernel_fn]
+fn doubled_plus_one(s: Tile, f: Tile, out: Tile) {
+    copy(s, f);
+    for (r, c) in parallel(f) {
+        out[r][c] = 2.0 * f[r][c] + 1.0;
+    }
+}
+
+/// [`produced_step`]'s config: rows, threads, stages, and whether the step is a producer block.
+struct StepCfg {
+    rows: usize,
+    threads: usize,
+    stages: usize,
+    in_producer: bool,
+}
+
+/// `y = 2 x + 1` by 32-column tiles in a pipelined loop, the step in a producer block or not.
+#[kernel]
+fn produced_step(cfg: &StepCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let s = shared([cfg.rows, 32], F32);
+    let f = fragment([cfg.rows, 32], F32);
+    let out = shared([cfg.rows, 32], F32);
+    for i in pipelined(0, C / 32, stages = cfg.stages) {
+        copy(x.tile([0, i], [cfg.rows, 32]), s);
+        if cfg.in_producer {
+            for _ in producer() {
+                doubled_plus_one(s, f, out);
+            }
+        } else {
+            doubled_plus_one(s, f, out);
+        }
+        copy(out, y.tile([0, i], [cfg.rows, 32]));
+    }
+}
+
+#[test]
+fn a_producer_block_runs_as_its_statements_written_in_place() {
+    let (rows, tiles) = (16, 5);
+    let mut rng = Rng::new(11);
+    let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
+    for (threads, stages) in [(32, 2), (64, 3)] {
+        let run = |in_producer: bool| {
+            let cfg = StepCfg { rows, threads, stages, in_producer };
+            let def = produced_step(&cfg).expect("builds");
+            let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
+            let mut args = vec![
+                t("x", &x, DType::F32),
+                i("R", rows),
+                i("C", 32 * tiles),
+                t("y", &vec![f64::NAN; x.len()], DType::F32),
+            ];
+            simulate(&def, &mut args).expect("runs");
+            // Source lines differ between the two forms; the instructions may not.
+            let code: Vec<String> =
+                ptx.lines().filter(|l| !l.contains(".loc") && !l.contains(".file")).map(String::from).collect();
+            (tensor_values(&args, "y", DType::F32), code)
+        };
+        let (inline, inline_ptx) = run(false);
+        let (produced, produced_ptx) = run(true);
+        let want: Vec<f64> = x.iter().map(|v| 2.0 * round_to(*v, DType::F32) + 1.0).collect();
+        assert!(rel_err(&produced, &want) < 1e-6, "{threads} threads: {}", rel_err(&produced, &want));
+        assert_eq!(produced, inline, "{threads} threads, {stages} stages");
+        assert!(produced_ptx == inline_ptx, "{threads} threads, {stages} stages: the PTX differs");
+    }
+}

@@ -709,11 +709,11 @@ impl Cx {
 
     pub(crate) fn for_loop(&mut self, f: &syn::ExprForLoop) -> syn::Result<TS> {
         let it = &*f.expr;
-        let Some((name, args, sp)) = call_name(it)
-            .filter(|(n, _, _)| matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel" | "warp_group"))
-        else {
+        let Some((name, args, sp)) = call_name(it).filter(|(n, _, _)| {
+            matches!(n.as_str(), "serial" | "unroll" | "pipelined" | "parallel" | "warp_group" | "producer")
+        }) else {
             if self.is_dsl(it) {
-                return err(it.span(), "a kernel loop runs over `serial(..)`, `unroll(..)`, `pipelined(.., stages = s)`, `parallel(tile)` or `warp_group(first, count)`");
+                return err(it.span(), "a kernel loop runs over `serial(..)`, `unroll(..)`, `pipelined(.., stages = s)`, `parallel(tile)`, `warp_group(first, count)` or `producer()`");
             }
             // A host loop: unrolled while the kernel is specialized.
             self.scopes.push(HashMap::new());
@@ -751,6 +751,23 @@ impl Cx {
                 let body = self.block_stmts(&f.body.stmts)?;
                 return Ok(quote!({
                     let #var = __kb.begin_warp_group(#vs, #first, #count, #lc);
+                    #body
+                    __kb.end();
+                }));
+            }
+            if name == "producer" {
+                if !pos.is_empty() || !kw.is_empty() {
+                    return err(sp, "`producer` takes no arguments: `for _ in producer() { .. }`");
+                }
+                if !matches!(&*f.pat, Pat::Wild(_)) {
+                    return err(f.pat.span(), "a producer block binds nothing: `for _ in producer() { .. }`");
+                }
+                if self.in_parallel > 0 {
+                    return err(sp, "a producer block stands in a `pipelined` loop's body, not inside `parallel`");
+                }
+                let body = self.block_stmts(&f.body.stmts)?;
+                return Ok(quote!({
+                    __kb.begin_producer(#lc);
                     #body
                     __kb.end();
                 }));

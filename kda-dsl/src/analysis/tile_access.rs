@@ -70,6 +70,7 @@ pub(crate) fn tile_access(s: &Stmt) -> TileAccess {
             | StmtKind::For { .. }
             | StmtKind::If(..)
             | StmtKind::WarpGroup { .. }
+            | StmtKind::Producer(_)
             | StmtKind::Barrier => {}
         }
     });

@@ -624,6 +624,7 @@ impl Lower<'_> {
                 self.block_barrier();
                 Ok(())
             }
+            StmtKind::Producer(_) => unreachable!("`place_producers`, the first pass, leaves no producer block"),
         }
     }
 

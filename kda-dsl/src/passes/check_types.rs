@@ -347,7 +347,7 @@ fn check_block(def: &mut KernelDef, body: &[Stmt], assigned: &mut IdVec<Var, boo
                 index_type(def, end, loc)?;
                 check_block(def, body, assigned)?;
             }
-            StmtKind::Parallel { body, .. } => check_block(def, body, assigned)?,
+            StmtKind::Parallel { body, .. } | StmtKind::Producer(body) => check_block(def, body, assigned)?,
             StmtKind::WarpGroup { first, count, id, var, body } => {
                 let (warps, end) = (def.threads / 32, first.saturating_add(*count));
                 if *count < 1 || end > warps || !(1..=15).contains(id) {

@@ -113,7 +113,9 @@ fn count_other_uses(body: &[Stmt], n: &mut IdVec<Buffer, usize>) {
                 expr(end, n);
                 count_other_uses(body, n);
             }
-            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => count_other_uses(body, n),
+            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                count_other_uses(body, n)
+            }
             StmtKind::If(c, t, e) => {
                 expr(c, n);
                 count_other_uses(t, n);

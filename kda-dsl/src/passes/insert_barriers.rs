@@ -138,6 +138,7 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
         | StmtKind::ReduceLanes { .. }
         | StmtKind::ReduceVectorLanes { .. }
         | StmtKind::WarpGroup { .. } => {}
+        StmtKind::Producer(_) => unreachable!("`place_producers`, the first pass, leaves no producer block"),
     }
     out
 }

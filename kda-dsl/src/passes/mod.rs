@@ -7,6 +7,7 @@ pub mod drop_dead_tiles;
 pub mod fuse_reductions;
 pub mod infer_layouts;
 pub mod insert_barriers;
+pub mod place_producers;
 pub mod plan_pipelines;
 pub mod plan_tma_stores;
 
@@ -50,6 +51,8 @@ pub struct TileProgram {
     pub owner: IdVec<Buffer, u32>,
     /// Per warp group id: its warps and its own scratch area.
     pub groups: std::collections::BTreeMap<u32, WarpGroupInfo>,
+    /// Each producer block's plan (`place_producers`), outermost loop first.
+    pub producers: Vec<place_producers::ProducerPlan>,
     /// Each `pipelined` loop's plan (`plan_pipelines`), outermost first.
     pub pipelines: Vec<plan_pipelines::PipelinePlan>,
     /// The accumulators of `gemm`s that take `wgmma` (`infer_layouts`).
@@ -93,6 +96,7 @@ impl TileProgram {
             shared_bytes: 0,
             owner: IdVec::filled(n, 0),
             groups: Default::default(),
+            producers: vec![],
             pipelines: vec![],
             wgmma_accumulators: Default::default(),
             tensor_maps: vec![],
@@ -145,6 +149,9 @@ impl fmt::Display for TileProgram {
             writeln!(f, "// scratch: {} bytes at {}", self.scratch.bytes, self.scratch.offset)?;
         }
         writeln!(f, "// shared bytes: {}", self.shared_bytes)?;
+        for plan in &self.producers {
+            writeln!(f, "{}", place_producers::ProducerLine(&self.def, plan))?;
+        }
         for plan in &self.pipelines {
             writeln!(f, "{}", plan_pipelines::PipelineLine(&self.def, plan))?;
         }
@@ -176,6 +183,8 @@ pub fn run_tile_passes(def: KernelDef) -> Result<TileProgram, Diag> {
 pub fn run_tile_passes_for(def: KernelDef, target: Target) -> Result<TileProgram, Diag> {
     let mut p = TileProgram::new(def, target);
     dump("input", &p.def);
+    place_producers::place_producers(&mut p)?;
+    dump("place_producers", &p);
     infer_layouts::infer_layouts(&mut p)?;
     dump("infer_layouts", &p);
     fuse_reductions::fuse_reductions(&mut p)?;

@@ -1,0 +1,391 @@
+//! `place_producers`, the first tile pass: checks each producer block (`for _ in producer() {
+//! .. }`, [`StmtKind::Producer`]) against the rules that let a role of its own run it ahead of
+//! the rest of its loop's body, records what it hands over ([`ProducerPlan`]), and puts its
+//! statements in its place. No lowering runs a producer as a role yet, so on every path it runs
+//! where it stands: the same code, and the same bits, as its statements written inline.
+//!
+//! The rules, each an error at the user's span:
+//! - a producer block is a statement of a `pipelined` loop's body (not inside an `if` or
+//!   another loop), one per loop, after nothing but the loop's stage fills and `let`s;
+//! - it writes no global memory and holds no `pipelined` loop;
+//! - it hands over shared tiles only: a tile it writes that anything outside it touches is a
+//!   shared tile, written nowhere else and used nowhere outside the loop's body; a variable it
+//!   assigns is read nowhere outside it;
+//! - the body after it writes nothing it reads (tiles and variables, those the `let`s before it
+//!   read included), so it may run for a later iteration than the rest of the body.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use super::plan_pipelines::is_stage_fill;
+use super::TileProgram;
+use crate::analysis::tile_access::tile_access;
+use crate::diag::{Diag, SrcLoc};
+use crate::tile::*;
+
+/// What one `pipelined` loop's producer block hands over to the rest of the body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProducerPlan {
+    /// The loop's variable.
+    pub var: VarId,
+    /// The shared tiles it writes that the rest of the body reads, by id.
+    pub outputs: Vec<BufId>,
+    /// Where the block was written.
+    pub loc: SrcLoc,
+}
+
+/// Checks and places every producer block of the kernel, recording one plan per block in
+/// `p.producers`, outermost loop first.
+pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
+    check_placement(&p.def.body, false)?;
+    let mut plans = vec![];
+    let mut found = Ok(());
+    visit_stmts(&p.def.body, &mut |s| {
+        if found.is_err() {
+            return;
+        }
+        if let StmtKind::For { var, kind: LoopKind::Pipelined { .. }, body, .. } = &s.kind {
+            if let Some(at) = body.iter().position(|x| matches!(x.kind, StmtKind::Producer(_))) {
+                match plan_producer(&p.def, s, *var, body, at) {
+                    Ok(plan) => plans.push(plan),
+                    Err(e) => found = Err(e),
+                }
+            }
+        }
+    });
+    found?;
+    p.def.body = inline_producers(std::mem::take(&mut p.def.body));
+    p.producers = plans;
+    Ok(())
+}
+
+/// Errors for a producer block anywhere but directly in a `pipelined` loop's body, a second one
+/// in a loop, and a `pipelined` loop, warp group or global write inside one.
+fn check_placement(body: &[Stmt], in_pipelined_body: bool) -> Result<(), Diag> {
+    let mut seen = false;
+    for s in body {
+        match &s.kind {
+            StmtKind::Producer(inner) => {
+                if !in_pipelined_body {
+                    return Err(Diag::new(s.loc, "a producer block is a statement of a `pipelined` loop's body (not inside an `if`, `parallel`, another loop or another producer block)"));
+                }
+                if seen {
+                    return Err(Diag::new(s.loc, "a `pipelined` loop has at most one producer block"));
+                }
+                seen = true;
+                check_inside(inner)?;
+            }
+            StmtKind::For { kind, body, .. } => {
+                check_placement(body, matches!(kind, LoopKind::Pipelined { .. }))?;
+            }
+            StmtKind::If(_, t, e) => {
+                check_placement(t, false)?;
+                check_placement(e, false)?;
+            }
+            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => check_placement(body, false)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// What a producer block's own statements may not do.
+fn check_inside(block: &[Stmt]) -> Result<(), Diag> {
+    let mut err = None;
+    visit_stmts(block, &mut |s| {
+        let why = match &s.kind {
+            StmtKind::StoreGlobal(..) | StmtKind::Copy { dst: Region::Global { .. }, .. } => {
+                "a producer block writes no global memory: it hands its results to the rest of the body in shared tiles"
+            }
+            StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => "a producer block holds no `pipelined` loop",
+            StmtKind::WarpGroup { .. } => "a producer block holds no warp group",
+            StmtKind::Producer(_) => "producer blocks do not nest",
+            _ => return,
+        };
+        err.get_or_insert(Diag::new(s.loc, why));
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// The tiles and variables a set of statements reads and writes.
+#[derive(Default)]
+struct Uses {
+    tiles_read: HashSet<BufId>,
+    tiles_written: HashSet<BufId>,
+    vars_read: HashSet<VarId>,
+    vars_assigned: HashSet<VarId>,
+}
+
+impl Uses {
+    /// What `body` uses, at any depth, leaving out the statement `skip` (by address) and what it
+    /// holds.
+    fn of(body: &[Stmt], skip: Option<&Stmt>) -> Uses {
+        let mut u = Uses::default();
+        u.add(body, skip);
+        u
+    }
+
+    fn add(&mut self, body: &[Stmt], skip: Option<&Stmt>) {
+        for s in body {
+            let holds_skip = skip.is_some_and(|k| contains(s, k));
+            if skip.is_some_and(|k| std::ptr::eq(s, k)) {
+                continue;
+            }
+            if !holds_skip {
+                let access = tile_access(s);
+                self.tiles_read.extend(access.reads);
+                self.tiles_written.extend(access.writes);
+                visit_stmts(std::slice::from_ref(s), &mut |x| self.add_own_vars(x));
+                continue;
+            }
+            // An ancestor of the skipped statement: its own expressions and counters, then the
+            // bodies around the skipped one.
+            s.for_each_expr(&mut |e| e.for_each_elem_tile(&mut |b| _ = self.tiles_read.insert(b)));
+            self.add_own_vars(s);
+            match &s.kind {
+                StmtKind::For { body, .. }
+                | StmtKind::Parallel { body, .. }
+                | StmtKind::WarpGroup { body, .. }
+                | StmtKind::Producer(body) => self.add(body, skip),
+                StmtKind::If(_, t, e) => {
+                    self.add(t, skip);
+                    self.add(e, skip);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The variables `s` itself reads and sets (not those of the statements inside it).
+    fn add_own_vars(&mut self, s: &Stmt) {
+        s.for_each_expr(&mut |e| e.for_each_var(&mut |v| _ = self.vars_read.insert(v)));
+        match &s.kind {
+            StmtKind::Assign(v, _) | StmtKind::For { var: v, .. } | StmtKind::WarpGroup { var: v, .. } => {
+                self.vars_assigned.insert(*v);
+            }
+            StmtKind::Parallel { vars, .. } => self.vars_assigned.extend(vars),
+            _ => {}
+        }
+    }
+
+    fn touches(&self, b: BufId) -> bool {
+        self.tiles_read.contains(&b) || self.tiles_written.contains(&b)
+    }
+}
+
+/// Whether `s` is `inner` or holds it.
+fn contains(s: &Stmt, inner: &Stmt) -> bool {
+    let mut found = false;
+    visit_stmts(std::slice::from_ref(s), &mut |x| found |= std::ptr::eq(x, inner));
+    found
+}
+
+/// Checks the producer block at `body[at]` of the `pipelined` loop `lp` over `var` against the
+/// kernel, and what it hands over.
+fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usize) -> Result<ProducerPlan, Diag> {
+    let block = &body[at];
+    let StmtKind::Producer(inner) = &block.kind else { unreachable!("`at` is a producer block") };
+    let name = |b: BufId| &def.buffers[b].name;
+    let var_name = |v: VarId| &def.vars[v].name;
+    let before = &body[..at];
+    if let Some(s) = before.iter().find(|s| !is_stage_fill(def, s) && !matches!(s.kind, StmtKind::Assign(..))) {
+        return Err(Diag::new(
+            block.loc,
+            format!("a producer block comes first in its loop's body, after the stage fills and `let`s alone; here the statement at {} comes before it", s.loc),
+        ));
+    }
+    let own = Uses::of(inner, None);
+    let elsewhere = Uses::of(&def.body, Some(block));
+    let outside_loop = Uses::of(&def.body, Some(lp));
+    let mut outputs = vec![];
+    for b in sorted(&own.tiles_written) {
+        if !elsewhere.touches(b) {
+            continue; // the block's own temporary
+        }
+        let why = if def.buffers[b].scope != Scope::Shared {
+            format!("`{}` is written in the producer block and used outside it, but a producer hands its results over in shared tiles; make it `shared`, or keep its uses in the block", name(b))
+        } else if elsewhere.tiles_written.contains(&b) {
+            format!("`{}` is written both in the producer block and outside it; only the producer may write the tiles it hands over", name(b))
+        } else if outside_loop.touches(b) {
+            format!("`{}` is written in the producer block and used outside its loop; a producer's tiles hold one iteration's results, for that iteration's body", name(b))
+        } else {
+            outputs.push(b);
+            continue;
+        };
+        return Err(Diag::new(block.loc, why));
+    }
+    if let Some(v) = sorted(&own.vars_assigned).into_iter().find(|v| elsewhere.vars_read.contains(v)) {
+        return Err(Diag::new(
+            block.loc,
+            format!("`{}` is set in the producer block and read outside it; a producer hands its results over in shared tiles, not variables", var_name(v)),
+        ));
+    }
+    // What the block depends on: its own reads and the `let`s before it (which a role running
+    // ahead evaluates for its own iteration, as the fills do).
+    let lets = Uses::of(before, None);
+    let rest = Uses::of(&body[at + 1..], None);
+    let tiles_in: HashSet<BufId> = own.tiles_read.union(&lets.tiles_read).copied().collect();
+    if let Some(b) = sorted(&tiles_in).into_iter().find(|b| rest.tiles_written.contains(b)) {
+        return Err(Diag::new(
+            block.loc,
+            format!("`{}` is read for the producer block and written after it in the loop's body; a producer running ahead would read a later iteration's value", name(b)),
+        ));
+    }
+    let vars_in: HashSet<VarId> =
+        own.vars_read.iter().chain(&lets.vars_read).chain(&lets.vars_assigned).copied().collect();
+    if let Some(v) = sorted(&vars_in).into_iter().find(|v| rest.vars_assigned.contains(v)) {
+        return Err(Diag::new(
+            block.loc,
+            format!("`{}` is read for the producer block and set after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v)),
+        ));
+    }
+    Ok(ProducerPlan { var, outputs, loc: block.loc })
+}
+
+/// A set's ids in order, so the first error and the plan do not depend on hashing.
+fn sorted<T: Copy + Ord>(set: &HashSet<T>) -> Vec<T> {
+    let mut v: Vec<T> = set.iter().copied().collect();
+    v.sort();
+    v
+}
+
+/// `body` with every producer block replaced by its statements.
+fn inline_producers(body: Vec<Stmt>) -> Vec<Stmt> {
+    let mut out = Vec::with_capacity(body.len());
+    for mut s in body {
+        match s.kind {
+            StmtKind::Producer(inner) => out.extend(inline_producers(inner)),
+            _ => {
+                match &mut s.kind {
+                    StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                        *body = inline_producers(std::mem::take(body))
+                    }
+                    StmtKind::If(_, t, e) => {
+                        *t = inline_producers(std::mem::take(t));
+                        *e = inline_producers(std::mem::take(e));
+                    }
+                    _ => {}
+                }
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// One plan as a line of the pass dumps.
+pub struct ProducerLine<'a>(pub &'a KernelDef, pub &'a ProducerPlan);
+
+impl fmt::Display for ProducerLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ProducerLine(def, plan) = self;
+        let outputs: Vec<&str> = plan.outputs.iter().map(|b| def.buffers[*b].name.as_str()).collect();
+        write!(
+            f,
+            "// producer of loop {}#{}: hands over {} (placed inline)",
+            def.vars[plan.var].name,
+            plan.var,
+            if outputs.is_empty() { "nothing".to_string() } else { outputs.join(", ") }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+    use crate::tile_text::parse_kernel;
+
+    /// A kernel of one 2-stage pipelined loop over `i#1` whose fill copies `a` into `s`, with
+    /// `body` after the fill, and `after` after the loop; the tiles `s`, `y`, `z` (shared) and
+    /// `f` (a fragment), the variables `r#2`, `c#3` (indices) and `v#4`, `w#5` (`let`s).
+    fn kernel(body: &str, after: &str) -> TileProgram {
+        let text = format!(
+            "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 grid=[1, 1, 1] {{
+  vars bx#0: i32, i#1: i32, r#2: i32, c#3: i32, v#4: i32, w#5: i32
+  block_vars [bx#0, _, _]
+  s = Shared<f32>[16, 16]
+  y = Shared<f32>[16, 16]
+  z = Shared<f32>[16, 16]
+  f = Fragment<f32>[16, 16]
+  v#4 = 0
+  for i#1 in pipelined(stages=2) 0..4 {{
+    copy a[0, (i#1 Mul 16); 16x16] -> s
+{body}
+  }}
+{after}
+}}"
+        );
+        let def = parse_kernel(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        TileProgram::new(def, Target::Sm80)
+    }
+
+    fn error_of(body: &str, after: &str) -> String {
+        match place_producers(&mut kernel(body, after)) {
+            Err(e) => e.message,
+            Ok(()) => panic!("expected an error for\n{body}"),
+        }
+    }
+
+    const PRODUCE_Y: &str = "producer {\n copy s -> y\n }";
+
+    #[test]
+    fn a_producer_block_is_placed_and_its_outputs_named() {
+        let mut p = kernel(&format!("{PRODUCE_Y}\n copy y -> o[0, 0; 16x16]"), "");
+        place_producers(&mut p).expect("valid");
+        let mut left = 0;
+        visit_stmts(&p.def.body, &mut |s| left += matches!(s.kind, StmtKind::Producer(_)) as usize);
+        assert_eq!(left, 0, "{}", p.def);
+        let y = p.def.buffers.position(|b| b.name == "y").expect("y");
+        assert_eq!(p.producers.len(), 1);
+        assert_eq!(p.producers[0].outputs, vec![y]);
+        assert_eq!(
+            ProducerLine(&p.def, &p.producers[0]).to_string(),
+            "// producer of loop i#1: hands over y (placed inline)"
+        );
+    }
+
+    #[test]
+    fn a_producer_block_may_keep_temporaries_and_read_lets_before_it() {
+        let body = "w#5 = (i#1 Add v#4)\n producer {\n copy s -> f\n copy f -> y\n }\n copy y -> o[0, w#5; 16x16]";
+        let mut p = kernel(body, "");
+        place_producers(&mut p).expect("valid");
+        let y = p.def.buffers.position(|b| b.name == "y").expect("y");
+        assert_eq!(p.producers[0].outputs, vec![y], "the fragment `f` is the block's own");
+    }
+
+    #[test]
+    fn each_rule_is_an_error() {
+        let cases: [(&str, &str, &str); 9] = [
+            (&format!("{PRODUCE_Y}\n producer {{\n copy s -> z\n }}"), "", "at most one producer block"),
+            ("copy s -> z\n producer {\n copy s -> y\n }", "", "comes first in its loop's body"),
+            ("producer {\n copy s -> o[0, 0; 16x16]\n }", "", "writes no global memory"),
+            (
+                "producer {\n for w#5 in pipelined(stages=2) 0..2 {\n copy s -> y\n }\n }",
+                "",
+                "holds no `pipelined` loop",
+            ),
+            (&format!("{PRODUCE_Y}\n fill y = 0.0"), "", "written both in the producer block and outside it"),
+            (PRODUCE_Y, "copy y -> o[0, 0; 16x16]", "used outside its loop"),
+            (
+                "producer {\n w#5 = i#1\n copy s -> y\n }\n copy y -> o[0, w#5; 16x16]",
+                "",
+                "`w` is set in the producer block",
+            ),
+            (
+                "w#5 = v#4\n producer {\n copy s -> y\n }\n v#4 = (v#4 Add 1)",
+                "",
+                "`v` is read for the producer block and set after it",
+            ),
+            (
+                "producer {\n copy s -> y\n }\n fill s = 0.0",
+                "",
+                "`s` is read for the producer block and written after it",
+            ),
+        ];
+        for (body, after, want) in cases {
+            let got = error_of(body, after);
+            assert!(got.contains(want), "for\n{body}\nexpected `{want}` in: {got}");
+        }
+    }
+}

@@ -1386,13 +1386,17 @@ pub fn chunk(
         let nv = min(t1 - t0, 16);
 
         if !prepared {
-            prepare_keys(gate_scan, key_products, cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
-            copy(kf, kd_sh);
-            if output {
-                copy(qf, qd_sh);
+            // The chunk's factors, from its fills alone: what a role of its own is to compute
+            // a chunk ahead of the state's chain.
+            for _ in producer() {
+                prepare_keys(gate_scan, key_products, cfg.gate, cfg.beta, cfg.l2norm, keys, nv, ea, lower_bound, scale);
+                copy(kf, kd_sh);
+                if output {
+                    copy(qf, qd_sh);
+                }
+                copy(sq, kr_sh);
+                solve_chunk(lower, key_products, inverse_stores, keys);
             }
-            copy(sq, kr_sh);
-            solve_chunk(lower, key_products, inverse_stores, keys);
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
         // The fused kernel computes the next state before the output, the chain over a
@@ -1434,5 +1438,26 @@ mod tests {
     fn default_compiles() {
         let def = chunk(&ChunkConfig::default()).unwrap_or_else(|e| panic!("{e}"));
         kda_dsl::compile(def, kda_dsl::Target::Sm80).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The fused step's factors are a producer block handing the chain exactly the tiles a
+    /// prepared workspace holds; the chain over a workspace has none.
+    #[test]
+    fn the_fused_steps_factors_are_its_producer_block() {
+        let names = |cfg: &ChunkConfig, target| {
+            let def = chunk(cfg).unwrap_or_else(|e| panic!("{e}"));
+            let p = kda_dsl::passes::run_tile_passes_for(def, target).unwrap_or_else(|e| panic!("{e}"));
+            let outputs = |plan: &kda_dsl::passes::place_producers::ProducerPlan| {
+                plan.outputs.iter().map(|b| p.def.buffers[*b].name.clone()).collect::<Vec<_>>().join(" ")
+            };
+            p.producers.iter().map(outputs).collect::<Vec<_>>()
+        };
+        let fused = ChunkConfig::default();
+        let hopper = ChunkConfig { shape: ChunkShape::HOPPER, ..fused.clone() };
+        let handed_over = vec!["kd_sh qd_sh kr_sh mq_sh bt_sh eg_sh inv_sh".to_string()];
+        assert_eq!(names(&fused, kda_dsl::Target::Sm80), handed_over);
+        assert_eq!(names(&hopper, kda_dsl::Target::Sm90a), handed_over);
+        let chain = ChunkConfig { shape: ChunkShape::PREPARED, preparation: Preparation::Workspace, ..fused };
+        assert_eq!(names(&chain, kda_dsl::Target::Sm80), Vec::<String>::new());
     }
 }

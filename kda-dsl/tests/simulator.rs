@@ -310,6 +310,25 @@ fn cp_async_ring_misuse_is_reported() {
     }
 }
 
+#[test]
+fn a_producer_computes_a_stage_ahead_through_three_mbarriers() {
+    assert_eq!(run_compute_ring(ComputeRingFault::None).expect("runs"), compute_ring_expected());
+}
+
+#[test]
+fn compute_ring_misuse_is_reported() {
+    for (fault, expected) in [
+        (ComputeRingFault::ConsumerSkipsReadyWait, "thread 32: read of shared byte"),
+        (ComputeRingFault::ProducerSkipsLoadedWait, "which nothing wrote"),
+        (ComputeRingFault::NoReadyArrival, "deadlock"),
+        (ComputeRingFault::ArrivesBeforeWarpBarrier, "race: shared byte"),
+        (ComputeRingFault::LoadsAllStagesAhead, "deadlock"),
+    ] {
+        let e = run_compute_ring(fault).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
 /// sm_90a, the mbarrier ring and the TMA copy for sm_90), and their SASS has the Hopper
 /// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`, `USETMAXREG` (and
@@ -354,6 +373,7 @@ fn hopper_programs_assemble() {
         ("ring", ring_program(RingFault::None), Target::Sm90, "SYNCS.PHASECHK.TRANS64.TRYWAIT"),
         ("tma", tma_program(TmaFault::None), Target::Sm90, "UTMALDG.2D"),
         ("cp_async_ring", cp_async_ring_program(CpAsyncRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
+        ("compute_ring", compute_ring_program(ComputeRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
     ];
     for (name, prog, target, sass_op) in programs {

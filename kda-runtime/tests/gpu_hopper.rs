@@ -70,6 +70,12 @@ fn probes() -> Vec<Probe> {
         program: cp_async_ring_program(CpAsyncRingFault::None),
         args: cp_async_ring_args(),
     });
+    out.push(Probe {
+        name: "compute ring (loaded, ready, empty)".into(),
+        target: Target::Sm90,
+        program: compute_ring_program(ComputeRingFault::None),
+        args: compute_ring_args(),
+    });
     for at in [[0, 0], [32, 4], [56, -3], [-8, 15]] {
         out.push(Probe {
             name: format!("tma box at {at:?}"),

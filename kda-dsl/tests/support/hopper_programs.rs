@@ -566,6 +566,200 @@ pub fn run_cp_async_ring(fault: CpAsyncRingFault) -> Result<Vec<u8>, String> {
     Ok(tensor(&args, "out").to_vec())
 }
 
+/// What a [`compute_ring_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ComputeRingFault {
+    None,
+    /// The consumer reads the stage without waiting for `ready`.
+    ConsumerSkipsReadyWait,
+    /// The producer computes from the stage without waiting for `loaded`.
+    ProducerSkipsLoadedWait,
+    /// The producer never arrives on `ready`.
+    NoReadyArrival,
+    /// The elected lane arrives on `ready` before the warp's named barrier, so the other
+    /// lanes' results are not released with it.
+    ArrivesBeforeWarpBarrier,
+    /// The producer loads as many rounds ahead as there are stages: before computing a round
+    /// it waits for that round's own stage to be released, which needs the round computed.
+    LoadsAllStagesAhead,
+}
+
+/// Stages of [`compute_ring_program`]'s ring.
+pub const COMPUTE_RING_STAGES: u32 = 3;
+/// Rounds through it.
+pub const COMPUTE_RING_ROUNDS: u32 = 7;
+/// Rounds the producer loads ahead of the one it computes: `stages - 2`, so its loads wait
+/// only for stages the consumer has released while the producer computed.
+pub const COMPUTE_RING_AHEAD: u32 = COMPUTE_RING_STAGES - 2;
+
+/// The producer role that computes, as `docs/performance.md` ("2026-12-05, last hours")
+/// designs it for the chunk kernel, in its smallest form: per stage a `loaded`, a `ready` and an
+/// `empty` mbarrier. A producer warp loads each round's 16 bytes a lane with `cp.async` into the
+/// round's stage ([`COMPUTE_RING_AHEAD`] rounds ahead, once the stage's `empty` phase says the
+/// consumer is done with it), completing on `loaded` through `cp.async.mbarrier.arrive.noinc`;
+/// then, for the round it computes, it waits for `loaded`, writes each lane's result (the next
+/// lane's first word plus `1000 (round + 1)`) to the stage's output slot, meets at its named
+/// barrier, and one elected lane arrives on `ready`. A consumer warp waits for `ready` alone,
+/// reads the output and the loaded input (its lane's second word), writes both out, and
+/// arrives on `empty`. Shared memory: the 9 mbarriers, then the input slots (512 bytes a
+/// stage), then the output slots (128 bytes a stage).
+pub fn compute_ring_program(fault: ComputeRingFault) -> ThreadProgram {
+    const S: u32 = COMPUTE_RING_STAGES;
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let base = p.reg(RegClass::B32);
+    p.op(Op::SharedBase { d: base });
+    let at = |p: &mut P, offset: u32| {
+        let r = p.reg(RegClass::B32);
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: r, a: Src::Reg(base), b: Src::Imm(i64::from(offset)) });
+        r
+    };
+    let loaded: Vec<Reg> = (0..S).map(|s| at(&mut p, 8 * s)).collect();
+    let ready: Vec<Reg> = (0..S).map(|s| at(&mut p, 8 * (S + s))).collect();
+    let empty: Vec<Reg> = (0..S).map(|s| at(&mut p, 8 * (2 * S + s))).collect();
+    let (inputs, outputs) = (128, 128 + S * 512);
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    for s in 0..S as usize {
+        p.guarded(first, Op::MbarrierInit { addr: loaded[s], count: 32 });
+        p.guarded(first, Op::MbarrierInit { addr: ready[s], count: 1 });
+        p.guarded(first, Op::MbarrierInit { addr: empty[s], count: 32 });
+    }
+    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    let lane = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
+    // This lane's 16 bytes of stage 0's input and 4 bytes of its output.
+    let in_slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: in_slot, a: Src::Reg(lane), b: Src::Imm(16), c: Src::Reg(base) });
+    let out_slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: out_slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(base) });
+    let state = p.reg(RegClass::B64);
+    let (consumer, end) = (1000, 1001);
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target: consumer });
+
+    // The producer warp.
+    let generic = per_thread_global(&mut p, lane, "input", 16);
+    let input = p.reg(RegClass::B64);
+    p.op(Op::CvtaGlobal { d: input, a: generic });
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(lane), b: Src::Imm(1) });
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: next, a: Src::Reg(next), b: Src::Imm(31) });
+    // The next lane's 16 bytes of stage 0's input.
+    let next_slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: next_slot, a: Src::Reg(next), b: Src::Imm(16), c: Src::Reg(base) });
+    let is_elected = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: is_elected, a: Src::Reg(lane), b: Src::Imm(0) });
+    let load = |p: &mut P, label: &mut u32, round: u32| {
+        let s = (round % S) as usize;
+        wait_phase(p, empty[s], (round / S + 1) % 2, label);
+        let (src, dst) = (p.reg(RegClass::B64), p.reg(RegClass::B32));
+        let from = i64::from(round * 32 * 16);
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: src, a: Src::Reg(input), b: Src::Imm(from) });
+        let to = i64::from(inputs + s as u32 * 512);
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: dst, a: Src::Reg(in_slot), b: Src::Imm(to) });
+        p.op(Op::CpAsync { dst, src, src_bytes: Src::Imm(16) });
+        p.op(Op::CpAsyncMbarrierArrive { addr: loaded[s] });
+    };
+    let ahead = if fault == ComputeRingFault::LoadsAllStagesAhead { S } else { COMPUTE_RING_AHEAD };
+    for round in 0..ahead.min(COMPUTE_RING_ROUNDS) {
+        load(&mut p, &mut label, round);
+    }
+    let word = p.reg(RegClass::B32);
+    for round in 0..COMPUTE_RING_ROUNDS {
+        if round + ahead < COMPUTE_RING_ROUNDS {
+            load(&mut p, &mut label, round + ahead);
+        }
+        let s = (round % S) as usize;
+        if fault != ComputeRingFault::ProducerSkipsLoadedWait {
+            wait_phase(&mut p, loaded[s], (round / S) % 2, &mut label);
+        }
+        let offset = i64::from(inputs + s as u32 * 512);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![word], addr: next_slot, offset });
+        let plus = i64::from(1000 * (round + 1));
+        p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: word, a: Src::Reg(word), b: Src::Imm(plus) });
+        let offset = i64::from(outputs + s as u32 * 128);
+        p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: out_slot, offset, vals: vec![Src::Reg(word)] });
+        // The warp's writes, then one arrival that releases them all.
+        let arrive = Op::MbarrierArrive { state, addr: ready[s] };
+        let warp_barrier = Op::Bar { id: 1, count: Some(32), reach: BarrierReach::SameInstruction };
+        match fault {
+            ComputeRingFault::NoReadyArrival => p.op(warp_barrier),
+            ComputeRingFault::ArrivesBeforeWarpBarrier => {
+                p.guarded(is_elected, arrive);
+                p.op(warp_barrier);
+            }
+            _ => {
+                p.op(warp_barrier);
+                p.guarded(is_elected, arrive);
+            }
+        }
+    }
+    p.op(Op::Bra { target: end });
+
+    // The consumer warp.
+    p.op(Op::Label(consumer));
+    let out = per_thread_global(&mut p, lane, "out", 8);
+    let (result, own) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    for round in 0..COMPUTE_RING_ROUNDS {
+        let s = (round % S) as usize;
+        if fault != ComputeRingFault::ConsumerSkipsReadyWait {
+            wait_phase(&mut p, ready[s], (round / S) % 2, &mut label);
+        }
+        let offset = i64::from(outputs + s as u32 * 128);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![result], addr: out_slot, offset });
+        let offset = i64::from(inputs + s as u32 * 512 + 4);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![own], addr: in_slot, offset });
+        let offset = i64::from(round * 32 * 8);
+        let vals = vec![Src::Reg(result), Src::Reg(own)];
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals });
+        p.op(Op::MbarrierArrive { state, addr: empty[s] });
+    }
+    p.op(Op::Label(end));
+    p.op(Op::Ret);
+    p.prog(64, outputs + S * 128, vec![("p_input".into(), Ty::U64), ("p_out".into(), Ty::U64)])
+}
+
+/// The input of [`compute_ring_program`]: byte `i` of the rounds' 32 lanes' 16 bytes is
+/// `i * 7 + 3` (mod 256).
+pub fn compute_ring_input() -> Vec<u8> {
+    (0..COMPUTE_RING_ROUNDS * 32 * 16).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// The arguments of [`compute_ring_program`]: the input and a zeroed output (8 bytes a lane
+/// and round).
+pub fn compute_ring_args() -> Vec<(String, SimArg)> {
+    let out = vec![0; (COMPUTE_RING_ROUNDS * 32 * 8) as usize];
+    vec![("input".to_string(), SimArg::Tensor(compute_ring_input())), ("out".to_string(), SimArg::Tensor(out))]
+}
+
+/// What [`compute_ring_program`] writes: per round and lane, the next lane's first input word
+/// plus `1000 (round + 1)`, then the lane's own second word.
+pub fn compute_ring_expected() -> Vec<u32> {
+    let input = compute_ring_input();
+    let word = |round: u32, lane: u32, w: u32| {
+        let at = ((round * 32 + lane) * 16 + 4 * w) as usize;
+        u32::from_le_bytes(input[at..at + 4].try_into().expect("4 bytes"))
+    };
+    let mut out = vec![];
+    for round in 0..COMPUTE_RING_ROUNDS {
+        for lane in 0..32 {
+            out.push(word(round, (lane + 1) % 32, 0).wrapping_add(1000 * (round + 1)));
+            out.push(word(round, lane, 1));
+        }
+    }
+    out
+}
+
+/// Runs [`compute_ring_program`] in the simulator; returns its output as words.
+pub fn run_compute_ring(fault: ComputeRingFault) -> Result<Vec<u32>, String> {
+    let mut args = compute_ring_args();
+    run(&compute_ring_program(fault), [1, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(ring_words(tensor(&args, "out")))
+}
+
 /// What a TMA test program gets wrong on purpose.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum TmaFault {

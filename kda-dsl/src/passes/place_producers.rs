@@ -30,6 +30,9 @@ pub struct ProducerPlan {
     pub var: VarId,
     /// The shared tiles it writes that the rest of the body reads, by id.
     pub outputs: Vec<BufId>,
+    /// The tiles it writes that nothing outside it touches (its own temporaries), by id: what a
+    /// role running it lays out over its own warps.
+    pub temporaries: Vec<BufId>,
     /// Where the block was written.
     pub loc: SrcLoc,
 }
@@ -197,10 +200,11 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
     let own = Uses::of(inner, None);
     let elsewhere = Uses::of(&def.body, Some(block));
     let outside_loop = Uses::of(&def.body, Some(lp));
-    let mut outputs = vec![];
+    let (mut outputs, mut temporaries) = (vec![], vec![]);
     for b in sorted(&own.tiles_written) {
         if !elsewhere.touches(b) {
-            continue; // the block's own temporary
+            temporaries.push(b);
+            continue;
         }
         let why = if def.buffers[b].scope != Scope::Shared {
             format!("`{}` is written in the producer block and used outside it, but a producer hands its results over in shared tiles; make it `shared`, or keep its uses in the block", name(b))
@@ -239,7 +243,7 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
             format!("`{}` is read for the producer block and set after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v)),
         ));
     }
-    Ok(ProducerPlan { var, outputs, loc: block.loc })
+    Ok(ProducerPlan { var, outputs, temporaries, loc: block.loc })
 }
 
 /// A set's ids in order, so the first error and the plan do not depend on hashing.
@@ -279,13 +283,17 @@ pub struct ProducerLine<'a>(pub &'a KernelDef, pub &'a ProducerPlan);
 impl fmt::Display for ProducerLine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ProducerLine(def, plan) = self;
-        let outputs: Vec<&str> = plan.outputs.iter().map(|b| def.buffers[*b].name.as_str()).collect();
+        let names = |bufs: &[BufId]| match bufs {
+            [] => "nothing".to_string(),
+            _ => bufs.iter().map(|b| def.buffers[*b].name.as_str()).collect::<Vec<_>>().join(", "),
+        };
         write!(
             f,
-            "// producer of loop {}#{}: hands over {} (placed inline)",
+            "// producer of loop {}#{}: hands over {}; keeps {} (placed inline)",
             def.vars[plan.var].name,
             plan.var,
-            if outputs.is_empty() { "nothing".to_string() } else { outputs.join(", ") }
+            names(&plan.outputs),
+            names(&plan.temporaries)
         )
     }
 }
@@ -341,7 +349,7 @@ mod tests {
         assert_eq!(p.producers[0].outputs, vec![y]);
         assert_eq!(
             ProducerLine(&p.def, &p.producers[0]).to_string(),
-            "// producer of loop i#1: hands over y (placed inline)"
+            "// producer of loop i#1: hands over y; keeps nothing (placed inline)"
         );
     }
 
@@ -351,7 +359,9 @@ mod tests {
         let mut p = kernel(body, "");
         place_producers(&mut p).expect("valid");
         let y = p.def.buffers.position(|b| b.name == "y").expect("y");
-        assert_eq!(p.producers[0].outputs, vec![y], "the fragment `f` is the block's own");
+        let f = p.def.buffers.position(|b| b.name == "f").expect("f");
+        assert_eq!(p.producers[0].outputs, vec![y]);
+        assert_eq!(p.producers[0].temporaries, vec![f], "the fragment `f` is the block's own");
     }
 
     #[test]

@@ -355,6 +355,21 @@ pub enum RingFault {
 /// Rounds through the ring's one slot.
 pub const RING_ROUNDS: u32 = 3;
 
+/// The threads of the second warp on (the consumers) branch to `target`; the first warp goes on.
+pub fn consumers_branch_to(p: &mut P, t: Reg, target: u32) {
+    let is_consumer = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
+    p.guarded(is_consumer, Op::Bra { target });
+}
+
+/// A global-space address of this lane's `bytes` of the tensor `name`: a `cp.async` source.
+pub fn lane_global_source(p: &mut P, lane: Reg, name: &str, bytes: i64) -> Reg {
+    let generic = per_thread_global(p, lane, name, bytes);
+    let global = p.reg(RegClass::B64);
+    p.op(Op::CvtaGlobal { d: global, a: generic });
+    global
+}
+
 /// Waits for the phase of `parity` of the mbarrier at `addr`: `try_wait` until it says so.
 pub fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
     let (top, done) = (*label, *label + 1);
@@ -405,9 +420,7 @@ pub fn ring_setup(p: &mut P, t: Reg, full_count: u32, empty_count: u32, barrier_
 /// before the first has parity 1), write `100 round + lane` and arrive on `full`; every other
 /// thread branches to `consumer`.
 pub fn produce(p: &mut P, t: Reg, ring: &Ring, consumer: u32, label: &mut u32) {
-    let is_consumer = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
-    p.guarded(is_consumer, Op::Bra { target: consumer });
+    consumers_branch_to(p, t, consumer);
     for round in 0..RING_ROUNDS {
         wait_phase(p, ring.empty, (round + 1) % 2, label);
         let value = Op::Mad {
@@ -510,12 +523,8 @@ pub fn cp_async_ring_program(fault: CpAsyncRingFault) -> ThreadProgram {
     p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(lane), b: Src::Imm(16), c: Src::Reg(full) });
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: slot, a: Src::Reg(slot), b: Src::Imm(16) });
     let (consumer, end) = (1000, 1001);
-    let is_consumer = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
-    p.guarded(is_consumer, Op::Bra { target: consumer });
-    let generic = per_thread_global(&mut p, lane, "input", 16);
-    let input = p.reg(RegClass::B64);
-    p.op(Op::CvtaGlobal { d: input, a: generic });
+    consumers_branch_to(&mut p, t, consumer);
+    let input = lane_global_source(&mut p, lane, "input", 16);
     for round in 0..RING_ROUNDS {
         wait_phase(&mut p, empty, (round + 1) % 2, &mut label);
         let src = p.reg(RegClass::B64);
@@ -636,14 +645,10 @@ pub fn compute_ring_program(fault: ComputeRingFault) -> ThreadProgram {
     p.op(Op::Mad { ty: Ty::U32, d: out_slot, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(base) });
     let state = p.reg(RegClass::B64);
     let (consumer, end) = (1000, 1001);
-    let is_consumer = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: is_consumer, a: Src::Reg(t), b: Src::Imm(32) });
-    p.guarded(is_consumer, Op::Bra { target: consumer });
+    consumers_branch_to(&mut p, t, consumer);
 
     // The producer warp.
-    let generic = per_thread_global(&mut p, lane, "input", 16);
-    let input = p.reg(RegClass::B64);
-    p.op(Op::CvtaGlobal { d: input, a: generic });
+    let input = lane_global_source(&mut p, lane, "input", 16);
     let next = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(lane), b: Src::Imm(1) });
     p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: next, a: Src::Reg(next), b: Src::Imm(31) });

@@ -200,50 +200,95 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
     let own = Uses::of(inner, None);
     let elsewhere = Uses::of(&def.body, Some(block));
     let outside_loop = Uses::of(&def.body, Some(lp));
+    // An error points at the statement that conflicts with the block, naming the block where
+    // it has a place (the tile text form's statements have none).
+    let block_at =
+        if block.loc == SrcLoc::default() { String::new() } else { format!(" (the producer block at {})", block.loc) };
+    let at_use = |within: &[Stmt], skip: Option<&Stmt>, hit: &dyn Fn(&Uses) -> bool, why: String| {
+        let loc = first_use(within, skip, hit).map_or(block.loc, |s| s.loc);
+        Err(Diag::new(loc, format!("{why}{block_at}")))
+    };
     let (mut outputs, mut temporaries) = (vec![], vec![]);
     for b in sorted(&own.tiles_written) {
         if !elsewhere.touches(b) {
             temporaries.push(b);
             continue;
         }
-        let why = if def.buffers[b].scope != Scope::Shared {
-            format!("`{}` is written in the producer block and used outside it, but a producer hands its results over in shared tiles; make it `shared`, or keep its uses in the block", name(b))
-        } else if elsewhere.tiles_written.contains(&b) {
-            format!("`{}` is written both in the producer block and outside it; only the producer may write the tiles it hands over", name(b))
-        } else if outside_loop.touches(b) {
-            format!("`{}` is written in the producer block and used outside its loop; a producer's tiles hold one iteration's results, for that iteration's body", name(b))
-        } else {
-            outputs.push(b);
-            continue;
-        };
-        return Err(Diag::new(block.loc, why));
+        let touches = |u: &Uses| u.touches(b);
+        if def.buffers[b].scope != Scope::Shared {
+            let why = format!("`{}` is written in the producer block and used here, but a producer hands its results over in shared tiles; make it `shared`, or keep its uses in the block", name(b));
+            return at_use(&def.body, Some(block), &touches, why);
+        }
+        if elsewhere.tiles_written.contains(&b) {
+            let why = format!(
+                "`{}` is written here and in the producer block; only the producer may write the tiles it hands over",
+                name(b)
+            );
+            return at_use(&def.body, Some(block), &|u| u.tiles_written.contains(&b), why);
+        }
+        if outside_loop.touches(b) {
+            let why = format!("`{}` is written in the producer block and used here, outside its loop; a producer's tiles hold one iteration's results, for that iteration's body", name(b));
+            return at_use(&def.body, Some(lp), &touches, why);
+        }
+        outputs.push(b);
     }
     if let Some(v) = sorted(&own.vars_assigned).into_iter().find(|v| elsewhere.vars_read.contains(v)) {
-        return Err(Diag::new(
-            block.loc,
-            format!("`{}` is set in the producer block and read outside it; a producer hands its results over in shared tiles, not variables", var_name(v)),
-        ));
+        let why = format!("`{}` is set in the producer block and read here; a producer hands its results over in shared tiles, not variables", var_name(v));
+        return at_use(&def.body, Some(block), &|u| u.vars_read.contains(&v), why);
     }
     // What the block depends on: its own reads and the `let`s before it (which a role running
     // ahead evaluates for its own iteration, as the fills do).
     let lets = Uses::of(before, None);
-    let rest = Uses::of(&body[at + 1..], None);
+    let after = &body[at + 1..];
+    let rest = Uses::of(after, None);
     let tiles_in: HashSet<BufId> = own.tiles_read.union(&lets.tiles_read).copied().collect();
     if let Some(b) = sorted(&tiles_in).into_iter().find(|b| rest.tiles_written.contains(b)) {
-        return Err(Diag::new(
-            block.loc,
-            format!("`{}` is read for the producer block and written after it in the loop's body; a producer running ahead would read a later iteration's value", name(b)),
-        ));
+        let why = format!("`{}` is read for the producer block and written here, after it in the loop's body; a producer running ahead would read a later iteration's value", name(b));
+        return at_use(after, None, &|u| u.tiles_written.contains(&b), why);
     }
     let vars_in: HashSet<VarId> =
         own.vars_read.iter().chain(&lets.vars_read).chain(&lets.vars_assigned).copied().collect();
     if let Some(v) = sorted(&vars_in).into_iter().find(|v| rest.vars_assigned.contains(v)) {
-        return Err(Diag::new(
-            block.loc,
-            format!("`{}` is read for the producer block and set after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v)),
-        ));
+        let why = format!("`{}` is read for the producer block and set here, after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v));
+        return at_use(after, None, &|u| u.vars_assigned.contains(&v), why);
     }
     Ok(ProducerPlan { var, outputs, temporaries, loc: block.loc })
+}
+
+/// The first statement of `body` in source order, leaving out `skip` and what it holds, whose
+/// own uses (a compound statement's header, else the statement) `hit` accepts.
+fn first_use<'a>(body: &'a [Stmt], skip: Option<&Stmt>, hit: &dyn Fn(&Uses) -> bool) -> Option<&'a Stmt> {
+    for s in body {
+        if skip.is_some_and(|k| std::ptr::eq(s, k)) {
+            continue;
+        }
+        let children: Vec<&[Stmt]> = match &s.kind {
+            StmtKind::For { body, .. }
+            | StmtKind::Parallel { body, .. }
+            | StmtKind::WarpGroup { body, .. }
+            | StmtKind::Producer(body) => vec![body],
+            StmtKind::If(_, t, e) => vec![t, e],
+            _ => vec![],
+        };
+        let own = if children.is_empty() {
+            Uses::of(std::slice::from_ref(s), None)
+        } else {
+            let mut header = Uses::default();
+            header.add_own_vars(s);
+            s.for_each_expr(&mut |e| e.for_each_elem_tile(&mut |b| _ = header.tiles_read.insert(b)));
+            if let StmtKind::Parallel { over, .. } = &s.kind {
+                header.tiles_read.insert(*over);
+            }
+            header
+        };
+        if hit(&own) {
+            return Some(s);
+        }
+        if let Some(found) = children.into_iter().find_map(|b| first_use(b, skip, hit)) {
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// A set's ids in order, so the first error and the plan do not depend on hashing.
@@ -364,6 +409,31 @@ mod tests {
         assert_eq!(p.producers[0].temporaries, vec![f], "the fragment `f` is the block's own");
     }
 
+    /// An error about a use that conflicts with the block points at that use, naming the block.
+    #[test]
+    fn an_error_points_at_the_conflicting_statement() {
+        use crate::builder::*;
+        use crate::dtype::DType;
+        use crate::passes::testing::loc;
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "N"], DType::F32, false);
+        k.launch(vec![Host::int(1)], 32, loc(2));
+        let s = k.shared("s", &[16, 16], DType::F32, loc(3));
+        let y = k.shared("y", &[16, 16], DType::F32, loc(3));
+        let i = k.begin_for("i", LoopKind::pipelined(2), 0, k.dim("N"), loc(4));
+        k.copy(k.tile(&a, vec![Val::from(0), i], &[16, 16], loc(5)), s, loc(5));
+        k.begin_producer(loc(6));
+        k.copy(s, y, loc(7));
+        k.end();
+        k.copy(y, s, loc(9));
+        k.end();
+        let mut p = TileProgram::new(k.finish().expect("valid"), Target::Sm80);
+        let e = place_producers(&mut p).expect_err("the body writes what the block reads");
+        assert_eq!(e.loc.line, 9, "{e}");
+        assert!(e.message.contains("`s` is read for the producer block and written here"), "{e}");
+        assert!(e.message.contains("the producer block at test.rs:6:1"), "{e}");
+    }
+
     #[test]
     fn each_rule_is_an_error() {
         let cases: [(&str, &str, &str); 9] = [
@@ -375,8 +445,8 @@ mod tests {
                 "",
                 "holds no `pipelined` loop",
             ),
-            (&format!("{PRODUCE_Y}\n fill y = 0.0"), "", "written both in the producer block and outside it"),
-            (PRODUCE_Y, "copy y -> o[0, 0; 16x16]", "used outside its loop"),
+            (&format!("{PRODUCE_Y}\n fill y = 0.0"), "", "is written here and in the producer block"),
+            (PRODUCE_Y, "copy y -> o[0, 0; 16x16]", "used here, outside its loop"),
             (
                 "producer {\n w#5 = i#1\n copy s -> y\n }\n copy y -> o[0, w#5; 16x16]",
                 "",
@@ -385,12 +455,12 @@ mod tests {
             (
                 "w#5 = v#4\n producer {\n copy s -> y\n }\n v#4 = (v#4 Add 1)",
                 "",
-                "`v` is read for the producer block and set after it",
+                "`v` is read for the producer block and set here, after it",
             ),
             (
                 "producer {\n copy s -> y\n }\n fill s = 0.0",
                 "",
-                "`s` is read for the producer block and written after it",
+                "`s` is read for the producer block and written here, after it",
             ),
         ];
         for (body, after, want) in cases {

@@ -246,16 +246,21 @@ impl Stmt {
     /// Calls `f` on every statement nested in this one (loops' and warp groups' bodies, both
     /// arms of an `if`), at any depth, not on this one.
     pub fn for_each_nested<'a>(&'a self, f: &mut impl FnMut(&'a Stmt)) {
+        for body in self.bodies() {
+            visit_stmts(body, f);
+        }
+    }
+
+    /// The bodies one level down: a loop's, a `parallel`'s, a warp group's or a producer
+    /// block's (and an empty one), both arms of an `if`; two empty ones for the others.
+    pub fn bodies(&self) -> [&[Stmt]; 2] {
         match &self.kind {
             StmtKind::For { body, .. }
             | StmtKind::Parallel { body, .. }
             | StmtKind::WarpGroup { body, .. }
-            | StmtKind::Producer(body) => visit_stmts(body, f),
-            StmtKind::If(_, t, e) => {
-                visit_stmts(t, f);
-                visit_stmts(e, f);
-            }
-            _ => {}
+            | StmtKind::Producer(body) => [body, &[]],
+            StmtKind::If(_, t, e) => [t, e],
+            _ => [&[], &[]],
         }
     }
 

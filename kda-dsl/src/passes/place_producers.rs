@@ -130,32 +130,36 @@ impl Uses {
 
     fn add(&mut self, body: &[Stmt], skip: Option<&Stmt>) {
         for s in body {
-            let holds_skip = skip.is_some_and(|k| contains(s, k));
-            if skip.is_some_and(|k| std::ptr::eq(s, k)) {
+            let Some(k) = skip.filter(|k| contains(s, k)) else {
+                self.add_whole(s);
+                continue;
+            };
+            if std::ptr::eq(s, k) {
                 continue;
             }
-            if !holds_skip {
-                let access = tile_access(s);
-                self.tiles_read.extend(access.reads);
-                self.tiles_written.extend(access.writes);
-                visit_stmts(std::slice::from_ref(s), &mut |x| self.add_own_vars(x));
-                continue;
+            // An ancestor of the skipped statement: its header, then the bodies around it.
+            self.add_header(s);
+            for b in s.bodies() {
+                self.add(b, skip);
             }
-            // An ancestor of the skipped statement: its own expressions and counters, then the
-            // bodies around the skipped one.
-            s.for_each_expr(&mut |e| e.for_each_elem_tile(&mut |b| _ = self.tiles_read.insert(b)));
-            self.add_own_vars(s);
-            match &s.kind {
-                StmtKind::For { body, .. }
-                | StmtKind::Parallel { body, .. }
-                | StmtKind::WarpGroup { body, .. }
-                | StmtKind::Producer(body) => self.add(body, skip),
-                StmtKind::If(_, t, e) => {
-                    self.add(t, skip);
-                    self.add(e, skip);
-                }
-                _ => {}
-            }
+        }
+    }
+
+    /// What `s` and every statement inside it use.
+    fn add_whole(&mut self, s: &Stmt) {
+        let access = tile_access(s);
+        self.tiles_read.extend(access.reads);
+        self.tiles_written.extend(access.writes);
+        visit_stmts(std::slice::from_ref(s), &mut |x| self.add_own_vars(x));
+    }
+
+    /// What `s` uses itself, not the statements inside it: its expressions, its counters and a
+    /// `parallel`'s index space.
+    fn add_header(&mut self, s: &Stmt) {
+        s.for_each_expr(&mut |e| e.for_each_elem_tile(&mut |b| _ = self.tiles_read.insert(b)));
+        self.add_own_vars(s);
+        if let StmtKind::Parallel { over, .. } = &s.kind {
+            self.tiles_read.insert(*over);
         }
     }
 
@@ -262,29 +266,15 @@ fn first_use<'a>(body: &'a [Stmt], skip: Option<&Stmt>, hit: &dyn Fn(&Uses) -> b
         if skip.is_some_and(|k| std::ptr::eq(s, k)) {
             continue;
         }
-        let children: Vec<&[Stmt]> = match &s.kind {
-            StmtKind::For { body, .. }
-            | StmtKind::Parallel { body, .. }
-            | StmtKind::WarpGroup { body, .. }
-            | StmtKind::Producer(body) => vec![body],
-            StmtKind::If(_, t, e) => vec![t, e],
-            _ => vec![],
-        };
-        let own = if children.is_empty() {
-            Uses::of(std::slice::from_ref(s), None)
-        } else {
-            let mut header = Uses::default();
-            header.add_own_vars(s);
-            s.for_each_expr(&mut |e| e.for_each_elem_tile(&mut |b| _ = header.tiles_read.insert(b)));
-            if let StmtKind::Parallel { over, .. } = &s.kind {
-                header.tiles_read.insert(*over);
-            }
-            header
-        };
+        let mut own = Uses::default();
+        match s.bodies() {
+            [[], []] => own.add_whole(s),
+            _ => own.add_header(s),
+        }
         if hit(&own) {
             return Some(s);
         }
-        if let Some(found) = children.into_iter().find_map(|b| first_use(b, skip, hit)) {
+        if let Some(found) = s.bodies().into_iter().find_map(|b| first_use(b, skip, hit)) {
             return Some(found);
         }
     }

@@ -114,9 +114,7 @@ impl Block<'_> {
         let open = std::mem::take(&mut self.threads[t].open_group);
         let mut copies: Vec<_> = self.threads[t].groups.iter_mut().flat_map(std::mem::take).collect();
         copies.extend(open);
-        for (d, data) in copies {
-            self.write_shared(t, u64::from(d), &data)?;
-        }
+        self.land_copies(t, copies)?;
         self.mbarrier_arrive(t, addr, 0).map(|_| ())
     }
 

@@ -130,6 +130,14 @@ impl Block<'_> {
         Ok(())
     }
 
+    /// Thread `t`'s `cp.async` copies (destination, bytes) land in shared memory, in order.
+    pub(super) fn land_copies(&mut self, t: usize, copies: Vec<(u32, [u8; 16])>) -> R<()> {
+        for (d, data) in copies {
+            self.write_shared(t, u64::from(d), &data)?;
+        }
+        Ok(())
+    }
+
     pub(super) fn write_shared(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let a = self.check_shared(addr, bytes.len())?;
         let me = t as u32;

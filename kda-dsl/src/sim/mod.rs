@@ -519,12 +519,8 @@ impl<'a> Block<'a> {
                 let keep = *n as usize;
                 let total = self.threads[t].groups.len();
                 if total > keep {
-                    let done: Vec<_> = self.threads[t].groups.drain(..total - keep).collect();
-                    for g in done {
-                        for (d, data) in g {
-                            self.write_shared(t, d as u64, &data)?;
-                        }
-                    }
+                    let done: Vec<_> = self.threads[t].groups.drain(..total - keep).flatten().collect();
+                    self.land_copies(t, done)?;
                 }
             }
             Op::FenceProxyAsync => self.threads[t].proxy_fences.push((self.clock, self.released)),

@@ -13,6 +13,17 @@ fn err_of(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> String {
     run(prog, [1, 1, 1], args).expect_err("a planted fault").to_string()
 }
 
+/// Each planted fault's run fails, saying what its case expects.
+fn assert_each_fault_reported<F: Copy + std::fmt::Debug, T: std::fmt::Debug>(
+    run: impl Fn(F) -> Result<T, String>,
+    cases: &[(F, &str)],
+) {
+    for &(fault, expected) in cases {
+        let e = run(fault).expect_err("a planted fault");
+        assert!(e.contains(expected), "{fault:?}: {e}");
+    }
+}
+
 #[test]
 fn two_threads_writing_one_word_without_a_barrier_is_a_race() {
     let mut p = P::new();
@@ -255,19 +266,19 @@ proptest::proptest! {
 
 #[test]
 fn wgmma_misuse_is_reported() {
-    for (fault, expected) in [
-        (WgmmaFault::NoRegisterFence, "no wgmma.fence before it"),
-        (WgmmaFault::AccumulatorWrittenAfterFence, "register %f0 was read or written after the last wgmma.fence"),
-        (WgmmaFault::AccumulatorReadAfterFence, "register %f1 was read or written after the last wgmma.fence"),
-        (WgmmaFault::NoProxyFence, "no fence.proxy.async after the write"),
-        (WgmmaFault::ReadBeforeWait, "touches register %f0 while a wgmma that owns it is pending"),
-        (WgmmaFault::SharedWriteWhilePending, "while a pending wgmma reads it"),
-        (WgmmaFault::ExitPending, "exits with wgmma results pending"),
-        (WgmmaFault::ProxyFenceAfterBarrier, "no barrier orders thread 1's fence.proxy.async before it"),
-    ] {
-        let e = run_wgmma(WgmmaCase::shared_a(Swizzle::B128), fault).expect_err("a planted fault");
-        assert!(e.contains(expected), "{fault:?}: {e}");
-    }
+    assert_each_fault_reported(
+        |fault| run_wgmma(WgmmaCase::shared_a(Swizzle::B128), fault),
+        &[
+            (WgmmaFault::NoRegisterFence, "no wgmma.fence before it"),
+            (WgmmaFault::AccumulatorWrittenAfterFence, "register %f0 was read or written after the last wgmma.fence"),
+            (WgmmaFault::AccumulatorReadAfterFence, "register %f1 was read or written after the last wgmma.fence"),
+            (WgmmaFault::NoProxyFence, "no fence.proxy.async after the write"),
+            (WgmmaFault::ReadBeforeWait, "touches register %f0 while a wgmma that owns it is pending"),
+            (WgmmaFault::SharedWriteWhilePending, "while a pending wgmma reads it"),
+            (WgmmaFault::ExitPending, "exits with wgmma results pending"),
+            (WgmmaFault::ProxyFenceAfterBarrier, "no barrier orders thread 1's fence.proxy.async before it"),
+        ],
+    );
 }
 
 #[test]
@@ -282,16 +293,16 @@ fn an_mbarrier_ring_hands_values_from_producer_to_consumer() {
 
 #[test]
 fn mbarrier_misuse_is_reported() {
-    for (fault, expected) in [
-        (RingFault::NoBarrierAfterInit, "with no barrier after thread 0 initialized it"),
-        (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
-        (RingFault::MissingArrival, "arrival(s) short, which never come"),
-        (RingFault::StoreToBarrier, "belongs to an mbarrier"),
-        (RingFault::WaitWithoutLoop, "race: shared byte 16 written by thread 0 and read by thread 32"),
-    ] {
-        let e = run_ring(fault).expect_err("a planted fault");
-        assert!(e.contains(expected), "{fault:?}: {e}");
-    }
+    assert_each_fault_reported(
+        run_ring,
+        &[
+            (RingFault::NoBarrierAfterInit, "with no barrier after thread 0 initialized it"),
+            (RingFault::ConsumerSkipsFullWait, "race: shared byte 16 written by thread 0 and read by thread 32"),
+            (RingFault::MissingArrival, "arrival(s) short, which never come"),
+            (RingFault::StoreToBarrier, "belongs to an mbarrier"),
+            (RingFault::WaitWithoutLoop, "race: shared byte 16 written by thread 0 and read by thread 32"),
+        ],
+    );
 }
 
 #[test]
@@ -301,13 +312,13 @@ fn cp_async_copies_hand_over_through_an_mbarrier() {
 
 #[test]
 fn cp_async_ring_misuse_is_reported() {
-    for (fault, expected) in [
-        (CpAsyncRingFault::ConsumerSkipsFullWait, "race: shared byte"),
-        (CpAsyncRingFault::PlainArrive, "which nothing wrote"),
-    ] {
-        let e = run_cp_async_ring(fault).expect_err("a planted fault");
-        assert!(e.contains(expected), "{fault:?}: {e}");
-    }
+    assert_each_fault_reported(
+        run_cp_async_ring,
+        &[
+            (CpAsyncRingFault::ConsumerSkipsFullWait, "race: shared byte"),
+            (CpAsyncRingFault::PlainArrive, "which nothing wrote"),
+        ],
+    );
 }
 
 #[test]
@@ -317,16 +328,16 @@ fn a_producer_computes_a_stage_ahead_through_three_mbarriers() {
 
 #[test]
 fn compute_ring_misuse_is_reported() {
-    for (fault, expected) in [
-        (ComputeRingFault::ConsumerSkipsReadyWait, "thread 32: read of shared byte"),
-        (ComputeRingFault::ProducerSkipsLoadedWait, "which nothing wrote"),
-        (ComputeRingFault::NoReadyArrival, "deadlock"),
-        (ComputeRingFault::ArrivesBeforeWarpBarrier, "race: shared byte"),
-        (ComputeRingFault::LoadsAllStagesAhead, "deadlock"),
-    ] {
-        let e = run_compute_ring(fault).expect_err("a planted fault");
-        assert!(e.contains(expected), "{fault:?}: {e}");
-    }
+    assert_each_fault_reported(
+        run_compute_ring,
+        &[
+            (ComputeRingFault::ConsumerSkipsReadyWait, "thread 32: read of shared byte"),
+            (ComputeRingFault::ProducerSkipsLoadedWait, "which nothing wrote"),
+            (ComputeRingFault::NoReadyArrival, "deadlock"),
+            (ComputeRingFault::ArrivesBeforeWarpBarrier, "race: shared byte"),
+            (ComputeRingFault::LoadsAllStagesAhead, "deadlock"),
+        ],
+    );
 }
 
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
@@ -399,16 +410,16 @@ fn tma_copies_a_swizzled_box_zero_filling_outside_the_tensor() {
 
 #[test]
 fn tma_misuse_is_reported() {
-    for (fault, expected) in [
-        (TmaFault::NoWait, "race: shared byte"),
-        (TmaFault::ArriveWithoutExpectTx, "race: shared byte"),
-        (TmaFault::MisalignedBox, "must start on a 1024-byte boundary"),
-        (TmaFault::ExpectTxTooHigh, "whose copies delivered 16 bytes fewer than its expect_tx"),
-        (TmaFault::ExpectTxTooLow, "whose copies delivered 16 bytes more than its expect_tx"),
-    ] {
-        let e = run_tma(fault, [0, 0]).expect_err("a planted fault");
-        assert!(e.contains(expected), "{fault:?}: {e}");
-    }
+    assert_each_fault_reported(
+        |fault| run_tma(fault, [0, 0]),
+        &[
+            (TmaFault::NoWait, "race: shared byte"),
+            (TmaFault::ArriveWithoutExpectTx, "race: shared byte"),
+            (TmaFault::MisalignedBox, "must start on a 1024-byte boundary"),
+            (TmaFault::ExpectTxTooHigh, "whose copies delivered 16 bytes fewer than its expect_tx"),
+            (TmaFault::ExpectTxTooLow, "whose copies delivered 16 bytes more than its expect_tx"),
+        ],
+    );
     // A box starting inside a 16-byte granule of the row (the H200 faults on it).
     let e = run_tma(TmaFault::None, [36, 4]).expect_err("an unaligned box");
     assert!(e.contains("TMA box at inner coordinate 36: 72 bytes into the row, not a multiple of 16"), "{e}");

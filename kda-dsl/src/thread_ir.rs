@@ -233,6 +233,26 @@ pub enum Special {
     Ctaid(u8),
 }
 
+/// How a thread waits for an mbarrier's phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MbarrierWaitKind {
+    /// `mbarrier.try_wait` (sm_90): may suspend the thread for a while before answering.
+    Try,
+    /// `mbarrier.test_wait` (sm_80): answers at once; the caller spins.
+    Test,
+}
+
+impl MbarrierWaitKind {
+    /// The wait `target` has: `try_wait` from sm_90 on.
+    pub fn for_target(target: crate::target::Target) -> Self {
+        if target.has(crate::target::Target::Sm90) {
+            MbarrierWaitKind::Try
+        } else {
+            MbarrierWaitKind::Test
+        }
+    }
+}
+
 /// Where the threads that meet at a barrier reach it from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BarrierReach {
@@ -347,9 +367,9 @@ pub enum Op {
     /// bytes to whoever waits for the phase; `.noinc`, so the arrival counts among the phase's
     /// (the `init` count includes the copying threads). The copies need no `wait_group`.
     CpAsyncMbarrierArrive { addr: Reg },
-    /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity`: `d` is whether the phase of
-    /// parity `parity` completed (acquiring what its arrivals released).
-    MbarrierTryWait { d: Reg, addr: Reg, parity: Src },
+    /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity` (or `test_wait`, by `kind`): `d`
+    /// is whether the phase of parity `parity` completed (acquiring what its arrivals released).
+    MbarrierWait { d: Reg, addr: Reg, parity: Src, kind: MbarrierWaitKind },
     /// `mbarrier.arrive.expect_tx.shared.b64 state, [addr], bytes`: raises the phase's
     /// transaction count by `bytes` (the copies that complete it lower it), then arrives.
     MbarrierArriveExpectTx { state: Reg, addr: Reg, bytes: u32 },
@@ -653,8 +673,12 @@ impl fmt::Display for Op {
             Op::MbarrierInit { addr, count } => write!(f, "mbarrier.init.shared.b64 [{addr}], {count};"),
             Op::MbarrierArrive { state, addr } => write!(f, "mbarrier.arrive.shared.b64 {state}, [{addr}];"),
             Op::CpAsyncMbarrierArrive { addr } => write!(f, "cp.async.mbarrier.arrive.noinc.shared.b64 [{addr}];"),
-            Op::MbarrierTryWait { d, addr, parity } => {
-                write!(f, "mbarrier.try_wait.parity.shared.b64 {d}, [{addr}], {parity};")
+            Op::MbarrierWait { d, addr, parity, kind } => {
+                let wait = match kind {
+                    MbarrierWaitKind::Try => "try_wait",
+                    MbarrierWaitKind::Test => "test_wait",
+                };
+                write!(f, "mbarrier.{wait}.parity.shared.b64 {d}, [{addr}], {parity};")
             }
             Op::MbarrierArriveExpectTx { state, addr, bytes } => {
                 write!(f, "mbarrier.arrive.expect_tx.shared.b64 {state}, [{addr}], {bytes};")
@@ -717,7 +741,8 @@ impl Inst {
     pub fn least_ptx_version(&self) -> (u32, u32) {
         match self.op {
             Op::CvtaParam { .. } => (7, 7),
-            Op::Movmatrix { .. } | Op::MbarrierTryWait { .. } => (7, 8),
+            Op::Movmatrix { .. } | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. } => (7, 8),
+            Op::MbarrierWait { kind: MbarrierWaitKind::Test, .. } => (7, 1),
             Op::MbarrierArriveExpectTx { .. }
             | Op::TmaLoad { .. }
             | Op::TmaStore { .. }
@@ -742,7 +767,7 @@ impl Inst {
                 Target::Sm90a
             }
             Op::FenceProxyAsync
-            | Op::MbarrierTryWait { .. }
+            | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. }
             | Op::MbarrierArriveExpectTx { .. }
             | Op::TmaLoad { .. }
             | Op::TmaStore { .. }

@@ -110,6 +110,9 @@ pub enum NoTma {
     StartNotAligned,
     /// Another fill of the same pipeline cannot take TMA (its barriers serve every fill).
     AnotherFill(Box<NoTma>),
+    /// Fill warps run the loop's producer block: they issue its fills as `cp.async` copies,
+    /// wait for them themselves and hand the stage over with the block's results.
+    ProducerRing,
 }
 
 impl fmt::Display for NoTma {
@@ -131,6 +134,9 @@ impl fmt::Display for NoTma {
             }
             NoTma::StartNotAligned => write!(f, "the box's first column is not known to be 16-byte aligned"),
             NoTma::AnotherFill(why) => write!(f, "another fill of the loop: {why}"),
+            NoTma::ProducerRing => {
+                write!(f, "the fill warps run the loop's producer block and wait for their own copies")
+            }
         }
     }
 }

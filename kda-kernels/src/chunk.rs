@@ -62,9 +62,11 @@ pub struct ChunkShape {
     /// are issued `stages - 1` steps before its use). The chain over a workspace wants more
     /// than 2: its step is shorter than a load's latency from memory.
     pub stages: usize,
-    /// Warps added to the block that only issue the pipeline's fills (`launch(..,
-    /// fill_warps)`): the chain's step issues its fills' address arithmetic on the same warps
-    /// as its products otherwise. The arithmetic, and so the bits, do not depend on it.
+    /// Warps added to the block (`launch(.., fill_warps)`) that issue the pipeline's fills:
+    /// the chain's step issues its fills' address arithmetic on the same warps as its products
+    /// otherwise. In the fused kernel they also compute each chunk's factors (its step's
+    /// producer block), a chunk ahead of the state's chain, and hand them over through a ring
+    /// of mbarriers (`place_producers`). The arithmetic, and so the bits, do not depend on it.
     pub fill_warps: usize,
     /// The barriers inside a chunk's step leave the next chunks' loads in flight instead of
     /// waiting for them (`pipelined(.., fills_in_flight)`): with other blocks on the SM their
@@ -156,7 +158,18 @@ impl ChunkShape {
     /// How the fused step sums a chunk's gates: [`GateScan::for_block`] of its warps, unless
     /// overridden.
     pub fn gate_scan(self) -> GateScan {
-        self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.warps))
+        self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.factor_warps()))
+    }
+
+    /// The warps that compute a fused chunk's factors (the step's producer block): the fill
+    /// warps where there are any, which run the block a chunk ahead of the state's chain, else
+    /// the block's own.
+    pub const fn factor_warps(self) -> usize {
+        if self.fill_warps > 0 {
+            self.fill_warps
+        } else {
+            self.warps
+        }
     }
 
     /// The value rows of a head's state one block holds: `rows_per_warp · warps`.
@@ -1296,7 +1309,7 @@ pub fn chunk(
     // The key products: one 16-row copy a warp, however many value rows it holds, or split
     // over the warps.
     let key_products = cfg.shape.key_products;
-    let key_rows = 16 * cfg.shape.warps;
+    let key_rows = 16 * cfg.shape.factor_warps();
     let la = fragment([key_rows, 16], F32);
     let ma = fragment([key_rows, 16], F32);
     let lm = fragment([32, 16], F32);

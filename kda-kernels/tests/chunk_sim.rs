@@ -70,17 +70,18 @@ fn prepared_workspace_equals_fused_bit_for_bit() {
     }
 }
 
-/// The fused kernel with a fill warp (its inputs' fills on a warp of their own), with its
-/// step's barriers leaving the next chunk's loads in flight, and with both, gives the bits of
-/// the kernel without, on every other family (every fourth for the last two), and the
-/// simulator finds no race: the tiles copied before the loop (`dt_bias`) land before the step
-/// reads them on every path.
+/// The fused kernel with fill warps (which issue its inputs' fills and run its step's producer
+/// block, the chunk's factors, a chunk ahead of the state's chain: one warp, and a warpgroup),
+/// with its step's barriers leaving the next chunk's loads in flight, and with both, gives the
+/// bits of the kernel without, on every other family (every fourth for the last three), and
+/// the simulator finds no race: the ring orders the hand-over, and the tiles copied before the
+/// loop (`dt_bias`) land before the producer reads them.
 #[test]
 fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
     for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 2 == 0) {
         let x = f.inputs(i as u64);
         let want = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let shapes = [(1, false), (0, true), (1, true)].into_iter().take(if i % 4 == 0 { 3 } else { 1 });
+        let shapes = [(1, false), (0, true), (1, true), (4, false)].into_iter().take(if i % 4 == 0 { 4 } else { 1 });
         for (fill_warps, fills_in_flight) in shapes {
             let shape = ChunkShape { fill_warps, fills_in_flight, ..f.cfg.shape };
             let got = simulate_chunk(&ChunkConfig { shape, ..f.cfg.clone() }, &x).unwrap_or_else(|e| {
@@ -111,6 +112,24 @@ fn the_sm_90a_chain_gives_the_fused_kernels_bits() {
                 .unwrap_or_else(|e| panic!("{} ({chain:?}): {e}", f.name));
             assert!(same, "{}: the sm_90a chain ({chain:?}) gives other bits", f.name);
         }
+    }
+}
+
+/// The sm_90a fused kernel with a producer warpgroup (four fill warps computing each chunk's
+/// factors a chunk ahead, while its two warpgroups keep the state in `wgmma` accumulators)
+/// gives the bits of the kernel without, on every fourth family.
+#[test]
+fn a_producer_warpgroup_changes_no_bit_of_the_sm_90a_fused_kernel() {
+    use kda_kernels::chunk_check::simulate_chunk_on;
+    for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 4 == 0) {
+        let x = f.inputs(i as u64);
+        let hopper = ChunkConfig { shape: ChunkShape::HOPPER, ..f.cfg.clone() };
+        let want = simulate_chunk_on(&hopper, &x, 2, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        let produced = ChunkConfig { shape: ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER }, ..f.cfg.clone() };
+        let got = simulate_chunk_on(&produced, &x, 2, Target::Sm90a)
+            .unwrap_or_else(|e| panic!("{} (a producer warpgroup): {e}", f.name));
+        assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ", f.name);
+        assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ", f.name);
     }
 }
 

@@ -190,7 +190,7 @@ fn a_gemm_with_a_fill_warp_runs_its_producer_apart() {
             Op::Bra { target } if label_at(target) < at => Some((label_at(target), at)),
             _ => None,
         })
-        .filter(|(top, end)| body[*top..*end].iter().any(|i| matches!(i.op, Op::MbarrierTryWait { .. })))
+        .filter(|(top, end)| body[*top..*end].iter().any(|i| matches!(i.op, Op::MbarrierWait { .. })))
         .collect();
     // Each role's loop, not counting the wait loops inside them.
     let outer: Vec<_> = loops.iter().filter(|(t, e)| !loops.iter().any(|(t2, e2)| t2 < t && e < e2)).collect();

@@ -936,10 +936,12 @@ fn doubled_plus_one(s: Tile, f: Tile, out: Tile) {
     }
 }
 
-/// [`produced_step`]'s config: rows, threads, stages, and whether the step is a producer block.
+/// [`produced_step`]'s config: rows, threads, fill warps, stages, and whether the step is a
+/// producer block.
 struct StepCfg {
     rows: usize,
     threads: usize,
+    fill_warps: usize,
     stages: usize,
     in_producer: bool,
 }
@@ -947,7 +949,7 @@ struct StepCfg {
 /// `y = 2 x + 1` by 32-column tiles in a pipelined loop, the step in a producer block or not.
 #[kernel]
 fn produced_step(cfg: &StepCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
-    let (_bx,) = launch(grid = [1], threads = cfg.threads);
+    let (_bx,) = launch(grid = [1], threads = cfg.threads, fill_warps = cfg.fill_warps);
     let s = shared([cfg.rows, 32], F32);
     let f = fragment([cfg.rows, 32], F32);
     let out = shared([cfg.rows, 32], F32);
@@ -971,7 +973,7 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
     for (threads, stages) in [(32, 2), (64, 3)] {
         let run = |in_producer: bool| {
-            let cfg = StepCfg { rows, threads, stages, in_producer };
+            let cfg = StepCfg { rows, threads, fill_warps: 0, stages, in_producer };
             let def = produced_step(&cfg).expect("builds");
             let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
             let mut args = vec![
@@ -992,5 +994,36 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
         assert!(rel_err(&produced, &want) < 1e-6, "{threads} threads: {}", rel_err(&produced, &want));
         assert_eq!(produced, inline, "{threads} threads, {stages} stages");
         assert!(produced_ptx == inline_ptx, "{threads} threads, {stages} stages: the PTX differs");
+    }
+}
+
+/// On fill warps the block runs apart, one iteration ahead, through its ring: the same values
+/// as inline for every split of the warps and every depth of the ring, and the PTX shows the
+/// ring (the producer's named barrier, the `ready` and `empty` arrivals).
+#[test]
+fn a_producer_block_on_fill_warps_gives_the_inline_values() {
+    let (rows, tiles) = (16, 7);
+    let mut rng = Rng::new(12);
+    let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
+    let run = |cfg: &StepCfg| {
+        let def = produced_step(cfg).expect("builds");
+        let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
+        let mut args = vec![
+            t("x", &x, DType::F32),
+            i("R", rows),
+            i("C", 32 * tiles),
+            t("y", &vec![f64::NAN; x.len()], DType::F32),
+        ];
+        simulate(&def, &mut args).unwrap_or_else(|e| panic!("{} fill warps: {e}", cfg.fill_warps));
+        (tensor_values(&args, "y", DType::F32), ptx)
+    };
+    for (threads, fill_warps, stages) in [(32, 1, 2), (64, 1, 3), (32, 2, 4), (128, 4, 3)] {
+        let (inline, _) = run(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer: true });
+        let (got, ptx) = run(&StepCfg { rows, threads, fill_warps, stages, in_producer: true });
+        let case = format!("{threads} threads, {fill_warps} fill warps, {stages} stages");
+        assert!(got == inline, "{case}: the values differ");
+        let producer_barrier = format!("bar.sync 2, {};", 32 * fill_warps);
+        assert!(ptx.contains(&producer_barrier), "{case}: {producer_barrier} missing:\n{ptx}");
+        assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 2, "{case}:\n{ptx}");
     }
 }

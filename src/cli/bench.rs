@@ -218,7 +218,8 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     // sm_90a), `b` (bf16 operands for the state's products), `i` (the step's barriers leave the
     // next chunks' loads in flight), `rRANGES` (the two-kernel path in that many token ranges),
     // `p[BLOCKS]` (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)),
-    // then `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps),
+    // then `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps; the
+    // fused kernel's also compute each chunk's factors a chunk ahead of the state's chain),
     // `wROWS` (value rows a warp) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));

@@ -246,7 +246,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::MbarrierInit { .. }
         | Op::MbarrierArrive { .. }
         | Op::CpAsyncMbarrierArrive { .. }
-        | Op::MbarrierTryWait { .. }
+        | Op::MbarrierWait { .. }
         | Op::MbarrierArriveExpectTx { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
@@ -280,7 +280,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::Cvt { d, .. }
         | Op::PackHalf2 { d, .. }
         | Op::Movmatrix { d, .. }
-        | Op::MbarrierTryWait { d, .. }
+        | Op::MbarrierWait { d, .. }
         | Op::ParamAddress { d, .. }
         | Op::CvtaParam { d, .. }
         | Op::Shfl { d, .. } => vec![*d],

@@ -82,6 +82,7 @@ impl Lower<'_> {
             Some(Role::Fill) => LoopWork::Fills,
             Some(Role::Compute) => LoopWork::Body,
             Some(Role::Both) => return self.pipeline_per_role(var, stages, bounds, body, loc),
+            Some(Role::Producer) => unreachable!("a producer block holds no `pipelined` loop (`place_producers`)"),
         };
         self.pipeline_loop(var, stages, bounds, body, loc, work)
     }
@@ -121,6 +122,9 @@ impl Lower<'_> {
         // around their addresses: decided by `plan_pipelines`.
         let plan = self.p.pipeline(var).clone();
         debug_assert_eq!(plan.stages, stages);
+        if let Some(ring) = self.p.producer_ring(var) {
+            return self.producer_ring_loop(&plan, &ring.clone(), (s0, e), body, loc, work);
+        }
         if let StageFills::TensorBoxes(tma @ TmaPipeline { handoff: Handoff::EmptyBarriers { .. }, .. }) = &plan.fills {
             return self.warp_specialized_loop(&plan, tma, (s0, e), body, loc);
         }
@@ -272,7 +276,7 @@ impl Lower<'_> {
     /// The shared stores of the main loop's element-wise fills, into the stage they were
     /// loaded for, where `live` held; the barrier at the top of the next iteration orders them
     /// before that stage's first read, as it does the `cp.async`s.
-    fn store_deferred_fills(&mut self, deferred: Vec<DeferredFill>) -> Result<(), Diag> {
+    pub(super) fn store_deferred_fills(&mut self, deferred: Vec<DeferredFill>) -> Result<(), Diag> {
         for fill in deferred {
             let DeferredFill { buf, stage_base, loaded, values, live } = fill;
             let compute_base = self.shared_base[buf].replace(stage_base);
@@ -299,7 +303,13 @@ impl Lower<'_> {
     /// commit. With `skip_dead`, past the loop's end (`live` false) the block branches around
     /// the fills' address arithmetic; the group is still committed (empty), so the loop's
     /// `wait_group` counts stay right.
-    fn stage_fills(&mut self, prelude: &[Stmt], fills: &[&Stmt], live: Reg, skip_dead: bool) -> Result<(), Diag> {
+    pub(super) fn stage_fills(
+        &mut self,
+        prelude: &[Stmt],
+        fills: &[&Stmt],
+        live: Reg,
+        skip_dead: bool,
+    ) -> Result<(), Diag> {
         let skip = skip_dead.then(|| self.em.label());
         if let Some(skip) = skip {
             self.em.emit_if(live, false, Op::Bra { target: skip });
@@ -332,7 +342,7 @@ pub(super) struct StageRing {
 
 /// What one copy of a pipelined loop does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LoopWork {
+pub(super) enum LoopWork {
     /// Fills and body: a kernel without fill warps.
     FillsAndBody,
     /// The fills, and the body's barriers: the fill warps' copy.

@@ -24,6 +24,7 @@ mod loops;
 pub mod matrix_access;
 mod memory;
 mod producer;
+mod producer_ring;
 mod reduce;
 pub mod register_plan;
 mod roles;
@@ -177,8 +178,11 @@ pub(crate) struct Lower<'a> {
     /// wait for next (`tma`).
     pub tma_phases: HashMap<VarId, tma::TmaPhases>,
     /// Lowering the compute warps' copy of a warp-specialized loop, whose barriers leave the
-    /// fill warps out (`producer`).
+    /// fill warps out (`producer`, `producer_ring`).
     pub producer_apart: bool,
+    /// Per loop whose producer block runs on the fill warps (by its variable): the parity bits
+    /// of the phases its threads wait for next (`producer_ring`).
+    pub ring_phases: HashMap<VarId, producer_ring::RingPhases>,
     /// Lowering the body of a pipelined loop whose barriers leave the next stages' fills in
     /// flight (`BodyBarriers::LeaveFillsInFlight`).
     pub fills_in_flight: bool,
@@ -297,6 +301,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         tensor_maps: vec![],
         tma_phases: HashMap::new(),
         producer_apart: false,
+        ring_phases: HashMap::new(),
         fills_in_flight: false,
     };
     count_assigns(&p.def.body, &mut lw.assign_counts);
@@ -359,6 +364,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
         }
     }
     params.extend(lw.tma_entry());
+    lw.producer_ring_entry();
     let body = p.def.body.clone();
     match registers {
         register_plan::RegisterPlan::Split(split) => lw.roles_apart(&body, split)?,
@@ -624,7 +630,9 @@ impl Lower<'_> {
                 self.block_barrier();
                 Ok(())
             }
-            StmtKind::Producer(_) => unreachable!("`place_producers`, the first pass, leaves no producer block"),
+            StmtKind::Producer(_) => {
+                unreachable!("a producer block left in place is lowered with its loop (`producer_ring`)")
+            }
         }
     }
 

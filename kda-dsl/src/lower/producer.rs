@@ -57,7 +57,7 @@ impl Lower<'_> {
             // The barrier passes put none at the top of a pipelined body (the pipeline's own
             // was to be there): with shared tiles beside the staged ones, the compute warps'
             // barrier orders one iteration's accesses before the next's.
-            if self.touches_unstaged_shared(plan, &rest) {
+            if self.touches_tiles_apart_from(&plan.staged, &rest) {
                 // The compute warps' own `cp.async` copies (a tile filled before the loop) land
                 // first: the stage's mbarrier orders only its boxes.
                 self.wait_plain_async_copies();
@@ -92,11 +92,11 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// Whether `body` touches a shared tile `plan` does not stage.
-    fn touches_unstaged_shared(&self, plan: &PipelinePlan, body: &[Stmt]) -> bool {
+    /// Whether `body` touches a shared tile other than the `staged` ones.
+    pub(super) fn touches_tiles_apart_from(&self, staged: &[BufId], body: &[Stmt]) -> bool {
         let mut used = vec![];
         crate::passes::infer_layouts::tiles_used(body, &mut used);
-        used.into_iter().any(|b| !plan.staged.contains(&b) && matches!(self.p.layouts[b], BufLayout::Shared(_)))
+        used.into_iter().any(|b| !staged.contains(&b) && matches!(self.p.layouts[b], BufLayout::Shared(_)))
     }
 
     /// The stage before `stage` in a ring of `stages`.

@@ -35,6 +35,9 @@ pub(crate) enum Role {
     /// The fill warps only, in their scope: tile operations other than stage fills are left
     /// out, the skeleton and the barriers kept.
     Fill,
+    /// The fill warps running a producer block (`producer_ring`): every statement, in their
+    /// scope, each barrier their named one.
+    Producer,
 }
 
 /// A kernel's fill warps, as the lowering sees them.
@@ -134,6 +137,7 @@ impl Lower<'_> {
             // run apart: the compute warps' barriers are their own, the fill warps pass none.
             Some(Role::Compute) if self.producer_apart => return self.barrier(),
             Some(Role::Fill) if self.producer_apart => return,
+            Some(Role::Producer) => return self.barrier(),
             Some(Role::Both) => BarrierReach::SameInstruction,
             Some(Role::Compute | Role::Fill) => BarrierReach::AnyInstruction,
         };
@@ -175,7 +179,9 @@ impl Lower<'_> {
         match self.fill_warps.as_ref().map(|f| (f.role, f.is_fill)) {
             None | Some((Role::Compute, _)) => self.em.emit(Op::CpAsyncWait { n: 0 }),
             Some((Role::Both, is_fill)) => self.em.emit_if(is_fill, false, Op::CpAsyncWait { n: 0 }),
-            Some((Role::Fill, _)) => {}
+            // A producer block copies nothing into shared memory but its loop's fills, which
+            // its ring waits for.
+            Some((Role::Fill | Role::Producer, _)) => {}
         }
     }
 }

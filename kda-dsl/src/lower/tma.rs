@@ -19,7 +19,7 @@ use crate::tile::*;
 use crate::tma_choice::TmaBoxes;
 
 /// Bytes of one mbarrier.
-const MBARRIER_BYTES: i64 = 8;
+pub(super) const MBARRIER_BYTES: i64 = 8;
 
 /// The parity bits, one per stage, of the phases a TMA pipeline's threads wait for next.
 #[derive(Clone, Copy)]
@@ -101,7 +101,7 @@ impl Lower<'_> {
     }
 
     /// The mbarrier `stage` of an array of them at shared byte `first`.
-    fn barrier_at(&mut self, first: i64, stage: Src) -> Reg {
+    pub(super) fn barrier_at(&mut self, first: i64, stage: Src) -> Reg {
         let base = self.em.add32(self.smem, Src::Imm(first));
         let addr = match stage {
             Src::Imm(s) => self.em.add32(base, Src::Imm(MBARRIER_BYTES * s)),
@@ -187,7 +187,8 @@ impl Lower<'_> {
         let parity = self.em.bin(BinKind::And, Ty::B32, RegClass::B32, bit, Src::Imm(1));
         let (again, done) = (self.em.label(), self.em.reg(RegClass::Pred));
         self.em.emit(Op::Label(again));
-        self.em.emit(Op::MbarrierTryWait { d: done, addr: mbar, parity: Src::Reg(parity) });
+        let kind = MbarrierWaitKind::for_target(self.p.target);
+        self.em.emit(Op::MbarrierWait { d: done, addr: mbar, parity: Src::Reg(parity), kind });
         self.em.emit_if(done, false, Op::Bra { target: again });
         let one = self.em.reg(RegClass::B32);
         self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });

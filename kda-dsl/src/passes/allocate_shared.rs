@@ -1,8 +1,10 @@
 //! `allocate_shared`: gives every shared tile (times its stages; 0 for a tile no statement
 //! touches, `drop_dead_tiles.rs`) an offset in dynamic shared memory aligned to 128 bytes (a
-//! canonical tile's: to its swizzle atom), then places the TMA pipelines' mbarriers, then a
-//! scratch area sized for the reductions and scans that need one.
+//! canonical tile's: to its swizzle atom), then places the TMA pipelines' and the producer
+//! rings' mbarriers, then a scratch area sized for the reductions and scans that need one (one
+//! for each warp group, and for the producer blocks fill warps run).
 
+use super::place_producers::{ProducerRole, PRODUCER_GROUP};
 use super::{BufLayout, TileProgram};
 use crate::diag::Diag;
 use crate::layout::FragmentKind;
@@ -34,10 +36,19 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
             off += 8 * plan.stages * tma.barriers_per_stage();
         }
     }
+    // Each producer ring's `ready` then `empty` mbarriers.
+    for plan in &mut p.producers {
+        if let ProducerRole::FillWarps(ring) = &mut plan.role {
+            off = align(off, 8);
+            ring.barriers = off;
+            off += 8 * 2 * ring.stages;
+        }
+    }
     let mut need = 0u32;
     scratch_need(p, &p.def.body, &mut need);
     p.scratch = super::Scratch { offset: off, bytes: need };
-    // Warp groups run at the same time: each reduces in a scratch area of its own.
+    // Warp groups, and producer blocks beside the compute warps, run at the same time: each
+    // reduces in a scratch area of its own.
     let mut end = off + need;
     let mut group_areas = vec![];
     for s in &p.def.body {
@@ -48,6 +59,17 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
             group_areas.push((*id, end));
             end += g;
         }
+    }
+    if p.groups.contains_key(&PRODUCER_GROUP) {
+        let mut g = 0u32;
+        visit_stmts(&p.def.body, &mut |s| {
+            if let StmtKind::Producer(body) = &s.kind {
+                scratch_need(p, body, &mut g);
+            }
+        });
+        end = align(end, 16);
+        group_areas.push((PRODUCER_GROUP, end));
+        end += g;
     }
     for (id, at) in group_areas {
         if let Some(x) = p.groups.get_mut(&id) {

@@ -54,7 +54,9 @@ fn count_reductions(body: &[Stmt], reduced: &mut IdVec<Buffer, usize>, paired: &
                     }
                 }
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => count_reductions(body, reduced, paired),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                count_reductions(body, reduced, paired)
+            }
             StmtKind::If(_, t, e) => {
                 count_reductions(t, reduced, paired);
                 count_reductions(e, reduced, paired);
@@ -140,6 +142,7 @@ fn rewrite(p: &TileProgram, body: Vec<Stmt>, reads: &IdVec<Buffer, usize>) -> Ve
             StmtKind::WarpGroup { first, count, id, var, body } => {
                 Stmt { kind: StmtKind::WarpGroup { first, count, id, var, body: rewrite(p, body, reads) }, loc: s.loc }
             }
+            StmtKind::Producer(body) => Stmt { kind: StmtKind::Producer(rewrite(p, body, reads)), loc: s.loc },
             kind => Stmt { kind, loc: s.loc },
         };
         if let StmtKind::Parallel { over, vars, body } = &s.kind {

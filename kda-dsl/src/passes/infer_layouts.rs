@@ -4,6 +4,7 @@
 //! column layout of the 2-D fragment it is reduced from or broadcast against, so element-wise
 //! work between them stays in registers. Shared tiles of 16-bit elements are swizzled.
 
+use super::place_producers::{ProducerRole, PRODUCER_GROUP};
 use super::{BufLayout, TileProgram};
 use crate::diag::{Diag, SrcLoc};
 use crate::layout::{FragmentKind, FragmentLayout, SharedLayout};
@@ -153,6 +154,15 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
     // Stages.
     let mut stages: IdVec<Buffer, u32> = IdVec::filled(def.buffers.len(), 1);
     collect_stages(&def.body, def, &mut stages);
+    // A producer block on fill warps writes its hand-over for one iteration while the compute
+    // warps read the one before: a copy per stage, rotated as the fills' are.
+    for plan in &p.producers {
+        if let ProducerRole::FillWarps(ring) = &plan.role {
+            for b in &plan.outputs {
+                stages[*b] = stages[*b].max(ring.stages);
+            }
+        }
+    }
     p.stages = stages;
     Ok(())
 }
@@ -161,11 +171,16 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
 /// group and by anything else is an error (a group's barriers cover only its own threads).
 fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     let warps = p.warps();
+    let has_fill_warps = p.def.fill_warps > 0;
     let mut owner: IdVec<Buffer, Option<(u32, SrcLoc)>> = IdVec::filled(p.def.buffers.len(), None);
     let mut claim = |b: BufId, g: u32, loc: SrcLoc, def: &KernelDef| -> Result<(), Diag> {
         match owner[b] {
             Some((h, _)) if h != g => {
-                let who = |x: u32| if x == 0 { "the whole block".to_string() } else { format!("warp group {x}") };
+                let who = |x: u32| match x {
+                    0 => "the whole block".to_string(),
+                    PRODUCER_GROUP if has_fill_warps => "the producer block".to_string(),
+                    x => format!("warp group {x}"),
+                };
                 Err(Diag::new(
                     loc,
                     format!(
@@ -182,7 +197,24 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
             }
         }
     };
-    for s in &p.def.body {
+    // A producer block on fill warps owns the fragments and locals it uses (the shared tiles
+    // it hands over, and the fills it reads, are the ring's to order); the rest of the kernel
+    // is walked without its statements.
+    let mut in_producers = vec![];
+    visit_stmts(&p.def.body, &mut |s| {
+        if let StmtKind::Producer(body) = &s.kind {
+            in_producers.push((s.loc, body.clone()));
+        }
+    });
+    for (loc, body) in &in_producers {
+        let mut used = vec![];
+        tiles_used(body, &mut used);
+        for b in used.into_iter().filter(|b| p.def.buffers[*b].scope != Scope::Shared) {
+            claim(b, PRODUCER_GROUP, *loc, &p.def)?;
+        }
+    }
+    let outside = if in_producers.is_empty() { p.def.body.clone() } else { without_producers(&p.def.body) };
+    for s in &outside {
         let (g, body): (u32, &[Stmt]) = match &s.kind {
             StmtKind::WarpGroup { first, count, id, body, .. } => {
                 if first + count > warps {
@@ -204,6 +236,27 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     }
     p.owner = owner.into_iter().map(|o| o.map(|x| x.0).unwrap_or(0)).collect();
     Ok(())
+}
+
+/// `body` without the statements of its producer blocks.
+fn without_producers(body: &[Stmt]) -> Vec<Stmt> {
+    body.iter()
+        .filter(|s| !matches!(s.kind, StmtKind::Producer(_)))
+        .map(|s| {
+            let mut s = s.clone();
+            match &mut s.kind {
+                StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
+                    *body = without_producers(body)
+                }
+                StmtKind::If(_, t, e) => {
+                    *t = without_producers(t);
+                    *e = without_producers(e);
+                }
+                _ => {}
+            }
+            s
+        })
+        .collect()
 }
 
 /// Whether evaluating `e` reads an element of a shared tile.
@@ -237,7 +290,9 @@ pub(crate) fn tiles_used(body: &[Stmt], out: &mut Vec<BufId>) {
                 out.push(*over);
                 tiles_used(body, out);
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => tiles_used(body, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                tiles_used(body, out)
+            }
             StmtKind::If(_, t, e) => {
                 tiles_used(t, out);
                 tiles_used(e, out);
@@ -398,9 +453,10 @@ fn pin_register_operands(
                 layouts[*c] = BufLayout::Fragment(lc);
                 layouts[b.buf] = BufLayout::Fragment(lb);
             }
-            StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                pin_register_operands(body, def, wof, layouts)?
-            }
+            StmtKind::For { body, .. }
+            | StmtKind::Parallel { body, .. }
+            | StmtKind::WarpGroup { body, .. }
+            | StmtKind::Producer(body) => pin_register_operands(body, def, wof, layouts)?,
             StmtKind::If(_, t, e) => {
                 pin_register_operands(t, def, wof, layouts)?;
                 pin_register_operands(e, def, wof, layouts)?;
@@ -422,7 +478,9 @@ fn collect_stages(body: &[Stmt], def: &KernelDef, stages: &mut IdVec<Buffer, u32
                 }
                 collect_stages(body, def, stages);
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_stages(body, def, stages),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                collect_stages(body, def, stages)
+            }
             StmtKind::If(_, t, e) => {
                 collect_stages(t, def, stages);
                 collect_stages(e, def, stages);
@@ -446,7 +504,9 @@ fn vector_pairs(body: &[Stmt], def: &KernelDef, out: &mut Vec<(BufId, BufId, Src
                     }
                 }
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => vector_pairs(body, def, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                vector_pairs(body, def, out)
+            }
             StmtKind::If(_, t, e) => {
                 vector_pairs(t, def, out);
                 vector_pairs(e, def, out);
@@ -493,7 +553,9 @@ fn collect_relations(
                 }
                 collect_relations(body, layouts, def, out);
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_relations(body, layouts, def, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                collect_relations(body, layouts, def, out)
+            }
             StmtKind::If(_, t, e) => {
                 collect_relations(t, layouts, def, out);
                 collect_relations(e, layouts, def, out);
@@ -546,7 +608,7 @@ pub fn elems_in(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>, SrcLoc)>) {
                 expr(end, s.loc, out);
                 elems_in(body, out);
             }
-            StmtKind::WarpGroup { body, .. } => elems_in(body, out),
+            StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => elems_in(body, out),
             _ => {}
         }
     }

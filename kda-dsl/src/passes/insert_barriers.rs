@@ -134,11 +134,12 @@ fn accesses(p: &TileProgram, s: &Stmt) -> Vec<Access> {
             expr_reads(p, start, &mut out);
             expr_reads(p, end, &mut out);
         }
+        // A producer block on fill warps hands its tiles over through its ring's mbarriers.
         StmtKind::Barrier
         | StmtKind::ReduceLanes { .. }
         | StmtKind::ReduceVectorLanes { .. }
-        | StmtKind::WarpGroup { .. } => {}
-        StmtKind::Producer(_) => unreachable!("`place_producers`, the first pass, leaves no producer block"),
+        | StmtKind::WarpGroup { .. }
+        | StmtKind::Producer(_) => {}
     }
     out
 }
@@ -151,7 +152,9 @@ fn collect_stores(body: &[Stmt], out: &mut Vec<(BufId, Vec<Expr>)>) {
                 collect_stores(t, out);
                 collect_stores(e, out);
             }
-            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } => collect_stores(body, out),
+            StmtKind::For { body, .. } | StmtKind::WarpGroup { body, .. } | StmtKind::Producer(body) => {
+                collect_stores(body, out)
+            }
             _ => {}
         }
     }
@@ -184,6 +187,15 @@ fn walk(p: &TileProgram, body: &[Stmt], state: &mut Vec<Access>) -> Vec<Stmt> {
                 let body = walk(p, body, &mut own);
                 let kind = StmtKind::WarpGroup { first: *first, count: *count, id: *id, var: *var, body };
                 out.push(Stmt { kind, loc: s.loc });
+            }
+            StmtKind::Producer(body) => {
+                // A producer block left in place runs on the fill warps (`place_producers`), one
+                // iteration ahead: its barriers are theirs, from nothing pending (its reads of
+                // the fills and its hand-over are the ring's to order), and it leaves nothing
+                // pending for the rest of the body.
+                let mut own = vec![];
+                let body = walk(p, body, &mut own);
+                out.push(Stmt { kind: StmtKind::Producer(body), loc: s.loc });
             }
             StmtKind::If(c, t, e) => {
                 let head = accesses(p, s);

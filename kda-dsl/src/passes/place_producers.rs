@@ -1,8 +1,10 @@
 //! `place_producers`, the first tile pass: checks each producer block (`for _ in producer() {
 //! .. }`, [`StmtKind::Producer`]) against the rules that let a role of its own run it ahead of
-//! the rest of its loop's body, records what it hands over ([`ProducerPlan`]), and puts its
-//! statements in its place. No lowering runs a producer as a role yet, so on every path it runs
-//! where it stands: the same code, and the same bits, as its statements written inline.
+//! the rest of its loop's body, records what it hands over ([`ProducerPlan`]), and decides where
+//! it runs ([`ProducerRole`]): in a kernel with fill warps, on them, one iteration ahead of the
+//! rest of the body (the block stays in the body for the later passes and the lowering,
+//! `lower/producer_ring.rs`); otherwise in its place, its statements put where it stands (the
+//! same code, and the same bits, as its statements written inline). Both give the same bits.
 //!
 //! The rules, each an error at the user's span:
 //! - a producer block is a statement of a `pipelined` loop's body (not inside an `if` or
@@ -33,38 +35,92 @@ pub struct ProducerPlan {
     /// The tiles it writes that nothing outside it touches (its own temporaries), by id: what a
     /// role running it lays out over its own warps.
     pub temporaries: Vec<BufId>,
+    /// Where it runs.
+    pub role: ProducerRole,
     /// Where the block was written.
     pub loc: SrcLoc,
+}
+
+/// Where a producer block runs, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProducerRole {
+    /// In its place, on every thread, as its statements written inline: the kernel has no fill
+    /// warps to run it.
+    Inline,
+    /// On the kernel's fill warps, which issue the loop's fills and run the block one iteration
+    /// ahead of the compute warps, handing each iteration over through a ring of mbarriers.
+    FillWarps(ProducerRing),
+}
+
+/// The warp group id, and named barrier, of the fill warps running a producer block: their
+/// temporaries are laid out over them as a warp group's tiles are. A kernel with fill warps has
+/// no warp groups, and its compute warps synchronize on barrier 1.
+pub const PRODUCER_GROUP: u32 = 2;
+
+/// The hand-over of a producer block run by fill warps: per stage, a `ready` mbarrier (one
+/// elected producer arrival after the producer's named barrier) and an `empty` one (each
+/// compute thread's arrival once done with the stage).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProducerRing {
+    /// The warps running the block.
+    pub warps: u32,
+    /// The loop's stages: the block's outputs take one copy each, rotated with the fills'.
+    pub stages: u32,
+    /// Shared byte offset of the `stages` `ready` mbarriers, then the `stages` `empty` ones
+    /// (`allocate_shared` places them).
+    pub barriers: u32,
+}
+
+impl ProducerRing {
+    /// Iterations the producer's fills run ahead of its own block: the producer then computes
+    /// one iteration ahead of the compute warps without waiting for a stage they still read.
+    pub fn fill_distance(&self) -> u32 {
+        self.stages - 2
+    }
 }
 
 /// Checks and places every producer block of the kernel, recording one plan per block in
 /// `p.producers`, outermost loop first.
 pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
-    check_placement(&p.def.body, false)?;
+    check_placement(&p.def, &p.def.body, false)?;
     let mut plans = vec![];
     let mut found = Ok(());
     visit_stmts(&p.def.body, &mut |s| {
         if found.is_err() {
             return;
         }
-        if let StmtKind::For { var, kind: LoopKind::Pipelined { .. }, body, .. } = &s.kind {
+        if let StmtKind::For { var, kind: LoopKind::Pipelined { stages, .. }, body, .. } = &s.kind {
             if let Some(at) = body.iter().position(|x| matches!(x.kind, StmtKind::Producer(_))) {
                 match plan_producer(&p.def, s, *var, body, at) {
-                    Ok(plan) => plans.push(plan),
+                    Ok(plan) => plans.push(ProducerPlan { role: choose_role(&p.def, *stages), ..plan }),
                     Err(e) => found = Err(e),
                 }
             }
         }
     });
     found?;
-    p.def.body = inline_producers(std::mem::take(&mut p.def.body));
+    if plans.iter().any(|x| matches!(x.role, ProducerRole::FillWarps(_))) {
+        let warps = p.def.fill_warps;
+        p.groups.insert(PRODUCER_GROUP, super::WarpGroupInfo { warps, scratch_offset: 0 });
+    } else {
+        p.def.body = inline_producers(std::mem::take(&mut p.def.body));
+    }
     p.producers = plans;
     Ok(())
 }
 
+/// Where the producer block of a loop of `stages` (2 or more, `check_types`) runs: on the
+/// kernel's fill warps if it has any, else in its place.
+fn choose_role(def: &KernelDef, stages: u32) -> ProducerRole {
+    match def.fill_warps {
+        0 => ProducerRole::Inline,
+        warps => ProducerRole::FillWarps(ProducerRing { warps, stages, barriers: 0 }),
+    }
+}
+
 /// Errors for a producer block anywhere but directly in a `pipelined` loop's body, a second one
 /// in a loop, and a `pipelined` loop, warp group or global write inside one.
-fn check_placement(body: &[Stmt], in_pipelined_body: bool) -> Result<(), Diag> {
+fn check_placement(def: &KernelDef, body: &[Stmt], in_pipelined_body: bool) -> Result<(), Diag> {
     let mut seen = false;
     for s in body {
         match &s.kind {
@@ -76,16 +132,16 @@ fn check_placement(body: &[Stmt], in_pipelined_body: bool) -> Result<(), Diag> {
                     return Err(Diag::new(s.loc, "a `pipelined` loop has at most one producer block"));
                 }
                 seen = true;
-                check_inside(inner)?;
+                check_inside(def, inner)?;
             }
             StmtKind::For { kind, body, .. } => {
-                check_placement(body, matches!(kind, LoopKind::Pipelined { .. }))?;
+                check_placement(def, body, matches!(kind, LoopKind::Pipelined { .. }))?;
             }
             StmtKind::If(_, t, e) => {
-                check_placement(t, false)?;
-                check_placement(e, false)?;
+                check_placement(def, t, false)?;
+                check_placement(def, e, false)?;
             }
-            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => check_placement(body, false)?,
+            StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => check_placement(def, body, false)?,
             _ => {}
         }
     }
@@ -93,12 +149,15 @@ fn check_placement(body: &[Stmt], in_pipelined_body: bool) -> Result<(), Diag> {
 }
 
 /// What a producer block's own statements may not do.
-fn check_inside(block: &[Stmt]) -> Result<(), Diag> {
+fn check_inside(def: &KernelDef, block: &[Stmt]) -> Result<(), Diag> {
     let mut err = None;
     visit_stmts(block, &mut |s| {
         let why = match &s.kind {
             StmtKind::StoreGlobal(..) | StmtKind::Copy { dst: Region::Global { .. }, .. } => {
                 "a producer block writes no global memory: it hands its results to the rest of the body in shared tiles"
+            }
+            StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if def.buffers[*b].scope == Scope::Shared => {
+                "a producer block copies global memory into shared tiles only through its loop's stage fills (before the block)"
             }
             StmtKind::For { kind: LoopKind::Pipelined { .. }, .. } => "a producer block holds no `pipelined` loop",
             StmtKind::WarpGroup { .. } => "a producer block holds no warp group",
@@ -256,7 +315,7 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
         let why = format!("`{}` is read for the producer block and set here, after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v));
         return at_use(after, None, &|u| u.vars_assigned.contains(&v), why);
     }
-    Ok(ProducerPlan { var, outputs, temporaries, loc: block.loc })
+    Ok(ProducerPlan { var, outputs, temporaries, role: ProducerRole::Inline, loc: block.loc })
 }
 
 /// The first statement of `body` in source order, leaving out `skip` and what it holds, whose
@@ -324,12 +383,23 @@ impl fmt::Display for ProducerLine<'_> {
         };
         write!(
             f,
-            "// producer of loop {}#{}: hands over {}; keeps {} (placed inline)",
+            "// producer of loop {}#{}: hands over {}; keeps {}",
             def.vars[plan.var].name,
             plan.var,
             names(&plan.outputs),
             names(&plan.temporaries)
-        )
+        )?;
+        match &plan.role {
+            ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
+            ProducerRole::FillWarps(ring) => write!(
+                f,
+                " (on the fill warps, {}, one iteration ahead; {} stages, fills {} ahead of the block; ready and empty mbarriers at {})",
+                ring.warps,
+                ring.stages,
+                ring.fill_distance(),
+                ring.barriers
+            ),
+        }
     }
 }
 
@@ -384,7 +454,7 @@ mod tests {
         assert_eq!(p.producers[0].outputs, vec![y]);
         assert_eq!(
             ProducerLine(&p.def, &p.producers[0]).to_string(),
-            "// producer of loop i#1: hands over y; keeps nothing (placed inline)"
+            "// producer of loop i#1: hands over y; keeps nothing (placed inline: no fill warps)"
         );
     }
 
@@ -426,10 +496,11 @@ mod tests {
 
     #[test]
     fn each_rule_is_an_error() {
-        let cases: [(&str, &str, &str); 9] = [
+        let cases: [(&str, &str, &str); 10] = [
             (&format!("{PRODUCE_Y}\n producer {{\n copy s -> z\n }}"), "", "at most one producer block"),
             ("copy s -> z\n producer {\n copy s -> y\n }", "", "comes first in its loop's body"),
             ("producer {\n copy s -> o[0, 0; 16x16]\n }", "", "writes no global memory"),
+            ("producer {\n copy a[0, 0; 16x16] -> y\n }", "", "only through its loop's stage fills"),
             (
                 "producer {\n for w#5 in pipelined(stages=2) 0..2 {\n copy s -> y\n }\n }",
                 "",

@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use super::place_producers::{ProducerRing, ProducerRole};
 use super::TileProgram;
 use crate::analysis::fill_prelude::fill_prelude;
 use crate::diag::Diag;
@@ -145,7 +146,12 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
             .collect();
         match fill_prelude(&p.def, *var, body, &fills) {
             Ok(prelude) => plans.push(PipelinePlan {
-                fills: stage_fills(p, &fills, &prelude),
+                fills: match p.producer_ring(*var) {
+                    // The fill warps wait for their own copies, and hand the stage over with
+                    // the block's results.
+                    Some(_) => StageFills::AsyncCopies { not_tma: NoTma::ProducerRing },
+                    None => stage_fills(p, &fills, &prelude),
+                },
                 var: *var,
                 stages: *stages,
                 staged,
@@ -208,6 +214,14 @@ fn stage_fills(p: &TileProgram, fills: &[&Stmt], prelude: &[Stmt]) -> StageFills
 }
 
 impl TileProgram {
+    /// The ring of the `pipelined` loop over `var`, if fill warps run its producer block.
+    pub fn producer_ring(&self, var: VarId) -> Option<&ProducerRing> {
+        self.producers.iter().find(|x| x.var == var).and_then(|x| match &x.role {
+            ProducerRole::FillWarps(ring) => Some(ring),
+            ProducerRole::Inline => None,
+        })
+    }
+
     /// The plan of the `pipelined` loop over `var` (`plan_pipelines` made one for each).
     pub fn pipeline(&self, var: VarId) -> &PipelinePlan {
         self.pipelines.iter().find(|x| x.var == var).expect("plan_pipelines planned every pipelined loop")

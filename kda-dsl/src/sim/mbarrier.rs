@@ -160,7 +160,7 @@ impl Block<'_> {
     /// Why the phase thread `t` is parked at cannot complete: its arrivals never come, or they
     /// came and the transaction count is off (`expect_tx` and the copies' bytes differ).
     pub(super) fn stuck_phase(&mut self, t: usize) -> String {
-        let Op::MbarrierTryWait { addr, .. } = self.prog.body[self.threads[t].pc].op else {
+        let Op::MbarrierWait { addr, .. } = self.prog.body[self.threads[t].pc].op else {
             unreachable!("threads park only at mbarrier.try_wait")
         };
         let a = self.get(t, &Src::Reg(addr));
@@ -183,7 +183,7 @@ impl Block<'_> {
             if !self.threads[t].parked {
                 continue;
             }
-            let Op::MbarrierTryWait { addr, parity, .. } = self.prog.body[self.threads[t].pc].op else {
+            let Op::MbarrierWait { addr, parity, .. } = self.prog.body[self.threads[t].pc].op else {
                 unreachable!("threads park only at mbarrier.try_wait")
             };
             let (a, p) = (self.get(t, &Src::Reg(addr)), self.get(t, &parity));

@@ -311,14 +311,14 @@ impl<'a> Block<'a> {
                 self.threads[t].blocked = true;
                 return Ok(());
             }
-            if let Op::MbarrierTryWait { addr, parity, .. } = &inst.op {
+            if let Op::MbarrierWait { addr, parity, .. } = &inst.op {
                 let (a, p) = (self.get(t, &Src::Reg(*addr)), self.get(t, parity));
                 if !self.mbarrier_phase_done(t, a, p)? {
                     self.threads[t].parked = true;
                     return Ok(());
                 }
                 if std::mem::take(&mut self.threads[t].woke) {
-                    let Op::MbarrierTryWait { d, .. } = inst.op else { unreachable!("matched above") };
+                    let Op::MbarrierWait { d, .. } = inst.op else { unreachable!("matched above") };
                     self.executed += 1;
                     self.set(t, d, 0);
                     self.threads[t].pc += 1;
@@ -563,7 +563,7 @@ impl<'a> Block<'a> {
             }
             Op::BulkCommit => self.bulk_commit(t),
             Op::BulkWaitRead { n } => self.bulk_wait_read(t, *n),
-            Op::MbarrierTryWait { d, addr, .. } => {
+            Op::MbarrierWait { d, addr, .. } => {
                 // run_thread parks the thread until the phase completed.
                 let a = self.get(t, &Src::Reg(*addr));
                 self.mbarrier_acquire(t, a)?;

@@ -376,7 +376,7 @@ pub fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
     *label += 2;
     let ready = p.reg(RegClass::Pred);
     p.op(Op::Label(top));
-    p.op(Op::MbarrierTryWait { d: ready, addr, parity: Src::Imm(i64::from(parity)) });
+    p.op(Op::MbarrierWait { d: ready, addr, parity: Src::Imm(i64::from(parity)), kind: MbarrierWaitKind::Try });
     p.guarded(ready, Op::Bra { target: done });
     p.op(Op::Bra { target: top });
     p.op(Op::Label(done));
@@ -466,7 +466,12 @@ pub fn ring_program(fault: RingFault) -> ThreadProgram {
             RingFault::ConsumerSkipsFullWait => {}
             RingFault::WaitWithoutLoop => {
                 let ready = p.reg(RegClass::Pred);
-                p.op(Op::MbarrierTryWait { d: ready, addr: full, parity: Src::Imm(i64::from(round % 2)) });
+                p.op(Op::MbarrierWait {
+                    d: ready,
+                    addr: full,
+                    parity: Src::Imm(i64::from(round % 2)),
+                    kind: MbarrierWaitKind::Try,
+                });
             }
             _ => wait_phase(&mut p, full, round % 2, &mut label),
         }

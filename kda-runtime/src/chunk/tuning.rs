@@ -136,11 +136,12 @@ impl ChunkTuning {
         if self.target == Target::Sm90a && self.prepared && self.split.is_some() {
             return bad("the sm_90a target for a chain over a prepared workspace without the split");
         }
-        // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys. (A
-        // chain over a prepared workspace computes none: the option is moot there, and the
-        // paths derived from a fused tuning, token ranges and the split, keep its shape.)
-        if self.shape.key_products == KeyProducts::Split && self.shape.warps != 4 && !self.prepared {
-            return bad("key products split over exactly 4 warps of the fused kernel");
+        // One 16 x 8 tile a warp: the split key products need 4 warps preparing their keys
+        // (the fill warps where there are any: they compute the factors). (A chain over a
+        // prepared workspace computes none: the option is moot there, and the paths derived
+        // from a fused tuning, token ranges and the split, keep its shape.)
+        if self.shape.key_products == KeyProducts::Split && self.shape.factor_warps() != 4 && !self.prepared {
+            return bad("key products split over exactly 4 warps computing the fused kernel's factors (its warps, or its fill warps where it has any)");
         }
         // On sm_80 every product is `mma.sync` already: the option would compile the same
         // kernel under another name.

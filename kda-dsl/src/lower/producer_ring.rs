@@ -1,0 +1,293 @@
+//! Lowering of a `pipelined` loop whose producer block runs on the fill warps
+//! (`place_producers::ProducerRole::FillWarps`): the fill warps issue the loop's fills and run
+//! the block one iteration ahead of the compute warps, which run the rest of the body. No
+//! barrier spans both roles inside the loop; a ring of two mbarriers a stage hands each
+//! iteration over.
+//!
+//! The producer's copy of iteration `i`: if iteration `i + d` exists (`d`, the fill distance, is
+//! `stages - 2`), it waits for the `empty` phase of that iteration's stage (the compute warps
+//! are done with iteration `i + d - stages`) and issues its fills as one `cp.async` group; then
+//! waits for iteration `i`'s group (`cp.async.wait_group d`), passes its named barrier (every
+//! fill warp's copies landed), runs the `let`s before the block and the block in its own scope
+//! (its warps, its named barrier, its scratch), passes the barrier again, and one thread
+//! arrives on the stage's `ready` mbarrier. The compute warps' copy of iteration `i` waits for
+//! `ready`, runs the body but the fills and the block, and every compute thread arrives on
+//! `empty`. So the producer computes iteration `i + 1` while the compute warps run iteration
+//! `i`, with iteration `i + 2`'s fills in flight (three stages). Each side keeps one parity bit
+//! a stage, so a loop run again (inside an outer loop) goes on from the phases it left.
+
+use super::loops::LoopWork;
+use super::roles::Role;
+use super::tma::MBARRIER_BYTES;
+use super::{Lower, Scope, WgmmaWait, V};
+use crate::diag::{Diag, SrcLoc};
+use crate::dtype::DType;
+use crate::passes::place_producers::{ProducerRing, PRODUCER_GROUP};
+use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
+use crate::passes::BufLayout;
+use crate::thread_ir::*;
+use crate::tile::*;
+use std::collections::HashMap;
+
+/// The parity bits, one per stage, of the phases a producer ring's threads wait for next.
+#[derive(Clone, Copy)]
+pub(crate) struct RingPhases {
+    /// The compute warps', of the `ready` barriers.
+    pub ready: Reg,
+    /// The fill warps', of the `empty` barriers.
+    pub empty: Reg,
+}
+
+/// Which of a stage's two mbarriers.
+#[derive(Clone, Copy)]
+enum RingBarrier {
+    /// Completed by the producer's one arrival once the stage's hand-over is written.
+    Ready,
+    /// Completed by every compute thread's arrival once done with the stage.
+    Empty,
+}
+
+impl Lower<'_> {
+    /// At the kernel's entry: each producer ring's mbarriers initialized by thread 0, then a
+    /// barrier so no thread waits on one before it is initialized.
+    pub(super) fn producer_ring_entry(&mut self) {
+        let rings: Vec<(VarId, ProducerRing)> = self
+            .p
+            .pipelines
+            .iter()
+            .filter_map(|plan| Some((plan.var, self.p.producer_ring(plan.var)?.clone())))
+            .collect();
+        if rings.is_empty() {
+            return;
+        }
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        for (var, ring) in rings {
+            let counts = (0..ring.stages).map(|_| 1).chain((0..ring.stages).map(|_| self.p.def.threads));
+            for (k, count) in counts.enumerate() {
+                let addr = self.em.add32(self.smem, Src::Imm(i64::from(ring.barriers) + MBARRIER_BYTES * k as i64));
+                let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
+                self.em.emit_if(first, true, Op::MbarrierInit { addr, count });
+            }
+            // The compute warps wait for phase 0 of `ready` first; the producer for the phase
+            // "before" phase 0 of `empty`, which counts as complete.
+            let ready = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: ready, a: Src::Imm(0) });
+            let empty = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: empty, a: Src::Imm(-1) });
+            self.ring_phases.insert(var, RingPhases { ready, empty });
+        }
+        self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    }
+
+    /// One role's copy of the loop over `plan.var` from `s0` to `e` whose producer block runs
+    /// on the fill warps through `ring`: the producer's for [`LoopWork::Fills`], the compute
+    /// warps' for [`LoopWork::Body`].
+    pub(super) fn producer_ring_loop(
+        &mut self,
+        plan: &PipelinePlan,
+        ring: &ProducerRing,
+        bounds: (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+        work: LoopWork,
+    ) -> Result<(), Diag> {
+        let outputs = self.p.producers.iter().find(|x| x.var == plan.var).expect("a producer plan").outputs.clone();
+        // The stage's tiles: the fills', then the block's hand-over.
+        let staged: Vec<BufId> = plan.staged.iter().chain(&outputs).copied().collect();
+        let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        self.consts.remove(&plan.var);
+        // What the kernel wrote before the loop (its own `cp.async` copies landed) is visible
+        // to both roles: inside, no barrier spans them.
+        self.em.loc = loc;
+        self.wait_plain_async_copies();
+        self.block_barrier();
+        let lowered = match work {
+            LoopWork::Fills => {
+                self.in_producer_scope(|lw| lw.producer_copy(plan, ring, (&staged, &home), bounds, body, loc))
+            }
+            LoopWork::Body => self.consumer_copy(plan, ring, (&staged, &home), bounds, body, loc),
+            LoopWork::FillsAndBody => unreachable!("a producer ring's kernel has fill warps"),
+        };
+        lowered?;
+        self.em.loc = loc;
+        // Both roles meet again after the loop.
+        self.block_barrier();
+        for (k, b) in staged.iter().enumerate() {
+            self.shared_base[*b] = Some(home[k]);
+        }
+        Ok(())
+    }
+
+    /// `f` lowered as the producer block's role: the fill warps, with their named barrier,
+    /// their scratch and the fragment bases of the tiles the block owns.
+    fn in_producer_scope(&mut self, f: impl FnOnce(&mut Self) -> Result<(), Diag>) -> Result<(), Diag> {
+        let fill = self.fill_warps.as_mut().expect("a kernel with fill warps");
+        let outer_role = std::mem::replace(&mut fill.role, Role::Producer);
+        let scope = Scope {
+            th: fill.scope.th,
+            threads: fill.scope.threads,
+            bar_id: PRODUCER_GROUP,
+            scratch_base: self.p.groups[&PRODUCER_GROUP].scratch_offset,
+            frag_bases: HashMap::new(),
+        };
+        let outer_scope = std::mem::replace(&mut self.scope, scope);
+        for (i, l) in self.p.layouts.iter_ids() {
+            if let (BufLayout::Fragment(l), true) = (l, self.p.owner[i] == PRODUCER_GROUP) {
+                self.frag_base(*l);
+            }
+        }
+        let lowered = self.scoped_addresses(f);
+        self.scope = outer_scope;
+        self.fill_warps.as_mut().expect("a kernel with fill warps").role = outer_role;
+        lowered
+    }
+
+    /// The fill warps' copy of the loop (the module's doc says what it does).
+    fn producer_copy(
+        &mut self,
+        plan: &PipelinePlan,
+        ring: &ProducerRing,
+        (staged, home): (&[BufId], &[Src]),
+        (s0, e): (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let def = &self.p.def;
+        let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+        let at = body.iter().position(|s| matches!(s.kind, StmtKind::Producer(_))).expect("the producer block");
+        let lets: Vec<Stmt> = body[..at].iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
+        let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
+        let fills_staged = &staged[..plan.staged.len()];
+        let distance = ring.fill_distance();
+        let iter = self.em.reg(RegClass::B32);
+        // Prologue: the fills of iterations 0 .. distance - 1.
+        for st in 0..distance {
+            self.em.loc = loc;
+            let it = self.em.add32(s0, Src::Imm(i64::from(st)));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            self.var_regs.insert(plan.var, iter);
+            let stage = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(st)) });
+            self.issue_ring_fills(plan, ring, (fills_staged, home), (iter, e), stage, &fills, false)?;
+        }
+        self.em.loc = loc;
+        let stages = self.open_stage_ring((s0, e));
+        let (ko, rd) = (stages.iter, stages.stage);
+        // The fills of iteration ko + distance, into its stage.
+        let it = self.em.add32(ko, Src::Imm(i64::from(distance)));
+        self.mov(iter, V { s: it, ty: DType::I32 });
+        self.var_regs.insert(plan.var, iter);
+        let wr = self.em.bin(BinKind::Add, Ty::S32, RegClass::B32, rd, Src::Imm(i64::from(distance)));
+        let wrap = self.em.setp(Cmp::Ge, Ty::S32, wr, Src::Imm(i64::from(ring.stages)));
+        let wrapped =
+            Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(wr), b: Src::Imm(i64::from(ring.stages)) };
+        self.em.emit_if(wrap, true, wrapped);
+        // With the fills a stage ahead, their element-wise stores wait for the end of the
+        // iteration (`DeferredFill`); with none ahead the block reads them at once.
+        let deferred = self.issue_ring_fills(plan, ring, (fills_staged, home), (iter, e), wr, &fills, distance > 0)?;
+        // Iteration ko's fills have landed, for every fill warp.
+        self.em.emit(Op::CpAsyncWait { n: distance });
+        self.barrier();
+        self.var_regs.insert(plan.var, ko);
+        self.stage_bases(staged, home, rd);
+        self.block(&lets)?;
+        self.block(block)?;
+        self.em.loc = loc;
+        self.store_deferred_fills(deferred)?;
+        // The hand-over is written by every fill warp; one thread tells the compute warps.
+        self.barrier();
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
+        let state = self.em.reg(RegClass::B64);
+        self.em.emit_if(first, true, Op::MbarrierArrive { state, addr: ready });
+        self.close_stage_ring(stages, ring.stages);
+        // Only the empty groups of iterations past the end are in flight.
+        self.em.emit(Op::CpAsyncWait { n: 0 });
+        Ok(())
+    }
+
+    /// The fills of the iteration in `it` (of a loop ending at `e`) into `stage`, the tiles'
+    /// bases moved there: where the iteration exists, after the `empty` phase of the stage's
+    /// last use. Returns the element-wise fills left to store, with `defer`.
+    #[allow(clippy::too_many_arguments)]
+    fn issue_ring_fills(
+        &mut self,
+        plan: &PipelinePlan,
+        ring: &ProducerRing,
+        (staged, home): (&[BufId], &[Src]),
+        (it, e): (Reg, Reg),
+        stage: Reg,
+        fills: &[&Stmt],
+        defer: bool,
+    ) -> Result<Vec<super::loops::DeferredFill>, Diag> {
+        let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
+        // The producer waits only for iterations that exist, as the compute warps release only
+        // those: each side then counts the same phases of each stage in every run of the loop.
+        let past_end = self.em.label();
+        self.em.emit_if(live, false, Op::Bra { target: past_end });
+        let empty = self.ring_barrier(ring, RingBarrier::Empty, stage);
+        self.wait_phase(empty, self.ring_phases[&plan.var].empty, stage);
+        self.em.emit(Op::Label(past_end));
+        self.stage_bases(staged, &home[..staged.len()], stage);
+        if defer {
+            self.deferred_fills = Some(vec![]);
+        }
+        let issued = self.stage_fills(&plan.prelude, fills, live, plan.skip_dead_fills);
+        let deferred = self.deferred_fills.take().unwrap_or_default();
+        issued?;
+        Ok(deferred)
+    }
+
+    /// The compute warps' copy of the loop (the module's doc says what it does).
+    fn consumer_copy(
+        &mut self,
+        plan: &PipelinePlan,
+        ring: &ProducerRing,
+        (staged, home): (&[BufId], &[Src]),
+        (s0, e): (Reg, Reg),
+        body: &[Stmt],
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let def = &self.p.def;
+        let rest: Vec<Stmt> = body
+            .iter()
+            .filter(|s| !is_stage_fill(def, s) && !matches!(s.kind, StmtKind::Producer(_)))
+            .cloned()
+            .collect();
+        let stages = self.open_stage_ring((s0, e));
+        let (ko, rd) = (stages.iter, stages.stage);
+        self.var_regs.insert(plan.var, ko);
+        let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
+        self.wait_phase(ready, self.ring_phases[&plan.var].ready, rd);
+        self.stage_bases(staged, home, rd);
+        let outer = (
+            std::mem::replace(&mut self.wgmma_wait, WgmmaWait::Whole),
+            std::mem::replace(&mut self.producer_apart, true),
+        );
+        // The compute warps' barrier orders one iteration's accesses of their own shared tiles
+        // before the next's (the ring orders the stages').
+        if self.touches_tiles_apart_from(staged, &rest) {
+            self.wait_plain_async_copies();
+            self.block_barrier();
+        }
+        let lowered = self.block(&rest);
+        (self.wgmma_wait, self.producer_apart) = outer;
+        lowered?;
+        self.em.loc = loc;
+        let empty = self.ring_barrier(ring, RingBarrier::Empty, rd);
+        let state = self.em.reg(RegClass::B64);
+        self.em.emit(Op::MbarrierArrive { state, addr: empty });
+        self.close_stage_ring(stages, ring.stages);
+        Ok(())
+    }
+
+    /// The shared address of `which` mbarrier of `stage` of `ring`.
+    fn ring_barrier(&mut self, ring: &ProducerRing, which: RingBarrier, stage: Reg) -> Reg {
+        let first = i64::from(ring.barriers)
+            + match which {
+                RingBarrier::Ready => 0,
+                RingBarrier::Empty => MBARRIER_BYTES * i64::from(ring.stages),
+            };
+        self.barrier_at(first, Src::Reg(stage))
+    }
+}

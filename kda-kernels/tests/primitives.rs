@@ -966,6 +966,17 @@ fn produced_step(cfg: &StepCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32
     }
 }
 
+/// [`produced_step`] at `cfg` over `x` (`cfg.rows` rows of `tiles` 32-column tiles) in the
+/// simulator: `y`, and the PTX for sm_80.
+fn run_step(cfg: &StepCfg, x: &[f64], tiles: usize) -> (Vec<f64>, String) {
+    let def = produced_step(cfg).expect("builds");
+    let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
+    let mut args =
+        vec![t("x", x, DType::F32), i("R", cfg.rows), i("C", 32 * tiles), t("y", &vec![f64::NAN; x.len()], DType::F32)];
+    simulate(&def, &mut args).unwrap_or_else(|e| panic!("{} fill warps: {e}", cfg.fill_warps));
+    (tensor_values(&args, "y", DType::F32), ptx)
+}
+
 #[test]
 fn a_producer_block_runs_as_its_statements_written_in_place() {
     let (rows, tiles) = (16, 5);
@@ -973,20 +984,11 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
     for (threads, stages) in [(32, 2), (64, 3)] {
         let run = |in_producer: bool| {
-            let cfg = StepCfg { rows, threads, fill_warps: 0, stages, in_producer };
-            let def = produced_step(&cfg).expect("builds");
-            let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
-            let mut args = vec![
-                t("x", &x, DType::F32),
-                i("R", rows),
-                i("C", 32 * tiles),
-                t("y", &vec![f64::NAN; x.len()], DType::F32),
-            ];
-            simulate(&def, &mut args).expect("runs");
+            let (y, ptx) = run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer }, &x, tiles);
             // Source lines differ between the two forms; the instructions may not.
             let code: Vec<String> =
                 ptx.lines().filter(|l| !l.contains(".loc") && !l.contains(".file")).map(String::from).collect();
-            (tensor_values(&args, "y", DType::F32), code)
+            (y, code)
         };
         let (inline, inline_ptx) = run(false);
         let (produced, produced_ptx) = run(true);
@@ -1005,21 +1007,9 @@ fn a_producer_block_on_fill_warps_gives_the_inline_values() {
     let (rows, tiles) = (16, 7);
     let mut rng = Rng::new(12);
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
-    let run = |cfg: &StepCfg| {
-        let def = produced_step(cfg).expect("builds");
-        let ptx = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm80).expect("compiles").ptx;
-        let mut args = vec![
-            t("x", &x, DType::F32),
-            i("R", rows),
-            i("C", 32 * tiles),
-            t("y", &vec![f64::NAN; x.len()], DType::F32),
-        ];
-        simulate(&def, &mut args).unwrap_or_else(|e| panic!("{} fill warps: {e}", cfg.fill_warps));
-        (tensor_values(&args, "y", DType::F32), ptx)
-    };
     for (threads, fill_warps, stages) in [(32, 1, 2), (64, 1, 3), (32, 2, 4), (128, 4, 3)] {
-        let (inline, _) = run(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer: true });
-        let (got, ptx) = run(&StepCfg { rows, threads, fill_warps, stages, in_producer: true });
+        let (inline, _) = run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer: true }, &x, tiles);
+        let (got, ptx) = run_step(&StepCfg { rows, threads, fill_warps, stages, in_producer: true }, &x, tiles);
         let case = format!("{threads} threads, {fill_warps} fill warps, {stages} stages");
         assert!(got == inline, "{case}: the values differ");
         let producer_barrier = format!("bar.sync 2, {};", 32 * fill_warps);

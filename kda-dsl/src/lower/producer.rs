@@ -50,22 +50,7 @@ impl Lower<'_> {
             self.tma_stage_fills(tma, &plan.prelude, &fills, Src::Reg(stage), None)?;
         } else {
             self.wait_tma_stage(plan.var, tma, stage);
-            let outer = (
-                std::mem::replace(&mut self.wgmma_wait, WgmmaWait::in_pipeline(in_flight)),
-                std::mem::replace(&mut self.producer_apart, true),
-            );
-            // The barrier passes put none at the top of a pipelined body (the pipeline's own
-            // was to be there): with shared tiles beside the staged ones, the compute warps'
-            // barrier orders one iteration's accesses before the next's.
-            if self.touches_tiles_apart_from(&plan.staged, &rest) {
-                // The compute warps' own `cp.async` copies (a tile filled before the loop) land
-                // first: the stage's mbarrier orders only its boxes.
-                self.wait_plain_async_copies();
-                self.block_barrier();
-            }
-            let lowered = self.block(&rest);
-            (self.wgmma_wait, self.producer_apart) = outer;
-            lowered?;
+            self.compute_warps_body(&plan.staged, &rest, WgmmaWait::in_pipeline(in_flight))?;
             self.em.loc = loc;
             if in_flight {
                 // The group that read the previous iteration's stage has retired.
@@ -92,8 +77,27 @@ impl Lower<'_> {
         Ok(())
     }
 
+    /// The compute warps' copy of a warp-specialized loop's body `rest` (its fills and any
+    /// producer block left out), its `wgmma`s waited for as `wait` says; every barrier in it
+    /// is theirs alone.
+    pub(super) fn compute_warps_body(&mut self, staged: &[BufId], rest: &[Stmt], wait: WgmmaWait) -> Result<(), Diag> {
+        let outer = (std::mem::replace(&mut self.wgmma_wait, wait), std::mem::replace(&mut self.producer_apart, true));
+        // The barrier passes put none at the top of a pipelined body (the pipeline's own was to
+        // be there): with shared tiles beside the `staged` ones, the compute warps' barrier
+        // orders one iteration's accesses before the next's.
+        if self.touches_tiles_apart_from(staged, rest) {
+            // The compute warps' own `cp.async` copies (a tile filled before the loop) land
+            // first: the stage's mbarrier orders only what it hands over.
+            self.wait_plain_async_copies();
+            self.block_barrier();
+        }
+        let lowered = self.block(rest);
+        (self.wgmma_wait, self.producer_apart) = outer;
+        lowered
+    }
+
     /// Whether `body` touches a shared tile other than the `staged` ones.
-    pub(super) fn touches_tiles_apart_from(&self, staged: &[BufId], body: &[Stmt]) -> bool {
+    fn touches_tiles_apart_from(&self, staged: &[BufId], body: &[Stmt]) -> bool {
         let mut used = vec![];
         crate::passes::infer_layouts::tiles_used(body, &mut used);
         used.into_iter().any(|b| !staged.contains(&b) && matches!(self.p.layouts[b], BufLayout::Shared(_)))

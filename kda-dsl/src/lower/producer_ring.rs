@@ -38,6 +38,20 @@ pub(crate) struct RingPhases {
     pub empty: Reg,
 }
 
+/// One loop with a producer ring, as both roles' copies see it.
+#[derive(Clone, Copy)]
+struct RingLoop<'a> {
+    plan: &'a PipelinePlan,
+    ring: &'a ProducerRing,
+    /// The stage's tiles (the fills', then the block's hand-over) and their stage 0 bases.
+    staged: &'a [BufId],
+    home: &'a [Src],
+    /// The loop's first iteration and its end.
+    bounds: (Reg, Reg),
+    body: &'a [Stmt],
+    loc: SrcLoc,
+}
+
 /// Which of a stage's two mbarriers.
 #[derive(Clone, Copy)]
 enum RingBarrier {
@@ -91,24 +105,22 @@ impl Lower<'_> {
         loc: SrcLoc,
         work: LoopWork,
     ) -> Result<(), Diag> {
-        let outputs = self.p.producers.iter().find(|x| x.var == plan.var).expect("a producer plan").outputs.clone();
+        let outputs = &self.p.producers.iter().find(|x| x.var == plan.var).expect("a producer plan").outputs;
         // The stage's tiles: the fills', then the block's hand-over.
-        let staged: Vec<BufId> = plan.staged.iter().chain(&outputs).copied().collect();
+        let staged: Vec<BufId> = plan.staged.iter().chain(outputs).copied().collect();
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        let lp = RingLoop { plan, ring, staged: &staged, home: &home, bounds, body, loc };
         self.consts.remove(&plan.var);
         // What the kernel wrote before the loop (its own `cp.async` copies landed) is visible
         // to both roles: inside, no barrier spans them.
         self.em.loc = loc;
         self.wait_plain_async_copies();
         self.block_barrier();
-        let lowered = match work {
-            LoopWork::Fills => {
-                self.in_producer_scope(|lw| lw.producer_copy(plan, ring, (&staged, &home), bounds, body, loc))
-            }
-            LoopWork::Body => self.consumer_copy(plan, ring, (&staged, &home), bounds, body, loc),
+        match work {
+            LoopWork::Fills => self.in_producer_scope(|lw| lw.producer_copy(&lp))?,
+            LoopWork::Body => self.consumer_copy(&lp)?,
             LoopWork::FillsAndBody => unreachable!("a producer ring's kernel has fill warps"),
-        };
-        lowered?;
+        }
         self.em.loc = loc;
         // Both roles meet again after the loop.
         self.block_barrier();
@@ -143,21 +155,13 @@ impl Lower<'_> {
     }
 
     /// The fill warps' copy of the loop (the module's doc says what it does).
-    fn producer_copy(
-        &mut self,
-        plan: &PipelinePlan,
-        ring: &ProducerRing,
-        (staged, home): (&[BufId], &[Src]),
-        (s0, e): (Reg, Reg),
-        body: &[Stmt],
-        loc: SrcLoc,
-    ) -> Result<(), Diag> {
+    fn producer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
+        let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let at = body.iter().position(|s| matches!(s.kind, StmtKind::Producer(_))).expect("the producer block");
         let lets: Vec<Stmt> = body[..at].iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
-        let fills_staged = &staged[..plan.staged.len()];
         let distance = ring.fill_distance();
         let iter = self.em.reg(RegClass::B32);
         // Prologue: the fills of iterations 0 .. distance - 1.
@@ -165,10 +169,9 @@ impl Lower<'_> {
             self.em.loc = loc;
             let it = self.em.add32(s0, Src::Imm(i64::from(st)));
             self.mov(iter, V { s: it, ty: DType::I32 });
-            self.var_regs.insert(plan.var, iter);
             let stage = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(st)) });
-            self.issue_ring_fills(plan, ring, (fills_staged, home), (iter, e), stage, &fills, false)?;
+            self.issue_ring_fills(lp, (iter, e), stage, &fills, false)?;
         }
         self.em.loc = loc;
         let stages = self.open_stage_ring((s0, e));
@@ -176,7 +179,6 @@ impl Lower<'_> {
         // The fills of iteration ko + distance, into its stage.
         let it = self.em.add32(ko, Src::Imm(i64::from(distance)));
         self.mov(iter, V { s: it, ty: DType::I32 });
-        self.var_regs.insert(plan.var, iter);
         let wr = self.em.bin(BinKind::Add, Ty::S32, RegClass::B32, rd, Src::Imm(i64::from(distance)));
         let wrap = self.em.setp(Cmp::Ge, Ty::S32, wr, Src::Imm(i64::from(ring.stages)));
         let wrapped =
@@ -184,7 +186,7 @@ impl Lower<'_> {
         self.em.emit_if(wrap, true, wrapped);
         // With the fills a stage ahead, their element-wise stores wait for the end of the
         // iteration (`DeferredFill`); with none ahead the block reads them at once.
-        let deferred = self.issue_ring_fills(plan, ring, (fills_staged, home), (iter, e), wr, &fills, distance > 0)?;
+        let deferred = self.issue_ring_fills(lp, (iter, e), wr, &fills, distance > 0)?;
         // Iteration ko's fills have landed, for every fill warp.
         self.em.emit(Op::CpAsyncWait { n: distance });
         self.barrier();
@@ -206,20 +208,19 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// The fills of the iteration in `it` (of a loop ending at `e`) into `stage`, the tiles'
-    /// bases moved there: where the iteration exists, after the `empty` phase of the stage's
+    /// The fills of the iteration in `it` (of a loop ending at `e`) into `stage`, the fills'
+    /// tiles moved there: where the iteration exists, after the `empty` phase of the stage's
     /// last use. Returns the element-wise fills left to store, with `defer`.
-    #[allow(clippy::too_many_arguments)]
     fn issue_ring_fills(
         &mut self,
-        plan: &PipelinePlan,
-        ring: &ProducerRing,
-        (staged, home): (&[BufId], &[Src]),
+        lp: &RingLoop,
         (it, e): (Reg, Reg),
         stage: Reg,
         fills: &[&Stmt],
         defer: bool,
     ) -> Result<Vec<super::loops::DeferredFill>, Diag> {
+        let RingLoop { plan, ring, staged, home, .. } = *lp;
+        self.var_regs.insert(plan.var, it);
         let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
         // The producer waits only for iterations that exist, as the compute warps release only
         // those: each side then counts the same phases of each stage in every run of the loop.
@@ -228,7 +229,8 @@ impl Lower<'_> {
         let empty = self.ring_barrier(ring, RingBarrier::Empty, stage);
         self.wait_phase(empty, self.ring_phases[&plan.var].empty, stage);
         self.em.emit(Op::Label(past_end));
-        self.stage_bases(staged, &home[..staged.len()], stage);
+        let filled = plan.staged.len();
+        self.stage_bases(&staged[..filled], &home[..filled], stage);
         if defer {
             self.deferred_fills = Some(vec![]);
         }
@@ -239,40 +241,21 @@ impl Lower<'_> {
     }
 
     /// The compute warps' copy of the loop (the module's doc says what it does).
-    fn consumer_copy(
-        &mut self,
-        plan: &PipelinePlan,
-        ring: &ProducerRing,
-        (staged, home): (&[BufId], &[Src]),
-        (s0, e): (Reg, Reg),
-        body: &[Stmt],
-        loc: SrcLoc,
-    ) -> Result<(), Diag> {
+    fn consumer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
+        let RingLoop { plan, ring, staged, home, bounds, body, loc } = *lp;
         let def = &self.p.def;
         let rest: Vec<Stmt> = body
             .iter()
             .filter(|s| !is_stage_fill(def, s) && !matches!(s.kind, StmtKind::Producer(_)))
             .cloned()
             .collect();
-        let stages = self.open_stage_ring((s0, e));
+        let stages = self.open_stage_ring(bounds);
         let (ko, rd) = (stages.iter, stages.stage);
         self.var_regs.insert(plan.var, ko);
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
         self.wait_phase(ready, self.ring_phases[&plan.var].ready, rd);
         self.stage_bases(staged, home, rd);
-        let outer = (
-            std::mem::replace(&mut self.wgmma_wait, WgmmaWait::Whole),
-            std::mem::replace(&mut self.producer_apart, true),
-        );
-        // The compute warps' barrier orders one iteration's accesses of their own shared tiles
-        // before the next's (the ring orders the stages').
-        if self.touches_tiles_apart_from(staged, &rest) {
-            self.wait_plain_async_copies();
-            self.block_barrier();
-        }
-        let lowered = self.block(&rest);
-        (self.wgmma_wait, self.producer_apart) = outer;
-        lowered?;
+        self.compute_warps_body(staged, &rest, WgmmaWait::Whole)?;
         self.em.loc = loc;
         let empty = self.ring_barrier(ring, RingBarrier::Empty, rd);
         let state = self.em.reg(RegClass::B64);

@@ -3,6 +3,8 @@
 
 use kda_dsl::Target;
 use kda_kernels::check::{check_decode, check_gemm};
+use kda_kernels::chunk::{ChunkConfig, ChunkShape};
+use kda_kernels::chunk_check::{simulate_chunk_on, two_kernel_path_matches};
 use kda_kernels::decode_families::{decode_families, tolerance};
 
 /// Small shapes per GEMM config: one full tile and one with ragged edges.
@@ -124,17 +126,28 @@ pub fn simulate_all() -> usize {
         )
     }) {
         let case = format!("chunk/{}_two_kernel_path", f.name);
-        let chain = kda_kernels::chunk::ChunkShape::PREPARED;
-        match kda_kernels::chunk_check::two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), chain, 3) {
-            Ok(same) => {
-                failures += usize::from(!same);
-                let verdict = if same { "ok (bit-identical to the fused kernel)" } else { "FAIL: bits differ" };
-                out!("{case:<52} {:>10} {:>10} {:>12}  {verdict}", "-", "-", "-");
-            }
-            Err(e) => {
-                failures += 1;
-                out!("{case:<52} FAIL: {e}");
-            }
+        let chain = ChunkShape::PREPARED;
+        failures += bits_row(&case, two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), chain, 3));
+    }
+    // A producer warpgroup (four fill warps computing each chunk's factors a chunk ahead)
+    // against the fused kernel without, bit for bit, on sm_80 and sm_90a.
+    for (i, f) in families
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_pool_bf16_state_gva4_padding_empty"))
+    {
+        for (target, shape) in [(Target::Sm80, ChunkShape::FUSED), (Target::Sm90a, ChunkShape::HOPPER)] {
+            let case = format!("chunk/{}_producer_warpgroup {target}", f.name);
+            let x = f.inputs(i as u64);
+            let cfg = ChunkConfig { shape, ..f.cfg.clone() };
+            let produced = ChunkConfig { shape: ChunkShape { fill_warps: 4, min_blocks: 1, ..shape }, ..cfg.clone() };
+            let run = |c: &ChunkConfig| simulate_chunk_on(c, &x, 2, target);
+            let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+            let same = run(&cfg).and_then(|want| {
+                let got = run(&produced)?;
+                Ok(bits(&want.out) == bits(&got.out) && bits(&want.final_state) == bits(&got.final_state))
+            });
+            failures += bits_row(&case, same);
         }
     }
     // The exact split, every pass in the simulator, on the pool families (prefix caching
@@ -215,11 +228,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
 /// Prints one prefill row of `kda check` from a simulated call's comparison with the f64
 /// reference (within the config's tolerance, every output element written, no untouched state
 /// slot changed); returns 1 on a failure.
-fn chunk_row(
-    case: &str,
-    cfg: &kda_kernels::chunk::ChunkConfig,
-    compared: Result<kda_kernels::chunk_check::ChunkCompare, String>,
-) -> usize {
+fn chunk_row(case: &str, cfg: &ChunkConfig, compared: Result<kda_kernels::chunk_check::ChunkCompare, String>) -> usize {
     match compared {
         Ok(c) => {
             let (to, ts) = kda_kernels::chunk_check::tolerance(cfg);
@@ -230,6 +239,22 @@ fn chunk_row(
             );
             model_row(case, c.out_err.max(c.state_err), to.max(ts), ok, &why);
             usize::from(!ok)
+        }
+        Err(e) => {
+            out!("{case:<52} FAIL: {e}");
+            1
+        }
+    }
+}
+
+/// Prints a row comparing another path's bits with the fused kernel's (`same`, or why it could
+/// not run); returns 1 if it failed.
+fn bits_row(case: &str, same: Result<bool, String>) -> usize {
+    match same {
+        Ok(same) => {
+            let verdict = if same { "ok (bit-identical to the fused kernel)" } else { "FAIL: bits differ" };
+            out!("{case:<52} {:>10} {:>10} {:>12}  {verdict}", "-", "-", "-");
+            usize::from(!same)
         }
         Err(e) => {
             out!("{case:<52} FAIL: {e}");

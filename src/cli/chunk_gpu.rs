@@ -314,6 +314,9 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
         target: Target::Sm80,
     };
     let four_ranges = ChunkTuning { prepared: true, ranges: Some(4), ..fused };
+    // A producer warpgroup: four fill warps computing each chunk's factors a chunk ahead.
+    let producer =
+        ChunkTuning { shape: ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED }, ..fused };
     let split = |seg| ChunkTuning { split: Some(seg), ..fused };
     // Segments of the varlen split row: the default's at full size.
     let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };
@@ -419,6 +422,12 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: None,
         },
         ChunkCase {
+            name: format!("chunk B=2 T={} H=2 HV=4, a producer warpgroup", t_dense + 3),
+            cfg: d.clone(),
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_dense + 3 }, h: 2, hv: 4, ..init.clone() },
+            tune: Some(producer),
+        },
+        ChunkCase {
             name: format!("chunk B=1 T={} H=2 HV=4, two-kernel path in 4 token ranges", t_split + 7),
             cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 7 }, h: 2, hv: 4, ..init.clone() },
@@ -492,25 +501,27 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
 
 /// The cases again with the fused kernel compiled for sm_90a (`wgmma`), on compute capability
 /// 9.0: each of them whose API run is its own choice, at [`ChunkShape::HOPPER`] (and its
-/// two-kernel run the sm_90a chain, [`ChunkShape::HOPPER_PREPARED`]).
+/// two-kernel run the sm_90a chain, [`ChunkShape::HOPPER_PREPARED`]); the first also with a
+/// producer warpgroup computing the factors.
 fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
-    cases
-        .iter()
-        .filter(|c| c.tune.is_none())
-        .map(|c| ChunkCase {
-            name: format!("{} sm_90a", c.name),
-            tune: Some(ChunkTuning {
-                shape: ChunkShape::HOPPER,
-                split: None,
-                prepared: false,
-                prep_blocks: None,
-                ranges: None,
-                operands: c.cfg.operands,
-                target: Target::Sm90a,
-            }),
-            ..c.clone()
-        })
-        .collect()
+    let hopper = |c: &ChunkCase, shape: ChunkShape, what: &str| ChunkCase {
+        name: format!("{}{what} sm_90a", c.name),
+        tune: Some(ChunkTuning {
+            shape,
+            split: None,
+            prepared: false,
+            prep_blocks: None,
+            ranges: None,
+            operands: c.cfg.operands,
+            target: Target::Sm90a,
+        }),
+        ..c.clone()
+    };
+    let untuned: Vec<&ChunkCase> = cases.iter().filter(|c| c.tune.is_none()).collect();
+    let producer = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
+    let mut out: Vec<ChunkCase> = untuned.iter().map(|c| hopper(c, ChunkShape::HOPPER, "")).collect();
+    out.extend(untuned.first().map(|c| hopper(c, producer, ", a producer warpgroup")));
+    out
 }
 
 /// Runs the prefill conformance cases (on compute capability 9.0 each also with the sm_90a fused

@@ -323,6 +323,15 @@ mod tests {
             ChunkTuning { shape: ChunkShape { warps: 8, rows_per_warp: 16, ..split }, ..ChunkTuning::fused(&plan) },
             "exactly 4 warps",
         );
+        // With fill warps, they compute the factors: split key products over 4 of them.
+        let producer = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..split };
+        let produced = ChunkTuning { shape: producer, ..ChunkTuning::fused(&plan) };
+        produced.check(&plan).expect("a producer warpgroup");
+        ChunkTuning { prepared: true, ..produced }.check(&plan).expect("its shape on the chain");
+        ChunkTuning { shape: ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER }, ..hopper }
+            .check(&plan)
+            .expect("a producer warpgroup beside the sm_90a fused kernel");
+        refused(ChunkTuning { shape: ChunkShape { fill_warps: 2, ..producer }, ..produced }, "exactly 4 warps");
         // Token ranges and the split derive a prepared tuning from the fused one: accepted, and
         // its chain, which computes no key products, has one name either way.
         let chain = ChunkTuning { prepared: true, ..ChunkTuning::fused(&plan) };

@@ -70,6 +70,19 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
         kda_kernels::chunk::chunk(&hopper_chain).expect("builds"),
         Target::Sm90a,
     ));
+    // The fused kernel with a producer warpgroup computing its factors, on sm_80 and beside the
+    // sm_90a fused kernel: tunings the sweep times, held to the same.
+    use kda_kernels::chunk::{ChunkConfig, ChunkShape};
+    let fused = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED };
+    let hopper = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
+    for (shape, target) in [(fused, Target::Sm80), (hopper, Target::Sm90a)] {
+        let cfg = ChunkConfig { shape, ..Default::default() };
+        kernels.push((
+            format!("chunk/{} (sweep)", cfg.key()),
+            kda_kernels::chunk::chunk(&cfg).expect("builds"),
+            target,
+        ));
+    }
     for (id, def, shipped) in &kernels {
         for t in Target::ALL {
             // Where it ships: sm_80 PTX also for sm_90, which the driver compiles it for.

@@ -213,8 +213,14 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
             claim(b, PRODUCER_GROUP, *loc, &p.def)?;
         }
     }
-    let outside = if in_producers.is_empty() { p.def.body.clone() } else { without_producers(&p.def.body) };
-    for s in &outside {
+    let stripped;
+    let outside: &[Stmt] = if in_producers.is_empty() {
+        &p.def.body
+    } else {
+        stripped = without_producers(&p.def.body);
+        &stripped
+    };
+    for s in outside {
         let (g, body): (u32, &[Stmt]) = match &s.kind {
             StmtKind::WarpGroup { first, count, id, body, .. } => {
                 if first + count > warps {

@@ -322,8 +322,8 @@ impl KernelBuilder {
         }
     }
 
-    /// `launch(.., fill_warps = n)`: `n` more warps that only issue the stage fills of
-    /// `pipelined` loops ([`crate::tile::KernelDef::fill_warps`]); 0 to
+    /// `launch(.., fill_warps = n)`: `n` more warps that issue the stage fills of `pipelined`
+    /// loops and run their producer blocks ([`crate::tile::KernelDef::fill_warps`]); 0 to
     /// [`crate::tile::FILL_WARPS_MAX`].
     pub fn fill_warps(&self, n: impl HostInt, loc: SrcLoc) {
         match u32::try_from(n.to_i64()) {

@@ -532,10 +532,11 @@ pub struct KernelDef {
     pub threads: u32,
     /// Blocks that must fit on one SM at once (`.minnctapersm`): caps registers per thread.
     pub min_blocks_per_sm: Option<u32>,
-    /// Warps added to the block's `threads` that only issue the stage fills of `pipelined`
-    /// loops (and pass the block's barriers); the `threads` run everything else. A warp's
-    /// instructions issue in order, so fills on warps of their own take their address
-    /// arithmetic off the compute warps' path.
+    /// Warps added to the block's `threads` that issue the stage fills of `pipelined` loops
+    /// (and pass the block's barriers), and run a loop's producer block one iteration ahead
+    /// (`place_producers`); the `threads` run everything else. A warp's instructions issue in
+    /// order, so fills on warps of their own take their address arithmetic off the compute
+    /// warps' path.
     pub fill_warps: u32,
     /// Which loop-invariant instructions move out of the kernel's loops (`lower/hoist.rs`).
     pub hoist: Hoist,

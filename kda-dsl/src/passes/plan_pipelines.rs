@@ -29,7 +29,9 @@ pub struct PipelinePlan {
     pub prelude: Vec<Stmt>,
     /// Past the loop's end the fills branch around their address arithmetic; not in a
     /// tensor-core loop, where the branch would split the block that interleaves the fills
-    /// with the MMAs (the GEMM measured slower with it).
+    /// with the MMAs (the GEMM measured slower with it), unless fill warps run the loop's
+    /// producer block: their fills run apart from the MMAs, and a dead one would zero a stage
+    /// the compute warps may still read (the producer waits for no `empty` phase past the end).
     pub skip_dead_fills: bool,
     /// The loop's `wgmma` group stays in flight into the next iteration ([`WgmmaInFlight`]).
     pub wgmma_in_flight: Option<WgmmaInFlight>,
@@ -156,7 +158,7 @@ pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
                 stages: *stages,
                 staged,
                 prelude,
-                skip_dead_fills: !contains_gemm(body),
+                skip_dead_fills: !contains_gemm(body) || p.producer_ring(*var).is_some(),
                 wgmma_in_flight: wgmma_in_flight(p, *stages, body),
                 barriers: *barriers,
             }),

@@ -73,9 +73,7 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
     // The fused kernel with a producer warpgroup computing its factors, on sm_80 and beside the
     // sm_90a fused kernel: tunings the sweep times, held to the same.
     use kda_kernels::chunk::{ChunkConfig, ChunkShape};
-    let fused = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED };
-    let hopper = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
-    for (shape, target) in [(fused, Target::Sm80), (hopper, Target::Sm90a)] {
+    for (shape, target) in [(ChunkShape::PRODUCER, Target::Sm80), (ChunkShape::HOPPER_PRODUCER, Target::Sm90a)] {
         let cfg = ChunkConfig { shape, ..Default::default() };
         kernels.push((
             format!("chunk/{} (sweep)", cfg.key()),

@@ -201,41 +201,34 @@ impl Expr {
 
     /// Calls `f` on each variable the expression reads, at any depth (once per read).
     pub fn for_each_var(&self, f: &mut impl FnMut(VarId)) {
-        match self {
-            Expr::Var(v) => f(*v),
-            Expr::Elem(_, idx) | Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_var(f)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_var(f),
-            Expr::Binary(_, a, b) => {
-                a.for_each_var(f);
-                b.for_each_var(f);
-            }
-            Expr::Select(c, a, b) => {
-                c.for_each_var(f);
-                a.for_each_var(f);
-                b.for_each_var(f);
-            }
-            Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) => {}
+        if let Expr::Var(v) = self {
+            f(*v);
         }
+        self.for_each_operand(&mut |e| e.for_each_var(f));
     }
 
     /// Calls `f` on each tile element read of the expression, with its indices, at any depth
     /// (once per read; a read inside another's index after it).
     pub fn for_each_elem_read(&self, f: &mut impl FnMut(BufId, &[Expr])) {
+        if let Expr::Elem(b, idx) = self {
+            f(*b, idx);
+        }
+        self.for_each_operand(&mut |e| e.for_each_elem_read(f));
+    }
+
+    /// Calls `f` on each expression one level down: a read's indices, an operator's operands.
+    fn for_each_operand(&self, f: &mut impl FnMut(&Expr)) {
         match self {
-            Expr::Elem(b, idx) => {
-                f(*b, idx);
-                idx.iter().for_each(|i| i.for_each_elem_read(f));
-            }
-            Expr::Load(_, idx) => idx.iter().for_each(|i| i.for_each_elem_read(f)),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => a.for_each_elem_read(f),
+            Expr::Elem(_, idx) | Expr::Load(_, idx) => idx.iter().for_each(f),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => f(a),
             Expr::Binary(_, a, b) => {
-                a.for_each_elem_read(f);
-                b.for_each_elem_read(f);
+                f(a);
+                f(b);
             }
             Expr::Select(c, a, b) => {
-                c.for_each_elem_read(f);
-                a.for_each_elem_read(f);
-                b.for_each_elem_read(f);
+                f(c);
+                f(a);
+                f(b);
             }
             Expr::Int(..) | Expr::Float(_) | Expr::Bool(_) | Expr::Dim(_) | Expr::Scalar(_) | Expr::Var(_) => {}
         }
@@ -515,9 +508,9 @@ pub enum StmtKind {
     /// A block barrier (`bar.sync`); inserted by `insert_barriers`, never written by authors.
     Barrier,
     /// The producer's part of a `pipelined` loop's body (`for _ in producer() { .. }`): what it
-    /// computes from the stage's fills into shared tiles for the rest of the body, which a role
-    /// of its own may run ahead of the rest. Its meaning is its statements written in its place;
-    /// `passes::place_producers` checks its rules and places it.
+    /// computes from the stage's fills into shared tiles for the rest of the body. Its meaning
+    /// is its statements written in its place; `passes::place_producers` checks its rules and
+    /// decides where it runs (on the fill warps, a step ahead, it stays in the body).
     Producer(Vec<Stmt>),
 }
 

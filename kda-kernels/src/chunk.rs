@@ -193,6 +193,13 @@ impl ChunkShape {
         key_products: KeyProducts::Split,
         ..ChunkShape::plain(4, 2, 2)
     };
+    /// [`ChunkShape::FUSED`] with a producer warpgroup: four fill warps compute each chunk's
+    /// factors (the step's producer block) a chunk ahead of the state's chain on the 4 compute
+    /// warps, 3 stages (the ring's fills a chunk ahead of the block), 1 block an SM (232
+    /// registers a thread on sm_80). The fused kernel's bits; 11% faster on one long sequence
+    /// alone, slower wherever blocks are many (docs/performance.md, 2026-12-06, later), so no
+    /// path takes it by default.
+    pub const PRODUCER: ChunkShape = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED };
     /// The chain over a prepared workspace (the two-kernel path, taken with few chains): 2
     /// warps and a fill warp, 4 blocks per SM, 4 stages. Its blocks carry no key preparation,
     /// so smaller ones spread each head's 128 value rows over more SMs; a step is short next
@@ -224,6 +231,9 @@ impl ChunkShape {
     /// with its products of 16 columns on `mma.sync` ([`NarrowProducts::MmaSync`], the sweep's
     /// `4x2w32ihm`) it spills in none, untimed so far.
     pub const HOPPER: ChunkShape = ChunkShape { fills_in_flight: true, ..ChunkShape::plain(8, 1, 2) };
+    /// [`ChunkShape::HOPPER`] with a producer warpgroup computing the factors, as
+    /// [`ChunkShape::PRODUCER`] beside the sm_80 kernel: the same bits, untimed.
+    pub const HOPPER_PRODUCER: ChunkShape = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
 }
 
 pub use crate::rules::Beta;

@@ -115,39 +115,27 @@ fn the_sm_90a_chain_gives_the_fused_kernels_bits() {
     }
 }
 
-/// The fused kernel with a producer warpgroup and 3 stages (its fills a chunk ahead of its
-/// block, so past the loop's end it has fills it must not issue: a dead fill would zero a stage
-/// the compute warps may still read) gives the fused kernel's bits, with no race, on every
-/// fourth family.
+/// The fused kernel with a producer warpgroup (four fill warps computing each chunk's factors a
+/// chunk ahead) gives the bits of the kernel without, with no race, on every fourth family: on
+/// sm_80 at 3 stages (its fills a chunk ahead of its block, so past the loop's end it has fills
+/// it must not issue: a dead fill would zero a stage the compute warps may still read), and on
+/// sm_90a beside the two warpgroups that keep the state in `wgmma` accumulators.
 #[test]
-fn a_producer_warpgroup_a_chunk_ahead_changes_no_bit_of_the_fused_kernel() {
-    let producer = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED };
-    for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 4 == 0) {
-        let x = f.inputs(i as u64);
-        let fused = ChunkConfig { shape: ChunkShape::FUSED, ..f.cfg.clone() };
-        let want = simulate_chunk(&fused, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let got = simulate_chunk(&ChunkConfig { shape: producer, ..f.cfg.clone() }, &x)
-            .unwrap_or_else(|e| panic!("{} (a producer warpgroup): {e}", f.name));
-        assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ", f.name);
-        assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ", f.name);
-    }
-}
-
-/// The sm_90a fused kernel with a producer warpgroup (four fill warps computing each chunk's
-/// factors a chunk ahead, while its two warpgroups keep the state in `wgmma` accumulators)
-/// gives the bits of the kernel without, on every fourth family.
-#[test]
-fn a_producer_warpgroup_changes_no_bit_of_the_sm_90a_fused_kernel() {
+fn a_producer_warpgroup_changes_no_bit_of_the_fused_kernel() {
     use kda_kernels::chunk_check::simulate_chunk_on;
+    let pairs = [
+        (Target::Sm80, ChunkShape::FUSED, ChunkShape::PRODUCER),
+        (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_PRODUCER),
+    ];
     for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 4 == 0) {
         let x = f.inputs(i as u64);
-        let hopper = ChunkConfig { shape: ChunkShape::HOPPER, ..f.cfg.clone() };
-        let want = simulate_chunk_on(&hopper, &x, 2, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let produced = ChunkConfig { shape: ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER }, ..f.cfg.clone() };
-        let got = simulate_chunk_on(&produced, &x, 2, Target::Sm90a)
-            .unwrap_or_else(|e| panic!("{} (a producer warpgroup): {e}", f.name));
-        assert!(bits(&got.out) == bits(&want.out), "{}: outputs differ", f.name);
-        assert!(bits(&got.final_state) == bits(&want.final_state), "{}: final states differ", f.name);
+        for (target, fused, producer) in pairs {
+            let run = |shape| simulate_chunk_on(&ChunkConfig { shape, ..f.cfg.clone() }, &x, 2, target);
+            let want = run(fused).unwrap_or_else(|e| panic!("{} {target}: {e}", f.name));
+            let got = run(producer).unwrap_or_else(|e| panic!("{} {target} (a producer warpgroup): {e}", f.name));
+            assert!(bits(&got.out) == bits(&want.out), "{} {target}: outputs differ", f.name);
+            assert!(bits(&got.final_state) == bits(&want.final_state), "{} {target}: final states differ", f.name);
+        }
     }
 }
 

@@ -136,11 +136,15 @@ pub fn simulate_all() -> usize {
         .enumerate()
         .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_pool_bf16_state_gva4_padding_empty"))
     {
-        for (target, shape) in [(Target::Sm80, ChunkShape::FUSED), (Target::Sm90a, ChunkShape::HOPPER)] {
+        let pairs = [
+            (Target::Sm80, ChunkShape::FUSED, ChunkShape::PRODUCER),
+            (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_PRODUCER),
+        ];
+        for (target, shape, producer) in pairs {
             let case = format!("chunk/{}_producer_warpgroup {target}", f.name);
             let x = f.inputs(i as u64);
             let cfg = ChunkConfig { shape, ..f.cfg.clone() };
-            let produced = ChunkConfig { shape: ChunkShape { fill_warps: 4, min_blocks: 1, ..shape }, ..cfg.clone() };
+            let produced = ChunkConfig { shape: producer, ..cfg.clone() };
             let run = |c: &ChunkConfig| simulate_chunk_on(c, &x, 2, target);
             let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
             let same = run(&cfg).and_then(|want| {

@@ -314,9 +314,6 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
         target: Target::Sm80,
     };
     let four_ranges = ChunkTuning { prepared: true, ranges: Some(4), ..fused };
-    // A producer warpgroup: four fill warps computing each chunk's factors a chunk ahead.
-    let producer =
-        ChunkTuning { shape: ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..ChunkShape::FUSED }, ..fused };
     let split = |seg| ChunkTuning { split: Some(seg), ..fused };
     // Segments of the varlen split row: the default's at full size.
     let seg_varlen = if quick { 64 } else { kda_runtime::chunk::SPLIT_SEGMENT_TOKENS };
@@ -425,7 +422,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             name: format!("chunk B=2 T={} H=2 HV=4, a producer warpgroup", t_dense + 3),
             cfg: d.clone(),
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_dense + 3 }, h: 2, hv: 4, ..init.clone() },
-            tune: Some(producer),
+            tune: Some(ChunkTuning { shape: ChunkShape::PRODUCER, ..fused }),
         },
         ChunkCase {
             name: format!("chunk B=1 T={} H=2 HV=4, two-kernel path in 4 token ranges", t_split + 7),
@@ -518,9 +515,8 @@ fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
         ..c.clone()
     };
     let untuned: Vec<&ChunkCase> = cases.iter().filter(|c| c.tune.is_none()).collect();
-    let producer = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
     let mut out: Vec<ChunkCase> = untuned.iter().map(|c| hopper(c, ChunkShape::HOPPER, "")).collect();
-    out.extend(untuned.first().map(|c| hopper(c, producer, ", a producer warpgroup")));
+    out.extend(untuned.first().map(|c| hopper(c, ChunkShape::HOPPER_PRODUCER, ", a producer warpgroup")));
     out
 }
 

@@ -122,8 +122,9 @@ impl Lower<'_> {
         // around their addresses: decided by `plan_pipelines`.
         let plan = self.p.pipeline(var).clone();
         debug_assert_eq!(plan.stages, stages);
-        if let Some(ring) = self.p.producer_ring(var) {
-            return self.producer_ring_loop(&plan, &ring.clone(), (s0, e), body, loc, work);
+        let program = self.p;
+        if let Some(ring) = program.producer_ring(var) {
+            return self.producer_ring_loop(&plan, ring, (s0, e), body, loc, work);
         }
         if let StageFills::TensorBoxes(tma @ TmaPipeline { handoff: Handoff::EmptyBarriers { .. }, .. }) = &plan.fills {
             return self.warp_specialized_loop(&plan, tma, (s0, e), body, loc);

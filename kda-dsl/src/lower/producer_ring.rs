@@ -18,7 +18,7 @@
 
 use super::loops::LoopWork;
 use super::roles::Role;
-use super::tma::MBARRIER_BYTES;
+use super::tma::{PhaseStart, MBARRIER_BYTES};
 use super::{Lower, Scope, WgmmaWait, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
@@ -65,29 +65,20 @@ impl Lower<'_> {
     /// At the kernel's entry: each producer ring's mbarriers initialized by thread 0, then a
     /// barrier so no thread waits on one before it is initialized.
     pub(super) fn producer_ring_entry(&mut self) {
-        let rings: Vec<(VarId, ProducerRing)> = self
-            .p
-            .pipelines
-            .iter()
-            .filter_map(|plan| Some((plan.var, self.p.producer_ring(plan.var)?.clone())))
-            .collect();
+        let program = self.p;
+        let rings: Vec<(VarId, &ProducerRing)> =
+            program.pipelines.iter().filter_map(|plan| Some((plan.var, program.producer_ring(plan.var)?))).collect();
         if rings.is_empty() {
             return;
         }
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         for (var, ring) in rings {
             let counts = (0..ring.stages).map(|_| 1).chain((0..ring.stages).map(|_| self.p.def.threads));
-            for (k, count) in counts.enumerate() {
-                let addr = self.em.add32(self.smem, Src::Imm(i64::from(ring.barriers) + MBARRIER_BYTES * k as i64));
-                let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
-                self.em.emit_if(first, true, Op::MbarrierInit { addr, count });
-            }
+            self.init_mbarriers(first, ring.barriers, counts);
             // The compute warps wait for phase 0 of `ready` first; the producer for the phase
             // "before" phase 0 of `empty`, which counts as complete.
-            let ready = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: ready, a: Src::Imm(0) });
-            let empty = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: empty, a: Src::Imm(-1) });
+            let ready = self.phase_bits(PhaseStart::Phase0);
+            let empty = self.phase_bits(PhaseStart::BeforePhase0);
             self.ring_phases.insert(var, RingPhases { ready, empty });
         }
         self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });

@@ -21,6 +21,16 @@ use crate::tma_choice::TmaBoxes;
 /// Bytes of one mbarrier.
 pub(super) const MBARRIER_BYTES: i64 = 8;
 
+/// The phase of a fresh mbarrier a thread waits for first.
+#[derive(Clone, Copy)]
+pub(super) enum PhaseStart {
+    /// Phase 0: the first the arrivals complete (what a reader waits for).
+    Phase0,
+    /// The phase "before" phase 0, which counts as complete (what a producer waits for before
+    /// it first fills a stage).
+    BeforePhase0,
+}
+
 /// The parity bits, one per stage, of the phases a TMA pipeline's threads wait for next.
 #[derive(Clone, Copy)]
 pub(crate) struct TmaPhases {
@@ -66,21 +76,11 @@ impl Lower<'_> {
                 Handoff::EmptyBarriers { consumers } => Some(consumers),
             };
             let counts = (0..stages).map(|_| 1).chain((0..stages).filter_map(|_| empty_count));
-            for (k, count) in counts.enumerate() {
-                let at = i64::from(tma.barriers) + MBARRIER_BYTES * k as i64;
-                let addr = self.em.add32(self.smem, Src::Imm(at));
-                let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
-                self.em.emit_if(first, true, Op::MbarrierInit { addr, count });
-            }
+            self.init_mbarriers(first, tma.barriers, counts);
             // Readers wait for phase 0 of a stage first; the producer waits for the phase
             // "before" phase 0 of an `empty` barrier, which counts as complete.
-            let full = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: full, a: Src::Imm(0) });
-            let empty = empty_count.map(|_| {
-                let bits = self.em.reg(RegClass::B32);
-                self.em.emit(Op::Mov { ty: Ty::B32, d: bits, a: Src::Imm(-1) });
-                bits
-            });
+            let full = self.phase_bits(PhaseStart::Phase0);
+            let empty = empty_count.map(|_| self.phase_bits(PhaseStart::BeforePhase0));
             self.tma_phases.insert(var, TmaPhases { full, empty });
         }
         // The initialized barriers visible to the async proxy (TMA completes on them), then
@@ -88,6 +88,27 @@ impl Lower<'_> {
         self.em.emit_if(first, true, Op::FenceProxyAsync);
         self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
         params
+    }
+
+    /// Thread `first` (a predicate) initializes the array of mbarriers at shared byte `at`,
+    /// one per count, each completing a phase on that many arrivals.
+    pub(super) fn init_mbarriers(&mut self, first: Reg, at: u32, counts: impl Iterator<Item = u32>) {
+        for (k, count) in counts.enumerate() {
+            let addr = self.em.add32(self.smem, Src::Imm(i64::from(at) + MBARRIER_BYTES * k as i64));
+            let addr = self.em.to_reg(addr, RegClass::B32, Ty::U32);
+            self.em.emit_if(first, true, Op::MbarrierInit { addr, count });
+        }
+    }
+
+    /// A register of parity bits, one per stage, for the phase a thread waits for first.
+    pub(super) fn phase_bits(&mut self, start: PhaseStart) -> Reg {
+        let bits = self.em.reg(RegClass::B32);
+        let all = match start {
+            PhaseStart::Phase0 => 0,
+            PhaseStart::BeforePhase0 => -1,
+        };
+        self.em.emit(Op::Mov { ty: Ty::B32, d: bits, a: Src::Imm(all) });
+        bits
     }
 
     /// The shared address of the `full` mbarrier of `stage` of `tma` (its boxes complete it).

@@ -4,7 +4,7 @@
 //! column layout of the 2-D fragment it is reduced from or broadcast against, so element-wise
 //! work between them stays in registers. Shared tiles of 16-bit elements are swizzled.
 
-use super::place_producers::{ProducerRole, PRODUCER_GROUP};
+use super::place_producers::{splice_producers, ProducerRole, Splice, PRODUCER_GROUP};
 use super::{BufLayout, TileProgram};
 use crate::diag::{Diag, SrcLoc};
 use crate::layout::{FragmentKind, FragmentLayout, SharedLayout};
@@ -200,10 +200,10 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     // A producer block on fill warps owns the fragments and locals it uses (the shared tiles
     // it hands over, and the fills it reads, are the ring's to order); the rest of the kernel
     // is walked without its statements.
-    let mut in_producers = vec![];
+    let mut in_producers: Vec<(SrcLoc, &[Stmt])> = vec![];
     visit_stmts(&p.def.body, &mut |s| {
         if let StmtKind::Producer(body) = &s.kind {
-            in_producers.push((s.loc, body.clone()));
+            in_producers.push((s.loc, body));
         }
     });
     for (loc, body) in &in_producers {
@@ -217,7 +217,7 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     let outside: &[Stmt] = if in_producers.is_empty() {
         &p.def.body
     } else {
-        stripped = without_producers(&p.def.body);
+        stripped = splice_producers(p.def.body.clone(), Splice::Drop);
         &stripped
     };
     for s in outside {
@@ -242,27 +242,6 @@ fn assign_warp_groups(p: &mut TileProgram) -> Result<(), Diag> {
     }
     p.owner = owner.into_iter().map(|o| o.map(|x| x.0).unwrap_or(0)).collect();
     Ok(())
-}
-
-/// `body` without the statements of its producer blocks.
-fn without_producers(body: &[Stmt]) -> Vec<Stmt> {
-    body.iter()
-        .filter(|s| !matches!(s.kind, StmtKind::Producer(_)))
-        .map(|s| {
-            let mut s = s.clone();
-            match &mut s.kind {
-                StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                    *body = without_producers(body)
-                }
-                StmtKind::If(_, t, e) => {
-                    *t = without_producers(t);
-                    *e = without_producers(e);
-                }
-                _ => {}
-            }
-            s
-        })
-        .collect()
 }
 
 /// Whether evaluating `e` reads an element of a shared tile.

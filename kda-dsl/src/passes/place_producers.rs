@@ -103,7 +103,7 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
         let warps = p.def.fill_warps;
         p.groups.insert(PRODUCER_GROUP, super::WarpGroupInfo { warps, scratch_offset: 0 });
     } else {
-        p.def.body = inline_producers(std::mem::take(&mut p.def.body));
+        p.def.body = splice_producers(std::mem::take(&mut p.def.body), Splice::Inline);
     }
     p.producers = plans;
     Ok(())
@@ -347,20 +347,30 @@ fn sorted<T: Copy + Ord>(set: &HashSet<T>) -> Vec<T> {
     v
 }
 
-/// `body` with every producer block replaced by its statements.
-fn inline_producers(body: Vec<Stmt>) -> Vec<Stmt> {
+/// What becomes of a producer block's statements in [`splice_producers`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Splice {
+    /// They stand in the block's place.
+    Inline,
+    /// They are left out (what the rest of the kernel runs without them).
+    Drop,
+}
+
+/// `body` with every producer block replaced by its statements, or by nothing.
+pub(crate) fn splice_producers(body: Vec<Stmt>, splice: Splice) -> Vec<Stmt> {
     let mut out = Vec::with_capacity(body.len());
     for mut s in body {
         match s.kind {
-            StmtKind::Producer(inner) => out.extend(inline_producers(inner)),
+            StmtKind::Producer(inner) if splice == Splice::Inline => out.extend(splice_producers(inner, splice)),
+            StmtKind::Producer(_) => {}
             _ => {
                 match &mut s.kind {
                     StmtKind::For { body, .. } | StmtKind::Parallel { body, .. } | StmtKind::WarpGroup { body, .. } => {
-                        *body = inline_producers(std::mem::take(body))
+                        *body = splice_producers(std::mem::take(body), splice)
                     }
                     StmtKind::If(_, t, e) => {
-                        *t = inline_producers(std::mem::take(t));
-                        *e = inline_producers(std::mem::take(e));
+                        *t = splice_producers(std::mem::take(t), splice);
+                        *e = splice_producers(std::mem::take(e), splice);
                     }
                     _ => {}
                 }
@@ -369,6 +379,16 @@ fn inline_producers(body: Vec<Stmt>) -> Vec<Stmt> {
         }
     }
     out
+}
+
+impl TileProgram {
+    /// The ring of the `pipelined` loop over `var`, if fill warps run its producer block.
+    pub fn producer_ring(&self, var: VarId) -> Option<&ProducerRing> {
+        self.producers.iter().find(|x| x.var == var).and_then(|x| match &x.role {
+            ProducerRole::FillWarps(ring) => Some(ring),
+            ProducerRole::Inline => None,
+        })
+    }
 }
 
 /// One plan as a line of the pass dumps.

@@ -9,7 +9,6 @@
 
 use std::fmt;
 
-use super::place_producers::{ProducerRing, ProducerRole};
 use super::TileProgram;
 use crate::analysis::fill_prelude::fill_prelude;
 use crate::diag::Diag;
@@ -216,14 +215,6 @@ fn stage_fills(p: &TileProgram, fills: &[&Stmt], prelude: &[Stmt]) -> StageFills
 }
 
 impl TileProgram {
-    /// The ring of the `pipelined` loop over `var`, if fill warps run its producer block.
-    pub fn producer_ring(&self, var: VarId) -> Option<&ProducerRing> {
-        self.producers.iter().find(|x| x.var == var).and_then(|x| match &x.role {
-            ProducerRole::FillWarps(ring) => Some(ring),
-            ProducerRole::Inline => None,
-        })
-    }
-
     /// The plan of the `pipelined` loop over `var` (`plan_pipelines` made one for each).
     pub fn pipeline(&self, var: VarId) -> &PipelinePlan {
         self.pipelines.iter().find(|x| x.var == var).expect("plan_pipelines planned every pipelined loop")

@@ -1,7 +1,7 @@
 //! `mbarrier` objects in the simulated block: 8 shared bytes that only `mbarrier`
 //! instructions touch, whose phases complete after their count of arrivals.
 //!
-//! A `try_wait` whose phase has not completed parks its thread until it does, and then
+//! A `try_wait` (or `test_wait`) whose phase has not completed parks its thread until it does, and then
 //! returns false once, as a hardware wait that timed out may: a program that does not loop on
 //! it reads what the phase has not released yet. An arrival releases the arriving
 //! warp's earlier shared accesses and a successful wait acquires them: the race checker orders
@@ -161,7 +161,7 @@ impl Block<'_> {
     /// came and the transaction count is off (`expect_tx` and the copies' bytes differ).
     pub(super) fn stuck_phase(&mut self, t: usize) -> String {
         let Op::MbarrierWait { addr, .. } = self.prog.body[self.threads[t].pc].op else {
-            unreachable!("threads park only at mbarrier.try_wait")
+            unreachable!("threads park only at an mbarrier wait")
         };
         let a = self.get(t, &Src::Reg(addr));
         match self.mbarrier(t, a) {
@@ -176,7 +176,7 @@ impl Block<'_> {
         }
     }
 
-    /// Wakes the threads parked at a `try_wait` whose phase has completed.
+    /// Wakes the threads parked at a `try_wait` or `test_wait` whose phase has completed.
     pub(super) fn unpark(&mut self) -> R<bool> {
         let mut woke = false;
         for t in 0..self.threads.len() {
@@ -184,7 +184,7 @@ impl Block<'_> {
                 continue;
             }
             let Op::MbarrierWait { addr, parity, .. } = self.prog.body[self.threads[t].pc].op else {
-                unreachable!("threads park only at mbarrier.try_wait")
+                unreachable!("threads park only at an mbarrier wait")
             };
             let (a, p) = (self.get(t, &Src::Reg(addr)), self.get(t, &parity));
             if self.mbarrier_phase_done(t, a, p)? {

@@ -92,9 +92,9 @@ struct Thread {
     done: bool,
     /// Waiting at a collective or barrier (pc points at it).
     blocked: bool,
-    /// Waiting at an `mbarrier.try_wait` whose phase has not completed (pc points at it).
+    /// Waiting at an mbarrier wait (`try_wait`, `test_wait`) whose phase has not completed (pc points at it).
     parked: bool,
-    /// Woken from a `try_wait`: the next one returns false once, as a timed-out hardware wait
+    /// Woken from an mbarrier wait: the next one returns false once, as a timed-out hardware wait
     /// may, so a program must loop on it.
     woke: bool,
     groups: Vec<Vec<(u32, [u8; 16])>>,
@@ -751,7 +751,7 @@ fn run_block(blk: &mut Block) -> Result<(), SimError> {
         }
         if let (false, Some(t)) = (progress, blk.threads.iter().position(|t| t.parked)) {
             let why = blk.stuck_phase(t);
-            return Err(fail(blk, t, format!("deadlock: an mbarrier.try_wait waits for a phase {why}")));
+            return Err(fail(blk, t, format!("deadlock: an mbarrier wait waits for a phase {why}")));
         }
         if !progress {
             let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);

@@ -324,14 +324,16 @@ mod tests {
             "exactly 4 warps",
         );
         // With fill warps, they compute the factors: split key products over 4 of them.
-        let producer = ChunkShape { fill_warps: 4, min_blocks: 1, stages: 3, ..split };
-        let produced = ChunkTuning { shape: producer, ..ChunkTuning::fused(&plan) };
+        let produced = ChunkTuning { shape: ChunkShape::PRODUCER, ..ChunkTuning::fused(&plan) };
         produced.check(&plan).expect("a producer warpgroup");
         ChunkTuning { prepared: true, ..produced }.check(&plan).expect("its shape on the chain");
-        ChunkTuning { shape: ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER }, ..hopper }
+        ChunkTuning { shape: ChunkShape::HOPPER_PRODUCER, ..hopper }
             .check(&plan)
             .expect("a producer warpgroup beside the sm_90a fused kernel");
-        refused(ChunkTuning { shape: ChunkShape { fill_warps: 2, ..producer }, ..produced }, "exactly 4 warps");
+        refused(
+            ChunkTuning { shape: ChunkShape { fill_warps: 2, ..ChunkShape::PRODUCER }, ..produced },
+            "exactly 4 warps",
+        );
         // Token ranges and the split derive a prepared tuning from the fused one: accepted, and
         // its chain, which computes no key products, has one name either way.
         let chain = ChunkTuning { prepared: true, ..ChunkTuning::fused(&plan) };

@@ -72,6 +72,23 @@ macro_rules! host_int {
 }
 host_int!(i32, i64, u32, u64, usize);
 
+/// A host integer a kernel may leave out: an integer, or an `Option` of one (`None` leaves the
+/// setting at its default).
+pub trait OptionalHostInt: Copy {
+    /// The value as i64, if any.
+    fn to_option(self) -> Option<i64>;
+}
+impl<T: HostInt> OptionalHostInt for T {
+    fn to_option(self) -> Option<i64> {
+        Some(self.to_i64())
+    }
+}
+impl<T: HostInt> OptionalHostInt for Option<T> {
+    fn to_option(self) -> Option<i64> {
+        self.map(HostInt::to_i64)
+    }
+}
+
 /// A grid expression (host side), built from extents and config values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Host(pub HostExpr);
@@ -329,6 +346,19 @@ impl KernelBuilder {
         match u32::try_from(n.to_i64()) {
             Ok(v) if v <= crate::tile::FILL_WARPS_MAX => self.st.borrow_mut().def.fill_warps = v,
             _ => self.error(loc, format!("fill_warps = {}: expected 0 to {}", n.to_i64(), crate::tile::FILL_WARPS_MAX)),
+        }
+    }
+
+    /// `launch(.., producer_registers = n)`: the registers a thread of the fill warpgroups keeps
+    /// once the roles part ([`crate::tile::KernelDef::producer_registers`]); a multiple of 8
+    /// from 24 to 256 (`setmaxnreg`'s range), or `None` for the default.
+    pub fn producer_registers(&self, n: impl OptionalHostInt, loc: SrcLoc) {
+        let Some(n) = n.to_option() else { return };
+        match u32::try_from(n) {
+            Ok(v) if v.is_multiple_of(8) && (24..=256).contains(&v) => {
+                self.st.borrow_mut().def.producer_registers = Some(v)
+            }
+            _ => self.error(loc, format!("producer_registers = {n}: expected a multiple of 8 from 24 to 256")),
         }
     }
 

@@ -531,6 +531,13 @@ pub struct KernelDef {
     /// order, so fills on warps of their own take their address arithmetic off the compute
     /// warps' path.
     pub fill_warps: u32,
+    /// Registers a thread of the fill warpgroups keeps once the roles part on sm_90a
+    /// (`launch(.., producer_registers = n)`, `setmaxnreg.dec`; a multiple of 8 from 24 to
+    /// 256): what a producer block that computes needs, which only its author knows. The
+    /// compute warpgroups take the rest (`lower/register_plan.rs`). Without it, fill warps
+    /// that only issue TMA boxes keep a small fixed count and a computing producer keeps what
+    /// every thread has.
+    pub producer_registers: Option<u32>,
     /// Which loop-invariant instructions move out of the kernel's loops (`lower/hoist.rs`).
     pub hoist: Hoist,
     /// The narrowest accumulator (N, its columns) a `gemm` takes `wgmma` for on sm_90a
@@ -611,6 +618,7 @@ impl KernelDef {
             threads: 0,
             min_blocks_per_sm: None,
             fill_warps: 0,
+            producer_registers: None,
             hoist: Hoist::Nothing,
             wgmma_min_n: WGMMA_MIN_N,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
@@ -658,12 +666,13 @@ impl fmt::Display for KernelDef {
         }
         let min_blocks = self.min_blocks_per_sm.map(|m| format!(" min_blocks={m}")).unwrap_or_default();
         let fill_warps = if self.fill_warps > 0 { format!(" fill_warps={}", self.fill_warps) } else { String::new() };
+        let producer = self.producer_registers.map(|n| format!(" producer_registers={n}")).unwrap_or_default();
         let hoist = if self.hoist == Hoist::Nothing { String::new() } else { format!(" hoist={}", self.hoist.name()) };
         let wgmma_min_n =
             if self.wgmma_min_n == WGMMA_MIN_N { String::new() } else { format!(" wgmma_min_n={}", self.wgmma_min_n) };
         writeln!(
             f,
-            ") threads={}{min_blocks}{fill_warps}{hoist}{wgmma_min_n} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks}{fill_warps}{producer}{hoist}{wgmma_min_n} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),

@@ -567,6 +567,9 @@ impl Parser {
         if self.is_ident("fill_warps") {
             self.def.fill_warps = self.setting("fill_warps")? as u32;
         }
+        if self.is_ident("producer_registers") {
+            self.def.producer_registers = Some(self.setting("producer_registers")? as u32);
+        }
         if self.is_ident("hoist") {
             self.keyword("hoist")?;
             self.punct("=")?;

@@ -68,6 +68,11 @@ pub struct ChunkShape {
     /// producer block), a chunk ahead of the state's chain, and hand them over through a ring
     /// of mbarriers (`place_producers`). The arithmetic, and so the bits, do not depend on it.
     pub fill_warps: usize,
+    /// Registers a thread of the fill warps keeps on sm_90a once the roles part
+    /// (`launch(.., producer_registers)`; the compute warpgroups take the rest by
+    /// `setmaxnreg`): what the fused step's producer block needs, which is far less than the
+    /// state's warps. `None` keeps every thread's registers alike. Same bits.
+    pub producer_registers: Option<usize>,
     /// The barriers inside a chunk's step leave the next chunks' loads in flight instead of
     /// waiting for them (`pipelined(.., fills_in_flight)`): with other blocks on the SM their
     /// work covers that wait, alone on it the block would stall at its step's first barrier
@@ -147,6 +152,7 @@ impl ChunkShape {
             min_blocks,
             stages,
             fill_warps: 0,
+            producer_registers: None,
             fills_in_flight: false,
             hoist_override: None,
             gate_scan_override: None,
@@ -231,9 +237,19 @@ impl ChunkShape {
     /// with its products of 16 columns on `mma.sync` ([`NarrowProducts::MmaSync`], the sweep's
     /// `4x2w32ihm`) it spills in none, untimed so far.
     pub const HOPPER: ChunkShape = ChunkShape { fills_in_flight: true, ..ChunkShape::plain(8, 1, 2) };
-    /// [`ChunkShape::HOPPER`] with a producer warpgroup computing the factors, as
-    /// [`ChunkShape::PRODUCER`] beside the sm_80 kernel: the same bits, untimed.
-    pub const HOPPER_PRODUCER: ChunkShape = ChunkShape { fill_warps: 4, ..ChunkShape::HOPPER };
+    /// The fused kernel on sm_90a as two warpgroups of roles: one holds a head's whole state (4
+    /// warps of 32 value rows, 128 f32 registers a thread of `wgmma` accumulators) and runs the
+    /// state's products, the other computes each chunk's factors a chunk ahead (the step's
+    /// producer block, as [`ChunkShape::PRODUCER`] on sm_80), keeping 128 registers a thread
+    /// (the fewest in steps of 8 at which ptxas spills none of the factors) and giving the rest
+    /// to the state's warpgroup (`setmaxnreg`). Its products of 16 columns take `mma.sync`: on
+    /// `wgmma` ptxas waits on their accumulators (C7517). 1 block an SM, 3 stages. The same
+    /// bits, untimed. With [`ChunkShape::HOPPER`]'s 8 warps and the fill warps (12 warps, 168
+    /// registers a thread) the factors measured a quarter faster than inline, but still bound
+    /// the step (docs/performance.md, 2026-12-06, third session): at 128 registers a second
+    /// producer warpgroup would fit beside this one.
+    pub const HOPPER_PRODUCER: ChunkShape =
+        ChunkShape { producer_registers: Some(128), narrow_products: NarrowProducts::MmaSync, ..ChunkShape::PRODUCER };
 }
 
 pub use crate::rules::Beta;
@@ -579,7 +595,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -598,6 +614,7 @@ impl ChunkConfig {
             // Two stages, the fused kernel's, go unnamed.
             if self.shape.stages == 2 { String::new() } else { format!("_st{}", self.shape.stages) },
             if self.shape.fill_warps == 0 { String::new() } else { format!("_fw{}", self.shape.fill_warps) },
+            self.shape.producer_registers.map(|n| format!("_pr{n}")).unwrap_or_default(),
             if self.shape.fills_in_flight { "_ff" } else { "" },
             match self.shape.hoist_override {
                 None => "",
@@ -1221,6 +1238,7 @@ pub fn chunk(
         threads = 32 * cfg.shape.warps,
         min_blocks = cfg.shape.min_blocks,
         fill_warps = cfg.shape.fill_warps,
+        producer_registers = cfg.shape.producer_registers,
         hoist = cfg.shape.hoist(),
         wgmma_min_n = cfg.shape.narrow_products.wgmma_min_n(),
     );

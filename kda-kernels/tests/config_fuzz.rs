@@ -105,6 +105,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 min_blocks: x.of(&[1, 2, 3, 0]),
                 stages: x.of(&[2, 3, 4, 1, 0]),
                 fill_warps: x.of(&[0, 1, 2, 5]),
+                producer_registers: x.of(&[None, None, Some(128), Some(20)]),
                 fills_in_flight: x.b(),
                 hoist_override: x.of(&[None, Some(Hoist::Nothing), Some(Hoist::BlockUniform), Some(Hoist::Everything)]),
                 gate_scan_override: x.of(&[None, Some(GateScan::PerChannel), Some(GateScan::Shared)]),

@@ -1017,3 +1017,62 @@ fn a_producer_block_on_fill_warps_gives_the_inline_values() {
         assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 2, "{case}:\n{ptx}");
     }
 }
+
+/// [`biased_step`]'s config: whether the fill warpgroup keeps 128 registers (the roles apart on
+/// sm_90a) or every thread what ptxas gives it.
+struct BiasedCfg {
+    producer_registers: Option<usize>,
+}
+
+/// `y = 2 x + b` by 32-column tiles on 4 compute warps, the step a producer block on a fill
+/// warpgroup, `b` a shared tile the compute warps write before the loop and the producer reads.
+#[kernel]
+fn biased_step(cfg: &BiasedCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (_bx,) = launch(grid = [1], threads = 128, fill_warps = 4, producer_registers = cfg.producer_registers);
+    let s = shared([16, 32], F32);
+    let b = shared([16, 32], F32);
+    let f = fragment([16, 32], F32);
+    let out = shared([16, 32], F32);
+    for (r, c) in parallel(b) {
+        b[r][c] = 3.0;
+    }
+    for i in pipelined(0, C / 32, stages = 3) {
+        copy(x.tile([0, i], [16, 32]), s);
+        for _ in producer() {
+            copy(s, f);
+            for (r, c) in parallel(f) {
+                out[r][c] = 2.0 * f[r][c] + b[r][c];
+            }
+        }
+        copy(out, y.tile([0, i], [16, 32]));
+    }
+}
+
+/// With `producer_registers` the roles part at entry on sm_90a (`setmaxnreg`): the fill
+/// warpgroup keeps 128 registers a thread, the compute warpgroup takes 256, and the two meet at
+/// the ring loop on barrier 0, so the producer reads the tile the compute warps wrote before the
+/// loop. The same values as without the split; without that barrier the simulator reports the
+/// producer reading bytes nothing wrote yet.
+#[test]
+fn a_computing_producer_keeps_its_declared_registers() {
+    let tiles = 6;
+    let x: Vec<f64> = Rng::new(13).normals(16 * 32 * tiles, DType::F32);
+    let run = |producer_registers: Option<usize>| {
+        let def = biased_step(&BiasedCfg { producer_registers }).expect("builds");
+        let mut args =
+            vec![t("x", &x, DType::F32), i("R", 16), i("C", 32 * tiles), t("y", &vec![f64::NAN; x.len()], DType::F32)];
+        kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90a, &mut args)
+            .unwrap_or_else(|e| panic!("producer_registers {producer_registers:?}: {e}"));
+        let ptx = kda_dsl::compile(def, kda_dsl::Target::Sm90a).expect("compiles").ptx;
+        (tensor_values(&args, "y", DType::F32), ptx)
+    };
+    let (split, ptx) = run(Some(128));
+    let (uniform, uniform_ptx) = run(None);
+    let want: Vec<f64> = x.iter().map(|v| round_to(2.0 * v + 3.0, DType::F32)).collect();
+    assert_eq!(split, want);
+    assert_eq!(uniform, want);
+    assert!(ptx.contains(".maxnreg 248"), "{ptx}");
+    assert!(ptx.contains("setmaxnreg.dec.sync.aligned.u32 128;"), "{ptx}");
+    assert!(ptx.contains("setmaxnreg.inc.sync.aligned.u32 256;"), "{ptx}");
+    assert!(!uniform_ptx.contains("setmaxnreg"), "{uniform_ptx}");
+}

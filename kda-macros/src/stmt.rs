@@ -243,6 +243,7 @@ impl Cx {
         let mut threads = None;
         let mut min_blocks = None;
         let mut fill_warps = None;
+        let mut producer_registers = None;
         let mut hoist = None;
         let mut wgmma_min_n = None;
         for (k, v, sp) in kw {
@@ -251,13 +252,14 @@ impl Cx {
                 "threads" => threads = Some(v),
                 "min_blocks" => min_blocks = Some(v),
                 "fill_warps" => fill_warps = Some(v),
+                "producer_registers" => producer_registers = Some(v),
                 "hoist" => hoist = Some(v),
                 "wgmma_min_n" => wgmma_min_n = Some(v),
                 _ => {
                     return err(
                         sp,
                         format!(
-                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps`, `hoist` or `wgmma_min_n`"
+                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps`, `producer_registers`, `hoist` or `wgmma_min_n`"
                         ),
                     )
                 }
@@ -310,6 +312,13 @@ impl Cx {
             Some(m) => quote!(__kb.fill_warps(#m, #lc);),
             None => quote!(),
         };
+        let producer_registers = match producer_registers {
+            Some(n) if self.is_dsl(n) => {
+                return err(n.span(), "`producer_registers` must be known when the kernel is specialized")
+            }
+            Some(n) => quote!(__kb.producer_registers(#n, #lc);),
+            None => quote!(),
+        };
         let hoist = match hoist {
             Some(h) if self.is_dsl(h) => return err(h.span(), "`hoist` must be known when the kernel is specialized"),
             Some(h) => quote!(__kb.hoist(#h);),
@@ -326,6 +335,7 @@ impl Cx {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
             #min_blocks
             #fill_warps
+            #producer_registers
             #hoist
             #wgmma_min_n
             #(#binds)*

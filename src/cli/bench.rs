@@ -13,7 +13,7 @@ use std::io::Write;
 /// A `--sweep-chunk` shape's grammar, for the usage and the parser's errors alike.
 macro_rules! chunk_shape_grammar {
     () => {
-        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]"
+        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]"
     };
 }
 
@@ -143,9 +143,10 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape
-/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`: `x`
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`: `x`
 /// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
-/// holds (16 without it), `f` that many fill warps issuing the pipeline's fills, `s` the exact
+/// holds (16 without it), `f` that many fill warps issuing the pipeline's fills (`g` the
+/// registers they keep on sm_90a, the rest going to the compute warps), `s` the exact
 /// split into segments of that many tokens, `p` the two-kernel path with that many preparation
 /// blocks per chain, `r` that path in token ranges, `i` the step's barriers leaving the next
 /// chunks' loads in flight, `b` bf16 operands for the state's products (f16 without it), `h`
@@ -203,7 +204,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
+/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
 /// as the tuning it names.
 pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;
@@ -219,7 +220,8 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     // next chunks' loads in flight), `rRANGES` (the two-kernel path in that many token ranges),
     // `p[BLOCKS]` (the two-kernel path, BLOCKS preparation blocks per (sequence, value head)),
     // then `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps; the
-    // fused kernel's also compute each chunk's factors a chunk ahead of the state's chain),
+    // fused kernel's also compute each chunk's factors a chunk ahead of the state's chain) and
+    // its `gREGS` (the registers they keep on sm_90a: `ChunkShape::producer_registers`),
     // `wROWS` (value rows a warp) and `xSTAGES`.
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
@@ -254,9 +256,12 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
         Some((rest, n)) => (rest, Some(num(n)?)),
         None => (a_shape, None),
     };
-    let (a_shape, fill_warps) = match a_shape.split_once('f') {
-        Some((rest, n)) => (rest, num(n)?),
-        None => (a_shape, 0),
+    let (a_shape, fill_warps, producer_registers) = match a_shape.split_once('f') {
+        Some((rest, n)) => match n.split_once('g') {
+            Some((n, regs)) => (rest, num(n)?, Some(num(regs)?)),
+            None => (rest, num(n)?, None),
+        },
+        None => (a_shape, 0, None),
     };
     let (a_shape, rows_per_warp) = match a_shape.split_once('w') {
         Some((rest, n)) => (rest, num(n)?),
@@ -274,6 +279,7 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     let shape = ChunkShape {
         rows_per_warp,
         fill_warps,
+        producer_registers,
         fills_in_flight,
         hoist_override,
         gate_scan_override,

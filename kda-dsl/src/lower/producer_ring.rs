@@ -106,7 +106,7 @@ impl Lower<'_> {
         // to both roles: inside, no barrier spans them.
         self.em.loc = loc;
         self.wait_plain_async_copies();
-        self.block_barrier();
+        self.both_roles_barrier();
         match work {
             LoopWork::Fills => self.in_producer_scope(|lw| lw.producer_copy(&lp))?,
             LoopWork::Body => self.consumer_copy(&lp)?,
@@ -114,11 +114,23 @@ impl Lower<'_> {
         }
         self.em.loc = loc;
         // Both roles meet again after the loop.
-        self.block_barrier();
+        self.both_roles_barrier();
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }
         Ok(())
+    }
+
+    /// A barrier of every thread of the block, at a ring loop's entry and exit: the block's
+    /// barrier, or with the roles apart (`RegisterPlan::Split`, where the block's barriers
+    /// leave the fill warps out) barrier 0 for every thread. Both roles run the same skeleton
+    /// of loops and `if`s, so each reaches it as often as the other, each from its own code.
+    fn both_roles_barrier(&mut self) {
+        if self.producer_apart {
+            self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::AnyInstruction });
+        } else {
+            self.block_barrier();
+        }
     }
 
     /// `f` lowered as the producer block's role: the fill warps, with their named barrier,

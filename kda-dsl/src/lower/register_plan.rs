@@ -1,12 +1,15 @@
 //! How a kernel's registers are spread over its roles ([`RegisterPlan`]): on sm_90a a kernel
-//! whose fill warps are whole warpgroups and only issue TMA boxes (every pipeline with fills
-//! is warp-specialized) hands most of their registers to the compute warpgroups with
-//! `setmaxnreg`, as soon as each role starts; otherwise every thread keeps what ptxas gives it.
+//! whose fill warps are whole warpgroups, and either only issue TMA boxes (every pipeline with
+//! fills is warp-specialized) or run a producer block (`place_producers`), hands the registers
+//! the fill warps do not need to the compute warpgroups with `setmaxnreg`, as soon as each role
+//! starts; otherwise every thread keeps what ptxas gives it.
 //!
 //! The block's pool is what `.maxnreg` gives each thread at entry (as much as one resident block
-//! may take, in steps of 8), times its threads. The fill warpgroups drop to
-//! [`PRODUCER_REGISTERS`]; the compute warpgroups take the rest, evenly, in steps of 8, at most
-//! 256 (`setmaxnreg`'s range).
+//! may take, in steps of 8), times its threads. The fill warpgroups drop to the kernel's
+//! `producer_registers`, or to [`PRODUCER_REGISTERS`] when they only issue boxes; a computing
+//! producer without a declared count keeps the registers uniform, as only the kernel's author
+//! knows what its block needs. The compute warpgroups take the rest, evenly, in steps of 8, at
+//! most 256 (`setmaxnreg`'s range).
 
 use std::fmt;
 
@@ -55,9 +58,13 @@ pub enum NoSplit {
     FillWarpsNotWarpgroups(u32),
     /// The compute threads are not whole warpgroups.
     ComputeNotWarpgroups(u32),
-    /// A pipeline's fill warps do more than issue TMA boxes (their `cp.async` copies need
-    /// registers of their own).
+    /// A pipeline's fill warps issue `cp.async` copies for the compute warps (registers of
+    /// their own, in a loop the compute warps share), neither TMA boxes alone nor a producer
+    /// block's ring.
     FillsNotTma,
+    /// A producer block runs on the fill warps, and the kernel does not say how many registers
+    /// it needs (`launch(.., producer_registers = n)`).
+    ProducerRegistersUndeclared,
     /// The compute warps would gain nothing.
     NothingToGain,
     /// The kernel asks for more than one block per SM (`min_blocks`): the pool at entry would
@@ -76,6 +83,9 @@ impl fmt::Display for NoSplit {
             NoSplit::FillWarpsNotWarpgroups(n) => write!(f, "{n} fill warps are not whole warpgroups"),
             NoSplit::ComputeNotWarpgroups(n) => write!(f, "{n} compute threads are not whole warpgroups"),
             NoSplit::FillsNotTma => write!(f, "the fill warps issue cp.async copies"),
+            NoSplit::ProducerRegistersUndeclared => {
+                write!(f, "a producer block runs on the fill warps without a producer_registers count")
+            }
             NoSplit::NothingToGain => write!(f, "the compute warps would gain no registers"),
             NoSplit::SeveralBlocksPerSm(n) => write!(f, "min_blocks = {n}: the registers are shared between blocks"),
             NoSplit::FillWarpsReadShared => write!(f, "the fill warps' code reads a shared tile"),
@@ -120,9 +130,15 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
         StageFills::AsyncCopies { .. } => plan.staged.is_empty(),
         StageFills::TensorBoxes(_) => false,
     };
-    if !p.pipelines.iter().all(specialized) {
+    let ring = |plan: &crate::passes::plan_pipelines::PipelinePlan| p.producer_ring(plan.var).is_some();
+    if !p.pipelines.iter().all(|plan| ring(plan) || specialized(plan)) {
         return Err(NoSplit::FillsNotTma);
     }
+    let producer = match (p.def.producer_registers, p.pipelines.iter().any(ring)) {
+        (Some(n), _) => n,
+        (None, false) => PRODUCER_REGISTERS,
+        (None, true) => return Err(NoSplit::ProducerRegistersUndeclared),
+    };
     if let Some(n) = p.def.min_blocks_per_sm.filter(|n| *n > 1) {
         return Err(NoSplit::SeveralBlocksPerSm(n));
     }
@@ -132,25 +148,40 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
     let groups = (fill + compute) / WARPGROUP;
     let at_entry = (REGISTER_FILE / (fill + compute) / 8 * 8).min(255 / 8 * 8);
     let pool = at_entry * groups;
-    let consumers = ((pool - PRODUCER_REGISTERS * fill / WARPGROUP) / (compute / WARPGROUP) / 8 * 8).min(256);
+    let consumers = ((pool.saturating_sub(producer * fill / WARPGROUP)) / (compute / WARPGROUP) / 8 * 8).min(256);
     if consumers <= at_entry {
         return Err(NoSplit::NothingToGain);
     }
-    Ok(RegisterSplit { at_entry, producer: PRODUCER_REGISTERS, consumers })
+    Ok(RegisterSplit { at_entry, producer, consumers })
 }
 
 /// Whether the fill warps' code reads a shared tile: an element in an assignment, a loop bound,
-/// a condition, or a copy's box.
+/// a condition, or a copy's box, of the statements they run (the skeleton: assignments, loops
+/// and `if`s, and the copies they issue), not inside the tile operations only the compute
+/// warps run. A producer block on the fill warps is not skeleton: it runs in its own scope,
+/// after the loop's barrier of the whole block (`producer_ring`).
 fn skeleton_reads_shared(p: &TileProgram) -> bool {
-    use crate::tile::{visit_stmts, Expr, StmtKind};
-    let mut exprs: Vec<&Expr> = vec![];
-    visit_stmts(&p.def.body, &mut |s| match &s.kind {
-        StmtKind::Assign(_, e) => exprs.push(e),
-        StmtKind::For { start, end, .. } => exprs.extend([start, end]),
-        StmtKind::If(c, ..) => exprs.push(c),
-        StmtKind::Copy { src, dst } => exprs.extend(src.index_exprs().chain(dst.index_exprs())),
-        _ => {}
-    });
+    use crate::tile::{Expr, Stmt, StmtKind};
+    fn walk<'a>(body: &'a [Stmt], exprs: &mut Vec<&'a Expr>) {
+        for s in body {
+            match &s.kind {
+                StmtKind::Assign(_, e) => exprs.push(e),
+                StmtKind::For { start, end, body, .. } => {
+                    exprs.extend([start, end]);
+                    walk(body, exprs);
+                }
+                StmtKind::If(c, then, other) => {
+                    exprs.push(c);
+                    walk(then, exprs);
+                    walk(other, exprs);
+                }
+                StmtKind::Copy { src, dst } => exprs.extend(src.index_exprs().chain(dst.index_exprs())),
+                _ => {}
+            }
+        }
+    }
+    let mut exprs = vec![];
+    walk(&p.def.body, &mut exprs);
     exprs.into_iter().any(|e| crate::passes::infer_layouts::reads_shared(p, e))
 }
 
@@ -184,6 +215,45 @@ mod tests {
         k.end();
         k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[128, 128], loc(9)), loc(9));
         plan_registers(&crate::passes::run_tile_passes_for(k.finish().expect("valid"), target).expect("passes"))
+    }
+
+    /// A loop whose step (a fragment through a `gemm`) is a producer block on 4 fill warps,
+    /// handing a shared tile to 128 compute threads, on sm_90a.
+    fn ring_plan(producer_registers: Option<u32>) -> RegisterPlan {
+        let k = KernelBuilder::new("t", loc(1));
+        let a = k.tensor("a", &["M", "K"], DType::BF16, false);
+        let o = k.tensor("o", &["M", "N"], DType::F32, true);
+        k.launch(vec![Host::int(1)], 128, loc(2));
+        k.fill_warps(4, loc(2));
+        k.producer_registers(producer_registers, loc(2));
+        let s = k.shared("s", &[64, 64], DType::BF16, loc(3));
+        let h = k.shared("h", &[64, 64], DType::F32, loc(3));
+        let f = k.fragment("f", &[64, 64], DType::F32, loc(4));
+        let acc = k.fragment("acc", &[64, 64], DType::F32, loc(4));
+        k.fill(&acc, 0.0, loc(4));
+        let i = k.begin_for("i", LoopKind::pipelined(3), 0, 4, loc(5));
+        k.copy(k.tile(&a, vec![Val::from(0), i], &[64, 64], loc(6)), s, loc(6));
+        k.begin_producer(loc(7));
+        k.fill(&f, 0.0, loc(8));
+        k.gemm(s, s.t(), &f, loc(8));
+        k.copy(f, h, loc(9));
+        k.end();
+        k.copy(h, acc, loc(10));
+        k.end();
+        k.copy(acc, k.tile(&o, vec![Val::from(0), Val::from(0)], &[64, 64], loc(11)), loc(11));
+        let def = k.finish().expect("valid");
+        plan_registers(&crate::passes::run_tile_passes_for(def, Target::Sm90a).expect("passes"))
+    }
+
+    #[test]
+    fn a_computing_producer_keeps_what_the_kernel_declares() {
+        // 256 threads at entry: 248 each; the compute warpgroup takes the rest, at most 256.
+        let split = RegisterSplit { at_entry: 248, producer: 128, consumers: 256 };
+        assert_eq!(ring_plan(Some(128)), RegisterPlan::Split(split));
+        let split = RegisterSplit { at_entry: 248, producer: 240, consumers: 256 };
+        assert_eq!(ring_plan(Some(240)), RegisterPlan::Split(split));
+        assert_eq!(ring_plan(Some(248)), RegisterPlan::Uniform(NoSplit::NothingToGain));
+        assert_eq!(ring_plan(None), RegisterPlan::Uniform(NoSplit::ProducerRegistersUndeclared));
     }
 
     #[test]

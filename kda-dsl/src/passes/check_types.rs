@@ -171,7 +171,9 @@ fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
 fn fill_warps_error(def: &KernelDef) -> Option<String> {
     let n = def.fill_warps;
     if n == 0 {
-        return None;
+        return def
+            .producer_registers
+            .map(|r| format!("producer_registers = {r}: the kernel has no fill warps (`fill_warps`) to keep them"));
     }
     let mut pipelined = false;
     let mut groups = false;

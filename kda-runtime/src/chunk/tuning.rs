@@ -143,6 +143,13 @@ impl ChunkTuning {
         if self.shape.key_products == KeyProducts::Split && self.shape.factor_warps() != 4 && !self.prepared {
             return bad("key products split over exactly 4 warps computing the fused kernel's factors (its warps, or its fill warps where it has any)");
         }
+        // The fill warps keep their registers by `setmaxnreg`, which sm_90a alone has: on
+        // another target the option would compile the same kernel under another name.
+        if let Some(n) = self.shape.producer_registers {
+            if self.target != Target::Sm90a || fill_warps == 0 || !n.is_multiple_of(8) || !(24..=256).contains(&n) {
+                return bad("producer_registers a multiple of 8 from 24 to 256, with fill warps, on the sm_90a target");
+            }
+        }
         // On sm_80 every product is `mma.sync` already: the option would compile the same
         // kernel under another name.
         if self.target != Target::Sm90a && self.shape.narrow_products == NarrowProducts::MmaSync {
@@ -334,6 +341,16 @@ mod tests {
             ChunkTuning { shape: ChunkShape { fill_warps: 2, ..ChunkShape::PRODUCER }, ..produced },
             "exactly 4 warps",
         );
+        // The producer's registers: sm_90a's `setmaxnreg`, with fill warps to keep them.
+        let registers = "producer_registers a multiple of 8 from 24 to 256, with fill warps, on the sm_90a target";
+        refused(ChunkTuning { shape: ChunkShape::HOPPER_PRODUCER, ..produced }, registers);
+        let hopper_producer = ChunkTuning { shape: ChunkShape::HOPPER_PRODUCER, ..hopper };
+        for n in [0, 20, 100, 264] {
+            let shape = ChunkShape { producer_registers: Some(n), ..ChunkShape::HOPPER_PRODUCER };
+            refused(ChunkTuning { shape, ..hopper_producer }, registers);
+        }
+        let shape = ChunkShape { producer_registers: Some(128), ..ChunkShape::HOPPER };
+        refused(ChunkTuning { shape, ..hopper }, registers);
         // Token ranges and the split derive a prepared tuning from the fused one: accepted, and
         // its chain, which computes no key products, has one name either way.
         let chain = ChunkTuning { prepared: true, ..ChunkTuning::fused(&plan) };

@@ -71,9 +71,15 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
         Target::Sm90a,
     ));
     // The fused kernel with a producer warpgroup computing its factors, on sm_80 and beside the
-    // sm_90a fused kernel: tunings the sweep times, held to the same.
+    // sm_90a fused kernel (with one and two producer warpgroups, their registers apart):
+    // tunings the sweep times, held to the same.
     use kda_kernels::chunk::{ChunkConfig, ChunkShape};
-    for (shape, target) in [(ChunkShape::PRODUCER, Target::Sm80), (ChunkShape::HOPPER_PRODUCER, Target::Sm90a)] {
+    let producers = [
+        (ChunkShape::PRODUCER, Target::Sm80),
+        (ChunkShape::HOPPER_PRODUCER, Target::Sm90a),
+        (ChunkShape::HOPPER_TWO_PRODUCERS, Target::Sm90a),
+    ];
+    for (shape, target) in producers {
         let cfg = ChunkConfig { shape, ..Default::default() };
         kernels.push((
             format!("chunk/{} (sweep)", cfg.key()),

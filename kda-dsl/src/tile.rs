@@ -601,8 +601,9 @@ impl Hoist {
     }
 }
 
-/// The most fill warps a kernel takes ([`KernelDef::fill_warps`]).
-pub const FILL_WARPS_MAX: u32 = 4;
+/// The most fill warps a kernel takes ([`KernelDef::fill_warps`]): two warpgroups, which a
+/// producer block runs as two producer groups (`place_producers`).
+pub const FILL_WARPS_MAX: u32 = 8;
 
 impl KernelDef {
     /// Threads the block is launched with: `threads` and the fill warps.

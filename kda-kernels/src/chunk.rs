@@ -167,12 +167,13 @@ impl ChunkShape {
         self.gate_scan_override.unwrap_or(GateScan::for_block(32 * self.factor_warps()))
     }
 
-    /// The warps that compute a fused chunk's factors (the step's producer block): the fill
-    /// warps where there are any, which run the block a chunk ahead of the state's chain, else
-    /// the block's own.
+    /// The warps that compute a fused chunk's factors (the step's producer block): one producer
+    /// group of the fill warps where there are any, which run the block ahead of the state's
+    /// chain (8 fill warps are two groups of 4 taking turns at the chunks), else the block's
+    /// own.
     pub const fn factor_warps(self) -> usize {
         if self.fill_warps > 0 {
-            self.fill_warps
+            kda_dsl::passes::place_producers::producer_groups(self.fill_warps as u32).0 as usize
         } else {
             self.warps
         }
@@ -250,6 +251,13 @@ impl ChunkShape {
     /// producer warpgroup would fit beside this one.
     pub const HOPPER_PRODUCER: ChunkShape =
         ChunkShape { producer_registers: Some(128), narrow_products: NarrowProducts::MmaSync, ..ChunkShape::PRODUCER };
+    /// [`ChunkShape::HOPPER_PRODUCER`] with two producer warpgroups taking turns at the chunks
+    /// (8 fill warps at 128 registers, the state's warpgroup at 248: a whole register file),
+    /// 5 stages (one the state's warps read, one each group computes, one each group's fills
+    /// ahead). A producer's step is its latency, not its instructions, so a second one halves
+    /// the producer's share of the step (docs/performance.md, 2026-12-06, third session, the
+    /// estimate). The same bits, untimed.
+    pub const HOPPER_TWO_PRODUCERS: ChunkShape = ChunkShape { fill_warps: 8, stages: 5, ..ChunkShape::HOPPER_PRODUCER };
 }
 
 pub use crate::rules::Beta;

@@ -121,13 +121,15 @@ fn the_sm_90a_chain_gives_the_fused_kernels_bits() {
 /// it must not issue: a dead fill would zero a stage the compute warps may still read), and on
 /// sm_90a, where the roles part at entry (`setmaxnreg`: the producer keeps 128 registers, the
 /// warpgroup holding the state takes the rest) and meet only at the chunk loop's barriers of
-/// the whole block, against the two warpgroups that keep the state in `wgmma` accumulators.
+/// the whole block, against the two warpgroups that keep the state in `wgmma` accumulators; and
+/// there with two producer warpgroups taking turns at the chunks.
 #[test]
 fn a_producer_warpgroup_changes_no_bit_of_the_fused_kernel() {
     use kda_kernels::chunk_check::simulate_chunk_on;
     let pairs = [
         (Target::Sm80, ChunkShape::FUSED, ChunkShape::PRODUCER),
         (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_PRODUCER),
+        (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_TWO_PRODUCERS),
     ];
     for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 4 == 0) {
         let x = f.inputs(i as u64);

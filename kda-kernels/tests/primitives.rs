@@ -858,7 +858,7 @@ fn fill_warps_idle(cfg: &FillCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F
 }
 
 #[test]
-fn fill_warps_need_a_pipeline_and_at_most_four() {
+fn fill_warps_need_a_pipeline_and_at_most_eight() {
     // Refused where the kernel is built, or else where it is compiled.
     let refusal = |def: Result<kda_dsl::tile::KernelDef, kda_dsl::Diag>| match def {
         Ok(def) => kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("rejected").to_string(),
@@ -866,8 +866,8 @@ fn fill_warps_need_a_pipeline_and_at_most_four() {
     };
     let e = refusal(fill_warps_idle(&FillCfg { fill_warps: 1, stages: 2 }));
     assert!(e.contains("fill_warps = 1") && e.contains("no `pipelined` loop"), "{e}");
-    let e = refusal(staged_products(&FillCfg { fill_warps: 5, stages: 2 }));
-    assert!(e.contains("fill_warps = 5") && e.contains("expected 0 to 4"), "{e}");
+    let e = refusal(staged_products(&FillCfg { fill_warps: 9, stages: 2 }));
+    assert!(e.contains("fill_warps = 9") && e.contains("expected 0 to 8"), "{e}");
 }
 
 /// A tile fragment stored into shared tiles of f32, bf16 and f16, then read back out through
@@ -999,22 +999,29 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
     }
 }
 
-/// On fill warps the block runs apart, one iteration ahead, through its ring: the same values
-/// as inline for every split of the warps and every depth of the ring, and the PTX shows the
-/// ring (the producer's named barrier, the `ready` and `empty` arrivals).
+/// On fill warps the block runs apart, ahead of the compute warps, through its ring: the same
+/// values as inline for every split of the warps, every depth of the ring and two producer
+/// groups taking turns (at the fewest stages they take, 3, and more), and the PTX shows the
+/// ring (each group's named barrier, the `ready` and `empty` arrivals).
 #[test]
 fn a_producer_block_on_fill_warps_gives_the_inline_values() {
     let (rows, tiles) = (16, 7);
     let mut rng = Rng::new(12);
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
-    for (threads, fill_warps, stages) in [(32, 1, 2), (64, 1, 3), (32, 2, 4), (128, 4, 3)] {
+    let cases = [(32, 1, 2), (64, 1, 3), (32, 2, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4), (64, 8, 5), (128, 8, 7)];
+    for (threads, fill_warps, stages) in cases {
         let (inline, _) = run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer: true }, &x, tiles);
         let (got, ptx) = run_step(&StepCfg { rows, threads, fill_warps, stages, in_producer: true }, &x, tiles);
         let case = format!("{threads} threads, {fill_warps} fill warps, {stages} stages");
         assert!(got == inline, "{case}: the values differ");
-        let producer_barrier = format!("bar.sync 2, {};", 32 * fill_warps);
-        assert!(ptx.contains(&producer_barrier), "{case}: {producer_barrier} missing:\n{ptx}");
-        assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 2, "{case}:\n{ptx}");
+        // Eight fill warps are two producer groups, each with its barrier and its `ready`
+        // arrival; the compute warps' `empty` arrival is one.
+        let (warps, groups) = kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
+        for g in 0..groups {
+            let producer_barrier = format!("bar.sync {}, {};", 2 + g, 32 * warps);
+            assert!(ptx.contains(&producer_barrier), "{case}: {producer_barrier} missing:\n{ptx}");
+        }
+        assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 1 + groups as usize, "{case}:\n{ptx}");
     }
 }
 

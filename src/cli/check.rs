@@ -130,18 +130,20 @@ pub fn simulate_all() -> usize {
         failures += bits_row(&case, two_kernel_path_matches(&f.cfg, &f.inputs(i as u64), chain, 3));
     }
     // A producer warpgroup (four fill warps computing each chunk's factors a chunk ahead)
-    // against the fused kernel without, bit for bit, on sm_80 and sm_90a.
+    // against the fused kernel without, bit for bit, on sm_80 and sm_90a; on sm_90a also two
+    // producer warpgroups taking turns.
     for (i, f) in families
         .iter()
         .enumerate()
         .filter(|(_, f)| matches!(f.name, "dense_t37_initial_state" | "varlen_pool_bf16_state_gva4_padding_empty"))
     {
         let pairs = [
-            (Target::Sm80, ChunkShape::FUSED, ChunkShape::PRODUCER),
-            (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_PRODUCER),
+            (Target::Sm80, ChunkShape::FUSED, ChunkShape::PRODUCER, "producer_warpgroup"),
+            (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_PRODUCER, "producer_warpgroup"),
+            (Target::Sm90a, ChunkShape::HOPPER, ChunkShape::HOPPER_TWO_PRODUCERS, "two_producer_warpgroups"),
         ];
-        for (target, shape, producer) in pairs {
-            let case = format!("chunk/{}_producer_warpgroup {target}", f.name);
+        for (target, shape, producer, what) in pairs {
+            let case = format!("chunk/{}_{what} {target}", f.name);
             let x = f.inputs(i as u64);
             let cfg = ChunkConfig { shape, ..f.cfg.clone() };
             let produced = ChunkConfig { shape: producer, ..cfg.clone() };

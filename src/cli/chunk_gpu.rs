@@ -499,7 +499,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
 /// The cases again with the fused kernel compiled for sm_90a (`wgmma`), on compute capability
 /// 9.0: each of them whose API run is its own choice, at [`ChunkShape::HOPPER`] (and its
 /// two-kernel run the sm_90a chain, [`ChunkShape::HOPPER_PREPARED`]); the first also with a
-/// producer warpgroup computing the factors.
+/// producer warpgroup computing the factors, and with two taking turns.
 fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
     let hopper = |c: &ChunkCase, shape: ChunkShape, what: &str| ChunkCase {
         name: format!("{}{what} sm_90a", c.name),
@@ -517,6 +517,7 @@ fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
     let untuned: Vec<&ChunkCase> = cases.iter().filter(|c| c.tune.is_none()).collect();
     let mut out: Vec<ChunkCase> = untuned.iter().map(|c| hopper(c, ChunkShape::HOPPER, "")).collect();
     out.extend(untuned.first().map(|c| hopper(c, ChunkShape::HOPPER_PRODUCER, ", a producer warpgroup")));
+    out.extend(untuned.first().map(|c| hopper(c, ChunkShape::HOPPER_TWO_PRODUCERS, ", two producer warpgroups")));
     out
 }
 

@@ -241,11 +241,18 @@ impl Lower<'_> {
 
     /// Opens a pipeline's main loop over `s0 .. e`: the iteration and the stage it reads (from
     /// 0), and the loop's head, which leaves at the end.
-    pub(super) fn open_stage_ring(&mut self, (s0, e): (Reg, Reg)) -> StageRing {
+    pub(super) fn open_stage_ring(&mut self, bounds: (Reg, Reg)) -> StageRing {
+        self.open_stage_ring_at(bounds, 0)
+    }
+
+    /// [`Lower::open_stage_ring`] from the loop's iteration `first` (and its stage, `first`
+    /// of `stages`): a producer group's turns start at its own.
+    pub(super) fn open_stage_ring_at(&mut self, (s0, e): (Reg, Reg), first: u32) -> StageRing {
         let iter = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: iter, a: Src::Reg(s0) });
+        let start = if first == 0 { Src::Reg(s0) } else { self.em.add32(s0, Src::Imm(i64::from(first))) };
+        self.em.emit(Op::Mov { ty: Ty::B32, d: iter, a: start });
         let stage = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(first)) });
         let (top, exit) = (self.em.label(), self.em.label());
         self.em.emit(Op::Label(top));
         let done = self.em.setp(Cmp::Ge, Ty::S32, iter, e);
@@ -256,13 +263,47 @@ impl Lower<'_> {
     /// Closes the loop `ring` opened: the next iteration, the next of `stages` stages (wrapping
     /// to 0), back to the head; then the loop's exit.
     pub(super) fn close_stage_ring(&mut self, ring: StageRing, stages: u32) {
+        self.close_stage_ring_by(ring, stages, 1);
+    }
+
+    /// [`Lower::close_stage_ring`] advancing `step` iterations (and stages, wrapping) at a time:
+    /// a producer group's next turn.
+    pub(super) fn close_stage_ring_by(&mut self, ring: StageRing, stages: u32, step: u32) {
         let StageRing { iter, stage, top, exit } = ring;
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: iter, a: Src::Reg(iter), b: Src::Imm(1) });
-        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: stage, a: Src::Reg(stage), b: Src::Imm(1) });
-        let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(stages)));
-        self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        self.em.emit(Op::Bin {
+            op: BinKind::Add,
+            ty: Ty::S32,
+            d: iter,
+            a: Src::Reg(iter),
+            b: Src::Imm(i64::from(step)),
+        });
+        self.advance_stage(stage, stages, step);
         self.em.emit(Op::Bra { target: top });
         self.em.emit(Op::Label(exit));
+    }
+
+    /// `stage = (stage + step) mod stages`, for a `stage` below `stages`, in place.
+    pub(super) fn advance_stage(&mut self, stage: Reg, stages: u32, step: u32) {
+        let step = step % stages;
+        if step == 0 {
+            return;
+        }
+        self.em.emit(Op::Bin {
+            op: BinKind::Add,
+            ty: Ty::S32,
+            d: stage,
+            a: Src::Reg(stage),
+            b: Src::Imm(i64::from(step)),
+        });
+        if step == 1 {
+            let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(stages)));
+            self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });
+        } else {
+            let wrap = self.em.setp(Cmp::Ge, Ty::S32, stage, Src::Imm(i64::from(stages)));
+            let back =
+                Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: stage, a: Src::Reg(stage), b: Src::Imm(i64::from(stages)) };
+            self.em.emit_if(wrap, true, back);
+        }
     }
 
     /// Points each staged tile (`home` its stage 0) at its copy for `stage`.

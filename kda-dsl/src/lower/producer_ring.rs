@@ -15,6 +15,13 @@
 //! `empty`. So the producer computes iteration `i + 1` while the compute warps run iteration
 //! `i`, with iteration `i + 2`'s fills in flight (three stages). Each side keeps one parity bit
 //! a stage, so a loop run again (inside an outer loop) goes on from the phases it left.
+//!
+//! Fill warps of several warpgroups are as many producer groups (`place_producers`), which
+//! take turns: group `g` runs iterations `g`, `g + groups`, .., each with its own named barrier,
+//! scratch, copy of the block's shared temporaries and `cp.async` groups, its fills
+//! `fill_distance` of its turns ahead. The compute warps see one ring either way. A group
+//! counts in its `empty` parity bits the other groups' fills too (each flips its stage's bit
+//! where the iteration exists), so it waits for the phase of a stage's last use by anyone.
 
 use super::loops::LoopWork;
 use super::roles::Role;
@@ -108,7 +115,7 @@ impl Lower<'_> {
         self.wait_plain_async_copies();
         self.both_roles_barrier();
         match work {
-            LoopWork::Fills => self.in_producer_scope(|lw| lw.producer_copy(&lp))?,
+            LoopWork::Fills => self.producer_copy(&lp)?,
             LoopWork::Body => self.consumer_copy(&lp)?,
             LoopWork::FillsAndBody => unreachable!("a producer ring's kernel has fill warps"),
         }
@@ -133,16 +140,28 @@ impl Lower<'_> {
         }
     }
 
-    /// `f` lowered as the producer block's role: the fill warps, with their named barrier,
-    /// their scratch and the fragment bases of the tiles the block owns.
-    fn in_producer_scope(&mut self, f: impl FnOnce(&mut Self) -> Result<(), Diag>) -> Result<(), Diag> {
+    /// `f` lowered as producer group `group` of `ring`: its warps (thread and warp indices
+    /// counted from its first), its named barrier, its scratch and the fragment bases of the
+    /// tiles the block owns.
+    fn in_producer_group(
+        &mut self,
+        ring: &ProducerRing,
+        group: u32,
+        f: impl FnOnce(&mut Self) -> Result<(), Diag>,
+    ) -> Result<(), Diag> {
         let fill = self.fill_warps.as_mut().expect("a kernel with fill warps");
         let outer_role = std::mem::replace(&mut fill.role, Role::Producer);
+        let mut th = fill.scope.th;
+        if group > 0 {
+            let first_warp = i64::from(group * ring.warps);
+            th.tid = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, Src::Imm(32 * first_warp));
+            th.warp = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, Src::Imm(first_warp));
+        }
         let scope = Scope {
-            th: fill.scope.th,
-            threads: fill.scope.threads,
-            bar_id: PRODUCER_GROUP,
-            scratch_base: self.p.groups[&PRODUCER_GROUP].scratch_offset,
+            th,
+            threads: 32 * ring.warps,
+            bar_id: PRODUCER_GROUP + group,
+            scratch_base: self.p.groups[&PRODUCER_GROUP].scratch_offset + group * self.p.producer_scratch_stride,
             frag_bases: HashMap::new(),
         };
         let outer_scope = std::mem::replace(&mut self.scope, scope);
@@ -157,8 +176,40 @@ impl Lower<'_> {
         lowered
     }
 
-    /// The fill warps' copy of the loop (the module's doc says what it does).
+    /// The fill warps' copy of the loop: each producer group's, behind a branch on its warps
+    /// where there are several (each group's barriers and scratch are its own).
     fn producer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
+        let ring = lp.ring;
+        if ring.groups == 1 {
+            return self.in_producer_group(ring, 0, |lw| lw.group_copy(lp, 0));
+        }
+        let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
+        // Each group's copy of the block's shared temporaries (`infer_layouts`).
+        let plan = self.p.producers.iter().find(|x| x.var == lp.plan.var).expect("a producer plan");
+        let temporaries: Vec<BufId> =
+            plan.temporaries.iter().copied().filter(|b| matches!(self.p.layouts[*b], BufLayout::Shared(_))).collect();
+        let homes: Vec<Src> = temporaries.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        for group in 0..ring.groups {
+            let lo = self.em.setp(Cmp::Ge, Ty::S32, warp, Src::Imm(i64::from(group * ring.warps)));
+            let hi = self.em.setp(Cmp::Lt, Ty::S32, warp, Src::Imm(i64::from((group + 1) * ring.warps)));
+            let inside = self.em.and_pred(Some(lo), Some(hi)).expect("two predicates");
+            let other = self.em.label();
+            self.em.emit_if(inside, false, Op::Bra { target: other });
+            let copy = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: copy, a: Src::Imm(i64::from(group)) });
+            self.stage_bases(&temporaries, &homes, copy);
+            self.in_producer_group(ring, group, |lw| lw.group_copy(lp, group))?;
+            self.em.emit(Op::Label(other));
+        }
+        for (b, home) in temporaries.iter().zip(homes) {
+            self.shared_base[*b] = Some(home);
+        }
+        Ok(())
+    }
+
+    /// Producer group `group`'s copy of the loop, its turns `group`, `group + groups`, .. (the
+    /// module's doc says what it does).
+    fn group_copy(&mut self, lp: &RingLoop, group: u32) -> Result<(), Diag> {
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
@@ -166,27 +217,30 @@ impl Lower<'_> {
         let lets: Vec<Stmt> = body[..at].iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
         let distance = ring.fill_distance();
+        // A group's turns are `groups` iterations apart; its fills run `distance` turns ahead.
+        let (turn, ahead) = (ring.groups, ring.groups * ring.fill_distance());
         let iter = self.em.reg(RegClass::B32);
-        // Prologue: the fills of iterations 0 .. distance - 1.
-        for st in 0..distance {
+        // The other groups' first fills, before this group's first.
+        self.pass_other_fills(lp, (s0, e), Src::Imm(0), 0..group);
+        // Prologue: the fills of the group's first `distance` turns.
+        for k in 0..distance {
             self.em.loc = loc;
-            let it = self.em.add32(s0, Src::Imm(i64::from(st)));
+            let first = group + k * turn;
+            let it = self.em.add32(s0, Src::Imm(i64::from(first)));
             self.mov(iter, V { s: it, ty: DType::I32 });
             let stage = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(st)) });
+            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(first % ring.stages)) });
             self.issue_ring_fills(lp, (iter, e), stage, &fills, false)?;
         }
         self.em.loc = loc;
-        let stages = self.open_stage_ring((s0, e));
+        let stages = self.open_stage_ring_at((s0, e), group);
         let (ko, rd) = (stages.iter, stages.stage);
-        // The fills of iteration ko + distance, into its stage.
-        let it = self.em.add32(ko, Src::Imm(i64::from(distance)));
+        // The fills of iteration ko + ahead, into its stage.
+        let it = self.em.add32(ko, Src::Imm(i64::from(ahead)));
         self.mov(iter, V { s: it, ty: DType::I32 });
-        let wr = self.em.bin(BinKind::Add, Ty::S32, RegClass::B32, rd, Src::Imm(i64::from(distance)));
-        let wrap = self.em.setp(Cmp::Ge, Ty::S32, wr, Src::Imm(i64::from(ring.stages)));
-        let wrapped =
-            Op::Bin { op: BinKind::Sub, ty: Ty::S32, d: wr, a: Src::Reg(wr), b: Src::Imm(i64::from(ring.stages)) };
-        self.em.emit_if(wrap, true, wrapped);
+        let wr = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mov { ty: Ty::B32, d: wr, a: Src::Reg(rd) });
+        self.advance_stage(wr, ring.stages, ahead);
         // With the fills a stage ahead, their element-wise stores wait for the end of the
         // iteration (`DeferredFill`); with none ahead the block reads them at once.
         let deferred = self.issue_ring_fills(lp, (iter, e), wr, &fills, distance > 0)?;
@@ -205,7 +259,7 @@ impl Lower<'_> {
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
         let state = self.em.reg(RegClass::B64);
         self.em.emit_if(first, true, Op::MbarrierArrive { state, addr: ready });
-        self.close_stage_ring(stages, ring.stages);
+        self.close_stage_ring_by(stages, ring.stages, turn);
         // Only the empty groups of iterations past the end are in flight.
         self.em.emit(Op::CpAsyncWait { n: 0 });
         Ok(())
@@ -240,7 +294,30 @@ impl Lower<'_> {
         let issued = self.stage_fills(&plan.prelude, fills, live, plan.skip_dead_fills);
         let deferred = self.deferred_fills.take().unwrap_or_default();
         issued?;
+        // The other groups' fills up to this group's next.
+        self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups);
         Ok(deferred)
+    }
+
+    /// Counts in this group's `empty` parity bits the fills other producer groups issue, of
+    /// the iterations `it + k` for `k` in `offsets` (at stages `stage + k`), each where it
+    /// exists (the compute warps release only those): a group waits for a stage's phase by the
+    /// uses it has counted, every group's included. Nothing with one group.
+    fn pass_other_fills(&mut self, lp: &RingLoop, (it, e): (Reg, Reg), stage: Src, offsets: std::ops::Range<u32>) {
+        let ring = lp.ring;
+        let phases = self.ring_phases[&lp.plan.var].empty;
+        for k in offsets {
+            let at = self.em.add32(it, Src::Imm(i64::from(k)));
+            let live = self.em.setp(Cmp::Lt, Ty::S32, at, e);
+            let st = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: st, a: stage });
+            self.advance_stage(st, ring.stages, k);
+            let one = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });
+            let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(st));
+            let flip = Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) };
+            self.em.emit_if(live, true, flip);
+        }
     }
 
     /// The compute warps' copy of the loop (the module's doc says what it does).

@@ -67,9 +67,12 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
                 scratch_need(p, body, &mut g);
             }
         });
+        // Producer groups run at the same time: an area each, `producer_scratch_stride` apart.
+        let (_, groups) = super::place_producers::producer_groups(p.def.fill_warps);
         end = align(end, 16);
         group_areas.push((PRODUCER_GROUP, end));
-        end += g;
+        p.producer_scratch_stride = align(g, 16);
+        end += p.producer_scratch_stride * groups;
     }
     for (id, at) in group_areas {
         if let Some(x) = p.groups.get_mut(&id) {

@@ -165,7 +165,7 @@ fn check_tile_size(b: &Buffer, threads: u32) -> Result<(), Diag> {
     Err(Diag::new(b.loc, format!("tile `{}` {:?} does not fit in {place}", b.name, b.shape)))
 }
 
-/// Why the kernel's fill warps cannot be, if they cannot: at most 4, within the block's 1024
+/// Why the kernel's fill warps cannot be, if they cannot: at most 8, within the block's 1024
 /// threads, with a `pipelined` loop for them to fill, and no warp groups (whose named barriers
 /// the compute warps' would share).
 fn fill_warps_error(def: &KernelDef) -> Option<String> {

@@ -161,6 +161,11 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             for b in &plan.outputs {
                 stages[*b] = stages[*b].max(ring.stages);
             }
+            // Producer groups compute at once, each in its own copy of the block's shared
+            // temporaries.
+            for b in plan.temporaries.iter().filter(|b| matches!(p.layouts[**b], BufLayout::Shared(_))) {
+                stages[*b] = stages[*b].max(ring.groups);
+            }
         }
     }
     p.stages = stages;

@@ -51,6 +51,9 @@ pub struct TileProgram {
     pub owner: IdVec<Buffer, u32>,
     /// Per warp group id: its warps and its own scratch area.
     pub groups: std::collections::BTreeMap<u32, WarpGroupInfo>,
+    /// Bytes between the scratch areas of successive producer groups (`allocate_shared`; the
+    /// first is [`PRODUCER_GROUP`](place_producers::PRODUCER_GROUP)'s own).
+    pub producer_scratch_stride: u32,
     /// Each producer block's plan (`place_producers`), outermost loop first.
     pub producers: Vec<place_producers::ProducerPlan>,
     /// Each `pipelined` loop's plan (`plan_pipelines`), outermost first.
@@ -96,6 +99,7 @@ impl TileProgram {
             shared_bytes: 0,
             owner: IdVec::filled(n, 0),
             groups: Default::default(),
+            producer_scratch_stride: 0,
             producers: vec![],
             pipelines: vec![],
             wgmma_accumulators: Default::default(),

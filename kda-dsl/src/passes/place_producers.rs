@@ -1,8 +1,9 @@
 //! `place_producers`, the first tile pass: checks each producer block (`for _ in producer() {
 //! .. }`, [`StmtKind::Producer`]) against the rules that let a role of its own run it ahead of
 //! the rest of its loop's body, records what it hands over ([`ProducerPlan`]), and decides where
-//! it runs ([`ProducerRole`]): in a kernel with fill warps, on them, one iteration ahead of the
-//! rest of the body (the block stays in the body for the later passes and the lowering,
+//! it runs ([`ProducerRole`]): in a kernel with fill warps, on them, ahead of the rest of the
+//! body, fill warps beyond one warpgroup as more producer groups taking turns at the
+//! iterations (the block stays in the body for the later passes and the lowering,
 //! `lower/producer_ring.rs`); otherwise in its place, its statements put where it stands (the
 //! same code, and the same bits, as its statements written inline). Both give the same bits.
 //!
@@ -52,18 +53,36 @@ pub enum ProducerRole {
     FillWarps(ProducerRing),
 }
 
-/// The warp group id, and named barrier, of the fill warps running a producer block: their
-/// temporaries are laid out over them as a warp group's tiles are. A kernel with fill warps has
+/// The warp group id of the fill warps running a producer block, and the named barrier of the
+/// first producer group (group `g`'s is `PRODUCER_GROUP + g`): their temporaries are laid out
+/// over one producer group's warps as a warp group's tiles are. A kernel with fill warps has
 /// no warp groups, and its compute warps synchronize on barrier 1.
 pub const PRODUCER_GROUP: u32 = 2;
+
+/// Warps in a producer group when the fill warps are several warpgroups.
+const WARPGROUP_WARPS: u32 = 4;
+
+/// How `fill_warps` fill warps run a producer block: (warps per producer group, groups). Whole
+/// warpgroups beyond the first become groups of their own, which take turns at the loop's
+/// iterations (a block's latency, not its instructions, bounds a producer: a second group
+/// computes the next iteration beside the first); otherwise one group of them all.
+pub const fn producer_groups(fill_warps: u32) -> (u32, u32) {
+    if fill_warps > WARPGROUP_WARPS && fill_warps.is_multiple_of(WARPGROUP_WARPS) {
+        (WARPGROUP_WARPS, fill_warps / WARPGROUP_WARPS)
+    } else {
+        (fill_warps, 1)
+    }
+}
 
 /// The hand-over of a producer block run by fill warps: per stage, a `ready` mbarrier (one
 /// elected producer arrival after the producer's named barrier) and an `empty` one (each
 /// compute thread's arrival once done with the stage).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProducerRing {
-    /// The warps running the block.
+    /// The warps of one producer group.
     pub warps: u32,
+    /// Producer groups: group `g` runs the iterations `g`, `g + groups`, .. of the loop.
+    pub groups: u32,
     /// The loop's stages: the block's outputs take one copy each, rotated with the fills'.
     pub stages: u32,
     /// Shared byte offset of the `stages` `ready` mbarriers, then the `stages` `empty` ones
@@ -72,10 +91,14 @@ pub struct ProducerRing {
 }
 
 impl ProducerRing {
-    /// Iterations the producer's fills run ahead of its own block: the producer then computes
-    /// one iteration ahead of the compute warps without waiting for a stage they still read.
+    /// A group's own iterations its fills run ahead of its block: as many as the stages leave
+    /// beside the one the compute warps read and one a group computes. A group waits for the
+    /// stage of iteration `i + groups · d` to be released, which the compute warps do for
+    /// iteration `i + groups · d - stages` before they need iteration `i`: so it never waits
+    /// on itself while `groups · d < stages` (one group: `stages - 2`, the producer a
+    /// iteration ahead of the compute warps).
     pub fn fill_distance(&self) -> u32 {
-        self.stages - 2
+        (self.stages - 1 - self.groups) / self.groups
     }
 }
 
@@ -91,8 +114,10 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
         }
         if let StmtKind::For { var, kind: LoopKind::Pipelined { stages, .. }, body, .. } = &s.kind {
             if let Some(at) = body.iter().position(|x| matches!(x.kind, StmtKind::Producer(_))) {
-                match plan_producer(&p.def, s, *var, body, at) {
-                    Ok(plan) => plans.push(ProducerPlan { role: choose_role(&p.def, *stages), ..plan }),
+                match plan_producer(&p.def, s, *var, body, at)
+                    .and_then(|plan| Ok(ProducerPlan { role: choose_role(&p.def, *stages)?, ..plan }))
+                {
+                    Ok(plan) => plans.push(plan),
                     Err(e) => found = Err(e),
                 }
             }
@@ -100,7 +125,7 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
     });
     found?;
     if plans.iter().any(|x| matches!(x.role, ProducerRole::FillWarps(_))) {
-        let warps = p.def.fill_warps;
+        let (warps, _) = producer_groups(p.def.fill_warps);
         p.groups.insert(PRODUCER_GROUP, super::WarpGroupInfo { warps, scratch_offset: 0 });
     } else {
         p.def.body = splice_producers(std::mem::take(&mut p.def.body), Splice::Inline);
@@ -111,11 +136,18 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
 
 /// Where the producer block of a loop of `stages` (2 or more, `check_types`) runs: on the
 /// kernel's fill warps if it has any, else in its place.
-fn choose_role(def: &KernelDef, stages: u32) -> ProducerRole {
-    match def.fill_warps {
-        0 => ProducerRole::Inline,
-        warps => ProducerRole::FillWarps(ProducerRing { warps, stages, barriers: 0 }),
+fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
+    if def.fill_warps == 0 {
+        return Ok(ProducerRole::Inline);
     }
+    let (warps, groups) = producer_groups(def.fill_warps);
+    if stages <= groups {
+        return Err(Diag::new(
+            def.loc,
+            format!("{groups} producer groups ({} fill warps) need a loop of more than {groups} stages (it has {stages}): one for the compute warps to read, one for each group to compute", def.fill_warps),
+        ));
+    }
+    Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0 }))
 }
 
 /// Errors for a producer block anywhere but directly in a `pipelined` loop's body, a second one
@@ -411,9 +443,18 @@ impl fmt::Display for ProducerLine<'_> {
         )?;
         match &plan.role {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
-            ProducerRole::FillWarps(ring) => write!(
+            ProducerRole::FillWarps(ring) if ring.groups == 1 => write!(
                 f,
                 " (on the fill warps, {}, one iteration ahead; {} stages, fills {} ahead of the block; ready and empty mbarriers at {})",
+                ring.warps,
+                ring.stages,
+                ring.fill_distance(),
+                ring.barriers
+            ),
+            ProducerRole::FillWarps(ring) => write!(
+                f,
+                " (on the fill warps, {} groups of {} taking turns at the iterations; {} stages, each group's fills {} of its turns ahead of its block; ready and empty mbarriers at {})",
+                ring.groups,
                 ring.warps,
                 ring.stages,
                 ring.fill_distance(),

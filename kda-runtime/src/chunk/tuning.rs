@@ -143,6 +143,12 @@ impl ChunkTuning {
         if self.shape.key_products == KeyProducts::Split && self.shape.factor_warps() != 4 && !self.prepared {
             return bad("key products split over exactly 4 warps computing the fused kernel's factors (its warps, or its fill warps where it has any)");
         }
+        // Fill warps of two warpgroups compute the fused step's factors as two producer groups
+        // taking turns, each a stage of its own beside the one the state's warps read.
+        let (_, groups) = kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
+        if !self.prepared && stages <= groups as usize {
+            return bad(&format!("more stages than producer groups ({groups}, of {fill_warps} fill warps)"));
+        }
         // The fill warps keep their registers by `setmaxnreg`, which sm_90a alone has: on
         // another target the option would compile the same kernel under another name.
         if let Some(n) = self.shape.producer_registers {
@@ -337,6 +343,13 @@ mod tests {
         ChunkTuning { shape: ChunkShape::HOPPER_PRODUCER, ..hopper }
             .check(&plan)
             .expect("a producer warpgroup beside the sm_90a fused kernel");
+        ChunkTuning { shape: ChunkShape::HOPPER_TWO_PRODUCERS, ..hopper }
+            .check(&plan)
+            .expect("two producer warpgroups: each computes with 4 warps");
+        refused(
+            ChunkTuning { shape: ChunkShape { stages: 2, ..ChunkShape::HOPPER_TWO_PRODUCERS }, ..hopper },
+            "more stages than producer groups (2, of 8 fill warps)",
+        );
         refused(
             ChunkTuning { shape: ChunkShape { fill_warps: 2, ..ChunkShape::PRODUCER }, ..produced },
             "exactly 4 warps",

@@ -173,7 +173,7 @@ impl ChunkShape {
     /// own.
     pub const fn factor_warps(self) -> usize {
         if self.fill_warps > 0 {
-            kda_dsl::passes::place_producers::producer_groups(self.fill_warps as u32).0 as usize
+            kda_dsl::passes::place_producers::producer_groups(self.fill_warps as u32).warps as usize
         } else {
             self.warps
         }
@@ -245,18 +245,18 @@ impl ChunkShape {
     /// (the fewest in steps of 8 at which ptxas spills none of the factors) and giving the rest
     /// to the state's warpgroup (`setmaxnreg`). Its products of 16 columns take `mma.sync`: on
     /// `wgmma` ptxas waits on their accumulators (C7517). 1 block an SM, 3 stages. The same
-    /// bits, untimed. With [`ChunkShape::HOPPER`]'s 8 warps and the fill warps (12 warps, 168
-    /// registers a thread) the factors measured a quarter faster than inline, but still bound
-    /// the step (docs/performance.md, 2026-12-06, third session): at 128 registers a second
-    /// producer warpgroup would fit beside this one.
+    /// bits; on an H100 3% faster than `8x1x3f4h` (8 compute warps, 12 in all at 168 registers
+    /// a thread), whose producer cut the sm_90a fused step by a quarter but still bounds it
+    /// (docs/performance.md, 2026-12-06, third session). At 128 registers a second producer
+    /// warpgroup fits beside this one ([`ChunkShape::HOPPER_TWO_PRODUCERS`]).
     pub const HOPPER_PRODUCER: ChunkShape =
         ChunkShape { producer_registers: Some(128), narrow_products: NarrowProducts::MmaSync, ..ChunkShape::PRODUCER };
     /// [`ChunkShape::HOPPER_PRODUCER`] with two producer warpgroups taking turns at the chunks
     /// (8 fill warps at 128 registers, the state's warpgroup at 248: a whole register file),
     /// 5 stages (one the state's warps read, one each group computes, one each group's fills
-    /// ahead). A producer's step is its latency, not its instructions, so a second one halves
-    /// the producer's share of the step (docs/performance.md, 2026-12-06, third session, the
-    /// estimate). The same bits, untimed.
+    /// ahead). The same bits. On an H100 a lone long sequence's fused step is a quarter shorter
+    /// than the sm_80 fused kernel's, but at B = 8 no shorter than one producer's: no path takes
+    /// it (docs/performance.md, 2026-12-06, third session).
     pub const HOPPER_TWO_PRODUCERS: ChunkShape = ChunkShape { fill_warps: 8, stages: 5, ..ChunkShape::HOPPER_PRODUCER };
 }
 

@@ -1016,7 +1016,8 @@ fn a_producer_block_on_fill_warps_gives_the_inline_values() {
         assert!(got == inline, "{case}: the values differ");
         // Eight fill warps are two producer groups, each with its barrier and its `ready`
         // arrival; the compute warps' `empty` arrival is one.
-        let (warps, groups) = kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
+        let kda_dsl::passes::place_producers::ProducerGroups { warps, groups } =
+            kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
         for g in 0..groups {
             let producer_barrier = format!("bar.sync {}, {};", 2 + g, 32 * warps);
             assert!(ptx.contains(&producer_barrier), "{case}: {producer_barrier} missing:\n{ptx}");

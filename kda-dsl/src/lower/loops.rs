@@ -270,16 +270,15 @@ impl Lower<'_> {
     /// a producer group's next turn.
     pub(super) fn close_stage_ring_by(&mut self, ring: StageRing, stages: u32, step: u32) {
         let StageRing { iter, stage, top, exit } = ring;
-        self.em.emit(Op::Bin {
-            op: BinKind::Add,
-            ty: Ty::S32,
-            d: iter,
-            a: Src::Reg(iter),
-            b: Src::Imm(i64::from(step)),
-        });
+        self.add_in_place(iter, step);
         self.advance_stage(stage, stages, step);
         self.em.emit(Op::Bra { target: top });
         self.em.emit(Op::Label(exit));
+    }
+
+    /// `r += n`, in place.
+    fn add_in_place(&mut self, r: Reg, n: u32) {
+        self.em.emit(Op::Bin { op: BinKind::Add, ty: Ty::S32, d: r, a: Src::Reg(r), b: Src::Imm(i64::from(n)) });
     }
 
     /// `stage = (stage + step) mod stages`, for a `stage` below `stages`, in place.
@@ -288,13 +287,7 @@ impl Lower<'_> {
         if step == 0 {
             return;
         }
-        self.em.emit(Op::Bin {
-            op: BinKind::Add,
-            ty: Ty::S32,
-            d: stage,
-            a: Src::Reg(stage),
-            b: Src::Imm(i64::from(step)),
-        });
+        self.add_in_place(stage, step);
         if step == 1 {
             let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(stages)));
             self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });

@@ -68,7 +68,7 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
             }
         });
         // Producer groups run at the same time: an area each, `producer_scratch_stride` apart.
-        let (_, groups) = super::place_producers::producer_groups(p.def.fill_warps);
+        let groups = super::place_producers::producer_groups(p.def.fill_warps).groups;
         end = align(end, 16);
         group_areas.push((PRODUCER_GROUP, end));
         p.producer_scratch_stride = align(g, 16);

@@ -62,15 +62,24 @@ pub const PRODUCER_GROUP: u32 = 2;
 /// Warps in a producer group when the fill warps are several warpgroups.
 const WARPGROUP_WARPS: u32 = 4;
 
-/// How `fill_warps` fill warps run a producer block: (warps per producer group, groups). Whole
-/// warpgroups beyond the first become groups of their own, which take turns at the loop's
-/// iterations (a block's latency, not its instructions, bounds a producer: a second group
-/// computes the next iteration beside the first); otherwise one group of them all.
-pub const fn producer_groups(fill_warps: u32) -> (u32, u32) {
+/// How fill warps split into producer groups ([`producer_groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerGroups {
+    /// Warps in each group.
+    pub warps: u32,
+    /// Groups, taking turns at the loop's iterations.
+    pub groups: u32,
+}
+
+/// How `fill_warps` fill warps run a producer block. Whole warpgroups beyond the first become
+/// groups of their own, which take turns at the loop's iterations (a block's latency, not its
+/// instructions, bounds a producer: a second group computes the next iteration beside the
+/// first); otherwise one group of them all.
+pub const fn producer_groups(fill_warps: u32) -> ProducerGroups {
     if fill_warps > WARPGROUP_WARPS && fill_warps.is_multiple_of(WARPGROUP_WARPS) {
-        (WARPGROUP_WARPS, fill_warps / WARPGROUP_WARPS)
+        ProducerGroups { warps: WARPGROUP_WARPS, groups: fill_warps / WARPGROUP_WARPS }
     } else {
-        (fill_warps, 1)
+        ProducerGroups { warps: fill_warps, groups: 1 }
     }
 }
 
@@ -125,7 +134,7 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
     });
     found?;
     if plans.iter().any(|x| matches!(x.role, ProducerRole::FillWarps(_))) {
-        let (warps, _) = producer_groups(p.def.fill_warps);
+        let warps = producer_groups(p.def.fill_warps).warps;
         p.groups.insert(PRODUCER_GROUP, super::WarpGroupInfo { warps, scratch_offset: 0 });
     } else {
         p.def.body = splice_producers(std::mem::take(&mut p.def.body), Splice::Inline);
@@ -140,7 +149,7 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
     if def.fill_warps == 0 {
         return Ok(ProducerRole::Inline);
     }
-    let (warps, groups) = producer_groups(def.fill_warps);
+    let ProducerGroups { warps, groups } = producer_groups(def.fill_warps);
     if stages <= groups {
         return Err(Diag::new(
             def.loc,

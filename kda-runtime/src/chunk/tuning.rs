@@ -145,7 +145,7 @@ impl ChunkTuning {
         }
         // Fill warps of two warpgroups compute the fused step's factors as two producer groups
         // taking turns, each a stage of its own beside the one the state's warps read.
-        let (_, groups) = kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
+        let groups = kda_dsl::passes::place_producers::producer_groups(fill_warps as u32).groups;
         if !self.prepared && stages <= groups as usize {
             return bad(&format!("more stages than producer groups ({groups}, of {fill_warps} fill warps)"));
         }

@@ -662,13 +662,21 @@ mod tests {
                     ..tune(shape(4, 2, 2), None, false, None, None)
                 },
             ),
+            (
+                "4x1x5w32f8g128ihmk",
+                ChunkTuning {
+                    target: Target::Sm90a,
+                    ..tune(ChunkShape::HOPPER_TWO_PRODUCERS, None, false, None, None)
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
         for text in [
             "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm", "8x2kk", "8x2kc",
+            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm", "8x2kk", "8x2kc", "8x2f4g",
+            "8x2f4gx", "8x2g128",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

@@ -160,21 +160,35 @@ fn emit_takes_a_sweep_shape_for_chunk() {
 }
 
 /// `kda conflicts` counts the prefill kernel's shared-memory wavefronts per source line in the
-/// simulator, on either target and either path; an unknown family or argument is refused.
+/// simulator, on either target and either path, or at a sweep shape (two producer warpgroups on
+/// sm_90a, named in its first line); an unknown family or argument is refused.
 #[test]
 fn conflicts_counts_wavefronts_per_line() {
-    for args in [&["conflicts"][..], &["conflicts", "pool", "--target", "sm_90a"], &["conflicts", "--prepared"]] {
+    let runs = [
+        &["conflicts"][..],
+        &["conflicts", "pool", "--target", "sm_90a"],
+        &["conflicts", "--prepared"],
+        &["conflicts", "dense", "--shape", "4x1x5w32f8g128ihmk"],
+    ];
+    for args in runs {
         let (code, out, err) = kda(args);
         assert_eq!(code, 0, "{args:?}: {err}");
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("chunk/") && lines[1].starts_with("line"), "{out}");
         assert!(lines.iter().any(|l| l.starts_with("chunk.rs:") && l.contains("ldmatrix")), "{out}");
         assert!(lines.last().is_some_and(|l| l.starts_with("all: ")), "{out}");
+        if args.contains(&"--shape") {
+            assert!(lines[0].contains("_fw8_pr128_") && lines[0].contains("sm_90a"), "{out}");
+        }
     }
     let (code, _, err) = kda(&["conflicts", "nosuchfamily"]);
     assert!(code == 2 && err.contains("nosuchfamily"), "{err}");
-    let (code, _, err) = kda(&["conflicts", "a", "b"]);
-    assert!(code == 2 && err.contains("usage: kda conflicts"), "{err}");
+    for args in
+        [&["conflicts", "a", "b"][..], &["conflicts", "--shape"], &["conflicts", "--prepared", "--shape", "8x2"]]
+    {
+        let (code, _, err) = kda(args);
+        assert!(code == 2 && err.contains("usage: kda conflicts"), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -80,10 +80,28 @@ pub fn two_kernel_path_matches_on(
     let fused = simulate_chunk(cfg, x)?;
     let two = ChunkConfig { preparation: Preparation::Workspace, shape: chain, ..cfg.clone() };
     let got = simulate_chunk_on(&two, x, prep_blocks, target)?;
+    Ok(same_bits(&got, &fused))
+}
+
+/// Whether `cfg`'s call writes the same bits at launch shape `other` as at `shape`, both
+/// compiled for `target`, in the simulator.
+pub fn shapes_match_on(
+    cfg: &ChunkConfig,
+    x: &ChunkInputs,
+    shape: ChunkShape,
+    other: ChunkShape,
+    target: Target,
+) -> Result<bool, String> {
+    let run = |shape| simulate_chunk_on(&ChunkConfig { shape, ..cfg.clone() }, x, 2, target);
+    Ok(same_bits(&run(other)?, &run(shape)?))
+}
+
+/// Whether two calls wrote the same bits: outputs, final states and checkpoints.
+fn same_bits(a: &ChunkOutputs, b: &ChunkOutputs) -> bool {
     let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-    Ok(bits(&got.out) == bits(&fused.out)
-        && bits(&got.final_state) == bits(&fused.final_state)
-        && bits(&got.checkpoints) == bits(&fused.checkpoints))
+    bits(&a.out) == bits(&b.out)
+        && bits(&a.final_state) == bits(&b.final_state)
+        && bits(&a.checkpoints) == bits(&b.checkpoints)
 }
 
 /// Compares what a call wrote (`got`, from the simulator or a GPU) with the reference's `want`,

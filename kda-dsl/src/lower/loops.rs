@@ -288,6 +288,7 @@ impl Lower<'_> {
             return;
         }
         self.add_in_place(stage, step);
+        // One stage at a time: the compare-and-reset every pipelined loop has always had.
         if step == 1 {
             let wrap = self.em.setp(Cmp::Eq, Ty::S32, stage, Src::Imm(i64::from(stages)));
             self.em.emit_if(wrap, true, Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(0) });

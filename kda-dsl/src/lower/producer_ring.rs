@@ -29,7 +29,7 @@ use super::tma::{PhaseStart, MBARRIER_BYTES};
 use super::{Lower, Scope, WgmmaWait, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::place_producers::{ProducerRing, PRODUCER_GROUP};
+use crate::passes::place_producers::{ProducerPlan, ProducerRing, PRODUCER_GROUP};
 use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
 use crate::passes::BufLayout;
 use crate::thread_ir::*;
@@ -50,6 +50,8 @@ pub(crate) struct RingPhases {
 struct RingLoop<'a> {
     plan: &'a PipelinePlan,
     ring: &'a ProducerRing,
+    /// The loop's producer block: what it hands over and what it keeps.
+    producer: &'a ProducerPlan,
     /// The stage's tiles (the fills', then the block's hand-over) and their stage 0 bases.
     staged: &'a [BufId],
     home: &'a [Src],
@@ -103,11 +105,12 @@ impl Lower<'_> {
         loc: SrcLoc,
         work: LoopWork,
     ) -> Result<(), Diag> {
-        let outputs = &self.p.producers.iter().find(|x| x.var == plan.var).expect("a producer plan").outputs;
+        let program = self.p;
+        let producer = program.producers.iter().find(|x| x.var == plan.var).expect("a producer plan");
         // The stage's tiles: the fills', then the block's hand-over.
-        let staged: Vec<BufId> = plan.staged.iter().chain(outputs).copied().collect();
+        let staged: Vec<BufId> = plan.staged.iter().chain(&producer.outputs).copied().collect();
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
-        let lp = RingLoop { plan, ring, staged: &staged, home: &home, bounds, body, loc };
+        let lp = RingLoop { plan, ring, producer, staged: &staged, home: &home, bounds, body, loc };
         self.consts.remove(&plan.var);
         // What the kernel wrote before the loop (its own `cp.async` copies landed) is visible
         // to both roles: inside, no barrier spans them.
@@ -185,9 +188,13 @@ impl Lower<'_> {
         }
         let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
         // Each group's copy of the block's shared temporaries (`infer_layouts`).
-        let plan = self.p.producers.iter().find(|x| x.var == lp.plan.var).expect("a producer plan");
-        let temporaries: Vec<BufId> =
-            plan.temporaries.iter().copied().filter(|b| matches!(self.p.layouts[*b], BufLayout::Shared(_))).collect();
+        let temporaries: Vec<BufId> = lp
+            .producer
+            .temporaries
+            .iter()
+            .copied()
+            .filter(|b| matches!(self.p.layouts[*b], BufLayout::Shared(_)))
+            .collect();
         let homes: Vec<Src> = temporaries.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         for group in 0..ring.groups {
             let lo = self.em.setp(Cmp::Ge, Ty::S32, warp, Src::Imm(i64::from(group * ring.warps)));
@@ -210,7 +217,7 @@ impl Lower<'_> {
     /// Producer group `group`'s copy of the loop, its turns `group`, `group + groups`, .. (the
     /// module's doc says what it does).
     fn group_copy(&mut self, lp: &RingLoop, group: u32) -> Result<(), Diag> {
-        let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc } = *lp;
+        let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
         let at = body.iter().position(|s| matches!(s.kind, StmtKind::Producer(_))).expect("the producer block");
@@ -312,17 +319,13 @@ impl Lower<'_> {
             let st = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mov { ty: Ty::B32, d: st, a: stage });
             self.advance_stage(st, ring.stages, k);
-            let one = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });
-            let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(st));
-            let flip = Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) };
-            self.em.emit_if(live, true, flip);
+            self.count_phase(phases, st, Some(live));
         }
     }
 
     /// The compute warps' copy of the loop (the module's doc says what it does).
     fn consumer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
-        let RingLoop { plan, ring, staged, home, bounds, body, loc } = *lp;
+        let RingLoop { plan, ring, staged, home, bounds, body, loc, .. } = *lp;
         let def = &self.p.def;
         let rest: Vec<Stmt> = body
             .iter()

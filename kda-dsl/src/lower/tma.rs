@@ -211,10 +211,20 @@ impl Lower<'_> {
         let kind = MbarrierWaitKind::for_target(self.p.target);
         self.em.emit(Op::MbarrierWait { d: done, addr: mbar, parity: Src::Reg(parity), kind });
         self.em.emit_if(done, false, Op::Bra { target: again });
+        self.count_phase(phases, rd, None);
+    }
+
+    /// Flips `stage`'s bit of `phases` (where `when` holds, if given): one more phase of that
+    /// stage's mbarrier counted, so the next wait on it is for the phase after.
+    pub(super) fn count_phase(&mut self, phases: Reg, stage: Reg, when: Option<Reg>) {
         let one = self.em.reg(RegClass::B32);
         self.em.emit(Op::Mov { ty: Ty::B32, d: one, a: Src::Imm(1) });
-        let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(rd));
-        self.em.emit(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) });
+        let mask = self.em.bin(BinKind::Shl, Ty::B32, RegClass::B32, one, Src::Reg(stage));
+        let flip = Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: phases, a: Src::Reg(phases), b: Src::Reg(mask) };
+        match when {
+            Some(p) => self.em.emit_if(p, true, flip),
+            None => self.em.emit(flip),
+        }
     }
 
     /// The copy of shared tile `store.buf` to the global box `dst` as TMA bulk stores: thread 0

@@ -395,8 +395,9 @@ pub enum Op {
     /// `shfl.sync.mode.b32 d, a, b, c, 0xffffffff`
     Shfl { mode: ShflMode, d: Reg, a: Reg, b: Src, c: u32 },
     /// `bar.sync id[, count]`, or `barrier.sync id[, count]` when its threads reach it from
-    /// different instructions.
-    Bar { id: u32, count: Option<u32>, reach: BarrierReach },
+    /// different instructions. The id is a register where warps running one copy of some code
+    /// each take their own barrier (producer groups).
+    Bar { id: Src, count: Option<u32>, reach: BarrierReach },
     /// `bar.arrive id, count`
     BarArrive { id: u32, count: u32 },
     /// A label.

@@ -42,7 +42,7 @@ fn a_barrier_between_write_and_read_makes_it_safe() {
     let a = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: a, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(z) });
     p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Reg(t)] });
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     let v = p.reg(RegClass::B32);
     p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: z, offset: 0 });
     p.op(Op::Ret);
@@ -92,7 +92,7 @@ fn a_barrier_some_threads_skip_is_a_deadlock() {
     let q = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(0) });
     p.guarded(q, Op::Ret);
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     p.op(Op::Ret);
     let e = err_of(&p.prog(64, 0, vec![]), &mut []);
     assert!(e.contains("exited while others wait"), "{e}");
@@ -106,10 +106,37 @@ fn named_barriers_release_at_their_thread_count() {
     let q = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(q, Op::Bra { target: 1 });
-    p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(1), count: Some(64), reach: BarrierReach::SameInstruction });
     p.op(Op::Label(1));
     p.op(Op::Ret);
     run(&p.prog(128, 0, vec![]), [1, 1, 1], &mut []).expect("releases");
+}
+
+/// Two pairs of warps run one `bar.sync id, 64` with the id in a register: `1 + tid / 64`
+/// (each pair its own barrier), or 1 for both (`shared`).
+fn pairs_at_a_register_barrier(shared: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let id = p.reg(RegClass::B32);
+    let pair = p.reg(RegClass::B32);
+    p.op(Op::Bin {
+        op: BinKind::Div,
+        ty: Ty::U32,
+        d: pair,
+        a: Src::Reg(t),
+        b: Src::Imm(if shared { 128 } else { 64 }),
+    });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: id, a: Src::Reg(pair), b: Src::Imm(1) });
+    p.op(Op::Bar { id: Src::Reg(id), count: Some(64), reach: BarrierReach::SameInstruction });
+    p.op(Op::Ret);
+    p.prog(128, 0, vec![])
+}
+
+#[test]
+fn a_barrier_id_in_a_register_is_each_threads_own() {
+    run(&pairs_at_a_register_barrier(false), [1, 1, 1], &mut []).expect("each pair meets at its barrier");
+    let e = err_of(&pairs_at_a_register_barrier(true), &mut []);
+    assert!(e.contains("bar.sync 1: 128 threads wait at a barrier of 64"), "{e}");
 }
 
 /// Warp 1 meets warp 0 at barrier 0 from another instruction (as a fill warp's copy of a
@@ -120,10 +147,10 @@ fn meet_from_two_instructions(reach: BarrierReach) -> ThreadProgram {
     let q = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: q, a: Src::Reg(t), b: Src::Imm(32) });
     p.guarded(q, Op::Bra { target: 1 });
-    p.op(Op::Bar { id: 0, count: None, reach });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach });
     p.op(Op::Bra { target: 2 });
     p.op(Op::Label(1));
-    p.op(Op::Bar { id: 0, count: None, reach });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach });
     p.op(Op::Label(2));
     p.op(Op::Ret);
     p.prog(64, 0, vec![])
@@ -146,12 +173,12 @@ fn hand_off(block_barrier: bool) -> ThreadProgram {
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: writer, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(writer, Op::St { space: Space::Shared, ty: Ty::U32, addr: a, offset: 0, vals: vec![Src::Imm(7)] });
     if block_barrier {
-        p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+        p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     }
     let third = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: third, a: Src::Reg(t), b: Src::Imm(64) });
     p.guarded(third, Op::Bra { target: 1 });
-    p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(1), count: Some(64), reach: BarrierReach::SameInstruction });
     let reader = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: reader, a: Src::Reg(t), b: Src::Imm(0) });
     let v = p.reg(RegClass::B32);
@@ -458,7 +485,7 @@ fn elected_ring_program(named_barrier: bool) -> ThreadProgram {
         wait_phase(&mut p, full, round % 2, &mut label);
         p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![value], addr: slot, offset: 16 });
         if named_barrier {
-            p.op(Op::Bar { id: 1, count: Some(64), reach: BarrierReach::SameInstruction });
+            p.op(Op::Bar { id: Src::Imm(1), count: Some(64), reach: BarrierReach::SameInstruction });
         }
         p.guarded(elected, Op::MbarrierArrive { state, addr: empty });
     }
@@ -491,10 +518,10 @@ fn barrier_chain(chain: bool) -> ThreadProgram {
     let first_from = if chain { 1 } else { 2 };
     p.op(Op::Setp { cmp: Cmp::Ge, ty: Ty::S32, d: in_first, a: Src::Reg(warp), b: Src::Imm(first_from) });
     let count = if chain { 64 } else { 32 };
-    p.guarded(in_first, Op::Bar { id: 1, count: Some(count), reach: BarrierReach::AnyInstruction });
+    p.guarded(in_first, Op::Bar { id: Src::Imm(1), count: Some(count), reach: BarrierReach::AnyInstruction });
     let in_second = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Le, ty: Ty::S32, d: in_second, a: Src::Reg(warp), b: Src::Imm(1) });
-    p.guarded(in_second, Op::Bar { id: 2, count: Some(64), reach: BarrierReach::AnyInstruction });
+    p.guarded(in_second, Op::Bar { id: Src::Imm(2), count: Some(64), reach: BarrierReach::AnyInstruction });
     let reader = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: reader, a: Src::Reg(t), b: Src::Imm(0) });
     let v = p.reg(RegClass::B32);

@@ -1,7 +1,7 @@
 //! The GEMM through the simulator against the f64 reference, ragged edges included.
 
 use kda_dsl::sim::SimArg;
-use kda_dsl::thread_ir::Op;
+use kda_dsl::thread_ir::{Op, Src};
 use kda_dsl::Target;
 use kda_kernels::check::check_gemm;
 use kda_kernels::gemm::GemmConfig;
@@ -196,7 +196,7 @@ fn a_gemm_with_a_fill_warp_runs_its_producer_apart() {
     let outer: Vec<_> = loops.iter().filter(|(t, e)| !loops.iter().any(|(t2, e2)| t2 < t && e < e2)).collect();
     assert_eq!(outer.len(), 2, "{loops:?}");
     for (top, end) in outer {
-        let block_wide = body[*top..*end].iter().filter(|i| matches!(i.op, Op::Bar { id: 0, .. })).count();
+        let block_wide = body[*top..*end].iter().filter(|i| matches!(i.op, Op::Bar { id: Src::Imm(0), .. })).count();
         assert_eq!(block_wide, 0, "a block-wide barrier in the loop at {top}..{end}");
     }
     let arrives = body.iter().filter(|i| matches!(i.op, Op::MbarrierArrive { .. })).count();

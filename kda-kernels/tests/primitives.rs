@@ -936,33 +936,57 @@ fn doubled_plus_one(s: Tile, f: Tile, out: Tile) {
     }
 }
 
-/// [`produced_step`]'s config: rows, threads, fill warps, stages, and whether the step is a
-/// producer block.
+/// The step of [`produced_step`] with `row_sums`: `out = 2 s + rowsum(s)`, the row sums
+/// meeting across warps in the scratch area of the warps that run it.
+#[kda_macros::kernel_fn]
+fn doubled_plus_row_sums(s: Tile, f: Tile, sums: Tile, out: Tile) {
+    copy(s, f);
+    reduce_sum(f, sums, 1);
+    for (r, c) in parallel(f) {
+        out[r][c] = 2.0 * f[r][c] + sums[r];
+    }
+}
+
+/// [`produced_step`]'s config: rows, threads, fill warps, stages, whether the step is a
+/// producer block, and whether it adds row sums ([`doubled_plus_row_sums`]) or 1.
 struct StepCfg {
     rows: usize,
     threads: usize,
     fill_warps: usize,
     stages: usize,
     in_producer: bool,
+    row_sums: bool,
 }
 
-/// `y = 2 x + 1` by 32-column tiles in a pipelined loop, the step in a producer block or not.
+/// `y = 2 x + 1` (or `+ rowsum(x)`) by 32-column tiles in a pipelined loop, the step in a
+/// producer block or not.
 #[kernel]
 fn produced_step(cfg: &StepCfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
     let (_bx,) = launch(grid = [1], threads = cfg.threads, fill_warps = cfg.fill_warps);
     let s = shared([cfg.rows, 32], F32);
     let f = fragment([cfg.rows, 32], F32);
+    let sums = fragment([cfg.rows], F32);
     let out = shared([cfg.rows, 32], F32);
     for i in pipelined(0, C / 32, stages = cfg.stages) {
         copy(x.tile([0, i], [cfg.rows, 32]), s);
         if cfg.in_producer {
             for _ in producer() {
-                doubled_plus_one(s, f, out);
+                step(cfg.row_sums, s, f, sums, out);
             }
         } else {
-            doubled_plus_one(s, f, out);
+            step(cfg.row_sums, s, f, sums, out);
         }
         copy(out, y.tile([0, i], [cfg.rows, 32]));
+    }
+}
+
+/// [`produced_step`]'s step: adding row sums or 1.
+#[kda_macros::kernel_fn]
+fn step(row_sums: bool, s: Tile, f: Tile, sums: Tile, out: Tile) {
+    if row_sums {
+        doubled_plus_row_sums(s, f, sums, out);
+    } else {
+        doubled_plus_one(s, f, out);
     }
 }
 
@@ -984,7 +1008,8 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
     for (threads, stages) in [(32, 2), (64, 3)] {
         let run = |in_producer: bool| {
-            let (y, ptx) = run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer }, &x, tiles);
+            let (y, ptx) =
+                run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer, row_sums: false }, &x, tiles);
             // Source lines differ between the two forms; the instructions may not.
             let code: Vec<String> =
                 ptx.lines().filter(|l| !l.contains(".loc") && !l.contains(".file")).map(String::from).collect();
@@ -1001,28 +1026,41 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
 
 /// On fill warps the block runs apart, ahead of the compute warps, through its ring: the same
 /// values as inline for every split of the warps, every depth of the ring and two producer
-/// groups taking turns (at the fewest stages they take, 3, and more), and the PTX shows the
-/// ring (each group's named barrier, the `ready` and `empty` arrivals).
+/// groups taking turns (at the fewest stages they take, 3, and more), and its row sums (which
+/// meet in each group's scratch) right; the PTX shows the ring (the producer's named barrier, the `ready` and `empty` arrivals) with one copy of the
+/// producer's code for every group.
 #[test]
 fn a_producer_block_on_fill_warps_gives_the_inline_values() {
     let (rows, tiles) = (16, 7);
     let mut rng = Rng::new(12);
     let x: Vec<f64> = (0..rows * 32 * tiles).map(|_| rng.normal()).collect();
+    let want_row_sums: Vec<f64> = (0..x.len())
+        .map(|e| {
+            let (row, tile) = (e / (32 * tiles), (e % (32 * tiles)) / 32);
+            let sum: f64 = x[row * 32 * tiles + tile * 32..][..32].iter().sum();
+            2.0 * x[e] + sum
+        })
+        .collect();
     let cases = [(32, 1, 2), (64, 1, 3), (32, 2, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4), (64, 8, 5), (128, 8, 7)];
     for (threads, fill_warps, stages) in cases {
-        let (inline, _) = run_step(&StepCfg { rows, threads, fill_warps: 0, stages, in_producer: true }, &x, tiles);
-        let (got, ptx) = run_step(&StepCfg { rows, threads, fill_warps, stages, in_producer: true }, &x, tiles);
         let case = format!("{threads} threads, {fill_warps} fill warps, {stages} stages");
+        let cfg = |fill_warps, row_sums| StepCfg { rows, threads, fill_warps, stages, in_producer: true, row_sums };
+        let (inline, _) = run_step(&cfg(0, false), &x, tiles);
+        let (got, ptx) = run_step(&cfg(fill_warps, false), &x, tiles);
         assert!(got == inline, "{case}: the values differ");
-        // Eight fill warps are two producer groups, each with its barrier and its `ready`
-        // arrival; the compute warps' `empty` arrival is one.
+        // Row sums over other warps than inline add in another order: against f64.
+        let (got, _) = run_step(&cfg(fill_warps, true), &x, tiles);
+        assert!(rel_err(&got, &want_row_sums) < 1e-5, "{case}, row sums: {}", rel_err(&got, &want_row_sums));
+        // Eight fill warps are two producer groups running one copy of the code, each group's
+        // named barrier (2 + its index) in a register; one `ready` arrival in that copy, one
+        // `empty` arrival of the compute warps.
         let kda_dsl::passes::place_producers::ProducerGroups { warps, groups } =
             kda_dsl::passes::place_producers::producer_groups(fill_warps as u32);
-        for g in 0..groups {
-            let producer_barrier = format!("bar.sync {}, {};", 2 + g, 32 * warps);
-            assert!(ptx.contains(&producer_barrier), "{case}: {producer_barrier} missing:\n{ptx}");
-        }
-        assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 1 + groups as usize, "{case}:\n{ptx}");
+        let (id, count) = (if groups == 1 { "2" } else { "%r" }, format!(", {};", 32 * warps));
+        let producer_barrier = format!("bar.sync {id}");
+        let named = ptx.lines().any(|l| l.contains(&producer_barrier) && l.ends_with(&count));
+        assert!(named, "{case}: `{producer_barrier}..{count}` missing:\n{ptx}");
+        assert_eq!(ptx.matches("mbarrier.arrive.shared.b64").count(), 2, "{case}:\n{ptx}");
     }
 }
 

@@ -242,17 +242,17 @@ impl Lower<'_> {
     /// Opens a pipeline's main loop over `s0 .. e`: the iteration and the stage it reads (from
     /// 0), and the loop's head, which leaves at the end.
     pub(super) fn open_stage_ring(&mut self, bounds: (Reg, Reg)) -> StageRing {
-        self.open_stage_ring_at(bounds, 0)
+        self.open_stage_ring_at(bounds, Src::Imm(0))
     }
 
-    /// [`Lower::open_stage_ring`] from the loop's iteration `first` (and its stage, `first`
-    /// of `stages`): a producer group's turns start at its own.
-    pub(super) fn open_stage_ring_at(&mut self, (s0, e): (Reg, Reg), first: u32) -> StageRing {
+    /// [`Lower::open_stage_ring`] from the loop's iteration `first` (and its stage, `first`,
+    /// below the ring's stages): a producer group's turns start at its own.
+    pub(super) fn open_stage_ring_at(&mut self, (s0, e): (Reg, Reg), first: Src) -> StageRing {
         let iter = self.em.reg(RegClass::B32);
-        let start = if first == 0 { Src::Reg(s0) } else { self.em.add32(s0, Src::Imm(i64::from(first))) };
+        let start = self.em.add32(s0, first);
         self.em.emit(Op::Mov { ty: Ty::B32, d: iter, a: start });
         let stage = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(first)) });
+        self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: first });
         let (top, exit) = (self.em.label(), self.em.label());
         self.em.emit(Op::Label(top));
         let done = self.em.setp(Cmp::Ge, Ty::S32, iter, e);

@@ -108,10 +108,11 @@ pub(crate) struct Scope {
     pub th: ThreadRegs,
     /// Threads taking part in the tile operations being lowered.
     pub threads: u32,
-    /// The barrier they synchronize with (0: the block's; a warp group's named barrier).
-    pub bar_id: u32,
-    /// Byte offset of the scratch area reductions use here.
-    pub scratch_base: u32,
+    /// The barrier they synchronize with (0: the block's; a warp group's named barrier; a
+    /// register where groups of warps running one copy of the code each take their own).
+    pub bar_id: Src,
+    /// Byte offset of the scratch area reductions use here (a register as `bar_id` may be).
+    pub scratch_base: Src,
     /// Per-thread fragment bases, by layout (its kind aside: vectors share their tile's).
     pub frag_bases: HashMap<FragmentLayout, (Reg, Reg)>,
 }
@@ -268,8 +269,8 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
             threads: p.def.threads,
             // With fill warps, what the compute warps synchronize inside a tile operation
             // leaves the fill warps out.
-            bar_id: if fill_warps.is_some() { roles::COMPUTE_BARRIER } else { 0 },
-            scratch_base: p.scratch.offset,
+            bar_id: Src::Imm(if fill_warps.is_some() { roles::COMPUTE_BARRIER.into() } else { 0 }),
+            scratch_base: Src::Imm(p.scratch.offset.into()),
             frag_bases: HashMap::new(),
         },
         smem,
@@ -639,7 +640,7 @@ impl Lower<'_> {
     /// A barrier over the threads of the current scope: `bar.sync 0` for the block, the group's
     /// named barrier inside a warp group.
     pub(crate) fn barrier(&mut self) {
-        let count = (self.scope.bar_id != 0).then_some(self.scope.threads);
+        let count = (self.scope.bar_id != Src::Imm(0)).then_some(self.scope.threads);
         self.em.emit(Op::Bar { id: self.scope.bar_id, count, reach: BarrierReach::SameInstruction });
     }
 
@@ -657,8 +658,10 @@ impl Lower<'_> {
         let group = Scope {
             th: ThreadRegs { tid, warp, ..th },
             threads: count * 32,
-            bar_id: id,
-            scratch_base: self.p.groups.get(&id).map(|g| g.scratch_offset).unwrap_or(self.p.scratch.offset),
+            bar_id: Src::Imm(id.into()),
+            scratch_base: Src::Imm(
+                self.p.groups.get(&id).map(|g| g.scratch_offset).unwrap_or(self.p.scratch.offset).into(),
+            ),
             frag_bases: HashMap::new(),
         };
         let outer = std::mem::replace(&mut self.scope, group);

@@ -22,6 +22,9 @@
 //! `fill_distance` of its turns ahead. The compute warps see one ring either way. A group
 //! counts in its `empty` parity bits the other groups' fills too (each flips its stage's bit
 //! where the iteration exists), so it waits for the phase of a stage's last use by anyone.
+//! The groups run one copy of the code, the group's index a register from its warps (its
+//! barrier, scratch, copies and first turn computed from it): a copy per group would put
+//! several producer loops, the kernel's longest code, in one SM's instruction caches.
 
 use super::loops::LoopWork;
 use super::roles::Role;
@@ -90,7 +93,7 @@ impl Lower<'_> {
             let empty = self.phase_bits(PhaseStart::BeforePhase0);
             self.ring_phases.insert(var, RingPhases { ready, empty });
         }
-        self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+        self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     }
 
     /// One role's copy of the loop over `plan.var` from `s0` to `e` whose producer block runs
@@ -137,34 +140,37 @@ impl Lower<'_> {
     /// of loops and `if`s, so each reaches it as often as the other, each from its own code.
     fn both_roles_barrier(&mut self) {
         if self.producer_apart {
-            self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::AnyInstruction });
+            self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
         } else {
             self.block_barrier();
         }
     }
 
-    /// `f` lowered as producer group `group` of `ring`: its warps (thread and warp indices
-    /// counted from its first), its named barrier, its scratch and the fragment bases of the
-    /// tiles the block owns.
+    /// `f` lowered as producer group `group` of `ring` (an immediate, or a register each
+    /// group's warps hold their own index in): its warps (thread and warp indices counted from
+    /// its first), its named barrier, its scratch and the fragment bases of the tiles the block
+    /// owns.
     fn in_producer_group(
         &mut self,
         ring: &ProducerRing,
-        group: u32,
+        group: Src,
         f: impl FnOnce(&mut Self) -> Result<(), Diag>,
     ) -> Result<(), Diag> {
         let fill = self.fill_warps.as_mut().expect("a kernel with fill warps");
         let outer_role = std::mem::replace(&mut fill.role, Role::Producer);
         let mut th = fill.scope.th;
-        if group > 0 {
-            let first_warp = i64::from(group * ring.warps);
-            th.tid = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, Src::Imm(32 * first_warp));
-            th.warp = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, Src::Imm(first_warp));
+        let first_warp = self.em.mul32(group, Src::Imm(i64::from(ring.warps)));
+        if first_warp != Src::Imm(0) {
+            let first_thread = self.em.mul32(first_warp, Src::Imm(32));
+            th.tid = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.tid, first_thread);
+            th.warp = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, th.warp, first_warp);
         }
+        let scratch = self.em.mul32(group, Src::Imm(i64::from(self.p.producer_scratch_stride)));
         let scope = Scope {
             th,
             threads: 32 * ring.warps,
-            bar_id: PRODUCER_GROUP + group,
-            scratch_base: self.p.groups[&PRODUCER_GROUP].scratch_offset + group * self.p.producer_scratch_stride,
+            bar_id: self.em.add32(Src::Imm(i64::from(PRODUCER_GROUP)), group),
+            scratch_base: self.em.add32(Src::Imm(i64::from(self.p.groups[&PRODUCER_GROUP].scratch_offset)), scratch),
             frag_bases: HashMap::new(),
         };
         let outer_scope = std::mem::replace(&mut self.scope, scope);
@@ -179,14 +185,17 @@ impl Lower<'_> {
         lowered
     }
 
-    /// The fill warps' copy of the loop: each producer group's, behind a branch on its warps
-    /// where there are several (each group's barriers and scratch are its own).
+    /// The fill warps' copy of the loop: one for every producer group, the group's index
+    /// computed from its warps where there are several (each group's barriers, scratch and
+    /// copies of the block's shared temporaries are its own).
     fn producer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
         let ring = lp.ring;
         if ring.groups == 1 {
-            return self.in_producer_group(ring, 0, |lw| lw.group_copy(lp, 0));
+            return self.in_producer_group(ring, Src::Imm(0), |lw| lw.group_copy(lp, Src::Imm(0)));
         }
         let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
+        let group = self.em.op32(BinKind::Div, warp, i64::from(ring.warps));
+        let group_reg = self.em.to_reg(group, RegClass::B32, Ty::B32);
         // Each group's copy of the block's shared temporaries (`infer_layouts`).
         let temporaries: Vec<BufId> = lp
             .producer
@@ -196,18 +205,8 @@ impl Lower<'_> {
             .filter(|b| matches!(self.p.layouts[*b], BufLayout::Shared(_)))
             .collect();
         let homes: Vec<Src> = temporaries.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
-        for group in 0..ring.groups {
-            let lo = self.em.setp(Cmp::Ge, Ty::S32, warp, Src::Imm(i64::from(group * ring.warps)));
-            let hi = self.em.setp(Cmp::Lt, Ty::S32, warp, Src::Imm(i64::from((group + 1) * ring.warps)));
-            let inside = self.em.and_pred(Some(lo), Some(hi)).expect("two predicates");
-            let other = self.em.label();
-            self.em.emit_if(inside, false, Op::Bra { target: other });
-            let copy = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: copy, a: Src::Imm(i64::from(group)) });
-            self.stage_bases(&temporaries, &homes, copy);
-            self.in_producer_group(ring, group, |lw| lw.group_copy(lp, group))?;
-            self.em.emit(Op::Label(other));
-        }
+        self.stage_bases(&temporaries, &homes, group_reg);
+        self.in_producer_group(ring, group, |lw| lw.group_copy(lp, group))?;
         for (b, home) in temporaries.iter().zip(homes) {
             self.shared_base[*b] = Some(home);
         }
@@ -216,7 +215,7 @@ impl Lower<'_> {
 
     /// Producer group `group`'s copy of the loop, its turns `group`, `group + groups`, .. (the
     /// module's doc says what it does).
-    fn group_copy(&mut self, lp: &RingLoop, group: u32) -> Result<(), Diag> {
+    fn group_copy(&mut self, lp: &RingLoop, group: Src) -> Result<(), Diag> {
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
@@ -227,16 +226,21 @@ impl Lower<'_> {
         // A group's turns are `groups` iterations apart; its fills run `distance` turns ahead.
         let (turn, ahead) = (ring.groups, ring.groups * ring.fill_distance());
         let iter = self.em.reg(RegClass::B32);
-        // The other groups' first fills, before this group's first.
-        self.pass_other_fills(lp, (s0, e), Src::Imm(0), 0..group);
-        // Prologue: the fills of the group's first `distance` turns.
+        // The earlier groups' first fills, before this group's first: iteration `k`'s, at
+        // stage `k`, for each group `k` below this one.
+        for k in 1..ring.groups {
+            let earlier = self.em.setp(Cmp::Ge, Ty::S32, group, Src::Imm(i64::from(k)));
+            self.pass_other_fills(lp, (s0, e), Src::Imm(0), k - 1..k, Some(earlier));
+        }
+        // Prologue: the fills of the group's first `distance` turns (each below `stages`:
+        // `group + k * groups < groups * distance < stages`).
         for k in 0..distance {
             self.em.loc = loc;
-            let first = group + k * turn;
-            let it = self.em.add32(s0, Src::Imm(i64::from(first)));
+            let first = self.em.add32(group, Src::Imm(i64::from(k * turn)));
+            let it = self.em.add32(s0, first);
             self.mov(iter, V { s: it, ty: DType::I32 });
             let stage = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(first % ring.stages)) });
+            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: first });
             self.issue_ring_fills(lp, (iter, e), stage, &fills, false)?;
         }
         self.em.loc = loc;
@@ -302,20 +306,29 @@ impl Lower<'_> {
         let deferred = self.deferred_fills.take().unwrap_or_default();
         issued?;
         // The other groups' fills up to this group's next.
-        self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups);
+        self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups, None);
         Ok(deferred)
     }
 
     /// Counts in this group's `empty` parity bits the fills other producer groups issue, of
     /// the iterations `it + k` for `k` in `offsets` (at stages `stage + k`), each where it
-    /// exists (the compute warps release only those): a group waits for a stage's phase by the
-    /// uses it has counted, every group's included. Nothing with one group.
-    fn pass_other_fills(&mut self, lp: &RingLoop, (it, e): (Reg, Reg), stage: Src, offsets: std::ops::Range<u32>) {
+    /// exists (the compute warps release only those) and `when` holds: a group waits for a
+    /// stage's phase by the uses it has counted, every group's included. Nothing with one
+    /// group.
+    fn pass_other_fills(
+        &mut self,
+        lp: &RingLoop,
+        (it, e): (Reg, Reg),
+        stage: Src,
+        offsets: std::ops::Range<u32>,
+        when: Option<Reg>,
+    ) {
         let ring = lp.ring;
         let phases = self.ring_phases[&lp.plan.var].empty;
         for k in offsets {
             let at = self.em.add32(it, Src::Imm(i64::from(k)));
             let live = self.em.setp(Cmp::Lt, Ty::S32, at, e);
+            let live = self.em.and_pred(Some(live), when).expect("a predicate");
             let st = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mov { ty: Ty::B32, d: st, a: stage });
             self.advance_stage(st, ring.stages, k);

@@ -58,7 +58,7 @@ mod tests {
     #[test]
     fn fences_go_where_generic_writes_may_precede_a_barrier() {
         let r = Reg { class: RegClass::B32, id: 0 };
-        let bar = || Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction };
+        let bar = || Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction };
         let store = || Op::St { space: Space::Shared, ty: Ty::U32, addr: r, offset: 0, vals: vec![Src::Imm(1)] };
         let wgmma = || Op::WgmmaCommit;
         let with_wgmma = |mut ops: Vec<Op>| {

@@ -24,7 +24,7 @@ impl Lower<'_> {
     }
 
     fn scratch_addr(&mut self, index: Src) -> Reg {
-        let base = self.em.add32(self.smem, Src::Imm(self.scope.scratch_base as i64));
+        let base = self.em.add32(self.smem, self.scope.scratch_base);
         let off = self.em.mul32(index, Src::Imm(4));
         let a = self.em.add32(base, off);
         self.em.to_reg(a, RegClass::B32, Ty::U32)

@@ -69,8 +69,8 @@ impl FillWarps {
             th: ThreadRegs { tid, warp, ..th },
             threads: 32 * fill_warps,
             // Fills synchronize nothing themselves.
-            bar_id: 0,
-            scratch_base: 0,
+            bar_id: Src::Imm(0),
+            scratch_base: Src::Imm(0),
             frag_bases: HashMap::new(),
         };
         FillWarps { is_fill, scope, role: Role::Both }
@@ -141,7 +141,7 @@ impl Lower<'_> {
             Some(Role::Both) => BarrierReach::SameInstruction,
             Some(Role::Compute | Role::Fill) => BarrierReach::AnyInstruction,
         };
-        self.em.emit(Op::Bar { id: 0, count: None, reach });
+        self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach });
     }
 
     /// The kernel's `body` with its roles apart from here on (`RegisterPlan::Split`): the

@@ -86,7 +86,7 @@ impl Lower<'_> {
         // The initialized barriers visible to the async proxy (TMA completes on them), then
         // to every thread.
         self.em.emit_if(first, true, Op::FenceProxyAsync);
-        self.em.emit(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+        self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
         params
     }
 

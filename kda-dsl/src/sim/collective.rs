@@ -201,7 +201,7 @@ impl Block<'_> {
         let mut by_id: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for t in &at_bar {
             if let Op::Bar { id, .. } = self.prog.body[self.threads[*t].pc].op {
-                by_id.entry(id).or_default().push(*t);
+                by_id.entry(self.get(*t, &id) as u32).or_default().push(*t);
             }
         }
         for (id, ts) in by_id {
@@ -212,6 +212,15 @@ impl Block<'_> {
             let need = count.map(|c| c as usize).unwrap_or(live.len());
             if count.is_none() && live.len() < self.threads.len() {
                 return Err(format!("bar.sync {id}: some threads of the block have exited while others wait"));
+            }
+            // More threads than its count wait at once: which of them it releases would depend
+            // on the order they arrived (two groups of warps on one barrier, say).
+            if count.is_some() && ts.len() > need {
+                return Err(format!(
+                    "bar.sync {id}: {} threads wait at a barrier of {need}: which it releases depends on the order \
+                     they arrived",
+                    ts.len()
+                ));
             }
             if ts.len() >= need {
                 self.check_barrier_reach(id, &ts)?;

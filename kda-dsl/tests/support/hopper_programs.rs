@@ -166,7 +166,7 @@ pub fn wgmma_program(case: WgmmaCase, fault: WgmmaFault) -> ThreadProgram {
     if !matches!(fault, WgmmaFault::NoProxyFence | WgmmaFault::ProxyFenceAfterBarrier) {
         p.op(Op::FenceProxyAsync);
     }
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     if fault == WgmmaFault::ProxyFenceAfterBarrier {
         p.op(Op::FenceProxyAsync);
     }
@@ -406,7 +406,7 @@ pub fn ring_setup(p: &mut P, t: Reg, full_count: u32, empty_count: u32, barrier_
     p.guarded(first, Op::MbarrierInit { addr: full, count: full_count });
     p.guarded(first, Op::MbarrierInit { addr: empty, count: empty_count });
     if barrier_after_init {
-        p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+        p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     }
     let lane = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
@@ -640,7 +640,7 @@ pub fn compute_ring_program(fault: ComputeRingFault) -> ThreadProgram {
         p.guarded(first, Op::MbarrierInit { addr: ready[s], count: 1 });
         p.guarded(first, Op::MbarrierInit { addr: empty[s], count: 32 });
     }
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     let lane = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
     // This lane's 16 bytes of stage 0's input and 4 bytes of its output.
@@ -694,7 +694,7 @@ pub fn compute_ring_program(fault: ComputeRingFault) -> ThreadProgram {
         p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: out_slot, offset, vals: vec![Src::Reg(word)] });
         // The warp's writes, then one arrival that releases them all.
         let arrive = Op::MbarrierArrive { state, addr: ready[s] };
-        let warp_barrier = Op::Bar { id: 1, count: Some(32), reach: BarrierReach::SameInstruction };
+        let warp_barrier = Op::Bar { id: Src::Imm(1), count: Some(32), reach: BarrierReach::SameInstruction };
         match fault {
             ComputeRingFault::NoReadyArrival => p.op(warp_barrier),
             ComputeRingFault::ArrivesBeforeWarpBarrier => {
@@ -807,7 +807,7 @@ pub fn tma_program(fault: TmaFault) -> ThreadProgram {
     let first = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
     p.guarded(first, Op::MbarrierInit { addr: mbar, count: 1 });
-    p.op(Op::Bar { id: 0, count: None, reach: BarrierReach::SameInstruction });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     let param = p.reg(RegClass::B64);
     p.op(Op::ParamAddress { d: param, name: "p_map".into() });
     let map = p.reg(RegClass::B64);

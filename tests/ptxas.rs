@@ -87,6 +87,18 @@ fn every_variant_assembles_without_spills(ptxas: PathBuf) {
             target,
         ));
     }
+    // Varlen, whose sequence is picked through shared memory before the chunk loop (there the
+    // roles part): two producer warpgroups, their registers apart.
+    let varlen = ChunkConfig {
+        shape: ChunkShape::HOPPER_TWO_PRODUCERS,
+        varlen: Some(kda_dsl::DType::I64),
+        ..Default::default()
+    };
+    kernels.push((
+        format!("chunk/{} (sweep)", varlen.key()),
+        kda_kernels::chunk::chunk(&varlen).expect("builds"),
+        Target::Sm90a,
+    ));
     for (id, def, shipped) in &kernels {
         for t in Target::ALL {
             // Where it ships: sm_80 PTX also for sm_90, which the driver compiles it for.

@@ -248,7 +248,9 @@ impl ChunkShape {
     /// bits; on an H100 3% faster than `8x1x3f4h` (8 compute warps, 12 in all at 168 registers
     /// a thread), whose producer cut the sm_90a fused step by a quarter but still bounds it
     /// (docs/performance.md, 2026-12-06, third session). At 128 registers a second producer
-    /// warpgroup fits beside this one ([`ChunkShape::HOPPER_TWO_PRODUCERS`]).
+    /// warpgroup fits beside this one ([`ChunkShape::HOPPER_TWO_PRODUCERS`]). Varlen, where the
+    /// roles part at the chunk loop, ptxas spills one value live across that point (4 bytes
+    /// stored, 16 loaded) at any producer count from 128 to 144.
     pub const HOPPER_PRODUCER: ChunkShape =
         ChunkShape { producer_registers: Some(128), narrow_products: NarrowProducts::MmaSync, ..ChunkShape::PRODUCER };
     /// [`ChunkShape::HOPPER_PRODUCER`] with two producer warpgroups taking turns at the chunks

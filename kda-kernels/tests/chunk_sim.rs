@@ -119,7 +119,8 @@ fn the_sm_90a_chain_gives_the_fused_kernels_bits() {
 /// chunk ahead) gives the bits of the kernel without, with no race, on every fourth family: on
 /// sm_80 at 3 stages (its fills a chunk ahead of its block, so past the loop's end it has fills
 /// it must not issue: a dead fill would zero a stage the compute warps may still read), and on
-/// sm_90a, where the roles part at entry (`setmaxnreg`: the producer keeps 128 registers, the
+/// sm_90a, where the roles part at entry, or varlen at the chunk loop (the sequence is picked
+/// through shared memory before it) (`setmaxnreg`: the producer keeps 128 registers, the
 /// warpgroup holding the state takes the rest) and meet only at the chunk loop's barriers of
 /// the whole block, against the two warpgroups that keep the state in `wgmma` accumulators; and
 /// there with two producer warpgroups taking turns at the chunks.

@@ -20,7 +20,7 @@ macro_rules! chunk_shape_grammar {
 pub(crate) const USAGE: &str = concat!(
     "usage: kda bench [--json FILE] [--case NAME] | --sweep-gemm [--case NAME] | --sweep-decode [ROWSxWARPSxMIN_BLOCKSxSTAGES[xITEMS[xLANES]] ...] [--case NAME] | --sweep-chunk [",
     chunk_shape_grammar!(),
-    " ...] [--case NAME]"
+    "|default ...] [--case NAME]"
 );
 
 pub fn run(args: &[String]) -> Result<i32, String> {
@@ -159,7 +159,8 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// (`KeyProducts::Split`); 4x2w32ik (the default), 4x2w32i, 4x2w32iek, 8x2, 8x1ih, 4x2w32ihmk,
 /// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
-/// only the cases whose name contains `--case NAME`: how the default was chosen.
+/// only the cases whose name contains `--case NAME`: how the default was chosen. `default` is
+/// the path `chunk_kda` picks for each case on this device (the split's where it splits).
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
@@ -168,7 +169,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         ["4x2w32ik", "4x2w32i", "4x2w32iek", "8x2", "8x1ih", "4x2w32ihmk", "4x2w32ihk", "4x2w32ihmn"].map(String::from);
     let names = if shape_args.is_empty() { defaults.iter().collect() } else { shape_args };
     for a in names {
-        shapes.push((a.clone(), parse_chunk_shape(a)?));
+        shapes.push((a.clone(), if a == "default" { None } else { Some(parse_chunk_shape(a)?) }));
     }
     if !gpu_available() {
         out!("bench needs a GPU: no CUDA driver (libcuda) or no device on this machine");
@@ -182,16 +183,19 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         let mut first: Option<(&String, u64)> = None;
         for (name, tune) in &shapes {
             let hashed = super::chunk_gpu::ResultBits::Hash;
-            match super::chunk_gpu::time_prefill(&gpu, &kernels, c, Some(*tune), WorkspaceSource::Caller, hashed) {
+            match super::chunk_gpu::time_prefill(&gpu, &kernels, c, *tune, WorkspaceSource::Caller, hashed) {
                 Ok(r) => {
                     let bits = r.bits.unwrap_or_default();
+                    let unsplit = tune.is_some_and(|t| t.split.is_none());
                     let verdict = match first {
-                        None if tune.split.is_none() => {
+                        None if unsplit => {
                             first = Some((name, bits));
                             "bits: the first".to_string()
                         }
                         Some((_, b)) if b == bits => "bits: the same".to_string(),
-                        Some((f, _)) if tune.split.is_none() => format!("bits: DIFFER from {f}"),
+                        Some((f, _)) if unsplit => format!("bits: DIFFER from {f}"),
+                        // The default path may be the split, which rounds its merge otherwise.
+                        _ if tune.is_none() => "bits: the default path's".to_string(),
                         _ => "bits: a split's own".to_string(),
                     };
                     out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s  {verdict}", c.name, r.ms, r.first_call_s)

@@ -368,7 +368,10 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
     lw.producer_ring_entry();
     let body = p.def.body.clone();
     match registers {
-        register_plan::RegisterPlan::Split(split) => lw.roles_apart(&body, split)?,
+        register_plan::RegisterPlan::Split(split) => {
+            lw.block(&body[..split.parts_at])?;
+            lw.roles_apart(&body[split.parts_at..], split)?
+        }
         register_plan::RegisterPlan::Uniform(_) => lw.block(&body)?,
     }
     lw.em.emit(Op::Ret);

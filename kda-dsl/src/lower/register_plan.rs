@@ -10,6 +10,11 @@
 //! producer without a declared count keeps the registers uniform, as only the kernel's author
 //! knows what its block needs. The compute warpgroups take the rest, evenly, in steps of 8, at
 //! most 256 (`setmaxnreg`'s range).
+//!
+//! The roles part at the kernel's entry, or, where the scalar code before its first pipelined
+//! loop reads a shared tile that the compute warps' tile operations wrote (a varlen kernel's
+//! sequence picked through shared memory), at that loop: before it every thread runs the
+//! kernel's code as without the split, its barriers those of the whole block.
 
 use std::fmt;
 
@@ -45,6 +50,8 @@ pub struct RegisterSplit {
     pub producer: u32,
     /// The compute warpgroups' after their `setmaxnreg.inc`.
     pub consumers: u32,
+    /// The kernel body's top-level statement from which the roles run apart (0: from entry).
+    pub parts_at: usize,
 }
 
 /// Why a kernel's registers are not split.
@@ -97,11 +104,18 @@ impl fmt::Display for RegisterPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RegisterPlan::Uniform(why) => write!(f, "registers uniform ({why})"),
-            RegisterPlan::Split(s) => write!(
-                f,
-                "registers split: .maxnreg {}, fill warpgroups setmaxnreg.dec {}, compute warpgroups setmaxnreg.inc {}",
-                s.at_entry, s.producer, s.consumers
-            ),
+            RegisterPlan::Split(s) => {
+                write!(
+                    f,
+                    "registers split: .maxnreg {}, fill warpgroups setmaxnreg.dec {}, compute warpgroups setmaxnreg.inc {}",
+                    s.at_entry, s.producer, s.consumers
+                )?;
+                match s.parts_at {
+                    0 => Ok(()),
+                    // The scalar code before reads a shared tile: both roles run it.
+                    k => write!(f, ", from top-level statement {k} (the first pipelined loop)"),
+                }
+            }
         }
     }
 }
@@ -142,9 +156,14 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
     if let Some(n) = p.def.min_blocks_per_sm.filter(|n| *n > 1) {
         return Err(NoSplit::SeveralBlocksPerSm(n));
     }
-    if skeleton_reads_shared(p) {
-        return Err(NoSplit::FillWarpsReadShared);
-    }
+    let body = &p.def.body;
+    let first_loop = body.iter().position(holds_pipelined_loop).unwrap_or(body.len());
+    let parts_at = match (skeleton_reads_shared(p, &body[..first_loop]), skeleton_reads_shared(p, &body[first_loop..]))
+    {
+        (_, true) => return Err(NoSplit::FillWarpsReadShared),
+        (true, false) => first_loop,
+        (false, false) => 0,
+    };
     let groups = (fill + compute) / WARPGROUP;
     let at_entry = (REGISTER_FILE / (fill + compute) / 8 * 8).min(255 / 8 * 8);
     let pool = at_entry * groups;
@@ -152,15 +171,23 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
     if consumers <= at_entry {
         return Err(NoSplit::NothingToGain);
     }
-    Ok(RegisterSplit { at_entry, producer, consumers })
+    Ok(RegisterSplit { at_entry, producer, consumers, parts_at })
 }
 
-/// Whether the fill warps' code reads a shared tile: an element in an assignment, a loop bound,
-/// a condition, or a copy's box, of the statements they run (the skeleton: assignments, loops
-/// and `if`s, and the copies they issue), not inside the tile operations only the compute
-/// warps run. A producer block on the fill warps is not skeleton: it runs in its own scope,
-/// after the loop's barrier of the whole block (`producer_ring`).
-fn skeleton_reads_shared(p: &TileProgram) -> bool {
+/// Whether `s` is or holds a pipelined loop.
+fn holds_pipelined_loop(s: &crate::tile::Stmt) -> bool {
+    use crate::tile::{LoopKind, StmtKind};
+    let mut found = matches!(s.kind, StmtKind::For { kind: LoopKind::Pipelined { .. }, .. });
+    s.for_each_nested(&mut |n| found |= matches!(n.kind, StmtKind::For { kind: LoopKind::Pipelined { .. }, .. }));
+    found
+}
+
+/// Whether the fill warps' code in `body` reads a shared tile: an element in an assignment, a
+/// loop bound, a condition, or a copy's box, of the statements they run (the skeleton:
+/// assignments, loops and `if`s, and the copies they issue), not inside the tile operations
+/// only the compute warps run. A producer block on the fill warps is not skeleton: it runs in
+/// its own scope, after the loop's barrier of the whole block (`producer_ring`).
+fn skeleton_reads_shared(p: &TileProgram, body: &[crate::tile::Stmt]) -> bool {
     use crate::tile::{Expr, Stmt, StmtKind};
     fn walk<'a>(body: &'a [Stmt], exprs: &mut Vec<&'a Expr>) {
         for s in body {
@@ -181,7 +208,7 @@ fn skeleton_reads_shared(p: &TileProgram) -> bool {
         }
     }
     let mut exprs = vec![];
-    walk(&p.def.body, &mut exprs);
+    walk(body, &mut exprs);
     exprs.into_iter().any(|e| crate::passes::infer_layouts::reads_shared(p, e))
 }
 
@@ -217,9 +244,22 @@ mod tests {
         plan_registers(&crate::passes::run_tile_passes_for(k.finish().expect("valid"), target).expect("passes"))
     }
 
+    /// Where [`ring_plan_reading`]'s scalar code reads a shared tile the compute warps wrote.
+    #[derive(Clone, Copy, PartialEq)]
+    enum SharedRead {
+        Nowhere,
+        BeforeTheLoop,
+        InTheLoop,
+    }
+
     /// A loop whose step (a fragment through a `gemm`) is a producer block on 4 fill warps,
     /// handing a shared tile to 128 compute threads, on sm_90a.
     fn ring_plan(producer_registers: Option<u32>) -> RegisterPlan {
+        ring_plan_reading(producer_registers, SharedRead::Nowhere)
+    }
+
+    /// [`ring_plan`] with the row its loop loads read from a shared tile (`read`).
+    fn ring_plan_reading(producer_registers: Option<u32>, read: SharedRead) -> RegisterPlan {
         let k = KernelBuilder::new("t", loc(1));
         let a = k.tensor("a", &["M", "K"], DType::BF16, false);
         let o = k.tensor("o", &["M", "N"], DType::F32, true);
@@ -228,11 +268,21 @@ mod tests {
         k.producer_registers(producer_registers, loc(2));
         let s = k.shared("s", &[64, 64], DType::BF16, loc(3));
         let h = k.shared("h", &[64, 64], DType::F32, loc(3));
+        let row = k.shared("row", &[1], DType::I32, loc(3));
         let f = k.fragment("f", &[64, 64], DType::F32, loc(4));
         let acc = k.fragment("acc", &[64, 64], DType::F32, loc(4));
         k.fill(&acc, 0.0, loc(4));
+        k.fill(&row, 0, loc(4));
+        let r = match read {
+            SharedRead::BeforeTheLoop => k.let_var("r", k.elem(&row, vec![Val::from(0)], loc(4)), loc(4)),
+            _ => k.let_var("r", 0, loc(4)),
+        };
         let i = k.begin_for("i", LoopKind::pipelined(3), 0, 4, loc(5));
-        k.copy(k.tile(&a, vec![Val::from(0), i], &[64, 64], loc(6)), s, loc(6));
+        let r = match read {
+            SharedRead::InTheLoop => k.let_var("r_in", k.elem(&row, vec![Val::from(0)], loc(5)), loc(5)),
+            _ => r,
+        };
+        k.copy(k.tile(&a, vec![r, i], &[64, 64], loc(6)), s, loc(6));
         k.begin_producer(loc(7));
         k.fill(&f, 0.0, loc(8));
         k.gemm(s, s.t(), &f, loc(8));
@@ -248,17 +298,31 @@ mod tests {
     #[test]
     fn a_computing_producer_keeps_what_the_kernel_declares() {
         // 256 threads at entry: 248 each; the compute warpgroup takes the rest, at most 256.
-        let split = RegisterSplit { at_entry: 248, producer: 128, consumers: 256 };
+        let split = RegisterSplit { at_entry: 248, producer: 128, consumers: 256, parts_at: 0 };
         assert_eq!(ring_plan(Some(128)), RegisterPlan::Split(split));
-        let split = RegisterSplit { at_entry: 248, producer: 240, consumers: 256 };
+        let split = RegisterSplit { at_entry: 248, producer: 240, consumers: 256, parts_at: 0 };
         assert_eq!(ring_plan(Some(240)), RegisterPlan::Split(split));
         assert_eq!(ring_plan(Some(248)), RegisterPlan::Uniform(NoSplit::NothingToGain));
         assert_eq!(ring_plan(None), RegisterPlan::Uniform(NoSplit::ProducerRegistersUndeclared));
     }
 
     #[test]
+    fn the_roles_part_after_scalar_code_that_reads_shared_memory() {
+        // Read before the loop, both roles run up to the loop together; read in the loop's own
+        // scalar code, the fill warps would read it apart from the compute warps' writes.
+        let split = RegisterSplit { at_entry: 248, producer: 128, consumers: 256, parts_at: 0 };
+        assert_eq!(ring_plan_reading(Some(128), SharedRead::Nowhere), RegisterPlan::Split(split));
+        let RegisterPlan::Split(before) = ring_plan_reading(Some(128), SharedRead::BeforeTheLoop) else {
+            panic!("a split")
+        };
+        assert!(before.parts_at > 0 && RegisterSplit { parts_at: 0, ..before } == split, "{before:?}");
+        let in_loop = ring_plan_reading(Some(128), SharedRead::InTheLoop);
+        assert_eq!(in_loop, RegisterPlan::Uniform(NoSplit::FillWarpsReadShared));
+    }
+
+    #[test]
     fn a_producer_warpgroup_of_tma_boxes_hands_its_registers_to_the_consumers() {
-        let split = RegisterSplit { at_entry: 168, producer: 40, consumers: 232 };
+        let split = RegisterSplit { at_entry: 168, producer: 40, consumers: 232, parts_at: 0 };
         assert_eq!(plan_of(Target::Sm90a, 256, 4, true), RegisterPlan::Split(split));
     }
 

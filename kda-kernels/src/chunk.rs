@@ -256,9 +256,9 @@ impl ChunkShape {
     /// [`ChunkShape::HOPPER_PRODUCER`] with two producer warpgroups taking turns at the chunks
     /// (8 fill warps at 128 registers, the state's warpgroup at 248: a whole register file),
     /// 5 stages (one the state's warps read, one each group computes, one each group's fills
-    /// ahead). The same bits. On an H100 a lone long sequence's fused step is a quarter shorter
-    /// than the sm_80 fused kernel's, but at B = 8 no shorter than one producer's: no path takes
-    /// it (docs/performance.md, 2026-12-06, third session).
+    /// ahead). The same bits. The producer groups run one copy of the code. On 9.0 the default
+    /// for dense calls of 80 to 132 chains (`DefaultPath::HopperProducers` in kda-runtime; an
+    /// H100: docs/performance.md, 2026-12-06, fourth session).
     pub const HOPPER_TWO_PRODUCERS: ChunkShape = ChunkShape { fill_warps: 8, stages: 5, ..ChunkShape::HOPPER_PRODUCER };
 }
 

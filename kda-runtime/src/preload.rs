@@ -15,11 +15,13 @@
 //!   can take token ranges the ranges' later form (from the carried state) and, varlen, the
 //!   dense forms of both with their preparation (the ranges are dense calls); with at most
 //!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
-//!   ([`chunk_split_variants`]); a call that can take token ranges or the split also needs the
+//!   ([`chunk_split_variants`]); on compute capability 9.0 a dense call's sm_90a fused kernel
+//!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take token ranges or the split also needs the
 //!   thread's highest-priority stream, which is created here.
 
 use crate::chunk::{
-    chunk_split_variants, chunk_variants, chunk_workspace_bound, may_take_ranges, plan_chunk, ChunkArgs,
+    chunk_hopper_variant, chunk_split_variants, chunk_variants, chunk_workspace_bound, may_take_ranges, plan_chunk,
+    ChunkArgs,
 };
 #[cfg(doc)]
 use crate::chunk::{prepared_max_chains, SPLIT_MAX_VALUE_HEADS};
@@ -85,6 +87,10 @@ pub fn preload_chunk(
     for cfg in &chains {
         load(gpu, kernels, &*kernels.chunk(cfg, Target::Sm80)?)?;
     }
+    if let Some(cfg) = chunk_hopper_variant(&plan, &gpu.limits()) {
+        load(gpu, kernels, &*kernels.chunk(&cfg, Target::Sm90a)?)?;
+        loaded += 1;
+    }
     for p in &preps {
         load(gpu, kernels, &*kernels.chunk_prep(p)?)?;
     }
@@ -103,7 +109,7 @@ mod tests {
     use kda_dsl::DType::{BF16, F16, F32, I32};
 
     /// Every kernel a prefill call can pick (the chains, preparations and the split's passes
-    /// of calls of each kind), and every shipped variant, fits an A100, an RTX 3090 (99 KB of
+    /// of calls of each kind; on 9.0 the sm_90a kernel of dense ones), and every shipped variant, fits an A100, an RTX 3090 (99 KB of
     /// shared memory per block), an L40S and an H200: what `Ready::fits` checks before loading.
     #[test]
     fn every_variant_a_call_can_pick_fits_every_device() {
@@ -148,6 +154,10 @@ mod tests {
             let plan = plan_chunk(&args).expect("a valid call");
             let (chains, preps) = chunk_variants(&plan);
             chains.iter().for_each(|c| check(&kernels.chunk(c, Target::Sm80).expect("compiles")));
+            // The sm_90a kernel a dense call takes on 9.0 fits the H200 (and the H100).
+            if let Some(c) = chunk_hopper_variant(&plan, &DeviceLimits::H200) {
+                kernels.chunk(&c, Target::Sm90a).expect("compiles").fits(&DeviceLimits::H200).expect("fits an H200");
+            }
             preps.iter().for_each(|p| check(&kernels.chunk_prep(p).expect("compiles")));
             if let Some(s) = chunk_split_variants(&plan) {
                 check(&kernels.chunk_segments(&s.segments).expect("compiles"));

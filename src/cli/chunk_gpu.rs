@@ -327,6 +327,13 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             spec: ChunkSpec { lengths: Lengths::Dense { b: 2, t: t_dense }, h: h_dense, hv: h_dense, ..init.clone() },
             tune: None,
         },
+        // 128 chains: on 9.0 the default path is the sm_90a kernel with two producer warpgroups.
+        ChunkCase {
+            name: format!("chunk B=4 T={t_dense} H=32 (128 chains), the default path"),
+            cfg: d.clone(),
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 4, t: t_dense }, h: 32, hv: 32, ..init.clone() },
+            tune: None,
+        },
         ChunkCase {
             name: "chunk varlen 8 ragged seqs H=4 HV=8 (GVA 2) f16".into(),
             cfg: ChunkConfig { dtype: F16, varlen: Some(I64), ..d.clone() },

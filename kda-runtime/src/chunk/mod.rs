@@ -48,8 +48,8 @@ pub use plan::{plan_chunk, BetaRule, ChunkError, ChunkGate, ChunkPlan, FinalStat
 pub use prefix::{PrefixCaching, PrefixPlan};
 pub use split::{chunk_split_variants, chunk_split_workspace_bytes};
 pub use tuning::{
-    chunk_config, chunk_tuned_config, chunk_variants, default_operands, prepared_max_chains, ChunkOperands, ChunkShape,
-    ChunkTuning,
+    chunk_config, chunk_hopper_variant, chunk_tuned_config, chunk_variants, default_operands, prepared_max_chains,
+    ChunkOperands, ChunkShape, ChunkTuning, DefaultPath,
 };
 pub use workspace::{chunk_tuned_workspace_bytes, chunk_workspace_bound, chunk_workspace_bytes};
 

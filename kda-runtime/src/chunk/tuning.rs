@@ -73,34 +73,94 @@ pub struct ChunkTuning {
     pub target: Target,
 }
 
-/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path:
-/// one fused block per SM or fewer. There the fused kernel leaves SMs idle and each chain's
-/// chunk step is the whole time, so preparing every chunk in parallel first pays; with two
-/// fused blocks per SM the fused kernel wins (docs/performance.md, runs 6 and 8, on an H200's
-/// 132 SMs). Both paths give the same bits, so the choice cannot break batch invariance.
+/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path.
+/// It prepares every chunk of the call in parallel, so its time grows with all of them; a fused
+/// kernel's with the longest chain's, one block an SM while the chains fit. On compute
+/// capability 9.0 three fifths of the SMs (79 of 132): there [`DefaultPath::HopperProducers`]
+/// takes the dense calls above, one chain a block, measured faster from about 72 chains on an
+/// H100 and set a little above, as the H200's faster memory helps the two-kernel path
+/// (docs/performance.md, 2026-12-06, fourth session). Elsewhere one fused block per SM: with
+/// two per SM the sm_80 fused kernel wins (runs 6 and 8, an H200). Every unsplit path gives the
+/// same bits, so the choice cannot break batch invariance.
 pub fn prepared_max_chains(device: &DeviceLimits) -> usize {
-    device.sm_count
+    if takes_hopper_producers(device) {
+        device.sm_count * 3 / 5
+    } else {
+        device.sm_count
+    }
+}
+
+/// Whether `device` runs the sm_90a fused kernel with two producer warpgroups
+/// ([`ChunkShape::HOPPER_TWO_PRODUCERS`]) where [`DefaultPath::HopperProducers`] says.
+fn takes_hopper_producers(device: &DeviceLimits) -> bool {
+    device.compute_capability == (9, 0)
+}
+
+/// The path [`ChunkTuning::for_call`] picks, each for its reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DefaultPath {
+    /// The exact long-sequence split: few value heads and a sequence longer than twice
+    /// [`super::SPLIT_SEGMENT_TOKENS`] (by the model's shape, so a sequence's bits do not
+    /// depend on its batch).
+    Split,
+    /// The two-kernel path: at most [`prepared_max_chains`] chains, too few for the fused
+    /// kernels to fill the SMs.
+    Prepared,
+    /// On compute capability 9.0, a dense call of more chains than that and at most one a
+    /// SM: the sm_90a fused kernel with two producer warpgroups computing the chunk's factors
+    /// a chunk ahead of the state's warpgroup, one block an SM. Its step is the shortest of the
+    /// fused kernels there; a varlen call waits for its longest sequence on it, where the
+    /// two-kernel path spreads the chunks of all (it stays on that path).
+    HopperProducers,
+    /// The sm_80 fused kernel, two blocks an SM: the most chains.
+    Fused,
+}
+
+impl DefaultPath {
+    /// The path of `plan`'s call on `device`.
+    pub fn of(plan: &ChunkPlan, device: &DeviceLimits) -> DefaultPath {
+        if eligibility::splits_by_default(plan) {
+            return DefaultPath::Split;
+        }
+        let chains = plan.nseq.saturating_mul(plan.value_heads);
+        if chains <= prepared_max_chains(device) {
+            DefaultPath::Prepared
+        } else if takes_hopper_producers(device) && plan.varlen.is_none() && chains <= device.sm_count {
+            DefaultPath::HopperProducers
+        } else if chains <= device.sm_count {
+            DefaultPath::Prepared
+        } else {
+            DefaultPath::Fused
+        }
+    }
 }
 
 impl ChunkTuning {
     /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a
-    /// workspace was given): the split over prepared operands for a call of few value heads
-    /// and long sequences (`split.rs`); otherwise the two-kernel path for a call of at most
-    /// [`prepared_max_chains`] chains, the fused kernel for more, each path at its shape
-    /// ([`ChunkShape`]); on the two-kernel path, token ranges for a call that can take them:
-    /// as many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
-    /// is two or more. Every path's kernels are sm_80's, on every device: the sm_90a fused
-    /// kernel ([`ChunkTuning::hopper`]) gives the sm_80 kernels' bits (the simulator, and
-    /// `kda check --gpu` on an H100 and an H200), but measured slower than the sm_80 fused
-    /// kernel (docs/prefill.md, "Devices"); it is a tuning a caller chooses for all its calls.
+    /// workspace was given), as [`DefaultPath::of`] decides: the split over prepared operands
+    /// (`split.rs`); the two-kernel path, with token ranges for a call that can take them (as
+    /// many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
+    /// is two or more); on compute capability 9.0 the sm_90a fused kernel with two producer
+    /// warpgroups ([`ChunkTuning::hopper_producers`]); or the sm_80 fused kernel, each path at
+    /// its shape ([`ChunkShape`]). Every unsplit path gives the same bits (the simulator, and
+    /// `kda check --gpu` on an H100 and an H200).
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
-        if eligibility::splits_by_default(plan) {
-            return ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) };
+        match DefaultPath::of(plan, device) {
+            DefaultPath::Split => {
+                ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) }
+            }
+            DefaultPath::Prepared => {
+                ChunkTuning { ranges: eligibility::default_ranges(plan), ..ChunkTuning::of_path(plan, true) }
+            }
+            DefaultPath::HopperProducers => ChunkTuning::hopper_producers(plan),
+            DefaultPath::Fused => ChunkTuning::of_path(plan, false),
         }
-        let chains = plan.nseq.saturating_mul(plan.value_heads);
-        let prepared = chains <= prepared_max_chains(device);
-        let ranges = if prepared { eligibility::default_ranges(plan) } else { None };
-        ChunkTuning { ranges, ..ChunkTuning::of_path(plan, prepared) }
+    }
+
+    /// The sm_90a fused kernel with two producer warpgroups
+    /// ([`ChunkShape::HOPPER_TWO_PRODUCERS`]), no workspace: [`DefaultPath::HopperProducers`].
+    pub fn hopper_producers(plan: &ChunkPlan) -> ChunkTuning {
+        ChunkTuning { shape: ChunkShape::HOPPER_TWO_PRODUCERS, ..ChunkTuning::hopper(plan) }
     }
 
     /// The fused kernel for sm_90a ([`ChunkTuning::target`]) at [`ChunkShape::HOPPER`], for a
@@ -253,6 +313,13 @@ pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
     (chains, preps)
 }
 
+/// On compute capability 9.0, the sm_90a kernel a dense call of `plan`'s kind can take by
+/// default ([`DefaultPath::HopperProducers`], at some batch); `None` elsewhere and for varlen.
+pub fn chunk_hopper_variant(plan: &ChunkPlan, device: &DeviceLimits) -> Option<ChunkConfig> {
+    (takes_hopper_producers(device) && plan.varlen.is_none())
+        .then(|| chunk_tuned_config(plan, ChunkTuning::hopper_producers(plan)))
+}
+
 /// The chain's kernel variant a validated call runs with `tune`.
 pub fn chunk_tuned_config(plan: &ChunkPlan, tune: ChunkTuning) -> ChunkConfig {
     let store_final = !matches!(plan.final_out, FinalState::None);
@@ -375,26 +442,57 @@ mod tests {
         ChunkTuning { split: Some(64), ..hopper }.check(&plan).expect("the split's fused passes on sm_90a");
     }
 
-    /// The default is sm_80 on every device, whatever the batch (so a sequence's bits do not
-    /// depend on the path its batch takes); the sm_90a fused kernel is a tuning that passes
-    /// `check` for any call the fused kernel or the split can run.
+    /// The default path by chains (batch x 2 value heads here) and device: the two-kernel path
+    /// for few, on compute capability 9.0 the sm_90a kernel with two producer warpgroups from
+    /// three fifths of the SMs to one chain an SM (dense calls only), the sm_80 fused kernel
+    /// above; sm_80 everywhere else. Every choice passes `check`, and a 9.0 device preloads the
+    /// sm_90a kernel for dense calls.
     #[test]
-    fn the_default_stays_sm_80_and_sm_90a_is_a_tuning() {
+    fn the_default_takes_two_producer_warpgroups_on_9_0_between_few_chains_and_one_an_sm() {
         let plan_of = |b: usize| {
             let [q, k, v, g, beta] = dense_bf16_inputs(b, 64, 2);
             plan_chunk(&ChunkArgs::new(&q, &k, &v, &g, &beta)).expect("a valid call")
         };
-        let (many, few) = (plan_of(400), plan_of(2));
-        for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
-            let device = DeviceLimits { compute_capability: cc, ..DeviceLimits::H200 };
-            for plan in [&many, &few] {
-                let tune = ChunkTuning::for_call(plan, &device);
-                assert_eq!(tune.target, Target::Sm80, "{cc:?}: {tune:?}");
+        let hopper = DeviceLimits::H200;
+        assert_eq!(prepared_max_chains(&hopper), 79);
+        let cases = [
+            (39, DefaultPath::Prepared),
+            (40, DefaultPath::HopperProducers),
+            (66, DefaultPath::HopperProducers),
+            (67, DefaultPath::Fused),
+        ];
+        for (batch, on_hopper) in cases {
+            let plan = plan_of(batch);
+            for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+                let device = DeviceLimits { compute_capability: cc, ..hopper };
+                let want = match (cc, on_hopper) {
+                    ((9, 0), path) => path,
+                    (_, DefaultPath::Fused) => DefaultPath::Fused,
+                    _ => DefaultPath::Prepared,
+                };
+                assert_eq!(DefaultPath::of(&plan, &device), want, "{batch} sequences, {cc:?}");
+                let tune = ChunkTuning::for_call(&plan, &device);
+                tune.check(&plan).unwrap_or_else(|e| panic!("{batch} sequences, {cc:?}: {e}"));
+                let sm90a = (tune.target == Target::Sm90a, tune.shape, tune.prepared);
+                let expected = (true, ChunkShape::HOPPER_TWO_PRODUCERS, false);
+                assert_eq!(sm90a == expected, want == DefaultPath::HopperProducers, "{batch}, {cc:?}: {tune:?}");
+                assert_eq!(tune.target == Target::Sm90a, want == DefaultPath::HopperProducers, "{cc:?}: {tune:?}");
             }
+            let hopper_variant = chunk_hopper_variant(&plan, &hopper).expect("dense, on 9.0");
+            assert_eq!(hopper_variant, chunk_tuned_config(&plan, ChunkTuning::hopper_producers(&plan)));
+            assert_eq!(chunk_hopper_variant(&plan, &DeviceLimits::A100), None);
         }
-        let hopper = ChunkTuning::hopper(&many);
-        assert_eq!((hopper.target, hopper.shape, hopper.prepared), (Target::Sm90a, ChunkShape::HOPPER, false));
-        hopper.check(&many).expect("the sm_90a fused kernel");
+        // A varlen call of as many chains keeps the two-kernel path.
+        let [q, k, v, g, beta] = dense_bf16_inputs(1, 64 * 50, 2);
+        let cu = crate::chunk::testing::tv(9 << 20, &[51], kda_dsl::DType::I32);
+        let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
+        args.cu_seqlens = Some(&cu);
+        let varlen = plan_chunk(&args).expect("a valid varlen call");
+        assert_eq!(DefaultPath::of(&varlen, &hopper), DefaultPath::Prepared);
+        assert_eq!(chunk_hopper_variant(&varlen, &hopper), None);
+        let tuned = ChunkTuning::hopper(&plan_of(400));
+        assert_eq!((tuned.target, tuned.shape, tuned.prepared), (Target::Sm90a, ChunkShape::HOPPER, false));
+        tuned.check(&plan_of(400)).expect("the sm_90a fused kernel");
     }
 
     /// The README's bf16 operands: a valid tuning, carried into the chain's config, its

@@ -192,16 +192,23 @@ impl PrefillInputs {
 
     /// Sequence `n` alone.
     fn sequence(&self, n: usize) -> PrefillInputs {
-        let start: usize = self.lens[..n].iter().sum();
-        let rows: Vec<usize> = (start..start + self.lens[n]).collect();
+        self.sequences(n..n + 1)
+    }
+
+    /// Sequences `seqs` alone, packed.
+    fn sequences(&self, seqs: std::ops::Range<usize>) -> PrefillInputs {
+        let start: usize = self.lens[..seqs.start].iter().sum();
+        let end: usize = self.lens[..seqs.end].iter().sum();
+        let rows: Vec<usize> = (start..end).collect();
+        let states: Vec<usize> = seqs.clone().collect();
         PrefillInputs {
-            lens: vec![self.lens[n]],
+            lens: self.lens[seqs].to_vec(),
             q: gather(&self.q, H * D, &rows),
             k: gather(&self.k, H * D, &rows),
             v: gather(&self.v, HV * D, &rows),
             g: gather(&self.g, HV * D, &rows),
             beta: gather(&self.beta, HV, &rows),
-            init: gather(&self.init, HV * D * D, &[n]),
+            init: gather(&self.init, HV * D * D, &states),
         }
     }
 }
@@ -219,6 +226,8 @@ enum Path {
     /// The API's path with no workspace argument: the one `Kernels` keeps for the stream,
     /// eager, or (`graph`) sized by `preload_chunk` and replayed from a CUDA graph.
     Kept { graph: bool },
+    /// As [`Path::Kept`] (eager), the sequences (all of one length) as a dense batch `[n, L]`.
+    DenseBatch,
     /// As [`Path::Kept`], called as an engine on another cudarc calls it: its stream as a raw
     /// handle (`Gpu::borrow_raw_stream`), its buffers as `TensorView::from_raw` views.
     RawHandles,
@@ -236,17 +245,20 @@ enum Path {
 const SPLIT: usize = 64;
 
 /// One prefill call: dense `[1, T]` for one sequence, varlen-packed (i32 `cu_seqlens`) for
-/// more, along `path`. The output and final-state bytes.
+/// more (dense `[n, L]` for [`Path::DenseBatch`]), along `path`. The output and final-state
+/// bytes.
 fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
     let s = gpu.new_stream()?;
     let (t, n) = (x.lens.iter().sum::<usize>(), x.lens.len());
-    let q = upload(gpu, &s, &[1, t, H, D], BF16, &x.q)?;
-    let k = upload(gpu, &s, &[1, t, H, D], BF16, &x.k)?;
-    let v = upload(gpu, &s, &[1, t, HV, D], BF16, &x.v)?;
-    let g = upload(gpu, &s, &[1, t, HV, D], BF16, &x.g)?;
-    let beta = upload(gpu, &s, &[1, t, HV], BF16, &x.beta)?;
+    // The packed tokens are the dense batch's rows one after another.
+    let (rows, t) = if path == Path::DenseBatch { (n, t / n) } else { (1, t) };
+    let q = upload(gpu, &s, &[rows, t, H, D], BF16, &x.q)?;
+    let k = upload(gpu, &s, &[rows, t, H, D], BF16, &x.k)?;
+    let v = upload(gpu, &s, &[rows, t, HV, D], BF16, &x.v)?;
+    let g = upload(gpu, &s, &[rows, t, HV, D], BF16, &x.g)?;
+    let beta = upload(gpu, &s, &[rows, t, HV], BF16, &x.beta)?;
     let init = upload(gpu, &s, &[n, HV, D, D], F32, &x.init)?;
-    let out = DeviceTensor::from_f32(gpu, &s, &[1, t, HV, D], BF16, &vec![7.0; t * HV * D])?;
+    let out = DeviceTensor::from_f32(gpu, &s, &[rows, t, HV, D], BF16, &vec![7.0; rows * t * HV * D])?;
     let fin = DeviceTensor::from_f32(gpu, &s, &[n, HV, D, D], F32, &vec![7.0; n * HV * D * D])?;
     let mut bounds = vec![0i64];
     for l in &x.lens {
@@ -259,10 +271,15 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
     args.output = Some(&views[6]);
     args.output_final_state = true;
     args.final_state = Some(&views[7]);
-    args.cu_seqlens = (n > 1 || matches!(path, Path::Ranges { varlen: true, .. })).then_some(&views[8]);
+    let varlen = (n > 1 && path != Path::DenseBatch) || matches!(path, Path::Ranges { varlen: true, .. });
+    args.cu_seqlens = varlen.then_some(&views[8]);
     args.max_seqlen = (path == Path::Hinted).then(|| x.lens.iter().copied().max().unwrap_or(0));
     let ws_bytes = match path {
-        Path::Fused | Path::Kept { .. } | Path::RawHandles | Path::Split { workspace: false, .. } => None,
+        Path::Fused
+        | Path::Kept { .. }
+        | Path::DenseBatch
+        | Path::RawHandles
+        | Path::Split { workspace: false, .. } => None,
         Path::Split { workspace: true, .. } => Some(chunk_split_workspace_bytes(&plan_chunk(&args)?, SPLIT)?),
         Path::TwoKernel | Path::Hinted | Path::Ranges { .. } => {
             Some(chunk_workspace_bytes(&plan_chunk(&args)?, &gpu.limits()))
@@ -275,7 +292,7 @@ fn prefill(gpu: &Gpu, kernels: &Kernels, x: &PrefillInputs, path: Path) -> Resul
         Path::Fused => {
             chunk_kda_tuned(gpu, kernels, &s, &args, ChunkTuning::fused(&plan_chunk(&args)?))?;
         }
-        Path::TwoKernel | Path::Hinted | Path::Kept { graph: false } => {
+        Path::TwoKernel | Path::Hinted | Path::Kept { graph: false } | Path::DenseBatch => {
             chunk_kda(gpu, kernels, &s, &args)?;
         }
         Path::RawHandles => {
@@ -371,8 +388,9 @@ fn prefill_batch_invariance() {
 /// The API's default across the chain count at which it turns from the two-kernel path to the
 /// fused kernel (the device's SM count): a sequence alone (4 chains) and packed among enough
 /// others that the call takes the fused kernel gives the same bits. Both defaults must round
-/// alike, on every device (so the default never picks a kernel that rounds otherwise, such as
-/// the sm_90a one, by the batch).
+/// alike, on every device (so the default never picks a kernel that rounds otherwise by the
+/// batch; varlen, these calls never take the sm_90a one, which a dense batch may:
+/// [`a_dense_batch_gives_one_set_of_bits_on_every_default_path`]).
 fn the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count() {
     if skip_without_gpu() {
         return;
@@ -386,6 +404,33 @@ fn the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count() {
         let alone = prefill(&gpu, &kernels, &x.sequence(n), Path::TwoKernel).expect("alone");
         assert!(alone.0 == out[token_rows(&lens, n)], "sequence {n}: output differs alone and among {nseq}");
         assert!(alone.1 == fin[n * STATE..(n + 1) * STATE], "sequence {n}: final state differs alone and among {nseq}");
+    }
+}
+
+/// A dense batch's default path by its chains (`DefaultPath`): on 9.0 the two-kernel path up to
+/// three fifths of the SMs, the sm_90a kernel with two producer warpgroups up to one chain an
+/// SM, the sm_80 fused kernel above (elsewhere the two-kernel path up to one an SM). A sequence
+/// gives the same bits alone and in a batch on each side of both counts.
+fn a_dense_batch_gives_one_set_of_bits_on_every_default_path() {
+    if skip_without_gpu() {
+        return;
+    }
+    let (gpu, kernels) = (Gpu::new(0).expect("a GPU"), Kernels::new());
+    let limits = gpu.limits();
+    let prepared = kda_runtime::chunk::prepared_max_chains(&limits) / HV;
+    let most = limits.sm_count / HV + 2;
+    let x = PrefillInputs::random(&vec![100; most], 59);
+    let alone: Vec<_> =
+        (0..most).map(|n| prefill(&gpu, &kernels, &x.sequence(n), Path::DenseBatch).expect("alone")).collect();
+    for b in [prepared, prepared + 1, limits.sm_count / HV, most] {
+        let batch = x.sequences(0..b);
+        let (out, fin) = prefill(&gpu, &kernels, &batch, Path::DenseBatch).expect("a dense batch");
+        let lens = &batch.lens;
+        for n in [0, b / 2, b - 1] {
+            assert!(alone[n].0 == out[token_rows(lens, n)], "sequence {n}: output differs alone and among {b}");
+            let state = &fin[n * STATE..(n + 1) * STATE];
+            assert!(alone[n].1 == state, "sequence {n}: final state differs alone and among {b}");
+        }
     }
 }
 
@@ -543,6 +588,10 @@ fn main() {
             (
                 "the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count",
                 the_default_gives_one_set_of_bits_on_both_sides_of_the_chain_count,
+            ),
+            (
+                "a_dense_batch_gives_one_set_of_bits_on_every_default_path",
+                a_dense_batch_gives_one_set_of_bits_on_every_default_path,
             ),
             ("prefill_in_token_ranges_is_bit_identical", prefill_in_token_ranges_is_bit_identical),
             ("a_max_seqlen_hint_changes_no_bits", a_max_seqlen_hint_changes_no_bits),

@@ -176,9 +176,11 @@ fn split(p: &TileProgram) -> Result<RegisterSplit, NoSplit> {
 
 /// Whether `s` is or holds a pipelined loop.
 fn holds_pipelined_loop(s: &crate::tile::Stmt) -> bool {
-    use crate::tile::{LoopKind, StmtKind};
-    let mut found = matches!(s.kind, StmtKind::For { kind: LoopKind::Pipelined { .. }, .. });
-    s.for_each_nested(&mut |n| found |= matches!(n.kind, StmtKind::For { kind: LoopKind::Pipelined { .. }, .. }));
+    use crate::tile::{visit_stmts, LoopKind, StmtKind};
+    let mut found = false;
+    visit_stmts(std::slice::from_ref(s), &mut |n| {
+        found |= matches!(n.kind, StmtKind::For { kind: LoopKind::Pipelined { .. }, .. })
+    });
     found
 }
 

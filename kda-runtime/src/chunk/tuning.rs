@@ -123,14 +123,11 @@ impl DefaultPath {
             return DefaultPath::Split;
         }
         let chains = plan.nseq.saturating_mul(plan.value_heads);
-        if chains <= prepared_max_chains(device) {
-            DefaultPath::Prepared
-        } else if takes_hopper_producers(device) && plan.varlen.is_none() && chains <= device.sm_count {
-            DefaultPath::HopperProducers
-        } else if chains <= device.sm_count {
-            DefaultPath::Prepared
-        } else {
-            DefaultPath::Fused
+        let hopper_producers = takes_hopper_producers(device) && plan.varlen.is_none();
+        match chains {
+            c if c > device.sm_count => DefaultPath::Fused,
+            c if c > prepared_max_chains(device) && hopper_producers => DefaultPath::HopperProducers,
+            _ => DefaultPath::Prepared,
         }
     }
 }

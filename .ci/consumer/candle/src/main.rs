@@ -194,6 +194,190 @@ pub mod candle_glue {
     }
 }
 
+/// The layer run over candle tensors on the GPU, checked against itself: two prompts
+/// prefilled into the pool and continued by one decode step give the outputs and states of the
+/// same prompts one token longer prefilled whole.
+#[cfg(feature = "cuda")]
+pub mod layer_check {
+    use crate::candle_glue::{stream_of, with_view};
+    use crate::layer::{address, decode, prefill, Layer, Targets, Tokens, D};
+    use candle_core::{DType, Device, IndexOp, Tensor};
+    use kda::runtime::rules::{BetaRule, GateRule};
+    use kda::{Gpu, Kernels};
+
+    type Error = Box<dyn std::error::Error>;
+
+    /// Query/key heads and value heads (GVA: each key head serves two value heads).
+    const HEADS: usize = 2;
+    const VALUE_HEADS: usize = 4;
+    /// The prompts' lengths before the decoded token: one shorter than a chunk of 16 tokens,
+    /// one a whole number of chunks.
+    const PROMPTS: [usize; 2] = [37, 64];
+
+    /// One prompt's rows: q, k `[T, H, 128]`, v, g `[T, HV, 128]`, beta logits `[T, HV]`, bf16.
+    struct Rows {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+    }
+
+    impl Rows {
+        fn random(tokens: usize, dev: &Device) -> candle_core::Result<Rows> {
+            let rand = |shape: &[usize], scale: f64| -> candle_core::Result<Tensor> {
+                Tensor::randn(0f32, scale as f32, shape, dev)?.to_dtype(DType::BF16)
+            };
+            Ok(Rows {
+                q: rand(&[tokens, HEADS, D], 1.0)?,
+                k: rand(&[tokens, HEADS, D], 1.0)?,
+                v: rand(&[tokens, VALUE_HEADS, D], 1.0)?,
+                g: rand(&[tokens, VALUE_HEADS, D], 1.0)?,
+                beta: rand(&[tokens, VALUE_HEADS], 1.0)?,
+            })
+        }
+
+        /// Rows `start..start + len` of each tensor.
+        fn narrow(&self, start: usize, len: usize) -> candle_core::Result<Rows> {
+            let n = |t: &Tensor| t.narrow(0, start, len);
+            Ok(Rows { q: n(&self.q)?, k: n(&self.k)?, v: n(&self.v)?, g: n(&self.g)?, beta: n(&self.beta)? })
+        }
+
+        /// The prompts' rows packed one after another (contiguous, as kda takes them).
+        fn cat(parts: &[Rows]) -> candle_core::Result<Rows> {
+            let c = |f: fn(&Rows) -> &Tensor| Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0);
+            Ok(Rows { q: c(|r| &r.q)?, k: c(|r| &r.k)?, v: c(|r| &r.v)?, g: c(|r| &r.g)?, beta: c(|r| &r.beta)? })
+        }
+
+        fn tokens(&self) -> usize {
+            self.q.dims()[0]
+        }
+    }
+
+    /// Runs `f` on the cudarc views of `rows`' tensors.
+    fn with_tokens<R>(rows: &Rows, f: impl FnOnce(&Tokens) -> R) -> candle_core::Result<R> {
+        Ok(with_view(&rows.q, |q| {
+            with_view(&rows.k, |k| {
+                with_view(&rows.v, |v| {
+                    with_view(&rows.g, |g| {
+                        with_view(&rows.beta, |beta| f(&Tokens { q, k, v, g, beta, tokens: rows.tokens() }))
+                    })
+                })
+            })
+        })?????)
+    }
+
+    /// The largest absolute difference of two tensors over the largest absolute value of `want`.
+    fn relative_error(got: &Tensor, want: &Tensor) -> candle_core::Result<f32> {
+        let (got, want) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
+        let diff = (got - &want)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        let scale = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        Ok(diff / scale.max(f32::MIN_POSITIVE))
+    }
+
+    /// The check; `Ok(false)` when no GPU is present.
+    pub fn run() -> Result<bool, Error> {
+        if !kda::gpu_available() {
+            return Ok(false);
+        }
+        let dev = Device::new_cuda(0)?;
+        let probe = Tensor::zeros(1, DType::F32, &dev)?;
+        let stream = stream_of(&probe)?;
+        let gpu = Gpu::from_context(stream.context().clone())?;
+        let kernels = Kernels::new();
+
+        // The layer's constants: Kimi Linear's gate and beta rules.
+        let a_log = Tensor::rand(0f32, 2.8, VALUE_HEADS, &dev)?;
+        let dt_bias = Tensor::randn(0f32, 1.0, (VALUE_HEADS, D), &dev)?;
+        // Each prompt's rows, the decoded token included.
+        let prompts =
+            PROMPTS.iter().map(|&t| Rows::random(t + 1, &dev)).collect::<candle_core::Result<Vec<_>>>()?;
+        let before = Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(0, t)).collect::<Result<Vec<_>, _>>()?)?;
+        let next = Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(t, 1)).collect::<Result<Vec<_>, _>>()?)?;
+        let whole = Rows::cat(&prompts)?;
+
+        // Slots 0 and 1: prefill, then decode in place; slots 2 and 3: the longer prompts whole.
+        let pool = Tensor::zeros((4, VALUE_HEADS, D, D), DType::F32, &dev)?;
+        let bounds = |lens: [usize; 2]| Tensor::new(&[0i32, lens[0] as i32, (lens[0] + lens[1]) as i32], &dev);
+        let cu_before = bounds(PROMPTS)?;
+        let cu_whole = bounds(PROMPTS.map(|t| t + 1))?;
+        let slots_stepped = Tensor::new(&[0i32, 1], &dev)?;
+        let slots_whole = Tensor::new(&[2i32, 3], &dev)?;
+        let out_before = Tensor::zeros((before.tokens(), VALUE_HEADS, D), DType::BF16, &dev)?;
+        let out_next = Tensor::zeros((next.tokens(), VALUE_HEADS, D), DType::BF16, &dev)?;
+        let out_whole = Tensor::zeros((whole.tokens(), VALUE_HEADS, D), DType::BF16, &dev)?;
+
+        with_view(&a_log, |a_log| {
+            with_view(&dt_bias, |dt_bias| -> Result<(), Error> {
+                let layer = Layer {
+                    a_log,
+                    dt_bias,
+                    gate: GateRule::LowerBound { lower_bound: -5.0 },
+                    beta: BetaRule::Sigmoid,
+                    heads: HEADS,
+                    value_heads: VALUE_HEADS,
+                };
+                let pool_at = with_view(&pool, |p| address::<f32>(&p, &stream))?;
+                let targets = |out: &Tensor| -> candle_core::Result<Targets> {
+                    Ok(Targets { out: with_view(out, |o| address::<half::bf16>(&o, &stream))?, pool: pool_at, slots: 4 })
+                };
+                let (to_before, to_next, to_whole) = (targets(&out_before)?, targets(&out_next)?, targets(&out_whole)?);
+                with_view(&cu_before, |cu| {
+                    with_view(&slots_stepped, |slots| {
+                        with_tokens(&before, |x| prefill(&gpu, &kernels, &stream, &layer, x, &cu, &slots, &to_before))
+                    })
+                })????;
+                with_view(&slots_stepped, |slots| {
+                    with_tokens(&next, |x| decode(&gpu, &kernels, &stream, &layer, x, &slots, &to_next))
+                })???;
+                with_view(&cu_whole, |cu| {
+                    with_view(&slots_whole, |slots| {
+                        with_tokens(&whole, |x| prefill(&gpu, &kernels, &stream, &layer, x, &cu, &slots, &to_whole))
+                    })
+                })????;
+                Ok(())
+            })
+        })???;
+        dev.synchronize()?;
+
+        // The decoded token's output is the whole prefill's last row of each prompt.
+        let mut worst = vec![];
+        let mut start = 0;
+        for (n, &t) in PROMPTS.iter().enumerate() {
+            let stepped = out_next.i(n)?;
+            let whole_row = out_whole.i(start + t)?;
+            worst.push((format!("prompt {n}: the decoded token's output"), relative_error(&stepped, &whole_row)?, 1e-2));
+            let prefix = out_before.narrow(0, start - n, t)?;
+            let whole_prefix = out_whole.narrow(0, start, t)?;
+            worst.push((format!("prompt {n}: the prompt's outputs"), relative_error(&prefix, &whole_prefix)?, 1e-2));
+            worst.push((format!("prompt {n}: the state after decode"), relative_error(&pool.i(n)?, &pool.i(n + 2)?)?, 1e-3));
+            start += t + 1;
+        }
+        let mut ok = true;
+        for (what, err, bound) in &worst {
+            println!("{what}: {err:.2e} (bound {bound:.0e})");
+            ok &= err <= bound;
+        }
+        if !ok {
+            return Err("the stepped layer differs from the whole prefill".into());
+        }
+        Ok(true)
+    }
+}
+
 fn main() {
-    println!("kda sees a GPU: {}", kda::gpu_available());
+    #[cfg(feature = "cuda")]
+    match layer_check::run() {
+        Ok(true) => println!("a KDA layer over candle tensors: prefill then decode matches the whole prefill"),
+        Ok(false) => println!("no GPU: the candle layer check is skipped"),
+        Err(e) => {
+            eprintln!("the candle layer check failed: {e}");
+            std::process::exit(1);
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    println!(
+        "kda sees a GPU: {}; `--features cuda` (candle's kernels, built by nvcc) runs a layer over candle tensors",
+        kda::gpu_available()
+    );
 }

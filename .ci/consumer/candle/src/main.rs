@@ -225,15 +225,13 @@ pub mod layer_check {
 
     impl Rows {
         fn random(tokens: usize, dev: &Device) -> candle_core::Result<Rows> {
-            let rand = |shape: &[usize], scale: f64| -> candle_core::Result<Tensor> {
-                Tensor::randn(0f32, scale as f32, shape, dev)?.to_dtype(DType::BF16)
-            };
+            let rand = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(DType::BF16);
             Ok(Rows {
-                q: rand(&[tokens, HEADS, D], 1.0)?,
-                k: rand(&[tokens, HEADS, D], 1.0)?,
-                v: rand(&[tokens, VALUE_HEADS, D], 1.0)?,
-                g: rand(&[tokens, VALUE_HEADS, D], 1.0)?,
-                beta: rand(&[tokens, VALUE_HEADS], 1.0)?,
+                q: rand(&[tokens, HEADS, D])?,
+                k: rand(&[tokens, HEADS, D])?,
+                v: rand(&[tokens, VALUE_HEADS, D])?,
+                g: rand(&[tokens, VALUE_HEADS, D])?,
+                beta: rand(&[tokens, VALUE_HEADS])?,
             })
         }
 
@@ -290,10 +288,11 @@ pub mod layer_check {
         let a_log = Tensor::rand(0f32, 2.8, VALUE_HEADS, &dev)?;
         let dt_bias = Tensor::randn(0f32, 1.0, (VALUE_HEADS, D), &dev)?;
         // Each prompt's rows, the decoded token included.
-        let prompts =
-            PROMPTS.iter().map(|&t| Rows::random(t + 1, &dev)).collect::<candle_core::Result<Vec<_>>>()?;
-        let before = Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(0, t)).collect::<Result<Vec<_>, _>>()?)?;
-        let next = Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(t, 1)).collect::<Result<Vec<_>, _>>()?)?;
+        let prompts = PROMPTS.iter().map(|&t| Rows::random(t + 1, &dev)).collect::<candle_core::Result<Vec<_>>>()?;
+        let before =
+            Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(0, t)).collect::<Result<Vec<_>, _>>()?)?;
+        let next =
+            Rows::cat(&prompts.iter().zip(PROMPTS).map(|(r, t)| r.narrow(t, 1)).collect::<Result<Vec<_>, _>>()?)?;
         let whole = Rows::cat(&prompts)?;
 
         // Slots 0 and 1: prefill, then decode in place; slots 2 and 3: the longer prompts whole.
@@ -319,7 +318,11 @@ pub mod layer_check {
                 };
                 let pool_at = with_view(&pool, |p| address::<f32>(&p, &stream))?;
                 let targets = |out: &Tensor| -> candle_core::Result<Targets> {
-                    Ok(Targets { out: with_view(out, |o| address::<half::bf16>(&o, &stream))?, pool: pool_at, slots: 4 })
+                    Ok(Targets {
+                        out: with_view(out, |o| address::<half::bf16>(&o, &stream))?,
+                        pool: pool_at,
+                        slots: 4,
+                    })
                 };
                 let (to_before, to_next, to_whole) = (targets(&out_before)?, targets(&out_next)?, targets(&out_whole)?);
                 with_view(&cu_before, |cu| {
@@ -346,11 +349,19 @@ pub mod layer_check {
         for (n, &t) in PROMPTS.iter().enumerate() {
             let stepped = out_next.i(n)?;
             let whole_row = out_whole.i(start + t)?;
-            worst.push((format!("prompt {n}: the decoded token's output"), relative_error(&stepped, &whole_row)?, 1e-2));
+            worst.push((
+                format!("prompt {n}: the decoded token's output"),
+                relative_error(&stepped, &whole_row)?,
+                1e-2,
+            ));
             let prefix = out_before.narrow(0, start - n, t)?;
             let whole_prefix = out_whole.narrow(0, start, t)?;
             worst.push((format!("prompt {n}: the prompt's outputs"), relative_error(&prefix, &whole_prefix)?, 1e-2));
-            worst.push((format!("prompt {n}: the state after decode"), relative_error(&pool.i(n)?, &pool.i(n + 2)?)?, 1e-3));
+            worst.push((
+                format!("prompt {n}: the state after decode"),
+                relative_error(&pool.i(n)?, &pool.i(n + 2)?)?,
+                1e-3,
+            ));
             start += t + 1;
         }
         let mut ok = true;

@@ -160,7 +160,8 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen. `default` is
-/// the path `chunk_kda` picks for each case on this device (the split's where it splits).
+/// the path `chunk_kda` picks for each case on this device (the split's where it splits). Each
+/// row says whether its bits are those of the case's first unsplit row, `default` included.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
@@ -178,26 +179,12 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     for c in super::chunk_gpu::sweep_prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
-        // Every unsplit shape gives the bits of the case's first one (the split rounds its
-        // merge otherwise): each row says whether it did.
-        let mut first: Option<(&String, u64)> = None;
+        let mut first = None;
         for (name, tune) in &shapes {
             let hashed = super::chunk_gpu::ResultBits::Hash;
             match super::chunk_gpu::time_prefill(&gpu, &kernels, c, *tune, WorkspaceSource::Caller, hashed) {
                 Ok(r) => {
-                    let bits = r.bits.unwrap_or_default();
-                    let unsplit = tune.is_some_and(|t| t.split.is_none());
-                    let verdict = match first {
-                        None if unsplit => {
-                            first = Some((name, bits));
-                            "bits: the first".to_string()
-                        }
-                        Some((_, b)) if b == bits => "bits: the same".to_string(),
-                        Some((f, _)) if unsplit => format!("bits: DIFFER from {f}"),
-                        // The default path may be the split, which rounds its merge otherwise.
-                        _ if tune.is_none() => "bits: the default path's".to_string(),
-                        _ => "bits: a split's own".to_string(),
-                    };
+                    let verdict = bits_verdict(&mut first, name, r.bits.unwrap_or_default(), r.unsplit);
                     out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s  {verdict}", c.name, r.ms, r.first_call_s)
                 }
                 // A tuning the case cannot take is skipped, saying so.
@@ -206,6 +193,21 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// What a sweep row's bits say: every unsplit tuning of a case gives the bits of its first
+/// unsplit row (`first`, set by that row), a split rounds its merge otherwise. `default` counts
+/// as the tuning the runtime took, so the verdicts do not depend on where it stands in the list.
+fn bits_verdict<'a>(first: &mut Option<(&'a str, u64)>, name: &'a str, bits: u64, unsplit: bool) -> String {
+    match *first {
+        None if unsplit => {
+            *first = Some((name, bits));
+            "bits: the first".to_string()
+        }
+        Some((_, b)) if b == bits => "bits: the same".to_string(),
+        Some((f, _)) if unsplit => format!("bits: DIFFER from {f}"),
+        _ => "bits: a split's own".to_string(),
+    }
 }
 
 /// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
@@ -535,6 +537,26 @@ mod tests {
     use super::parse_chunk_shape;
     use kda_dsl::{Hoist, Target};
     use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
+
+    #[test]
+    fn a_sweep_rows_bits_compare_with_the_first_unsplit_row_wherever_default_stands() {
+        let verdicts = |rows: &[(&'static str, u64, bool)]| {
+            let mut first = None;
+            rows.iter()
+                .map(|&(name, bits, unsplit)| super::bits_verdict(&mut first, name, bits, unsplit))
+                .collect::<Vec<_>>()
+        };
+        // A split first (its own bits), then `default` unsplit: it becomes the reference.
+        assert_eq!(
+            verdicts(&[("s4096", 1, false), ("default", 2, true), ("4x2w32ik", 2, true), ("8x2", 3, true)]),
+            ["bits: a split's own", "bits: the first", "bits: the same", "bits: DIFFER from default"]
+        );
+        // `default` later, split: compared, and its own bits when they differ.
+        assert_eq!(
+            verdicts(&[("4x2w32ik", 5, true), ("default", 5, false), ("s2048", 6, false)]),
+            ["bits: the first", "bits: the same", "bits: a split's own"]
+        );
+    }
 
     #[test]
     fn a_gemm_sweep_filter_matching_no_candidate_is_refused_before_the_gpu() {

@@ -757,6 +757,10 @@ pub struct PrefillTiming {
     /// A hash of the first call's output and final-state bytes, where [`ResultBits::Hash`]
     /// asked for it: two launch shapes of one case that give the same bits give the same hash.
     pub bits: Option<u64>,
+    /// Whether the call's tuning (the one given, or the runtime's own) leaves sequences
+    /// unsplit: every such tuning of a case gives the same bits, a split rounds its merge
+    /// otherwise.
+    pub unsplit: bool,
 }
 
 /// Whether [`time_prefill`] hashes its first call's results (downloading them: a sweep
@@ -904,6 +908,10 @@ pub fn time_prefill(
             };
         }
     }
+    let ran = match tune {
+        Some(t) => t,
+        None => ChunkTuning::for_call(&plan_chunk(&args).map_err(|e| e.to_string())?, &gpu.limits()),
+    };
     let ws = match workspace {
         WorkspaceSource::Caller => Some(poisoned_workspace(gpu, &s, &args, tune)?),
         WorkspaceSource::Kept => None,
@@ -944,5 +952,6 @@ pub fn time_prefill(
     let checkpoint_bytes = pool.as_ref().map_or(0, |p| p.written * hv * D * D * 4);
     let min_bytes =
         tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
-    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits })
+    let unsplit = ran.split.is_none();
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, unsplit })
 }

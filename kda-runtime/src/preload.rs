@@ -11,17 +11,15 @@
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); the two-kernel path for
 //!   at most [`prepared_max_chains`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel, and for a call that
-//!   can take token ranges the ranges' later form (from the carried state) and, varlen, the
-//!   dense forms of both with their preparation (the ranges are dense calls); with at most
+//!   adds the chain over a prepared workspace and its preparation kernel; with at most
 //!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
 //!   ([`chunk_split_variants`]); on compute capability 9.0 a dense call's sm_90a fused kernel
-//!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take token ranges or the split also needs the
-//!   thread's highest-priority stream, which is created here.
+//!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take the split
+//!   also needs the thread's highest-priority stream, which is created here. A tuning the
+//!   caller picks (token ranges, other shapes or operands) compiles its own on first use.
 
 use crate::chunk::{
-    chunk_hopper_variant, chunk_split_variants, chunk_variants, chunk_workspace_bound, may_take_ranges, plan_chunk,
-    ChunkArgs,
+    chunk_hopper_variant, chunk_split_variants, chunk_variants, chunk_workspace_bound, plan_chunk, ChunkArgs,
 };
 #[cfg(doc)]
 use crate::chunk::{prepared_max_chains, SPLIT_MAX_VALUE_HEADS};
@@ -50,8 +48,8 @@ pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result
 /// every call on `stream` with at most its tokens, sequences and value heads that gives no
 /// workspace runs without allocating (call it before the engine profiles its free memory,
 /// with its largest call; [`Kernels::kept_workspace_bytes`] tells the size). Returns how many
-/// kernels it loaded. Nothing is launched. When such a call can take token ranges or the
-/// split, it also creates the calling thread's highest-priority stream
+/// kernels it loaded. Nothing is launched. When such a call can take the split, it also
+/// creates the calling thread's highest-priority stream
 /// ([`Gpu::high_priority_stream`]), so that the thread can capture the call into a CUDA graph
 /// at once.
 pub fn preload_chunk(
@@ -68,7 +66,7 @@ pub fn preload_chunk(
         }
     }
     let split = chunk_split_variants(&plan);
-    if may_take_ranges(&plan) || split.is_some() {
+    if split.is_some() {
         gpu.high_priority_stream()?;
     }
     let (mut chains, mut preps) = chunk_variants(&plan);

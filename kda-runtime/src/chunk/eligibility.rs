@@ -1,6 +1,7 @@
 //! Whether a call can take the token ranges or the long-sequence split, and when the default
-//! path takes them: the thresholds, measured (docs/performance.md), and the checks a tuning
-//! must pass. Each a function of the call's shapes alone (and the `max_seqlen` hint), so the
+//! path takes the split: the thresholds, measured (docs/performance.md), and the checks a
+//! tuning must pass. Token ranges are a tuning only: on an H100 one range was the faster at
+//! every length and head count measured (docs/performance.md, 2026-12-06, fifth session). Each a function of the call's shapes alone (and the `max_seqlen` hint), so the
 //! path never depends on the batch around a sequence.
 
 use kda_dsl::DType;
@@ -35,41 +36,6 @@ pub(crate) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some(w) => Err(RuntimeError::bad_argument("tune", format!("token ranges need {w}"), "this call")),
         None => Ok(()),
     }
-}
-
-/// The most token ranges [`super::ChunkTuning::for_call`] cuts a call into: the fastest of
-/// `kda bench --sweep-chunk` at B = 1, T = 32768 with f16 operands and vector stores of the
-/// prepared operands (2 against 3 and 4, at 32 value heads and GVA; docs/performance.md,
-/// 2026-12-03 (late) runs 36 and 37). With bf16 operands 4 had measured fastest (2026-12-02
-/// run 15).
-pub const DEFAULT_RANGES: usize = 2;
-
-/// The fewest chunks a token range of [`super::ChunkTuning::for_call`] holds (8192 tokens: 4
-/// such ranges measured fastest at T = 32768 with bf16 operands). Each range costs two launches
-/// and two stream hand-offs, and the overlap it buys is one range's preparation; shorter ones
-/// measured slower.
-pub const RANGE_MIN_CHUNKS: usize = 512;
-
-/// The fewest value heads at which [`super::ChunkTuning::for_call`] cuts a call into token
-/// ranges. A range's chain shares its SMs with the next range's preparation, which slows it:
-/// with 32 value heads (a chain block on almost every SM) the overlap still wins, with 8 it
-/// loses (docs/performance.md, 2026-12-02 runs 23 and 24; 16 not measured).
-pub const RANGE_MIN_VALUE_HEADS: usize = 32;
-
-/// The ranges [`super::ChunkTuning::for_call`] takes for a planned call on the two-kernel path:
-/// as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], for calls of
-/// at least [`RANGE_MIN_VALUE_HEADS`] value heads; `None` for a call that cannot take ranges,
-/// is too short for two or has fewer heads. Any count gives the same bits.
-pub(crate) fn default_ranges(plan: &ChunkPlan) -> Option<usize> {
-    let n = (plan.seq_len.div_ceil(16) / RANGE_MIN_CHUNKS).min(DEFAULT_RANGES);
-    (n >= 2 && plan.value_heads >= RANGE_MIN_VALUE_HEADS && check_ranges(plan, n).is_ok()).then_some(n)
-}
-
-/// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
-/// token ranges by default: then it needs the thread's highest-priority stream.
-pub(crate) fn may_take_ranges(plan: &ChunkPlan) -> bool {
-    let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
-    default_ranges(&long).is_some()
 }
 
 /// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096

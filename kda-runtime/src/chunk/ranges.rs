@@ -202,12 +202,19 @@ pub(super) fn range_steps(
 mod tests {
     use super::*;
     use crate::chunk::chunk_workspace_bytes;
-    use crate::chunk::eligibility::{may_take_ranges, DEFAULT_RANGES, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS};
     use crate::chunk::plan::{chunk_workspace_bytes_unsplit, plan_chunk};
     use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::device::DeviceLimits;
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
+
+    /// Value heads of the tests' calls: the model's shape of the rows ranges were measured on.
+    const HEADS: usize = 32;
+
+    /// A tuning in two token ranges on top of the call's default path.
+    fn in_two_ranges(plan: &ChunkPlan) -> ChunkTuning {
+        ChunkTuning { ranges: Some(2), ..ChunkTuning::for_call(plan, &DeviceLimits::H200) }
+    }
 
     /// q, k, v, g, beta and the output of a dense B = 1 call of `t` tokens.
     fn dense_inputs(t: usize, h: usize, hv: usize) -> [TensorView; 6] {
@@ -306,10 +313,10 @@ mod tests {
 
     /// With prefix caching, every range binds the call's `prefix_lens`, block table and
     /// checkpoint pool (the windows count the aligned chunks on the device), only the first its
-    /// `read_indices`; the default takes ranges for such a call as for any other.
+    /// `read_indices`.
     #[test]
     fn prefix_caching_ranges_bind_the_call_s_tables() {
-        let (t, h, hv) = (16 * RANGE_MIN_CHUNKS * 2, 2, RANGE_MIN_VALUE_HEADS);
+        let (t, h, hv) = (16 * 1024, 2, HEADS);
         let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
         let pool = tv(64, &[3, hv, D, D], DType::F32);
         let (slots, read, lens) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32), tv(13, &[1], DType::I64));
@@ -324,11 +331,9 @@ mod tests {
         (args.checkpoint_every, args.checkpoint_slots, args.checkpoint_pool) = (Some(256), Some(&table), Some(&ckpool));
         args.workspace = Some(&ws);
         let plan = plan_chunk(&args).expect("a valid call");
-        let tune = ChunkTuning::for_call(&plan, &DeviceLimits::H200);
-        assert_eq!(tune.ranges, Some(DEFAULT_RANGES));
-        assert!(may_take_ranges(&plan));
-        let (preloaded, _) = crate::chunk::chunk_variants(&plan);
-        let launches = range_launches(&args, &plan, tune, DEFAULT_RANGES, out.ptr(), None).expect("launches");
+        let tune = in_two_ranges(&plan);
+        tune.check(&plan).expect("ranges");
+        let launches = range_launches(&args, &plan, tune, 2, out.ptr(), None).expect("launches");
         for (r, l) in launches.iter().enumerate() {
             assert_chain_binds(l, r);
             assert_eq!(tensor_at(&l.bound, "prefix_lens"), lens.ptr(), "range {r}");
@@ -336,7 +341,6 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "checkpoints"), ckpool.ptr(), "range {r}");
             let reads = tensor_at(&l.bound, "read_indices");
             assert_eq!(reads, if r == 0 { read.ptr() } else { slots.ptr() }, "range {r}: its read slots");
-            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
     }
 
@@ -345,7 +349,7 @@ mod tests {
     /// binds.
     #[test]
     fn range_steps_prepare_on_the_call_and_chain_beside_it() {
-        let (t, h, hv) = (16 * 6 + 5, 2, RANGE_MIN_VALUE_HEADS);
+        let (t, h, hv) = (16 * 6 + 5, 2, HEADS);
         let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
         let fin = tv(8, &[1, hv, D, D], DType::F32);
         let ws = tv(11, &[1 << 24], DType::F32);
@@ -378,8 +382,7 @@ mod tests {
     /// place, and only the first reads `has_initial_state`.
     #[test]
     fn pool_ranges_bind_to_their_kernels_and_carry_the_state_in_the_pool() {
-        // Calls of fewer value heads never take ranges by default (nor preload their chains).
-        let (t, h, hv) = (100, 2, RANGE_MIN_VALUE_HEADS);
+        let (t, h, hv) = (100, 2, HEADS);
         let [q, k, v, g, beta, out] = dense_inputs(t, h, hv);
         let pool = tv(64, &[3, hv, D, D], DType::F32);
         let (slots, fresh) = (tv(10, &[1], DType::I32), tv(12, &[1], DType::I32));
@@ -401,25 +404,22 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "state_indices"), slots.ptr(), "range {r}");
             let reads_fresh = matches!(l.cfg.states, ChunkStates::Pool { has_initial: Some(_), .. });
             assert_eq!(reads_fresh, r == 0, "range {r}: only the first reads has_initial_state");
-            let (preloaded, _) = crate::chunk::chunk_variants(&plan);
-            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
-        // A bf16 pool would round the state between ranges: refused, and not the default.
+        // A bf16 pool would round the state between ranges: refused.
         let pool16 = tv(64, &[3, hv, D, D], DType::BF16);
         args.initial_state = Some(&pool16);
         let plan16 = plan_chunk(&args).expect("a valid call");
         let e = check_ranges(&plan16, 2).expect_err("a bf16 pool");
         assert!(e.to_string().contains("an f32 pool"), "{e}");
-        assert!(!may_take_ranges(&plan16));
-        assert!(may_take_ranges(&plan));
+        check_ranges(&plan, 2).expect("an f32 pool");
     }
 
-    /// `for_call` takes ranges of at least `RANGE_MIN_CHUNKS` chunks, at most `DEFAULT_RANGES`
-    /// of them, and only for calls that can take them; `may_take_ranges` says so whatever the
-    /// call's length and batch.
+    /// No call takes token ranges by default, not even the long single sequences on many heads
+    /// they were made for (one range measured faster on an H100), though such calls can take
+    /// them as a tuning.
     #[test]
-    fn long_dense_calls_take_ranges_by_default() {
-        let plan_heads = |b: usize, t: usize, final_state: bool, hv: usize| {
+    fn no_call_takes_ranges_by_default() {
+        let plan_of = |b: usize, t: usize, hv: usize| {
             // 16 GiB apart: long calls' tensors must not overlap.
             let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
             let (q, k) = (at(1, &[b, t, 2, D], DType::BF16), at(2, &[b, t, 2, D], DType::BF16));
@@ -429,30 +429,27 @@ mod tests {
             let fin = at(7, &[b, hv, D, D], DType::F32);
             let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
             args.workspace = Some(&ws);
-            args.output_final_state = final_state;
-            args.final_state = Some(&fin).filter(|_| final_state);
+            args.output_final_state = true;
+            args.final_state = Some(&fin);
             plan_chunk(&args).expect("a valid call")
         };
-        let plan_of = |b, t, fin| plan_heads(b, t, fin, RANGE_MIN_VALUE_HEADS);
-        let ranges_of = |b, t, fin| ChunkTuning::for_call(&plan_of(b, t, fin), &DeviceLimits::H200).ranges;
-        assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
-        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3.min(DEFAULT_RANGES)));
-        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
-        assert_eq!(ranges_of(1, 32768, false), None, "no final states to carry the state");
-        assert_eq!(ranges_of(2, 32768, true), None, "B = 2");
-        assert!(may_take_ranges(&plan_of(2, 16, true)), "a B = 1 call of that kind can");
-        assert!(!may_take_ranges(&plan_of(1, 32768, false)));
-        let few_heads = plan_heads(1, 32768, true, RANGE_MIN_VALUE_HEADS / 4);
-        assert_eq!(ChunkTuning::for_call(&few_heads, &DeviceLimits::H200).ranges, None, "8 value heads");
-        assert!(!may_take_ranges(&few_heads));
+        for (t, hv) in [(32768, HEADS), (16384, HEADS), (65536, 64)] {
+            let plan = plan_of(1, t, hv);
+            for device in [DeviceLimits::H200, DeviceLimits::A100] {
+                let tune = ChunkTuning::for_call(&plan, &device);
+                assert_eq!(tune.ranges, None, "T = {t}, HV = {hv}, {} SMs", device.sm_count);
+                assert!(tune.prepared, "T = {t}, HV = {hv}: the two-kernel path");
+            }
+            in_two_ranges(&plan).check(&plan).unwrap_or_else(|e| panic!("T = {t}, HV = {hv}: {e}"));
+        }
     }
 
-    /// A varlen call of one sequence takes the token ranges a dense B = 1 call of it takes: the
-    /// same launches, configs and arguments (its `cu_seqlens` bound nowhere), every variant
-    /// among those `chunk_variants` preloads; with two sequences it takes none.
+    /// A varlen call of one sequence in token ranges runs as the dense B = 1 call of it does:
+    /// the same launches, configs and arguments (its `cu_seqlens` bound nowhere); with two
+    /// sequences ranges are refused.
     #[test]
     fn a_varlen_call_of_one_sequence_runs_as_the_dense_call() {
-        let (t, hv) = (16 * RANGE_MIN_CHUNKS * 2, RANGE_MIN_VALUE_HEADS);
+        let (t, hv) = (16 * 1024, HEADS);
         // 16 GiB apart: long calls' tensors must not overlap.
         let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
         let (q, k) = (at(1, &[1, t, 2, D], DType::BF16), at(2, &[1, t, 2, D], DType::BF16));
@@ -466,35 +463,29 @@ mod tests {
         args.output_final_state = true;
         args.final_state = Some(&fin);
         let dense = plan_chunk(&args).expect("a valid dense call");
-        let dense_tune = ChunkTuning::for_call(&dense, &DeviceLimits::H200);
-        let want = range_launches(&args, &dense, dense_tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("dense");
+        let dense_tune = in_two_ranges(&dense);
+        let want = range_launches(&args, &dense, dense_tune, 2, out.ptr(), Some(fin)).expect("dense");
         args.cu_seqlens = Some(&cu1);
         let varlen = plan_chunk(&args).expect("a valid varlen call");
-        let tune = ChunkTuning::for_call(&varlen, &DeviceLimits::H200);
-        assert_eq!(tune.ranges, Some(2), "one sequence of {t} tokens");
+        let tune = in_two_ranges(&varlen);
         assert_eq!(tune, dense_tune);
-        assert!(may_take_ranges(&varlen));
-        let got = range_launches(&args, &varlen, tune, DEFAULT_RANGES, out.ptr(), Some(fin)).expect("varlen");
+        tune.check(&varlen).expect("one sequence");
+        let got = range_launches(&args, &varlen, tune, 2, out.ptr(), Some(fin)).expect("varlen");
         // The dense call's parts fit its workspace (`range_launches_bind_to_their_kernels`).
         assert!(
             chunk_workspace_bytes(&dense, &DeviceLimits::H200) <= chunk_workspace_bytes(&varlen, &DeviceLimits::H200),
             "the parts fit"
         );
-        let (chains, preps) = crate::chunk::chunk_variants(&varlen);
         assert_eq!(got.len(), want.len());
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.cfg, w.cfg, "range {r}: config");
             assert_eq!(format!("{:?}", g.bound), format!("{:?}", w.bound), "range {r}: arguments");
-            assert!(chains.contains(&g.cfg), "range {r}: {} is not preloaded", g.cfg.key());
-            let prep = kda_kernels::chunk_prep::PrepConfig::of(&g.cfg);
-            assert!(preps.contains(&prep), "range {r}: its preparation {} is not preloaded", prep.key());
             assert_ne!(tensor_at(&g.bound, "cu_seqlens"), cu1.ptr(), "range {r}: reads cu_seqlens");
         }
         let fin2 = at(11, &[2, hv, D, D], DType::F32);
         args.cu_seqlens = Some(&cu2);
         args.final_state = Some(&fin2);
         let two = plan_chunk(&args).expect("a valid varlen call");
-        assert_eq!(ChunkTuning::for_call(&two, &DeviceLimits::H200).ranges, None, "two sequences");
         let e = check_ranges(&two, 2).expect_err("two sequences");
         assert!(e.to_string().contains("one sequence"), "{e}");
     }

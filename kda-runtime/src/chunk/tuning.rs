@@ -9,10 +9,10 @@ use kda_kernels::chunk::{ChunkConfig, ChunkStates, KeyProducts, NarrowProducts, 
 pub use kda_kernels::chunk::{ChunkOperands, ChunkShape};
 use kda_kernels::chunk_prep::PrepConfig;
 
+#[cfg(doc)]
+use super::chunk_kda;
 use super::eligibility;
 use super::plan::{ChunkPlan, FinalState, InitialState};
-#[cfg(doc)]
-use super::{chunk_kda, DEFAULT_RANGES, RANGE_MIN_CHUNKS};
 use crate::device::DeviceLimits;
 use crate::error::RuntimeError;
 
@@ -31,7 +31,8 @@ pub struct ChunkTuning {
     /// one chain: `kda_kernels::chunk_segments::segment_count`). The schedule, the segments'
     /// prepared operands and their states live in the workspace (the caller's, which must then
     /// hold [`super::chunk_split_workspace_bytes`], or the one [`crate::Kernels`] keeps). Its
-    /// transitions run on the thread's highest-priority stream (capture it as for `ranges`).
+    /// transitions run on the thread's highest-priority stream (created by
+    /// [`crate::preload::preload_chunk`] or one eager call: capture after either).
     /// [`ChunkTuning::for_call`] sets [`super::SPLIT_SEGMENT_TOKENS`] for calls with at most
     /// [`super::SPLIT_MAX_VALUE_HEADS`] value heads and more than twice that many tokens.
     /// `None`: each sequence runs as one chain.
@@ -45,15 +46,16 @@ pub struct ChunkTuning {
     pub prep_blocks: Option<usize>,
     /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
     /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
-    /// preparation of the next. Capture such a call into a graph only on a thread that has
-    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Calls of
+    /// preparation of the next. Capture such a call into a graph only after one eager call on
+    /// the thread (which creates that stream and compiles the ranges' variants). Calls of
     /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
     /// caller's contract, and the ranges run it as the dense call), at least one token, and
     /// f32 final states (`output_final_state`) or an f32 pool
-    /// (`state_indices`); the same bits as one range. `None`: one range.
-    /// [`ChunkTuning::for_call`] sets it for long enough calls that can take it. One thread's
-    /// calls share that stream, so their chains run in call order even when the calls are on
-    /// different streams (each call still waits only for work enqueued before it).
+    /// (`state_indices`); the same bits as one range. `None`: one range, what
+    /// [`ChunkTuning::for_call`] takes (the overlap slows the chain more than it saves: one
+    /// range measured faster on an H100, docs/performance.md, 2026-12-06, fifth session). One
+    /// thread's calls share that stream, so their chains run in call order even when the calls
+    /// are on different streams (each call still waits only for work enqueued before it).
     pub ranges: Option<usize>,
     /// The element type the state's products round their operands to (and the prepared
     /// workspace holds). [`ChunkTuning::for_call`] sets [`default_operands`]: with l2norm
@@ -135,20 +137,19 @@ impl DefaultPath {
 impl ChunkTuning {
     /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a
     /// workspace was given), as [`DefaultPath::of`] decides: the split over prepared operands
-    /// (`split.rs`); the two-kernel path, with token ranges for a call that can take them (as
-    /// many as hold [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], when that
-    /// is two or more); on compute capability 9.0 the sm_90a fused kernel with two producer
-    /// warpgroups ([`ChunkTuning::hopper_producers`]); or the sm_80 fused kernel, each path at
-    /// its shape ([`ChunkShape`]). Every unsplit path gives the same bits (the simulator, and
-    /// `kda check --gpu` on an H100 and an H200).
+    /// (`split.rs`); the two-kernel path in one token range (its preparation, then its chain:
+    /// ranges overlap them, but the chain shares its SMs with the next range's preparation,
+    /// and on an H100 one range measured faster at every length and head count tried,
+    /// docs/performance.md, 2026-12-06, fifth session); on compute capability 9.0 the sm_90a
+    /// fused kernel with two producer warpgroups ([`ChunkTuning::hopper_producers`]); or the
+    /// sm_80 fused kernel, each path at its shape ([`ChunkShape`]). Every unsplit path gives
+    /// the same bits (the simulator, and `kda check --gpu` on an H100 and an H200).
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         match DefaultPath::of(plan, device) {
             DefaultPath::Split => {
                 ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) }
             }
-            DefaultPath::Prepared => {
-                ChunkTuning { ranges: eligibility::default_ranges(plan), ..ChunkTuning::of_path(plan, true) }
-            }
+            DefaultPath::Prepared => ChunkTuning::of_path(plan, true),
             DefaultPath::HopperProducers => ChunkTuning::hopper_producers(plan),
             DefaultPath::Fused => ChunkTuning::of_path(plan, false),
         }
@@ -276,38 +277,15 @@ pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
     chunk_tuned_config(plan, ChunkTuning::for_call(plan, device))
 }
 
-/// Every chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can pick
-/// by default, whatever its batch (all on sm_80, see [`ChunkTuning::for_call`]): the fused kernel, the chain over prepared operands (taken at most
-/// [`prepared_max_chains`] chains); for a call that can take token ranges also the form the
-/// ranges after the first take (from the final states, or from the pool without
-/// `has_initial_state`) and, varlen, the dense forms of both (the ranges are dense calls); and
-/// the preparations they need.
+/// Every sm_80 chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can
+/// pick by default, whatever its batch (see [`ChunkTuning::for_call`]): the fused kernel and
+/// the chain over prepared operands (taken at most [`prepared_max_chains`] chains), and the
+/// preparation that chain needs.
 pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
     let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
     let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
-    let mut chains = vec![fused];
-    let mut preps = vec![PrepConfig::of(&prepared)];
-    if !eligibility::may_take_ranges(plan) {
-        chains.push(prepared);
-        return (chains, preps);
-    }
-    // Token ranges after the first start from the state the one before left: the pool without
-    // `has_initial_state`, or the final states.
-    let later = match prepared.states {
-        ChunkStates::Pool { indices, .. } => ChunkStates::Pool { indices, has_initial: None },
-        _ => ChunkStates::PerSequence { store_final: true },
-    };
-    let mut range_chains = vec![prepared.clone()];
-    if later != prepared.states {
-        range_chains.push(ChunkConfig { states: later, ..prepared.clone() });
-    }
-    if prepared.varlen.is_some() {
-        let dense: Vec<ChunkConfig> = range_chains.iter().map(|c| ChunkConfig { varlen: None, ..c.clone() }).collect();
-        preps.push(PrepConfig::of(&dense[0]));
-        range_chains.extend(dense);
-    }
-    chains.extend(range_chains);
-    (chains, preps)
+    let preps = vec![PrepConfig::of(&prepared)];
+    (vec![fused, prepared], preps)
 }
 
 /// On compute capability 9.0, the sm_90a kernel a dense call of `plan`'s kind can take by

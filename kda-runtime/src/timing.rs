@@ -38,7 +38,7 @@ const GRAPH_WARMUP: usize = 3;
 /// an idle spell measured up to a fifth slower than the same row later.
 const WARM: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Runs `f` `warmup` times and on until the GPU has been busy with it for [`WARM`] (at most
+/// Runs `f` `warmup` times and on until the GPU has been busy with it for `WARM` (200 ms) (at most
 /// 1000 calls), then `iters` times between CUDA events recorded on `stream`, and returns each
 /// timed iteration's milliseconds. `f` must enqueue its work on `stream`.
 pub fn time_ms(

@@ -1,8 +1,9 @@
 //! Whether a call can take the token ranges or the long-sequence split, and when the default
 //! path takes the split: the thresholds, measured (docs/performance.md), and the checks a
-//! tuning must pass. Token ranges are a tuning only: on an H100 one range was the faster at
-//! every length and head count measured (docs/performance.md, 2026-12-06, fifth session). Each a function of the call's shapes alone (and the `max_seqlen` hint), so the
-//! path never depends on the batch around a sequence.
+//! tuning must pass. Each a function of the call's shapes alone (and the `max_seqlen` hint),
+//! so the path never depends on the batch around a sequence. Token ranges are a tuning only:
+//! on an H100 one range was the faster at every length and head count measured
+//! (docs/performance.md, 2026-12-06, fifth session).
 
 use kda_dsl::DType;
 use kda_kernels::chunk_segments::{max_segments, segment_count};

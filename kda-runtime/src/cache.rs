@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext};
@@ -26,12 +27,16 @@ pub struct LoadedKernel {
     /// Blocks of this kernel that fit on the whole device at once (resident blocks per SM, as
     /// the driver's occupancy calculator says, times the SM count).
     resident_blocks: u32,
+    /// The dynamic shared memory a launch may ask for (the function's
+    /// `MAX_DYNAMIC_SHARED_SIZE_BYTES`), raised by [`LoadedKernel::allow_shared`].
+    shared_allowed: AtomicU32,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable from any thread once
 // the owning context is made current (every use goes through `ctx.bind_to_thread`).
 unsafe impl Send for LoadedKernel {}
-// SAFETY: as above; the handles are never mutated after loading.
+// SAFETY: as above; the handles are never replaced after loading (a function attribute set
+// by `allow_shared` is the driver's state, set under the context like every other use).
 unsafe impl Sync for LoadedKernel {}
 
 impl LoadedKernel {
@@ -48,6 +53,25 @@ impl LoadedKernel {
     /// Blocks of this kernel the device holds at once (at least 1).
     pub fn resident_blocks(&self) -> u32 {
         self.resident_blocks
+    }
+
+    /// Lets a launch ask for `bytes` of dynamic shared memory (raising the function's limit
+    /// when it is lower), and returns `bytes`. Setting a function attribute is no stream
+    /// operation, so a capture may be under way.
+    pub(crate) fn allow_shared(&self, bytes: usize) -> Result<u32, RuntimeError> {
+        let want = u32::try_from(bytes)
+            .ok()
+            .filter(|&b| b <= i32::MAX as u32)
+            .ok_or_else(|| RuntimeError::Unsupported(format!("{bytes} bytes of shared memory")))?;
+        if want > self.shared_allowed.load(Ordering::Relaxed) {
+            self.ctx.bind_to_thread().op("cuCtxSetCurrent")?;
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // SAFETY: the function handle is valid while the module is loaded.
+            unsafe { result::function::set_function_attribute(self.function, attr, want as i32) }
+                .op("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+            self.shared_allowed.fetch_max(want, Ordering::Relaxed);
+        }
+        Ok(want)
     }
 }
 
@@ -145,7 +169,13 @@ fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<LoadedKernel,
         .map_err(|_| RuntimeError::bad_argument("entry", "a name without NUL bytes", kernel.entry.clone()))?;
     ctx.bind_to_thread().op("cuCtxSetCurrent")?;
     let module = load_ptx(&ptx)?;
-    let mut loaded = LoadedKernel { ctx: ctx.clone(), module, function: std::ptr::null_mut(), resident_blocks: 1 };
+    let mut loaded = LoadedKernel {
+        ctx: ctx.clone(),
+        module,
+        function: std::ptr::null_mut(),
+        resident_blocks: 1,
+        shared_allowed: AtomicU32::new(kernel.shared_bytes.max(DEFAULT_SHARED_LIMIT)),
+    };
     // SAFETY: the module is loaded and current; `loaded` unloads it on the error paths.
     let function = unsafe { result::module::get_function(module, entry) }.op("cuModuleGetFunction")?;
     if kernel.shared_bytes > DEFAULT_SHARED_LIMIT {

@@ -82,7 +82,27 @@ pub fn launch_planned(
     config: &str,
     args: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
-    let Some(bound) = checked_bind(gpu, stream, kernel, plan, args)? else { return Ok(()) };
+    launch_reserving(gpu, loaded, stream, kernel, plan, config, args, None)
+}
+
+/// [`launch_planned`] whose blocks ask for `shared` bytes of shared memory when given (at
+/// least the kernel's own; at most what a block may opt in to): a block that reserves an SM's
+/// shared memory keeps other kernels' blocks off its SM. The kernel reads no more of it.
+#[allow(clippy::too_many_arguments)] // launch_planned's, and the reservation
+pub(crate) fn launch_reserving(
+    gpu: &Gpu,
+    loaded: &LoadedKernel,
+    stream: &CudaStream,
+    kernel: &CompiledKernel,
+    plan: &BindPlan,
+    config: &str,
+    args: &[(&str, KernelArg)],
+    shared: Option<usize>,
+) -> Result<(), RuntimeError> {
+    let Some(mut bound) = checked_bind(gpu, stream, kernel, plan, args)? else { return Ok(()) };
+    if let Some(bytes) = shared.filter(|&b| b > bound.shared_bytes as usize) {
+        bound.shared_bytes = loaded.allow_shared(bytes)?;
+    }
     launch_bound(gpu, loaded, stream, bound)?;
     sync_check(stream, kernel, config)
 }

@@ -13,7 +13,7 @@ use std::io::Write;
 /// A `--sweep-chunk` shape's grammar, for the usage and the parser's errors alike.
 macro_rules! chunk_shape_grammar {
     () => {
-        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]"
+        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k][o]"
     };
 }
 
@@ -214,7 +214,7 @@ fn bits_verdict<'a>(first: &mut Option<(&'a str, u64)>, name: &'a str, bits: u64
 /// as the tuning it names.
 pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;
-    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
+    use kda_runtime::chunk::{ChainSms, ChunkOperands, ChunkShape, ChunkTuning};
     let bad = || format!("`{a}` is not {}; {USAGE}", chunk_shape_grammar!());
     let num = |n: &str| n.parse::<usize>().map_err(|_| bad());
     // From the end: `k` (the key products split over the warps: `ChunkShape::
@@ -228,9 +228,12 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     // then `sTOKENS` (the split into segments of that many tokens), `fFILL` (fill warps; the
     // fused kernel's also compute each chunk's factors a chunk ahead of the state's chain) and
     // its `gREGS` (the registers they keep on sm_90a: `ChunkShape::producer_registers`),
-    // `wROWS` (value rows a warp) and `xSTAGES`.
+    // `wROWS` (value rows a warp) and `xSTAGES`. Last of all `o`: the two-kernel path's chain
+    // blocks on SMs of their own (`ChainSms::Own`).
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, own_sms) = flag(a, 'o');
+    let chain_sms = if own_sms { ChainSms::Own } else { ChainSms::Shared };
     let (a, split_keys) = flag(a, 'k');
     let key_products =
         if split_keys { kda_kernels::chunk::KeyProducts::Split } else { kda_kernels::chunk::KeyProducts::Replicated };
@@ -293,7 +296,7 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
         key_products,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
-    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, operands, target })
+    Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, chain_sms, operands, target })
 }
 
 /// Times GEMM tile configs at 8192^3 (bf16, A·Bᵀ unless `ab`) compiled for sm_80 and, on
@@ -536,7 +539,7 @@ pub struct GemmTiming {
 mod tests {
     use super::parse_chunk_shape;
     use kda_dsl::{Hoist, Target};
-    use kda_runtime::chunk::{ChunkOperands, ChunkShape, ChunkTuning};
+    use kda_runtime::chunk::{ChainSms, ChunkOperands, ChunkShape, ChunkTuning};
 
     #[test]
     fn a_sweep_rows_bits_compare_with_the_first_unsplit_row_wherever_default_stands() {
@@ -573,6 +576,7 @@ mod tests {
             prepared,
             prep_blocks,
             ranges,
+            chain_sms: ChainSms::Shared,
             operands: ChunkOperands::F16,
             target: Target::Sm80,
         };
@@ -583,6 +587,19 @@ mod tests {
             ("2x8x3p256", tune(shape(2, 8, 3), None, true, Some(256), None)),
             ("8x2s4096p", tune(shape(8, 2, ChunkShape::PREPARED.stages), Some(4096), true, None, None)),
             ("2x4x4f1pr8", tune(ChunkShape { fill_warps: 1, ..shape(2, 4, 4) }, None, true, None, Some(8))),
+            (
+                "4x2x4f1pr4eo",
+                ChunkTuning {
+                    chain_sms: ChainSms::Own,
+                    ..tune(
+                        ChunkShape { fill_warps: 1, hoist_override: Some(Hoist::Everything), ..shape(4, 2, 4) },
+                        None,
+                        true,
+                        None,
+                        Some(4),
+                    )
+                },
+            ),
             (
                 "2x4x4f1pr4b",
                 ChunkTuning {

@@ -12,7 +12,7 @@ use kda_kernels::chunk_ref::{
 use kda_kernels::reference::{from_bytes, to_bytes, Rng};
 use kda_runtime::chunk::{
     chunk_kda, chunk_kda_tuned, chunk_tuned_config, chunk_tuned_workspace_bytes, chunk_workspace_bytes, plan_chunk,
-    ChunkArgs, ChunkShape, ChunkTuning,
+    ChainSms, ChunkArgs, ChunkShape, ChunkTuning,
 };
 use kda_runtime::{median, time_ms, CudaStream, DeviceTensor, Gpu, Kernels, RuntimeError, TensorView};
 
@@ -310,6 +310,7 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
         prepared: false,
         prep_blocks: None,
         ranges: None,
+        chain_sms: ChainSms::Shared,
         operands: ChunkOperands::F16,
         target: Target::Sm80,
     };
@@ -438,6 +439,12 @@ fn chunk_cases(quick: bool) -> Vec<ChunkCase> {
             tune: Some(four_ranges),
         },
         ChunkCase {
+            name: format!("chunk B=1 T={} H=2 HV=4, 4 token ranges, the chains on SMs of their own", t_split + 7),
+            cfg: d.clone(),
+            spec: ChunkSpec { lengths: Lengths::Dense { b: 1, t: t_split + 7 }, h: 2, hv: 4, ..init.clone() },
+            tune: Some(ChunkTuning { chain_sms: ChainSms::Own, ..four_ranges }),
+        },
+        ChunkCase {
             name: format!("chunk B=1 T={} f32 pool in place, two-kernel path in 4 token ranges", t_split + 9),
             cfg: ChunkConfig { states: ChunkStates::Pool { indices: I32, has_initial: Some(I32) }, ..d.clone() },
             spec: ChunkSpec {
@@ -516,6 +523,7 @@ fn hopper_cases(cases: &[ChunkCase]) -> Vec<ChunkCase> {
             prepared: false,
             prep_blocks: None,
             ranges: None,
+            chain_sms: ChainSms::Shared,
             operands: c.cfg.operands,
             target: Target::Sm90a,
         }),

@@ -186,7 +186,7 @@ fn launch_plan(
         (None, None) => {
             let cfg = chunk_tuned_config(plan, tune);
             let bound = kernel_args(args, plan, &cfg, out_ptr, final_view)?;
-            let steps = prepared::chain_steps(plan, cfg, tune.target, bound, tune.prep_blocks);
+            let steps = prepared::chain_steps(plan, cfg, tune.target, bound, tune.prep_blocks, tune.chain_sms);
             run_steps(gpu, kernels, stream, steps.iter().flatten())?
         }
     }

@@ -46,7 +46,7 @@ pub use prefix::{PrefixCaching, PrefixPlan};
 pub use split::{chunk_split_variants, chunk_split_workspace_bytes};
 pub use tuning::{
     chunk_config, chunk_hopper_variant, chunk_tuned_config, chunk_variants, default_operands, prepared_max_chains,
-    ChunkOperands, ChunkShape, ChunkTuning, DefaultPath,
+    ChainSms, ChunkOperands, ChunkShape, ChunkTuning, DefaultPath,
 };
 pub use workspace::{chunk_tuned_workspace_bytes, chunk_workspace_bound, chunk_workspace_bytes};
 

@@ -10,6 +10,7 @@ use kda_kernels::chunk_prep::PrepConfig;
 use super::bind::ChunkKernelArgs;
 use super::plan::ChunkPlan;
 use super::steps::{Lane, Step};
+use super::tuning::ChainSms;
 
 /// Blocks of the preparation grid, at most (before the per-sequence floor of one): enough to
 /// spread a long sequence's chunks over every SM, without launching millions that find none.
@@ -46,13 +47,14 @@ pub(super) fn chain_steps(
     target: Target,
     bound: ChunkKernelArgs,
     blocks: Option<usize>,
+    sms: ChainSms,
 ) -> [Option<Step>; 2] {
     let prepare = (cfg.preparation == Preparation::Workspace).then(|| Step::Prepare {
         cfg: PrepConfig::of(&cfg),
         args: bound,
         blocks: blocks.unwrap_or_else(|| prep_blocks(plan)),
     });
-    [prepare, Some(Step::Chain { lane: Lane::Call, cfg, target, args: bound })]
+    [prepare, Some(Step::Chain { lane: Lane::Call, cfg, target, args: bound, sms })]
 }
 
 #[cfg(test)]
@@ -91,7 +93,8 @@ mod tests {
         {
             let cfg = chunk_tuned_config(&plan, ChunkTuning::of_path(&plan, prepared));
             let bound = kernel_args(&args, &plan, &cfg, out.ptr(), None).expect("arguments");
-            let steps: Vec<Step> = chain_steps(&plan, cfg, Target::Sm80, bound, blocks).into_iter().flatten().collect();
+            let steps: Vec<Step> =
+                chain_steps(&plan, cfg, Target::Sm80, bound, blocks, ChainSms::Shared).into_iter().flatten().collect();
             let got = match &steps[..] {
                 [Step::Chain { lane: Lane::Call, .. }] => None,
                 [Step::Prepare { blocks, .. }, Step::Chain { lane: Lane::Call, .. }] => Some(*blocks),

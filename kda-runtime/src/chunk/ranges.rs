@@ -191,7 +191,7 @@ pub(super) fn range_steps(
         steps.extend([
             Step::Prepare { cfg: PrepConfig::of(&l.cfg), args: l.bound, blocks },
             Step::Join(Lane::Beside),
-            Step::Chain { lane: Lane::Beside, cfg: l.cfg, target: tune.target, args: l.bound },
+            Step::Chain { lane: Lane::Beside, cfg: l.cfg, target: tune.target, args: l.bound, sms: tune.chain_sms },
         ]);
     }
     steps.push(Step::Join(Lane::Call));
@@ -204,6 +204,7 @@ mod tests {
     use crate::chunk::chunk_workspace_bytes;
     use crate::chunk::plan::{chunk_workspace_bytes_unsplit, plan_chunk};
     use crate::chunk::testing::{dense_bf16_inputs, tv};
+    use crate::chunk::tuning::ChainSms;
     use crate::device::DeviceLimits;
     use crate::launch::bind_args;
     use kda_kernels::chunk::ChunkStates;
@@ -374,6 +375,16 @@ mod tests {
         let want: Vec<&str> = range.iter().chain(&range).chain(&range).copied().chain(["Call waits Beside"]).collect();
         assert_eq!(lanes, want);
         crate::chunk::steps::assert_steps_bind(&steps);
+        // Chains on SMs of their own: every chain step says so, and only they.
+        let own = ChunkTuning { chain_sms: ChainSms::Own, ..tune };
+        let own_steps = range_steps(&args, &plan, own, 3, out.ptr(), Some(fin)).expect("steps");
+        for (s, o) in steps.iter().zip(&own_steps) {
+            match (s, o) {
+                (Step::Chain { sms: ChainSms::Shared, .. }, Step::Chain { sms: ChainSms::Own, .. }) => {}
+                (Step::Chain { .. }, other) => panic!("{other:?}"),
+                (a, b) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+            }
+        }
         // Without final states (and no pool) there is nothing to carry the state: refused.
         assert!(range_steps(&args, &plan, tune, 3, out.ptr(), None).is_err());
     }

@@ -28,7 +28,7 @@ use super::eligibility::{check_split, SPLIT_MAX_VALUE_HEADS};
 use super::plan::{prepared_bytes, ChunkPlan, FinalState, InitialState};
 use super::prefix::PrefixPlan;
 use super::steps::{Lane, Step};
-use super::tuning::{chunk_tuned_config, ChunkTuning};
+use super::tuning::{chunk_tuned_config, ChainSms, ChunkTuning};
 use crate::error::RuntimeError;
 use crate::launch::KernelArg;
 use crate::tensor::TensorView;
@@ -310,7 +310,13 @@ pub(super) fn steps_over(
         let blocks = tune.prep_blocks.unwrap_or_else(|| super::prepared::prep_blocks(&output.0));
         steps.push(Step::Prepare { cfg: PrepConfig::of(&c.output), args: output.1, blocks });
     }
-    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain { lane, cfg: cfg.clone(), target: tune.target, args };
+    let chain = |lane, cfg: &ChunkConfig, args| Step::Chain {
+        lane,
+        cfg: cfg.clone(),
+        target: tune.target,
+        args,
+        sms: ChainSms::Shared,
+    };
     // The transitions do not depend on the states from zeros: they run beside them, and the
     // merge waits for both.
     steps.extend([

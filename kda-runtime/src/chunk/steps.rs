@@ -13,10 +13,11 @@ use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::chunk_segments::SegmentsConfig;
 
 use super::bind::{preparation_args, ChunkKernelArgs};
+use super::tuning::ChainSms;
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::{Kernels, Ready};
-use crate::launch::{launch_planned, KernelArg};
+use crate::launch::{launch_reserving, KernelArg};
 
 /// The stream a step runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub(crate) enum Step {
         target: Target,
         /// Its arguments.
         args: ChunkKernelArgs,
+        /// Whether its blocks keep their SMs to themselves.
+        sms: ChainSms,
     },
     /// `chunk_prep` for a chain's arguments (it takes those it declares), over `blocks` blocks
     /// per (sequence, value head), on the call's stream.
@@ -97,18 +100,25 @@ pub(crate) fn run_steps<'a>(
     };
     for step in steps {
         match step {
-            Step::Chain { lane, cfg, target, args } => {
+            Step::Chain { lane, cfg, target, args, sms } => {
                 let s = on(*lane)?;
-                launch_ready(gpu, kernels, s.as_deref().unwrap_or(stream), &*kernels.chunk(cfg, *target)?, args)?
+                let ready = kernels.chunk(cfg, *target)?;
+                let shared = match sms {
+                    ChainSms::Shared => None,
+                    ChainSms::Own => Some(gpu.limits().shared_per_block_optin),
+                };
+                launch_ready(gpu, kernels, s.as_deref().unwrap_or(stream), &ready, args, shared)?
             }
             Step::Prepare { cfg, args, blocks } => {
                 let ready = kernels.chunk_prep(cfg)?;
                 let prep = preparation_args(&ready.kernel, args, *blocks)?;
-                launch_ready(gpu, kernels, stream, &ready, prep.as_slice())?
+                launch_ready(gpu, kernels, stream, &ready, prep.as_slice(), None)?
             }
-            Step::Segments(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(cfg)?, args)?,
-            Step::Merge(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(cfg)?, args)?,
-            Step::Finish(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(cfg)?, args)?,
+            Step::Segments(cfg, args) => {
+                launch_ready(gpu, kernels, stream, &*kernels.chunk_segments(cfg)?, args, None)?
+            }
+            Step::Merge(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_merge(cfg)?, args, None)?,
+            Step::Finish(cfg, args) => launch_ready(gpu, kernels, stream, &*kernels.chunk_finish(cfg)?, args, None)?,
             Step::Join(lane) => {
                 let (waiter, waited) = (on(*lane)?, on(lane.other())?);
                 let waiter = waiter.as_deref().unwrap_or(stream);
@@ -119,16 +129,18 @@ pub(crate) fn run_steps<'a>(
     Ok(())
 }
 
-/// Loads a compiled kernel on `gpu` (once) and launches it on `stream` with `bound`.
+/// Loads a compiled kernel on `gpu` (once) and launches it on `stream` with `bound`, its blocks
+/// asking for `shared` bytes of shared memory where given (else the kernel's own).
 fn launch_ready(
     gpu: &Gpu,
     kernels: &Kernels,
     stream: &CudaStream,
     ready: &Ready,
     bound: &[(&str, KernelArg)],
+    shared: Option<usize>,
 ) -> Result<(), RuntimeError> {
     let loaded = ready.loaded(gpu, &kernels.modules)?;
-    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound)
+    launch_reserving(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound, shared)
 }
 
 /// Test support: every launch of `steps` binds to its kernel, compiled for sm_80.

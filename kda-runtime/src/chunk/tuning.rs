@@ -16,6 +16,20 @@ use super::plan::{ChunkPlan, FinalState, InitialState};
 use crate::device::DeviceLimits;
 use crate::error::RuntimeError;
 
+/// Whether the two-kernel path's chain blocks share their SMs with other work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChainSms {
+    /// As many blocks an SM as fit, the chain's and any other kernel's.
+    Shared,
+    /// Each chain block asks for an SM's whole shared memory
+    /// ([`DeviceLimits::shared_per_block_optin`]), so no block that uses shared memory (a token
+    /// range's preparation) runs beside it: the chain keeps its SMs' issue slots while the next
+    /// range's preparation runs on the others. Only the launch's shared memory changes, so the
+    /// bits do not. A candidate for one long sequence in token ranges (docs/performance.md,
+    /// 2026-12-06, fifth session: what holds B = 1), untimed.
+    Own,
+}
+
 /// How a chunk call runs: its kernels' launch shape, the path and the split.
 /// [`ChunkTuning::for_call`] is what [`chunk_kda`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +71,9 @@ pub struct ChunkTuning {
     /// thread's calls share that stream, so their chains run in call order even when the calls
     /// are on different streams (each call still waits only for work enqueued before it).
     pub ranges: Option<usize>,
+    /// Whether the chain's blocks share their SMs with other work ([`ChainSms`]); the
+    /// two-kernel path only. [`ChunkTuning::for_call`] takes [`ChainSms::Shared`].
+    pub chain_sms: ChainSms,
     /// The element type the state's products round their operands to (and the prepared
     /// workspace holds). [`ChunkTuning::for_call`] sets [`default_operands`]: with l2norm
     /// [`ChunkOperands::F16`] (the states within 1e-3 of decode's f32 arithmetic, while values
@@ -228,6 +245,10 @@ impl ChunkTuning {
         if let Some(n) = self.ranges {
             eligibility::check_ranges(plan, n)?;
         }
+        // The split's passes run the chain kernel as several steps of their own.
+        if self.chain_sms == ChainSms::Own && (!self.prepared || self.split.is_some()) {
+            return bad("chain_sms Own on the two-kernel path without the split");
+        }
         Ok(())
     }
 
@@ -255,7 +276,16 @@ impl ChunkTuning {
     pub(crate) fn of_path(plan: &ChunkPlan, prepared: bool) -> ChunkTuning {
         let shape = if prepared { ChunkShape::PREPARED } else { ChunkShape::FUSED };
         let operands = default_operands(plan);
-        ChunkTuning { shape, split: None, prepared, prep_blocks: None, ranges: None, operands, target: Target::Sm80 }
+        ChunkTuning {
+            shape,
+            split: None,
+            prepared,
+            prep_blocks: None,
+            ranges: None,
+            chain_sms: ChainSms::Shared,
+            operands,
+            target: Target::Sm80,
+        }
     }
 }
 
@@ -365,6 +395,13 @@ mod tests {
         refused(ChunkTuning { prep_blocks: Some(0), ..ok }, "prep_blocks from 1");
         refused(ChunkTuning { ranges: Some(1), ..ok }, "at least 2 ranges");
         refused(ChunkTuning { split: Some(3), ..ok }, "split");
+        // The chain's own SMs: a two-kernel launch shape, never the fused kernel or the split.
+        let own = ChunkTuning { chain_sms: ChainSms::Own, ..ok };
+        assert!(ok.prepared, "a short call on few heads takes the two-kernel path");
+        own.check(&plan).expect("the chain on SMs of its own");
+        let on_own_sms = "chain_sms Own on the two-kernel path without the split";
+        refused(ChunkTuning { prepared: false, ..own }, on_own_sms);
+        refused(ChunkTuning { split: Some(64), ..own }, on_own_sms);
         let hopper = ChunkTuning::hopper(&plan);
         hopper.check(&plan).expect("the sm_90a fused kernel");
         // The chain over a prepared workspace on sm_90a: whole warpgroups, no split.

@@ -68,28 +68,16 @@ pub fn launch_loaded(
     kernel: &CompiledKernel,
     args: &[(&str, KernelArg)],
 ) -> Result<(), RuntimeError> {
-    launch_planned(gpu, loaded, stream, kernel, &BindPlan::new(kernel)?, "", args)
+    launch_planned(gpu, loaded, stream, kernel, &BindPlan::new(kernel)?, "", args, None)
 }
 
 /// [`launch_loaded`] with the kernel's names already resolved: allocates nothing unless it
-/// fails. `config` names the variant in a [`KDA_SYNC_CHECK`] failure.
+/// fails. `config` names the variant in a [`KDA_SYNC_CHECK`] failure. Its blocks ask for
+/// `shared` bytes of shared memory where given and more than the kernel's own (at most what a
+/// block may opt in to): a block that reserves an SM's shared memory keeps other kernels'
+/// blocks off its SM; the kernel reads no more of it.
+#[allow(clippy::too_many_arguments)] // the launch's parts, and the reservation
 pub fn launch_planned(
-    gpu: &Gpu,
-    loaded: &LoadedKernel,
-    stream: &CudaStream,
-    kernel: &CompiledKernel,
-    plan: &BindPlan,
-    config: &str,
-    args: &[(&str, KernelArg)],
-) -> Result<(), RuntimeError> {
-    launch_reserving(gpu, loaded, stream, kernel, plan, config, args, None)
-}
-
-/// [`launch_planned`] whose blocks ask for `shared` bytes of shared memory when given (at
-/// least the kernel's own; at most what a block may opt in to): a block that reserves an SM's
-/// shared memory keeps other kernels' blocks off its SM. The kernel reads no more of it.
-#[allow(clippy::too_many_arguments)] // launch_planned's, and the reservation
-pub(crate) fn launch_reserving(
     gpu: &Gpu,
     loaded: &LoadedKernel,
     stream: &CudaStream,

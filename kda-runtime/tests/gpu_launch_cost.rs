@@ -53,7 +53,7 @@ fn measure() -> Result<(), RuntimeError> {
     let loaded = cache.get_or_load(&gpu, &small, "launch_cost")?;
     let (driver, small_params) = driver_launch_us(&s, &loaded, bind_args(&small, &small_args)?)?;
     let plan = BindPlan::new(&small)?;
-    let planned = host_us_per_call(&s, || launch_planned(&gpu, &loaded, &s, &small, &plan, "", &small_args))?;
+    let planned = host_us_per_call(&s, || launch_planned(&gpu, &loaded, &s, &small, &plan, "", &small_args, None))?;
     let wide = kernel_of_many_tensors(12)?;
     let wide_loaded = cache.get_or_load(&gpu, &wide, "launch_cost_wide")?;
     let cols = z(&[4, 8], F32)?;

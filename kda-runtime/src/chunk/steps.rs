@@ -17,7 +17,7 @@ use super::tuning::ChainSms;
 use crate::device::Gpu;
 use crate::error::{DriverResultExt, RuntimeError};
 use crate::kernels::{Kernels, Ready};
-use crate::launch::{launch_reserving, KernelArg};
+use crate::launch::{launch_planned, KernelArg};
 
 /// The stream a step runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +140,7 @@ fn launch_ready(
     shared: Option<usize>,
 ) -> Result<(), RuntimeError> {
     let loaded = ready.loaded(gpu, &kernels.modules)?;
-    launch_reserving(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound, shared)
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, bound, shared)
 }
 
 /// Test support: every launch of `steps` binds to its kernel, compiled for sm_80.

@@ -219,7 +219,7 @@ fn launch_plan(
     };
     let final_view = final_state.as_ref().map(|t| t.view()).or(args.final_state.copied());
     let bound = kernel_args(args, plan, &cfg, out_view, final_view, items)?;
-    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, &bound)?;
+    launch_planned(gpu, &loaded, stream, &ready.kernel, &ready.binding, &ready.id, &bound, None)?;
     Ok(DecodeResult { output, final_state })
 }
 

@@ -240,17 +240,17 @@ impl ChunkShape {
     pub const HOPPER: ChunkShape = ChunkShape { fills_in_flight: true, ..ChunkShape::plain(8, 1, 2) };
     /// The fused kernel on sm_90a as two warpgroups of roles: one holds a head's whole state (4
     /// warps of 32 value rows, 128 f32 registers a thread of `wgmma` accumulators) and runs the
-    /// state's products, the other computes each chunk's factors a chunk ahead (the step's
-    /// producer block, as [`ChunkShape::PRODUCER`] on sm_80), keeping 128 registers a thread
-    /// (the fewest in steps of 8 at which ptxas spills none of the factors) and giving the rest
-    /// to the state's warpgroup (`setmaxnreg`). Its products of 16 columns take `mma.sync`: on
-    /// `wgmma` ptxas waits on their accumulators (C7517). 1 block an SM, 3 stages. The same
-    /// bits; on an H100 3% faster than `8x1x3f4h` (8 compute warps, 12 in all at 168 registers
-    /// a thread), whose producer cut the sm_90a fused step by a quarter but still bounds it
-    /// (docs/performance.md, 2026-12-06, third session). At 128 registers a second producer
-    /// warpgroup fits beside this one ([`ChunkShape::HOPPER_TWO_PRODUCERS`]). Varlen, where the
-    /// roles part at the chunk loop, ptxas spills one value live across that point (4 bytes
-    /// stored, 16 loaded) at any producer count from 128 to 144.
+    /// state's products, the other computes each chunk's factors a chunk ahead (the step's producer
+    /// block, as [`ChunkShape::PRODUCER`] on sm_80), keeping 128 registers a thread (the fewest in
+    /// steps of 8 at which ptxas spills none of the factors) and giving the rest to the state's
+    /// warpgroup (`setmaxnreg`). Its products of 16 columns take `mma.sync`: on `wgmma` ptxas waits
+    /// on their accumulators (C7517). 1 block an SM, 3 stages. The same bits; on an H100 3% faster
+    /// than `8x1x3f4h` (8 compute warps, 12 in all at 168 registers a thread), whose producer cut
+    /// the sm_90a fused step by a quarter but still bounds it (docs/performance.md, 2026-12-06,
+    /// "the producer shapes retimed"). At 128 registers a second producer warpgroup fits beside
+    /// this one ([`ChunkShape::HOPPER_TWO_PRODUCERS`]). Varlen, where the roles part at the chunk
+    /// loop, ptxas spills one value live across that point (4 bytes stored, 16 loaded) at any
+    /// producer count from 128 to 144.
     pub const HOPPER_PRODUCER: ChunkShape =
         ChunkShape { producer_registers: Some(128), narrow_products: NarrowProducts::MmaSync, ..ChunkShape::PRODUCER };
     /// [`ChunkShape::HOPPER_PRODUCER`] with two producer warpgroups taking turns at the chunks
@@ -258,7 +258,7 @@ impl ChunkShape {
     /// 5 stages (one the state's warps read, one each group computes, one each group's fills
     /// ahead). The same bits. The producer groups run one copy of the code. On 9.0 the default
     /// for dense calls of 80 to 132 chains (`DefaultPath::HopperProducers` in kda-runtime; an
-    /// H100: docs/performance.md, 2026-12-06, fourth session).
+    /// H100: docs/performance.md, 2026-12-06, "the producer groups' code once").
     pub const HOPPER_TWO_PRODUCERS: ChunkShape = ChunkShape { fill_warps: 8, stages: 5, ..ChunkShape::HOPPER_PRODUCER };
 }
 

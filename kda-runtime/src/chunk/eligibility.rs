@@ -3,7 +3,7 @@
 //! tuning must pass. Each a function of the call's shapes alone (and the `max_seqlen` hint),
 //! so the path never depends on the batch around a sequence. Token ranges are a tuning only:
 //! on an H100 one range was the faster at every length and head count measured
-//! (docs/performance.md, 2026-12-06, fifth session).
+//! (docs/performance.md, 2026-12-06, "one token range by default").
 
 use kda_dsl::DType;
 use kda_kernels::chunk_segments::{max_segments, segment_count};

@@ -26,7 +26,7 @@ pub enum ChainSms {
     /// range's preparation) runs beside it: the chain keeps its SMs' issue slots while the next
     /// range's preparation runs on the others. Only the launch's shared memory changes, so the
     /// bits do not. A candidate for one long sequence in token ranges (docs/performance.md,
-    /// 2026-12-06, fifth session: what holds B = 1), untimed.
+    /// 2026-12-06, "what holds B = 1"), untimed.
     Own,
 }
 
@@ -58,18 +58,18 @@ pub struct ChunkTuning {
     /// `None`: one per 8 chunks of the longest sequence, capped (`prepared.rs`). Any value gives
     /// the same bits.
     pub prep_blocks: Option<usize>,
-    /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on
-    /// the thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
-    /// preparation of the next. Capture such a call into a graph only after one eager call on
-    /// the thread (which creates that stream and compiles the ranges' variants). Calls of
-    /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
-    /// caller's contract, and the ranges run it as the dense call), at least one token, and
-    /// f32 final states (`output_final_state`) or an f32 pool
-    /// (`state_indices`); the same bits as one range. `None`: one range, what
-    /// [`ChunkTuning::for_call`] takes (the overlap slows the chain more than it saves: one
-    /// range measured faster on an H100, docs/performance.md, 2026-12-06, fifth session). One
-    /// thread's calls share that stream, so their chains run in call order even when the calls
-    /// are on different streams (each call still waits only for work enqueued before it).
+    /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on the
+    /// thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
+    /// preparation of the next. Capture such a call into a graph only after one eager call on the
+    /// thread (which creates that stream and compiles the ranges' variants). Calls of one sequence
+    /// (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the caller's
+    /// contract, and the ranges run it as the dense call), at least one token, and f32 final states
+    /// (`output_final_state`) or an f32 pool (`state_indices`); the same bits as one range. `None`:
+    /// one range, what [`ChunkTuning::for_call`] takes (the overlap slows the chain more than it
+    /// saves: one range measured faster on an H100, docs/performance.md, 2026-12-06, "one token
+    /// range by default"). One thread's calls share that stream, so their chains run in call order
+    /// even when the calls are on different streams (each call still waits only for work enqueued
+    /// before it).
     pub ranges: Option<usize>,
     /// Whether the chain's blocks share their SMs with other work ([`ChainSms`]); the
     /// two-kernel path only. [`ChunkTuning::for_call`] takes [`ChainSms::Shared`].
@@ -92,15 +92,15 @@ pub struct ChunkTuning {
     pub target: Target,
 }
 
-/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path.
-/// It prepares every chunk of the call in parallel, so its time grows with all of them; a fused
-/// kernel's with the longest chain's, one block an SM while the chains fit. On compute
-/// capability 9.0 three fifths of the SMs (79 of 132): there [`DefaultPath::HopperProducers`]
-/// takes the dense calls above, one chain a block, measured faster from about 72 chains on an
-/// H100 and set a little above, as the H200's faster memory helps the two-kernel path
-/// (docs/performance.md, 2026-12-06, fourth session). Elsewhere one fused block per SM: with
-/// two per SM the sm_80 fused kernel wins (runs 6 and 8, an H200). Every unsplit path gives the
-/// same bits, so the choice cannot break batch invariance.
+/// The most (sequence, value head) chains for which [`chunk_kda`] takes the two-kernel path. It
+/// prepares every chunk of the call in parallel, so its time grows with all of them; a fused
+/// kernel's with the longest chain's, one block an SM while the chains fit. On compute capability
+/// 9.0 three fifths of the SMs (79 of 132): there [`DefaultPath::HopperProducers`] takes the dense
+/// calls above, one chain a block, measured faster from about 72 chains on an H100 and set a little
+/// above, as the H200's faster memory helps the two-kernel path (docs/performance.md, 2026-12-06,
+/// "the producer groups' code once"). Elsewhere one fused block per SM: with two per SM the sm_80
+/// fused kernel wins (runs 6 and 8, an H200). Every unsplit path gives the same bits, so the choice
+/// cannot break batch invariance.
 pub fn prepared_max_chains(device: &DeviceLimits) -> usize {
     if takes_hopper_producers(device) {
         device.sm_count * 3 / 5
@@ -152,15 +152,15 @@ impl DefaultPath {
 }
 
 impl ChunkTuning {
-    /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a
-    /// workspace was given), as [`DefaultPath::of`] decides: the split over prepared operands
-    /// (`split.rs`); the two-kernel path in one token range (its preparation, then its chain:
-    /// ranges overlap them, but the chain shares its SMs with the next range's preparation,
-    /// and on an H100 one range measured faster at every length and head count tried,
-    /// docs/performance.md, 2026-12-06, fifth session); on compute capability 9.0 the sm_90a
-    /// fused kernel with two producer warpgroups ([`ChunkTuning::hopper_producers`]); or the
-    /// sm_80 fused kernel, each path at its shape ([`ChunkShape`]). Every unsplit path gives
-    /// the same bits (the simulator, and `kda check --gpu` on an H100 and an H200).
+    /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a workspace
+    /// was given), as [`DefaultPath::of`] decides: the split over prepared operands (`split.rs`);
+    /// the two-kernel path in one token range (its preparation, then its chain: ranges overlap
+    /// them, but the chain shares its SMs with the next range's preparation, and on an H100 one
+    /// range measured faster at every length and head count tried, docs/performance.md, 2026-12-06,
+    /// "one token range by default"); on compute capability 9.0 the sm_90a fused kernel with two
+    /// producer warpgroups ([`ChunkTuning::hopper_producers`]); or the sm_80 fused kernel, each
+    /// path at its shape ([`ChunkShape`]). Every unsplit path gives the same bits (the simulator,
+    /// and `kda check --gpu` on an H100 and an H200).
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         match DefaultPath::of(plan, device) {
             DefaultPath::Split => {

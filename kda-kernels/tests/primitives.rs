@@ -1025,10 +1025,10 @@ fn a_producer_block_runs_as_its_statements_written_in_place() {
 }
 
 /// On fill warps the block runs apart, ahead of the compute warps, through its ring: the same
-/// values as inline for every split of the warps, every depth of the ring and two producer
-/// groups taking turns (at the fewest stages they take, 3, and more), and its row sums (which
-/// meet in each group's scratch) right; the PTX shows the ring (the producer's named barrier, the `ready` and `empty` arrivals) with one copy of the
-/// producer's code for every group.
+/// values as inline for every split of the warps, every depth of the ring and two producer groups
+/// taking turns (at the fewest stages they take, 3, and more), and its row sums (which meet in each
+/// group's scratch) right; the PTX shows the ring (the producer's named barrier, the `ready` and
+/// `empty` arrivals) with one copy of the producer's code for every group.
 #[test]
 fn a_producer_block_on_fill_warps_gives_the_inline_values() {
     let (rows, tiles) = (16, 7);

@@ -106,9 +106,10 @@ mod tests {
     use crate::device::DeviceLimits;
     use kda_dsl::DType::{BF16, F16, F32, I32};
 
-    /// Every kernel a prefill call can pick (the chains, preparations and the split's passes
-    /// of calls of each kind; on 9.0 the sm_90a kernel of dense ones), and every shipped variant, fits an A100, an RTX 3090 (99 KB of
-    /// shared memory per block), an L40S and an H200: what `Ready::fits` checks before loading.
+    /// Every kernel a prefill call can pick (the chains, preparations and the split's passes of
+    /// calls of each kind; on 9.0 the sm_90a kernel of dense ones), and every shipped variant, fits
+    /// an A100, an RTX 3090 (99 KB of shared memory per block), an L40S and an H200: what
+    /// `Ready::fits` checks before loading.
     #[test]
     fn every_variant_a_call_can_pick_fits_every_device() {
         let kernels = Kernels::new();

@@ -222,6 +222,20 @@ pub fn poisoned_workspace(
 /// workspace), or with `prepared` the API's path (`tune`'s, or the default) over a poisoned
 /// workspace; returns what it wrote, and the segment length of the split the call took, if
 /// any.
+/// A case's tuning for one of its two runs: the fused kernel (`prepared` false) or the
+/// two-kernel path. Token ranges and chains on SMs of their own are forms of the two-kernel
+/// path, so the fused run drops them; beside the sm_90a fused kernel the two-kernel run takes
+/// the sm_90a chain, unsplit.
+fn tuning_for_path(t: ChunkTuning, prepared: bool) -> ChunkTuning {
+    if prepared && t.target == Target::Sm90a {
+        return ChunkTuning { prepared, shape: ChunkShape::HOPPER_PREPARED, split: None, ranges: None, ..t };
+    }
+    if prepared {
+        return ChunkTuning { prepared, ..t };
+    }
+    ChunkTuning { prepared, ranges: None, chain_sms: ChainSms::Shared, ..t }
+}
+
 #[allow(clippy::too_many_arguments)] // a case, its tensors and how to call
 pub fn run_chunk_on_gpu(
     gpu: &Gpu,
@@ -241,12 +255,7 @@ pub fn run_chunk_on_gpu(
         return Err(format!("the call's fused variant is {}, not {}", chosen.key(), cfg.key()));
     }
     let tune = match (tune, prepared) {
-        // Beside the sm_90a fused kernel, the sm_90a chain over a prepared workspace, unsplit.
-        (Some(t), true) if t.target == Target::Sm90a => {
-            Some(ChunkTuning { prepared, shape: ChunkShape::HOPPER_PREPARED, split: None, ranges: None, ..t })
-        }
-        // Token ranges are a form of the two-kernel path: the fused run takes none.
-        (Some(t), _) => Some(ChunkTuning { prepared, ranges: t.ranges.filter(|_| prepared), ..t }),
+        (Some(t), _) => Some(tuning_for_path(t, prepared)),
         (None, false) => Some(ChunkTuning::fused(&plan)),
         (None, true) => None,
     };
@@ -962,4 +971,28 @@ pub fn time_prefill(
         tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
     let unsplit = ran.split.is_none();
     Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, unsplit })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each tuned case's fused run takes none of the two-kernel path's forms (which the runtime
+    /// refuses there), and its two-kernel run keeps the forms the case asked for.
+    #[test]
+    fn each_run_takes_a_tuning_of_its_own_path() {
+        let cases = chunk_cases(false);
+        let hopper = hopper_cases(&cases);
+        let tuned: Vec<ChunkTuning> = cases.iter().chain(&hopper).filter_map(|c| c.tune).collect();
+        assert!(tuned.iter().any(|t| t.chain_sms == ChainSms::Own) && tuned.iter().any(|t| t.ranges.is_some()));
+        for t in tuned {
+            let fused = tuning_for_path(t, false);
+            assert!(!fused.prepared && fused.ranges.is_none() && fused.chain_sms == ChainSms::Shared, "{t:?}");
+            let two = tuning_for_path(t, true);
+            assert!(two.prepared && two.chain_sms == t.chain_sms, "{t:?}");
+            if t.target == Target::Sm80 {
+                assert_eq!(two.ranges, t.ranges, "{t:?}");
+            }
+        }
+    }
 }

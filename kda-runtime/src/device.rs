@@ -67,21 +67,42 @@ pub struct DeviceLimits {
     pub sm_count: usize,
     /// Shared memory a block may opt in to, in bytes.
     pub shared_per_block_optin: usize,
+    /// Peak DRAM bandwidth in bytes a second (twice the memory clock times the bus width), 0
+    /// where the driver does not report it.
+    pub memory_bandwidth: u64,
 }
 
 impl DeviceLimits {
-    /// An A100 (sm_80): 108 SMs, 163 KB of shared memory per block.
-    pub const A100: DeviceLimits =
-        DeviceLimits { compute_capability: (8, 0), sm_count: 108, shared_per_block_optin: 166_912 };
+    /// An A100 (sm_80, 40 GB): 108 SMs, 163 KB of shared memory per block, 1.56 TB/s.
+    pub const A100: DeviceLimits = DeviceLimits {
+        compute_capability: (8, 0),
+        sm_count: 108,
+        shared_per_block_optin: 166_912,
+        memory_bandwidth: 1_555_000_000_000,
+    };
     /// An RTX 3090 (sm_86; A10 and RTX 30 parts share the 99 KB per block).
-    pub const RTX_3090: DeviceLimits =
-        DeviceLimits { compute_capability: (8, 6), sm_count: 82, shared_per_block_optin: 101_376 };
+    pub const RTX_3090: DeviceLimits = DeviceLimits {
+        compute_capability: (8, 6),
+        sm_count: 82,
+        shared_per_block_optin: 101_376,
+        memory_bandwidth: 936_000_000_000,
+    };
     /// An L40S (sm_89; L4 and RTX 40 parts share the 99 KB per block).
-    pub const L40S: DeviceLimits =
-        DeviceLimits { compute_capability: (8, 9), sm_count: 142, shared_per_block_optin: 101_376 };
-    /// An H200 (sm_90, as the H100 SXM): 132 SMs, 227 KB per block.
-    pub const H200: DeviceLimits =
-        DeviceLimits { compute_capability: (9, 0), sm_count: 132, shared_per_block_optin: 232_448 };
+    pub const L40S: DeviceLimits = DeviceLimits {
+        compute_capability: (8, 9),
+        sm_count: 142,
+        shared_per_block_optin: 101_376,
+        memory_bandwidth: 864_000_000_000,
+    };
+    /// An H100 SXM (sm_90): 132 SMs, 227 KB per block, 3.35 TB/s.
+    pub const H100: DeviceLimits = DeviceLimits {
+        compute_capability: (9, 0),
+        sm_count: 132,
+        shared_per_block_optin: 232_448,
+        memory_bandwidth: 3_350_000_000_000,
+    };
+    /// An H200 (sm_90): the H100 SXM's SMs and shared memory, 4.8 TB/s.
+    pub const H200: DeviceLimits = DeviceLimits { memory_bandwidth: 4_800_000_000_000, ..DeviceLimits::H100 };
 
     /// The most a kernel compiled for this device may use: sm_90a on compute capability 9.0
     /// exactly (H100, H200: `wgmma`, `setmaxnreg`), sm_80 from 8.0 up otherwise (the driver
@@ -112,8 +133,18 @@ impl DeviceLimits {
             ),
             sm_count: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             shared_per_block_optin: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            memory_bandwidth: memory_bandwidth(
+                attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0),
+                attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0),
+            ),
         })
     }
+}
+
+/// Peak DRAM bandwidth in bytes a second of a memory clocked at `clock_khz` (the driver's
+/// unit) on a bus `bus_bits` wide: two transfers a clock. 0 when either is unknown.
+fn memory_bandwidth(clock_khz: usize, bus_bits: usize) -> u64 {
+    (2 * 1000 * clock_khz as u64).saturating_mul(bus_bits as u64 / 8)
 }
 
 /// One GPU: the primary CUDA context of a device ordinal.
@@ -255,6 +286,17 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bandwidth from the driver's clock (kHz) and bus width (bits): an H100 SXM's
+    /// 2619 MHz on 5120 bits is its 3.35 TB/s, an H200's 3201 MHz on 6144 bits its 4.9; an
+    /// unreported attribute gives 0.
+    #[test]
+    fn memory_bandwidth_is_two_transfers_a_clock_over_the_bus() {
+        assert_eq!(memory_bandwidth(2_619_000, 5120), 3_352_320_000_000);
+        assert_eq!(memory_bandwidth(3_201_000, 6144), 4_916_736_000_000);
+        assert_eq!(memory_bandwidth(0, 5120), 0);
+        assert_eq!(memory_bandwidth(2_619_000, 0), 0);
+    }
 
     /// The target is a function of the compute capability alone: sm_90a on 9.0 exactly, sm_80
     /// PTX from 8.0 up otherwise (Blackwell runs no sm_90a code), an error naming `gpu` and the

@@ -11,15 +11,18 @@
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); the two-kernel path for
 //!   at most [`prepared_max_chains`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel; with at most
+//!   adds the chain over a prepared workspace and its preparation kernel, and for a call that
+//!   can take token ranges on the device the ranges' later form (from the carried state) and,
+//!   varlen, the dense forms of both with their preparation (the ranges are dense calls); with at most
 //!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
 //!   ([`chunk_split_variants`]); on compute capability 9.0 a dense call's sm_90a fused kernel
-//!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take the split
-//!   also needs the thread's highest-priority stream, which is created here. A tuning the
-//!   caller picks (token ranges, other shapes or operands) compiles its own on first use.
+//!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take token ranges
+//!   or the split also needs the thread's highest-priority stream, which is created here. A
+//!   tuning the caller picks (other ranges, shapes or operands) compiles its own on first use.
 
 use crate::chunk::{
-    chunk_hopper_variant, chunk_split_variants, chunk_variants, chunk_workspace_bound, plan_chunk, ChunkArgs,
+    chunk_hopper_variant, chunk_split_variants, chunk_variants, chunk_workspace_bound, may_take_ranges, plan_chunk,
+    ChunkArgs,
 };
 #[cfg(doc)]
 use crate::chunk::{prepared_max_chains, SPLIT_MAX_VALUE_HEADS};
@@ -48,8 +51,8 @@ pub fn preload_decode(gpu: &Gpu, kernels: &Kernels, args: &DecodeArgs) -> Result
 /// every call on `stream` with at most its tokens, sequences and value heads that gives no
 /// workspace runs without allocating (call it before the engine profiles its free memory,
 /// with its largest call; [`Kernels::kept_workspace_bytes`] tells the size). Returns how many
-/// kernels it loaded. Nothing is launched. When such a call can take the split, it also
-/// creates the calling thread's highest-priority stream
+/// kernels it loaded. Nothing is launched. When such a call can take token ranges or the
+/// split, it also creates the calling thread's highest-priority stream
 /// ([`Gpu::high_priority_stream`]), so that the thread can capture the call into a CUDA graph
 /// at once.
 pub fn preload_chunk(
@@ -66,10 +69,10 @@ pub fn preload_chunk(
         }
     }
     let split = chunk_split_variants(&plan);
-    if split.is_some() {
+    if may_take_ranges(&plan, &gpu.limits()) || split.is_some() {
         gpu.high_priority_stream()?;
     }
-    let (mut chains, mut preps) = chunk_variants(&plan);
+    let (mut chains, mut preps) = chunk_variants(&plan, &gpu.limits());
     let mut loaded = 0;
     if let Some(c) = split {
         chains.extend([c.transition, c.from_zeros, c.output]);
@@ -151,7 +154,7 @@ mod tests {
                 args.final_state = Some(&fin);
             }
             let plan = plan_chunk(&args).expect("a valid call");
-            let (chains, preps) = chunk_variants(&plan);
+            let (chains, preps) = chunk_variants(&plan, &DeviceLimits::H200);
             chains.iter().for_each(|c| check(&kernels.chunk(c, Target::Sm80).expect("compiles")));
             // The sm_90a kernel a dense call takes on 9.0 fits the H200 (and the H100).
             if let Some(c) = chunk_hopper_variant(&plan, &DeviceLimits::H200) {

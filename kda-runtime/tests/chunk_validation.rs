@@ -751,9 +751,11 @@ fn chunk_variants_cover_every_batch_size() {
     use kda_runtime::chunk::{chunk_config, chunk_variants, prepared_max_chains};
     use kda_runtime::DeviceLimits;
     let few = Case::new(1, 64);
-    let (variants, prep) = chunk_variants(&few.plan(|_| {}));
-    assert_eq!(prep.len(), 1);
-    for device in [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H200] {
+    for device in
+        [DeviceLimits::A100, DeviceLimits::RTX_3090, DeviceLimits::L40S, DeviceLimits::H100, DeviceLimits::H200]
+    {
+        let (variants, prep) = chunk_variants(&few.plan(|_| {}), &device);
+        assert_eq!(prep.len(), 1);
         // HV = 4: 40 sequences are more chains than the two-kernel path takes.
         assert!(40 * HV > prepared_max_chains(&device));
         for b in [1, 2, 40] {

@@ -1,9 +1,7 @@
 //! Whether a call can take the token ranges or the long-sequence split, and when the default
-//! path takes the split: the thresholds, measured (docs/performance.md), and the checks a
-//! tuning must pass. Each a function of the call's shapes alone (and the `max_seqlen` hint),
-//! so the path never depends on the batch around a sequence. Token ranges are a tuning only:
-//! on an H100 one range was the faster at every length and head count measured
-//! (docs/performance.md, 2026-12-06, "one token range by default").
+//! path takes them: the thresholds, measured (docs/performance.md), and the checks a tuning
+//! must pass. Each a function of the call's shapes alone (and the `max_seqlen` hint) and of
+//! the device, so the path never depends on the batch around a sequence.
 
 use kda_dsl::DType;
 use kda_kernels::chunk_segments::{max_segments, segment_count};
@@ -11,6 +9,7 @@ use kda_kernels::chunk_segments::{max_segments, segment_count};
 use super::plan::{ChunkPlan, FinalState};
 #[cfg(doc)]
 use super::tuning::ChunkTuning;
+use crate::device::DeviceLimits;
 use crate::error::RuntimeError;
 
 /// Whether a planned call can run in `nranges` token ranges; the reason when not.
@@ -37,6 +36,48 @@ pub(crate) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
         Some(w) => Err(RuntimeError::bad_argument("tune", format!("token ranges need {w}"), "this call")),
         None => Ok(()),
     }
+}
+
+/// The most token ranges [`ChunkTuning::for_call`] cuts a call into: the fastest of `kda
+/// bench --sweep-chunk` at B = 1, T = 32768 (2 against 3 and 4, at 32 value heads and GVA;
+/// docs/performance.md, 2026-12-03 (late), runs 36 and 37).
+pub const DEFAULT_RANGES: usize = 2;
+
+/// The fewest chunks a token range of [`ChunkTuning::for_call`] holds (8192 tokens). Each
+/// range costs two launches and two stream hand-offs, and the overlap it buys is one range's
+/// preparation; shorter ones measured slower.
+pub const RANGE_MIN_CHUNKS: usize = 512;
+
+/// The fewest value heads at which [`ChunkTuning::for_call`] cuts a call into token ranges. A
+/// range's chain shares its SMs with the next range's preparation, which slows it: with 32
+/// value heads (a chain block on almost every SM) the overlap can win, with 8 it loses
+/// (docs/performance.md, 2026-12-02 runs 23 and 24; 16 not measured).
+pub const RANGE_MIN_VALUE_HEADS: usize = 32;
+
+/// The least DRAM bandwidth (bytes a second) at which [`ChunkTuning::for_call`] cuts a call
+/// into token ranges. The overlap hides a range's preparation, which is bound by memory, and
+/// slows the chain beside it: on an H200 (4.8 TB/s) two ranges measured 5-7% faster at
+/// B = 1, T = 32768 on 32 value heads, on an H100 SXM (3.35 TB/s) 3-4% slower
+/// (docs/performance.md, 2026-12-06, "two token ranges on an H200 again").
+pub const RANGE_MIN_BANDWIDTH: u64 = 4_000_000_000_000;
+
+/// The ranges [`ChunkTuning::for_call`] takes on `device` for a planned call on the two-kernel
+/// path: as many as fit [`RANGE_MIN_CHUNKS`] chunks each, at most [`DEFAULT_RANGES`], for calls
+/// of at least [`RANGE_MIN_VALUE_HEADS`] value heads on a device of at least
+/// [`RANGE_MIN_BANDWIDTH`]; `None` for a call that cannot take ranges, is too short for two or
+/// has fewer heads, and on a slower device. Any count gives the same bits.
+pub(crate) fn default_ranges(plan: &ChunkPlan, device: &DeviceLimits) -> Option<usize> {
+    let n = (plan.seq_len.div_ceil(16) / RANGE_MIN_CHUNKS).min(DEFAULT_RANGES);
+    let fast_memory = device.memory_bandwidth >= RANGE_MIN_BANDWIDTH;
+    (n >= 2 && fast_memory && plan.value_heads >= RANGE_MIN_VALUE_HEADS && check_ranges(plan, n).is_ok()).then_some(n)
+}
+
+/// Whether some call of `plan`'s kind (its flags and tensors given, whatever its length) takes
+/// token ranges by default on `device`: then it needs the thread's highest-priority stream and
+/// the ranges' variants.
+pub(crate) fn may_take_ranges(plan: &ChunkPlan, device: &DeviceLimits) -> bool {
+    let long = ChunkPlan { seq_len: 16 * RANGE_MIN_CHUNKS * DEFAULT_RANGES, batch: 1, nseq: 1, ..plan.clone() };
+    default_ranges(&long, device).is_some()
 }
 
 /// Tokens per segment of the default split. At B = 1, T = 32768, HV = 8 segments of 4096

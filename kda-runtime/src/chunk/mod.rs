@@ -39,7 +39,11 @@ mod workspace;
 
 pub use args::ChunkArgs;
 pub use checked::{check_chunk_indices, ChunkIndices};
-pub use eligibility::{SPLIT_MAX_VALUE_HEADS, SPLIT_SEGMENT_TOKENS};
+pub(crate) use eligibility::may_take_ranges;
+pub use eligibility::{
+    DEFAULT_RANGES, RANGE_MIN_BANDWIDTH, RANGE_MIN_CHUNKS, RANGE_MIN_VALUE_HEADS, SPLIT_MAX_VALUE_HEADS,
+    SPLIT_SEGMENT_TOKENS,
+};
 pub use launch::{chunk_kda, chunk_kda_tuned, ChunkResult};
 pub use plan::{plan_chunk, BetaRule, ChunkError, ChunkGate, ChunkPlan, FinalState, InitialState};
 pub use prefix::{PrefixCaching, PrefixPlan};

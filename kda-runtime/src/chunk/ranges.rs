@@ -1,5 +1,5 @@
 //! The two-kernel path in token ranges ([`ChunkTuning::ranges`], taken by default for long
-//! enough calls): the preparation of range `r + 1` runs beside the chain of range `r`.
+//! enough calls on devices of fast memory): the preparation of range `r + 1` runs beside the chain of range `r`.
 //!
 //! On the two-kernel path the preparation (parallel over chunks, bound by issuing
 //! instructions on every SM) and the chain (one serial chain per value head, one block per SM
@@ -202,6 +202,7 @@ pub(super) fn range_steps(
 mod tests {
     use super::*;
     use crate::chunk::chunk_workspace_bytes;
+    use crate::chunk::eligibility::{may_take_ranges, DEFAULT_RANGES, RANGE_MIN_BANDWIDTH, RANGE_MIN_CHUNKS};
     use crate::chunk::plan::{chunk_workspace_bytes_unsplit, plan_chunk};
     use crate::chunk::testing::{dense_bf16_inputs, tv};
     use crate::chunk::tuning::ChainSms;
@@ -314,7 +315,7 @@ mod tests {
 
     /// With prefix caching, every range binds the call's `prefix_lens`, block table and
     /// checkpoint pool (the windows count the aligned chunks on the device), only the first its
-    /// `read_indices`.
+    /// `read_indices`; every range's kernel is among those an H200 preloads.
     #[test]
     fn prefix_caching_ranges_bind_the_call_s_tables() {
         let (t, h, hv) = (16 * 1024, 2, HEADS);
@@ -334,6 +335,7 @@ mod tests {
         let plan = plan_chunk(&args).expect("a valid call");
         let tune = in_two_ranges(&plan);
         tune.check(&plan).expect("ranges");
+        let (preloaded, _) = crate::chunk::chunk_variants(&plan, &DeviceLimits::H200);
         let launches = range_launches(&args, &plan, tune, 2, out.ptr(), None).expect("launches");
         for (r, l) in launches.iter().enumerate() {
             assert_chain_binds(l, r);
@@ -342,6 +344,7 @@ mod tests {
             assert_eq!(tensor_at(&l.bound, "checkpoints"), ckpool.ptr(), "range {r}");
             let reads = tensor_at(&l.bound, "read_indices");
             assert_eq!(reads, if r == 0 { read.ptr() } else { slots.ptr() }, "range {r}: its read slots");
+            assert!(preloaded.contains(&l.cfg), "range {r}: {} is not preloaded", l.cfg.key());
         }
     }
 
@@ -425,12 +428,14 @@ mod tests {
         check_ranges(&plan, 2).expect("an f32 pool");
     }
 
-    /// No call takes token ranges by default, not even the long single sequences on many heads
-    /// they were made for (one range measured faster on an H100), though such calls can take
-    /// them as a tuning.
+    /// On a device of fast memory (an H200) `for_call` takes ranges of at least
+    /// `RANGE_MIN_CHUNKS` chunks, at most `DEFAULT_RANGES` of them, and only for calls of many
+    /// heads that can take them; on an H100 or an A100 none (one range measured faster there),
+    /// though such calls can take them as a tuning. `may_take_ranges` says so whatever the
+    /// call's length and batch.
     #[test]
-    fn no_call_takes_ranges_by_default() {
-        let plan_of = |b: usize, t: usize, hv: usize| {
+    fn long_calls_take_ranges_by_default_on_fast_memory() {
+        let plan_of = |b: usize, t: usize, final_state: bool, hv: usize| {
             // 16 GiB apart: long calls' tensors must not overlap.
             let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
             let (q, k) = (at(1, &[b, t, 2, D], DType::BF16), at(2, &[b, t, 2, D], DType::BF16));
@@ -440,24 +445,40 @@ mod tests {
             let fin = at(7, &[b, hv, D, D], DType::F32);
             let mut args = ChunkArgs::new(&q, &k, &v, &g, &beta);
             args.workspace = Some(&ws);
-            args.output_final_state = true;
-            args.final_state = Some(&fin);
+            args.output_final_state = final_state;
+            args.final_state = Some(&fin).filter(|_| final_state);
             plan_chunk(&args).expect("a valid call")
         };
-        for (t, hv) in [(32768, HEADS), (16384, HEADS), (65536, 64)] {
-            let plan = plan_of(1, t, hv);
-            for device in [DeviceLimits::H200, DeviceLimits::A100] {
+        let ranges_on =
+            |device: &DeviceLimits, b, t, fin, hv| ChunkTuning::for_call(&plan_of(b, t, fin, hv), device).ranges;
+        let ranges_of = |b, t, fin| ranges_on(&DeviceLimits::H200, b, t, fin, HEADS);
+        assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
+        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3.min(DEFAULT_RANGES)));
+        assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
+        assert_eq!(ranges_of(1, 32768, false), None, "no final states to carry the state");
+        assert_eq!(ranges_of(2, 32768, true), None, "B = 2");
+        assert_eq!(ranges_on(&DeviceLimits::H200, 1, 32768, true, HEADS / 4), None, "8 value heads");
+        assert!(may_take_ranges(&plan_of(2, 16, true, HEADS), &DeviceLimits::H200), "a B = 1 call of that kind can");
+        assert!(!may_take_ranges(&plan_of(1, 32768, false, HEADS), &DeviceLimits::H200));
+        assert!(!may_take_ranges(&plan_of(1, 32768, true, HEADS / 4), &DeviceLimits::H200));
+        let just_fast = DeviceLimits { memory_bandwidth: RANGE_MIN_BANDWIDTH, ..DeviceLimits::H100 };
+        assert_eq!(ranges_on(&just_fast, 1, 32768, true, HEADS), Some(DEFAULT_RANGES));
+        for device in [DeviceLimits::H100, DeviceLimits::A100] {
+            for (t, hv) in [(32768, HEADS), (65536, 64)] {
+                let plan = plan_of(1, t, true, hv);
                 let tune = ChunkTuning::for_call(&plan, &device);
                 assert_eq!(tune.ranges, None, "T = {t}, HV = {hv}, {} SMs", device.sm_count);
                 assert!(tune.prepared, "T = {t}, HV = {hv}: the two-kernel path");
+                assert!(!may_take_ranges(&plan, &device));
+                in_two_ranges(&plan).check(&plan).unwrap_or_else(|e| panic!("T = {t}, HV = {hv}: {e}"));
             }
-            in_two_ranges(&plan).check(&plan).unwrap_or_else(|e| panic!("T = {t}, HV = {hv}: {e}"));
         }
     }
 
-    /// A varlen call of one sequence in token ranges runs as the dense B = 1 call of it does:
-    /// the same launches, configs and arguments (its `cu_seqlens` bound nowhere); with two
-    /// sequences ranges are refused.
+    /// A varlen call of one sequence takes the token ranges a dense B = 1 call of it takes on an
+    /// H200: the same launches, configs and arguments (its `cu_seqlens` bound nowhere), every
+    /// variant among those `chunk_variants` preloads; with two sequences it takes none, and
+    /// ranges are refused.
     #[test]
     fn a_varlen_call_of_one_sequence_runs_as_the_dense_call() {
         let (t, hv) = (16 * 1024, HEADS);
@@ -478,25 +499,31 @@ mod tests {
         let want = range_launches(&args, &dense, dense_tune, 2, out.ptr(), Some(fin)).expect("dense");
         args.cu_seqlens = Some(&cu1);
         let varlen = plan_chunk(&args).expect("a valid varlen call");
-        let tune = in_two_ranges(&varlen);
+        let tune = ChunkTuning::for_call(&varlen, &DeviceLimits::H200);
+        assert_eq!(tune.ranges, Some(2), "one sequence of {t} tokens");
         assert_eq!(tune, dense_tune);
-        tune.check(&varlen).expect("one sequence");
+        assert!(may_take_ranges(&varlen, &DeviceLimits::H200));
         let got = range_launches(&args, &varlen, tune, 2, out.ptr(), Some(fin)).expect("varlen");
         // The dense call's parts fit its workspace (`range_launches_bind_to_their_kernels`).
         assert!(
             chunk_workspace_bytes(&dense, &DeviceLimits::H200) <= chunk_workspace_bytes(&varlen, &DeviceLimits::H200),
             "the parts fit"
         );
+        let (chains, preps) = crate::chunk::chunk_variants(&varlen, &DeviceLimits::H200);
         assert_eq!(got.len(), want.len());
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.cfg, w.cfg, "range {r}: config");
             assert_eq!(format!("{:?}", g.bound), format!("{:?}", w.bound), "range {r}: arguments");
+            assert!(chains.contains(&g.cfg), "range {r}: {} is not preloaded", g.cfg.key());
+            let prep = kda_kernels::chunk_prep::PrepConfig::of(&g.cfg);
+            assert!(preps.contains(&prep), "range {r}: its preparation {} is not preloaded", prep.key());
             assert_ne!(tensor_at(&g.bound, "cu_seqlens"), cu1.ptr(), "range {r}: reads cu_seqlens");
         }
         let fin2 = at(11, &[2, hv, D, D], DType::F32);
         args.cu_seqlens = Some(&cu2);
         args.final_state = Some(&fin2);
         let two = plan_chunk(&args).expect("a valid varlen call");
+        assert_eq!(ChunkTuning::for_call(&two, &DeviceLimits::H200).ranges, None, "two sequences");
         let e = check_ranges(&two, 2).expect_err("two sequences");
         assert!(e.to_string().contains("one sequence"), "{e}");
     }

@@ -25,8 +25,9 @@ pub enum ChainSms {
     /// ([`DeviceLimits::shared_per_block_optin`]), so no block that uses shared memory (a token
     /// range's preparation) runs beside it: the chain keeps its SMs' issue slots while the next
     /// range's preparation runs on the others. Only the launch's shared memory changes, so the
-    /// bits do not. A candidate for one long sequence in token ranges (docs/performance.md,
-    /// 2026-12-06, "what holds B = 1"), untimed.
+    /// bits do not. Measured at one long sequence in token ranges: at best 2.4% faster on an
+    /// H100, slower at half the length (docs/performance.md, 2026-12-06, "the chain on SMs of
+    /// its own"): a tuning.
     Own,
 }
 
@@ -60,16 +61,16 @@ pub struct ChunkTuning {
     pub prep_blocks: Option<usize>,
     /// Token ranges for the two-kernel path (`ranges.rs`): the chain of each range runs on the
     /// thread's highest-priority stream ([`crate::Gpu::high_priority_stream`]) beside the
-    /// preparation of the next. Capture such a call into a graph only after one eager call on the
-    /// thread (which creates that stream and compiles the ranges' variants). Calls of one sequence
-    /// (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the caller's
-    /// contract, and the ranges run it as the dense call), at least one token, and f32 final states
-    /// (`output_final_state`) or an f32 pool (`state_indices`); the same bits as one range. `None`:
-    /// one range, what [`ChunkTuning::for_call`] takes (the overlap slows the chain more than it
-    /// saves: one range measured faster on an H100, docs/performance.md, 2026-12-06, "one token
-    /// range by default"). One thread's calls share that stream, so their chains run in call order
-    /// even when the calls are on different streams (each call still waits only for work enqueued
-    /// before it).
+    /// preparation of the next. Capture such a call into a graph only on a thread that has
+    /// created that stream: by [`crate::preload::preload_chunk`] or by one eager call. Calls of
+    /// one sequence (dense with B = 1, or varlen with one: its `cu_seqlens` are `[0, S]` by the
+    /// caller's contract, and the ranges run it as the dense call), at least one token, and f32
+    /// final states (`output_final_state`) or an f32 pool (`state_indices`); the same bits as
+    /// one range. `None`: one range. [`ChunkTuning::for_call`] sets it on devices of at least
+    /// [`super::RANGE_MIN_BANDWIDTH`] (an H200, not an H100) for long calls of many heads that
+    /// can take it. One thread's calls share that stream, so their chains run in call order
+    /// even when the calls are on different streams (each call still waits only for work
+    /// enqueued before it).
     pub ranges: Option<usize>,
     /// Whether the chain's blocks share their SMs with other work ([`ChainSms`]); the
     /// two-kernel path only. [`ChunkTuning::for_call`] takes [`ChainSms::Shared`].
@@ -154,19 +155,22 @@ impl DefaultPath {
 impl ChunkTuning {
     /// What [`chunk_kda`] picks on `device`, from the shapes alone (never from whether a workspace
     /// was given), as [`DefaultPath::of`] decides: the split over prepared operands (`split.rs`);
-    /// the two-kernel path in one token range (its preparation, then its chain: ranges overlap
-    /// them, but the chain shares its SMs with the next range's preparation, and on an H100 one
-    /// range measured faster at every length and head count tried, docs/performance.md, 2026-12-06,
-    /// "one token range by default"); on compute capability 9.0 the sm_90a fused kernel with two
-    /// producer warpgroups ([`ChunkTuning::hopper_producers`]); or the sm_80 fused kernel, each
-    /// path at its shape ([`ChunkShape`]). Every unsplit path gives the same bits (the simulator,
-    /// and `kda check --gpu` on an H100 and an H200).
+    /// the two-kernel path, in token ranges on a device of at least
+    /// [`super::RANGE_MIN_BANDWIDTH`] for a call that can take them (as many as hold
+    /// [`super::RANGE_MIN_CHUNKS`] chunks each, at most [`super::DEFAULT_RANGES`], when that is
+    /// two or more; on a slower device the overlap slows the chain more than it saves); on
+    /// compute capability 9.0 the sm_90a fused kernel with two producer warpgroups
+    /// ([`ChunkTuning::hopper_producers`]); or the sm_80 fused kernel, each path at its shape
+    /// ([`ChunkShape`]). Every unsplit path gives the same bits (the simulator, and `kda check
+    /// --gpu` on an H100 and an H200).
     pub fn for_call(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkTuning {
         match DefaultPath::of(plan, device) {
             DefaultPath::Split => {
                 ChunkTuning { split: Some(eligibility::SPLIT_SEGMENT_TOKENS), ..ChunkTuning::of_path(plan, true) }
             }
-            DefaultPath::Prepared => ChunkTuning::of_path(plan, true),
+            DefaultPath::Prepared => {
+                ChunkTuning { ranges: eligibility::default_ranges(plan, device), ..ChunkTuning::of_path(plan, true) }
+            }
             DefaultPath::HopperProducers => ChunkTuning::hopper_producers(plan),
             DefaultPath::Fused => ChunkTuning::of_path(plan, false),
         }
@@ -308,14 +312,37 @@ pub fn chunk_config(plan: &ChunkPlan, device: &DeviceLimits) -> ChunkConfig {
 }
 
 /// Every sm_80 chain variant a call of `plan`'s kind (its dtypes, flags and tensors given) can
-/// pick by default, whatever its batch (see [`ChunkTuning::for_call`]): the fused kernel and
-/// the chain over prepared operands (taken at most [`prepared_max_chains`] chains), and the
-/// preparation that chain needs.
-pub fn chunk_variants(plan: &ChunkPlan) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
+/// pick by default on `device`, whatever its batch (see [`ChunkTuning::for_call`]): the fused
+/// kernel, the chain over prepared operands (taken at most [`prepared_max_chains`] chains); for
+/// a call that can take token ranges there also the form the ranges after the first take (from
+/// the final states, or from the pool without `has_initial_state`) and, varlen, the dense forms
+/// of both (the ranges are dense calls); and the preparations they need.
+pub fn chunk_variants(plan: &ChunkPlan, device: &DeviceLimits) -> (Vec<ChunkConfig>, Vec<PrepConfig>) {
     let fused = chunk_tuned_config(plan, ChunkTuning::of_path(plan, false));
     let prepared = chunk_tuned_config(plan, ChunkTuning::of_path(plan, true));
-    let preps = vec![PrepConfig::of(&prepared)];
-    (vec![fused, prepared], preps)
+    let mut chains = vec![fused];
+    let mut preps = vec![PrepConfig::of(&prepared)];
+    if !eligibility::may_take_ranges(plan, device) {
+        chains.push(prepared);
+        return (chains, preps);
+    }
+    // Token ranges after the first start from the state the one before left: the pool without
+    // `has_initial_state`, or the final states.
+    let later = match prepared.states {
+        ChunkStates::Pool { indices, .. } => ChunkStates::Pool { indices, has_initial: None },
+        _ => ChunkStates::PerSequence { store_final: true },
+    };
+    let mut range_chains = vec![prepared.clone()];
+    if later != prepared.states {
+        range_chains.push(ChunkConfig { states: later, ..prepared.clone() });
+    }
+    if prepared.varlen.is_some() {
+        let dense: Vec<ChunkConfig> = range_chains.iter().map(|c| ChunkConfig { varlen: None, ..c.clone() }).collect();
+        preps.push(PrepConfig::of(&dense[0]));
+        range_chains.extend(dense);
+    }
+    chains.extend(range_chains);
+    (chains, preps)
 }
 
 /// On compute capability 9.0, the sm_90a kernel a dense call of `plan`'s kind can take by
@@ -527,7 +554,10 @@ mod tests {
             ChunkOperands::Bf16,
             "without l2norm"
         );
-        assert!(chunk_variants(&unnormalized).0.iter().all(|c| c.operands == ChunkOperands::Bf16), "preloads");
+        assert!(
+            chunk_variants(&unnormalized, &DeviceLimits::H200).0.iter().all(|c| c.operands == ChunkOperands::Bf16),
+            "preloads"
+        );
         args.use_qk_l2norm_in_kernel = None;
         for (tune, dtype) in [(default, DType::F16), (bf16, DType::BF16)] {
             tune.check(&plan).unwrap_or_else(|e| panic!("{tune:?}: {e}"));

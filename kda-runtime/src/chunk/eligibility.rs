@@ -43,10 +43,10 @@ pub(crate) fn check_ranges(plan: &ChunkPlan, nranges: usize) -> Result<(), Runti
 /// docs/performance.md, 2026-12-03 (late), runs 36 and 37).
 pub const DEFAULT_RANGES: usize = 2;
 
-/// The fewest chunks a token range of [`ChunkTuning::for_call`] holds (8192 tokens). Each
-/// range costs two launches and two stream hand-offs, and the overlap it buys is one range's
-/// preparation; shorter ones measured slower.
-pub const RANGE_MIN_CHUNKS: usize = 512;
+/// The fewest chunks a token range of [`ChunkTuning::for_call`] holds (16384 tokens): two
+/// ranges measured faster on an H200 at 32768 tokens; at 16384 (two of 8192) they were 6%
+/// slower on an H100 and are unmeasured on an H200, so such calls run one range.
+pub const RANGE_MIN_CHUNKS: usize = 1024;
 
 /// The fewest value heads at which [`ChunkTuning::for_call`] cuts a call into token ranges. A
 /// range's chain shares its SMs with the next range's preparation, which slows it: with 32

@@ -455,6 +455,7 @@ mod tests {
         assert_eq!(ranges_of(1, 32768, true), Some(DEFAULT_RANGES));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 3 + 15, true), Some(3.min(DEFAULT_RANGES)));
         assert_eq!(ranges_of(1, 16 * RANGE_MIN_CHUNKS * 2 - 16, true), None, "too short for two");
+        assert_eq!(ranges_of(1, 16384, true), None, "16384 tokens: unmeasured on an H200");
         assert_eq!(ranges_of(1, 32768, false), None, "no final states to carry the state");
         assert_eq!(ranges_of(2, 32768, true), None, "B = 2");
         assert_eq!(ranges_on(&DeviceLimits::H200, 1, 32768, true, HEADS / 4), None, "8 value heads");
@@ -481,7 +482,7 @@ mod tests {
     /// ranges are refused.
     #[test]
     fn a_varlen_call_of_one_sequence_runs_as_the_dense_call() {
-        let (t, hv) = (16 * 1024, HEADS);
+        let (t, hv) = (16 * RANGE_MIN_CHUNKS * 2, HEADS);
         // 16 GiB apart: long calls' tensors must not overlap.
         let at = |id: u64, shape: &[usize], dtype| tv(16 * 1024 * id, shape, dtype);
         let (q, k) = (at(1, &[1, t, 2, D], DType::BF16), at(2, &[1, t, 2, D], DType::BF16));

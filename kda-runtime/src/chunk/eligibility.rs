@@ -58,7 +58,8 @@ pub const RANGE_MIN_VALUE_HEADS: usize = 32;
 /// into token ranges. The overlap hides a range's preparation, which is bound by memory, and
 /// slows the chain beside it: on an H200 (4.8 TB/s) two ranges measured 5-7% faster at
 /// B = 1, T = 32768 on 32 value heads, on an H100 SXM (3.35 TB/s) 3-4% slower
-/// (docs/performance.md, 2026-12-06, "two token ranges on an H200 again").
+/// (docs/performance.md, 2026-12-06, "two token ranges on an H200 again"). A line between the
+/// two devices measured, not a measured crossover.
 pub const RANGE_MIN_BANDWIDTH: u64 = 4_000_000_000_000;
 
 /// The ranges [`ChunkTuning::for_call`] takes on `device` for a planned call on the two-kernel

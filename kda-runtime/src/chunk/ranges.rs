@@ -1,5 +1,6 @@
 //! The two-kernel path in token ranges ([`ChunkTuning::ranges`], taken by default for long
-//! enough calls on devices of fast memory): the preparation of range `r + 1` runs beside the chain of range `r`.
+//! enough calls on devices of fast memory): the preparation of range `r + 1` runs beside the
+//! chain of range `r`.
 //!
 //! On the two-kernel path the preparation (parallel over chunks, bound by issuing
 //! instructions on every SM) and the chain (one serial chain per value head, one block per SM

@@ -160,8 +160,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen. `default` is
-/// the path `chunk_kda` picks for each case on this device (the split's where it splits). Each
-/// row says whether its bits are those of the case's first unsplit row, `default` included.
+/// the path `chunk_kda` picks for each case on this device (the split's where it splits), and
+/// its row ends with that tuning's shape name. Each row says whether its bits are those of the
+/// case's first unsplit row, `default` included.
 fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     let (shape_args, filter) = split_case_filter(args)?;
     let mut shapes = vec![];
@@ -185,7 +186,17 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             match super::chunk_gpu::time_prefill(&gpu, &kernels, c, *tune, WorkspaceSource::Caller, hashed) {
                 Ok(r) => {
                     let verdict = bits_verdict(&mut first, name, r.bits.unwrap_or_default(), r.unsplit);
-                    out!("{:<36} {name:<8} {:>10.4} ms  first call {:.2} s  {verdict}", c.name, r.ms, r.first_call_s)
+                    // The runtime's own choice, named as a shape would be.
+                    let taken = match (tune, chunk_shape_name(&r.tuning)) {
+                        (None, Some(n)) => format!(" ({n})"),
+                        _ => String::new(),
+                    };
+                    out!(
+                        "{:<36} {name:<8} {:>10.4} ms  first call {:.2} s  {verdict}{taken}",
+                        c.name,
+                        r.ms,
+                        r.first_call_s
+                    )
                 }
                 // A tuning the case cannot take is skipped, saying so.
                 Err(e) => out!("{:<36} {name:<8} skipped: {e}", c.name),
@@ -208,6 +219,55 @@ fn bits_verdict<'a>(first: &mut Option<(&'a str, u64)>, name: &'a str, bits: u64
         Some((f, _)) if unsplit => format!("bits: DIFFER from {f}"),
         _ => "bits: a split's own".to_string(),
     }
+}
+
+/// The `--sweep-chunk` shape that names `t` ([`parse_chunk_shape`] gives `t` back), stages
+/// always written; `None` for a tuning the grammar has no word for (the gates summed per
+/// channel by choice, or token ranges off the two-kernel path).
+pub(crate) fn chunk_shape_name(t: &kda_runtime::chunk::ChunkTuning) -> Option<String> {
+    use kda_dsl::Hoist;
+    use kda_kernels::chunk::{GateScan, KeyProducts, NarrowProducts};
+    use kda_runtime::chunk::{ChainSms, ChunkOperands};
+    let sh = &t.shape;
+    if sh.gate_scan_override == Some(GateScan::PerChannel) || (t.ranges.is_some() && !t.prepared) {
+        return None;
+    }
+    let mut name = format!("{}x{}x{}", sh.warps, sh.min_blocks, sh.stages);
+    if sh.rows_per_warp != kda_kernels::chunk::ROWS_PER_WARP {
+        name += &format!("w{}", sh.rows_per_warp);
+    }
+    if sh.fill_warps > 0 || sh.producer_registers.is_some() {
+        name += &format!("f{}", sh.fill_warps);
+    }
+    if let Some(regs) = sh.producer_registers {
+        name += &format!("g{regs}");
+    }
+    if let Some(tokens) = t.split {
+        name += &format!("s{tokens}");
+    }
+    if t.prepared {
+        name.push('p');
+        if let Some(blocks) = t.prep_blocks {
+            name += &blocks.to_string();
+        }
+    }
+    if let Some(n) = t.ranges {
+        name += &format!("r{n}");
+    }
+    let flags = [
+        (sh.fills_in_flight, "i"),
+        (t.operands == ChunkOperands::Bf16, "b"),
+        (t.target == Target::Sm90a, "h"),
+        (sh.narrow_products == NarrowProducts::MmaSync, "m"),
+        (sh.hoist_override == Some(Hoist::Everything), "e"),
+        (sh.hoist_override == Some(Hoist::BlockUniform), "u"),
+        (sh.hoist_override == Some(Hoist::Nothing), "n"),
+        (sh.gate_scan_override == Some(GateScan::Shared), "c"),
+        (sh.key_products == KeyProducts::Split, "k"),
+        (t.chain_sms == ChainSms::Own, "o"),
+    ];
+    flags.iter().filter(|(on, _)| *on).for_each(|(_, letter)| name += letter);
+    Some(name)
 }
 
 /// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
@@ -559,6 +619,60 @@ mod tests {
             verdicts(&[("4x2w32ik", 5, true), ("default", 5, false), ("s2048", 6, false)]),
             ["bits: the first", "bits: the same", "bits: a split's own"]
         );
+    }
+
+    /// A shape's name parses back to its tuning: for the sweeps' shapes and for every path's
+    /// own shape (what `default` rows print), on both targets; a tuning the grammar cannot
+    /// say has no name.
+    #[test]
+    fn chunk_shape_names_parse_back_to_their_tuning() {
+        use super::chunk_shape_name;
+        use kda_kernels::chunk::GateScan;
+        let round_trip = |t: ChunkTuning| {
+            let name = chunk_shape_name(&t).unwrap_or_else(|| panic!("{t:?} has a name"));
+            assert_eq!(parse_chunk_shape(&name).unwrap_or_else(|e| panic!("{name}: {e}")), t, "{name}");
+            name
+        };
+        for s in [
+            "2x4x4f1pe",
+            "4x2x4f1pr16eo",
+            "4x2x4f1pr16heo",
+            "4x1x5w32f8g128ihmk",
+            "2x2x4w32f1pr16eo",
+            "4x2w32s2048ik",
+            "2x8x3p256",
+            "8x1ih",
+            "4x2w32ihmn",
+            "4x2w32iek",
+            "8x2b",
+            "4x2w32uc",
+        ] {
+            round_trip(parse_chunk_shape(s).expect(s));
+        }
+        let of = |shape, prepared, target| ChunkTuning {
+            shape,
+            split: None,
+            prepared,
+            prep_blocks: None,
+            ranges: None,
+            chain_sms: ChainSms::Shared,
+            operands: ChunkOperands::F16,
+            target,
+        };
+        assert_eq!(round_trip(of(ChunkShape::PREPARED, true, Target::Sm80)), "2x4x4f1pe");
+        assert_eq!(
+            round_trip(ChunkTuning { ranges: Some(2), ..of(ChunkShape::PREPARED, true, Target::Sm80) }),
+            "2x4x4f1pr2e"
+        );
+        round_trip(of(ChunkShape::FUSED, false, Target::Sm80));
+        round_trip(ChunkTuning { split: Some(4096), ..of(ChunkShape::PREPARED, true, Target::Sm80) });
+        round_trip(of(ChunkShape::HOPPER, false, Target::Sm90a));
+        round_trip(of(ChunkShape::HOPPER_PREPARED, true, Target::Sm90a));
+        assert_eq!(round_trip(of(ChunkShape::HOPPER_TWO_PRODUCERS, false, Target::Sm90a)), "4x1x5w32f8g128ihmk");
+        let per_channel = ChunkShape { gate_scan_override: Some(GateScan::PerChannel), ..ChunkShape::FUSED };
+        assert_eq!(chunk_shape_name(&of(per_channel, false, Target::Sm80)), None);
+        let ranges_fused = ChunkTuning { ranges: Some(2), ..of(ChunkShape::FUSED, false, Target::Sm80) };
+        assert_eq!(chunk_shape_name(&ranges_fused), None);
     }
 
     #[test]

@@ -778,6 +778,8 @@ pub struct PrefillTiming {
     /// unsplit: every such tuning of a case gives the same bits, a split rounds its merge
     /// otherwise.
     pub unsplit: bool,
+    /// The tuning the call ran: the one given, or the runtime's own.
+    pub tuning: ChunkTuning,
 }
 
 /// Whether [`time_prefill`] hashes its first call's results (downloading them: a sweep
@@ -970,7 +972,7 @@ pub fn time_prefill(
     let min_bytes =
         tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
     let unsplit = ran.split.is_none();
-    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, unsplit })
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, unsplit, tuning: ran })
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub fn chunk_merge(
     starts: GlobalMut<(NS, HV, S1, S2), F32>,
     NSEQ: Dim,
 ) {
-    let (xb, hv, n) = launch(grid = [128 / MERGE_ROWS, HV, NSEQ], threads = 128);
+    let (xb, hv, n) = launch(grid = [128 / MERGE_ROWS, HV, NSEQ], threads = 256);
     assume_extent(S1, 128);
     assume_extent(S2, 128);
     let v0 = xb * MERGE_ROWS;
@@ -93,7 +93,8 @@ pub fn chunk_merge(
     let s_hi = shared([MERGE_ROWS, 128], BF16);
     let s_lo = shared([MERGE_ROWS, 128], BF16);
     // M goes through registers on its way to its bf16 halves: an f32 copy in shared memory
-    // would take the block past the 99 KB of sm_86 and sm_89 parts.
+    // would take the block past the 99 KB of sm_86 and sm_89 parts. 8 warps hold it, one
+    // segment ahead, without spilling (4 warps needed 255 registers and spilled on sm_90).
     let m_rf = fragment([128, 128], F32);
     let m_hi = shared([128, 128], BF16);
     let m_lo = shared([128, 128], BF16);
@@ -104,12 +105,20 @@ pub fn chunk_merge(
             clear(acc);
         }
         copy(acc, starts.tile_at([first, hv, v0, 0], [1, 1, MERGE_ROWS, 128]));
+        // M of the first segment; each step then loads the next one's while its products run
+        // (the step's loads would otherwise wait out a global round trip each). A sequence's
+        // last segment has no M: the transitions never run it, so it is not read.
+        if first < end - 1 {
+            copy(m.tile_at([first, hv, 0, 0], [1, 1, 128, 128]), m_rf);
+        }
         for sg in serial(first, end - 1) {
             split_hi_lo(acc, s_hi, s_lo);
-            copy(m.tile_at([sg, hv, 0, 0], [1, 1, 128, 128]), m_rf);
-            split_hi_lo(m_rf, m_hi, m_lo);
-            // S M + H, from H.
+            // S M + H, from H (its load in flight while M splits).
             copy(h.tile_at([sg, hv, v0, 0], [1, 1, MERGE_ROWS, 128]), acc);
+            split_hi_lo(m_rf, m_hi, m_lo);
+            if sg + 1 < end - 1 {
+                copy(m.tile_at([sg + 1, hv, 0, 0], [1, 1, 128, 128]), m_rf);
+            }
             gemm(s_hi, m_hi, acc);
             gemm(s_hi, m_lo, acc);
             gemm(s_lo, m_hi, acc);

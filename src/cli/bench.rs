@@ -49,7 +49,7 @@ pub fn run(args: &[String]) -> Result<i32, String> {
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
     let mut lines = vec![];
-    out!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", gpu.name());
+    out!("{:<36} {:>10} {:>10}   ({})", "case", "ms", "TFLOP/s", device_line(&gpu));
     // The device's GEMM (sm_90a's on an H100 or H200), and there the sm_80 one too (`_sm80`).
     let device_target = gpu.limits().target().map_err(|e| e.to_string())?;
     let targets: Vec<Target> =
@@ -179,6 +179,7 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
     }
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let kernels = Kernels::new();
+    out!("({})", device_line(&gpu));
     for c in super::chunk_gpu::sweep_prefill_cases().iter().filter(|c| c.name.contains(&filter)) {
         let mut first = None;
         for (name, tune) in &shapes {
@@ -204,6 +205,14 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The device as the runtime sees it: its name, SMs and the DRAM bandwidth its default paths
+/// read (`DeviceLimits::memory_bandwidth`).
+fn device_line(gpu: &Gpu) -> String {
+    let limits = gpu.limits();
+    let tb_s = limits.memory_bandwidth as f64 / 1e12;
+    format!("{}, {} SMs, {tb_s:.2} TB/s", gpu.name(), limits.sm_count)
 }
 
 /// What a sweep row's bits say: every unsplit tuning of a case gives the bits of its first

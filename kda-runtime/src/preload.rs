@@ -10,10 +10,10 @@
 //!   (the table of [`kda_kernels::decode::DecodeCallKind`], [`kda_kernels::decode::DecodeShape::for_call`]);
 //! - prefill ([`chunk_variants`]): the dtypes, the gate rule, l2norm, `cu_seqlens` and its
 //!   dtype, the initial and final states (and the pool's index dtypes); the two-kernel path for
-//!   at most [`prepared_max_chains`] (sequence, value head) chains, which
-//!   adds the chain over a prepared workspace and its preparation kernel, and for a call that
-//!   can take token ranges on the device the ranges' later form (from the carried state) and,
-//!   varlen, the dense forms of both with their preparation (the ranges are dense calls); with at most
+//!   at most [`prepared_max_chains`] (sequence, value head) chains, which adds the chain over a
+//!   prepared workspace and its preparation kernel, and for a call that can take token ranges
+//!   on the device the ranges' later form (from the carried state) and, varlen, the dense forms
+//!   of both with their preparation (the ranges are dense calls); with at most
 //!   [`SPLIT_MAX_VALUE_HEADS`] value heads, the long-sequence split's kernels
 //!   ([`chunk_split_variants`]); on compute capability 9.0 a dense call's sm_90a fused kernel
 //!   with two producer warpgroups ([`chunk_hopper_variant`]); a call that can take token ranges

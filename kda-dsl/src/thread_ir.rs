@@ -222,6 +222,9 @@ pub enum Space {
     Global,
     /// `.shared`
     Shared,
+    /// `.shared::cluster`: the shared memory of any block of the thread's cluster, at an
+    /// address `mapa` made (or the block's own `.shared` address).
+    SharedCluster,
 }
 
 /// Special registers.
@@ -231,6 +234,20 @@ pub enum Special {
     Tid,
     /// `%ctaid.{x,y,z}`
     Ctaid(u8),
+    /// `%cluster_ctarank`: the block's rank in its cluster.
+    ClusterCtaRank,
+}
+
+/// The two halves of `barrier.cluster`, which every thread of every block of the cluster runs
+/// (`.aligned`: all of a warp together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterBarrierStep {
+    /// `barrier.cluster.arrive.release.aligned`: the thread's earlier memory accesses are
+    /// released to the cluster.
+    Arrive,
+    /// `barrier.cluster.wait.acquire.aligned`: waits until every thread of the cluster has
+    /// arrived since this thread's last wait, acquiring what they released.
+    Wait,
 }
 
 /// How a thread waits for an mbarrier's phase.
@@ -318,6 +335,11 @@ pub enum Op {
     Ld { space: Space, ty: Ty, d: Vec<Reg>, addr: Reg, offset: i64 },
     /// `st.space[.v2|.v4].ty [addr + offset], {vals..}`
     St { space: Space, ty: Ty, addr: Reg, offset: i64, vals: Vec<Src> },
+    /// `mapa.shared::cluster.u32 d, addr, rank`: the `.shared::cluster` address of the byte at
+    /// this block's shared address `addr` in the block of rank `rank` of the cluster.
+    Mapa { d: Reg, addr: Reg, rank: Src },
+    /// One half of `barrier.cluster` ([`ClusterBarrierStep`]).
+    ClusterBarrier { step: ClusterBarrierStep },
     /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes` (bytes past `src_bytes` are zero)
     CpAsync { dst: Reg, src: Reg, src_bytes: Src },
     /// `prefetch.global.L2 [addr]`: a hint; the line containing `addr` moves into L2.
@@ -476,6 +498,10 @@ pub struct ThreadProgram {
     pub max_registers: Option<u32>,
     /// Dynamic shared memory, bytes.
     pub shared_bytes: u32,
+    /// Blocks per cluster along x (`.reqnctapercluster`; 1: the implicit one-block cluster).
+    /// The grid's x extent is a multiple of it; rank `r` of a cluster is block `x` with
+    /// `x % cluster_blocks == r`.
+    pub cluster_blocks: u32,
     /// The body.
     pub body: Vec<Inst>,
     /// Registers used per class (the next free number).
@@ -493,6 +519,7 @@ impl ThreadProgram {
             threads,
             min_blocks_per_sm: None,
             max_registers: None,
+            cluster_blocks: 1,
             shared_bytes: 0,
             body,
             reg_counts: [0; 5],
@@ -566,6 +593,7 @@ fn fmt_memory(f: &mut fmt::Formatter<'_>, op: &Op, cache: CachePolicy) -> fmt::R
         (Space::Global, CachePolicy::EvictFirst) => "global.cs",
         (Space::Global, CachePolicy::Normal) => "global",
         (Space::Shared, _) => "shared",
+        (Space::SharedCluster, _) => "shared::cluster",
     };
     match op {
         Op::Ld { space: sp, ty, d, addr: a, offset } => {
@@ -594,7 +622,11 @@ impl fmt::Display for Op {
             Op::ReadSpecial { d, sreg } => match sreg {
                 Special::Tid => write!(f, "mov.u32 {d}, %tid.x;"),
                 Special::Ctaid(a) => write!(f, "mov.u32 {d}, %ctaid.{};", ["x", "y", "z"][*a as usize]),
+                Special::ClusterCtaRank => write!(f, "mov.u32 {d}, %cluster_ctarank;"),
             },
+            Op::Mapa { d, addr, rank } => write!(f, "mapa.shared::cluster.u32 {d}, {addr}, {rank};"),
+            Op::ClusterBarrier { step: ClusterBarrierStep::Arrive } => write!(f, "barrier.cluster.arrive.release.aligned;"),
+            Op::ClusterBarrier { step: ClusterBarrierStep::Wait } => write!(f, "barrier.cluster.wait.acquire.aligned;"),
             Op::SharedBase { d } => write!(f, "mov.u32 {d}, smem;"),
             Op::LdParam { ty, d, name } => write!(f, "ld.param.{} {d}, [{name}];", ty.name()),
             Op::CvtaGlobal { d, a } => write!(f, "cvta.to.global.u64 {d}, {a};"),
@@ -745,6 +777,11 @@ impl Inst {
             Op::Movmatrix { .. } | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. } => (7, 8),
             Op::MbarrierWait { kind: MbarrierWaitKind::Test, .. } => (7, 1),
             Op::MbarrierArriveExpectTx { .. }
+            | Op::Mapa { .. }
+            | Op::ClusterBarrier { .. }
+            | Op::ReadSpecial { sreg: Special::ClusterCtaRank, .. }
+            | Op::Ld { space: Space::SharedCluster, .. }
+            | Op::St { space: Space::SharedCluster, .. }
             | Op::TmaLoad { .. }
             | Op::TmaStore { .. }
             | Op::BulkCommit
@@ -768,6 +805,11 @@ impl Inst {
                 Target::Sm90a
             }
             Op::FenceProxyAsync
+            | Op::Mapa { .. }
+            | Op::ClusterBarrier { .. }
+            | Op::ReadSpecial { sreg: Special::ClusterCtaRank, .. }
+            | Op::Ld { space: Space::SharedCluster, .. }
+            | Op::St { space: Space::SharedCluster, .. }
             | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. }
             | Op::MbarrierArriveExpectTx { .. }
             | Op::TmaLoad { .. }

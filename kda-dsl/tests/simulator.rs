@@ -25,6 +25,25 @@ fn assert_each_fault_reported<F: Copy + std::fmt::Debug, T: std::fmt::Debug>(
 }
 
 #[test]
+fn a_cluster_s_blocks_store_into_each_other_and_meet_at_barrier_cluster() {
+    assert_eq!(run_cluster(ClusterFault::None).expect("runs"), cluster_expected());
+}
+
+#[test]
+fn cluster_misuse_is_reported() {
+    assert_each_fault_reported(
+        run_cluster,
+        &[
+            (ClusterFault::NoBarrier, "with no barrier.cluster between"),
+            (ClusterFault::WaitWithoutArrive, "barrier.cluster.wait with no arrive before it"),
+            (ClusterFault::RankPastTheCluster, "mapa to rank 2 of a cluster of 2 blocks"),
+            (ClusterFault::LoadFromThePeer, "only stores cross blocks here"),
+            (ClusterFault::PeerStuck, "deadlock: barrier.cluster waits for threads of the cluster that never arrive"),
+        ],
+    );
+}
+
+#[test]
 fn two_threads_writing_one_word_without_a_barrier_is_a_race() {
     let mut p = P::new();
     let a = shared_at(&mut p, 0);
@@ -413,6 +432,7 @@ fn hopper_programs_assemble() {
         ("cp_async_ring", cp_async_ring_program(CpAsyncRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("compute_ring", compute_ring_program(ComputeRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
+        ("cluster", cluster_program(ClusterFault::None), Target::Sm90, "UCGABAR_ARV"),
     ];
     for (name, prog, target, sass_op) in programs {
         let ptx = kda_dsl::ptx::print_module(&prog, target);

@@ -24,12 +24,13 @@ include!("support/on_gpu.rs");
 
 include!("support/gpu_main.rs");
 
-/// One program to run on both sides: its name, target and arguments.
+/// One program to run on both sides: its name, target, arguments and grid.
 struct Probe {
     name: String,
     target: Target,
     program: ThreadProgram,
     args: Vec<(String, SimArg)>,
+    grid: [u32; 3],
 }
 
 /// The fault-free programs of `tests/simulator.rs`, over the shapes its tests cover.
@@ -37,7 +38,7 @@ fn probes() -> Vec<Probe> {
     let mut out = vec![];
     let mut wgmma = |name: String, case: WgmmaCase| {
         let program = wgmma_program(case, WgmmaFault::None);
-        out.push(Probe { name, target: Target::Sm90a, program, args: wgmma_args(case) });
+        out.push(Probe { name, target: Target::Sm90a, program, args: wgmma_args(case), grid: [1, 1, 1] });
     };
     for swizzle in Swizzle::ALL {
         let steps = (WgmmaCase::shared_a(swizzle).tiles().0.k() / 16).max(2);
@@ -63,18 +64,21 @@ fn probes() -> Vec<Probe> {
         target: Target::Sm90,
         program: ring_program(RingFault::None),
         args: ring_args(),
+        grid: [1, 1, 1],
     });
     out.push(Probe {
         name: "cp.async ring".into(),
         target: Target::Sm90,
         program: cp_async_ring_program(CpAsyncRingFault::None),
         args: cp_async_ring_args(),
+        grid: [1, 1, 1],
     });
     out.push(Probe {
         name: "compute ring (loaded, ready, empty)".into(),
         target: Target::Sm90,
         program: compute_ring_program(ComputeRingFault::None),
         args: compute_ring_args(),
+        grid: [1, 1, 1],
     });
     for at in [[0, 0], [32, 4], [56, -3], [-8, 15]] {
         out.push(Probe {
@@ -82,6 +86,7 @@ fn probes() -> Vec<Probe> {
             target: Target::Sm90,
             program: tma_program(TmaFault::None),
             args: tma_args(at),
+            grid: [1, 1, 1],
         });
     }
     out.push(Probe {
@@ -89,6 +94,14 @@ fn probes() -> Vec<Probe> {
         target: Target::Sm90a,
         program: roles_program(RolesFault::None),
         args: vec![],
+        grid: [1, 1, 1],
+    });
+    out.push(Probe {
+        name: "clusters of 2: st.shared::cluster, barrier.cluster".into(),
+        target: Target::Sm90,
+        program: cluster_program(ClusterFault::None),
+        args: cluster_args(),
+        grid: [CLUSTER_GRID, 1, 1],
     });
     out
 }
@@ -99,7 +112,8 @@ enum ParamValue {
     Map(TensorMapParam),
 }
 
-/// Runs `probe` on the GPU (one block) and returns every tensor argument's bytes afterwards,
+/// Runs `probe` on the GPU (its grid; a program's clusters are its `.reqnctapercluster`) and
+/// returns every tensor argument's bytes afterwards,
 /// in `probe.args` order.
 fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
     let s = gpu.default_stream();
@@ -163,7 +177,7 @@ fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(Stri
     unsafe {
         result::launch_kernel(
             loaded.cu_function(),
-            (1, 1, 1),
+            (probe.grid[0], probe.grid[1], probe.grid[2]),
             (prog.threads, 1, 1),
             prog.shared_bytes,
             s.cu_stream(),
@@ -189,7 +203,7 @@ fn hopper_programs_match_the_simulator() {
         let mut failures = vec![];
         for probe in probes() {
             let mut simulated = probe.args.clone();
-            if let Err(e) = kda_dsl::sim::run(&probe.program, [1, 1, 1], &mut simulated) {
+            if let Err(e) = kda_dsl::sim::run(&probe.program, probe.grid, &mut simulated) {
                 failures.push(format!("{}: the simulator: {e}", probe.name));
                 continue;
             }
@@ -237,7 +251,7 @@ fn hopper_programs_match_the_simulator() {
 fn probes_run_in_the_simulator() {
     for probe in probes() {
         let mut args = probe.args.clone();
-        if let Err(e) = kda_dsl::sim::run(&probe.program, [1, 1, 1], &mut args) {
+        if let Err(e) = kda_dsl::sim::run(&probe.program, probe.grid, &mut args) {
             panic!("{}: {e}", probe.name);
         }
     }

@@ -227,6 +227,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         Op::Selp { a, b, p, .. } => [src_reg(a), src_reg(b), Some(*p)].into_iter().flatten().collect(),
         Op::PredLogic { a, b, .. } => vec![*a, *b],
         Op::CvtaGlobal { a, .. } | Op::CvtaParam { a, .. } | Op::Unpack2 { a, .. } => vec![*a],
+        Op::Mapa { addr, rank, .. } => [Some(*addr), src_reg(rank)].into_iter().flatten().collect(),
         Op::ReadSpecial { .. } | Op::SharedBase { .. } | Op::LdParam { .. } | Op::ParamAddress { .. } => vec![],
         Op::Ld { .. }
         | Op::St { .. }
@@ -248,6 +249,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::CpAsyncMbarrierArrive { .. }
         | Op::MbarrierWait { .. }
         | Op::MbarrierArriveExpectTx { .. }
+        | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
         | Op::BulkCommit
@@ -283,6 +285,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::MbarrierWait { d, .. }
         | Op::ParamAddress { d, .. }
         | Op::CvtaParam { d, .. }
+        | Op::Mapa { d, .. }
         | Op::Shfl { d, .. } => vec![*d],
         Op::Unpack2 { lo, hi, .. } => vec![*lo, *hi],
         Op::Ld { d, .. } | Op::Wgmma { d, .. } | Op::Ldmatrix { d, .. } => d.clone(),
@@ -300,6 +303,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::FenceProxyAsync
         | Op::MbarrierInit { .. }
         | Op::CpAsyncMbarrierArrive { .. }
+        | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
         | Op::BulkCommit

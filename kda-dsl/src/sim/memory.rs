@@ -74,6 +74,9 @@ impl Block<'_> {
 
     pub(super) fn read_shared(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {
         let a = self.check_shared(addr, n)?;
+        if self.cluster.blocks > 1 {
+            self.touch_locally(t, a, n)?;
+        }
         let me = t as u32;
         for i in a..a + n {
             let s = self.shadow[i];
@@ -140,6 +143,9 @@ impl Block<'_> {
 
     pub(super) fn write_shared(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let a = self.check_shared(addr, bytes.len())?;
+        if self.cluster.blocks > 1 {
+            self.touch_locally(t, a, bytes.len())?;
+        }
         let me = t as u32;
         if self.bulk_pending > 0 {
             self.check_no_bulk_read(a, a + bytes.len())?;
@@ -179,6 +185,7 @@ impl Block<'_> {
                 write_clock: self.clock,
                 mbarrier: false,
                 async_proxy: false,
+                ..s
             };
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);

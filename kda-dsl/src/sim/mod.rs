@@ -18,6 +18,7 @@ use std::fmt;
 
 mod args;
 pub mod banks;
+mod cluster;
 mod collective;
 mod mbarrier;
 mod memory;
@@ -116,6 +117,10 @@ struct Thread {
     bulk_open: Vec<std::ops::Range<usize>>,
     /// Its committed bulk groups still reading, oldest first.
     bulk_groups: std::collections::VecDeque<Vec<std::ops::Range<usize>>>,
+    /// The cluster barrier epoch of its last `barrier.cluster.arrive` not yet waited for.
+    cluster_arrived: Option<u32>,
+    /// Waiting at `barrier.cluster.wait` for the rest of the cluster (pc points at it).
+    cluster_parked: bool,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -136,6 +141,12 @@ struct Shadow {
     mbarrier: bool,
     /// Last written by the async proxy (a TMA copy): `wgmma` reads it with no proxy fence.
     async_proxy: bool,
+    /// In a cluster: 1 + the cluster barrier epoch of the last store another block made to
+    /// it (0: none), and that block's rank.
+    remote_epoch: u32,
+    remote_from: u32,
+    /// 1 + the cluster barrier epoch of the block's own last access to it (0: none).
+    local_epoch: u32,
 }
 
 /// One executed `print`: the tile's name, shape and values by flat logical index.
@@ -162,7 +173,14 @@ struct Block<'a> {
     last_shared_barrier: Vec<u32>,
     block: [u32; 3],
     params: &'a HashMap<String, u64>,
-    globals: &'a mut [Vec<u8>],
+    /// The global tensors, moved in while this block runs (a cluster's blocks take turns).
+    globals: Vec<Vec<u8>>,
+    /// Its place in its cluster.
+    cluster: cluster::Place,
+    /// `barrier.cluster`s completed.
+    cluster_epoch: u32,
+    /// Its stores into other blocks of the cluster this round.
+    remote_out: Vec<cluster::RemoteStore>,
     global_names: &'a [String],
     /// The tensor maps: (the mapped tensor's global slot, the map).
     maps: &'a [(usize, crate::tensor_map::TensorMap)],
@@ -289,7 +307,7 @@ impl<'a> Block<'a> {
         let mut steps = 0u64;
         loop {
             let th = &self.threads[t];
-            if th.done || th.blocked || th.parked {
+            if th.done || th.blocked || th.parked || th.cluster_parked {
                 return Ok(());
             }
             let Some(inst) = prog.body.get(th.pc) else {
@@ -310,6 +328,21 @@ impl<'a> Block<'a> {
             if Self::is_collective(&inst.op) {
                 self.threads[t].blocked = true;
                 return Ok(());
+            }
+            if let Op::ClusterBarrier { step: ClusterBarrierStep::Wait } = inst.op {
+                match self.threads[t].cluster_arrived {
+                    None => return Err("barrier.cluster.wait with no arrive before it".into()),
+                    Some(e) if e == self.cluster_epoch => {
+                        self.threads[t].cluster_parked = true;
+                        return Ok(());
+                    }
+                    Some(_) => {
+                        self.threads[t].cluster_arrived = None;
+                        self.executed += 1;
+                        self.threads[t].pc += 1;
+                        continue;
+                    }
+                }
             }
             if let Op::MbarrierWait { addr, parity, .. } = &inst.op {
                 let (a, p) = (self.get(t, &Src::Reg(*addr)), self.get(t, parity));
@@ -342,10 +375,24 @@ impl<'a> Block<'a> {
                 let v = match sreg {
                     Special::Tid => t as u64,
                     Special::Ctaid(a) => self.block[*a as usize] as u64,
+                    Special::ClusterCtaRank => u64::from(self.cluster.rank),
                 };
                 self.set(t, *d, v);
             }
             Op::SharedBase { d } => self.set(t, *d, SHARED_BASE),
+            Op::Mapa { d, addr, rank } => {
+                let v = self.mapa(self.get(t, &Src::Reg(*addr)), self.get(t, rank))?;
+                self.set(t, *d, v);
+            }
+            Op::ClusterBarrier { step: ClusterBarrierStep::Arrive } => {
+                if self.threads[t].cluster_arrived.is_some() {
+                    return Err("barrier.cluster.arrive twice with no wait between".into());
+                }
+                self.threads[t].cluster_arrived = Some(self.cluster_epoch);
+            }
+            Op::ClusterBarrier { step: ClusterBarrierStep::Wait } => {
+                unreachable!("run_thread waits at barrier.cluster.wait")
+            }
             Op::LdParam { d, name, .. } => {
                 let v = *self.params.get(name).ok_or_else(|| format!("no value for parameter {name}"))?;
                 self.set(t, *d, v);
@@ -450,15 +497,23 @@ impl<'a> Block<'a> {
                 self.set(t, *hi, (x >> 16) & 0xffff);
             }
             Op::Ld { space, ty, d, addr, offset } => {
-                let a = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
+                let mut a = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
                 let w = ty.bytes() as usize;
                 let n = w * d.len();
-                if *space == Space::Shared {
+                if *space == Space::SharedCluster {
+                    a = match self.cluster_target(a, n)? {
+                        cluster::Target::Own(own) => own,
+                        cluster::Target::Other { rank, .. } => {
+                            return Err(format!("ld.shared::cluster from block {rank}: only stores cross blocks here"))
+                        }
+                    };
+                }
+                if *space != Space::Global {
                     self.record_shared(t, a, n);
                 }
                 let bytes = match space {
                     Space::Global => self.read_global(a, n)?,
-                    Space::Shared => self.read_shared(t, a, n)?,
+                    Space::Shared | Space::SharedCluster => self.read_shared(t, a, n)?,
                 };
                 for (k, r) in d.iter().enumerate() {
                     let mut v = 0u64;
@@ -479,12 +534,17 @@ impl<'a> Block<'a> {
                     let v = self.get(t, s);
                     bytes.extend_from_slice(&v.to_le_bytes()[..w]);
                 }
-                match space {
-                    Space::Global => self.write_global(a, &bytes)?,
-                    Space::Shared => {
-                        self.record_shared(t, a, bytes.len());
-                        self.write_shared(t, a, &bytes)?
+                let target = match space {
+                    Space::SharedCluster => self.cluster_target(a, bytes.len())?,
+                    _ => cluster::Target::Own(a),
+                };
+                match (space, target) {
+                    (Space::Global, _) => self.write_global(a, &bytes)?,
+                    (_, cluster::Target::Own(own)) => {
+                        self.record_shared(t, own, bytes.len());
+                        self.write_shared(t, own, &bytes)?
                     }
+                    (_, cluster::Target::Other { rank, at }) => self.store_remote(t, rank, at, bytes),
                 }
             }
             Op::CpAsync { dst, src, src_bytes } => {
@@ -621,8 +681,9 @@ impl<'a> Block<'a> {
     }
 }
 
-/// Runs the whole grid, one block at a time. `args` holds one value per parameter of the
-/// program, by the parameter's kernel name (tensors as their bytes, written in place).
+/// Runs the whole grid, one cluster at a time (a block, for a program without clusters).
+/// `args` holds one value per parameter of the program, by the parameter's kernel name
+/// (tensors as their bytes, written in place).
 pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) -> Result<SimReport, SimError> {
     let args::BoundArgs { params, mut globals, names, tensor_slot, maps } = args::bind(prog, args)?;
     let mut labels = HashMap::new();
@@ -637,67 +698,85 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
         *base = total;
         total += count as usize;
     }
+    let cluster_blocks = prog.cluster_blocks.max(1);
+    if !grid[0].is_multiple_of(cluster_blocks) {
+        return Err(SimError {
+            message: format!("a grid of {} blocks along x in clusters of {cluster_blocks}", grid[0]),
+            loc: SrcLoc::default(),
+            block: [0; 3],
+            thread: 0,
+        });
+    }
     let tracks_wgmma_registers = prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. }));
     let mut report = SimReport::default();
     let mut result = Ok(());
     'grid: for bz in 0..grid[2] {
         for by in 0..grid[1] {
-            for bx in 0..grid[0] {
-                let mut blk = Block {
-                    prog,
-                    labels: labels.clone(),
-                    reg_base,
-                    threads: (0..prog.threads)
-                        .map(|_| Thread {
-                            pc: 0,
-                            regs: vec![0; total],
-                            written: vec![false; total],
-                            done: false,
-                            blocked: false,
-                            parked: false,
-                            woke: false,
-                            groups: vec![],
-                            open_group: vec![],
-                            write_clock: vec![0; total],
-                            read_clock: vec![std::cell::Cell::new(0); total],
-                            in_flight: vec![false; total],
-                            register_fence: None,
-                            proxy_fences: vec![],
-                            bulk_open: vec![],
-                            bulk_groups: Default::default(),
-                        })
-                        .collect(),
-                    shared: vec![0; prog.shared_bytes as usize],
-                    shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
-                    released: 0,
-                    warps: prog.threads.div_ceil(32) as usize,
-                    last_shared_barrier: vec![0; (prog.threads.div_ceil(32) as usize).pow(2)],
-                    block: [bx, by, bz],
-                    params: &params,
-                    globals: &mut globals,
-                    global_names: &names,
-                    maps: &maps,
-                    traces: BTreeMap::new(),
-                    trace_counts: vec![HashMap::new(); prog.threads as usize],
-                    executed: 0,
-                    uninit: std::cell::Cell::new(None),
-                    touched_in_flight: std::cell::Cell::new(None),
-                    clock: 0,
-                    bulk_pending: 0,
-                    mbarriers: HashMap::new(),
-                    tracks_wgmma_registers,
-                    warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
-                        .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
-                        .collect(),
-                    banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
-                };
-                let r = run_block(&mut blk);
-                report.instructions += blk.executed;
-                if let Some(rec) = blk.banks.take() {
-                    rec.finish(|pc| (prog.body[pc].loc, shared_op(&prog.body[pc].op)));
-                }
-                for ((_, _), (name, shape, vals)) in std::mem::take(&mut blk.traces) {
-                    report.prints.push(format_print(&name, &shape, [bx, by, bz], &vals));
+            for first in (0..grid[0]).step_by(cluster_blocks as usize) {
+                let mut blocks: Vec<Block> = (0..cluster_blocks)
+                    .map(|rank| Block {
+                        prog,
+                        labels: labels.clone(),
+                        reg_base,
+                        threads: (0..prog.threads)
+                            .map(|_| Thread {
+                                pc: 0,
+                                regs: vec![0; total],
+                                written: vec![false; total],
+                                done: false,
+                                blocked: false,
+                                parked: false,
+                                woke: false,
+                                groups: vec![],
+                                open_group: vec![],
+                                write_clock: vec![0; total],
+                                read_clock: vec![std::cell::Cell::new(0); total],
+                                in_flight: vec![false; total],
+                                register_fence: None,
+                                proxy_fences: vec![],
+                                bulk_open: vec![],
+                                bulk_groups: Default::default(),
+                                cluster_arrived: None,
+                                cluster_parked: false,
+                            })
+                            .collect(),
+                        shared: vec![0; prog.shared_bytes as usize],
+                        shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
+                        released: 0,
+                        warps: prog.threads.div_ceil(32) as usize,
+                        last_shared_barrier: vec![0; (prog.threads.div_ceil(32) as usize).pow(2)],
+                        block: [first + rank, by, bz],
+                        params: &params,
+                        globals: vec![],
+                        cluster: cluster::Place { rank, blocks: cluster_blocks },
+                        cluster_epoch: 0,
+                        remote_out: vec![],
+                        global_names: &names,
+                        maps: &maps,
+                        traces: BTreeMap::new(),
+                        trace_counts: vec![HashMap::new(); prog.threads as usize],
+                        executed: 0,
+                        uninit: std::cell::Cell::new(None),
+                        touched_in_flight: std::cell::Cell::new(None),
+                        clock: 0,
+                        bulk_pending: 0,
+                        mbarriers: HashMap::new(),
+                        tracks_wgmma_registers,
+                        warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
+                            .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
+                            .collect(),
+                        banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
+                    })
+                    .collect();
+                let r = cluster::run_cluster(&mut blocks, &mut globals);
+                for blk in &mut blocks {
+                    report.instructions += blk.executed;
+                    if let Some(rec) = blk.banks.take() {
+                        rec.finish(|pc| (prog.body[pc].loc, shared_op(&prog.body[pc].op)));
+                    }
+                    for ((_, _), (name, shape, vals)) in std::mem::take(&mut blk.traces) {
+                        report.prints.push(format_print(&name, &shape, blk.block, &vals));
+                    }
                 }
                 if let Err(e) = r {
                     result = Err(e);
@@ -710,56 +789,74 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
     result.map(|_| report)
 }
 
-fn run_block(blk: &mut Block) -> Result<(), SimError> {
-    let warps = blk.warps;
-    let fail = |blk: &Block, t: usize, m: String| SimError {
-        message: m,
-        loc: blk.prog.body.get(blk.threads[t].pc).map(|i| i.loc).unwrap_or_default(),
-        block: blk.block,
-        thread: t as u32,
-    };
-    loop {
-        for t in 0..blk.threads.len() {
-            if let Err(m) = blk.run_thread(t) {
-                return Err(fail(blk, t, m));
-            }
+/// What one round of a block's scheduling did.
+enum Round {
+    /// Every thread has finished.
+    Finished,
+    /// Instructions ran, a collective or barrier completed or an mbarrier wait woke.
+    Progressed,
+    /// Nothing could move: every live thread waits (for another block of the cluster, or for
+    /// good: [`stall_error`] says which).
+    Stalled,
+}
+
+/// Runs every thread of `blk` until it blocks, then the warps' collectives and barriers once.
+fn round(blk: &mut Block) -> Result<Round, SimError> {
+    let executed = blk.executed;
+    for t in 0..blk.threads.len() {
+        if let Err(m) = blk.run_thread(t) {
+            return Err(blk.fail(t, m));
         }
-        if blk.threads.iter().all(|t| t.done) {
-            if let Some(g) = blk.warpgroups.iter().position(|g| !g.idle()) {
-                return Err(fail(
-                    blk,
-                    g * warpgroup::WARPGROUP,
-                    format!("warpgroup {g} exits with wgmma results pending (wgmma.wait_group 0 before the end)"),
-                ));
-            }
-            return Ok(());
-        }
-        let mut progress = false;
-        for w in 0..warps {
-            match blk.step_warp(w) {
-                Ok(p) => progress |= p,
-                Err(m) => return Err(fail(blk, w * 32, m)),
-            }
-        }
-        match blk.step_barrier() {
-            Ok(p) => progress |= p,
-            Err(m) => return Err(fail(blk, 0, m)),
-        }
-        match blk.unpark() {
-            Ok(p) => progress |= p,
-            Err(m) => return Err(fail(blk, 0, m)),
-        }
-        if let (false, Some(t)) = (progress, blk.threads.iter().position(|t| t.parked)) {
-            let why = blk.stuck_phase(t);
-            return Err(fail(blk, t, format!("deadlock: an mbarrier wait waits for a phase {why}")));
-        }
-        if !progress {
-            let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);
-            return Err(fail(
-                blk,
-                t,
-                "deadlock: threads wait at barriers or collectives that can never complete".into(),
+    }
+    if blk.threads.iter().all(|t| t.done) {
+        if let Some(g) = blk.warpgroups.iter().position(|g| !g.idle()) {
+            return Err(blk.fail(
+                g * warpgroup::WARPGROUP,
+                format!("warpgroup {g} exits with wgmma results pending (wgmma.wait_group 0 before the end)"),
             ));
+        }
+        return Ok(Round::Finished);
+    }
+    let mut progress = blk.executed != executed;
+    for w in 0..blk.warps {
+        match blk.step_warp(w) {
+            Ok(p) => progress |= p,
+            Err(m) => return Err(blk.fail(w * 32, m)),
+        }
+    }
+    match blk.step_barrier() {
+        Ok(p) => progress |= p,
+        Err(m) => return Err(blk.fail(0, m)),
+    }
+    match blk.unpark() {
+        Ok(p) => progress |= p,
+        Err(m) => return Err(blk.fail(0, m)),
+    }
+    Ok(if progress { Round::Progressed } else { Round::Stalled })
+}
+
+/// Why a block that cannot move is stuck: a deadlock at an mbarrier phase, at
+/// `barrier.cluster`, or at barriers and collectives.
+fn stall_error(blk: &mut Block) -> SimError {
+    if let Some(t) = blk.threads.iter().position(|t| t.parked) {
+        let why = blk.stuck_phase(t);
+        return blk.fail(t, format!("deadlock: an mbarrier wait waits for a phase {why}"));
+    }
+    if let Some(t) = blk.threads.iter().position(|t| t.cluster_parked) {
+        return blk.fail(t, "deadlock: barrier.cluster waits for threads of the cluster that never arrive".into());
+    }
+    let t = blk.threads.iter().position(|t| !t.done).unwrap_or(0);
+    blk.fail(t, "deadlock: threads wait at barriers or collectives that can never complete".into())
+}
+
+impl Block<'_> {
+    /// An error at thread `t`'s instruction.
+    fn fail(&self, t: usize, message: String) -> SimError {
+        SimError {
+            message,
+            loc: self.prog.body.get(self.threads[t].pc).map(|i| i.loc).unwrap_or_default(),
+            block: self.block,
+            thread: t as u32,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Thread programs that use the Hopper instructions (wgmma, mbarrier rings, TMA, setmaxnreg),
+//! Thread programs that use the Hopper instructions (wgmma, mbarrier rings, TMA, setmaxnreg,
+//! clusters),
 //! each with the faults a test can plant, and their arguments. Shared by the simulator's tests
 //! (`tests/simulator.rs`) and the GPU test that runs them on an H200 against the simulator
 //! (`kda-runtime/tests/gpu_hopper.rs`), so both run the same programs.
@@ -45,6 +46,7 @@ impl P {
             min_blocks_per_sm: None,
             max_registers: None,
             shared_bytes: shared,
+            cluster_blocks: 1,
             body: self.body,
             reg_counts: self.counts,
         }
@@ -945,4 +947,104 @@ pub fn roles_program(fault: RolesFault) -> ThreadProgram {
     let mut prog = p.prog(384, 0, vec![]);
     prog.max_registers = (fault != RolesFault::NoRegisterCap).then_some(168);
     prog
+}
+
+/// What a [`cluster_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClusterFault {
+    None,
+    /// No `barrier.cluster` between the peer's store and the block's own read.
+    NoBarrier,
+    /// `barrier.cluster.wait` with no arrive before it.
+    WaitWithoutArrive,
+    /// `mapa` to a rank past the cluster.
+    RankPastTheCluster,
+    /// The block reads its peer's word with `ld.shared::cluster` instead of receiving it.
+    LoadFromThePeer,
+    /// In the cluster's second block, warp 0 waits at a named barrier that warp 1 never
+    /// reaches, so that block never arrives at `barrier.cluster`.
+    PeerStuck,
+}
+
+/// Threads per block of [`cluster_program`].
+pub const CLUSTER_THREADS: u32 = 64;
+
+/// Blocks of [`cluster_program`]'s grid: two clusters of two.
+pub const CLUSTER_GRID: u32 = 4;
+
+/// Clusters of two blocks: every thread clears its own shared word and meets the cluster at
+/// `barrier.cluster` (so no peer's store can come before the clearing), stores `1000 block +
+/// thread` into the same word of its peer's shared memory (`mapa` of its own word to rank
+/// `rank ^ 1`, `st.shared::cluster`), meets the cluster again, then copies its own word, which
+/// the peer wrote, to the output.
+pub fn cluster_program(fault: ClusterFault) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    let base = shared_at(&mut p, 0);
+    let word = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(base) });
+    let peer = p.reg(RegClass::B32);
+    let flip = if fault == ClusterFault::RankPastTheCluster { 2 } else { 1 };
+    p.op(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: peer, a: Src::Reg(rank), b: Src::Imm(flip) });
+    let remote = p.reg(RegClass::B32);
+    p.op(Op::Mapa { d: remote, addr: word, rank: Src::Reg(peer) });
+    let value = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Reg(block), b: Src::Imm(1000), c: Src::Reg(t) });
+    let got = p.reg(RegClass::B32);
+    p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: word, offset: 0, vals: vec![Src::Imm(0)] });
+    if fault == ClusterFault::PeerStuck {
+        let (second, warp0, stuck) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+        p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: second, a: Src::Reg(rank), b: Src::Imm(1) });
+        p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: warp0, a: Src::Reg(t), b: Src::Imm(32) });
+        p.op(Op::PredLogic { op: BinKind::And, d: stuck, a: second, b: warp0 });
+        p.guarded(stuck, Op::Bar { id: Src::Imm(1), count: Some(64), reach: BarrierReach::SameInstruction });
+    }
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    if fault == ClusterFault::LoadFromThePeer {
+        p.op(Op::Ld { space: Space::SharedCluster, ty: Ty::U32, d: vec![got], addr: remote, offset: 0 });
+    } else {
+        p.op(Op::St { space: Space::SharedCluster, ty: Ty::U32, addr: remote, offset: 0, vals: vec![Src::Reg(value)] });
+        match fault {
+            ClusterFault::NoBarrier => {}
+            ClusterFault::WaitWithoutArrive => p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait }),
+            _ => {
+                p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+                p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+            }
+        }
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![got], addr: word, offset: 0 });
+    }
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mad {
+        ty: Ty::U32,
+        d: index,
+        a: Src::Reg(block),
+        b: Src::Imm(i64::from(CLUSTER_THREADS)),
+        c: Src::Reg(t),
+    });
+    let out = per_thread_global(&mut p, index, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+    p.op(Op::Ret);
+    ThreadProgram { cluster_blocks: 2, ..p.prog(CLUSTER_THREADS, CLUSTER_THREADS * 4, vec![("p_out".into(), Ty::U64)]) }
+}
+
+/// The argument of [`cluster_program`]: its output, a word per thread of the grid.
+pub fn cluster_args() -> Vec<(String, SimArg)> {
+    vec![("out".to_string(), SimArg::Tensor(vec![0; (CLUSTER_GRID * CLUSTER_THREADS * 4) as usize]))]
+}
+
+/// What [`cluster_program`] writes: each thread the word its peer block's same thread stored.
+pub fn cluster_expected() -> Vec<u32> {
+    (0..CLUSTER_GRID).flat_map(|b| (0..CLUSTER_THREADS).map(move |t| 1000 * (b ^ 1) + t)).collect()
+}
+
+/// Runs [`cluster_program`] in the simulator; returns its output words.
+pub fn run_cluster(fault: ClusterFault) -> Result<Vec<u32>, String> {
+    let mut args = cluster_args();
+    run(&cluster_program(fault), [CLUSTER_GRID, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(ring_words(tensor(&args, "out")))
 }

@@ -96,15 +96,17 @@ pub fn run(args: &[String]) -> Result<i32, String> {
         };
         let mtok = r.tokens as f64 / r.ms as f64 / 1e3;
         let floor = r.min_bytes as f64 / (r.ms as f64 * 1e-3) / 4.25e12 * 100.0;
+        // The path this device took, as `--sweep-chunk` names it.
+        let took = chunk_shape_name(&r.tuning).unwrap_or_else(|| "-".into());
         out!(
-            "{:<36} {:>10.4} {:>10}   {mtok:.1} Mtok/s, {floor:.0}% of the byte floor, first call {:.2} s",
+            "{:<36} {:>10.4} {:>10}   {mtok:.1} Mtok/s, {floor:.0}% of the byte floor, first call {:.2} s, took {took}",
             name,
             r.ms,
             "-",
             r.first_call_s
         );
         lines.push(format!(
-            "{{\"case\": \"{}\", \"impl\": \"kda\", \"ms\": {:.6}, \"first_call_s\": {:.4}, \"mtok_per_s\": {mtok:.3}, \"min_bytes\": {}, \"method\": \"cuda events, median of 20\"}}",
+            "{{\"case\": \"{}\", \"impl\": \"kda\", \"ms\": {:.6}, \"first_call_s\": {:.4}, \"mtok_per_s\": {mtok:.3}, \"min_bytes\": {}, \"tuning\": \"{took}\", \"method\": \"cuda events, median of 20\"}}",
             name, r.ms, r.first_call_s, r.min_bytes
         ));
         if name == "prefill_b8_t4096_h32" || name == "prefill_b1_t32768_h32" {

@@ -1,7 +1,7 @@
 //! The block simulator: runs a lowered [`ThreadProgram`] (the program the PTX printer prints)
-//! on the CPU, every thread of a block, with the PTX ISA's per-lane meaning of `mma`,
-//! `ldmatrix`, `shfl`, `cp.async` groups, barriers, `mbarrier` phases and the warpgroup's
-//! `wgmma` groups.
+//! on the CPU, every thread of a block (of a cluster's blocks together: see `cluster`), with
+//! the PTX ISA's per-lane meaning of `mma`, `ldmatrix`, `shfl`, `cp.async` groups, barriers,
+//! `mbarrier` phases and the warpgroup's `wgmma` groups.
 //!
 //! Each thread runs until it reaches a warp-collective instruction or a barrier; a collective
 //! executes once all lanes of the warp stand at it (a warpgroup's, all 128 threads: see

@@ -69,10 +69,11 @@ pub fn preload_chunk(
         }
     }
     let split = chunk_split_variants(&plan);
-    if may_take_ranges(&plan, &gpu.limits()) || split.is_some() {
+    let device = gpu.limits();
+    if may_take_ranges(&plan, &device) || split.is_some() {
         gpu.high_priority_stream()?;
     }
-    let (mut chains, mut preps) = chunk_variants(&plan, &gpu.limits());
+    let (mut chains, mut preps) = chunk_variants(&plan, &device);
     let mut loaded = 0;
     if let Some(c) = split {
         chains.extend([c.transition, c.from_zeros, c.output]);

@@ -188,7 +188,8 @@ fn sweep_chunk(args: &[String]) -> Result<i32, String> {
             let hashed = super::chunk_gpu::ResultBits::Hash;
             match super::chunk_gpu::time_prefill(&gpu, &kernels, c, *tune, WorkspaceSource::Caller, hashed) {
                 Ok(r) => {
-                    let verdict = bits_verdict(&mut first, name, r.bits.unwrap_or_default(), r.unsplit);
+                    let unsplit = r.tuning.split.is_none();
+                    let verdict = bits_verdict(&mut first, name, r.bits.unwrap_or_default(), unsplit);
                     // The runtime's own choice, named as a shape would be.
                     let taken = match (tune, chunk_shape_name(&r.tuning)) {
                         (None, Some(n)) => format!(" ({n})"),
@@ -281,7 +282,7 @@ pub(crate) fn chunk_shape_name(t: &kda_runtime::chunk::ChunkTuning) -> Option<St
     Some(name)
 }
 
-/// One `--sweep-chunk` shape, `WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`,
+/// One `--sweep-chunk` shape (the grammar of `chunk_shape_grammar!`, which the usage prints)
 /// as the tuning it names.
 pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::ChunkTuning, String> {
     use kda_kernels::chunk::NarrowProducts;

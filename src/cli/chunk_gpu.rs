@@ -218,10 +218,6 @@ pub fn poisoned_workspace(
     Ok(ws)
 }
 
-/// One call on the GPU, checking the call's fused variant is `cfg`: the fused kernel (no
-/// workspace), or with `prepared` the API's path (`tune`'s, or the default) over a poisoned
-/// workspace; returns what it wrote, and the segment length of the split the call took, if
-/// any.
 /// A case's tuning for one of its two runs: the fused kernel (`prepared` false) or the
 /// two-kernel path. Token ranges and chains on SMs of their own are forms of the two-kernel
 /// path, so the fused run drops them; beside the sm_90a fused kernel the two-kernel run takes
@@ -236,6 +232,10 @@ fn tuning_for_path(t: ChunkTuning, prepared: bool) -> ChunkTuning {
     ChunkTuning { prepared, ranges: None, chain_sms: ChainSms::Shared, ..t }
 }
 
+/// One call on the GPU, checking the call's fused variant is `cfg`: the fused kernel (no
+/// workspace), or with `prepared` the API's path (`tune`'s, or the default) over a poisoned
+/// workspace; returns what it wrote, and the segment length of the split the call took, if
+/// any.
 #[allow(clippy::too_many_arguments)] // a case, its tensors and how to call
 pub fn run_chunk_on_gpu(
     gpu: &Gpu,
@@ -774,11 +774,8 @@ pub struct PrefillTiming {
     /// A hash of the first call's output and final-state bytes, where [`ResultBits::Hash`]
     /// asked for it: two launch shapes of one case that give the same bits give the same hash.
     pub bits: Option<u64>,
-    /// Whether the call's tuning (the one given, or the runtime's own) leaves sequences
-    /// unsplit: every such tuning of a case gives the same bits, a split rounds its merge
-    /// otherwise.
-    pub unsplit: bool,
-    /// The tuning the call ran: the one given, or the runtime's own.
+    /// The tuning the call ran: the one given, or the runtime's own (unsplit, every tuning of
+    /// a case gives the same bits; a split rounds its merge otherwise).
     pub tuning: ChunkTuning,
 }
 
@@ -971,8 +968,7 @@ pub fn time_prefill(
     let checkpoint_bytes = pool.as_ref().map_or(0, |p| p.written * hv * D * D * 4);
     let min_bytes =
         tokens * (2 * h * D * 2 + 2 * hv * D * 2 + hv * 2 + hv * D * 2) + 2 * n * hv * D * D * 4 + checkpoint_bytes;
-    let unsplit = ran.split.is_none();
-    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, unsplit, tuning: ran })
+    Ok(PrefillTiming { ms: median(&mut samples), first_call_s, tokens, min_bytes, host_us, bits, tuning: ran })
 }
 
 #[cfg(test)]

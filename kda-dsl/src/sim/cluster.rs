@@ -173,10 +173,10 @@ fn complete_barrier(blocks: &mut [Block]) -> bool {
 }
 
 /// Runs a cluster's blocks (one, for a program without clusters) to the end, round by round,
-/// with `globals` moved into the block that runs.
-pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>) -> Result<(), SimError> {
+/// with `globals` moved into the block that runs; `meets`: whether the program has a
+/// `barrier.cluster` (else no round looks for one completing).
+pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>, meets: bool) -> Result<(), SimError> {
     let mut finished = vec![false; blocks.len()];
-    let meets = blocks[0].prog.body.iter().any(|i| matches!(i.op, Op::ClusterBarrier { .. }));
     loop {
         let mut progress = false;
         for b in 0..blocks.len() {

@@ -708,6 +708,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
         });
     }
     let tracks_wgmma_registers = prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. }));
+    let meets = prog.body.iter().any(|i| matches!(i.op, Op::ClusterBarrier { .. }));
     let mut report = SimReport::default();
     let mut result = Ok(());
     'grid: for bz in 0..grid[2] {
@@ -768,7 +769,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
                     })
                     .collect();
-                let r = cluster::run_cluster(&mut blocks, &mut globals);
+                let r = cluster::run_cluster(&mut blocks, &mut globals, meets);
                 for blk in &mut blocks {
                     report.instructions += blk.executed;
                     if let Some(rec) = blk.banks.take() {

@@ -270,6 +270,16 @@ impl MbarrierWaitKind {
     }
 }
 
+/// Whose releases an `mbarrier` wait acquires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MbarrierScope {
+    /// `.acquire.cta` (the default): the block's own threads' arrivals.
+    Cta,
+    /// `.acquire.cluster`: also the arrivals and `st.async` completions that other blocks of
+    /// the cluster made on it (`.release.cluster`).
+    Cluster,
+}
+
 /// Where the threads that meet at a barrier reach it from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BarrierReach {
@@ -389,9 +399,19 @@ pub enum Op {
     /// bytes to whoever waits for the phase; `.noinc`, so the arrival counts among the phase's
     /// (the `init` count includes the copying threads). The copies need no `wait_group`.
     CpAsyncMbarrierArrive { addr: Reg },
-    /// `mbarrier.try_wait.parity.shared.b64 d, [addr], parity` (or `test_wait`, by `kind`): `d`
-    /// is whether the phase of parity `parity` completed (acquiring what its arrivals released).
-    MbarrierWait { d: Reg, addr: Reg, parity: Src, kind: MbarrierWaitKind },
+    /// `mbarrier.try_wait.parity[.acquire.cluster].shared.b64 d, [addr], parity` (or
+    /// `test_wait`, by `kind`): `d` is whether the phase of parity `parity` completed
+    /// (acquiring what its arrivals released, within `scope`).
+    MbarrierWait { d: Reg, addr: Reg, parity: Src, kind: MbarrierWaitKind, scope: MbarrierScope },
+    /// `mbarrier.arrive.release.cluster.shared::cluster.b64 _, [addr]`: one arrival on the
+    /// mbarrier at the `.shared::cluster` address `addr` (another block's, from `mapa`),
+    /// releasing this thread's earlier accesses to the cluster.
+    MbarrierArriveRemote { addr: Reg },
+    /// `st.async.shared::cluster.mbarrier::complete_tx::bytes[.v2|.v4].ty [addr], {vals..},
+    /// [mbar]`: stores `vals` into another block's shared memory at the `.shared::cluster`
+    /// address `addr`, then completes that many bytes of the phase of the mbarrier at `mbar`
+    /// (in the same block), which releases them to the cluster.
+    StAsync { ty: Ty, addr: Reg, vals: Vec<Src>, mbar: Reg },
     /// `mbarrier.arrive.expect_tx.shared.b64 state, [addr], bytes`: raises the phase's
     /// transaction count by `bytes` (the copies that complete it lower it), then arrives.
     MbarrierArriveExpectTx { state: Reg, addr: Reg, bytes: u32 },
@@ -706,12 +726,28 @@ impl fmt::Display for Op {
             Op::MbarrierInit { addr, count } => write!(f, "mbarrier.init.shared.b64 [{addr}], {count};"),
             Op::MbarrierArrive { state, addr } => write!(f, "mbarrier.arrive.shared.b64 {state}, [{addr}];"),
             Op::CpAsyncMbarrierArrive { addr } => write!(f, "cp.async.mbarrier.arrive.noinc.shared.b64 [{addr}];"),
-            Op::MbarrierWait { d, addr, parity, kind } => {
+            Op::MbarrierWait { d, addr, parity, kind, scope } => {
                 let wait = match kind {
                     MbarrierWaitKind::Try => "try_wait",
                     MbarrierWaitKind::Test => "test_wait",
                 };
-                write!(f, "mbarrier.{wait}.parity.shared.b64 {d}, [{addr}], {parity};")
+                let scope = match scope {
+                    MbarrierScope::Cta => "",
+                    MbarrierScope::Cluster => ".acquire.cluster",
+                };
+                write!(f, "mbarrier.{wait}.parity{scope}.shared.b64 {d}, [{addr}], {parity};")
+            }
+            Op::MbarrierArriveRemote { addr } => {
+                write!(f, "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{addr}];")
+            }
+            Op::StAsync { ty, addr, vals, mbar } => {
+                let v = if vals.len() == 1 { vals[0].to_string() } else { format!("{{{}}}", list(vals)) };
+                write!(
+                    f,
+                    "st.async.shared::cluster.mbarrier::complete_tx::bytes{}.{} [{addr}], {v}, [{mbar}];",
+                    vec_suffix(vals.len()),
+                    ty.name()
+                )
             }
             Op::MbarrierArriveExpectTx { state, addr, bytes } => {
                 write!(f, "mbarrier.arrive.expect_tx.shared.b64 {state}, [{addr}], {bytes};")
@@ -770,11 +806,13 @@ impl fmt::Display for Inst {
 impl Inst {
     /// The least PTX ISA version that has this instruction (at least 7.0): 7.7 for
     /// `cvta.param`, 7.8 for `movmatrix` and `mbarrier.try_wait`, 8.0 for `expect_tx`, TMA,
-    /// `fence.proxy.async` and `wgmma`.
+    /// clusters, `fence.proxy.async` and `wgmma`, 8.1 for `st.async`.
     pub fn least_ptx_version(&self) -> (u32, u32) {
         match self.op {
             Op::CvtaParam { .. } => (7, 7),
             Op::Movmatrix { .. } | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. } => (7, 8),
+            Op::StAsync { .. } => (8, 1),
+            Op::MbarrierWait { scope: MbarrierScope::Cluster, .. } | Op::MbarrierArriveRemote { .. } => (8, 0),
             Op::MbarrierWait { kind: MbarrierWaitKind::Test, .. } => (7, 1),
             Op::MbarrierArriveExpectTx { .. }
             | Op::Mapa { .. }
@@ -797,7 +835,8 @@ impl Inst {
     }
 
     /// The least target that has this instruction: `sm_90a` for `wgmma`, `sm_90` for
-    /// `mbarrier.try_wait`, `expect_tx`, TMA and `fence.proxy.async`, `sm_80` for the rest.
+    /// `mbarrier.try_wait`, `expect_tx`, TMA, clusters and `fence.proxy.async`, `sm_80` for
+    /// the rest.
     pub fn least_target(&self) -> crate::target::Target {
         use crate::target::Target;
         match self.op {
@@ -805,6 +844,9 @@ impl Inst {
                 Target::Sm90a
             }
             Op::FenceProxyAsync
+            | Op::MbarrierWait { scope: MbarrierScope::Cluster, .. }
+            | Op::MbarrierArriveRemote { .. }
+            | Op::StAsync { .. }
             | Op::Mapa { .. }
             | Op::ClusterBarrier { .. }
             | Op::ReadSpecial { sreg: Special::ClusterCtaRank, .. }

@@ -30,11 +30,46 @@ fn a_cluster_s_blocks_store_into_each_other_and_meet_at_barrier_cluster() {
 }
 
 #[test]
+fn a_ring_across_a_cluster_s_blocks_hands_stages_over_with_st_async_and_remote_arrivals() {
+    assert_eq!(run_cluster_ring(ClusterRingFault::None).expect("runs"), cluster_ring_expected(2));
+}
+
+#[test]
+fn cluster_ring_misuse_is_reported() {
+    use ClusterRingFault as F;
+    assert_each_fault_reported(
+        run_cluster_ring,
+        &[
+            (F::ProducerSkipsEmptyWait, "a phase whose copies delivered 512 bytes more than its expect_tx"),
+            (
+                F::ConsumerWaitsAtCtaScope,
+                "of the cluster's block 0 and read by thread 0 with no barrier.cluster or mbarrier phase (waited for at \
+                 .cluster scope) between",
+            ),
+            (
+                F::ConsumerArrivesBeforeReading,
+                "shared byte 0 of block 1 read by its threads and stored by thread 0 of the cluster's block 0 with no",
+            ),
+            (
+                F::NoClusterBarrierAfterInit,
+                "the mbarrier at shared byte 512 of the cluster's block 1 is used from another block with no \
+                 barrier.cluster after its initialization",
+            ),
+            (F::NoClusterBarrierAtExit, "block 1 of the cluster reaches block 0, which has exited"),
+            (F::StAsyncCompletesAnotherBlock, "st.async into one block's shared memory completing another block's mbarrier"),
+        ],
+    );
+}
+
+#[test]
 fn cluster_misuse_is_reported() {
     assert_each_fault_reported(
         run_cluster,
         &[
-            (ClusterFault::NoBarrier, "with no barrier.cluster between"),
+            (
+                ClusterFault::NoBarrier,
+                "written by thread 0 of the cluster's block 0 and read by thread 0 with no barrier.cluster or mbarrier",
+            ),
             (ClusterFault::WaitWithoutArrive, "barrier.cluster.wait with no arrive before it"),
             (ClusterFault::RankPastTheCluster, "mapa to rank 2 of a cluster of 2 blocks"),
             (ClusterFault::LoadFromThePeer, "only stores cross blocks here"),
@@ -433,6 +468,7 @@ fn hopper_programs_assemble() {
         ("compute_ring", compute_ring_program(ComputeRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
         ("cluster", cluster_program(ClusterFault::None), Target::Sm90, "UCGABAR_ARV"),
+        ("cluster_ring", cluster_ring_program(ClusterRingFault::None), Target::Sm90, "STAS"),
     ];
     for (name, prog, target, sass_op) in programs {
         let ptx = kda_dsl::ptx::print_module(&prog, target);

@@ -1,7 +1,7 @@
 //! On an H100 or H200 (compute capability 9.0): the Hopper thread programs of the simulator's
 //! tests (wgmma through every swizzle and operand order, an mbarrier ring, a TMA box with zero
-//! fill, warpgroups trading registers) run on the GPU, and every tensor they leave must hold
-//! the same bytes the simulator left. The simulator is the primary check of the async rules,
+//! fill, warpgroups trading registers, clusters and a ring across a cluster's blocks) run on
+//! the GPU, and every tensor they leave must hold the same bytes the simulator left. The simulator is the primary check of the async rules,
 //! so this is where its model of the instructions meets the hardware. Skips, visibly, on other
 //! devices and on machines without a GPU.
 
@@ -102,6 +102,13 @@ fn probes() -> Vec<Probe> {
         program: cluster_program(ClusterFault::None),
         args: cluster_args(),
         grid: [CLUSTER_GRID, 1, 1],
+    });
+    out.push(Probe {
+        name: "a ring across clusters of 2: st.async, remote mbarrier arrivals".into(),
+        target: Target::Sm90,
+        program: cluster_ring_program(ClusterRingFault::None),
+        args: cluster_ring_args(2),
+        grid: [4, 1, 1],
     });
     out
 }

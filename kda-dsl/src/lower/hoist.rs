@@ -249,6 +249,8 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::CpAsyncMbarrierArrive { .. }
         | Op::MbarrierWait { .. }
         | Op::MbarrierArriveExpectTx { .. }
+        | Op::MbarrierArriveRemote { .. }
+        | Op::StAsync { .. }
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
@@ -303,6 +305,8 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::FenceProxyAsync
         | Op::MbarrierInit { .. }
         | Op::CpAsyncMbarrierArrive { .. }
+        | Op::MbarrierArriveRemote { .. }
+        | Op::StAsync { .. }
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }

@@ -209,7 +209,13 @@ impl Lower<'_> {
         let (again, done) = (self.em.label(), self.em.reg(RegClass::Pred));
         self.em.emit(Op::Label(again));
         let kind = MbarrierWaitKind::for_target(self.p.target);
-        self.em.emit(Op::MbarrierWait { d: done, addr: mbar, parity: Src::Reg(parity), kind });
+        self.em.emit(Op::MbarrierWait {
+            d: done,
+            addr: mbar,
+            parity: Src::Reg(parity),
+            kind,
+            scope: MbarrierScope::Cta,
+        });
         self.em.emit_if(done, false, Op::Bra { target: again });
         self.count_phase(phases, rd, None);
     }

@@ -1,13 +1,17 @@
 //! Thread-block clusters: a cluster's blocks run together, round by round, so one block can
-//! store into another's shared memory (`st.shared::cluster` at an address `mapa` made) and all
-//! of them meet at `barrier.cluster`.
+//! store into another's shared memory (`st.shared::cluster` and `st.async` at an address
+//! `mapa` made), arrive at its mbarriers, and all of them meet at `barrier.cluster`.
 //!
-//! A store into another block lands at the end of the storing block's round. Only
-//! `barrier.cluster` orders it (and everything else) across the cluster, so each shared byte
-//! remembers the cluster barrier epoch of its last remote store and of its last access by the
-//! block itself: meeting both within one epoch is a race, as are two blocks' stores to one
-//! byte. Loads from another block's shared memory are not simulated (reported as such).
+//! What a thread does to another block lands at the end of its own block's round, in issue
+//! order. The race checker's vector clocks span the cluster (see `order`): a store landing in
+//! another block is checked against the bytes' earlier accesses with what the storing warp
+//! knew when it stored, and the target's later accesses are checked against the store as
+//! against their own block's. What orders them across blocks: `barrier.cluster`, and an
+//! mbarrier phase that a remote arrival or an `st.async`'s transaction released, waited for
+//! at `.cluster` scope. Loads from another block's shared memory are not simulated (reported
+//! as such).
 
+use super::order::merge;
 use super::*;
 
 /// Where a `.shared::cluster` address of [`mapa`](Block::mapa) points: the shared memory of
@@ -24,14 +28,38 @@ pub(super) struct Place {
     pub(super) blocks: u32,
 }
 
-/// A store into another block of the cluster, waiting for the end of the round.
+/// What a thread did to another block of the cluster, waiting for the end of its block's
+/// round: a store (an `st.async`'s with the transaction it completes) or an mbarrier arrival.
+pub(super) enum Remote {
+    Store(RemoteStore),
+    Arrive {
+        rank: u32,
+        /// The mbarrier's index into the target block's shared bytes.
+        mbarrier: usize,
+        /// The arriving thread ([`Block::cluster_thread`]) and its instruction.
+        thread: u32,
+        loc: SrcLoc,
+        /// What the arrival releases ([`Block::release_from`]).
+        release: Vec<u32>,
+    },
+}
+
+/// A store into another block of the cluster.
 pub(super) struct RemoteStore {
     rank: u32,
     /// Index into the target block's shared bytes.
     at: usize,
     bytes: Vec<u8>,
-    /// The storing thread, for the error message.
+    /// The storing thread ([`Block::cluster_thread`]), its instruction, its block's epoch
+    /// then, and what its warp knew ([`Block::knowledge`]): what the bytes' earlier accesses
+    /// must be ordered by.
     thread: u32,
+    loc: SrcLoc,
+    epoch: u32,
+    known: Vec<u32>,
+    /// For `st.async`: the mbarrier (an index into the same block's shared bytes) whose
+    /// transaction count the store completes, and what that releases.
+    completes: Option<(usize, Vec<u32>)>,
 }
 
 /// The block a `.shared::cluster` access at `addr` reaches: the block itself (its `.shared`
@@ -73,87 +101,122 @@ impl Block<'_> {
     /// Thread `t`'s store of `bytes` into another block's shared memory, for the end of the
     /// round.
     pub(super) fn store_remote(&mut self, t: usize, rank: u32, at: usize, bytes: Vec<u8>) {
-        self.remote_out.push(RemoteStore { rank, at, bytes, thread: t as u32 });
+        let (thread, loc, epoch, known) = (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
+        let store = RemoteStore { rank, at, bytes, thread, loc, epoch, known, completes: None };
+        self.remote_out.push(Remote::Store(store));
     }
 
-    /// Notes a local access of shared bytes `at..at + n` in this cluster epoch; a race when a
-    /// remote store reached one of them since the last `barrier.cluster`.
-    pub(super) fn touch_locally(&mut self, t: usize, at: usize, n: usize) -> R<()> {
-        let now = self.cluster_epoch + 1;
-        for i in at..at + n {
-            if self.shadow[i].remote_epoch == now {
+    /// `st.async`: thread `t` stores `bytes` at the `.shared::cluster` address `addr` and
+    /// completes as many bytes of the phase of the mbarrier at `mbar`, in the same block.
+    pub(super) fn store_async(&mut self, t: usize, addr: u64, bytes: Vec<u8>, mbar: u64) -> R<()> {
+        let n = bytes.len() as u32;
+        match (self.cluster_target(addr, bytes.len())?, self.cluster_target(mbar, 8)?) {
+            (Target::Own(own), Target::Own(m)) => {
+                self.write_shared(t, own, &bytes)?;
+                self.mbarrier_complete_tx(t, m, n)
+            }
+            (Target::Other { rank, at }, Target::Other { rank: mbar_rank, at: mbarrier }) if rank == mbar_rank => {
+                // The store comes before the transaction that releases it: its epoch first.
+                let (thread, loc, epoch, known) =
+                    (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
+                let completes = Some((mbarrier, self.release_from(t)));
+                self.remote_out.push(Remote::Store(RemoteStore {
+                    rank,
+                    at,
+                    bytes,
+                    thread,
+                    loc,
+                    epoch,
+                    known,
+                    completes,
+                }));
+                Ok(())
+            }
+            _ => Err("st.async into one block's shared memory completing another block's mbarrier".into()),
+        }
+    }
+
+    /// `mbarrier.arrive.release.cluster.shared::cluster`: thread `t` arrives at the mbarrier at
+    /// the `.shared::cluster` address `addr`, releasing to the cluster what its warp did.
+    pub(super) fn arrive_remote(&mut self, t: usize, addr: u64) -> R<()> {
+        match self.cluster_target(addr, 8)? {
+            Target::Own(own) => self.mbarrier_arrive(t, own, 0).map(|_| ()),
+            Target::Other { rank, at } => {
+                let (thread, loc, release) = (self.cluster_thread(t), self.loc(t), self.release_from(t));
+                self.remote_out.push(Remote::Arrive { rank, mbarrier: at, thread, loc, release });
+                Ok(())
+            }
+        }
+    }
+
+    /// Lands another block's store in this block's shared memory, checked against the bytes'
+    /// earlier accesses: each must be ordered before the store.
+    fn land(&mut self, st: &RemoteStore) -> R<()> {
+        let from = self.describe(st.thread);
+        let rank = self.cluster.rank;
+        if self.bulk_pending > 0 {
+            self.check_no_bulk_read(st.at, st.at + st.bytes.len())?;
+        }
+        for (k, byte) in st.bytes.iter().enumerate() {
+            let i = st.at + k;
+            let s = self.shadow[i];
+            if s.mbarrier {
                 return Err(format!(
-                    "race: shared byte {i} stored by block {} of the cluster and accessed by thread {t} with no \
-                     barrier.cluster between",
-                    self.shadow[i].remote_from
+                    "{from} stores into shared byte {i} of block {rank}, which belongs to an mbarrier"
                 ));
             }
-            self.shadow[i].local_epoch = now;
+            if s.written && s.writer != st.thread && st.known[s.writer as usize / 32] <= s.write_epoch {
+                let writer = self.describe_in(s.writer, rank);
+                return Err(format!(
+                    "race: shared byte {i} of block {rank} written by {writer} and stored by {from} with no \
+                     barrier.cluster or mbarrier phase (waited for at .cluster scope) between"
+                ));
+            }
+            if !self.reads_ordered_for(&s, &st.known) {
+                return Err(format!(
+                    "race: shared byte {i} of block {rank} read by its threads and stored by {from} with no \
+                     barrier.cluster or mbarrier phase (waited for at .cluster scope) between"
+                ));
+            }
+            if self.warpgroups.iter().any(|g| g.reads_chunk(i as u32 / 16)) {
+                return Err(format!(
+                    "{from} stores into shared byte {i} of block {rank} while a pending wgmma reads it"
+                ));
+            }
+            self.clock += 1;
+            self.shared[i] = *byte;
+            self.shadow[i] = Shadow::written_by(st.thread, st.epoch, self.clock);
         }
-        Ok(())
-    }
-
-    /// Every access so far is ordered before every later one, as a completed `barrier.cluster`
-    /// orders them: a barrier every warp passed.
-    fn order_everything(&mut self) {
-        self.released += 1;
-        self.last_shared_barrier.iter_mut().for_each(|e| *e = self.released);
-        self.cluster_epoch += 1;
-        for th in &mut self.threads {
-            th.cluster_parked = false;
+        match &st.completes {
+            Some((mbarrier, release)) => self.complete_tx_from_afar(*mbarrier, st.bytes.len() as u32, release),
+            None => Ok(()),
         }
     }
 }
 
-/// Lands the round's stores of every block of the cluster in their targets; whether any did.
+/// Lands the round's stores and arrivals of every block of the cluster in their targets, in
+/// issue order; whether any did. An error names the block and thread that stored or arrived.
 fn deliver(blocks: &mut [Block]) -> Result<bool, SimError> {
     let mut delivered = false;
     for from in 0..blocks.len() {
-        for st in std::mem::take(&mut blocks[from].remote_out) {
+        for event in std::mem::take(&mut blocks[from].remote_out) {
             delivered = true;
-            let to = &mut blocks[st.rank as usize];
-            let fail =
-                |message: String| SimError { message, loc: SrcLoc::default(), block: to.block, thread: st.thread };
-            if to.threads.iter().all(|t| t.done) {
-                return Err(fail(format!(
-                    "st.shared::cluster from block {from} into block {}, which has exited",
-                    st.rank
-                )));
-            }
-            let now = to.cluster_epoch + 1;
-            for (k, byte) in st.bytes.iter().enumerate() {
-                let i = st.at + k;
-                let s = to.shadow[i];
-                if s.mbarrier {
-                    return Err(fail(format!("st.shared::cluster into shared byte {i} of an mbarrier")));
+            let (rank, thread, loc) = match &event {
+                Remote::Store(st) => (st.rank, st.thread, st.loc),
+                Remote::Arrive { rank, thread, loc, .. } => (*rank, *thread, *loc),
+            };
+            let (block, local) = (blocks[from].block, thread % (32 * blocks[from].warps as u32));
+            let fail = |message: String| SimError { message, loc, block, thread: local };
+            let to = &mut blocks[rank as usize];
+            let landed = if to.threads.iter().all(|t| t.done) {
+                Err(format!("block {from} of the cluster reaches block {rank}, which has exited"))
+            } else {
+                match &event {
+                    Remote::Store(st) => to.land(st),
+                    Remote::Arrive { mbarrier, release, .. } => to.arrive_from_afar(*mbarrier, release),
                 }
-                if s.local_epoch == now {
-                    return Err(fail(format!(
-                        "race: shared byte {i} of block {} accessed by it and stored by block {from} with no \
-                         barrier.cluster between",
-                        st.rank
-                    )));
-                }
-                if s.remote_epoch == now && s.remote_from != from as u32 {
-                    return Err(fail(format!(
-                        "race: shared byte {i} of block {} stored by blocks {} and {from} with no barrier.cluster \
-                         between",
-                        st.rank, s.remote_from
-                    )));
-                }
-                to.shared[i] = *byte;
-                to.shadow[i] = Shadow {
-                    written: true,
-                    writer: 0,
-                    write_epoch: to.released,
-                    reader: NONE,
-                    reader_warps: 0,
-                    read_epoch: 0,
-                    remote_epoch: now,
-                    remote_from: from as u32,
-                    ..s
-                };
-            }
+            };
+            landed.map_err(fail)?;
         }
     }
     Ok(delivered)
@@ -168,7 +231,18 @@ fn complete_barrier(blocks: &mut [Block]) -> bool {
     if !blocks.iter().any(waited_for) || !blocks.iter().all(all_arrived) {
         return false;
     }
-    blocks.iter_mut().for_each(Block::order_everything);
+    let warps = blocks[0].cluster_released.len();
+    let mut released = vec![0; warps];
+    for b in blocks.iter_mut() {
+        merge(&mut released, &std::mem::replace(&mut b.cluster_releasing, vec![0; warps]));
+    }
+    for b in blocks.iter_mut() {
+        b.cluster_released.clone_from(&released);
+        b.cluster_epoch += 1;
+        for th in &mut b.threads {
+            th.cluster_parked = false;
+        }
+    }
     true
 }
 
@@ -202,7 +276,10 @@ pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>, meet
             return Ok(());
         }
         if !progress {
-            let b = finished.iter().position(|f| !f).unwrap_or(0);
+            // A phase that never completes says more than the barrier.cluster that waits on it.
+            let live = |b: &usize| !finished[*b];
+            let parked = (0..blocks.len()).filter(live).find(|b| blocks[*b].threads.iter().any(|t| t.parked));
+            let b = parked.or((0..blocks.len()).find(live)).unwrap_or(0);
             return Err(stall_error(&mut blocks[b]));
         }
     }

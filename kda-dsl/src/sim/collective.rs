@@ -235,13 +235,14 @@ impl Block<'_> {
                 let met: Vec<usize> = (0..warps).filter(|w| met[*w]).collect();
                 // Order is transitive: what any warp that takes part had ordered before it is
                 // ordered before all of them now, and so is everything they did.
-                for a in 0..warps {
+                for a in 0..self.last_shared_barrier.len() / warps {
                     let known = met.iter().map(|s| self.last_shared_barrier[a * warps + s]).max().unwrap_or(0);
                     for b in &met {
                         self.last_shared_barrier[a * warps + b] = known;
                     }
                 }
                 for a in &met {
+                    let a = self.cluster_warp(*a);
                     for b in &met {
                         self.last_shared_barrier[a * warps + b] = self.released;
                     }

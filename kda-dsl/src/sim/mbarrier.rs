@@ -5,8 +5,11 @@
 //! returns false once, as a hardware wait that timed out may: a program that does not loop on
 //! it reads what the phase has not released yet. An arrival releases the arriving
 //! warp's earlier shared accesses and a successful wait acquires them: the race checker orders
-//! them before what the waiting warp does next, as it does across a barrier.
+//! them before what the waiting warp does next, as it does across a barrier. What another
+//! block of the cluster released on it (a remote arrival, an `st.async`'s transaction) only a
+//! wait at `.cluster` scope acquires.
 
+use super::order::merge;
 use super::*;
 
 /// One `mbarrier` object.
@@ -20,31 +23,63 @@ pub(super) struct Mbarrier {
     tx: i64,
     /// Phases completed.
     completed: u32,
-    /// The thread that initialized it, and the barrier epoch then.
+    /// The thread that initialized it ([`Block::cluster_thread`]), and its block's epoch then.
     init: (u32, u32),
-    /// What the current phase's arrivals release, per warp: the epoch before which everything
-    /// that warp did is ordered before the arrivals (an arriving warp's own arrival epoch, and
-    /// what was ordered before it: order is transitive).
+    /// What the current phase's arrivals by the block's own threads release, per warp of the
+    /// cluster: the epoch before which everything that warp did is ordered before the
+    /// arrivals (an arriving warp's own arrival epoch, and what was ordered before it: order
+    /// is transitive).
     releasing: Vec<u32>,
-    /// What the last completed phase released, per warp.
+    /// What the last completed phase's own arrivals released.
     released: Vec<u32>,
+    /// As `releasing` and `released`, for the other blocks' arrivals and transactions.
+    releasing_remote: Vec<u32>,
+    released_remote: Vec<u32>,
 }
 
 impl Mbarrier {
-    /// Adds what one release orders to the phase's.
-    fn release(&mut self, what: &[u32]) {
-        for (known, new) in self.releasing.iter_mut().zip(what) {
-            *known = (*known).max(*new);
-        }
-    }
-
     /// Completes the phase once its arrivals came and its transactions balance.
     fn complete_if_done(&mut self) {
         if self.pending == 0 && self.tx == 0 {
             self.completed += 1;
             self.pending = self.count;
-            self.released = std::mem::replace(&mut self.releasing, vec![0; self.released.len()]);
+            let fresh = vec![0; self.released.len()];
+            self.released = std::mem::replace(&mut self.releasing, fresh.clone());
+            self.released_remote = std::mem::replace(&mut self.releasing_remote, fresh);
         }
+    }
+
+    /// The phase's releases that a wait at `scope` acquires (another block's: `.cluster`).
+    fn releasing(&mut self, scope: MbarrierScope) -> &mut Vec<u32> {
+        match scope {
+            MbarrierScope::Cta => &mut self.releasing,
+            MbarrierScope::Cluster => &mut self.releasing_remote,
+        }
+    }
+
+    /// One arrival that releases `release` to waits at `scope` and first expects `tx_bytes`
+    /// more of the phase's copies; the phase it arrived in.
+    fn arrive(&mut self, release: &[u32], scope: MbarrierScope, tx_bytes: u32, key: u32) -> R<u32> {
+        if self.pending == 0 {
+            return Err(format!(
+                "more arrivals at the mbarrier at shared byte {key} than its count of {} in one phase",
+                self.count
+            ));
+        }
+        let phase = self.completed;
+        merge(self.releasing(scope), release);
+        self.pending -= 1;
+        self.tx += i64::from(tx_bytes);
+        self.complete_if_done();
+        Ok(phase)
+    }
+
+    /// Copies that completed `bytes` of the phase's transactions, releasing `release` to waits
+    /// at `scope`.
+    fn complete_tx(&mut self, release: &[u32], scope: MbarrierScope, bytes: u32) {
+        merge(self.releasing(scope), release);
+        self.tx -= i64::from(bytes);
+        self.complete_if_done();
     }
 }
 
@@ -58,7 +93,26 @@ impl Block<'_> {
         };
         if !self.ordered(by, epoch, t as u32) {
             return Err(format!(
-                "thread {t} uses the mbarrier at shared byte {key} with no barrier after thread {by} initialized it"
+                "thread {t} uses the mbarrier at shared byte {key} with no barrier after {} initialized it",
+                self.describe(by)
+            ));
+        }
+        Ok(self.mbarriers.get_mut(&key).expect("checked above"))
+    }
+
+    /// The `mbarrier` at shared byte `at`, which a thread of another block that knows `known`
+    /// ([`Block::knowledge`]) reaches: initialized, and the initialization ordered before (by a
+    /// `barrier.cluster`, say).
+    pub(super) fn mbarrier_from_afar(&mut self, at: usize, known: &[u32]) -> R<&mut Mbarrier> {
+        let key = at as u32;
+        let Some(&Mbarrier { init: (by, epoch), .. }) = self.mbarriers.get(&key) else {
+            return Err(format!("no mbarrier.init at shared byte {key} of the cluster's block {}", self.cluster.rank));
+        };
+        if known[by as usize / 32] <= epoch {
+            return Err(format!(
+                "the mbarrier at shared byte {key} of the cluster's block {} is used from another block with no \
+                 barrier.cluster after its initialization",
+                self.cluster.rank
             ));
         }
         Ok(self.mbarriers.get_mut(&key).expect("checked above"))
@@ -69,18 +123,22 @@ impl Block<'_> {
         if count == 0 || count >= 1 << 20 {
             return Err(format!("mbarrier.init count {count}: it must be 1 to 2^20 - 1"));
         }
+        let writer = self.cluster_thread(t);
         for s in &mut self.shadow[a..a + 8] {
-            *s = Shadow { written: true, writer: t as u32, write_epoch: self.released, mbarrier: true, ..*s };
+            *s = Shadow { written: true, writer, write_epoch: self.released, mbarrier: true, ..*s };
         }
+        let cluster_warps = self.last_shared_barrier.len() / self.warps;
 
         let m = Mbarrier {
             count,
             pending: count,
             tx: 0,
             completed: 0,
-            init: (t as u32, self.released),
-            releasing: vec![0; self.warps],
-            released: vec![0; self.warps],
+            init: (writer, self.released),
+            releasing: vec![0; cluster_warps],
+            released: vec![0; cluster_warps],
+            releasing_remote: vec![0; cluster_warps],
+            released_remote: vec![0; cluster_warps],
         };
         self.mbarriers.insert(a as u32, m);
         Ok(())
@@ -90,18 +148,8 @@ impl Block<'_> {
     /// returns the phase it arrived in.
     pub(super) fn mbarrier_arrive(&mut self, t: usize, addr: u64, tx_bytes: u32) -> R<u64> {
         let release = self.release_from(t);
-        let m = self.mbarrier(t, addr)?;
-        if m.pending == 0 {
-            return Err(format!(
-                "more arrivals at the mbarrier at shared byte {addr} than its count of {} in one phase",
-                m.count
-            ));
-        }
-        let phase = m.completed;
-        m.release(&release);
-        m.pending -= 1;
-        m.tx += i64::from(tx_bytes);
-        m.complete_if_done();
+        let key = self.check_shared(addr, 8)? as u32;
+        let phase = self.mbarrier(t, addr)?.arrive(&release, MbarrierScope::Cta, tx_bytes, key)?;
         Ok(u64::from(phase))
     }
 
@@ -122,21 +170,21 @@ impl Block<'_> {
     /// arrival, it releases what it wrote.
     pub(super) fn mbarrier_complete_tx(&mut self, t: usize, addr: u64, bytes: u32) -> R<()> {
         let release = self.release_from(t);
-        let m = self.mbarrier(t, addr)?;
-        m.release(&release);
-        m.tx -= i64::from(bytes);
-        m.complete_if_done();
+        self.mbarrier(t, addr)?.complete_tx(&release, MbarrierScope::Cta, bytes);
         Ok(())
     }
 
-    /// What a release by thread `t` now orders, per warp: everything its warp did so far (a new
-    /// epoch, so not what it does after), and what was already ordered before its warp.
-    fn release_from(&mut self, t: usize) -> Vec<u32> {
-        self.released += 1;
-        let me = t / 32;
-        (0..self.warps)
-            .map(|a| if a == me { self.released } else { self.last_shared_barrier[a * self.warps + me] })
-            .collect()
+    /// Another block's arrival at the mbarrier at shared byte `at`, releasing `release` (its
+    /// warp's [`Block::release_from`]).
+    pub(super) fn arrive_from_afar(&mut self, at: usize, release: &[u32]) -> R<()> {
+        self.mbarrier_from_afar(at, release)?.arrive(release, MbarrierScope::Cluster, 0, at as u32).map(|_| ())
+    }
+
+    /// Another block's `st.async` completed `bytes` of the phase of the mbarrier at shared byte
+    /// `at`, releasing `release`.
+    pub(super) fn complete_tx_from_afar(&mut self, at: usize, bytes: u32, release: &[u32]) -> R<()> {
+        self.mbarrier_from_afar(at, release)?.complete_tx(release, MbarrierScope::Cluster, bytes);
+        Ok(())
     }
 
     /// Whether the phase of parity `parity` of the `mbarrier` at `addr` completed.
@@ -145,15 +193,15 @@ impl Block<'_> {
         Ok(u64::from(m.completed % 2) != parity % 2)
     }
 
-    /// Thread `t` passed the completed phase: what its arrivals released is ordered before
-    /// what `t`'s warp does next.
-    pub(super) fn mbarrier_acquire(&mut self, t: usize, addr: u64) -> R<()> {
-        let released = self.mbarrier(t, addr)?.released.clone();
-        let me = t / 32;
-        for (warp, epoch) in released.into_iter().enumerate() {
-            let slot = &mut self.last_shared_barrier[warp * self.warps + me];
-            *slot = (*slot).max(epoch);
+    /// Thread `t` passed the completed phase: what its arrivals released (within `scope`) is
+    /// ordered before what `t`'s warp does next.
+    pub(super) fn mbarrier_acquire(&mut self, t: usize, addr: u64, scope: MbarrierScope) -> R<()> {
+        let m = self.mbarrier(t, addr)?;
+        let mut released = m.released.clone();
+        if scope == MbarrierScope::Cluster {
+            merge(&mut released, &m.released_remote);
         }
+        self.acquire(t, &released);
         Ok(())
     }
 

@@ -50,15 +50,15 @@ impl Block<'_> {
         Ok(a)
     }
 
-    /// Whether thread `a`'s access when `epoch` barriers had been released is ordered before
-    /// what thread `b` does now: the same thread, or a barrier both passed since.
-    pub(super) fn ordered(&self, a: u32, epoch: u32, b: u32) -> bool {
-        a == b || self.barrier_between_warps(a as usize / 32, epoch, b as usize / 32)
-    }
-
-    /// Whether warps `a` and `b` both passed a barrier released after the `epoch`th.
-    fn barrier_between_warps(&self, a: usize, epoch: u32, b: usize) -> bool {
-        self.last_shared_barrier[a * self.warps + b] > epoch
+    /// Whether every read recorded in `s` is ordered before what the warp that knows `known`
+    /// (per warp of the cluster: [`Block::knowledge`]) does now.
+    pub(super) fn reads_ordered_for(&self, s: &Shadow, known: &[u32]) -> bool {
+        let read_before = |w: usize| known[self.cluster_warp(w)] > s.read_epoch;
+        match s.reader {
+            NONE => true,
+            MANY => (0..32).filter(|w| s.reader_warps & (1 << w) != 0).all(read_before),
+            r => read_before(r as usize / 32),
+        }
     }
 
     /// Whether every read recorded in `s` is ordered before what thread `me` does now.
@@ -67,16 +67,16 @@ impl Block<'_> {
             NONE => true,
             MANY => (0..32)
                 .filter(|w| s.reader_warps & (1 << w) != 0)
-                .all(|w| self.barrier_between_warps(w, s.read_epoch, me as usize / 32)),
-            r => self.ordered(r, s.read_epoch, me),
+                .all(|w| self.barrier_between_warps(self.cluster_warp(w), s.read_epoch, me as usize / 32)),
+            r => {
+                r == me
+                    || self.barrier_between_warps(self.cluster_warp(r as usize / 32), s.read_epoch, me as usize / 32)
+            }
         }
     }
 
     pub(super) fn read_shared(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {
         let a = self.check_shared(addr, n)?;
-        if self.cluster.blocks > 1 {
-            self.touch_locally(t, a, n)?;
-        }
         let me = t as u32;
         for i in a..a + n {
             let s = self.shadow[i];
@@ -88,8 +88,9 @@ impl Block<'_> {
             }
             if !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
-                    "race: shared byte {i} written by thread {} and read by thread {me} with no barrier between",
-                    s.writer
+                    "race: shared byte {i} written by {} and read by thread {me} with {} between",
+                    self.describe(s.writer),
+                    self.missing_order(s.writer)
                 ));
             }
             // Reads ordered before this one need no checking against later writes: keep only
@@ -117,17 +118,24 @@ impl Block<'_> {
         if s.async_proxy || !s.written {
             return Ok(());
         }
-        let fences = &self.threads[s.writer as usize].proxy_fences;
+        let Some(writer) =
+            (s.writer as usize).checked_sub(self.cluster_thread(0) as usize).filter(|w| *w < self.threads.len())
+        else {
+            return Err(format!(
+                "{what} reads shared byte {i}, which {} stored: the async proxy's view of another block's stores \
+                 is not simulated",
+                self.describe(s.writer)
+            ));
+        };
+        let fences = &self.threads[writer].proxy_fences;
         let Some(&(_, fence_epoch)) = fences.iter().find(|(clock, _)| *clock >= s.write_clock) else {
             return Err(format!(
-                "{what} reads shared byte {i}, which thread {} wrote with no fence.proxy.async after the write",
-                s.writer
+                "{what} reads shared byte {i}, which thread {writer} wrote with no fence.proxy.async after the write"
             ));
         };
         if !self.ordered(s.writer, fence_epoch, reader) {
             return Err(format!(
-                "{what} reads shared byte {i}, but no barrier orders thread {}'s fence.proxy.async before it",
-                s.writer
+                "{what} reads shared byte {i}, but no barrier orders thread {writer}'s fence.proxy.async before it"
             ));
         }
         Ok(())
@@ -143,9 +151,6 @@ impl Block<'_> {
 
     pub(super) fn write_shared(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let a = self.check_shared(addr, bytes.len())?;
-        if self.cluster.blocks > 1 {
-            self.touch_locally(t, a, bytes.len())?;
-        }
         let me = t as u32;
         if self.bulk_pending > 0 {
             self.check_no_bulk_read(a, a + bytes.len())?;
@@ -157,8 +162,9 @@ impl Block<'_> {
             }
             if s.written && !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
-                    "race: shared byte {i} written by threads {} and {me} with no barrier between",
-                    s.writer
+                    "race: shared byte {i} written by {} and by thread {me} with {} between",
+                    self.describe(s.writer),
+                    self.missing_order(s.writer)
                 ));
             }
             if s.reader != me && !self.reads_ordered(&s, me) {
@@ -173,20 +179,7 @@ impl Block<'_> {
                 ));
             }
             self.clock += 1;
-            // The reads before it are ordered before this write, and so before whatever is
-            // ordered after it.
-            self.shadow[i] = Shadow {
-                written: true,
-                writer: me,
-                write_epoch: self.released,
-                reader: NONE,
-                reader_warps: 0,
-                read_epoch: 0,
-                write_clock: self.clock,
-                mbarrier: false,
-                async_proxy: false,
-                ..s
-            };
+            self.shadow[i] = Shadow::written_by(self.cluster_thread(t), self.released, self.clock);
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);
         Ok(())

@@ -23,6 +23,7 @@ mod collective;
 mod mbarrier;
 mod memory;
 mod numeric;
+mod order;
 mod tma;
 mod warpgroup;
 
@@ -124,13 +125,15 @@ struct Thread {
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
-/// number of barriers the block had released then ([`Block::released`]).
+/// number of barriers the accessing thread's block had released then ([`Block::released`]).
 #[derive(Clone, Copy, Default)]
 struct Shadow {
     written: bool,
+    /// The writing thread's place in the cluster ([`Block::cluster_thread`]): another block's
+    /// thread for a store through `.shared::cluster`, its epoch counted in that block.
     writer: u32,
     write_epoch: u32,
-    /// The reading thread, [`MANY`] or [`NONE`].
+    /// The reading thread of this block (loads never cross blocks), [`MANY`] or [`NONE`].
     reader: u32,
     /// With [`MANY`] readers: their warps, one bit each.
     reader_warps: u32,
@@ -141,12 +144,15 @@ struct Shadow {
     mbarrier: bool,
     /// Last written by the async proxy (a TMA copy): `wgmma` reads it with no proxy fence.
     async_proxy: bool,
-    /// In a cluster: 1 + the cluster barrier epoch of the last store another block made to
-    /// it (0: none), and that block's rank.
-    remote_epoch: u32,
-    remote_from: u32,
-    /// 1 + the cluster barrier epoch of the block's own last access to it (0: none).
-    local_epoch: u32,
+}
+
+impl Shadow {
+    /// A byte just written by cluster thread `writer` when its block had released `epoch`,
+    /// at clock `clock`, by the generic proxy: the reads before it are ordered before the
+    /// write, and so before whatever is ordered after it.
+    fn written_by(writer: u32, epoch: u32, clock: u64) -> Shadow {
+        Shadow { written: true, writer, write_epoch: epoch, reader: NONE, write_clock: clock, ..Shadow::default() }
+    }
 }
 
 /// One executed `print`: the tile's name, shape and values by flat logical index.
@@ -166,10 +172,12 @@ struct Block<'a> {
     warps: usize,
     /// Barriers released so far (a barrier's number is the count once it is released).
     released: u32,
-    /// Per pair of warps (`a * warps + b`), the epoch before which everything warp `a` did is
+    /// Per warp `a` of the cluster (`rank * warps + warp`) and warp `b` of this block (at
+    /// `a * warps + b`), the epoch of `a`'s block before which everything warp `a` did is
     /// ordered before what warp `b` does now: the last barrier both passed, or later through
-    /// a chain of barriers and mbarrier phases (order is transitive). A named barrier orders
-    /// only the warps that take part in it.
+    /// a chain of barriers, mbarrier phases and cluster barriers (order is transitive). A
+    /// named barrier orders only the warps that take part in it. A vector clock per warp, of
+    /// the cluster's warps (a block's own, alone, without clusters).
     last_shared_barrier: Vec<u32>,
     block: [u32; 3],
     params: &'a HashMap<String, u64>,
@@ -179,8 +187,13 @@ struct Block<'a> {
     cluster: cluster::Place,
     /// `barrier.cluster`s completed.
     cluster_epoch: u32,
-    /// Its stores into other blocks of the cluster this round.
-    remote_out: Vec<cluster::RemoteStore>,
+    /// What its threads' `barrier.cluster.arrive`s of the current cluster phase released, per
+    /// warp of the cluster (as [`Block::last_shared_barrier`]'s epochs).
+    cluster_releasing: Vec<u32>,
+    /// What the last completed `barrier.cluster` released: every block's arrivals.
+    cluster_released: Vec<u32>,
+    /// Its stores and arrivals into other blocks of the cluster this round, in issue order.
+    remote_out: Vec<cluster::Remote>,
     global_names: &'a [String],
     /// The tensor maps: (the mapped tensor's global slot, the map).
     maps: &'a [(usize, crate::tensor_map::TensorMap)],
@@ -338,6 +351,8 @@ impl<'a> Block<'a> {
                     }
                     Some(_) => {
                         self.threads[t].cluster_arrived = None;
+                        let released = self.cluster_released.clone();
+                        self.acquire(t, &released);
                         self.executed += 1;
                         self.threads[t].pc += 1;
                         continue;
@@ -388,6 +403,8 @@ impl<'a> Block<'a> {
                 if self.threads[t].cluster_arrived.is_some() {
                     return Err("barrier.cluster.arrive twice with no wait between".into());
                 }
+                let release = self.release_from(t);
+                order::merge(&mut self.cluster_releasing, &release);
                 self.threads[t].cluster_arrived = Some(self.cluster_epoch);
             }
             Op::ClusterBarrier { step: ClusterBarrierStep::Wait } => {
@@ -547,6 +564,19 @@ impl<'a> Block<'a> {
                     (_, cluster::Target::Other { rank, at }) => self.store_remote(t, rank, at, bytes),
                 }
             }
+            Op::StAsync { ty, addr, vals, mbar } => {
+                let (a, m) = (self.get(t, &Src::Reg(*addr)), self.get(t, &Src::Reg(*mbar)));
+                let w = ty.bytes() as usize;
+                let mut bytes = vec![];
+                for s in vals {
+                    bytes.extend_from_slice(&self.get(t, s).to_le_bytes()[..w]);
+                }
+                self.store_async(t, a, bytes, m)?;
+            }
+            Op::MbarrierArriveRemote { addr } => {
+                let a = self.get(t, &Src::Reg(*addr));
+                self.arrive_remote(t, a)?;
+            }
             Op::CpAsync { dst, src, src_bytes } => {
                 let n = self.get(t, src_bytes) as usize;
                 if n > 16 {
@@ -623,10 +653,10 @@ impl<'a> Block<'a> {
             }
             Op::BulkCommit => self.bulk_commit(t),
             Op::BulkWaitRead { n } => self.bulk_wait_read(t, *n),
-            Op::MbarrierWait { d, addr, .. } => {
+            Op::MbarrierWait { d, addr, scope, .. } => {
                 // run_thread parks the thread until the phase completed.
                 let a = self.get(t, &Src::Reg(*addr));
-                self.mbarrier_acquire(t, a)?;
+                self.mbarrier_acquire(t, a, *scope)?;
                 self.set(t, *d, 1);
             }
             Op::BarArrive { .. } => {}
@@ -709,6 +739,8 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
     }
     let tracks_wgmma_registers = prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. }));
     let meets = prog.body.iter().any(|i| matches!(i.op, Op::ClusterBarrier { .. }));
+    let warps = prog.threads.div_ceil(32) as usize;
+    let cluster_warps = cluster_blocks as usize * warps;
     let mut report = SimReport::default();
     let mut result = Ok(());
     'grid: for bz in 0..grid[2] {
@@ -744,13 +776,15 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         shared: vec![0; prog.shared_bytes as usize],
                         shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
                         released: 0,
-                        warps: prog.threads.div_ceil(32) as usize,
-                        last_shared_barrier: vec![0; (prog.threads.div_ceil(32) as usize).pow(2)],
+                        warps,
+                        last_shared_barrier: vec![0; cluster_warps * warps],
                         block: [first + rank, by, bz],
                         params: &params,
                         globals: vec![],
                         cluster: cluster::Place { rank, blocks: cluster_blocks },
                         cluster_epoch: 0,
+                        cluster_releasing: vec![0; cluster_warps],
+                        cluster_released: vec![0; cluster_warps],
                         remote_out: vec![],
                         global_names: &names,
                         maps: &maps,
@@ -851,14 +885,14 @@ fn stall_error(blk: &mut Block) -> SimError {
 }
 
 impl Block<'_> {
+    /// The kernel line of thread `t`'s instruction.
+    fn loc(&self, t: usize) -> SrcLoc {
+        self.prog.body.get(self.threads[t].pc).map(|i| i.loc).unwrap_or_default()
+    }
+
     /// An error at thread `t`'s instruction.
     fn fail(&self, t: usize, message: String) -> SimError {
-        SimError {
-            message,
-            loc: self.prog.body.get(self.threads[t].pc).map(|i| i.loc).unwrap_or_default(),
-            block: self.block,
-            thread: t as u32,
-        }
+        SimError { message, loc: self.loc(t), block: self.block, thread: t as u32 }
     }
 }
 

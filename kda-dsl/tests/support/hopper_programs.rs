@@ -374,11 +374,16 @@ pub fn lane_global_source(p: &mut P, lane: Reg, name: &str, bytes: i64) -> Reg {
 
 /// Waits for the phase of `parity` of the mbarrier at `addr`: `try_wait` until it says so.
 pub fn wait_phase(p: &mut P, addr: Reg, parity: u32, label: &mut u32) {
+    wait_phase_in(p, addr, parity, label, MbarrierScope::Cta);
+}
+
+/// [`wait_phase`], acquiring what the arrivals released within `scope`.
+pub fn wait_phase_in(p: &mut P, addr: Reg, parity: u32, label: &mut u32, scope: MbarrierScope) {
     let (top, done) = (*label, *label + 1);
     *label += 2;
     let ready = p.reg(RegClass::Pred);
     p.op(Op::Label(top));
-    p.op(Op::MbarrierWait { d: ready, addr, parity: Src::Imm(i64::from(parity)), kind: MbarrierWaitKind::Try });
+    p.op(Op::MbarrierWait { d: ready, addr, parity: Src::Imm(i64::from(parity)), kind: MbarrierWaitKind::Try, scope });
     p.guarded(ready, Op::Bra { target: done });
     p.op(Op::Bra { target: top });
     p.op(Op::Label(done));
@@ -473,6 +478,7 @@ pub fn ring_program(fault: RingFault) -> ThreadProgram {
                     addr: full,
                     parity: Src::Imm(i64::from(round % 2)),
                     kind: MbarrierWaitKind::Try,
+                    scope: MbarrierScope::Cta,
                 });
             }
             _ => wait_phase(&mut p, full, round % 2, &mut label),
@@ -1046,5 +1052,198 @@ pub fn cluster_expected() -> Vec<u32> {
 pub fn run_cluster(fault: ClusterFault) -> Result<Vec<u32>, String> {
     let mut args = cluster_args();
     run(&cluster_program(fault), [CLUSTER_GRID, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(ring_words(tensor(&args, "out")))
+}
+
+/// What [`cluster_ring_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClusterRingFault {
+    None,
+    /// The producer never waits for a stage to be empty: its stores outrun the consumer.
+    ProducerSkipsEmptyWait,
+    /// The consumer waits for its full stage at `.cta` scope, which does not acquire what the
+    /// other block's `st.async`s released.
+    ConsumerWaitsAtCtaScope,
+    /// The consumer hands the stage back (its remote arrival) before reading it.
+    ConsumerArrivesBeforeReading,
+    /// A block barrier instead of `barrier.cluster` after the mbarriers' initialization.
+    NoClusterBarrierAfterInit,
+    /// No `barrier.cluster` before the blocks exit: the consumer's last arrivals reach a
+    /// producer that has exited.
+    NoClusterBarrierAtExit,
+    /// The producer's `st.async` completes its own block's mbarrier, not the consumer's.
+    StAsyncCompletesAnotherBlock,
+}
+
+/// Threads per block of [`cluster_ring_program`].
+pub const CLUSTER_RING_THREADS: u32 = 64;
+/// Its stages and rounds.
+pub const CLUSTER_RING_STAGES: u32 = 2;
+pub const CLUSTER_RING_ROUNDS: u32 = 6;
+const CLUSTER_RING_STAGE_BYTES: u32 = CLUSTER_RING_THREADS * 4;
+
+/// A ring across the two blocks of each cluster: the block of rank 0 produces, each of its
+/// threads `st.async`ing the word `1000 (round + 1) + 100000 cluster + thread` into the
+/// consumer's stage (completing the consumer's `full` mbarrier of it); the block of rank 1
+/// expects the stage's bytes on `full`, waits for them at `.cluster` scope, copies the word
+/// of the thread after its own to the output, and arrives at the producer's `empty` mbarrier
+/// of the stage (`mbarrier.arrive.release.cluster.shared::cluster`), which the producer waits
+/// for before reusing it. `barrier.cluster` after the mbarriers' initialization and before
+/// the end.
+pub fn cluster_ring_program(fault: ClusterRingFault) -> ThreadProgram {
+    use ClusterRingFault as F;
+    const S: u32 = CLUSTER_RING_STAGES;
+    let mut p = P::new();
+    let mut label = 0;
+    let t = tid(&mut p);
+    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    // Stages first, then `full` and `empty`, an mbarrier a stage each.
+    let stages = shared_at(&mut p, 0);
+    let full: Vec<Reg> = (0..S).map(|s| shared_at(&mut p, i64::from(S * CLUSTER_RING_STAGE_BYTES + 8 * s))).collect();
+    let empty: Vec<Reg> =
+        (0..S).map(|s| shared_at(&mut p, i64::from(S * CLUSTER_RING_STAGE_BYTES + 8 * (S + s)))).collect();
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    for s in 0..S as usize {
+        p.guarded(first, Op::MbarrierInit { addr: full[s], count: 1 });
+        p.guarded(first, Op::MbarrierInit { addr: empty[s], count: CLUSTER_RING_THREADS });
+    }
+    if fault == F::NoClusterBarrierAfterInit {
+        p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+    } else {
+        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    }
+    let cluster = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: cluster, a: Src::Reg(block), b: Src::Imm(1) });
+    let (consumer, end) = (label, label + 1);
+    label += 2;
+    let consuming = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::U32, d: consuming, a: Src::Reg(rank), b: Src::Imm(0) });
+    p.guarded(consuming, Op::Bra { target: consumer });
+
+    // The producer: the consumer's stages and `full`s, through `mapa`.
+    let word = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(stages) });
+    let remote_word = p.reg(RegClass::B32);
+    p.op(Op::Mapa { d: remote_word, addr: word, rank: Src::Imm(1) });
+    let completes: Vec<Reg> = (0..S as usize)
+        .map(|s| {
+            let r = p.reg(RegClass::B32);
+            let target = if fault == F::StAsyncCompletesAnotherBlock { 0 } else { 1 };
+            p.op(Op::Mapa { d: r, addr: full[s], rank: Src::Imm(target) });
+            r
+        })
+        .collect();
+    let value = p.reg(RegClass::B32);
+    for round in 0..CLUSTER_RING_ROUNDS {
+        let s = (round % S) as usize;
+        if fault != F::ProducerSkipsEmptyWait {
+            // The first pass over the stages waits for the phase before the first (parity 1).
+            wait_phase_in(&mut p, empty[s], (round / S + 1) % 2, &mut label, MbarrierScope::Cluster);
+        }
+        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Reg(cluster), b: Src::Imm(100_000), c: Src::Reg(t) });
+        p.op(Op::Bin {
+            op: BinKind::Add,
+            ty: Ty::U32,
+            d: value,
+            a: Src::Reg(value),
+            b: Src::Imm(i64::from(1000 * (round + 1))),
+        });
+        let at = p.reg(RegClass::B32);
+        p.op(Op::Bin {
+            op: BinKind::Add,
+            ty: Ty::U32,
+            d: at,
+            a: Src::Reg(remote_word),
+            b: Src::Imm(i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES)),
+        });
+        p.op(Op::StAsync { ty: Ty::B32, addr: at, vals: vec![Src::Reg(value)], mbar: completes[s] });
+    }
+    p.op(Op::Bra { target: end });
+
+    // The consumer: the word of the thread after its own, and the producer's `empty`s.
+    p.op(Op::Label(consumer));
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(t), b: Src::Imm(1) });
+    p.op(Op::Bin {
+        op: BinKind::And,
+        ty: Ty::B32,
+        d: next,
+        a: Src::Reg(next),
+        b: Src::Imm(i64::from(CLUSTER_RING_THREADS - 1)),
+    });
+    let from = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: from, a: Src::Reg(next), b: Src::Imm(4), c: Src::Reg(stages) });
+    let hand_back: Vec<Reg> = (0..S as usize)
+        .map(|s| {
+            let r = p.reg(RegClass::B32);
+            p.op(Op::Mapa { d: r, addr: empty[s], rank: Src::Imm(0) });
+            r
+        })
+        .collect();
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mad {
+        ty: Ty::U32,
+        d: index,
+        a: Src::Reg(cluster),
+        b: Src::Imm(i64::from(CLUSTER_RING_ROUNDS * CLUSTER_RING_THREADS)),
+        c: Src::Reg(t),
+    });
+    let out = per_thread_global(&mut p, index, "out", 4);
+    let (state, got) = (p.reg(RegClass::B64), p.reg(RegClass::B32));
+    let scope = if fault == F::ConsumerWaitsAtCtaScope { MbarrierScope::Cta } else { MbarrierScope::Cluster };
+    for round in 0..CLUSTER_RING_ROUNDS {
+        let s = (round % S) as usize;
+        p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: full[s], bytes: CLUSTER_RING_STAGE_BYTES });
+        wait_phase_in(&mut p, full[s], (round / S) % 2, &mut label, scope);
+        if fault == F::ConsumerArrivesBeforeReading {
+            p.op(Op::MbarrierArriveRemote { addr: hand_back[s] });
+        }
+        let offset = i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![got], addr: from, offset });
+        if fault != F::ConsumerArrivesBeforeReading {
+            p.op(Op::MbarrierArriveRemote { addr: hand_back[s] });
+        }
+        let offset = i64::from(round * CLUSTER_RING_THREADS * 4);
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals: vec![Src::Reg(got)] });
+    }
+    p.op(Op::Label(end));
+    if fault != F::NoClusterBarrierAtExit {
+        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    }
+    p.op(Op::Ret);
+    let shared = S * CLUSTER_RING_STAGE_BYTES + 16 * S;
+    ThreadProgram { cluster_blocks: 2, ..p.prog(CLUSTER_RING_THREADS, shared, vec![("p_out".into(), Ty::U64)]) }
+}
+
+/// The argument of [`cluster_ring_program`] over `clusters` clusters: its output, a word per
+/// consumer thread and round (poisoned).
+pub fn cluster_ring_args(clusters: u32) -> Vec<(String, SimArg)> {
+    let words = clusters * CLUSTER_RING_ROUNDS * CLUSTER_RING_THREADS;
+    vec![("out".to_string(), SimArg::Tensor(vec![0xee; (words * 4) as usize]))]
+}
+
+/// What [`cluster_ring_program`] writes over `clusters` clusters: per cluster and round, each
+/// consumer thread the word the producer's next thread stored.
+pub fn cluster_ring_expected(clusters: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for cluster in 0..clusters {
+        for round in 0..CLUSTER_RING_ROUNDS {
+            for t in 0..CLUSTER_RING_THREADS {
+                out.push(1000 * (round + 1) + 100_000 * cluster + (t + 1) % CLUSTER_RING_THREADS);
+            }
+        }
+    }
+    out
+}
+
+/// Runs [`cluster_ring_program`] on two clusters in the simulator; returns its output words.
+pub fn run_cluster_ring(fault: ClusterRingFault) -> Result<Vec<u32>, String> {
+    let mut args = cluster_ring_args(2);
+    run(&cluster_ring_program(fault), [4, 1, 1], &mut args).map_err(|e| e.to_string())?;
     Ok(ring_words(tensor(&args, "out")))
 }

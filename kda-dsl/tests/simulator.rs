@@ -35,6 +35,15 @@ fn a_ring_across_a_cluster_s_blocks_hands_stages_over_with_st_async_and_remote_a
 }
 
 #[test]
+fn a_ball_goes_back_and_forth_between_a_cluster_s_blocks() {
+    for rounds in [1, 5] {
+        let mut args = cluster_ping_pong_args(4, rounds);
+        run(&cluster_ping_pong_program(), [4, 1, 1], &mut args).expect("runs");
+        assert_eq!(ring_words(tensor(&args, "out")), cluster_ping_pong_expected(4, rounds as u32), "{rounds} rounds");
+    }
+}
+
+#[test]
 fn cluster_ring_misuse_is_reported() {
     use ClusterRingFault as F;
     assert_each_fault_reported(
@@ -469,6 +478,7 @@ fn hopper_programs_assemble() {
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
         ("cluster", cluster_program(ClusterFault::None), Target::Sm90, "UCGABAR_ARV"),
         ("cluster_ring", cluster_ring_program(ClusterRingFault::None), Target::Sm90, "STAS"),
+        ("cluster_ping_pong", cluster_ping_pong_program(), Target::Sm90, "STAS"),
     ];
     for (name, prog, target, sass_op) in programs {
         let ptx = kda_dsl::ptx::print_module(&prog, target);

@@ -110,7 +110,121 @@ fn probes() -> Vec<Probe> {
         args: cluster_ring_args(2),
         grid: [4, 1, 1],
     });
+    out.push(ping_pong(4, 5));
     out
+}
+
+/// [`cluster_ping_pong_program`] over `blocks` blocks, `rounds` round trips.
+fn ping_pong(blocks: u32, rounds: i32) -> Probe {
+    Probe {
+        name: format!("a ball between clusters' blocks, {rounds} round trips"),
+        target: Target::Sm90,
+        program: cluster_ping_pong_program(),
+        args: cluster_ping_pong_args(blocks, rounds),
+        grid: [blocks, 1, 1],
+    }
+}
+
+/// On an H100 or H200, what a design that spreads a head over a cluster's blocks would meet:
+/// the time of a round trip between two blocks of a cluster (`st.async` a warp's 128 bytes
+/// into the peer, completing its mbarrier, and back: [`cluster_ping_pong_program`]), the
+/// difference of a long and a short run over their difference in trips (so launch and copy
+/// costs cancel), median of 5; and how many clusters the device runs at once
+/// (`cuOccupancyMaxActiveClusters`) for blocks of 320 threads at several shared sizes. A
+/// benchmark: it prints and asserts only that the ball came back right.
+fn cluster_round_trip_and_occupancy() {
+    on_gpu(|| {
+        let gpu = Gpu::new(0)?;
+        if gpu.limits().compute_capability != (9, 0) {
+            println!("skipped: clusters are measured on compute capability 9.0 only");
+            return Ok(());
+        }
+        let cache = ModuleCache::new();
+        let (short, long) = (1_000, 51_000);
+        let time_of = |rounds: i32| -> Result<f64, RuntimeError> {
+            let mut runs = vec![];
+            for _ in 0..5 {
+                let probe = ping_pong(2, rounds);
+                let start = std::time::Instant::now();
+                let out = run_on_gpu(&gpu, &cache, &probe)?;
+                runs.push(start.elapsed().as_secs_f64());
+                let words: Vec<u32> =
+                    out[0].1.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("a word"))).collect();
+                assert_eq!(words, cluster_ping_pong_expected(2, rounds as u32), "{rounds} round trips");
+            }
+            runs.sort_by(f64::total_cmp);
+            Ok(runs[2])
+        };
+        let (t_short, t_long) = (time_of(short)?, time_of(long)?);
+        let trip_ns = (t_long - t_short) / f64::from(long - short) * 1e9;
+        println!(
+            "round trip between a cluster's two blocks (st.async of 128 bytes each way): {trip_ns:.0} ns \
+             ({short} trips {:.3} ms, {long} trips {:.3} ms)",
+            t_short * 1e3,
+            t_long * 1e3
+        );
+        println!("clusters the device runs at once, blocks of 320 threads (cuOccupancyMaxActiveClusters):");
+        println!("{:>14} {:>10} {:>10} {:>10} {:>10}", "shared bytes", "1 block", "2 blocks", "4 blocks", "8 blocks");
+        for shared in [48 * 1024, 100 * 1024, 160 * 1024, 200 * 1024] {
+            let mut row = format!("{shared:>14}");
+            for cluster in [1u32, 2, 4, 8] {
+                let n = max_active_clusters(&gpu, &cache, 320, shared, cluster)?;
+                row += &format!(" {n:>10}");
+            }
+            println!("{row}");
+        }
+        Ok(())
+    });
+}
+
+/// `cuOccupancyMaxActiveClusters` for a kernel of `threads` threads and `shared` bytes of
+/// dynamic shared memory launched in clusters of `cluster` blocks.
+fn max_active_clusters(
+    gpu: &Gpu,
+    cache: &ModuleCache,
+    threads: u32,
+    shared: u32,
+    cluster: u32,
+) -> Result<i32, RuntimeError> {
+    use cudarc::driver::sys;
+    // The ping-pong program without its `.reqnctapercluster`: the launch names the cluster.
+    let prog = ThreadProgram { cluster_blocks: 1, threads, shared_bytes: shared, ..cluster_ping_pong_program() };
+    let kernel = CompiledKernel {
+        entry: prog.name.clone(),
+        ptx: kda_dsl::ptx::print_module(&prog, Target::Sm90),
+        params: vec![],
+        threads,
+        shared_bytes: shared,
+        grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
+        assumptions: vec![],
+        exact_extents: vec![],
+    };
+    let loaded = cache.get_or_load(gpu, &kernel, &format!("occupancy {threads} {shared}"))?;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    let config = sys::CUlaunchConfig {
+        gridDimX: cluster * 64,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut clusters = 0;
+    // SAFETY: the function is loaded in the current context; `config` and its one attribute
+    // live across the call, which only reads them.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, loaded.cu_function(), &config) }
+        .result()
+        .map_err(|e| RuntimeError::driver("cuOccupancyMaxActiveClusters", e))?;
+    Ok(clusters)
 }
 
 /// A parameter's value as `cuLaunchKernel` reads it.
@@ -267,7 +381,7 @@ fn probes_run_in_the_simulator() {
 fn main() {
     gpu_test_main(
         &[("hopper_programs_match_the_simulator", hopper_programs_match_the_simulator)],
-        &[],
+        &[("cluster_round_trip_and_occupancy", cluster_round_trip_and_occupancy)],
         &[("probes_run_in_the_simulator", probes_run_in_the_simulator)],
     )
 }

@@ -38,6 +38,13 @@ impl P {
             cache: CachePolicy::Normal,
         });
     }
+    /// `op` under `@!p`.
+    pub fn unless(&mut self, p: Reg, op: Op) {
+        self.guarded(p, op);
+        if let Some(inst) = self.body.last_mut() {
+            inst.guard = Some((p, false));
+        }
+    }
     pub fn prog(self, threads: u32, shared: u32, params: Vec<(String, Ty)>) -> ThreadProgram {
         ThreadProgram {
             name: "t".into(),
@@ -1246,4 +1253,99 @@ pub fn run_cluster_ring(fault: ClusterRingFault) -> Result<Vec<u32>, String> {
     let mut args = cluster_ring_args(2);
     run(&cluster_ring_program(fault), [4, 1, 1], &mut args).map_err(|e| e.to_string())?;
     Ok(ring_words(tensor(&args, "out")))
+}
+
+/// Threads per block of [`cluster_ping_pong_program`]: a warp.
+pub const PING_PONG_THREADS: u32 = 32;
+
+/// A ball sent back and forth between the two blocks of each cluster, `p_rounds` round trips
+/// (a kernel parameter, so that a long run times one trip): each lane `st.async`s the value it
+/// received plus one into the same word of the peer block, completing the peer's mbarrier (128
+/// bytes a hop), and waits at `.cluster` scope for the reply on its own. The block of rank 0
+/// serves 1 first and does not return the last ball. Each lane writes the last value its block
+/// received: `2 rounds` in rank 0, `2 rounds - 1` in rank 1.
+pub fn cluster_ping_pong_program() -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    let base = shared_at(&mut p, 0);
+    let full = shared_at(&mut p, i64::from(PING_PONG_THREADS * 4));
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.guarded(first, Op::MbarrierInit { addr: full, count: 1 });
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    let word = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(base) });
+    let peer = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: peer, a: Src::Reg(rank), b: Src::Imm(1) });
+    let (peer_word, peer_full) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::Mapa { d: peer_word, addr: word, rank: Src::Reg(peer) });
+    p.op(Op::Mapa { d: peer_full, addr: full, rank: Src::Reg(peer) });
+    let rounds = p.reg(RegClass::B32);
+    p.op(Op::LdParam { ty: Ty::S32, d: rounds, name: "p_rounds".into() });
+    let serves = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: serves, a: Src::Reg(rank), b: Src::Imm(0) });
+    p.guarded(serves, Op::StAsync { ty: Ty::B32, addr: peer_word, vals: vec![Src::Imm(1)], mbar: peer_full });
+    let (i, parity, got, ball) =
+        (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::Mov { ty: Ty::U32, d: i, a: Src::Imm(0) });
+    let state = p.reg(RegClass::B64);
+    let (ready, last, more) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    p.op(Op::Label(0));
+    p.guarded(first, Op::MbarrierArriveExpectTx { state, addr: full, bytes: PING_PONG_THREADS * 4 });
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: parity, a: Src::Reg(i), b: Src::Imm(1) });
+    p.op(Op::Label(1));
+    let wait = MbarrierWaitKind::Try;
+    p.op(Op::MbarrierWait {
+        d: ready,
+        addr: full,
+        parity: Src::Reg(parity),
+        kind: wait,
+        scope: MbarrierScope::Cluster,
+    });
+    p.guarded(ready, Op::Bra { target: 2 });
+    p.op(Op::Bra { target: 1 });
+    p.op(Op::Label(2));
+    p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![got], addr: word, offset: 0 });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: i, a: Src::Reg(i), b: Src::Imm(1) });
+    // Rank 0 keeps the last ball; rank 1 returns every one.
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(i), b: Src::Reg(rounds) });
+    p.op(Op::PredLogic { op: BinKind::And, d: last, a: last, b: serves });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: ball, a: Src::Reg(got), b: Src::Imm(1) });
+    p.unless(last, Op::StAsync { ty: Ty::B32, addr: peer_word, vals: vec![Src::Reg(ball)], mbar: peer_full });
+    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(i), b: Src::Reg(rounds) });
+    p.guarded(more, Op::Bra { target: 0 });
+    // Both blocks stay until the last ball landed.
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mad {
+        ty: Ty::U32,
+        d: index,
+        a: Src::Reg(block),
+        b: Src::Imm(i64::from(PING_PONG_THREADS)),
+        c: Src::Reg(t),
+    });
+    let out = per_thread_global(&mut p, index, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+    p.op(Op::Ret);
+    let params = vec![("p_out".into(), Ty::U64), ("p_rounds".into(), Ty::S32)];
+    ThreadProgram { cluster_blocks: 2, ..p.prog(PING_PONG_THREADS, PING_PONG_THREADS * 4 + 8, params) }
+}
+
+/// The arguments of [`cluster_ping_pong_program`] over `blocks` blocks: the output (a word a
+/// thread, poisoned) and the round trips.
+pub fn cluster_ping_pong_args(blocks: u32, rounds: i32) -> Vec<(String, SimArg)> {
+    vec![
+        ("out".to_string(), SimArg::Tensor(vec![0xee; (blocks * PING_PONG_THREADS * 4) as usize])),
+        ("rounds".to_string(), SimArg::I32(rounds)),
+    ]
+}
+
+/// What [`cluster_ping_pong_program`] writes over `blocks` blocks after `rounds` round trips.
+pub fn cluster_ping_pong_expected(blocks: u32, rounds: u32) -> Vec<u32> {
+    (0..blocks).flat_map(|b| (0..PING_PONG_THREADS).map(move |_| 2 * rounds - b % 2)).collect()
 }

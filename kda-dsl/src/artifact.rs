@@ -105,4 +105,7 @@ pub struct CompiledKernel {
     pub assumptions: Vec<(String, u32)>,
     /// Extents the kernel assumes to be exactly a value (`(name, value)`); checked the same way.
     pub exact_extents: Vec<(String, i64)>,
+    /// Blocks a thread-block cluster along x (`.reqnctapercluster`; 1: none): the grid's x
+    /// extent must be a multiple, which the launcher checks.
+    pub cluster_blocks: u32,
 }

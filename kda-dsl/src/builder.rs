@@ -377,6 +377,16 @@ impl KernelBuilder {
         }
     }
 
+    /// `launch(.., cluster = n)`: the grid's blocks in thread-block clusters of `n` along x
+    /// ([`crate::tile::KernelDef::cluster_blocks`]); 1 to 8, the clusters every sm_90 device
+    /// runs (16 needs a non-portable opt-in).
+    pub fn cluster_blocks(&self, n: impl HostInt, loc: SrcLoc) {
+        match u32::try_from(n.to_i64()) {
+            Ok(v) if (1..=8).contains(&v) => self.st.borrow_mut().def.cluster_blocks = v,
+            _ => self.error(loc, format!("cluster = {}: expected 1 to 8 blocks", n.to_i64())),
+        }
+    }
+
     /// Assumes extent `dim` is exactly `v`; launchers check it, copies drop the masks it makes
     /// unnecessary.
     pub fn assume_extent(&self, dim: &Val, v: impl HostInt, loc: SrcLoc) {

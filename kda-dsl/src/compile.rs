@@ -1,7 +1,7 @@
 //! The driver: kernel definition to tile passes to thread program to PTX.
 
 use crate::artifact::{CompiledKernel, ParamSig};
-use crate::diag::Diag;
+use crate::diag::{Diag, SrcLoc};
 use crate::passes::{dump, run_tile_passes_for, TileProgram};
 use crate::target::Target;
 use crate::thread_ir::ThreadProgram;
@@ -51,8 +51,9 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
     let grid = def.grid.clone();
     let assumptions = def.assumptions.iter().map(|(p, m)| (def.params[*p].name().to_string(), *m)).collect();
     let exact_extents = def.exact_extents.iter().map(|(p, v)| (def.params[*p].name().to_string(), *v)).collect();
+    let declared = def.loc;
     let (tp, prog) = lower_kernel_for(def, target)?;
-    check_target(&prog, target)?;
+    check_target(declared, &prog, target)?;
     // The tensor maps the lowering added, after the source's parameters as in the entry.
     let mut params: Vec<ParamSig> = params;
     params.extend(tp.tensor_maps.iter().cloned().map(ParamSig::TensorMap));
@@ -67,11 +68,19 @@ pub fn compile(def: KernelDef, target: Target) -> Result<CompiledKernel, Diag> {
         grid,
         assumptions,
         exact_extents,
+        cluster_blocks: prog.cluster_blocks,
     })
 }
 
-/// The first instruction of `prog` that `target` lacks, as an error at its kernel line.
-fn check_target(prog: &ThreadProgram, target: Target) -> Result<(), Diag> {
+/// The first instruction of `prog` that `target` lacks, as an error at its kernel line, or
+/// its clusters where `target` has none (at the kernel's declaration).
+fn check_target(declared: SrcLoc, prog: &ThreadProgram, target: Target) -> Result<(), Diag> {
+    if prog.cluster_blocks > 1 && !target.has(Target::Sm90) {
+        return Err(Diag::new(
+            declared,
+            format!("`launch(.., cluster = {})` needs target {}, not {target}", prog.cluster_blocks, Target::Sm90),
+        ));
+    }
     match prog.body.iter().find(|i| !target.has(i.least_target())) {
         None => Ok(()),
         Some(i) => Err(Diag::new(i.loc, format!("`{}` needs target {}, not {target}", i.op, i.least_target()))),
@@ -81,7 +90,6 @@ fn check_target(prog: &ThreadProgram, target: Target) -> Result<(), Diag> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diag::SrcLoc;
     use crate::thread_ir::{CachePolicy, Inst, Op};
 
     /// A program holding a `wgmma.fence` compiles for sm_90a only, and the error names the
@@ -90,10 +98,21 @@ mod tests {
     fn an_instruction_the_target_lacks_is_an_error_at_its_line() {
         let inst = Inst { op: Op::WgmmaFence, guard: None, loc: SrcLoc::new("k.rs", 7, 3), cache: CachePolicy::Normal };
         let prog = ThreadProgram::of_body(128, vec![inst]);
-        assert!(check_target(&prog, Target::Sm90a).is_ok());
+        let declared = SrcLoc::new("k.rs", 1, 1);
+        assert!(check_target(declared, &prog, Target::Sm90a).is_ok());
         for target in [Target::Sm80, Target::Sm90] {
-            let e = check_target(&prog, target).expect_err("wgmma needs sm_90a").to_string();
+            let e = check_target(declared, &prog, target).expect_err("wgmma needs sm_90a").to_string();
             assert!(e.contains("`wgmma.fence.sync.aligned;` needs target sm_90a") && e.contains("k.rs:7:3"), "{e}");
         }
+    }
+
+    /// A kernel in clusters compiles for sm_90 and later only, the error at its declaration.
+    #[test]
+    fn clusters_need_sm_90() {
+        let prog = ThreadProgram { cluster_blocks: 2, ..ThreadProgram::of_body(128, vec![]) };
+        let declared = SrcLoc::new("k.rs", 4, 1);
+        assert!(check_target(declared, &prog, Target::Sm90).is_ok());
+        let e = check_target(declared, &prog, Target::Sm80).expect_err("clusters need sm_90").to_string();
+        assert!(e.contains("`launch(.., cluster = 2)` needs target sm_90, not sm_80") && e.contains("k.rs:4:1"), "{e}");
     }
 }

@@ -546,6 +546,11 @@ pub struct KernelDef {
     /// `wgmma` of few columns does little work for its fixed cost (descriptors, fences, the
     /// wait), which the kernel may judge too high.
     pub wgmma_min_n: u32,
+    /// Blocks a thread-block cluster (`launch(.., cluster = n)`, `.reqnctapercluster n, 1, 1`;
+    /// 1 to 8, 1 for none): the grid's x extent comes in clusters of `n` consecutive blocks,
+    /// which the device runs at once on one GPC (sm_90). The launcher refuses a grid whose x
+    /// extent it does not divide.
+    pub cluster_blocks: u32,
     /// Grid extents.
     pub grid: [HostExpr; 3],
     /// Variables holding the block index per grid axis.
@@ -622,6 +627,7 @@ impl KernelDef {
             producer_registers: None,
             hoist: Hoist::Nothing,
             wgmma_min_n: WGMMA_MIN_N,
+            cluster_blocks: 1,
             grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
             block_vars: [None; 3],
             buffers: Arena::new(),
@@ -671,9 +677,10 @@ impl fmt::Display for KernelDef {
         let hoist = if self.hoist == Hoist::Nothing { String::new() } else { format!(" hoist={}", self.hoist.name()) };
         let wgmma_min_n =
             if self.wgmma_min_n == WGMMA_MIN_N { String::new() } else { format!(" wgmma_min_n={}", self.wgmma_min_n) };
+        let cluster = if self.cluster_blocks > 1 { format!(" cluster={}", self.cluster_blocks) } else { String::new() };
         writeln!(
             f,
-            ") threads={}{min_blocks}{fill_warps}{producer}{hoist}{wgmma_min_n} grid=[{}, {}, {}] {{",
+            ") threads={}{min_blocks}{fill_warps}{producer}{hoist}{wgmma_min_n}{cluster} grid=[{}, {}, {}] {{",
             self.threads,
             host(&self.grid[0]),
             host(&self.grid[1]),

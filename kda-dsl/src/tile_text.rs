@@ -580,6 +580,9 @@ impl Parser {
         if self.is_ident("wgmma_min_n") {
             self.def.wgmma_min_n = self.setting("wgmma_min_n")? as u32;
         }
+        if self.is_ident("cluster") {
+            self.def.cluster_blocks = self.setting("cluster")? as u32;
+        }
         self.keyword("grid")?;
         self.punct("=")?;
         self.punct("[")?;

@@ -1122,3 +1122,35 @@ fn a_computing_producer_keeps_its_declared_registers() {
     assert!(ptx.contains("setmaxnreg.inc.sync.aligned.u32 256;"), "{ptx}");
     assert!(!uniform_ptx.contains("setmaxnreg"), "{uniform_ptx}");
 }
+
+#[kernel]
+fn clustered(cfg: &Cfg, x: Global<(R, C), F32>, y: GlobalMut<(R, C), F32>) {
+    let (bx,) = launch(grid = [R / 16], threads = cfg.threads, cluster = 2);
+    let f = fragment([16, cfg.cols], F32);
+    copy(x.tile([bx, 0], [16, cfg.cols]), f);
+    copy(f, y.tile([bx, 0], [16, cfg.cols]));
+}
+
+/// `launch(.., cluster = 2)`: the kernel runs in clusters of two blocks (the simulator runs
+/// each cluster's blocks together), compiles for sm_90 with `.reqnctapercluster` and not for
+/// sm_80, and a grid of a partial cluster is refused.
+#[test]
+fn a_kernel_launched_in_clusters() {
+    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
+    let def = clustered(&cfg).expect("builds");
+    assert_eq!(def.cluster_blocks, 2);
+    let (r, c) = (64, 32);
+    let x = Rng::new(5).normals(r * c, DType::F32);
+    let mut args = vec![t("x", &x, DType::F32), i("R", r), i("C", c), t("y", &vec![f64::NAN; r * c], DType::F32)];
+    kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args).expect("runs");
+    assert_eq!(tensor_values(&args, "y", DType::F32), x);
+    let mut three_blocks =
+        vec![t("x", &x[..48 * c], DType::F32), i("R", 48), i("C", c), t("y", &x[..48 * c], DType::F32)];
+    let e =
+        kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut three_blocks).expect_err("a partial cluster");
+    assert!(e.contains("a grid of 3 blocks along x in clusters of 2"), "{e}");
+    let k = kda_dsl::compile(def.clone(), kda_dsl::Target::Sm90).expect("compiles for sm_90");
+    assert!(k.ptx.contains(".reqnctapercluster 2, 1, 1") && k.cluster_blocks == 2, "{}", k.ptx);
+    let e = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("no clusters on sm_80").to_string();
+    assert!(e.contains("`launch(.., cluster = 2)` needs target sm_90"), "{e}");
+}

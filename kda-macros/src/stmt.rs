@@ -246,6 +246,7 @@ impl Cx {
         let mut producer_registers = None;
         let mut hoist = None;
         let mut wgmma_min_n = None;
+        let mut cluster = None;
         for (k, v, sp) in kw {
             match k.as_str() {
                 "grid" => grid = Some(v),
@@ -255,11 +256,12 @@ impl Cx {
                 "producer_registers" => producer_registers = Some(v),
                 "hoist" => hoist = Some(v),
                 "wgmma_min_n" => wgmma_min_n = Some(v),
+                "cluster" => cluster = Some(v),
                 _ => {
                     return err(
                         sp,
                         format!(
-                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps`, `producer_registers`, `hoist` or `wgmma_min_n`"
+                            "unknown `launch` argument `{k}`; expected `grid`, `threads`, `min_blocks`, `fill_warps`, `producer_registers`, `hoist`, `wgmma_min_n` or `cluster`"
                         ),
                     )
                 }
@@ -298,39 +300,17 @@ impl Cx {
                 binds.push(quote!(let #n = __blk[#i].clone();));
             }
         }
-        let min_blocks = match min_blocks {
-            Some(m) if self.is_dsl(m) => {
-                return err(m.span(), "`min_blocks` must be known when the kernel is specialized")
-            }
-            Some(m) => quote!(__kb.min_blocks_per_sm(#m, #lc);),
-            None => quote!(),
-        };
-        let fill_warps = match fill_warps {
-            Some(m) if self.is_dsl(m) => {
-                return err(m.span(), "`fill_warps` must be known when the kernel is specialized")
-            }
-            Some(m) => quote!(__kb.fill_warps(#m, #lc);),
-            None => quote!(),
-        };
-        let producer_registers = match producer_registers {
-            Some(n) if self.is_dsl(n) => {
-                return err(n.span(), "`producer_registers` must be known when the kernel is specialized")
-            }
-            Some(n) => quote!(__kb.producer_registers(#n, #lc);),
-            None => quote!(),
-        };
+        let min_blocks = self.known_setting(min_blocks, "min_blocks", quote!(min_blocks_per_sm), &lc)?;
+        let fill_warps = self.known_setting(fill_warps, "fill_warps", quote!(fill_warps), &lc)?;
+        let producer_registers =
+            self.known_setting(producer_registers, "producer_registers", quote!(producer_registers), &lc)?;
         let hoist = match hoist {
             Some(h) if self.is_dsl(h) => return err(h.span(), "`hoist` must be known when the kernel is specialized"),
             Some(h) => quote!(__kb.hoist(#h);),
             None => quote!(),
         };
-        let wgmma_min_n = match wgmma_min_n {
-            Some(n) if self.is_dsl(n) => {
-                return err(n.span(), "`wgmma_min_n` must be known when the kernel is specialized")
-            }
-            Some(n) => quote!(__kb.wgmma_min_n(#n, #lc);),
-            None => quote!(),
-        };
+        let wgmma_min_n = self.known_setting(wgmma_min_n, "wgmma_min_n", quote!(wgmma_min_n), &lc)?;
+        let cluster = self.known_setting(cluster, "cluster", quote!(cluster_blocks), &lc)?;
         Ok(quote! {
             let __blk = __kb.launch(vec![#(#g),*], #threads, #lc);
             #min_blocks
@@ -338,8 +318,21 @@ impl Cx {
             #producer_registers
             #hoist
             #wgmma_min_n
+            #cluster
             #(#binds)*
         })
+    }
+
+    /// The builder's call `__kb.method(value, loc)` for a `launch` setting that must be known
+    /// when the kernel is specialized (nothing when not given).
+    fn known_setting(&self, value: Option<&Expr>, name: &str, method: TS, lc: &TS) -> syn::Result<TS> {
+        match value {
+            Some(v) if self.is_dsl(v) => {
+                err(v.span(), format!("`{name}` must be known when the kernel is specialized"))
+            }
+            Some(v) => Ok(quote!(__kb.#method(#v, #lc);)),
+            None => Ok(quote!()),
+        }
     }
 
     /// A grid term: extents, config values, `+ - * /` and `ceil_div`.

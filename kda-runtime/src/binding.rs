@@ -515,6 +515,13 @@ fn eval_grid(
             )));
         }
     }
+    // A cluster launch runs whole clusters only.
+    if !grid[0].is_multiple_of(kernel.cluster_blocks.max(1)) {
+        return Err(RuntimeError::Unsupported(format!(
+            "grid axis 0 of `{}` evaluates to {} blocks, not a multiple of its clusters of {}",
+            kernel.entry, grid[0], kernel.cluster_blocks
+        )));
+    }
     Ok(grid)
 }
 

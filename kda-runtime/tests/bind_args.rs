@@ -36,6 +36,7 @@ fn gemm() -> CompiledKernel {
         grid: [ceil_div("N", 64), ceil_div("M", 64), HostExpr::Const(1)],
         assumptions: vec![("K".into(), 16)],
         exact_extents: vec![],
+        cluster_blocks: 1,
     }
 }
 
@@ -181,6 +182,20 @@ fn grids_past_cuda_limits_are_rejected() {
             assert!(msg.contains("grid axis 1") && msg.contains("65536") && msg.contains("65535"), "{msg}")
         }
         other => panic!("expected an unsupported-grid error, got {:?}", other.map(|b| b.grid)),
+    }
+}
+
+#[test]
+fn a_cluster_launch_takes_whole_clusters_only() {
+    // Clusters of 2 along x, the N tiles: 128 columns are 2 tiles, 192 are 3.
+    let clustered = CompiledKernel { cluster_blocks: 2, ..gemm() };
+    let bound = bind_args(&clustered, &args(64, 128, 16)).expect("a grid of whole clusters");
+    assert_eq!(bound.grid, [2, 1, 1]);
+    match bind_args(&clustered, &args(64, 192, 16)) {
+        Err(RuntimeError::Unsupported(msg)) => {
+            assert!(msg.contains("grid axis 0") && msg.contains("3 blocks") && msg.contains("clusters of 2"), "{msg}")
+        }
+        other => panic!("expected an error for a partial cluster, got {:?}", other.map(|b| b.grid)),
     }
 }
 

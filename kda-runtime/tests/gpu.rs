@@ -158,6 +158,7 @@ fn add_scalar() -> CompiledKernel {
         grid: [HostExpr::CeilDiv(n(), Box::new(HostExpr::Const(128))), HostExpr::Const(1), HostExpr::Const(1)],
         assumptions: vec![],
         exact_extents: vec![],
+        cluster_blocks: 1,
     }
 }
 

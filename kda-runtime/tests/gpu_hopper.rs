@@ -198,6 +198,7 @@ fn max_active_clusters(
         grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
         assumptions: vec![],
         exact_extents: vec![],
+        cluster_blocks: 1,
     };
     let loaded = cache.get_or_load(gpu, &kernel, &format!("occupancy {threads} {shared}"))?;
     let mut attr = sys::CUlaunchAttribute {
@@ -248,6 +249,7 @@ fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(Stri
         grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
         assumptions: vec![],
         exact_extents: vec![],
+        cluster_blocks: prog.cluster_blocks,
     };
     let loaded = cache.get_or_load(gpu, &kernel, &probe.name)?;
     let mut tensors = vec![];

@@ -385,7 +385,7 @@ pub(crate) fn lower_with_plans(p: &TileProgram) -> Result<(ThreadProgram, Plans)
             register_plan::RegisterPlan::Uniform(_) => None,
         },
         shared_bytes: p.shared_bytes,
-        cluster_blocks: 1,
+        cluster_blocks: p.def.cluster_blocks,
         body: lw.em.body,
         reg_counts: lw.em.counts,
     };

@@ -412,6 +412,13 @@ pub enum Op {
     /// address `addr`, then completes that many bytes of the phase of the mbarrier at `mbar`
     /// (in the same block), which releases them to the cluster.
     StAsync { ty: Ty, addr: Reg, vals: Vec<Src>, mbar: Reg },
+    /// `cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [dst], [src],
+    /// bytes, [mbar]`: the async proxy copies `bytes` (a multiple of 16) of this block's shared
+    /// memory at `src` to the `.shared::cluster` address `dst` (another block's, from `mapa`),
+    /// then completes that many bytes of the phase of the mbarrier at `mbar` (in the
+    /// destination block), which releases them. The source's writers must have fenced the
+    /// proxies (`fence.proxy.async`) before.
+    BulkCopyToCluster { dst: Reg, src: Reg, bytes: u32, mbar: Reg },
     /// `mbarrier.arrive.expect_tx.shared.b64 state, [addr], bytes`: raises the phase's
     /// transaction count by `bytes` (the copies that complete it lower it), then arrives.
     MbarrierArriveExpectTx { state: Reg, addr: Reg, bytes: u32 },
@@ -740,6 +747,10 @@ impl fmt::Display for Op {
             Op::MbarrierArriveRemote { addr } => {
                 write!(f, "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{addr}];")
             }
+            Op::BulkCopyToCluster { dst, src, bytes, mbar } => write!(
+                f,
+                "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [{dst}], [{src}], {bytes}, [{mbar}];"
+            ),
             Op::StAsync { ty, addr, vals, mbar } => {
                 let v = if vals.len() == 1 { vals[0].to_string() } else { format!("{{{}}}", list(vals)) };
                 write!(
@@ -812,7 +823,9 @@ impl Inst {
             Op::CvtaParam { .. } => (7, 7),
             Op::Movmatrix { .. } | Op::MbarrierWait { kind: MbarrierWaitKind::Try, .. } => (7, 8),
             Op::StAsync { .. } => (8, 1),
-            Op::MbarrierWait { scope: MbarrierScope::Cluster, .. } | Op::MbarrierArriveRemote { .. } => (8, 0),
+            Op::MbarrierWait { scope: MbarrierScope::Cluster, .. }
+            | Op::MbarrierArriveRemote { .. }
+            | Op::BulkCopyToCluster { .. } => (8, 0),
             Op::MbarrierWait { kind: MbarrierWaitKind::Test, .. } => (7, 1),
             Op::MbarrierArriveExpectTx { .. }
             | Op::Mapa { .. }
@@ -847,6 +860,7 @@ impl Inst {
             | Op::MbarrierWait { scope: MbarrierScope::Cluster, .. }
             | Op::MbarrierArriveRemote { .. }
             | Op::StAsync { .. }
+            | Op::BulkCopyToCluster { .. }
             | Op::Mapa { .. }
             | Op::ClusterBarrier { .. }
             | Op::ReadSpecial { sreg: Special::ClusterCtaRank, .. }

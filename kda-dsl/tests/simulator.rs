@@ -30,8 +30,11 @@ fn a_cluster_s_blocks_store_into_each_other_and_meet_at_barrier_cluster() {
 }
 
 #[test]
-fn a_ring_across_a_cluster_s_blocks_hands_stages_over_with_st_async_and_remote_arrivals() {
-    assert_eq!(run_cluster_ring(ClusterRingFault::None).expect("runs"), cluster_ring_expected(2));
+fn a_ring_across_a_cluster_s_blocks_hands_stages_over_and_back() {
+    for handover in [ClusterHandover::StAsync, ClusterHandover::BulkCopy] {
+        let got = run_cluster_ring(handover, ClusterRingFault::None).unwrap_or_else(|e| panic!("{handover:?}: {e}"));
+        assert_eq!(got, cluster_ring_expected(2), "{handover:?}");
+    }
 }
 
 #[test]
@@ -47,7 +50,7 @@ fn a_ball_goes_back_and_forth_between_a_cluster_s_blocks() {
 fn cluster_ring_misuse_is_reported() {
     use ClusterRingFault as F;
     assert_each_fault_reported(
-        run_cluster_ring,
+        |fault| run_cluster_ring(ClusterHandover::StAsync, fault),
         &[
             (F::ProducerSkipsEmptyWait, "a phase whose copies delivered 512 bytes more than its expect_tx"),
             (
@@ -65,7 +68,26 @@ fn cluster_ring_misuse_is_reported() {
                  barrier.cluster after its initialization",
             ),
             (F::NoClusterBarrierAtExit, "block 1 of the cluster reaches block 0, which has exited"),
-            (F::StAsyncCompletesAnotherBlock, "st.async into one block's shared memory completing another block's mbarrier"),
+            (F::CompletesItsOwnBlock, "st.async into one block's shared memory completing another block's mbarrier"),
+        ],
+    );
+    assert_each_fault_reported(
+        |fault| run_cluster_ring(ClusterHandover::BulkCopy, fault),
+        &[
+            (F::ProducerSkipsEmptyWait, "shared byte 0 of block 1 read by its threads and stored by thread 0 of the"),
+            (
+                F::ConsumerWaitsAtCtaScope,
+                "written by thread 0 of the cluster's block 0 and read by thread 0 with no barrier.cluster or mbarrier",
+            ),
+            (F::CompletesItsOwnBlock, "a bulk copy into one block's shared memory completing another block's mbarrier"),
+            (
+                F::NoProxyFence,
+                "a bulk copy to the cluster reads shared byte 0, which thread 0 wrote with no fence.proxy.async",
+            ),
+            (
+                F::WritesSourceWhileCopying,
+                "shared byte 0 written while a bulk copy to another block of the cluster still reads it",
+            ),
         ],
     );
 }
@@ -477,7 +499,13 @@ fn hopper_programs_assemble() {
         ("compute_ring", compute_ring_program(ComputeRingFault::None), Target::Sm90, "ARRIVES.LDGSTSBAR.64.ARVCNT"),
         ("roles", roles_program(RolesFault::None), Target::Sm90a, "USETMAXREG"),
         ("cluster", cluster_program(ClusterFault::None), Target::Sm90, "UCGABAR_ARV"),
-        ("cluster_ring", cluster_ring_program(ClusterRingFault::None), Target::Sm90, "STAS"),
+        ("cluster_ring", cluster_ring_program(ClusterHandover::StAsync, ClusterRingFault::None), Target::Sm90, "STAS"),
+        (
+            "cluster_bulk_ring",
+            cluster_ring_program(ClusterHandover::BulkCopy, ClusterRingFault::None),
+            Target::Sm90,
+            "UBLKCP.S.S",
+        ),
         ("cluster_ping_pong", cluster_ping_pong_program(), Target::Sm90, "STAS"),
     ];
     for (name, prog, target, sass_op) in programs {

@@ -106,7 +106,14 @@ fn probes() -> Vec<Probe> {
     out.push(Probe {
         name: "a ring across clusters of 2: st.async, remote mbarrier arrivals".into(),
         target: Target::Sm90,
-        program: cluster_ring_program(ClusterRingFault::None),
+        program: cluster_ring_program(ClusterHandover::StAsync, ClusterRingFault::None),
+        args: cluster_ring_args(2),
+        grid: [4, 1, 1],
+    });
+    out.push(Probe {
+        name: "a ring across clusters of 2: bulk copies between blocks".into(),
+        target: Target::Sm90,
+        program: cluster_ring_program(ClusterHandover::BulkCopy, ClusterRingFault::None),
         args: cluster_ring_args(2),
         grid: [4, 1, 1],
     });

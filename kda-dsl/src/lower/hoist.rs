@@ -251,6 +251,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::MbarrierArriveExpectTx { .. }
         | Op::MbarrierArriveRemote { .. }
         | Op::StAsync { .. }
+        | Op::BulkCopyToCluster { .. }
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
@@ -307,6 +308,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::CpAsyncMbarrierArrive { .. }
         | Op::MbarrierArriveRemote { .. }
         | Op::StAsync { .. }
+        | Op::BulkCopyToCluster { .. }
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }

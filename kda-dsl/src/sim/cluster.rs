@@ -57,9 +57,20 @@ pub(super) struct RemoteStore {
     loc: SrcLoc,
     epoch: u32,
     known: Vec<u32>,
-    /// For `st.async`: the mbarrier (an index into the same block's shared bytes) whose
-    /// transaction count the store completes, and what that releases.
+    /// For `st.async` and bulk copies: the mbarrier (an index into the same block's shared
+    /// bytes) whose transaction count the store completes, and what that releases.
     completes: Option<(usize, Vec<u32>)>,
+    /// Written by the async proxy (a bulk copy): a `wgmma` may read the bytes unfenced.
+    async_proxy: bool,
+}
+
+/// Who writes a store's bytes into another block.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Proxy {
+    /// The thread itself (`st.shared::cluster`, `st.async`).
+    Generic,
+    /// The async proxy (a bulk copy).
+    Async,
 }
 
 /// The block a `.shared::cluster` access at `addr` reaches: the block itself (its `.shared`
@@ -101,9 +112,7 @@ impl Block<'_> {
     /// Thread `t`'s store of `bytes` into another block's shared memory, for the end of the
     /// round.
     pub(super) fn store_remote(&mut self, t: usize, rank: u32, at: usize, bytes: Vec<u8>) {
-        let (thread, loc, epoch, known) = (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
-        let store = RemoteStore { rank, at, bytes, thread, loc, epoch, known, completes: None };
-        self.remote_out.push(Remote::Store(store));
+        self.send(t, rank, at, bytes, None, Proxy::Generic);
     }
 
     /// `st.async`: thread `t` stores `bytes` at the `.shared::cluster` address `addr` and
@@ -116,24 +125,59 @@ impl Block<'_> {
                 self.mbarrier_complete_tx(t, m, n)
             }
             (Target::Other { rank, at }, Target::Other { rank: mbar_rank, at: mbarrier }) if rank == mbar_rank => {
-                // The store comes before the transaction that releases it: its epoch first.
-                let (thread, loc, epoch, known) =
-                    (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
-                let completes = Some((mbarrier, self.release_from(t)));
-                self.remote_out.push(Remote::Store(RemoteStore {
-                    rank,
-                    at,
-                    bytes,
-                    thread,
-                    loc,
-                    epoch,
-                    known,
-                    completes,
-                }));
+                self.send(t, rank, at, bytes, Some(mbarrier), Proxy::Generic);
                 Ok(())
             }
             _ => Err("st.async into one block's shared memory completing another block's mbarrier".into()),
         }
+    }
+
+    /// `cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes`: thread `t`'s
+    /// bulk copy of `bytes` of its block's shared memory at `src` to the `.shared::cluster`
+    /// address `dst`, completing the mbarrier at `mbar` in the same block as `dst`. The async
+    /// proxy reads the source (fenced by its writers, as for a TMA store) until the copy lands
+    /// at the end of the round: a write to it before then is an error. Into the block itself,
+    /// it lands at once.
+    pub(super) fn bulk_copy_to_cluster(&mut self, t: usize, dst: u64, src: u64, bytes: u32, mbar: u64) -> R<()> {
+        if bytes == 0 || !bytes.is_multiple_of(16) {
+            return Err(format!("a bulk copy of {bytes} bytes: a positive multiple of 16"));
+        }
+        let n = bytes as usize;
+        let from = self.check_shared(src, n)?;
+        for i in from..from + n {
+            if !self.shadow[i].written {
+                return Err(format!("a bulk copy to the cluster reads shared byte {i}, which nothing wrote"));
+            }
+            self.check_async_visible(t as u32, i, "a bulk copy to the cluster")?;
+        }
+        let data = self.shared[from..from + n].to_vec();
+        self.record_read(t, from, n);
+        match (self.cluster_target(dst, n)?, self.cluster_target(mbar, 8)?) {
+            (Target::Own(own), Target::Own(m)) => {
+                self.write_shared(t, own, &data)?;
+                let at = self.check_shared(own, n)?;
+                self.shadow[at..at + n].iter_mut().for_each(|s| s.async_proxy = true);
+                self.mbarrier_complete_tx(t, m, bytes)
+            }
+            (Target::Other { rank, at }, Target::Other { rank: mbar_rank, at: mbarrier }) if rank == mbar_rank => {
+                self.send(t, rank, at, data, Some(mbarrier), Proxy::Async);
+                self.copying_out.push(from..from + n);
+                Ok(())
+            }
+            _ => Err("a bulk copy into one block's shared memory completing another block's mbarrier".into()),
+        }
+    }
+
+    /// Thread `t`'s store of `bytes` at index `at` of block `rank`'s shared memory, for the
+    /// end of the round, written by `proxy`; completing the transaction count of the
+    /// mbarrier at index `completes` of that block when given (which releases the store:
+    /// the store's epoch comes first).
+    fn send(&mut self, t: usize, rank: u32, at: usize, bytes: Vec<u8>, completes: Option<usize>, proxy: Proxy) {
+        let (thread, loc, epoch, known) = (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
+        let completes = completes.map(|m| (m, self.release_from(t)));
+        let async_proxy = proxy == Proxy::Async;
+        let store = RemoteStore { rank, at, bytes, thread, loc, epoch, known, completes, async_proxy };
+        self.remote_out.push(Remote::Store(store));
     }
 
     /// `mbarrier.arrive.release.cluster.shared::cluster`: thread `t` arrives at the mbarrier at
@@ -185,7 +229,8 @@ impl Block<'_> {
             }
             self.clock += 1;
             self.shared[i] = *byte;
-            self.shadow[i] = Shadow::written_by(st.thread, st.epoch, self.clock);
+            self.shadow[i] =
+                Shadow { async_proxy: st.async_proxy, ..Shadow::written_by(st.thread, st.epoch, self.clock) };
         }
         match &st.completes {
             Some((mbarrier, release)) => self.complete_tx_from_afar(*mbarrier, st.bytes.len() as u32, release),
@@ -199,6 +244,8 @@ impl Block<'_> {
 fn deliver(blocks: &mut [Block]) -> Result<bool, SimError> {
     let mut delivered = false;
     for from in 0..blocks.len() {
+        // Its bulk copies land now: their sources are free again.
+        blocks[from].copying_out.clear();
         for event in std::mem::take(&mut blocks[from].remote_out) {
             delivered = true;
             let (rank, thread, loc) = match &event {

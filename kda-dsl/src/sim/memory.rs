@@ -93,8 +93,18 @@ impl Block<'_> {
                     self.missing_order(s.writer)
                 ));
             }
-            // Reads ordered before this one need no checking against later writes: keep only
-            // the reads that might still race.
+        }
+        self.record_read(t, a, n);
+        Ok(self.shared[a..a + n].to_vec())
+    }
+
+    /// Notes thread `t`'s read of shared bytes `a..a + n`, which later writes must be ordered
+    /// after. Reads ordered before this one need no checking against later writes: only the
+    /// reads that might still race are kept.
+    pub(super) fn record_read(&mut self, t: usize, a: usize, n: usize) {
+        let me = t as u32;
+        for i in a..a + n {
+            let s = self.shadow[i];
             let (reader, reader_warps) = if s.reader == me || self.reads_ordered(&s, me) {
                 (me, 0)
             } else {
@@ -106,7 +116,6 @@ impl Block<'_> {
             };
             self.shadow[i] = Shadow { reader, reader_warps, read_epoch: self.released, ..s };
         }
-        Ok(self.shared[a..a + n].to_vec())
     }
 
     /// Checks that shared byte `i`, which the async proxy is about to read (`what`: a `wgmma`
@@ -154,6 +163,12 @@ impl Block<'_> {
         let me = t as u32;
         if self.bulk_pending > 0 {
             self.check_no_bulk_read(a, a + bytes.len())?;
+        }
+        if let Some(r) = self.copying_out.iter().find(|r| r.start < a + bytes.len() && a < r.end) {
+            return Err(format!(
+                "shared byte {} written while a bulk copy to another block of the cluster still reads it",
+                a.max(r.start)
+            ));
         }
         for i in a..a + bytes.len() {
             let s = self.shadow[i];

@@ -194,6 +194,9 @@ struct Block<'a> {
     cluster_released: Vec<u32>,
     /// Its stores and arrivals into other blocks of the cluster this round, in issue order.
     remote_out: Vec<cluster::Remote>,
+    /// The shared byte ranges its bulk copies to other blocks still read (until the round
+    /// ends and they land).
+    copying_out: Vec<std::ops::Range<usize>>,
     global_names: &'a [String],
     /// The tensor maps: (the mapped tensor's global slot, the map).
     maps: &'a [(usize, crate::tensor_map::TensorMap)],
@@ -577,6 +580,10 @@ impl<'a> Block<'a> {
                 let a = self.get(t, &Src::Reg(*addr));
                 self.arrive_remote(t, a)?;
             }
+            Op::BulkCopyToCluster { dst, src, bytes, mbar } => {
+                let [d, s, m] = [dst, src, mbar].map(|r| self.get(t, &Src::Reg(*r)));
+                self.bulk_copy_to_cluster(t, d, s, *bytes, m)?;
+            }
             Op::CpAsync { dst, src, src_bytes } => {
                 let n = self.get(t, src_bytes) as usize;
                 if n > 16 {
@@ -786,6 +793,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         cluster_releasing: vec![0; cluster_warps],
                         cluster_released: vec![0; cluster_warps],
                         remote_out: vec![],
+                        copying_out: vec![],
                         global_names: &names,
                         maps: &maps,
                         traces: BTreeMap::new(),

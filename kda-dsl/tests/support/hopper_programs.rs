@@ -1078,8 +1078,24 @@ pub enum ClusterRingFault {
     /// No `barrier.cluster` before the blocks exit: the consumer's last arrivals reach a
     /// producer that has exited.
     NoClusterBarrierAtExit,
-    /// The producer's `st.async` completes its own block's mbarrier, not the consumer's.
-    StAsyncCompletesAnotherBlock,
+    /// The producer's stores complete its own block's mbarrier, not the consumer's.
+    CompletesItsOwnBlock,
+    /// Bulk copies: the producer's threads write the stage with no `fence.proxy.async`
+    /// before the copy reads it.
+    NoProxyFence,
+    /// Bulk copies: the copying thread writes the stage again while the copy still reads it.
+    WritesSourceWhileCopying,
+}
+
+/// How [`cluster_ring_program`]'s producer hands a stage to the consumer's block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClusterHandover {
+    /// Each thread `st.async`s its word.
+    StAsync,
+    /// Each thread writes its word into the producer's own copy of the stage, fences the
+    /// proxies, and after a block barrier one thread copies the stage over with
+    /// `cp.async.bulk.shared::cluster.shared::cta`.
+    BulkCopy,
 }
 
 /// Threads per block of [`cluster_ring_program`].
@@ -1090,14 +1106,14 @@ pub const CLUSTER_RING_ROUNDS: u32 = 6;
 const CLUSTER_RING_STAGE_BYTES: u32 = CLUSTER_RING_THREADS * 4;
 
 /// A ring across the two blocks of each cluster: the block of rank 0 produces, each of its
-/// threads `st.async`ing the word `1000 (round + 1) + 100000 cluster + thread` into the
-/// consumer's stage (completing the consumer's `full` mbarrier of it); the block of rank 1
+/// threads handing the word `1000 (round + 1) + 100000 cluster + thread` to the consumer's
+/// stage (by `handover`, completing the consumer's `full` mbarrier of it); the block of rank 1
 /// expects the stage's bytes on `full`, waits for them at `.cluster` scope, copies the word
 /// of the thread after its own to the output, and arrives at the producer's `empty` mbarrier
 /// of the stage (`mbarrier.arrive.release.cluster.shared::cluster`), which the producer waits
 /// for before reusing it. `barrier.cluster` after the mbarriers' initialization and before
 /// the end.
-pub fn cluster_ring_program(fault: ClusterRingFault) -> ThreadProgram {
+pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) -> ThreadProgram {
     use ClusterRingFault as F;
     const S: u32 = CLUSTER_RING_STAGES;
     let mut p = P::new();
@@ -1139,7 +1155,7 @@ pub fn cluster_ring_program(fault: ClusterRingFault) -> ThreadProgram {
     let completes: Vec<Reg> = (0..S as usize)
         .map(|s| {
             let r = p.reg(RegClass::B32);
-            let target = if fault == F::StAsyncCompletesAnotherBlock { 0 } else { 1 };
+            let target = if fault == F::CompletesItsOwnBlock { 0 } else { 1 };
             p.op(Op::Mapa { d: r, addr: full[s], rank: Src::Imm(target) });
             r
         })
@@ -1167,7 +1183,29 @@ pub fn cluster_ring_program(fault: ClusterRingFault) -> ThreadProgram {
             a: Src::Reg(remote_word),
             b: Src::Imm(i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES)),
         });
-        p.op(Op::StAsync { ty: Ty::B32, addr: at, vals: vec![Src::Reg(value)], mbar: completes[s] });
+        match handover {
+            ClusterHandover::StAsync => {
+                p.op(Op::StAsync { ty: Ty::B32, addr: at, vals: vec![Src::Reg(value)], mbar: completes[s] })
+            }
+            ClusterHandover::BulkCopy => {
+                // Thread 0's own word and the consumer's are the stages' starts.
+                let offset = i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES);
+                p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: word, offset, vals: vec![Src::Reg(value)] });
+                if fault != F::NoProxyFence {
+                    p.op(Op::FenceProxyAsync);
+                }
+                p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+                let src = p.reg(RegClass::B32);
+                p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: src, a: Src::Reg(word), b: Src::Imm(offset) });
+                let copy = Op::BulkCopyToCluster { dst: at, src, bytes: CLUSTER_RING_STAGE_BYTES, mbar: completes[s] };
+                p.guarded(first, copy);
+                if fault == F::WritesSourceWhileCopying {
+                    let again =
+                        Op::St { space: Space::Shared, ty: Ty::U32, addr: word, offset, vals: vec![Src::Reg(value)] };
+                    p.guarded(first, again);
+                }
+            }
+        }
     }
     p.op(Op::Bra { target: end });
 
@@ -1249,9 +1287,9 @@ pub fn cluster_ring_expected(clusters: u32) -> Vec<u32> {
 }
 
 /// Runs [`cluster_ring_program`] on two clusters in the simulator; returns its output words.
-pub fn run_cluster_ring(fault: ClusterRingFault) -> Result<Vec<u32>, String> {
+pub fn run_cluster_ring(handover: ClusterHandover, fault: ClusterRingFault) -> Result<Vec<u32>, String> {
     let mut args = cluster_ring_args(2);
-    run(&cluster_ring_program(fault), [4, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    run(&cluster_ring_program(handover, fault), [4, 1, 1], &mut args).map_err(|e| e.to_string())?;
     Ok(ring_words(tensor(&args, "out")))
 }
 

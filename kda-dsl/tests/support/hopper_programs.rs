@@ -979,6 +979,37 @@ pub enum ClusterFault {
     PeerStuck,
 }
 
+/// Registers holding the thread's index, its block's rank in the cluster and the block's
+/// index along x.
+pub fn cluster_place(p: &mut P) -> (Reg, Reg, Reg) {
+    let t = tid(p);
+    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    (t, rank, block)
+}
+
+/// A new register holding `a + imm` (u32).
+pub fn plus(p: &mut P, a: Reg, imm: i64) -> Reg {
+    let d = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d, a: Src::Reg(a), b: Src::Imm(imm) });
+    d
+}
+
+/// `barrier.cluster`: every thread of the cluster arrives, then waits for the rest.
+pub fn meet_the_cluster(p: &mut P) {
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+}
+
+/// Stores `got` at word `block threads + t` of the output `out`.
+pub fn store_thread_word(p: &mut P, block: Reg, threads: u32, t: Reg, got: Reg) {
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: index, a: Src::Reg(block), b: Src::Imm(i64::from(threads)), c: Src::Reg(t) });
+    let out = per_thread_global(p, index, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+}
+
 /// Threads per block of [`cluster_program`].
 pub const CLUSTER_THREADS: u32 = 64;
 
@@ -992,10 +1023,7 @@ pub const CLUSTER_GRID: u32 = 4;
 /// the peer wrote, to the output.
 pub fn cluster_program(fault: ClusterFault) -> ThreadProgram {
     let mut p = P::new();
-    let t = tid(&mut p);
-    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
-    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    let (t, rank, block) = cluster_place(&mut p);
     let base = shared_at(&mut p, 0);
     let word = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(base) });
@@ -1015,8 +1043,7 @@ pub fn cluster_program(fault: ClusterFault) -> ThreadProgram {
         p.op(Op::PredLogic { op: BinKind::And, d: stuck, a: second, b: warp0 });
         p.guarded(stuck, Op::Bar { id: Src::Imm(1), count: Some(64), reach: BarrierReach::SameInstruction });
     }
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    meet_the_cluster(&mut p);
     if fault == ClusterFault::LoadFromThePeer {
         p.op(Op::Ld { space: Space::SharedCluster, ty: Ty::U32, d: vec![got], addr: remote, offset: 0 });
     } else {
@@ -1025,22 +1052,12 @@ pub fn cluster_program(fault: ClusterFault) -> ThreadProgram {
             ClusterFault::NoBarrier => {}
             ClusterFault::WaitWithoutArrive => p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait }),
             _ => {
-                p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-                p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+                meet_the_cluster(&mut p);
             }
         }
         p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![got], addr: word, offset: 0 });
     }
-    let index = p.reg(RegClass::B32);
-    p.op(Op::Mad {
-        ty: Ty::U32,
-        d: index,
-        a: Src::Reg(block),
-        b: Src::Imm(i64::from(CLUSTER_THREADS)),
-        c: Src::Reg(t),
-    });
-    let out = per_thread_global(&mut p, index, "out", 4);
-    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+    store_thread_word(&mut p, block, CLUSTER_THREADS, t, got);
     p.op(Op::Ret);
     ThreadProgram { cluster_blocks: 2, ..p.prog(CLUSTER_THREADS, CLUSTER_THREADS * 4, vec![("p_out".into(), Ty::U64)]) }
 }
@@ -1118,10 +1135,7 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
     const S: u32 = CLUSTER_RING_STAGES;
     let mut p = P::new();
     let mut label = 0;
-    let t = tid(&mut p);
-    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
-    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    let (t, rank, block) = cluster_place(&mut p);
     // Stages first, then `full` and `empty`, an mbarrier a stage each.
     let stages = shared_at(&mut p, 0);
     let full: Vec<Reg> = (0..S).map(|s| shared_at(&mut p, i64::from(S * CLUSTER_RING_STAGE_BYTES + 8 * s))).collect();
@@ -1136,8 +1150,7 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
     if fault == F::NoClusterBarrierAfterInit {
         p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
     } else {
-        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+        meet_the_cluster(&mut p);
     }
     let cluster = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: cluster, a: Src::Reg(block), b: Src::Imm(1) });
@@ -1160,29 +1173,16 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
             r
         })
         .collect();
-    let value = p.reg(RegClass::B32);
+    let cluster_value = p.reg(RegClass::B32);
     for round in 0..CLUSTER_RING_ROUNDS {
         let s = (round % S) as usize;
         if fault != F::ProducerSkipsEmptyWait {
             // The first pass over the stages waits for the phase before the first (parity 1).
             wait_phase_in(&mut p, empty[s], (round / S + 1) % 2, &mut label, MbarrierScope::Cluster);
         }
-        p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Reg(cluster), b: Src::Imm(100_000), c: Src::Reg(t) });
-        p.op(Op::Bin {
-            op: BinKind::Add,
-            ty: Ty::U32,
-            d: value,
-            a: Src::Reg(value),
-            b: Src::Imm(i64::from(1000 * (round + 1))),
-        });
-        let at = p.reg(RegClass::B32);
-        p.op(Op::Bin {
-            op: BinKind::Add,
-            ty: Ty::U32,
-            d: at,
-            a: Src::Reg(remote_word),
-            b: Src::Imm(i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES)),
-        });
+        p.op(Op::Mad { ty: Ty::U32, d: cluster_value, a: Src::Reg(cluster), b: Src::Imm(100_000), c: Src::Reg(t) });
+        let value = plus(&mut p, cluster_value, i64::from(1000 * (round + 1)));
+        let at = plus(&mut p, remote_word, i64::from(s as u32 * CLUSTER_RING_STAGE_BYTES));
         match handover {
             ClusterHandover::StAsync => {
                 p.op(Op::StAsync { ty: Ty::B32, addr: at, vals: vec![Src::Reg(value)], mbar: completes[s] })
@@ -1195,8 +1195,7 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
                     p.op(Op::FenceProxyAsync);
                 }
                 p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
-                let src = p.reg(RegClass::B32);
-                p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: src, a: Src::Reg(word), b: Src::Imm(offset) });
+                let src = plus(&mut p, word, offset);
                 let copy = Op::BulkCopyToCluster { dst: at, src, bytes: CLUSTER_RING_STAGE_BYTES, mbar: completes[s] };
                 p.guarded(first, copy);
                 if fault == F::WritesSourceWhileCopying {
@@ -1257,8 +1256,7 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
     }
     p.op(Op::Label(end));
     if fault != F::NoClusterBarrierAtExit {
-        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-        p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+        meet_the_cluster(&mut p);
     }
     p.op(Op::Ret);
     let shared = S * CLUSTER_RING_STAGE_BYTES + 16 * S;
@@ -1304,17 +1302,13 @@ pub const PING_PONG_THREADS: u32 = 32;
 /// received: `2 rounds` in rank 0, `2 rounds - 1` in rank 1.
 pub fn cluster_ping_pong_program() -> ThreadProgram {
     let mut p = P::new();
-    let t = tid(&mut p);
-    let (rank, block) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
-    p.op(Op::ReadSpecial { d: block, sreg: Special::Ctaid(0) });
+    let (t, rank, block) = cluster_place(&mut p);
     let base = shared_at(&mut p, 0);
     let full = shared_at(&mut p, i64::from(PING_PONG_THREADS * 4));
     let first = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
     p.guarded(first, Op::MbarrierInit { addr: full, count: 1 });
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
+    meet_the_cluster(&mut p);
     let word = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(base) });
     let peer = p.reg(RegClass::B32);
@@ -1357,18 +1351,8 @@ pub fn cluster_ping_pong_program() -> ThreadProgram {
     p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(i), b: Src::Reg(rounds) });
     p.guarded(more, Op::Bra { target: 0 });
     // Both blocks stay until the last ball landed.
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
-    p.op(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
-    let index = p.reg(RegClass::B32);
-    p.op(Op::Mad {
-        ty: Ty::U32,
-        d: index,
-        a: Src::Reg(block),
-        b: Src::Imm(i64::from(PING_PONG_THREADS)),
-        c: Src::Reg(t),
-    });
-    let out = per_thread_global(&mut p, index, "out", 4);
-    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+    meet_the_cluster(&mut p);
+    store_thread_word(&mut p, block, PING_PONG_THREADS, t, got);
     p.op(Op::Ret);
     let params = vec![("p_out".into(), Ty::U64), ("p_rounds".into(), Ty::S32)];
     ThreadProgram { cluster_blocks: 2, ..p.prog(PING_PONG_THREADS, PING_PONG_THREADS * 4 + 8, params) }

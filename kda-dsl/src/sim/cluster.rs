@@ -201,6 +201,7 @@ impl Block<'_> {
         if self.bulk_pending > 0 {
             self.check_no_bulk_read(st.at, st.at + st.bytes.len())?;
         }
+        self.check_not_copied_out(st.at, st.at + st.bytes.len())?;
         for (k, byte) in st.bytes.iter().enumerate() {
             let i = st.at + k;
             let s = self.shadow[i];

@@ -150,6 +150,18 @@ impl Block<'_> {
         Ok(())
     }
 
+    /// A write to shared bytes `start..end` while one of the block's bulk copies to another
+    /// block still reads them (it lands at the end of the round) is an error.
+    pub(super) fn check_not_copied_out(&self, start: usize, end: usize) -> R<()> {
+        match self.copying_out.iter().find(|r| r.start < end && start < r.end) {
+            Some(r) => Err(format!(
+                "shared byte {} written while a bulk copy to another block of the cluster still reads it",
+                start.max(r.start)
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Thread `t`'s `cp.async` copies (destination, bytes) land in shared memory, in order.
     pub(super) fn land_copies(&mut self, t: usize, copies: Vec<(u32, [u8; 16])>) -> R<()> {
         for (d, data) in copies {
@@ -164,12 +176,7 @@ impl Block<'_> {
         if self.bulk_pending > 0 {
             self.check_no_bulk_read(a, a + bytes.len())?;
         }
-        if let Some(r) = self.copying_out.iter().find(|r| r.start < a + bytes.len() && a < r.end) {
-            return Err(format!(
-                "shared byte {} written while a bulk copy to another block of the cluster still reads it",
-                a.max(r.start)
-            ));
-        }
+        self.check_not_copied_out(a, a + bytes.len())?;
         for i in a..a + bytes.len() {
             let s = self.shadow[i];
             if s.mbarrier {

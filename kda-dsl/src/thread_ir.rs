@@ -419,6 +419,10 @@ pub enum Op {
     /// destination block), which releases them. The source's writers must have fenced the
     /// proxies (`fence.proxy.async`) before.
     BulkCopyToCluster { dst: Reg, src: Reg, bytes: u32, mbar: Reg },
+    /// `fence.mbarrier_init.release.cluster`: this thread's earlier `mbarrier.init`s become
+    /// visible to the other blocks of the cluster (with a `barrier.cluster` after it, which
+    /// orders the fence before what they do next).
+    FenceMbarrierInit,
     /// `mbarrier.arrive.expect_tx.shared.b64 state, [addr], bytes`: raises the phase's
     /// transaction count by `bytes` (the copies that complete it lower it), then arrives.
     MbarrierArriveExpectTx { state: Reg, addr: Reg, bytes: u32 },
@@ -727,6 +731,7 @@ impl fmt::Display for Op {
             Op::WgmmaCommit => write!(f, "wgmma.commit_group.sync.aligned;"),
             Op::WgmmaWait { n } => write!(f, "wgmma.wait_group.sync.aligned {n};"),
             Op::FenceProxyAsync => write!(f, "fence.proxy.async.shared::cta;"),
+            Op::FenceMbarrierInit => write!(f, "fence.mbarrier_init.release.cluster;"),
             Op::SetMaxNReg { raise, count } => {
                 write!(f, "setmaxnreg.{}.sync.aligned.u32 {count};", if *raise { "inc" } else { "dec" })
             }
@@ -825,7 +830,8 @@ impl Inst {
             Op::StAsync { .. } => (8, 1),
             Op::MbarrierWait { scope: MbarrierScope::Cluster, .. }
             | Op::MbarrierArriveRemote { .. }
-            | Op::BulkCopyToCluster { .. } => (8, 0),
+            | Op::BulkCopyToCluster { .. }
+            | Op::FenceMbarrierInit => (8, 0),
             Op::MbarrierWait { kind: MbarrierWaitKind::Test, .. } => (7, 1),
             Op::MbarrierArriveExpectTx { .. }
             | Op::Mapa { .. }
@@ -861,6 +867,7 @@ impl Inst {
             | Op::MbarrierArriveRemote { .. }
             | Op::StAsync { .. }
             | Op::BulkCopyToCluster { .. }
+            | Op::FenceMbarrierInit
             | Op::Mapa { .. }
             | Op::ClusterBarrier { .. }
             | Op::ReadSpecial { sreg: Special::ClusterCtaRank, .. }

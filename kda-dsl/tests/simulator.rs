@@ -65,7 +65,12 @@ fn cluster_ring_misuse_is_reported() {
             (
                 F::NoClusterBarrierAfterInit,
                 "the mbarrier at shared byte 512 of the cluster's block 1 is used from another block with no \
-                 barrier.cluster after its initialization",
+                 barrier.cluster after its fence.mbarrier_init",
+            ),
+            (
+                F::NoInitFence,
+                "the mbarrier at shared byte 512 of the cluster's block 1 is used from another block with no \
+                 fence.mbarrier_init.release.cluster after its initialization",
             ),
             (F::NoClusterBarrierAtExit, "block 1 of the cluster reaches block 0, which has exited"),
             (F::CompletesItsOwnBlock, "st.async into one block's shared memory completing another block's mbarrier"),

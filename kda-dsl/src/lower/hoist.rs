@@ -252,6 +252,7 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::MbarrierArriveRemote { .. }
         | Op::StAsync { .. }
         | Op::BulkCopyToCluster { .. }
+        | Op::FenceMbarrierInit
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }
@@ -309,6 +310,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::MbarrierArriveRemote { .. }
         | Op::StAsync { .. }
         | Op::BulkCopyToCluster { .. }
+        | Op::FenceMbarrierInit
         | Op::ClusterBarrier { .. }
         | Op::TmaLoad { .. }
         | Op::TmaStore { .. }

@@ -25,6 +25,9 @@ pub(super) struct Mbarrier {
     completed: u32,
     /// The thread that initialized it ([`Block::cluster_thread`]), and its block's epoch then.
     init: (u32, u32),
+    /// Its block's epoch at the initializing thread's first `fence.mbarrier_init` after the
+    /// init: before it, no other block of the cluster may use it.
+    init_fenced: Option<u32>,
     /// What the current phase's arrivals by the block's own threads release, per warp of the
     /// cluster: the epoch before which everything that warp did is ordered before the
     /// arrivals (an arriving warp's own arrival epoch, and what was ordered before it: order
@@ -105,13 +108,20 @@ impl Block<'_> {
     /// `barrier.cluster`, say).
     pub(super) fn mbarrier_from_afar(&mut self, at: usize, known: &[u32]) -> R<&mut Mbarrier> {
         let key = at as u32;
-        let Some(&Mbarrier { init: (by, epoch), .. }) = self.mbarriers.get(&key) else {
+        let Some(&Mbarrier { init: (by, _), init_fenced, .. }) = self.mbarriers.get(&key) else {
             return Err(format!("no mbarrier.init at shared byte {key} of the cluster's block {}", self.cluster.rank));
         };
-        if known[by as usize / 32] <= epoch {
+        let Some(fenced) = init_fenced else {
             return Err(format!(
                 "the mbarrier at shared byte {key} of the cluster's block {} is used from another block with no \
-                 barrier.cluster after its initialization",
+                 fence.mbarrier_init.release.cluster after its initialization",
+                self.cluster.rank
+            ));
+        };
+        if known[by as usize / 32] <= fenced {
+            return Err(format!(
+                "the mbarrier at shared byte {key} of the cluster's block {} is used from another block with no \
+                 barrier.cluster after its fence.mbarrier_init",
                 self.cluster.rank
             ));
         }
@@ -135,6 +145,7 @@ impl Block<'_> {
             tx: 0,
             completed: 0,
             init: (writer, self.released),
+            init_fenced: None,
             releasing: vec![0; cluster_warps],
             released: vec![0; cluster_warps],
             releasing_remote: vec![0; cluster_warps],
@@ -142,6 +153,15 @@ impl Block<'_> {
         };
         self.mbarriers.insert(a as u32, m);
         Ok(())
+    }
+
+    /// `fence.mbarrier_init.release.cluster` by thread `t`: the mbarriers it initialized become
+    /// usable from other blocks once something orders this fence before them.
+    pub(super) fn fence_mbarrier_inits(&mut self, t: usize) {
+        let (me, now) = (self.cluster_thread(t), self.released);
+        for m in self.mbarriers.values_mut().filter(|m| m.init.0 == me && m.init_fenced.is_none()) {
+            m.init_fenced = Some(now);
+        }
     }
 
     /// One arrival of thread `t` that first expects `tx_bytes` more of the phase's copies;

@@ -621,6 +621,7 @@ impl<'a> Block<'a> {
                 }
             }
             Op::FenceProxyAsync => self.threads[t].proxy_fences.push((self.clock, self.released)),
+            Op::FenceMbarrierInit => self.fence_mbarrier_inits(t),
             Op::MbarrierInit { addr, count } => {
                 let a = self.get(t, &Src::Reg(*addr));
                 self.mbarrier_init(t, a, *count)?;

@@ -1090,6 +1090,8 @@ pub enum ClusterRingFault {
     ConsumerWaitsAtCtaScope,
     /// The consumer hands the stage back (its remote arrival) before reading it.
     ConsumerArrivesBeforeReading,
+    /// No `fence.mbarrier_init.release.cluster` after the mbarriers' initialization.
+    NoInitFence,
     /// A block barrier instead of `barrier.cluster` after the mbarriers' initialization.
     NoClusterBarrierAfterInit,
     /// No `barrier.cluster` before the blocks exit: the consumer's last arrivals reach a
@@ -1128,8 +1130,8 @@ const CLUSTER_RING_STAGE_BYTES: u32 = CLUSTER_RING_THREADS * 4;
 /// expects the stage's bytes on `full`, waits for them at `.cluster` scope, copies the word
 /// of the thread after its own to the output, and arrives at the producer's `empty` mbarrier
 /// of the stage (`mbarrier.arrive.release.cluster.shared::cluster`), which the producer waits
-/// for before reusing it. `barrier.cluster` after the mbarriers' initialization and before
-/// the end.
+/// for before reusing it. `fence.mbarrier_init.release.cluster` and `barrier.cluster` after
+/// the mbarriers' initialization, `barrier.cluster` before the end.
 pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) -> ThreadProgram {
     use ClusterRingFault as F;
     const S: u32 = CLUSTER_RING_STAGES;
@@ -1146,6 +1148,9 @@ pub fn cluster_ring_program(handover: ClusterHandover, fault: ClusterRingFault) 
     for s in 0..S as usize {
         p.guarded(first, Op::MbarrierInit { addr: full[s], count: 1 });
         p.guarded(first, Op::MbarrierInit { addr: empty[s], count: CLUSTER_RING_THREADS });
+    }
+    if fault != F::NoInitFence {
+        p.guarded(first, Op::FenceMbarrierInit);
     }
     if fault == F::NoClusterBarrierAfterInit {
         p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
@@ -1308,6 +1313,7 @@ pub fn cluster_ping_pong_program() -> ThreadProgram {
     let first = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
     p.guarded(first, Op::MbarrierInit { addr: full, count: 1 });
+    p.guarded(first, Op::FenceMbarrierInit);
     meet_the_cluster(&mut p);
     let word = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(t), b: Src::Imm(4), c: Src::Reg(base) });

@@ -117,6 +117,13 @@ fn probes() -> Vec<Probe> {
         args: cluster_ring_args(2),
         grid: [4, 1, 1],
     });
+    out.push(Probe {
+        name: "producers of clusters of 2 taking turns, every block consuming".into(),
+        target: Target::Sm90,
+        program: cluster_turns_program(TurnsFault::None),
+        args: cluster_turns_args(2),
+        grid: [4, 1, 1],
+    });
     out.push(ping_pong(4, 5));
     out
 }

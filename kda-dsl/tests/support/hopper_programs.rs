@@ -1377,3 +1377,178 @@ pub fn cluster_ping_pong_args(blocks: u32, rounds: i32) -> Vec<(String, SimArg)>
 pub fn cluster_ping_pong_expected(blocks: u32, rounds: u32) -> Vec<u32> {
     (0..blocks).flat_map(|b| (0..PING_PONG_THREADS).map(move |_| 2 * rounds - b % 2)).collect()
 }
+
+/// What [`cluster_turns_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TurnsFault {
+    None,
+    /// A producer fills a stage without waiting for both blocks' consumers to release it.
+    ProducerSkipsEmptyWait,
+    /// The consumers hand each stage back to their own block's `empty`, not to the block
+    /// whose producer fills the stage next.
+    ArrivesOnOwnEmpty,
+    /// A consumer does not expect the bytes of a stage another block's producer copies in.
+    NoExpectTx,
+    /// The consumers wait for `ready` at `.cta` scope.
+    ConsumerWaitsAtCtaScope,
+    /// The producer writes its stage with no `fence.proxy.async` before the bulk copy.
+    NoProxyFence,
+}
+
+/// [`cluster_turns_program`]'s stages (more than the cluster's two producers) and rounds.
+pub const TURNS_STAGES: u32 = 3;
+pub const TURNS_ROUNDS: u32 = 8;
+const TURNS_STAGE_BYTES: u32 = 32 * 4;
+
+/// The hand-over the cluster design of `docs/performance.md` plans for a producer ring, in
+/// its smallest form: the producers of a cluster's two blocks take turns at the rounds (block
+/// `round % 2` produces), and every round reaches both blocks' consumers. Warp 0 of each block
+/// produces: for its round `j` at stage `s = j % 3`, it waits (from `j = 3` on) for its own
+/// `empty[s]` at `.cluster` scope, writes `1000 (j + 1) + 100000 cluster + lane` into its
+/// own copy of the stage, fences the proxies, meets its warp's barrier, and lane 0 copies the
+/// stage into the other block (a bulk copy completing that block's `ready[s]`) and arrives on
+/// its own `ready[s]`. Warp 1 consumes every round: where the other block produces it, lane 0
+/// expects the stage's bytes on `ready[s]`; every lane waits for `ready[s]` at `.cluster`
+/// scope, copies the word of the lane after its own to the output, and arrives on the
+/// `empty[s]` of the block that produces round `i + 3` (both blocks' consumers release a
+/// stage before its next producer fills it: a count of 64).
+pub fn cluster_turns_program(fault: TurnsFault) -> ThreadProgram {
+    const S: u32 = TURNS_STAGES;
+    let mut p = P::new();
+    let mut label = 0;
+    let (t, rank, block) = cluster_place(&mut p);
+    let stages = shared_at(&mut p, 0);
+    let ready: Vec<Reg> = (0..S).map(|s| shared_at(&mut p, i64::from(S * TURNS_STAGE_BYTES + 8 * s))).collect();
+    let empty: Vec<Reg> = (0..S).map(|s| shared_at(&mut p, i64::from(S * TURNS_STAGE_BYTES + 8 * (S + s)))).collect();
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    for s in 0..S as usize {
+        p.guarded(first, Op::MbarrierInit { addr: ready[s], count: 1 });
+        p.guarded(first, Op::MbarrierInit { addr: empty[s], count: 64 });
+    }
+    p.guarded(first, Op::FenceMbarrierInit);
+    meet_the_cluster(&mut p);
+    let lane = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: lane, a: Src::Reg(t), b: Src::Imm(31) });
+    let word = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: word, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Reg(stages) });
+    let lane0 = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: lane0, a: Src::Reg(lane), b: Src::Imm(0) });
+    let cluster = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Shr, ty: Ty::U32, d: cluster, a: Src::Reg(block), b: Src::Imm(1) });
+    let peer = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Xor, ty: Ty::B32, d: peer, a: Src::Reg(rank), b: Src::Imm(1) });
+    let (consumer, end) = (label, label + 1);
+    label += 2;
+    consumers_branch_to(&mut p, t, consumer);
+
+    // The producers: each block its own rounds, unrolled.
+    let second = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: second, a: Src::Reg(rank), b: Src::Imm(1) });
+    let (rank1, state) = (label, p.reg(RegClass::B64));
+    label += 1;
+    let base = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: base, a: Src::Reg(cluster), b: Src::Imm(100_000), c: Src::Reg(lane) });
+    for r in 0..2u32 {
+        if r == 0 {
+            p.guarded(second, Op::Bra { target: rank1 });
+        } else {
+            p.op(Op::Label(rank1));
+        }
+        let mut waits = [0u32; S as usize];
+        for j in (r..TURNS_ROUNDS).step_by(2) {
+            let s = (j % S) as usize;
+            if j >= S && fault != TurnsFault::ProducerSkipsEmptyWait {
+                wait_phase_in(&mut p, empty[s], waits[s] % 2, &mut label, MbarrierScope::Cluster);
+                waits[s] += 1;
+            }
+            let value = plus(&mut p, base, i64::from(1000 * (j + 1)));
+            let offset = i64::from(s as u32 * TURNS_STAGE_BYTES);
+            p.op(Op::St { space: Space::Shared, ty: Ty::U32, addr: word, offset, vals: vec![Src::Reg(value)] });
+            if fault != TurnsFault::NoProxyFence {
+                p.op(Op::FenceProxyAsync);
+            }
+            p.op(Op::Bar { id: Src::Imm(1), count: Some(32), reach: BarrierReach::SameInstruction });
+            let src = plus(&mut p, stages, offset);
+            let (dst, peer_ready) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+            p.op(Op::Mapa { d: dst, addr: src, rank: Src::Reg(peer) });
+            p.op(Op::Mapa { d: peer_ready, addr: ready[s], rank: Src::Reg(peer) });
+            p.guarded(lane0, Op::BulkCopyToCluster { dst, src, bytes: TURNS_STAGE_BYTES, mbar: peer_ready });
+            p.guarded(lane0, Op::MbarrierArrive { state, addr: ready[s] });
+        }
+        p.op(Op::Bra { target: end });
+    }
+
+    // The consumers: every round, whichever block produced it.
+    p.op(Op::Label(consumer));
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: next, a: Src::Reg(lane), b: Src::Imm(4), c: Src::Imm(4) });
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: next, a: Src::Reg(next), b: Src::Imm(127) });
+    let from = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: from, a: Src::Reg(next), b: Src::Reg(stages) });
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mad {
+        ty: Ty::U32,
+        d: index,
+        a: Src::Reg(block),
+        b: Src::Imm(i64::from(TURNS_ROUNDS * 32)),
+        c: Src::Reg(lane),
+    });
+    let out = per_thread_global(&mut p, index, "out", 4);
+    let (got, remote) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    let arms = p.reg(RegClass::Pred);
+    let scope = if fault == TurnsFault::ConsumerWaitsAtCtaScope { MbarrierScope::Cta } else { MbarrierScope::Cluster };
+    for i in 0..TURNS_ROUNDS {
+        let s = (i % S) as usize;
+        // Block `i % 2` produces round `i`.
+        p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::U32, d: remote, a: Src::Reg(rank), b: Src::Imm(i64::from(i % 2)) });
+        p.op(Op::PredLogic { op: BinKind::And, d: arms, a: remote, b: lane0 });
+        if fault != TurnsFault::NoExpectTx {
+            p.guarded(arms, Op::MbarrierArriveExpectTx { state, addr: ready[s], bytes: TURNS_STAGE_BYTES });
+        }
+        wait_phase_in(&mut p, ready[s], (i / S) % 2, &mut label, scope);
+        let offset = i64::from(s as u32 * TURNS_STAGE_BYTES);
+        p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![got], addr: from, offset });
+        if i + S < TURNS_ROUNDS {
+            let to =
+                if fault == TurnsFault::ArrivesOnOwnEmpty { Src::Reg(rank) } else { Src::Imm(i64::from((i + S) % 2)) };
+            let hand_back = p.reg(RegClass::B32);
+            p.op(Op::Mapa { d: hand_back, addr: empty[s], rank: to });
+            p.op(Op::MbarrierArriveRemote { addr: hand_back });
+        }
+        let offset = i64::from(i * 32 * 4);
+        p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset, vals: vec![Src::Reg(got)] });
+    }
+    p.op(Op::Label(end));
+    meet_the_cluster(&mut p);
+    p.op(Op::Ret);
+    let shared = S * TURNS_STAGE_BYTES + 16 * S;
+    ThreadProgram { cluster_blocks: 2, ..p.prog(64, shared, vec![("p_out".into(), Ty::U64)]) }
+}
+
+/// The argument of [`cluster_turns_program`] over `clusters` clusters: its output, a word per
+/// consumer lane, round and block (poisoned).
+pub fn cluster_turns_args(clusters: u32) -> Vec<(String, SimArg)> {
+    vec![("out".to_string(), SimArg::Tensor(vec![0xee; (clusters * 2 * TURNS_ROUNDS * 32 * 4) as usize]))]
+}
+
+/// What [`cluster_turns_program`] writes over `clusters` clusters: per block, round and lane,
+/// the word of the next lane of that round's producer.
+pub fn cluster_turns_expected(clusters: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for block in 0..2 * clusters {
+        for round in 0..TURNS_ROUNDS {
+            for lane in 0..32 {
+                out.push(1000 * (round + 1) + 100_000 * (block / 2) + (lane + 1) % 32);
+            }
+        }
+    }
+    out
+}
+
+/// Runs [`cluster_turns_program`] on two clusters in the simulator; returns its output words.
+pub fn run_cluster_turns(fault: TurnsFault) -> Result<Vec<u32>, String> {
+    let mut args = cluster_turns_args(2);
+    run(&cluster_turns_program(fault), [4, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    Ok(ring_words(tensor(&args, "out")))
+}

@@ -1154,3 +1154,57 @@ fn a_kernel_launched_in_clusters() {
     let e = kda_dsl::compile(def, kda_dsl::Target::Sm80).expect_err("no clusters on sm_80").to_string();
     assert!(e.contains("`launch(.., cluster = 2)` needs target sm_90"), "{e}");
 }
+
+#[kernel]
+fn cluster_producers(cfg: &Cfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
+    let (bx,) = launch(grid = [NB], threads = cfg.threads, fill_warps = 1, cluster = 2);
+    let xs = shared([16, cfg.cols], F32);
+    let ys = shared([16, cfg.cols], F32);
+    let f = fragment([16, cfg.cols], F32);
+    for i in pipelined(0, T / 16, stages = 4) {
+        copy(x.tile([i, 0], [16, cfg.cols]), xs);
+        for _ in producer() {
+            for (r, c) in parallel(ys) {
+                ys[r][c] = xs[r][c] * 2.0 + 1.0;
+            }
+        }
+        copy(ys, f);
+        for (r, c) in parallel(f) {
+            f[r][c] = f[r][c] + xs[r][c];
+        }
+        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, cfg.cols]));
+    }
+}
+
+/// A producer ring across a cluster of two blocks: the blocks' producers take turns at the
+/// iterations and every block's compute warps see every iteration's hand-over (`3 x + 1` for
+/// each row of `x`, the fill copied along).
+#[test]
+fn producers_across_a_cluster_take_turns() {
+    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
+    let def = cluster_producers(&cfg).expect("builds");
+    let (t_rows, c) = (16 * 7, 32);
+    let x = Rng::new(7).normals(t_rows * c, DType::F32);
+    let nb = 4;
+    let mut args = vec![
+        t("x", &x, DType::F32),
+        i("T", t_rows),
+        i("C", c),
+        i("NB", nb),
+        t("y", &vec![f64::NAN; nb * t_rows * c], DType::F32),
+    ];
+    kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let got = tensor_values(&args, "y", DType::F32);
+    let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| 3.0 * v + 1.0)).collect();
+    assert!(rel_err(&got, &want) < 1e-6, "rel err {}", rel_err(&got, &want));
+    // The hand-over crosses blocks: bulk copies out, remote releases back, cluster-scope waits.
+    let k = kda_dsl::compile(def, kda_dsl::Target::Sm90).unwrap_or_else(|e| panic!("{e}"));
+    for op in [
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+        "mbarrier.arrive.release.cluster.shared::cluster.b64",
+        "mbarrier.try_wait.parity.acquire.cluster",
+        "fence.mbarrier_init.release.cluster",
+    ] {
+        assert!(k.ptx.contains(op), "no {op} in the PTX");
+    }
+}

@@ -84,16 +84,33 @@ impl Lower<'_> {
             return;
         }
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let across_cluster = rings.iter().any(|(_, ring)| ring.cluster > 1);
         for (var, ring) in rings {
-            let counts = (0..ring.stages).map(|_| 1).chain((0..ring.stages).map(|_| self.p.def.threads));
+            // Across a cluster every block's compute threads release each stage.
+            let releases = self.p.def.threads * ring.cluster;
+            let counts = (0..ring.stages).map(|_| 1).chain((0..ring.stages).map(|_| releases));
             self.init_mbarriers(first, ring.barriers, counts);
             // The compute warps wait for phase 0 of `ready` first; the producer for the phase
-            // "before" phase 0 of `empty`, which counts as complete.
+            // "before" phase 0 of `empty`, which counts as complete. Across a cluster a
+            // block's producer waits only where the stage had a use before, for phase 0 first.
             let ready = self.phase_bits(PhaseStart::Phase0);
-            let empty = self.phase_bits(PhaseStart::BeforePhase0);
+            let start = if ring.cluster > 1 { PhaseStart::Phase0 } else { PhaseStart::BeforePhase0 };
+            let empty = self.phase_bits(start);
             self.ring_phases.insert(var, RingPhases { ready, empty });
         }
-        self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+        if across_cluster {
+            // Other blocks arrive on these mbarriers and copy into this block.
+            self.em.emit_if(first, true, Op::FenceMbarrierInit);
+            self.meet_the_cluster();
+        } else {
+            self.em.emit(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+        }
+    }
+
+    /// `barrier.cluster` of every thread of the cluster.
+    fn meet_the_cluster(&mut self) {
+        self.em.emit(Op::ClusterBarrier { step: ClusterBarrierStep::Arrive });
+        self.em.emit(Op::ClusterBarrier { step: ClusterBarrierStep::Wait });
     }
 
     /// One role's copy of the loop over `plan.var` from `s0` to `e` whose producer block runs
@@ -126,8 +143,13 @@ impl Lower<'_> {
             LoopWork::FillsAndBody => unreachable!("a producer ring's kernel has fill warps"),
         }
         self.em.loc = loc;
-        // Both roles meet again after the loop.
-        self.both_roles_barrier();
+        // Both roles meet again after the loop; across a cluster, every block's, so that no
+        // block leaves while another still copies into it or reads what it copied out.
+        if ring.cluster > 1 {
+            self.meet_the_cluster();
+        } else {
+            self.both_roles_barrier();
+        }
         for (k, b) in staged.iter().enumerate() {
             self.shared_base[*b] = Some(home[k]);
         }
@@ -190,6 +212,12 @@ impl Lower<'_> {
     /// copies of the block's shared temporaries are its own).
     fn producer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
         let ring = lp.ring;
+        if ring.cluster > 1 {
+            // The block's one group takes the turns of the block's rank in the cluster.
+            let rank = self.em.reg(RegClass::B32);
+            self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+            return self.in_producer_group(ring, Src::Imm(0), |lw| lw.group_copy(lp, Src::Reg(rank)));
+        }
         if ring.groups == 1 {
             return self.in_producer_group(ring, Src::Imm(0), |lw| lw.group_copy(lp, Src::Imm(0)));
         }
@@ -213,8 +241,8 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// Producer group `group`'s copy of the loop, its turns `group`, `group + groups`, .. (the
-    /// module's doc says what it does).
+    /// Producer group `group`'s copy of the loop, its turns `group`, `group + turns`, .. (the
+    /// module's doc says what it does; across a cluster, `group` is the block's rank).
     fn group_copy(&mut self, lp: &RingLoop, group: Src) -> Result<(), Diag> {
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
@@ -224,7 +252,7 @@ impl Lower<'_> {
         let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
         let distance = ring.fill_distance();
         // A group's turns are `groups` iterations apart; its fills run `distance` turns ahead.
-        let (turn, ahead) = (ring.groups, ring.groups * ring.fill_distance());
+        let (turn, ahead) = (ring.turns(), ring.turns() * ring.fill_distance());
         let iter = self.em.reg(RegClass::B32);
         // The earlier groups' first fills, before this group's first: iteration `k`'s, at
         // stage `k`, for each group `k` below this one.
@@ -268,6 +296,10 @@ impl Lower<'_> {
         self.barrier();
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
+        if ring.cluster > 1 {
+            self.stage_bases(staged, home, rd);
+            self.copy_stage_to_the_cluster(lp, first, group, ready, loc)?;
+        }
         let state = self.em.reg(RegClass::B64);
         self.em.emit_if(first, true, Op::MbarrierArrive { state, addr: ready });
         self.close_stage_ring_by(stages, ring.stages, turn);
@@ -292,10 +324,20 @@ impl Lower<'_> {
         let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
         // The producer waits only for iterations that exist, as the compute warps release only
         // those: each side then counts the same phases of each stage in every run of the loop.
+        // Across a cluster a stage's release goes to the block that fills it next, only where
+        // the stage had a use before.
+        let waits = match ring.cluster {
+            1 => live,
+            _ => {
+                let first_use = self.em.add32(lp.bounds.0, Src::Imm(i64::from(ring.stages)));
+                let reused = self.em.setp(Cmp::Ge, Ty::S32, it, first_use);
+                self.em.and_pred(Some(live), Some(reused)).expect("a predicate")
+            }
+        };
         let past_end = self.em.label();
-        self.em.emit_if(live, false, Op::Bra { target: past_end });
+        self.em.emit_if(waits, false, Op::Bra { target: past_end });
         let empty = self.ring_barrier(ring, RingBarrier::Empty, stage);
-        self.wait_phase(empty, self.ring_phases[&plan.var].empty, stage);
+        self.wait_phase_at(empty, self.ring_phases[&plan.var].empty, stage, ring.scope());
         self.em.emit(Op::Label(past_end));
         let filled = plan.staged.len();
         self.stage_bases(&staged[..filled], &home[..filled], stage);
@@ -349,15 +391,108 @@ impl Lower<'_> {
         let (ko, rd) = (stages.iter, stages.stage);
         self.var_regs.insert(plan.var, ko);
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
-        self.wait_phase(ready, self.ring_phases[&plan.var].ready, rd);
+        if ring.cluster > 1 {
+            self.expect_stage_from_the_cluster(lp, ko, ready)?;
+        }
+        self.wait_phase_at(ready, self.ring_phases[&plan.var].ready, rd, ring.scope());
         self.stage_bases(staged, home, rd);
         self.compute_warps_body(staged, &rest, WgmmaWait::Whole)?;
         self.em.loc = loc;
         let empty = self.ring_barrier(ring, RingBarrier::Empty, rd);
-        let state = self.em.reg(RegClass::B64);
-        self.em.emit(Op::MbarrierArrive { state, addr: empty });
+        if ring.cluster > 1 {
+            self.release_stage_to_the_cluster(lp, ko, empty);
+        } else {
+            let state = self.em.reg(RegClass::B64);
+            self.em.emit(Op::MbarrierArrive { state, addr: empty });
+        }
         self.close_stage_ring(stages, ring.stages);
         Ok(())
+    }
+
+    /// The bytes of one stage of the ring's tiles (each a multiple of 16: a bulk copy's
+    /// unit).
+    fn stage_bytes(&self, lp: &RingLoop, loc: SrcLoc) -> Result<Vec<u32>, Diag> {
+        lp.staged
+            .iter()
+            .map(|b| {
+                let bytes = self.p.shared(*b).size() as usize * self.def().buffers[*b].dtype.size_bytes();
+                match u32::try_from(bytes) {
+                    Ok(n) if n.is_multiple_of(16) => Ok(n),
+                    _ => Err(Diag::new(
+                        loc,
+                        format!(
+                            "tile `{}` of {bytes} bytes goes across the cluster by bulk copies: its bytes must be a multiple of 16",
+                            self.def().buffers[*b].name
+                        ),
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    /// The producer's hand-over across a cluster: thread `first` of the block whose rank is
+    /// `rank` copies each of the stage's tiles (at their stage's bases) into every other block,
+    /// completing that block's `ready` (at `ready`, this block's address of it). The proxy
+    /// fences before the group's barrier (`proxy_fences`) make the tiles' bytes visible to the
+    /// copies.
+    fn copy_stage_to_the_cluster(
+        &mut self,
+        lp: &RingLoop,
+        first: Reg,
+        rank: Src,
+        ready: Reg,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
+        let sizes = self.stage_bytes(lp, loc)?;
+        for peer in 0..lp.ring.cluster {
+            let other = self.em.setp(Cmp::Ne, Ty::U32, rank, Src::Imm(i64::from(peer)));
+            let copies = self.em.and_pred(Some(first), Some(other)).expect("a predicate");
+            let peer_ready = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mapa { d: peer_ready, addr: ready, rank: Src::Imm(i64::from(peer)) });
+            for (b, bytes) in lp.staged.iter().zip(&sizes) {
+                let src = self.shared_base[*b].expect("a staged tile");
+                let src = self.em.to_reg(src, RegClass::B32, Ty::U32);
+                let dst = self.em.reg(RegClass::B32);
+                self.em.emit(Op::Mapa { d: dst, addr: src, rank: Src::Imm(i64::from(peer)) });
+                self.em.emit_if(copies, true, Op::BulkCopyToCluster { dst, src, bytes: *bytes, mbar: peer_ready });
+            }
+        }
+        Ok(())
+    }
+
+    /// Across a cluster, where another block produces iteration `ko`: the compute warps'
+    /// thread 0 arrives on the stage's `ready` expecting the bytes that block copies in (this
+    /// block's own producer arrives where it produces the iteration).
+    fn expect_stage_from_the_cluster(&mut self, lp: &RingLoop, ko: Reg, ready: Reg) -> Result<(), Diag> {
+        let bytes: u32 = self.stage_bytes(lp, lp.loc)?.iter().sum();
+        let producer = self.producer_rank(lp, Src::Reg(ko));
+        let rank = self.em.reg(RegClass::B32);
+        self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+        let remote = self.em.setp(Cmp::Ne, Ty::U32, producer, rank);
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let arms = self.em.and_pred(Some(remote), Some(first)).expect("a predicate");
+        let state = self.em.reg(RegClass::B64);
+        self.em.emit_if(arms, true, Op::MbarrierArriveExpectTx { state, addr: ready, bytes });
+        Ok(())
+    }
+
+    /// Across a cluster, each compute thread hands the stage of iteration `ko` back to the
+    /// block that fills it next (iteration `ko + stages`, where it exists): a remote arrival
+    /// on that block's `empty` (at `empty`, this block's address of it).
+    fn release_stage_to_the_cluster(&mut self, lp: &RingLoop, ko: Reg, empty: Reg) {
+        let next = self.em.add32(ko, Src::Imm(i64::from(lp.ring.stages)));
+        let exists = self.em.setp(Cmp::Lt, Ty::S32, next, lp.bounds.1);
+        let filler = self.producer_rank(lp, next);
+        let addr = self.em.reg(RegClass::B32);
+        self.em.emit(Op::Mapa { d: addr, addr: empty, rank: filler });
+        self.em.emit_if(exists, true, Op::MbarrierArriveRemote { addr });
+    }
+
+    /// The rank of the block of the cluster that produces iteration `it`: `(it - first) mod
+    /// cluster`.
+    fn producer_rank(&mut self, lp: &RingLoop, it: Src) -> Src {
+        let from_first = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, it, lp.bounds.0);
+        self.em.op32(BinKind::Rem, from_first, i64::from(lp.ring.cluster))
     }
 
     /// The shared address of `which` mbarrier of `stage` of `ring`.

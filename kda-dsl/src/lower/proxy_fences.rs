@@ -1,6 +1,6 @@
 //! `proxy_fences`: the `fence.proxy.async` a kernel author never writes. In a program that
-//! issues `wgmma` or TMA stores, shared memory written through the generic proxy (stores,
-//! `cp.async`) and then read by a `wgmma` or a TMA store needs, in the writing threads, a proxy fence after the write and before the
+//! issues `wgmma`, TMA stores or bulk copies to other blocks of its cluster, shared memory
+//! written through the generic proxy (stores, `cp.async`) and then read by one of them needs, in the writing threads, a proxy fence after the write and before the
 //! barrier that orders it before the read. This pass puts one before every barrier that generic
 //! shared writes may precede: any since the previous barrier in program order, or a label
 //! between them (a loop head or a join, reached from code the scan has not seen in order).
@@ -8,9 +8,11 @@
 
 use crate::thread_ir::*;
 
-/// Inserts the proxy fences into `prog` (nothing when it has no `wgmma` and no TMA store).
+/// Inserts the proxy fences into `prog` (nothing when it has no `wgmma`, TMA store or bulk
+/// copy to the cluster).
 pub fn insert_proxy_fences(prog: &mut ThreadProgram) {
-    if !prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaStore { .. })) {
+    if !prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. } | Op::TmaStore { .. } | Op::BulkCopyToCluster { .. }))
+    {
         return;
     }
     let body = std::mem::take(&mut prog.body);

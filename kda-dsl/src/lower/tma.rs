@@ -203,19 +203,18 @@ impl Lower<'_> {
     /// Waits for the phase of the mbarrier at `mbar` whose parity is bit `stage` of `bits`,
     /// then flips that bit.
     pub(super) fn wait_phase(&mut self, mbar: Reg, phases: Reg, stage: Reg) {
+        self.wait_phase_at(mbar, phases, stage, MbarrierScope::Cta);
+    }
+
+    /// [`Lower::wait_phase`], acquiring what the phase released within `scope`.
+    pub(super) fn wait_phase_at(&mut self, mbar: Reg, phases: Reg, stage: Reg, scope: MbarrierScope) {
         let rd = stage;
         let bit = self.em.bin(BinKind::Shr, Ty::U32, RegClass::B32, phases, Src::Reg(rd));
         let parity = self.em.bin(BinKind::And, Ty::B32, RegClass::B32, bit, Src::Imm(1));
         let (again, done) = (self.em.label(), self.em.reg(RegClass::Pred));
         self.em.emit(Op::Label(again));
         let kind = MbarrierWaitKind::for_target(self.p.target);
-        self.em.emit(Op::MbarrierWait {
-            d: done,
-            addr: mbar,
-            parity: Src::Reg(parity),
-            kind,
-            scope: MbarrierScope::Cta,
-        });
+        self.em.emit(Op::MbarrierWait { d: done, addr: mbar, parity: Src::Reg(parity), kind, scope });
         self.em.emit_if(done, false, Op::Bra { target: again });
         self.count_phase(phases, rd, None);
     }

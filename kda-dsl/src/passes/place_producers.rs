@@ -97,6 +97,10 @@ pub struct ProducerRing {
     /// Shared byte offset of the `stages` `ready` mbarriers, then the `stages` `empty` ones
     /// (`allocate_shared` places them).
     pub barriers: u32,
+    /// The blocks of the kernel's cluster whose producers take turns (1: the block alone).
+    /// Across a cluster, each block has one group; block `r` runs the iterations `r`,
+    /// `r + cluster`, .., and its block's hand-over reaches every block of the cluster.
+    pub cluster: u32,
 }
 
 impl ProducerRing {
@@ -107,7 +111,21 @@ impl ProducerRing {
     /// on itself while `groups · d < stages` (one group: `stages - 2`, the producer a
     /// iteration ahead of the compute warps).
     pub fn fill_distance(&self) -> u32 {
-        (self.stages - 1 - self.groups) / self.groups
+        (self.stages - 1 - self.turns()) / self.turns()
+    }
+
+    /// The producers taking turns at the iterations: the groups, or the cluster's blocks.
+    pub fn turns(&self) -> u32 {
+        self.groups * self.cluster
+    }
+
+    /// The scope of the ring's waits: the cluster's when other blocks arrive on its
+    /// mbarriers and copy into its stages.
+    pub fn scope(&self) -> crate::thread_ir::MbarrierScope {
+        match self.cluster {
+            1 => crate::thread_ir::MbarrierScope::Cta,
+            _ => crate::thread_ir::MbarrierScope::Cluster,
+        }
     }
 }
 
@@ -150,13 +168,29 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
         return Ok(ProducerRole::Inline);
     }
     let ProducerGroups { warps, groups } = producer_groups(def.fill_warps);
-    if stages <= groups {
+    let cluster = def.cluster_blocks.max(1);
+    if cluster > 1 && groups > 1 {
         return Err(Diag::new(
             def.loc,
-            format!("{groups} producer groups ({} fill warps) need a loop of more than {groups} stages (it has {stages}): one for the compute warps to read, one for each group to compute", def.fill_warps),
+            format!(
+                "a producer ring across a cluster takes one producer group a block ({} fill warps make {groups})",
+                def.fill_warps
+            ),
         ));
     }
-    Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0 }))
+    let turns = groups * cluster;
+    if stages <= turns {
+        let who = if cluster > 1 {
+            format!("the producers of a cluster of {cluster} blocks")
+        } else {
+            format!("{groups} producer groups ({} fill warps)", def.fill_warps)
+        };
+        return Err(Diag::new(
+            def.loc,
+            format!("{who} need a loop of more than {turns} stages (it has {stages}): one for the compute warps to read, one for each producer to compute"),
+        ));
+    }
+    Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0, cluster }))
 }
 
 /// Errors for a producer block anywhere but directly in a `pipelined` loop's body, a second one
@@ -452,6 +486,15 @@ impl fmt::Display for ProducerLine<'_> {
         )?;
         match &plan.role {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
+            ProducerRole::FillWarps(ring) if ring.cluster > 1 => write!(
+                f,
+                " (on the fill warps, {}, the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, fills {} of its turns ahead of the block; ready and empty mbarriers at {})",
+                ring.warps,
+                ring.cluster,
+                ring.stages,
+                ring.fill_distance(),
+                ring.barriers
+            ),
             ProducerRole::FillWarps(ring) if ring.groups == 1 => write!(
                 f,
                 " (on the fill warps, {}, one iteration ahead; {} stages, fills {} ahead of the block; ready and empty mbarriers at {})",
@@ -511,6 +554,45 @@ mod tests {
     }
 
     const PRODUCE_Y: &str = "producer {\n copy s -> y\n }";
+
+    /// A producer loop of `stages` in a kernel of `fill_warps` launched in clusters of 2.
+    fn in_clusters(fill_warps: u32, stages: u32) -> Result<TileProgram, String> {
+        let text = format!(
+            "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps={fill_warps} cluster=2 grid=[2, 1, 1] {{
+  vars bx#0: i32, i#1: i32
+  block_vars [bx#0, _, _]
+  s = Shared<f32>[16, 16]
+  y = Shared<f32>[16, 16]
+  for i#1 in pipelined(stages={stages}) 0..4 {{
+    copy a[0, (i#1 Mul 16); 16x16] -> s
+    {PRODUCE_Y}
+    copy y -> o[0, 0; 16x16]
+  }}
+}}"
+        );
+        let mut p = TileProgram::new(parse_kernel(&text).unwrap_or_else(|e| panic!("{e}\n{text}")), Target::Sm90);
+        place_producers(&mut p).map_err(|e| e.message)?;
+        Ok(p)
+    }
+
+    /// Across a cluster the blocks take the turns: one producer group a block, more stages
+    /// than blocks.
+    #[test]
+    fn a_producer_ring_across_a_cluster_takes_a_group_a_block() {
+        let p = in_clusters(1, 3).expect("one group a block, 3 stages");
+        let line = ProducerLine(&p.def, &p.producers[0]).to_string();
+        assert!(line.contains("the cluster's 2 blocks taking turns at the iterations"), "{line}");
+        let e = in_clusters(8, 4).err().expect("two groups a block");
+        assert!(
+            e.contains("a producer ring across a cluster takes one producer group a block (8 fill warps make 2)"),
+            "{e}"
+        );
+        let e = in_clusters(1, 2).err().expect("2 stages for 2 blocks");
+        assert!(
+            e.contains("the producers of a cluster of 2 blocks need a loop of more than 2 stages (it has 2)"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_producer_block_is_placed_and_its_outputs_named() {

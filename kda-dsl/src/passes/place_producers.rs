@@ -582,12 +582,12 @@ mod tests {
         let p = in_clusters(1, 3).expect("one group a block, 3 stages");
         let line = ProducerLine(&p.def, &p.producers[0]).to_string();
         assert!(line.contains("the cluster's 2 blocks taking turns at the iterations"), "{line}");
-        let e = in_clusters(8, 4).err().expect("two groups a block");
+        let e = in_clusters(8, 4).map(|_| ()).expect_err("two groups a block");
         assert!(
             e.contains("a producer ring across a cluster takes one producer group a block (8 fill warps make 2)"),
             "{e}"
         );
-        let e = in_clusters(1, 2).err().expect("2 stages for 2 blocks");
+        let e = in_clusters(1, 2).map(|_| ()).expect_err("2 stages for 2 blocks");
         assert!(
             e.contains("the producers of a cluster of 2 blocks need a loop of more than 2 stages (it has 2)"),
             "{e}"

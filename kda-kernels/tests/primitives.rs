@@ -1155,14 +1155,22 @@ fn a_kernel_launched_in_clusters() {
     assert!(e.contains("`launch(.., cluster = 2)` needs target sm_90"), "{e}");
 }
 
+/// A cluster producer test's config: fill warps (1: one producer group a block, 8: two) and
+/// stages.
+#[derive(Clone)]
+struct RingCfg {
+    fill_warps: usize,
+    stages: usize,
+}
+
 #[kernel]
-fn cluster_producers(cfg: &Cfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
-    let (bx,) = launch(grid = [NB], threads = cfg.threads, fill_warps = 1, cluster = 2);
-    let xs = shared([16, cfg.cols], F32);
-    let ys = shared([16, cfg.cols], F32);
-    let f = fragment([16, cfg.cols], F32);
-    for i in pipelined(0, T / 16, stages = 4) {
-        copy(x.tile([i, 0], [16, cfg.cols]), xs);
+fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
+    let (bx,) = launch(grid = [NB], threads = 64, fill_warps = cfg.fill_warps, cluster = 2);
+    let xs = shared([16, 32], F32);
+    let ys = shared([16, 32], F32);
+    let f = fragment([16, 32], F32);
+    for i in pipelined(0, T / 16, stages = cfg.stages) {
+        copy(x.tile([i, 0], [16, 32]), xs);
         for _ in producer() {
             for (r, c) in parallel(ys) {
                 ys[r][c] = xs[r][c] * 2.0 + 1.0;
@@ -1172,32 +1180,38 @@ fn cluster_producers(cfg: &Cfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C),
         for (r, c) in parallel(f) {
             f[r][c] = f[r][c] + xs[r][c];
         }
-        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, cfg.cols]));
+        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, 32]));
     }
 }
 
-/// A producer ring across a cluster of two blocks: the blocks' producers take turns at the
-/// iterations and every block's compute warps see every iteration's hand-over (`3 x + 1` for
-/// each row of `x`, the fill copied along).
+/// A producer ring across a cluster of two blocks: the blocks' producer groups (one or two a
+/// block) take turns at the iterations and every block's compute warps see every iteration's
+/// hand-over (`3 x + 1` for each row of `x`, the fill copied along), for a loop of fewer
+/// iterations than turns and of several rounds of them.
 #[test]
 fn producers_across_a_cluster_take_turns() {
-    let cfg = Cfg { rows: 16, cols: 32, threads: 64 };
-    let def = cluster_producers(&cfg).expect("builds");
-    let (t_rows, c) = (16 * 7, 32);
-    let x = Rng::new(7).normals(t_rows * c, DType::F32);
-    let nb = 4;
-    let mut args = vec![
-        t("x", &x, DType::F32),
-        i("T", t_rows),
-        i("C", c),
-        i("NB", nb),
-        t("y", &vec![f64::NAN; nb * t_rows * c], DType::F32),
-    ];
-    kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args).unwrap_or_else(|e| panic!("{e}"));
-    let got = tensor_values(&args, "y", DType::F32);
-    let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| 3.0 * v + 1.0)).collect();
-    assert!(rel_err(&got, &want) < 1e-6, "rel err {}", rel_err(&got, &want));
+    for (fill_warps, stages) in [(1, 4), (8, 5), (8, 6), (8, 7)] {
+        for iterations in [3, 7, 13] {
+            let def = cluster_producers(&RingCfg { fill_warps, stages }).expect("builds");
+            let (t_rows, c) = (16 * iterations, 32);
+            let x = Rng::new(7).normals(t_rows * c, DType::F32);
+            let nb = 4;
+            let mut args = vec![
+                t("x", &x, DType::F32),
+                i("T", t_rows),
+                i("C", c),
+                i("NB", nb),
+                t("y", &vec![f64::NAN; nb * t_rows * c], DType::F32),
+            ];
+            kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args)
+                .unwrap_or_else(|e| panic!("{fill_warps} fill warps, {iterations} iterations: {e}"));
+            let got = tensor_values(&args, "y", DType::F32);
+            let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| 3.0 * v + 1.0)).collect();
+            assert!(rel_err(&got, &want) < 1e-6, "{fill_warps} fill warps: rel err {}", rel_err(&got, &want));
+        }
+    }
     // The hand-over crosses blocks: bulk copies out, remote releases back, cluster-scope waits.
+    let def = cluster_producers(&RingCfg { fill_warps: 8, stages: 6 }).expect("builds");
     let k = kda_dsl::compile(def, kda_dsl::Target::Sm90).unwrap_or_else(|e| panic!("{e}"));
     for op in [
         "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",

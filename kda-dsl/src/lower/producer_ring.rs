@@ -64,6 +64,20 @@ struct RingLoop<'a> {
     loc: SrcLoc,
 }
 
+/// A producer group of a ring: its first turn (its index among every producer taking turns,
+/// those of the cluster's blocks too) and its index among the block's groups.
+#[derive(Clone, Copy)]
+struct Group {
+    turn: Src,
+    local: Src,
+}
+
+/// Where an iteration is produced across a cluster: the block's rank and its group there.
+struct Producer {
+    block: Src,
+    group: Src,
+}
+
 /// Which of a stage's two mbarriers.
 #[derive(Clone, Copy)]
 enum RingBarrier {
@@ -88,7 +102,7 @@ impl Lower<'_> {
         for (var, ring) in rings {
             // Across a cluster every block's compute threads release each stage.
             let releases = self.p.def.threads * ring.cluster;
-            let counts = (0..ring.stages).map(|_| 1).chain((0..ring.stages).map(|_| releases));
+            let counts = (0..ring.stages).map(|_| 1).chain((ring.stages..ring.mbarriers()).map(|_| releases));
             self.init_mbarriers(first, ring.barriers, counts);
             // The compute warps wait for phase 0 of `ready` first; the producer for the phase
             // "before" phase 0 of `empty`, which counts as complete. Across a cluster a
@@ -209,21 +223,29 @@ impl Lower<'_> {
 
     /// The fill warps' copy of the loop: one for every producer group, the group's index
     /// computed from its warps where there are several (each group's barriers, scratch and
-    /// copies of the block's shared temporaries are its own).
+    /// copies of the block's shared temporaries are its own). Across a cluster a group's turns
+    /// follow its block's rank.
     fn producer_copy(&mut self, lp: &RingLoop) -> Result<(), Diag> {
         let ring = lp.ring;
-        if ring.cluster > 1 {
-            // The block's one group takes the turns of the block's rank in the cluster.
+        let local = if ring.groups == 1 {
+            Src::Imm(0)
+        } else {
+            let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
+            self.em.op32(BinKind::Div, warp, i64::from(ring.warps))
+        };
+        let turn = if ring.cluster > 1 {
             let rank = self.em.reg(RegClass::B32);
             self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
-            return self.in_producer_group(ring, Src::Imm(0), |lw| lw.group_copy(lp, Src::Reg(rank)));
-        }
+            let first = self.em.mul32(Src::Reg(rank), Src::Imm(i64::from(ring.groups)));
+            self.em.add32(first, local)
+        } else {
+            local
+        };
+        let group = Group { turn, local };
         if ring.groups == 1 {
-            return self.in_producer_group(ring, Src::Imm(0), |lw| lw.group_copy(lp, Src::Imm(0)));
+            return self.in_producer_group(ring, local, |lw| lw.group_copy(lp, group));
         }
-        let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
-        let group = self.em.op32(BinKind::Div, warp, i64::from(ring.warps));
-        let group_reg = self.em.to_reg(group, RegClass::B32, Ty::B32);
+        let group_reg = self.em.to_reg(local, RegClass::B32, Ty::B32);
         // Each group's copy of the block's shared temporaries (`infer_layouts`).
         let temporaries: Vec<BufId> = lp
             .producer
@@ -234,16 +256,17 @@ impl Lower<'_> {
             .collect();
         let homes: Vec<Src> = temporaries.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         self.stage_bases(&temporaries, &homes, group_reg);
-        self.in_producer_group(ring, group, |lw| lw.group_copy(lp, group))?;
+        self.in_producer_group(ring, local, |lw| lw.group_copy(lp, group))?;
         for (b, home) in temporaries.iter().zip(homes) {
             self.shared_base[*b] = Some(home);
         }
         Ok(())
     }
 
-    /// Producer group `group`'s copy of the loop, its turns `group`, `group + turns`, .. (the
-    /// module's doc says what it does; across a cluster, `group` is the block's rank).
-    fn group_copy(&mut self, lp: &RingLoop, group: Src) -> Result<(), Diag> {
+    /// Producer group `group`'s copy of the loop, its turns `group.turn`, `+ turns`, .. (the
+    /// module's doc says what it does).
+    fn group_copy(&mut self, lp: &RingLoop, group: Group) -> Result<(), Diag> {
+        let Group { turn: first_turn, local } = group;
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
@@ -251,28 +274,31 @@ impl Lower<'_> {
         let lets: Vec<Stmt> = body[..at].iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
         let distance = ring.fill_distance();
-        // A group's turns are `groups` iterations apart; its fills run `distance` turns ahead.
+        // A group's turns are `turns` iterations apart; its fills run `distance` turns ahead.
         let (turn, ahead) = (ring.turns(), ring.turns() * ring.fill_distance());
         let iter = self.em.reg(RegClass::B32);
         // The earlier groups' first fills, before this group's first: iteration `k`'s, at
-        // stage `k`, for each group `k` below this one.
-        for k in 1..ring.groups {
-            let earlier = self.em.setp(Cmp::Ge, Ty::S32, group, Src::Imm(i64::from(k)));
-            self.pass_other_fills(lp, (s0, e), Src::Imm(0), k - 1..k, Some(earlier));
+        // stage `k`, for each group `k` below this one (across a cluster each group's `empty`
+        // mbarriers count its own turns alone).
+        if ring.cluster == 1 {
+            for k in 1..ring.groups {
+                let earlier = self.em.setp(Cmp::Ge, Ty::S32, first_turn, Src::Imm(i64::from(k)));
+                self.pass_other_fills(lp, (s0, e), Src::Imm(0), k - 1..k, Some(earlier));
+            }
         }
         // Prologue: the fills of the group's first `distance` turns (each below `stages`:
-        // `group + k * groups < groups * distance < stages`).
+        // `group + k * turns < turns * distance < stages`).
         for k in 0..distance {
             self.em.loc = loc;
-            let first = self.em.add32(group, Src::Imm(i64::from(k * turn)));
+            let first = self.em.add32(first_turn, Src::Imm(i64::from(k * turn)));
             let it = self.em.add32(s0, first);
             self.mov(iter, V { s: it, ty: DType::I32 });
             let stage = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: first });
-            self.issue_ring_fills(lp, (iter, e), stage, &fills, false)?;
+            self.issue_ring_fills(lp, (iter, e), stage, local, &fills, false)?;
         }
         self.em.loc = loc;
-        let stages = self.open_stage_ring_at((s0, e), group);
+        let stages = self.open_stage_ring_at((s0, e), first_turn);
         let (ko, rd) = (stages.iter, stages.stage);
         // The fills of iteration ko + ahead, into its stage.
         let it = self.em.add32(ko, Src::Imm(i64::from(ahead)));
@@ -282,7 +308,7 @@ impl Lower<'_> {
         self.advance_stage(wr, ring.stages, ahead);
         // With the fills a stage ahead, their element-wise stores wait for the end of the
         // iteration (`DeferredFill`); with none ahead the block reads them at once.
-        let deferred = self.issue_ring_fills(lp, (iter, e), wr, &fills, distance > 0)?;
+        let deferred = self.issue_ring_fills(lp, (iter, e), wr, local, &fills, distance > 0)?;
         // Iteration ko's fills have landed, for every fill warp.
         self.em.emit(Op::CpAsyncWait { n: distance });
         self.barrier();
@@ -298,7 +324,7 @@ impl Lower<'_> {
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
         if ring.cluster > 1 {
             self.stage_bases(staged, home, rd);
-            self.copy_stage_to_the_cluster(lp, first, group, ready, loc)?;
+            self.copy_stage_to_the_cluster(lp, first, ready, loc)?;
         }
         let state = self.em.reg(RegClass::B64);
         self.em.emit_if(first, true, Op::MbarrierArrive { state, addr: ready });
@@ -309,13 +335,15 @@ impl Lower<'_> {
     }
 
     /// The fills of the iteration in `it` (of a loop ending at `e`) into `stage`, the fills'
-    /// tiles moved there: where the iteration exists, after the `empty` phase of the stage's
-    /// last use. Returns the element-wise fills left to store, with `defer`.
+    /// tiles moved there by producer group `local` of the block: where the iteration exists,
+    /// after the `empty` phase of the stage's last use. Returns the element-wise fills left to
+    /// store, with `defer`.
     fn issue_ring_fills(
         &mut self,
         lp: &RingLoop,
         (it, e): (Reg, Reg),
         stage: Reg,
+        local: Src,
         fills: &[&Stmt],
         defer: bool,
     ) -> Result<Vec<super::loops::DeferredFill>, Diag> {
@@ -336,7 +364,7 @@ impl Lower<'_> {
         };
         let past_end = self.em.label();
         self.em.emit_if(waits, false, Op::Bra { target: past_end });
-        let empty = self.ring_barrier(ring, RingBarrier::Empty, stage);
+        let empty = self.empty_barrier_of(ring, local, stage);
         self.wait_phase_at(empty, self.ring_phases[&plan.var].empty, stage, ring.scope());
         self.em.emit(Op::Label(past_end));
         let filled = plan.staged.len();
@@ -347,8 +375,11 @@ impl Lower<'_> {
         let issued = self.stage_fills(&plan.prelude, fills, live, plan.skip_dead_fills);
         let deferred = self.deferred_fills.take().unwrap_or_default();
         issued?;
-        // The other groups' fills up to this group's next.
-        self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups, None);
+        // The other groups' fills up to this group's next (across a cluster, none: each
+        // group's `empty` mbarriers are its own).
+        if ring.cluster == 1 {
+            self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups, None);
+        }
         Ok(deferred)
     }
 
@@ -398,10 +429,10 @@ impl Lower<'_> {
         self.stage_bases(staged, home, rd);
         self.compute_warps_body(staged, &rest, WgmmaWait::Whole)?;
         self.em.loc = loc;
-        let empty = self.ring_barrier(ring, RingBarrier::Empty, rd);
         if ring.cluster > 1 {
-            self.release_stage_to_the_cluster(lp, ko, empty);
+            self.release_stage_to_the_cluster(lp, ko, rd);
         } else {
+            let empty = self.ring_barrier(ring, RingBarrier::Empty, rd);
             let state = self.em.reg(RegClass::B64);
             self.em.emit(Op::MbarrierArrive { state, addr: empty });
         }
@@ -430,22 +461,16 @@ impl Lower<'_> {
             .collect()
     }
 
-    /// The producer's hand-over across a cluster: thread `first` of the block whose rank is
-    /// `rank` copies each of the stage's tiles (at their stage's bases) into every other block,
-    /// completing that block's `ready` (at `ready`, this block's address of it). The proxy
-    /// fences before the group's barrier (`proxy_fences`) make the tiles' bytes visible to the
-    /// copies.
-    fn copy_stage_to_the_cluster(
-        &mut self,
-        lp: &RingLoop,
-        first: Reg,
-        rank: Src,
-        ready: Reg,
-        loc: SrcLoc,
-    ) -> Result<(), Diag> {
+    /// The producer's hand-over across a cluster: thread `first` copies each of the stage's
+    /// tiles (at their stage's bases) into every other block, completing that block's `ready`
+    /// (at `ready`, this block's address of it). The proxy fences before the group's barrier
+    /// (`proxy_fences`) make the tiles' bytes visible to the copies.
+    fn copy_stage_to_the_cluster(&mut self, lp: &RingLoop, first: Reg, ready: Reg, loc: SrcLoc) -> Result<(), Diag> {
         let sizes = self.stage_bytes(lp, loc)?;
+        let rank = self.em.reg(RegClass::B32);
+        self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
         for peer in 0..lp.ring.cluster {
-            let other = self.em.setp(Cmp::Ne, Ty::U32, rank, Src::Imm(i64::from(peer)));
+            let other = self.em.setp(Cmp::Ne, Ty::U32, Src::Reg(rank), Src::Imm(i64::from(peer)));
             let copies = self.em.and_pred(Some(first), Some(other)).expect("a predicate");
             let peer_ready = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mapa { d: peer_ready, addr: ready, rank: Src::Imm(i64::from(peer)) });
@@ -465,7 +490,7 @@ impl Lower<'_> {
     /// block's own producer arrives where it produces the iteration).
     fn expect_stage_from_the_cluster(&mut self, lp: &RingLoop, ko: Reg, ready: Reg) -> Result<(), Diag> {
         let bytes: u32 = self.stage_bytes(lp, lp.loc)?.iter().sum();
-        let producer = self.producer_rank(lp, Src::Reg(ko));
+        let producer = self.producer_of(lp, Src::Reg(ko)).block;
         let rank = self.em.reg(RegClass::B32);
         self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
         let remote = self.em.setp(Cmp::Ne, Ty::U32, producer, rank);
@@ -479,20 +504,36 @@ impl Lower<'_> {
     /// Across a cluster, each compute thread hands the stage of iteration `ko` back to the
     /// block that fills it next (iteration `ko + stages`, where it exists): a remote arrival
     /// on that block's `empty` (at `empty`, this block's address of it).
-    fn release_stage_to_the_cluster(&mut self, lp: &RingLoop, ko: Reg, empty: Reg) {
+    fn release_stage_to_the_cluster(&mut self, lp: &RingLoop, ko: Reg, stage: Reg) {
         let next = self.em.add32(ko, Src::Imm(i64::from(lp.ring.stages)));
         let exists = self.em.setp(Cmp::Lt, Ty::S32, next, lp.bounds.1);
-        let filler = self.producer_rank(lp, next);
+        let filler = self.producer_of(lp, next);
+        let empty = self.empty_barrier_of(lp.ring, filler.group, stage);
         let addr = self.em.reg(RegClass::B32);
-        self.em.emit(Op::Mapa { d: addr, addr: empty, rank: filler });
+        self.em.emit(Op::Mapa { d: addr, addr: empty, rank: filler.block });
         self.em.emit_if(exists, true, Op::MbarrierArriveRemote { addr });
     }
 
-    /// The rank of the block of the cluster that produces iteration `it`: `(it - first) mod
-    /// cluster`.
-    fn producer_rank(&mut self, lp: &RingLoop, it: Src) -> Src {
+    /// Which producer group of which block of the cluster produces iteration `it`: turn
+    /// `(it - first) mod turns`, of group `turn mod groups` of the block of rank
+    /// `turn / groups`.
+    fn producer_of(&mut self, lp: &RingLoop, it: Src) -> Producer {
         let from_first = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, it, lp.bounds.0);
-        self.em.op32(BinKind::Rem, from_first, i64::from(lp.ring.cluster))
+        let turn = self.em.op32(BinKind::Rem, from_first, i64::from(lp.ring.turns()));
+        let groups = i64::from(lp.ring.groups);
+        Producer { block: self.em.op32(BinKind::Div, turn, groups), group: self.em.op32(BinKind::Rem, turn, groups) }
+    }
+
+    /// The `empty` mbarrier of `stage` that producer group `group` of the block waits for
+    /// (across a cluster each group has its own; else the block's).
+    fn empty_barrier_of(&mut self, ring: &ProducerRing, group: Src, stage: Reg) -> Reg {
+        if ring.cluster == 1 {
+            return self.ring_barrier(ring, RingBarrier::Empty, stage);
+        }
+        let stage_of_group = self.em.mul32(group, Src::Imm(i64::from(ring.stages)));
+        let index = self.em.add32(stage_of_group, Src::Reg(stage));
+        let first = i64::from(ring.barriers) + MBARRIER_BYTES * i64::from(ring.stages);
+        self.barrier_at(first, index)
     }
 
     /// The shared address of `which` mbarrier of `stage` of `ring`.

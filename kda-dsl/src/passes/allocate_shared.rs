@@ -41,7 +41,7 @@ pub fn allocate_shared(p: &mut TileProgram) -> Result<(), Diag> {
         if let ProducerRole::FillWarps(ring) = &mut plan.role {
             off = align(off, 8);
             ring.barriers = off;
-            off += 8 * 2 * ring.stages;
+            off += 8 * ring.mbarriers();
         }
     }
     let mut need = 0u32;

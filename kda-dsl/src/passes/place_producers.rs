@@ -98,8 +98,10 @@ pub struct ProducerRing {
     /// (`allocate_shared` places them).
     pub barriers: u32,
     /// The blocks of the kernel's cluster whose producers take turns (1: the block alone).
-    /// Across a cluster, each block has one group; block `r` runs the iterations `r`,
-    /// `r + cluster`, .., and its block's hand-over reaches every block of the cluster.
+    /// Across a cluster, group `g` of block `r` runs the iterations `r groups + g`,
+    /// `+ groups cluster`, .., and its block's hand-over reaches every block of the cluster;
+    /// each group has `empty` mbarriers of its own (only its turns' stages are released to
+    /// it).
     pub cluster: u32,
 }
 
@@ -117,6 +119,13 @@ impl ProducerRing {
     /// The producers taking turns at the iterations: the groups, or the cluster's blocks.
     pub fn turns(&self) -> u32 {
         self.groups * self.cluster
+    }
+
+    /// The ring's mbarriers: `ready` a stage, and `empty` a stage (a stage and group across a
+    /// cluster).
+    pub fn mbarriers(&self) -> u32 {
+        let empty_sets = if self.cluster > 1 { self.groups } else { 1 };
+        self.stages * (1 + empty_sets)
     }
 
     /// The scope of the ring's waits: the cluster's when other blocks arrive on its
@@ -169,15 +178,6 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
     }
     let ProducerGroups { warps, groups } = producer_groups(def.fill_warps);
     let cluster = def.cluster_blocks.max(1);
-    if cluster > 1 && groups > 1 {
-        return Err(Diag::new(
-            def.loc,
-            format!(
-                "a producer ring across a cluster takes one producer group a block ({} fill warps make {groups})",
-                def.fill_warps
-            ),
-        ));
-    }
     let turns = groups * cluster;
     if stages <= turns {
         let who = if cluster > 1 {
@@ -488,7 +488,8 @@ impl fmt::Display for ProducerLine<'_> {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
             ProducerRole::FillWarps(ring) if ring.cluster > 1 => write!(
                 f,
-                " (on the fill warps, {}, the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, fills {} of its turns ahead of the block; ready and empty mbarriers at {})",
+                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block; ready and empty mbarriers at {})",
+                ring.groups,
                 ring.warps,
                 ring.cluster,
                 ring.stages,
@@ -575,16 +576,21 @@ mod tests {
         Ok(p)
     }
 
-    /// Across a cluster the blocks take the turns: one producer group a block, more stages
-    /// than blocks.
+    /// Across a cluster the blocks' groups take the turns: more stages than groups in all.
     #[test]
-    fn a_producer_ring_across_a_cluster_takes_a_group_a_block() {
+    fn a_producer_ring_across_a_cluster_takes_turns_over_its_blocks() {
         let p = in_clusters(1, 3).expect("one group a block, 3 stages");
         let line = ProducerLine(&p.def, &p.producers[0]).to_string();
-        assert!(line.contains("the cluster's 2 blocks taking turns at the iterations"), "{line}");
-        let e = in_clusters(8, 4).map(|_| ()).expect_err("two groups a block");
+        assert!(line.contains("in each of the cluster's 2 blocks taking turns at the iterations"), "{line}");
+        let p = in_clusters(8, 5).expect("two groups a block, 5 stages");
+        let ring = match &p.producers[0].role {
+            ProducerRole::FillWarps(ring) => ring.clone(),
+            ProducerRole::Inline => panic!("on the fill warps"),
+        };
+        assert_eq!((ring.turns(), ring.mbarriers()), (4, 15), "a ready and two empty mbarriers a stage");
+        let e = in_clusters(8, 4).map(|_| ()).expect_err("4 stages for 4 groups");
         assert!(
-            e.contains("a producer ring across a cluster takes one producer group a block (8 fill warps make 2)"),
+            e.contains("the producers of a cluster of 2 blocks need a loop of more than 4 stages (it has 4)"),
             "{e}"
         );
         let e = in_clusters(1, 2).map(|_| ()).expect_err("2 stages for 2 blocks");

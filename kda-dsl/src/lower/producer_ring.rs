@@ -25,6 +25,15 @@
 //! The groups run one copy of the code, the group's index a register from its warps (its
 //! barrier, scratch, copies and first turn computed from it): a copy per group would put
 //! several producer loops, the kernel's longest code, in one SM's instruction caches.
+//!
+//! In a kernel launched in clusters the groups of all the cluster's blocks take the turns
+//! (group `g` of the block of rank `r` first takes iteration `r groups + g`), and every block
+//! consumes every iteration: the producing group's thread 0 bulk-copies the stage's tiles into
+//! the other blocks, completing their `ready` (whose consumers arm it with the bytes), and the
+//! compute threads hand each stage back to the group that fills it next, on `empty`
+//! mbarriers of that group's own (a group waits only for its own turns' stages, only where
+//! the stage had a use before). Every block of a cluster runs the loop over the same
+//! iterations (the kernel's to ensure: the cluster's blocks share the loop's bounds).
 
 use super::loops::LoopWork;
 use super::roles::Role;
@@ -501,9 +510,9 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// Across a cluster, each compute thread hands the stage of iteration `ko` back to the
-    /// block that fills it next (iteration `ko + stages`, where it exists): a remote arrival
-    /// on that block's `empty` (at `empty`, this block's address of it).
+    /// Across a cluster, each compute thread hands `stage`, of iteration `ko`, back to the
+    /// group that fills it next (iteration `ko + stages`, where it exists): a remote arrival
+    /// on that group's `empty` mbarrier of the stage, in its block.
     fn release_stage_to_the_cluster(&mut self, lp: &RingLoop, ko: Reg, stage: Reg) {
         let next = self.em.add32(ko, Src::Imm(i64::from(lp.ring.stages)));
         let exists = self.em.setp(Cmp::Lt, Ty::S32, next, lp.bounds.1);

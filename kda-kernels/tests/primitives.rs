@@ -1222,3 +1222,40 @@ fn producers_across_a_cluster_take_turns() {
         assert!(k.ptx.contains(op), "no {op} in the PTX");
     }
 }
+
+/// [`cluster_producers`] with a loop one iteration shorter in odd blocks.
+#[kernel]
+fn cluster_producers_uneven(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
+    let (bx,) = launch(grid = [NB], threads = 64, fill_warps = cfg.fill_warps, cluster = 2);
+    let xs = shared([16, 32], F32);
+    let ys = shared([16, 32], F32);
+    let f = fragment([16, 32], F32);
+    for i in pipelined(0, T / 16 - bx % 2, stages = cfg.stages) {
+        copy(x.tile([i, 0], [16, 32]), xs);
+        for _ in producer() {
+            for (r, c) in parallel(ys) {
+                ys[r][c] = xs[r][c] * 2.0 + 1.0;
+            }
+        }
+        copy(ys, f);
+        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, 32]));
+    }
+}
+
+/// A cluster's blocks must run a producer ring over the same iterations: with other bounds
+/// in one block the ring cannot complete, which the simulator reports.
+#[test]
+fn a_cluster_ring_over_uneven_bounds_is_reported() {
+    let def = cluster_producers_uneven(&RingCfg { fill_warps: 1, stages: 4 }).expect("builds");
+    let (t_rows, c) = (16 * 7, 32);
+    let x = Rng::new(7).normals(t_rows * c, DType::F32);
+    let mut args = vec![
+        t("x", &x, DType::F32),
+        i("T", t_rows),
+        i("C", c),
+        i("NB", 2),
+        t("y", &vec![f64::NAN; 2 * t_rows * c], DType::F32),
+    ];
+    let e = kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args).expect_err("uneven bounds");
+    assert!(e.contains("deadlock: an mbarrier wait waits for a phase still 1 arrival(s) short"), "{e}");
+}

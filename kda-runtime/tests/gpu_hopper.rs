@@ -203,17 +203,7 @@ fn max_active_clusters(
     use cudarc::driver::sys;
     // The ping-pong program without its `.reqnctapercluster`: the launch names the cluster.
     let prog = ThreadProgram { cluster_blocks: 1, threads, shared_bytes: shared, ..cluster_ping_pong_program() };
-    let kernel = CompiledKernel {
-        entry: prog.name.clone(),
-        ptx: kda_dsl::ptx::print_module(&prog, Target::Sm90),
-        params: vec![],
-        threads,
-        shared_bytes: shared,
-        grid: [HostExpr::Const(1), HostExpr::Const(1), HostExpr::Const(1)],
-        assumptions: vec![],
-        exact_extents: vec![],
-        cluster_blocks: 1,
-    };
+    let kernel = kernel_of(&prog, Target::Sm90);
     let loaded = cache.get_or_load(gpu, &kernel, &format!("occupancy {threads} {shared}"))?;
     let mut attr = sys::CUlaunchAttribute {
         id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
@@ -248,15 +238,12 @@ enum ParamValue {
     Map(TensorMapParam),
 }
 
-/// Runs `probe` on the GPU (its grid; a program's clusters are its `.reqnctapercluster`) and
-/// returns every tensor argument's bytes afterwards,
-/// in `probe.args` order.
-fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-    let s = gpu.default_stream();
-    let prog = &probe.program;
-    let kernel = CompiledKernel {
+/// `prog` printed for `target` as a kernel the cache loads (its launches name their own grid
+/// and parameters).
+fn kernel_of(prog: &ThreadProgram, target: Target) -> CompiledKernel {
+    CompiledKernel {
         entry: prog.name.clone(),
-        ptx: kda_dsl::ptx::print_module(prog, probe.target),
+        ptx: kda_dsl::ptx::print_module(prog, target),
         params: vec![],
         threads: prog.threads,
         shared_bytes: prog.shared_bytes,
@@ -264,7 +251,16 @@ fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(Stri
         assumptions: vec![],
         exact_extents: vec![],
         cluster_blocks: prog.cluster_blocks,
-    };
+    }
+}
+
+/// Runs `probe` on the GPU (its grid; a program's clusters are its `.reqnctapercluster`) and
+/// returns every tensor argument's bytes afterwards,
+/// in `probe.args` order.
+fn run_on_gpu(gpu: &Gpu, cache: &ModuleCache, probe: &Probe) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+    let s = gpu.default_stream();
+    let prog = &probe.program;
+    let kernel = kernel_of(prog, probe.target);
     let loaded = cache.get_or_load(gpu, &kernel, &probe.name)?;
     let mut tensors = vec![];
     for (name, a) in &probe.args {

@@ -71,6 +71,8 @@ struct RingLoop<'a> {
     bounds: (Reg, Reg),
     body: &'a [Stmt],
     loc: SrcLoc,
+    /// Across a cluster, the block's rank in it, read once before both roles' copies.
+    rank: Option<Reg>,
 }
 
 /// A producer group of a ring: its first turn (its index among every producer taking turns,
@@ -153,7 +155,12 @@ impl Lower<'_> {
         // The stage's tiles: the fills', then the block's hand-over.
         let staged: Vec<BufId> = plan.staged.iter().chain(&producer.outputs).copied().collect();
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
-        let lp = RingLoop { plan, ring, producer, staged: &staged, home: &home, bounds, body, loc };
+        let rank = (ring.cluster > 1).then(|| {
+            let rank = self.em.reg(RegClass::B32);
+            self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
+            rank
+        });
+        let lp = RingLoop { plan, ring, producer, staged: &staged, home: &home, bounds, body, loc, rank };
         self.consts.remove(&plan.var);
         // What the kernel wrote before the loop (its own `cp.async` copies landed) is visible
         // to both roles: inside, no barrier spans them.
@@ -242,13 +249,12 @@ impl Lower<'_> {
             let warp = self.fill_warps.as_ref().expect("a kernel with fill warps").scope.th.warp;
             self.em.op32(BinKind::Div, warp, i64::from(ring.warps))
         };
-        let turn = if ring.cluster > 1 {
-            let rank = self.em.reg(RegClass::B32);
-            self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
-            let first = self.em.mul32(Src::Reg(rank), Src::Imm(i64::from(ring.groups)));
-            self.em.add32(first, local)
-        } else {
-            local
+        let turn = match lp.rank {
+            Some(rank) => {
+                let first = self.em.mul32(Src::Reg(rank), Src::Imm(i64::from(ring.groups)));
+                self.em.add32(first, local)
+            }
+            None => local,
         };
         let group = Group { turn, local };
         if ring.groups == 1 {
@@ -331,9 +337,8 @@ impl Lower<'_> {
         self.barrier();
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
-        if ring.cluster > 1 {
-            self.stage_bases(staged, home, rd);
-            self.copy_stage_to_the_cluster(lp, first, ready, loc)?;
+        if let Some(rank) = lp.rank {
+            self.copy_stage_to_the_cluster(lp, rank, first, ready, loc)?;
         }
         let state = self.em.reg(RegClass::B64);
         self.em.emit_if(first, true, Op::MbarrierArrive { state, addr: ready });
@@ -431,8 +436,8 @@ impl Lower<'_> {
         let (ko, rd) = (stages.iter, stages.stage);
         self.var_regs.insert(plan.var, ko);
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
-        if ring.cluster > 1 {
-            self.expect_stage_from_the_cluster(lp, ko, ready)?;
+        if let Some(rank) = lp.rank {
+            self.expect_stage_from_the_cluster(lp, rank, ko, ready)?;
         }
         self.wait_phase_at(ready, self.ring_phases[&plan.var].ready, rd, ring.scope());
         self.stage_bases(staged, home, rd);
@@ -470,14 +475,19 @@ impl Lower<'_> {
             .collect()
     }
 
-    /// The producer's hand-over across a cluster: thread `first` copies each of the stage's
-    /// tiles (at their stage's bases) into every other block, completing that block's `ready`
+    /// The producer's hand-over across a cluster: thread `first` of the block of rank `rank`
+    /// copies each of the stage's tiles (at their stage's bases) into every other block, completing that block's `ready`
     /// (at `ready`, this block's address of it). The proxy fences before the group's barrier
     /// (`proxy_fences`) make the tiles' bytes visible to the copies.
-    fn copy_stage_to_the_cluster(&mut self, lp: &RingLoop, first: Reg, ready: Reg, loc: SrcLoc) -> Result<(), Diag> {
+    fn copy_stage_to_the_cluster(
+        &mut self,
+        lp: &RingLoop,
+        rank: Reg,
+        first: Reg,
+        ready: Reg,
+        loc: SrcLoc,
+    ) -> Result<(), Diag> {
         let sizes = self.stage_bytes(lp, loc)?;
-        let rank = self.em.reg(RegClass::B32);
-        self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
         for peer in 0..lp.ring.cluster {
             let other = self.em.setp(Cmp::Ne, Ty::U32, Src::Reg(rank), Src::Imm(i64::from(peer)));
             let copies = self.em.and_pred(Some(first), Some(other)).expect("a predicate");
@@ -497,11 +507,9 @@ impl Lower<'_> {
     /// Across a cluster, where another block produces iteration `ko`: the compute warps'
     /// thread 0 arrives on the stage's `ready` expecting the bytes that block copies in (this
     /// block's own producer arrives where it produces the iteration).
-    fn expect_stage_from_the_cluster(&mut self, lp: &RingLoop, ko: Reg, ready: Reg) -> Result<(), Diag> {
+    fn expect_stage_from_the_cluster(&mut self, lp: &RingLoop, rank: Reg, ko: Reg, ready: Reg) -> Result<(), Diag> {
         let bytes: u32 = self.stage_bytes(lp, lp.loc)?.iter().sum();
         let producer = self.producer_of(lp, Src::Reg(ko)).block;
-        let rank = self.em.reg(RegClass::B32);
-        self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
         let remote = self.em.setp(Cmp::Ne, Ty::U32, producer, rank);
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         let arms = self.em.and_pred(Some(remote), Some(first)).expect("a predicate");

@@ -253,7 +253,7 @@ fn deliver(blocks: &mut [Block]) -> Result<bool, SimError> {
                 Remote::Store(st) => (st.rank, st.thread, st.loc),
                 Remote::Arrive { rank, thread, loc, .. } => (*rank, *thread, *loc),
             };
-            let (block, local) = (blocks[from].block, thread % (32 * blocks[from].warps as u32));
+            let (block, local) = (blocks[from].block, blocks[from].place_of(thread).1);
             let fail = |message: String| SimError { message, loc, block, thread: local };
             let to = &mut blocks[rank as usize];
             let landed = if to.threads.iter().all(|t| t.done) {

@@ -50,10 +50,11 @@ impl Block<'_> {
         Ok(a)
     }
 
-    /// Whether every read recorded in `s` is ordered before what the warp that knows `known`
-    /// (per warp of the cluster: [`Block::knowledge`]) does now.
-    pub(super) fn reads_ordered_for(&self, s: &Shadow, known: &[u32]) -> bool {
-        let read_before = |w: usize| known[self.cluster_warp(w)] > s.read_epoch;
+    /// Whether every read recorded in `s` is ordered before an access that `after(w, epoch)`
+    /// says comes after what cluster warp `w` did when its block had released `epoch` (reads
+    /// are always by this block's threads).
+    fn reads_ordered_by(&self, s: &Shadow, after: impl Fn(usize, u32) -> bool) -> bool {
+        let read_before = |w: usize| after(self.cluster_warp(w), s.read_epoch);
         match s.reader {
             NONE => true,
             MANY => (0..32).filter(|w| s.reader_warps & (1 << w) != 0).all(read_before),
@@ -61,18 +62,15 @@ impl Block<'_> {
         }
     }
 
+    /// Whether every read recorded in `s` is ordered before what the warp that knows `known`
+    /// (per warp of the cluster: [`Block::knowledge`]) does now.
+    pub(super) fn reads_ordered_for(&self, s: &Shadow, known: &[u32]) -> bool {
+        self.reads_ordered_by(s, |w, epoch| known[w] > epoch)
+    }
+
     /// Whether every read recorded in `s` is ordered before what thread `me` does now.
     fn reads_ordered(&self, s: &Shadow, me: u32) -> bool {
-        match s.reader {
-            NONE => true,
-            MANY => (0..32)
-                .filter(|w| s.reader_warps & (1 << w) != 0)
-                .all(|w| self.barrier_between_warps(self.cluster_warp(w), s.read_epoch, me as usize / 32)),
-            r => {
-                r == me
-                    || self.barrier_between_warps(self.cluster_warp(r as usize / 32), s.read_epoch, me as usize / 32)
-            }
-        }
+        s.reader == me || self.reads_ordered_by(s, |w, epoch| self.barrier_between_warps(w, epoch, me as usize / 32))
     }
 
     pub(super) fn read_shared(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {

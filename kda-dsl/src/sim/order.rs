@@ -34,21 +34,24 @@ impl Block<'_> {
         self.describe_in(thread, self.cluster.rank)
     }
 
+    /// The rank of cluster thread `thread`'s block, and its index there.
+    pub(super) fn place_of(&self, thread: u32) -> (u32, u32) {
+        let per_block = 32 * self.warps as u32;
+        (thread / per_block, thread % per_block)
+    }
+
     /// A cluster thread as an error message about block `rank`'s memory names it.
     pub(super) fn describe_in(&self, thread: u32, rank: u32) -> String {
-        let per_block = 32 * self.warps;
-        let (its_rank, t) = (thread as usize / per_block, thread as usize % per_block);
-        if its_rank == rank as usize {
-            format!("thread {t}")
-        } else {
-            format!("thread {t} of the cluster's block {its_rank}")
+        match self.place_of(thread) {
+            (its_rank, t) if its_rank == rank => format!("thread {t}"),
+            (its_rank, t) => format!("thread {t} of the cluster's block {its_rank}"),
         }
     }
 
     /// What a race with cluster thread `thread` lacks: a barrier of the block, or one of the
     /// cluster's orders when it is another block's thread.
     pub(super) fn missing_order(&self, thread: u32) -> &'static str {
-        if thread as usize / 32 / self.warps == self.cluster.rank as usize {
+        if self.place_of(thread).0 == self.cluster.rank {
             "no barrier"
         } else {
             "no barrier.cluster or mbarrier phase (waited for at .cluster scope)"

@@ -29,11 +29,12 @@
 //! In a kernel launched in clusters the groups of all the cluster's blocks take the turns
 //! (group `g` of the block of rank `r` first takes iteration `r groups + g`), and every block
 //! consumes every iteration: the producing group's thread 0 bulk-copies the stage's tiles into
-//! the other blocks, completing their `ready` (whose consumers arm it with the bytes), and the
-//! compute threads hand each stage back to the group that fills it next, on `empty`
-//! mbarriers of that group's own (a group waits only for its own turns' stages, only where
-//! the stage had a use before). Every block of a cluster runs the loop over the same
-//! iterations (the kernel's to ensure: the cluster's blocks share the loop's bounds).
+//! the other blocks, completing their `ready` (whose consumers arm it with the bytes), and each
+//! block's compute warps, after their barrier, hand each stage back (one thread's remote
+//! arrival) to the group that fills it next, on `empty` mbarriers of that group's own (a
+//! group waits only for its own turns' stages, only where the stage had a use before). Every
+//! block of a cluster runs the loop over the same iterations (the kernel's to ensure: the
+//! cluster's blocks share the loop's bounds).
 
 use super::loops::LoopWork;
 use super::roles::Role;
@@ -94,7 +95,8 @@ struct Producer {
 enum RingBarrier {
     /// Completed by the producer's one arrival once the stage's hand-over is written.
     Ready,
-    /// Completed by every compute thread's arrival once done with the stage.
+    /// Completed once every compute thread is done with the stage: by each one's arrival, or
+    /// across a cluster by one arrival a block.
     Empty,
 }
 
@@ -111,8 +113,9 @@ impl Lower<'_> {
         let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
         let across_cluster = rings.iter().any(|(_, ring)| ring.cluster > 1);
         for (var, ring) in rings {
-            // Across a cluster every block's compute threads release each stage.
-            let releases = self.p.def.threads * ring.cluster;
+            // In one block every compute thread releases each stage; across a cluster one
+            // elected thread of every block does, after its compute warps' barrier.
+            let releases = if ring.cluster > 1 { ring.cluster } else { self.p.def.threads };
             let counts = (0..ring.stages).map(|_| 1).chain((ring.stages..ring.mbarriers()).map(|_| releases));
             self.init_mbarriers(first, ring.barriers, counts);
             // The compute warps wait for phase 0 of `ready` first; the producer for the phase
@@ -518,17 +521,22 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// Across a cluster, each compute thread hands `stage`, of iteration `ko`, back to the
-    /// group that fills it next (iteration `ko + stages`, where it exists): a remote arrival
-    /// on that group's `empty` mbarrier of the stage, in its block.
+    /// Across a cluster, the block hands `stage`, of iteration `ko`, back to the group that
+    /// fills it next (iteration `ko + stages`, where it exists): once every compute warp is done
+    /// with it (their barrier), thread 0 arrives on that group's `empty` mbarrier of the stage,
+    /// in its block. The barrier orders every compute thread's reads before the arrival, which
+    /// releases them at cluster scope: one remote arrival a block instead of one a thread.
     fn release_stage_to_the_cluster(&mut self, lp: &RingLoop, ko: Reg, stage: Reg) {
+        self.barrier();
         let next = self.em.add32(ko, Src::Imm(i64::from(lp.ring.stages)));
         let exists = self.em.setp(Cmp::Lt, Ty::S32, next, lp.bounds.1);
+        let first = self.em.setp(Cmp::Eq, Ty::S32, self.scope.th.tid, Src::Imm(0));
+        let hands_back = self.em.and_pred(Some(exists), Some(first)).expect("a predicate");
         let filler = self.producer_of(lp, next);
         let empty = self.empty_barrier_of(lp.ring, filler.group, stage);
         let addr = self.em.reg(RegClass::B32);
         self.em.emit(Op::Mapa { d: addr, addr: empty, rank: filler.block });
-        self.em.emit_if(exists, true, Op::MbarrierArriveRemote { addr });
+        self.em.emit_if(hands_back, true, Op::MbarrierArriveRemote { addr });
     }
 
     /// Which producer group of which block of the cluster produces iteration `it`: turn

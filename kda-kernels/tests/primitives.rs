@@ -1156,13 +1156,15 @@ fn a_kernel_launched_in_clusters() {
 }
 
 /// A cluster producer test's config: fill warps (1: one producer group a block, 8: two),
-/// stages, and iterations fewer in the odd blocks (0 but where a test breaks the rule that a
-/// cluster's blocks share the loop's bounds).
+/// stages, iterations fewer in the odd blocks (0 but where a test breaks the rule that a
+/// cluster's blocks share the loop's bounds), and whether the compute warps read the fill too
+/// (else only the producer block does, and each group keeps it in slots of its own).
 #[derive(Clone)]
 struct RingCfg {
     fill_warps: usize,
     stages: usize,
     fewer_in_odd_blocks: i32,
+    body_reads_fill: bool,
 }
 
 #[kernel]
@@ -1179,8 +1181,10 @@ fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T,
             }
         }
         copy(ys, f);
-        for (r, c) in parallel(f) {
-            f[r][c] = f[r][c] + xs[r][c];
+        if cfg.body_reads_fill {
+            for (r, c) in parallel(f) {
+                f[r][c] = f[r][c] + xs[r][c];
+            }
         }
         copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, 32]));
     }
@@ -1188,48 +1192,69 @@ fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T,
 
 /// A producer ring across a cluster of two blocks: the blocks' producer groups (one or two a
 /// block) take turns at the iterations and every block's compute warps see every iteration's
-/// hand-over (`3 x + 1` for each row of `x`, the fill copied along), for a loop of fewer
-/// iterations than turns and of several rounds of them.
+/// hand-over (`2 x + 1` for each row of `x`, plus the fill copied along where the compute warps
+/// read it too), for a loop of fewer iterations than turns and of several rounds of them.
 #[test]
 fn producers_across_a_cluster_take_turns() {
-    for (fill_warps, stages) in [(1, 4), (8, 5), (8, 6), (8, 7)] {
-        for iterations in [3, 7, 13] {
-            let def = cluster_producers(&RingCfg { fill_warps, stages, fewer_in_odd_blocks: 0 }).expect("builds");
-            let (t_rows, c) = (16 * iterations, 32);
-            let x = Rng::new(7).normals(t_rows * c, DType::F32);
-            let nb = 4;
-            let mut args = vec![
-                t("x", &x, DType::F32),
-                i("T", t_rows),
-                i("C", c),
-                i("NB", nb),
-                t("y", &vec![f64::NAN; nb * t_rows * c], DType::F32),
-            ];
-            kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args)
-                .unwrap_or_else(|e| panic!("{fill_warps} fill warps, {iterations} iterations: {e}"));
-            let got = tensor_values(&args, "y", DType::F32);
-            let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| 3.0 * v + 1.0)).collect();
-            assert!(rel_err(&got, &want) < 1e-6, "{fill_warps} fill warps: rel err {}", rel_err(&got, &want));
+    for body_reads_fill in [true, false] {
+        for (fill_warps, stages) in [(1, 4), (1, 5), (1, 7), (8, 5), (8, 6), (8, 7)] {
+            for iterations in [3, 7, 13] {
+                let cfg = RingCfg { fill_warps, stages, fewer_in_odd_blocks: 0, body_reads_fill };
+                let def = cluster_producers(&cfg).expect("builds");
+                let (t_rows, c) = (16 * iterations, 32);
+                let x = Rng::new(7).normals(t_rows * c, DType::F32);
+                let nb = 4;
+                let mut args = vec![
+                    t("x", &x, DType::F32),
+                    i("T", t_rows),
+                    i("C", c),
+                    i("NB", nb),
+                    t("y", &vec![f64::NAN; nb * t_rows * c], DType::F32),
+                ];
+                let case = format!("{fill_warps} fill warps, {stages} stages, {iterations} iterations, body reads the fill: {body_reads_fill}");
+                kda_kernels::check::simulate_on(&def, kda_dsl::Target::Sm90, &mut args)
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
+                let got = tensor_values(&args, "y", DType::F32);
+                let times = if body_reads_fill { 3.0 } else { 2.0 };
+                let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| times * v + 1.0)).collect();
+                assert!(rel_err(&got, &want) < 1e-6, "{case}: rel err {}", rel_err(&got, &want));
+            }
         }
     }
     // The hand-over crosses blocks: bulk copies out, remote releases back, cluster-scope waits.
-    let def = cluster_producers(&RingCfg { fill_warps: 8, stages: 6, fewer_in_odd_blocks: 0 }).expect("builds");
-    let k = kda_dsl::compile(def, kda_dsl::Target::Sm90).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = |body_reads_fill| {
+        let cfg = RingCfg { fill_warps: 8, stages: 6, fewer_in_odd_blocks: 0, body_reads_fill };
+        kda_dsl::compile(cluster_producers(&cfg).expect("builds"), kda_dsl::Target::Sm90)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (both, own) = (compiled(true), compiled(false));
     for op in [
         "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
         "mbarrier.arrive.release.cluster.shared::cluster.b64",
         "mbarrier.try_wait.parity.acquire.cluster",
         "fence.mbarrier_init.release.cluster",
     ] {
-        assert!(k.ptx.contains(op), "no {op} in the PTX");
+        assert!(both.ptx.contains(op) && own.ptx.contains(op), "no {op} in the PTX");
     }
+    // A fill only the producer reads stays in its group's slots: the other block receives the
+    // hand-over alone (2048 bytes a stage instead of 4096), and the fill takes a slot for each
+    // of the two groups (its fills are 0 turns ahead at 6 stages) instead of a copy a stage.
+    let bulk_copies = |ptx: &str| ptx.matches("cp.async.bulk.shared::cluster").count();
+    assert_eq!((bulk_copies(&both.ptx), bulk_copies(&own.ptx)), (4, 2));
+    let expected_bytes = |ptx: &str| -> Vec<String> {
+        let arms = ptx.lines().filter(|l| l.contains("mbarrier.arrive.expect_tx"));
+        arms.filter_map(|l| l.trim_end().trim_end_matches(';').rsplit(", ").next().map(str::to_string)).collect()
+    };
+    assert_eq!((expected_bytes(&both.ptx), expected_bytes(&own.ptx)), (vec!["4096".into()], vec!["2048".into()]));
+    assert_eq!(both.shared_bytes - own.shared_bytes, (6 - 2) * 2048);
 }
 
 /// A cluster's blocks must run a producer ring over the same iterations: with other bounds
 /// in one block the ring cannot complete, which the simulator reports.
 #[test]
 fn a_cluster_ring_over_uneven_bounds_is_reported() {
-    let def = cluster_producers(&RingCfg { fill_warps: 1, stages: 4, fewer_in_odd_blocks: 1 }).expect("builds");
+    let cfg = RingCfg { fill_warps: 1, stages: 4, fewer_in_odd_blocks: 1, body_reads_fill: true };
+    let def = cluster_producers(&cfg).expect("builds");
     let (t_rows, c) = (16 * 7, 32);
     let x = Rng::new(7).normals(t_rows * c, DType::F32);
     let mut args = vec![

@@ -65,9 +65,15 @@ struct RingLoop<'a> {
     ring: &'a ProducerRing,
     /// The loop's producer block: what it hands over and what it keeps.
     producer: &'a ProducerPlan,
-    /// The stage's tiles (the fills', then the block's hand-over) and their stage 0 bases.
+    /// The stage's tiles (its fills', then the block's hand-over) and their stage 0 bases.
     staged: &'a [BufId],
     home: &'a [Src],
+    /// How many of `staged` are fills.
+    staged_fills: usize,
+    /// The fills each producer group keeps in slots of its own (across a cluster, those only
+    /// the block reads), and their first slot's bases.
+    own: &'a [BufId],
+    own_home: &'a [Src],
     /// The loop's first iteration and its end.
     bounds: (Reg, Reg),
     body: &'a [Stmt],
@@ -155,15 +161,32 @@ impl Lower<'_> {
     ) -> Result<(), Diag> {
         let program = self.p;
         let producer = program.producers.iter().find(|x| x.var == plan.var).expect("a producer plan");
-        // The stage's tiles: the fills', then the block's hand-over.
-        let staged: Vec<BufId> = plan.staged.iter().chain(&producer.outputs).copied().collect();
+        // The stage's tiles: the fills' (but those a group keeps in slots of its own), then the
+        // block's hand-over.
+        let own: Vec<BufId> = if ring.own_fill_slots().is_some() { producer.own_fills.clone() } else { vec![] };
+        let fills: Vec<BufId> = plan.staged.iter().copied().filter(|b| !own.contains(b)).collect();
+        let staged: Vec<BufId> = fills.iter().chain(&producer.outputs).copied().collect();
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        let own_home: Vec<Src> = own.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         let rank = (ring.cluster > 1).then(|| {
             let rank = self.em.reg(RegClass::B32);
             self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
             rank
         });
-        let lp = RingLoop { plan, ring, producer, staged: &staged, home: &home, bounds, body, loc, rank };
+        let lp = RingLoop {
+            plan,
+            ring,
+            producer,
+            staged: &staged,
+            home: &home,
+            staged_fills: fills.len(),
+            own: &own,
+            own_home: &own_home,
+            bounds,
+            body,
+            loc,
+            rank,
+        };
         self.consts.remove(&plan.var);
         // What the kernel wrote before the loop (its own `cp.async` copies landed) is visible
         // to both roles: inside, no barrier spans them.
@@ -183,8 +206,8 @@ impl Lower<'_> {
         } else {
             self.both_roles_barrier();
         }
-        for (k, b) in staged.iter().enumerate() {
-            self.shared_base[*b] = Some(home[k]);
+        for (b, at) in staged.iter().chain(&own).zip(home.iter().chain(&own_home)) {
+            self.shared_base[*b] = Some(*at);
         }
         Ok(())
     }
@@ -284,7 +307,7 @@ impl Lower<'_> {
     /// Producer group `group`'s copy of the loop, its turns `group.turn`, `+ turns`, .. (the
     /// module's doc says what it does).
     fn group_copy(&mut self, lp: &RingLoop, group: Group) -> Result<(), Diag> {
-        let Group { turn: first_turn, local } = group;
+        let first_turn = group.turn;
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
         let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
@@ -313,7 +336,7 @@ impl Lower<'_> {
             self.mov(iter, V { s: it, ty: DType::I32 });
             let stage = self.em.reg(RegClass::B32);
             self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: first });
-            self.issue_ring_fills(lp, (iter, e), stage, local, &fills, false)?;
+            self.issue_ring_fills(lp, (iter, e), stage, group, &fills, false)?;
         }
         self.em.loc = loc;
         let stages = self.open_stage_ring_at((s0, e), first_turn);
@@ -326,12 +349,13 @@ impl Lower<'_> {
         self.advance_stage(wr, ring.stages, ahead);
         // With the fills a stage ahead, their element-wise stores wait for the end of the
         // iteration (`DeferredFill`); with none ahead the block reads them at once.
-        let deferred = self.issue_ring_fills(lp, (iter, e), wr, local, &fills, distance > 0)?;
+        let deferred = self.issue_ring_fills(lp, (iter, e), wr, group, &fills, distance > 0)?;
         // Iteration ko's fills have landed, for every fill warp.
         self.em.emit(Op::CpAsyncWait { n: distance });
         self.barrier();
         self.var_regs.insert(plan.var, ko);
         self.stage_bases(staged, home, rd);
+        self.own_fill_bases(lp, group, ko);
         self.block(&lets)?;
         self.block(block)?;
         self.em.loc = loc;
@@ -351,20 +375,20 @@ impl Lower<'_> {
         Ok(())
     }
 
-    /// The fills of the iteration in `it` (of a loop ending at `e`) into `stage`, the fills'
-    /// tiles moved there by producer group `local` of the block: where the iteration exists,
-    /// after the `empty` phase of the stage's last use. Returns the element-wise fills left to
-    /// store, with `defer`.
+    /// The fills of the iteration in `it` (of a loop ending at `e`) by producer group
+    /// `group`, into `stage` (the group's own fills into its slot): where the iteration
+    /// exists, after the `empty` phase of the stage's last use. Returns the element-wise fills
+    /// left to store, with `defer`.
     fn issue_ring_fills(
         &mut self,
         lp: &RingLoop,
         (it, e): (Reg, Reg),
         stage: Reg,
-        local: Src,
+        group: Group,
         fills: &[&Stmt],
         defer: bool,
     ) -> Result<Vec<super::loops::DeferredFill>, Diag> {
-        let RingLoop { plan, ring, staged, home, .. } = *lp;
+        let RingLoop { plan, ring, staged, home, staged_fills, .. } = *lp;
         self.var_regs.insert(plan.var, it);
         let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
         // The producer waits only for iterations that exist, as the compute warps release only
@@ -381,11 +405,11 @@ impl Lower<'_> {
         };
         let past_end = self.em.label();
         self.em.emit_if(waits, false, Op::Bra { target: past_end });
-        let empty = self.empty_barrier_of(ring, local, stage);
+        let empty = self.empty_barrier_of(ring, group.local, stage);
         self.wait_phase_at(empty, self.ring_phases[&plan.var].empty, stage, ring.scope());
         self.em.emit(Op::Label(past_end));
-        let filled = plan.staged.len();
-        self.stage_bases(&staged[..filled], &home[..filled], stage);
+        self.stage_bases(&staged[..staged_fills], &home[..staged_fills], stage);
+        self.own_fill_bases(lp, group, it);
         if defer {
             self.deferred_fills = Some(vec![]);
         }
@@ -398,6 +422,24 @@ impl Lower<'_> {
             self.pass_other_fills(lp, (it, e), Src::Reg(stage), 1..ring.groups, None);
         }
         Ok(deferred)
+    }
+
+    /// Points the fills group `group` keeps in slots of its own at its slot for iteration
+    /// `it`: the count of its turns before it, modulo the slots, after the slots of the
+    /// block's earlier groups. A slot is filled again only after the group's barrier that ends
+    /// the turn reading it (its fills run fewer turns ahead than it has slots).
+    fn own_fill_bases(&mut self, lp: &RingLoop, group: Group, it: Reg) {
+        let Some(slots) = lp.ring.own_fill_slots().filter(|_| !lp.own.is_empty()) else {
+            return;
+        };
+        let from_first = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, it, lp.bounds.0);
+        let mine = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, from_first, group.turn);
+        let turns_before = self.em.op32(BinKind::Div, mine, i64::from(lp.ring.turns()));
+        let slot = self.em.op32(BinKind::Rem, turns_before, i64::from(slots));
+        let first_slot = self.em.mul32(group.local, Src::Imm(i64::from(slots)));
+        let index = self.em.add32(first_slot, slot);
+        let index = self.em.to_reg(index, RegClass::B32, Ty::U32);
+        self.stage_bases(lp.own, lp.own_home, index);
     }
 
     /// Counts in this group's `empty` parity bits the fills other producer groups issue, of

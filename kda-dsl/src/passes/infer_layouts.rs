@@ -166,6 +166,13 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             for b in plan.temporaries.iter().filter(|b| matches!(p.layouts[**b], BufLayout::Shared(_))) {
                 stages[*b] = stages[*b].max(ring.groups);
             }
+            // Across a cluster the fills only the block reads leave the stages for slots of
+            // each group's own.
+            if let Some(slots) = ring.own_fill_slots() {
+                for b in &plan.own_fills {
+                    stages[*b] = ring.groups * slots;
+                }
+            }
         }
     }
     p.stages = stages;

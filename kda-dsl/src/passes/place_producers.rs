@@ -36,6 +36,11 @@ pub struct ProducerPlan {
     /// The tiles it writes that nothing outside it touches (its own temporaries), by id: what a
     /// role running it lays out over its own warps.
     pub temporaries: Vec<BufId>,
+    /// The loop's stage fills that only the block reads (no other statement of the kernel
+    /// touches their tiles), by id: across a cluster each producer group keeps them in slots of
+    /// its own ([`ProducerRing::own_fill_slots`]) instead of the ring's stages, which every
+    /// block receives a copy of.
+    pub own_fills: Vec<BufId>,
     /// Where it runs.
     pub role: ProducerRole,
     /// Where the block was written.
@@ -126,6 +131,15 @@ impl ProducerRing {
     pub fn mbarriers(&self) -> u32 {
         let empty_sets = if self.cluster > 1 { self.groups } else { 1 };
         self.stages * (1 + empty_sets)
+    }
+
+    /// Slots a producer group keeps the fills only its block reads in ([`ProducerPlan::
+    /// own_fills`]): across a cluster, one for each turn its fills run ahead and one for the
+    /// turn it computes, so they are not copied to the other blocks with the stage. In one
+    /// block they stay in the ring's stages (nothing is copied there; moving them would save
+    /// shared memory but change the shipped producer kernels, unmeasured): `None`.
+    pub fn own_fill_slots(&self) -> Option<u32> {
+        (self.cluster > 1).then(|| self.fill_distance() + 1)
     }
 
     /// The scope of the ring's waits: the cluster's when other blocks arrive on its
@@ -390,7 +404,21 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
         let why = format!("`{}` is read for the producer block and set here, after it in the loop's body; a producer running ahead would read a later iteration's value", var_name(v));
         return at_use(after, None, &|u| u.vars_assigned.contains(&v), why);
     }
-    Ok(ProducerPlan { var, outputs, temporaries, role: ProducerRole::Inline, loc: block.loc })
+    // The fills no statement but the block reads: neither the body's others (the compute
+    // warps run those, its `let`s among them) nor anything outside the loop.
+    let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+    let others: Vec<Stmt> =
+        body.iter().filter(|s| !is_stage_fill(def, s) && !std::ptr::eq(*s, block)).cloned().collect();
+    let compute = Uses::of(&others, None);
+    let own_fills = fills
+        .iter()
+        .filter_map(|f| match &f.kind {
+            StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
+            _ => None,
+        })
+        .filter(|b| !compute.touches(*b) && !outside_loop.touches(*b))
+        .collect();
+    Ok(ProducerPlan { var, outputs, temporaries, own_fills, role: ProducerRole::Inline, loc: block.loc })
 }
 
 /// The first statement of `body` in source order, leaving out `skip` and what it holds, whose
@@ -488,12 +516,14 @@ impl fmt::Display for ProducerLine<'_> {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
             ProducerRole::FillWarps(ring) if ring.cluster > 1 => write!(
                 f,
-                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block; ready and empty mbarriers at {})",
+                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block, those only the block reads ({}) in {} slots a group of its own; ready and empty mbarriers at {})",
                 ring.groups,
                 ring.warps,
                 ring.cluster,
                 ring.stages,
                 ring.fill_distance(),
+                names(&plan.own_fills),
+                ring.own_fill_slots().unwrap_or(0),
                 ring.barriers
             ),
             ProducerRole::FillWarps(ring) if ring.groups == 1 => write!(
@@ -582,6 +612,8 @@ mod tests {
         let p = in_clusters(1, 3).expect("one group a block, 3 stages");
         let line = ProducerLine(&p.def, &p.producers[0]).to_string();
         assert!(line.contains("in each of the cluster's 2 blocks taking turns at the iterations"), "{line}");
+        // Only the block reads the fill `s`: each group keeps it in slots of its own.
+        assert!(line.contains("those only the block reads (s) in 1 slots a group of its own"), "{line}");
         let p = in_clusters(8, 5).expect("two groups a block, 5 stages");
         let ring = match &p.producers[0].role {
             ProducerRole::FillWarps(ring) => ring.clone(),

@@ -7,8 +7,11 @@
 //! - [`fill_prelude`]: the body's `let`s a pipeline's fills read (re-evaluated for the fills'
 //!   iteration);
 //! - [`tile_access`]: the tiles a statement reads and writes (where a `wgmma` group must be
-//!   waited for).
+//!   waited for);
+//! - [`cluster_uniform`]: the variables and tiles that can differ between a cluster's blocks
+//!   (what a producer ring across a cluster may not compute from).
 
+pub(crate) mod cluster_uniform;
 pub(crate) mod divisibility;
 pub(crate) mod fill_prelude;
 pub(crate) mod ranges;

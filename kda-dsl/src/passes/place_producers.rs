@@ -22,6 +22,7 @@ use std::fmt;
 
 use super::plan_pipelines::is_stage_fill;
 use super::TileProgram;
+use crate::analysis::cluster_uniform::ClusterVarying;
 use crate::analysis::tile_access::tile_access;
 use crate::diag::{Diag, SrcLoc};
 use crate::tile::*;
@@ -156,6 +157,7 @@ impl ProducerRing {
 /// `p.producers`, outermost loop first.
 pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
     check_placement(&p.def, &p.def.body, false)?;
+    let varying = ClusterVarying::of(&p.def);
     let mut plans = vec![];
     let mut found = Ok(());
     visit_stmts(&p.def.body, &mut |s| {
@@ -166,7 +168,10 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
             if let Some(at) = body.iter().position(|x| matches!(x.kind, StmtKind::Producer(_))) {
                 match plan_producer(&p.def, s, *var, body, at)
                     .and_then(|plan| Ok(ProducerPlan { role: choose_role(&p.def, *stages)?, ..plan }))
-                {
+                    .and_then(|plan| {
+                        check_once_for_the_cluster(&p.def, &varying, &plan, body, at)?;
+                        Ok(plan)
+                    }) {
                     Ok(plan) => plans.push(plan),
                     Err(e) => found = Err(e),
                 }
@@ -205,6 +210,43 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
         ));
     }
     Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0, cluster }))
+}
+
+/// Across a cluster, an error at the first of the loop's fills, the `let`s before its producer
+/// block and the block's statements that reads something the cluster's blocks can hold
+/// different values of: one block computes each iteration of those for all of them.
+fn check_once_for_the_cluster(
+    def: &KernelDef,
+    varying: &ClusterVarying,
+    plan: &ProducerPlan,
+    body: &[Stmt],
+    at: usize,
+) -> Result<(), Diag> {
+    let (ProducerRole::FillWarps(ring), Some(index)) = (&plan.role, def.block_vars[0]) else {
+        return Ok(());
+    };
+    if ring.cluster == 1 {
+        return Ok(());
+    }
+    let StmtKind::Producer(block) = &body[at].kind else { unreachable!("`at` is the producer block") };
+    let fills = body.iter().filter(|s| is_stage_fill(def, s));
+    let lets = body[..at].iter().filter(|s| !is_stage_fill(def, s));
+    let mut inside = vec![];
+    visit_stmts(block, &mut |s| inside.push(s));
+    for s in fills.chain(lets).chain(inside) {
+        if let Some(what) = varying.varying_in_stmt(s) {
+            let index = &def.vars[index].name;
+            return Err(Diag::new(
+                s.loc,
+                format!(
+                    "`{}` can differ between the blocks of a cluster (it comes from the block index `{index}`; `{index} / {}` is the same in all of a cluster's blocks), but across a cluster one block computes each iteration's fills, the `let`s before its producer block and the block for all of them",
+                    what.name(def),
+                    ring.cluster
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Errors for a producer block anywhere but directly in a `pipelined` loop's body, a second one
@@ -588,22 +630,44 @@ mod tests {
 
     /// A producer loop of `stages` in a kernel of `fill_warps` launched in clusters of 2.
     fn in_clusters(fill_warps: u32, stages: u32) -> Result<TileProgram, String> {
+        in_clusters_filling(fill_warps, stages, "0", PRODUCE_Y)
+    }
+
+    /// [`in_clusters`] with the fill's first row `row` and the producer block `producer`.
+    fn in_clusters_filling(fill_warps: u32, stages: u32, row: &str, producer: &str) -> Result<TileProgram, String> {
         let text = format!(
-            "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps={fill_warps} cluster=2 grid=[2, 1, 1] {{
-  vars bx#0: i32, i#1: i32
+            "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps={fill_warps} cluster=2 grid=[4, 1, 1] {{
+  vars bx#0: i32, i#1: i32, h#2: i32, r#3: i32, c#4: i32
   block_vars [bx#0, _, _]
   s = Shared<f32>[16, 16]
   y = Shared<f32>[16, 16]
+  h#2 = (bx#0 Div 2)
   for i#1 in pipelined(stages={stages}) 0..4 {{
-    copy a[0, (i#1 Mul 16); 16x16] -> s
-    {PRODUCE_Y}
-    copy y -> o[0, 0; 16x16]
+    copy a[{row}, (i#1 Mul 16); 16x16] -> s
+    {producer}
+    copy y -> o[(bx#0 Mul 16), 0; 16x16]
   }}
 }}"
         );
         let mut p = TileProgram::new(parse_kernel(&text).unwrap_or_else(|e| panic!("{e}\n{text}")), Target::Sm90);
         place_producers(&mut p).map_err(|e| e.message)?;
         Ok(p)
+    }
+
+    /// Across a cluster one block computes each iteration's fills and producer block for all
+    /// of them: what they read must be the same in every block of the cluster (the cluster's
+    /// index `bx / 2` is; `bx` is not), while the rest of the body may read the block's own.
+    #[test]
+    fn a_cluster_ring_computes_only_what_its_blocks_share() {
+        in_clusters_filling(1, 3, "(h#2 Mul 16)", PRODUCE_Y).expect("the cluster's index");
+        let e = in_clusters_filling(1, 3, "(bx#0 Mul 16)", PRODUCE_Y).map(|_| ()).expect_err("the block index");
+        assert!(
+            e.contains("`bx` can differ between the blocks of a cluster (it comes from the block index `bx`; `bx / 2` is the same in all of a cluster's blocks)"),
+            "{e}"
+        );
+        let producer = "producer {\n parallel (r#3, c#4) over y {\n y[r#3, c#4] = (s[r#3, c#4] Add f32(bx#0))\n }\n }";
+        let e = in_clusters_filling(1, 3, "0", producer).map(|_| ()).expect_err("the block reads the block index");
+        assert!(e.contains("`bx` can differ between the blocks of a cluster"), "{e}");
     }
 
     /// Across a cluster the blocks' groups take the turns: more stages than groups in all.

@@ -1168,19 +1168,25 @@ struct RingCfg {
 }
 
 #[kernel]
-fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
+fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, z: Global<(NB, T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
     let (bx,) = launch(grid = [NB], threads = 64, fill_warps = cfg.fill_warps, cluster = 2);
     let xs = shared([16, 32], F32);
+    let zs = shared([16, 32], F32);
     let ys = shared([16, 32], F32);
     let f = fragment([16, 32], F32);
     for i in pipelined(0, T / 16 - (bx % 2) * cfg.fewer_in_odd_blocks, stages = cfg.stages) {
         copy(x.tile([i, 0], [16, 32]), xs);
+        // Each block's own rows: only its compute warps read them.
+        copy(z.tile_at([bx, 16 * i, 0], [1, 16, 32]), zs);
         for _ in producer() {
             for (r, c) in parallel(ys) {
                 ys[r][c] = xs[r][c] * 2.0 + 1.0;
             }
         }
         copy(ys, f);
+        for (r, c) in parallel(f) {
+            f[r][c] = f[r][c] + zs[r][c];
+        }
         if cfg.body_reads_fill {
             for (r, c) in parallel(f) {
                 f[r][c] = f[r][c] + xs[r][c];
@@ -1193,7 +1199,8 @@ fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, y: GlobalMut<(NB, T,
 /// A producer ring across a cluster of two blocks: the blocks' producer groups (one or two a
 /// block) take turns at the iterations and every block's compute warps see every iteration's
 /// hand-over (`2 x + 1` for each row of `x`, plus the fill copied along where the compute warps
-/// read it too), for a loop of fewer iterations than turns and of several rounds of them.
+/// read it too) beside the block's own rows of `z` (which its compute warps fill), for a loop
+/// of fewer iterations than turns and of several rounds of them.
 #[test]
 fn producers_across_a_cluster_take_turns() {
     for body_reads_fill in [true, false] {
@@ -1204,8 +1211,10 @@ fn producers_across_a_cluster_take_turns() {
                 let (t_rows, c) = (16 * iterations, 32);
                 let x = Rng::new(7).normals(t_rows * c, DType::F32);
                 let nb = 4;
+                let z = Rng::new(8).normals(nb * t_rows * c, DType::F32);
                 let mut args = vec![
                     t("x", &x, DType::F32),
+                    t("z", &z, DType::F32),
                     i("T", t_rows),
                     i("C", c),
                     i("NB", nb),
@@ -1216,7 +1225,7 @@ fn producers_across_a_cluster_take_turns() {
                     .unwrap_or_else(|e| panic!("{case}: {e}"));
                 let got = tensor_values(&args, "y", DType::F32);
                 let times = if body_reads_fill { 3.0 } else { 2.0 };
-                let want: Vec<f64> = (0..nb).flat_map(|_| x.iter().map(|v| times * v + 1.0)).collect();
+                let want: Vec<f64> = (0..nb * t_rows * c).map(|k| times * x[k % (t_rows * c)] + 1.0 + z[k]).collect();
                 assert!(rel_err(&got, &want) < 1e-6, "{case}: rel err {}", rel_err(&got, &want));
             }
         }
@@ -1259,6 +1268,7 @@ fn a_cluster_ring_over_uneven_bounds_is_reported() {
     let x = Rng::new(7).normals(t_rows * c, DType::F32);
     let mut args = vec![
         t("x", &x, DType::F32),
+        t("z", &vec![0.0; 2 * t_rows * c], DType::F32),
         i("T", t_rows),
         i("C", c),
         i("NB", 2),

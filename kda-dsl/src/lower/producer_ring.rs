@@ -32,9 +32,12 @@
 //! the other blocks, completing their `ready` (whose consumers arm it with the bytes), and each
 //! block's compute warps, after their barrier, hand each stage back (one thread's remote
 //! arrival) to the group that fills it next, on `empty` mbarriers of that group's own (a
-//! group waits only for its own turns' stages, only where the stage had a use before). Every
-//! block of a cluster runs the loop over the same iterations (the kernel's to ensure: the
-//! cluster's blocks share the loop's bounds).
+//! group waits only for its own turns' stages, only where the stage had a use before). A fill
+//! only the producer block reads stays in slots of its group's own, never copied; a fill only
+//! the rest of the body reads is each block's own, issued by its compute warps `stages - 1`
+//! iterations ahead into stages of their own (as a plain pipelined loop's fills), waited for
+//! with `cp.async.wait_group` and their barrier. Every block of a cluster runs the loop over
+//! the same iterations (the kernel's to ensure: the cluster's blocks share the loop's bounds).
 
 use super::loops::LoopWork;
 use super::roles::Role;
@@ -42,7 +45,7 @@ use super::tma::{PhaseStart, MBARRIER_BYTES};
 use super::{Lower, Scope, WgmmaWait, V};
 use crate::diag::{Diag, SrcLoc};
 use crate::dtype::DType;
-use crate::passes::place_producers::{ProducerPlan, ProducerRing, PRODUCER_GROUP};
+use crate::passes::place_producers::{stage_fill_tile, ProducerPlan, ProducerRing, PRODUCER_GROUP};
 use crate::passes::plan_pipelines::{is_stage_fill, PipelinePlan};
 use crate::passes::BufLayout;
 use crate::thread_ir::*;
@@ -74,6 +77,10 @@ struct RingLoop<'a> {
     /// the block reads), and their first slot's bases.
     own: &'a [BufId],
     own_home: &'a [Src],
+    /// The fills each block's compute warps issue for themselves (across a cluster, those only
+    /// they read), and their stage 0 bases.
+    block_fills: &'a [BufId],
+    block_home: &'a [Src],
     /// The loop's first iteration and its end.
     bounds: (Reg, Reg),
     body: &'a [Stmt],
@@ -163,11 +170,15 @@ impl Lower<'_> {
         let producer = program.producers.iter().find(|x| x.var == plan.var).expect("a producer plan");
         // The stage's tiles: the fills' (but those a group keeps in slots of its own), then the
         // block's hand-over.
-        let own: Vec<BufId> = if ring.own_fill_slots().is_some() { producer.own_fills.clone() } else { vec![] };
-        let fills: Vec<BufId> = plan.staged.iter().copied().filter(|b| !own.contains(b)).collect();
+        let across = ring.cluster > 1;
+        let own: Vec<BufId> = if across { producer.own_fills.clone() } else { vec![] };
+        let block_fills: Vec<BufId> = if across { producer.block_fills.clone() } else { vec![] };
+        let fills: Vec<BufId> =
+            plan.staged.iter().copied().filter(|b| !own.contains(b) && !block_fills.contains(b)).collect();
         let staged: Vec<BufId> = fills.iter().chain(&producer.outputs).copied().collect();
         let home: Vec<Src> = staged.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         let own_home: Vec<Src> = own.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
+        let block_home: Vec<Src> = block_fills.iter().map(|b| self.shared_base[*b].expect("shared")).collect();
         let rank = (ring.cluster > 1).then(|| {
             let rank = self.em.reg(RegClass::B32);
             self.em.emit(Op::ReadSpecial { d: rank, sreg: Special::ClusterCtaRank });
@@ -182,6 +193,8 @@ impl Lower<'_> {
             staged_fills: fills.len(),
             own: &own,
             own_home: &own_home,
+            block_fills: &block_fills,
+            block_home: &block_home,
             bounds,
             body,
             loc,
@@ -206,7 +219,8 @@ impl Lower<'_> {
         } else {
             self.both_roles_barrier();
         }
-        for (b, at) in staged.iter().chain(&own).zip(home.iter().chain(&own_home)) {
+        let tiles = staged.iter().chain(&own).chain(&block_fills);
+        for (b, at) in tiles.zip(home.iter().chain(&own_home).chain(&block_home)) {
             self.shared_base[*b] = Some(*at);
         }
         Ok(())
@@ -310,7 +324,9 @@ impl Lower<'_> {
         let first_turn = group.turn;
         let RingLoop { plan, ring, staged, home, bounds: (s0, e), body, loc, .. } = *lp;
         let def = &self.p.def;
-        let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+        // The blocks' own fills are their compute warps'.
+        let fills: Vec<&Stmt> =
+            body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| !lp.block_fills.contains(&b))).collect();
         let at = body.iter().position(|s| matches!(s.kind, StmtKind::Producer(_))).expect("the producer block");
         let lets: Vec<Stmt> = body[..at].iter().filter(|s| !is_stage_fill(def, s)).cloned().collect();
         let StmtKind::Producer(block) = &body[at].kind else { unreachable!("found above") };
@@ -477,16 +493,46 @@ impl Lower<'_> {
             .filter(|s| !is_stage_fill(def, s) && !matches!(s.kind, StmtKind::Producer(_)))
             .cloned()
             .collect();
+        // The block's own fills, `stages - 1` iterations ahead, as a plain pipelined loop's.
+        let block_fills: Vec<&Stmt> =
+            body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| lp.block_fills.contains(&b))).collect();
+        let ahead = ring.stages - 1;
+        let iter = (!block_fills.is_empty()).then(|| self.em.reg(RegClass::B32));
+        for (k, iter) in (0..ahead).flat_map(|k| iter.map(|r| (k, r))) {
+            self.em.loc = loc;
+            let it = self.em.add32(bounds.0, Src::Imm(i64::from(k)));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            let stage = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(k)) });
+            self.issue_block_fills(lp, (iter, bounds.1), stage, &block_fills)?;
+        }
+        self.em.loc = loc;
         let stages = self.open_stage_ring(bounds);
         let (ko, rd) = (stages.iter, stages.stage);
+        if let Some(iter) = iter {
+            // Into the stage of the iteration before, which every compute warp is done with
+            // (their barrier before the hand-back).
+            let it = self.em.add32(ko, Src::Imm(i64::from(ahead)));
+            self.mov(iter, V { s: it, ty: DType::I32 });
+            let wr = self.em.reg(RegClass::B32);
+            self.em.emit(Op::Mov { ty: Ty::B32, d: wr, a: Src::Reg(rd) });
+            self.advance_stage(wr, ring.stages, ahead);
+            self.issue_block_fills(lp, (iter, bounds.1), wr, &block_fills)?;
+            // This iteration's own fills have landed, for every compute warp.
+            self.em.emit(Op::CpAsyncWait { n: ahead });
+            self.barrier();
+        }
         self.var_regs.insert(plan.var, ko);
+        self.stage_bases(lp.block_fills, lp.block_home, rd);
         let ready = self.ring_barrier(ring, RingBarrier::Ready, rd);
         if let Some(rank) = lp.rank {
             self.expect_stage_from_the_cluster(lp, rank, ko, ready)?;
         }
         self.wait_phase_at(ready, self.ring_phases[&plan.var].ready, rd, ring.scope());
         self.stage_bases(staged, home, rd);
-        self.compute_warps_body(staged, &rest, WgmmaWait::Whole)?;
+        // The block's own fills are waited for above, as the stage is.
+        let in_stages: Vec<BufId> = staged.iter().chain(lp.block_fills).copied().collect();
+        self.compute_warps_body(&in_stages, &rest, WgmmaWait::Whole)?;
         self.em.loc = loc;
         if ring.cluster > 1 {
             self.release_stage_to_the_cluster(lp, ko, rd);
@@ -496,7 +542,26 @@ impl Lower<'_> {
             self.em.emit(Op::MbarrierArrive { state, addr: empty });
         }
         self.close_stage_ring(stages, ring.stages);
+        if !block_fills.is_empty() {
+            // Only the empty groups of iterations past the end are in flight.
+            self.em.emit(Op::CpAsyncWait { n: 0 });
+        }
         Ok(())
+    }
+
+    /// The block's own fills (`fills`, of [`RingLoop::block_fills`]) of the iteration in `it`
+    /// (of a loop ending at `e`) into `stage`, by the compute warps, as one `cp.async` group.
+    fn issue_block_fills(
+        &mut self,
+        lp: &RingLoop,
+        (it, e): (Reg, Reg),
+        stage: Reg,
+        fills: &[&Stmt],
+    ) -> Result<(), Diag> {
+        self.var_regs.insert(lp.plan.var, it);
+        let live = self.em.setp(Cmp::Lt, Ty::S32, it, e);
+        self.stage_bases(lp.block_fills, lp.block_home, stage);
+        self.stage_fills(&lp.plan.prelude, fills, live, lp.plan.skip_dead_fills)
     }
 
     /// The bytes of one stage of the ring's tiles (each a multiple of 16: a bulk copy's

@@ -42,6 +42,11 @@ pub struct ProducerPlan {
     /// its own ([`ProducerRing::own_fill_slots`]) instead of the ring's stages, which every
     /// block receives a copy of.
     pub own_fills: Vec<BufId>,
+    /// The loop's stage fills that the block and the `let`s before it do not read, only the
+    /// rest of the body, by id: across a cluster each block's compute warps issue them for
+    /// themselves (they may read the block's own index), a stage ahead as a plain pipelined
+    /// loop's fills run.
+    pub block_fills: Vec<BufId>,
     /// Where it runs.
     pub role: ProducerRole,
     /// Where the block was written.
@@ -212,8 +217,16 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
     Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0, cluster }))
 }
 
-/// Across a cluster, an error at the first of the loop's fills, the `let`s before its producer
-/// block and the block's statements that reads something the cluster's blocks can hold
+/// The tile a stage fill fills (`None` for any other statement).
+pub fn stage_fill_tile(def: &KernelDef, s: &Stmt) -> Option<BufId> {
+    match &s.kind {
+        StmtKind::Copy { dst: Region::Buf(b), .. } if is_stage_fill(def, s) => Some(*b),
+        _ => None,
+    }
+}
+
+/// Across a cluster, an error at the first of the loop's fills (but the blocks' own), the
+/// `let`s before its producer block and the block's statements that reads something the cluster's blocks can hold
 /// different values of: one block computes each iteration of those for all of them.
 fn check_once_for_the_cluster(
     def: &KernelDef,
@@ -229,7 +242,8 @@ fn check_once_for_the_cluster(
         return Ok(());
     }
     let StmtKind::Producer(block) = &body[at].kind else { unreachable!("`at` is the producer block") };
-    let fills = body.iter().filter(|s| is_stage_fill(def, s));
+    // A block's own fills are its compute warps' to issue: they may differ.
+    let fills = body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| !plan.block_fills.contains(&b)));
     let lets = body[..at].iter().filter(|s| !is_stage_fill(def, s));
     let mut inside = vec![];
     visit_stmts(block, &mut |s| inside.push(s));
@@ -447,20 +461,20 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
         return at_use(after, None, &|u| u.vars_assigned.contains(&v), why);
     }
     // The fills no statement but the block reads: neither the body's others (the compute
-    // warps run those, its `let`s among them) nor anything outside the loop.
-    let fills: Vec<&Stmt> = body.iter().filter(|s| is_stage_fill(def, s)).collect();
+    // warps run those, its `let`s among them) nor anything outside the loop; and those only
+    // the others read.
+    let filled: Vec<BufId> = body.iter().filter_map(|s| stage_fill_tile(def, s)).collect();
     let others: Vec<Stmt> =
         body.iter().filter(|s| !is_stage_fill(def, s) && !std::ptr::eq(*s, block)).cloned().collect();
     let compute = Uses::of(&others, None);
-    let own_fills = fills
+    let producing: HashSet<BufId> = own.tiles_read.union(&lets.tiles_read).copied().collect();
+    let own_fills = filled.iter().copied().filter(|b| !compute.touches(*b) && !outside_loop.touches(*b)).collect();
+    let block_fills = filled
         .iter()
-        .filter_map(|f| match &f.kind {
-            StmtKind::Copy { dst: Region::Buf(b), .. } => Some(*b),
-            _ => None,
-        })
-        .filter(|b| !compute.touches(*b) && !outside_loop.touches(*b))
+        .copied()
+        .filter(|b| !producing.contains(b) && compute.touches(*b) && !outside_loop.touches(*b))
         .collect();
-    Ok(ProducerPlan { var, outputs, temporaries, own_fills, role: ProducerRole::Inline, loc: block.loc })
+    Ok(ProducerPlan { var, outputs, temporaries, own_fills, block_fills, role: ProducerRole::Inline, loc: block.loc })
 }
 
 /// The first statement of `body` in source order, leaving out `skip` and what it holds, whose
@@ -558,7 +572,7 @@ impl fmt::Display for ProducerLine<'_> {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
             ProducerRole::FillWarps(ring) if ring.cluster > 1 => write!(
                 f,
-                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block, those only the block reads ({}) in {} slots a group of its own; ready and empty mbarriers at {})",
+                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block, those only the block reads ({}) in {} slots a group of its own, those only the rest of the body reads ({}) issued by each block's compute warps; ready and empty mbarriers at {})",
                 ring.groups,
                 ring.warps,
                 ring.cluster,
@@ -566,6 +580,7 @@ impl fmt::Display for ProducerLine<'_> {
                 ring.fill_distance(),
                 names(&plan.own_fills),
                 ring.own_fill_slots().unwrap_or(0),
+                names(&plan.block_fills),
                 ring.barriers
             ),
             ProducerRole::FillWarps(ring) if ring.groups == 1 => write!(
@@ -668,6 +683,29 @@ mod tests {
         let producer = "producer {\n parallel (r#3, c#4) over y {\n y[r#3, c#4] = (s[r#3, c#4] Add f32(bx#0))\n }\n }";
         let e = in_clusters_filling(1, 3, "0", producer).map(|_| ()).expect_err("the block reads the block index");
         assert!(e.contains("`bx` can differ between the blocks of a cluster"), "{e}");
+        // A fill only the rest of the body reads is the block's own: it may read its index.
+        let text = "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps=1 cluster=2 grid=[4, 1, 1] {
+  vars bx#0: i32, i#1: i32
+  block_vars [bx#0, _, _]
+  s = Shared<f32>[16, 16]
+  u = Shared<f32>[16, 16]
+  y = Shared<f32>[16, 16]
+  for i#1 in pipelined(stages=3) 0..4 {
+    copy a[0, (i#1 Mul 16); 16x16] -> s
+    copy a[(bx#0 Mul 16), (i#1 Mul 16); 16x16] -> u
+    producer {
+      copy s -> y
+    }
+    copy y -> o[(bx#0 Mul 16), 0; 16x16]
+    copy u -> o[(bx#0 Mul 16), 16; 16x16]
+  }
+}";
+        let mut p = TileProgram::new(parse_kernel(text).unwrap_or_else(|e| panic!("{e}")), Target::Sm90);
+        place_producers(&mut p).expect("the block's own fill");
+        let name = |b: &BufId| p.def.buffers[*b].name.clone();
+        let plan = &p.producers[0];
+        assert_eq!(plan.own_fills.iter().map(name).collect::<Vec<_>>(), ["s"]);
+        assert_eq!(plan.block_fills.iter().map(name).collect::<Vec<_>>(), ["u"]);
     }
 
     /// Across a cluster the blocks' groups take the turns: more stages than groups in all.

@@ -1,6 +1,7 @@
 //! Small DSL kernels that exercise the compiler's harder lowerings (reductions across warps,
 //! per-lane serial loops, warp groups with named barriers, a gemm's right operand from
-//! registers, on sm_90a a replicated left operand on `wgmma`), with their references: run through
+//! registers, on sm_90a a replicated left operand on `wgmma`, on sm_90 producer rings across a
+//! cluster's blocks), with their references: run through
 //! the simulator in the tests and on the GPU by `kda check --gpu`, so both agree with hardware.
 
 use crate::reference::{rel_err, Rng};
@@ -144,6 +145,60 @@ pub fn eight_columns_a_warp(cfg: &TileCfg, x: Global<(M, K), F32>, y: Global<(N,
     copy(c, o.tile([0, 0], [cfg.rows, cfg.cols]));
 }
 
+/// A producer ring across a cluster's config: fill warps (1: one producer group a block, 8:
+/// two), stages, iterations fewer in the odd blocks (0 but where a test breaks the rule that a
+/// cluster's blocks share the loop's bounds), and whether the compute warps read the producer's
+/// fill too (else only the producer block does, and each group keeps it in slots of its own).
+#[derive(Clone, Debug)]
+pub struct ClusterRingCfg {
+    /// Fill warps a block (4 a producer group).
+    pub fill_warps: usize,
+    /// The loop's stages.
+    pub stages: usize,
+    /// Iterations the odd blocks leave out (0 for a valid kernel).
+    pub fewer_in_odd_blocks: i32,
+    /// Whether the compute warps read the producer's fill `x` too.
+    pub body_reads_fill: bool,
+}
+
+/// A producer ring across clusters of two blocks: `y[b] = 2 x + 1 + z[b]` (`+ x` with
+/// `body_reads_fill`), 16 rows an iteration. The blocks' producer groups take turns at the
+/// iterations (`2 x + 1`, handed to both blocks); each block's compute warps add its own rows of
+/// `z`, which they fill themselves.
+#[kernel]
+pub fn cluster_ring(
+    cfg: &ClusterRingCfg,
+    x: Global<(T, C), F32>,
+    z: Global<(NB, T, C), F32>,
+    y: GlobalMut<(NB, T, C), F32>,
+) {
+    let (bx,) = launch(grid = [NB], threads = 64, fill_warps = cfg.fill_warps, cluster = 2);
+    let xs = shared([16, 32], F32);
+    let zs = shared([16, 32], F32);
+    let ys = shared([16, 32], F32);
+    let f = fragment([16, 32], F32);
+    for i in pipelined(0, T / 16 - (bx % 2) * cfg.fewer_in_odd_blocks, stages = cfg.stages) {
+        copy(x.tile([i, 0], [16, 32]), xs);
+        // Each block's own rows: only its compute warps read them.
+        copy(z.tile_at([bx, 16 * i, 0], [1, 16, 32]), zs);
+        for _ in producer() {
+            for (r, c) in parallel(ys) {
+                ys[r][c] = xs[r][c] * 2.0 + 1.0;
+            }
+        }
+        copy(ys, f);
+        for (r, c) in parallel(f) {
+            f[r][c] = f[r][c] + zs[r][c];
+        }
+        if cfg.body_reads_fill {
+            for (r, c) in parallel(f) {
+                f[r][c] = f[r][c] + xs[r][c];
+            }
+        }
+        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, 32]));
+    }
+}
+
 /// One self-test: a kernel, its f32 inputs, the outputs it writes and what they must hold.
 pub struct SelfTest {
     /// Row name.
@@ -257,6 +312,26 @@ pub fn selftests(seed: u64) -> Result<Vec<SelfTest>, kda_dsl::Diag> {
             target: Target::Sm90a,
             inputs: vec![("x", vec![m, k], x), ("y", vec![n, k], y)],
             outputs: vec![("o", vec![warps * m, n], o)],
+        });
+    }
+    // Producer rings across clusters of two blocks, on sm_90: one group a block with its fill
+    // a turn ahead in slots of its own, and two groups a block whose fill the compute warps
+    // read too (copied along with the hand-over); each block's own rows of `z` beside.
+    for (name, fill_warps, stages, body_reads_fill) in [
+        ("dsl/producer_ring_across_a_cluster_own_fills", 1, 5, false),
+        ("dsl/producer_ring_across_a_cluster_two_groups", 8, 6, true),
+    ] {
+        let (blocks, rows, cols) = (4, 16 * 13, 32);
+        let x = rng.normals(rows * cols, DType::F32);
+        let z = rng.normals(blocks * rows * cols, DType::F32);
+        let times = if body_reads_fill { 3.0 } else { 2.0 };
+        let y = (0..blocks * rows * cols).map(|k| times * x[k % (rows * cols)] + 1.0 + z[k]).collect();
+        out.push(SelfTest {
+            name,
+            def: cluster_ring(&ClusterRingCfg { fill_warps, stages, fewer_in_odd_blocks: 0, body_reads_fill })?,
+            target: Target::Sm90,
+            inputs: vec![("x", vec![rows, cols], x), ("z", vec![blocks, rows, cols], z)],
+            outputs: vec![("y", vec![blocks, rows, cols], y)],
         });
     }
     Ok(out)

@@ -4,6 +4,7 @@ use kda_dsl::sim::SimArg;
 use kda_dsl::DType;
 use kda_kernels::check::{simulate, tensor_values};
 use kda_kernels::reference::{rel_err, round_to, to_bytes, Rng};
+use kda_kernels::selftest::{cluster_ring, ClusterRingCfg};
 use kda_macros::kernel;
 
 /// A test config: tile extents and threads.
@@ -1155,47 +1156,6 @@ fn a_kernel_launched_in_clusters() {
     assert!(e.contains("`launch(.., cluster = 2)` needs target sm_90"), "{e}");
 }
 
-/// A cluster producer test's config: fill warps (1: one producer group a block, 8: two),
-/// stages, iterations fewer in the odd blocks (0 but where a test breaks the rule that a
-/// cluster's blocks share the loop's bounds), and whether the compute warps read the fill too
-/// (else only the producer block does, and each group keeps it in slots of its own).
-#[derive(Clone)]
-struct RingCfg {
-    fill_warps: usize,
-    stages: usize,
-    fewer_in_odd_blocks: i32,
-    body_reads_fill: bool,
-}
-
-#[kernel]
-fn cluster_producers(cfg: &RingCfg, x: Global<(T, C), F32>, z: Global<(NB, T, C), F32>, y: GlobalMut<(NB, T, C), F32>) {
-    let (bx,) = launch(grid = [NB], threads = 64, fill_warps = cfg.fill_warps, cluster = 2);
-    let xs = shared([16, 32], F32);
-    let zs = shared([16, 32], F32);
-    let ys = shared([16, 32], F32);
-    let f = fragment([16, 32], F32);
-    for i in pipelined(0, T / 16 - (bx % 2) * cfg.fewer_in_odd_blocks, stages = cfg.stages) {
-        copy(x.tile([i, 0], [16, 32]), xs);
-        // Each block's own rows: only its compute warps read them.
-        copy(z.tile_at([bx, 16 * i, 0], [1, 16, 32]), zs);
-        for _ in producer() {
-            for (r, c) in parallel(ys) {
-                ys[r][c] = xs[r][c] * 2.0 + 1.0;
-            }
-        }
-        copy(ys, f);
-        for (r, c) in parallel(f) {
-            f[r][c] = f[r][c] + zs[r][c];
-        }
-        if cfg.body_reads_fill {
-            for (r, c) in parallel(f) {
-                f[r][c] = f[r][c] + xs[r][c];
-            }
-        }
-        copy(f, y.tile_at([bx, 16 * i, 0], [1, 16, 32]));
-    }
-}
-
 /// A producer ring across a cluster of two blocks: the blocks' producer groups (one or two a
 /// block) take turns at the iterations and every block's compute warps see every iteration's
 /// hand-over (`2 x + 1` for each row of `x`, plus the fill copied along where the compute warps
@@ -1206,8 +1166,8 @@ fn producers_across_a_cluster_take_turns() {
     for body_reads_fill in [true, false] {
         for (fill_warps, stages) in [(1, 4), (1, 5), (1, 7), (8, 5), (8, 6), (8, 7)] {
             for iterations in [3, 7, 13] {
-                let cfg = RingCfg { fill_warps, stages, fewer_in_odd_blocks: 0, body_reads_fill };
-                let def = cluster_producers(&cfg).expect("builds");
+                let cfg = ClusterRingCfg { fill_warps, stages, fewer_in_odd_blocks: 0, body_reads_fill };
+                let def = cluster_ring(&cfg).expect("builds");
                 let (t_rows, c) = (16 * iterations, 32);
                 let x = Rng::new(7).normals(t_rows * c, DType::F32);
                 let nb = 4;
@@ -1232,9 +1192,8 @@ fn producers_across_a_cluster_take_turns() {
     }
     // The hand-over crosses blocks: bulk copies out, remote releases back, cluster-scope waits.
     let compiled = |body_reads_fill| {
-        let cfg = RingCfg { fill_warps: 8, stages: 6, fewer_in_odd_blocks: 0, body_reads_fill };
-        kda_dsl::compile(cluster_producers(&cfg).expect("builds"), kda_dsl::Target::Sm90)
-            .unwrap_or_else(|e| panic!("{e}"))
+        let cfg = ClusterRingCfg { fill_warps: 8, stages: 6, fewer_in_odd_blocks: 0, body_reads_fill };
+        kda_dsl::compile(cluster_ring(&cfg).expect("builds"), kda_dsl::Target::Sm90).unwrap_or_else(|e| panic!("{e}"))
     };
     let (both, own) = (compiled(true), compiled(false));
     for op in [
@@ -1262,8 +1221,8 @@ fn producers_across_a_cluster_take_turns() {
 /// in one block the ring cannot complete, which the simulator reports.
 #[test]
 fn a_cluster_ring_over_uneven_bounds_is_reported() {
-    let cfg = RingCfg { fill_warps: 1, stages: 4, fewer_in_odd_blocks: 1, body_reads_fill: true };
-    let def = cluster_producers(&cfg).expect("builds");
+    let cfg = ClusterRingCfg { fill_warps: 1, stages: 4, fewer_in_odd_blocks: 1, body_reads_fill: true };
+    let def = cluster_ring(&cfg).expect("builds");
     let (t_rows, c) = (16 * 7, 32);
     let x = Rng::new(7).normals(t_rows * c, DType::F32);
     let mut args = vec![

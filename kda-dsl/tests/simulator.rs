@@ -168,6 +168,42 @@ fn a_barrier_between_write_and_read_makes_it_safe() {
     run(&p.prog(64, 256, vec![]), [1, 1, 1], &mut []).expect("no fault");
 }
 
+/// 32 threads each copy 16 bytes into their own slot with `cp.async`, pass a barrier and
+/// read the next thread's slot: its copy lands by its issuer's `wait_group`, so a read before
+/// that wait (`waits` false) may meet it landing, whatever the barrier orders.
+fn read_a_neighbours_copy(waits: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let base = shared_at(&mut p, 0);
+    let mine = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: mine, a: Src::Reg(t), b: Src::Imm(16), c: Src::Reg(base) });
+    let src = lane_global_source(&mut p, t, "input", 16);
+    p.op(Op::CpAsync { dst: mine, src, src_bytes: Src::Imm(16) });
+    p.op(Op::CpAsyncCommit);
+    if waits {
+        p.op(Op::CpAsyncWait { n: 0 });
+    }
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(t), b: Src::Imm(1) });
+    p.op(Op::Bin { op: BinKind::Rem, ty: Ty::U32, d: next, a: Src::Reg(next), b: Src::Imm(32) });
+    let theirs = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: theirs, a: Src::Reg(next), b: Src::Imm(16), c: Src::Reg(base) });
+    let v = p.reg(RegClass::B32);
+    p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: theirs, offset: 0 });
+    p.op(Op::CpAsyncWait { n: 0 });
+    p.op(Op::Ret);
+    p.prog(32, 512, vec![("p_input".into(), Ty::U64)])
+}
+
+#[test]
+fn reading_a_cp_async_destination_before_its_wait_is_a_race() {
+    let input = || vec![("input".to_string(), SimArg::Tensor((0..512).map(|i| i as u8).collect()))];
+    run(&read_a_neighbours_copy(true), [1, 1, 1], &mut input()).expect("waited for before the barrier");
+    let e = err_of(&read_a_neighbours_copy(false), &mut input());
+    assert!(e.contains("while a cp.async into it is in flight"), "{e}");
+}
+
 #[test]
 fn reading_shared_memory_nobody_wrote_is_reported() {
     let mut p = P::new();
@@ -462,7 +498,7 @@ fn cp_async_ring_misuse_is_reported() {
         run_cp_async_ring,
         &[
             (CpAsyncRingFault::ConsumerSkipsFullWait, "race: shared byte"),
-            (CpAsyncRingFault::PlainArrive, "which nothing wrote"),
+            (CpAsyncRingFault::PlainArrive, "while a cp.async into it is in flight"),
         ],
     );
 }

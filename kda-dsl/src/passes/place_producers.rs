@@ -20,7 +20,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use super::plan_pipelines::is_stage_fill;
+use super::plan_pipelines::{is_stage_fill, stage_fill_tile};
 use super::TileProgram;
 use crate::analysis::cluster_uniform::ClusterVarying;
 use crate::analysis::tile_access::tile_access;
@@ -215,14 +215,6 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
         ));
     }
     Ok(ProducerRole::FillWarps(ProducerRing { warps, groups, stages, barriers: 0, cluster }))
-}
-
-/// The tile a stage fill fills (`None` for any other statement).
-pub fn stage_fill_tile(def: &KernelDef, s: &Stmt) -> Option<BufId> {
-    match &s.kind {
-        StmtKind::Copy { dst: Region::Buf(b), .. } if is_stage_fill(def, s) => Some(*b),
-        _ => None,
-    }
 }
 
 /// Across a cluster, an error at the first of the loop's fills (but the blocks' own), the

@@ -122,6 +122,14 @@ pub fn is_stage_fill(def: &KernelDef, s: &Stmt) -> bool {
     matches!(&s.kind, StmtKind::Copy { src: Region::Global { .. }, dst: Region::Buf(b) } if def.buffers[*b].scope == Scope::Shared)
 }
 
+/// The tile a stage fill fills (`None` for any other statement).
+pub fn stage_fill_tile(def: &KernelDef, s: &Stmt) -> Option<BufId> {
+    match &s.kind {
+        StmtKind::Copy { dst: Region::Buf(b), .. } if is_stage_fill(def, s) => Some(*b),
+        _ => None,
+    }
+}
+
 /// Plans every `pipelined` loop of the kernel into `p.pipelines`, outermost first.
 pub fn plan_pipelines(p: &mut TileProgram) -> Result<(), Diag> {
     let mut plans = vec![];

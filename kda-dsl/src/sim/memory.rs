@@ -78,6 +78,7 @@ impl Block<'_> {
         let me = t as u32;
         for i in a..a + n {
             let s = self.shadow[i];
+            self.check_no_copy_in_flight(i, me, "read")?;
             if !s.written {
                 return Err(format!("read of shared byte {i}, which nothing wrote"));
             }
@@ -122,6 +123,7 @@ impl Block<'_> {
     /// it) before a barrier ordering that fence before `reader`.
     pub(super) fn check_async_visible(&self, reader: u32, i: usize, what: &str) -> R<()> {
         let s = self.shadow[i];
+        self.check_no_copy_in_flight(i, reader, &format!("read by {what}"))?;
         if s.async_proxy || !s.written {
             return Ok(());
         }
@@ -163,9 +165,36 @@ impl Block<'_> {
     /// Thread `t`'s `cp.async` copies (destination, bytes) land in shared memory, in order.
     pub(super) fn land_copies(&mut self, t: usize, copies: Vec<(u32, [u8; 16])>) -> R<()> {
         for (d, data) in copies {
+            let a = self.check_shared(u64::from(d), data.len())?;
+            for s in &mut self.shadow[a..a + data.len()] {
+                s.copy_in_flight = false;
+            }
             self.write_shared(t, u64::from(d), &data)?;
         }
         Ok(())
+    }
+
+    /// Marks the 16 shared bytes from `a` as a `cp.async`'s destination until it lands; an
+    /// error where another copy into them is still in flight.
+    pub(super) fn copy_issued(&mut self, a: usize) -> R<()> {
+        for i in a..a + 16 {
+            if self.shadow[i].copy_in_flight {
+                return Err(format!("race: two cp.async copies into shared byte {i} in flight at once"));
+            }
+            self.shadow[i].copy_in_flight = true;
+        }
+        Ok(())
+    }
+
+    /// An error where shared byte `i` is a `cp.async`'s destination still in flight: `access`
+    /// by thread `me` could meet the copy landing.
+    fn check_no_copy_in_flight(&self, i: usize, me: u32, access: &str) -> R<()> {
+        match self.shadow[i].copy_in_flight {
+            true => Err(format!(
+                "race: shared byte {i} {access} by thread {me} while a cp.async into it is in flight (its issuer's cp.async.wait_group first)"
+            )),
+            false => Ok(()),
+        }
     }
 
     pub(super) fn write_shared(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
@@ -180,6 +209,7 @@ impl Block<'_> {
             if s.mbarrier {
                 return Err(format!("shared byte {i} belongs to an mbarrier; only mbarrier instructions write it"));
             }
+            self.check_no_copy_in_flight(i, me, "written")?;
             if s.written && !self.ordered(s.writer, s.write_epoch, me) {
                 return Err(format!(
                     "race: shared byte {i} written by {} and by thread {me} with {} between",

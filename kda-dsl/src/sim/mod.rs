@@ -144,6 +144,10 @@ struct Shadow {
     mbarrier: bool,
     /// Last written by the async proxy (a TMA copy): `wgmma` reads it with no proxy fence.
     async_proxy: bool,
+    /// The destination of a `cp.async` issued and not yet waited for: the copy may land at
+    /// any moment until its issuer's wait (the simulator lands it there), so no access may
+    /// touch the byte meanwhile.
+    copy_in_flight: bool,
 }
 
 impl Shadow {
@@ -590,7 +594,8 @@ impl<'a> Block<'a> {
                     return Err(format!("cp.async source size {n} > 16"));
                 }
                 let d = self.get(t, &Src::Reg(*dst));
-                self.check_shared(d, 16)?;
+                let at = self.check_shared(d, 16)?;
+                self.copy_issued(at)?;
                 self.record_shared(t, d, 16);
                 let mut data = [0u8; 16];
                 if n > 0 {

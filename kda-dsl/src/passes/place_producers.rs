@@ -564,14 +564,17 @@ impl fmt::Display for ProducerLine<'_> {
             ProducerRole::Inline => write!(f, " (placed inline: no fill warps)"),
             ProducerRole::FillWarps(ring) if ring.cluster > 1 => write!(
                 f,
-                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block, those only the block reads ({}) in {} slots a group of its own, those only the rest of the body reads ({}) issued by each block's compute warps; ready and empty mbarriers at {})",
+                " (on the fill warps, {} groups of {} in each of the cluster's {} blocks taking turns at the iterations, each block's hand-over copied to every block; {} stages, each group's fills {} of its turns ahead of its block, those only the block reads ({}) in {} a group of its own, those only the rest of the body reads ({}) issued by each block's compute warps; ready and empty mbarriers at {})",
                 ring.groups,
                 ring.warps,
                 ring.cluster,
                 ring.stages,
                 ring.fill_distance(),
                 names(&plan.own_fills),
-                ring.own_fill_slots().unwrap_or(0),
+                match ring.own_fill_slots().unwrap_or(0) {
+                    1 => "1 slot".to_string(),
+                    n => format!("{n} slots"),
+                },
                 names(&plan.block_fills),
                 ring.barriers
             ),
@@ -707,7 +710,7 @@ mod tests {
         let line = ProducerLine(&p.def, &p.producers[0]).to_string();
         assert!(line.contains("in each of the cluster's 2 blocks taking turns at the iterations"), "{line}");
         // Only the block reads the fill `s`: each group keeps it in slots of its own.
-        assert!(line.contains("those only the block reads (s) in 1 slots a group of its own"), "{line}");
+        assert!(line.contains("those only the block reads (s) in 1 slot a group of its own"), "{line}");
         let p = in_clusters(8, 5).expect("two groups a block, 5 stages");
         let ring = match &p.producers[0].role {
             ProducerRole::FillWarps(ring) => ring.clone(),

@@ -734,9 +734,9 @@ pub fn prefill_cases() -> Vec<PrefillCase> {
 /// split's extra passes meet more chains; and 32 sequences of 8192 tokens on 8 heads, every
 /// one split, on a GPU the unsplit chains already fill; then the lengths and batches at which
 /// the split's rule is set (`prefill_b1_t8192_h8` .. `prefill_b16_t16384_h8`, and at 4 heads
-/// `prefill_b1_t8192_h4` and `prefill_b1_t16384_h4`, where shorter segments are a
-/// candidate); the B = 1 row as a varlen call of its one sequence, as engines make it
-/// (`prefill_varlen1_t32768_h32`);
+/// `prefill_b1_t8192_h4` .. `prefill_b16_t16384_h4`, where shorter segments are a candidate
+/// that a full GPU may pay for); the B = 1 row as a varlen call of its one sequence, as
+/// engines make it (`prefill_varlen1_t32768_h32`);
 /// and 32 to 128 unsplit chains (32 heads), where the two-kernel path meets the fused kernels
 /// ([`kda_runtime::chunk::prepared_max_chains`]).
 pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
@@ -752,6 +752,8 @@ pub fn sweep_prefill_cases() -> Vec<PrefillCase> {
         PrefillCase::dense("prefill_b16_t16384_h8", 16, 16384, 8, 8),
         PrefillCase::dense("prefill_b1_t8192_h4", 1, 8192, 4, 4),
         PrefillCase::dense("prefill_b1_t16384_h4", 1, 16384, 4, 4),
+        PrefillCase::dense("prefill_b32_t8192_h4", 32, 8192, 4, 4),
+        PrefillCase::dense("prefill_b16_t16384_h4", 16, 16384, 4, 4),
         PrefillCase::varlen("prefill_varlen1_t32768_h32", &[32768], 32, 32),
         PrefillCase::dense("prefill_b1_t16384_h32", 1, 16384, 32, 32),
         PrefillCase::dense("prefill_b2_t16384_h32", 2, 16384, 32, 32),

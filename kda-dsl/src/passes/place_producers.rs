@@ -44,8 +44,8 @@ pub struct ProducerPlan {
     pub own_fills: Vec<BufId>,
     /// The loop's stage fills that the block and the `let`s before it do not read, only the
     /// rest of the body, by id: across a cluster each block's compute warps issue them for
-    /// themselves (they may read the block's own index), a stage ahead as a plain pipelined
-    /// loop's fills run.
+    /// themselves (they may read the block's own index), `stages - 1` iterations ahead as a
+    /// plain pipelined loop's fills run.
     pub block_fills: Vec<BufId>,
     /// Where it runs.
     pub role: ProducerRole,
@@ -218,8 +218,9 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
 }
 
 /// Across a cluster, an error at the first of the loop's fills (but the blocks' own), the
-/// `let`s before its producer block and the block's statements that reads something the cluster's blocks can hold
-/// different values of: one block computes each iteration of those for all of them.
+/// `let`s before its producer block and the block's statements that reads something the
+/// cluster's blocks can hold different values of: one block computes each iteration of those
+/// for all of them.
 fn check_once_for_the_cluster(
     def: &KernelDef,
     varying: &ClusterVarying,

@@ -218,9 +218,9 @@ fn choose_role(def: &KernelDef, stages: u32) -> Result<ProducerRole, Diag> {
 }
 
 /// Across a cluster, an error at the first of the loop's fills (but the blocks' own), the
-/// `let`s before its producer block and the block's statements that reads something the
-/// cluster's blocks can hold different values of: one block computes each iteration of those
-/// for all of them.
+/// `let`s before its producer block that those and the block read, and the block's statements
+/// that reads something the cluster's blocks can hold different values of: one block computes
+/// each iteration of those for all of them.
 fn check_once_for_the_cluster(
     def: &KernelDef,
     varying: &ClusterVarying,
@@ -236,11 +236,26 @@ fn check_once_for_the_cluster(
     }
     let StmtKind::Producer(block) = &body[at].kind else { unreachable!("`at` is the producer block") };
     // A block's own fills are its compute warps' to issue: they may differ.
-    let fills = body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| !plan.block_fills.contains(&b)));
-    let lets = body[..at].iter().filter(|s| !is_stage_fill(def, s));
+    let fills: Vec<&Stmt> =
+        body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| !plan.block_fills.contains(&b))).collect();
     let mut inside = vec![];
     visit_stmts(block, &mut |s| inside.push(s));
-    for s in fills.chain(lets).chain(inside) {
+    // The `let`s the producer's fills and block read, directly or through other `let`s (the
+    // others, which only the compute warps' statements read, may differ).
+    let mut read = HashSet::new();
+    for s in fills.iter().chain(&inside) {
+        s.for_each_expr(&mut |e| e.for_each_var(&mut |v| _ = read.insert(v)));
+    }
+    let mut lets = vec![];
+    for s in body[..at].iter().rev() {
+        if let StmtKind::Assign(v, e) = &s.kind {
+            if read.contains(v) {
+                e.for_each_var(&mut |v| _ = read.insert(v));
+                lets.insert(0, s);
+            }
+        }
+    }
+    for s in fills.into_iter().chain(lets).chain(inside) {
         if let Some(what) = varying.varying_in_stmt(s) {
             let index = &def.vars[index].name;
             return Err(Diag::new(
@@ -680,28 +695,37 @@ mod tests {
         let e = in_clusters_filling(1, 3, "0", producer).map(|_| ()).expect_err("the block reads the block index");
         assert!(e.contains("`bx` can differ between the blocks of a cluster"), "{e}");
         // A fill only the rest of the body reads is the block's own: it may read its index.
-        let text = "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps=1 cluster=2 grid=[4, 1, 1] {
-  vars bx#0: i32, i#1: i32
+        // So may a `let` only such a fill reads; one the block reads may not.
+        let with_lets = |producer: &str| {
+            let text = format!(
+                "kernel t(M: dim, K: dim, a: f32[M, K], o: mut f32[M, K]) threads=32 fill_warps=1 cluster=2 grid=[4, 1, 1] {{
+  vars bx#0: i32, i#1: i32, r#2: i32, c#3: i32, r#4: i32, c#5: i32
   block_vars [bx#0, _, _]
   s = Shared<f32>[16, 16]
   u = Shared<f32>[16, 16]
   y = Shared<f32>[16, 16]
-  for i#1 in pipelined(stages=3) 0..4 {
-    copy a[0, (i#1 Mul 16); 16x16] -> s
-    copy a[(bx#0 Mul 16), (i#1 Mul 16); 16x16] -> u
-    producer {
-      copy s -> y
-    }
+  for i#1 in pipelined(stages=3) 0..4 {{
+    r#2 = (bx#0 Mul 16)
+    c#3 = (i#1 Mul 16)
+    copy a[0, c#3; 16x16] -> s
+    copy a[r#2, c#3; 16x16] -> u
+    {producer}
     copy y -> o[(bx#0 Mul 16), 0; 16x16]
     copy u -> o[(bx#0 Mul 16), 16; 16x16]
-  }
-}";
-        let mut p = TileProgram::new(parse_kernel(text).unwrap_or_else(|e| panic!("{e}")), Target::Sm90);
-        place_producers(&mut p).expect("the block's own fill");
+  }}
+}}"
+            );
+            let mut p = TileProgram::new(parse_kernel(&text).unwrap_or_else(|e| panic!("{e}")), Target::Sm90);
+            place_producers(&mut p).map(|_| p).map_err(|e| e.message)
+        };
+        let p = with_lets(PRODUCE_Y).expect("the block's own fill and its `let`");
         let name = |b: &BufId| p.def.buffers[*b].name.clone();
         let plan = &p.producers[0];
         assert_eq!(plan.own_fills.iter().map(name).collect::<Vec<_>>(), ["s"]);
         assert_eq!(plan.block_fills.iter().map(name).collect::<Vec<_>>(), ["u"]);
+        let reads_r = "producer {\n parallel (r#4, c#5) over y {\n y[r#4, c#5] = (s[r#4, c#5] Add f32(r#2))\n }\n }";
+        let e = with_lets(reads_r).map(|_| ()).expect_err("the block reads a `let` of the block index");
+        assert!(e.contains("`bx` can differ between the blocks of a cluster"), "{e}");
     }
 
     /// Across a cluster the blocks' groups take the turns: more stages than groups in all.

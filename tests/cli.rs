@@ -200,7 +200,13 @@ fn check_on_the_gpu_without_one_runs_nothing_and_says_so_by_its_status() {
     let (code, out, _) = kda(&["check", "--gpu", "--quick"]);
     assert_eq!(code, 3, "{out}");
     assert!(out.contains("GPU checks not run"), "{out}");
-    for bad in [&["check", "--quick"][..], &["check", "--allow-no-gpu"], &["check", "--gpu", "x"]] {
+    for bad in [
+        &["check", "--quick"][..],
+        &["check", "--allow-no-gpu"],
+        &["check", "--no-simulator"],
+        &["check", "--gpu", "--no-simulator", "--allow-no-gpu"],
+        &["check", "--gpu", "x"],
+    ] {
         let (code, _, err) = kda(bad);
         assert_eq!(code, 2, "{bad:?}");
         assert!(err.contains("usage: kda check"), "{bad:?}: {err}");

@@ -1,4 +1,4 @@
-//! `kda check [--gpu [--quick]]`: every kernel family through the simulator against its
+//! `kda check [--gpu [--quick] [--no-simulator]]`: every kernel family through the simulator against its
 //! reference; with `--gpu` the GPU conformance cases too, at small shapes with `--quick`.
 
 use kda_dsl::Target;
@@ -198,23 +198,27 @@ pub const NO_GPU: i32 = 3;
 
 pub fn run(args: &[String]) -> Result<i32, String> {
     use super::gpu_checks::Scale;
-    let usage = "usage: kda check [--gpu [--quick] [--allow-no-gpu]]";
+    let usage = "usage: kda check [--gpu [--quick] [--allow-no-gpu] [--no-simulator]]";
     let has = |flag: &str| args.iter().any(|a| a == flag);
-    if args.iter().any(|a| !matches!(a.as_str(), "--gpu" | "--quick" | "--allow-no-gpu")) {
+    if args.iter().any(|a| !matches!(a.as_str(), "--gpu" | "--quick" | "--allow-no-gpu" | "--no-simulator")) {
         return Err(usage.into());
     }
     let gpu = match (has("--gpu"), has("--quick")) {
-        (false, false) if !has("--allow-no-gpu") => None,
+        (false, false) if !has("--allow-no-gpu") && !has("--no-simulator") => None,
         (true, quick) => Some(if quick { Scale::Quick } else { Scale::Full }),
-        _ => return Err(format!("--quick and --allow-no-gpu go with --gpu; {usage}")),
+        _ => return Err(format!("--quick, --allow-no-gpu and --no-simulator go with --gpu; {usage}")),
     };
+    if has("--no-simulator") && has("--allow-no-gpu") {
+        return Err(format!("--no-simulator and --allow-no-gpu together would run nothing without a GPU; {usage}"));
+    }
     // A GPU run that cannot run says so by its status before doing anything else, so that a
     // script (scripts/sanitize) cannot take "nothing ran" for "nothing failed".
     if gpu.is_some() && !kda_runtime::gpu_available() && !has("--allow-no-gpu") {
         out!("GPU checks not run: no CUDA driver (libcuda) or no device on this machine (--allow-no-gpu runs the simulator checks alone and exits 0)");
         return Ok(NO_GPU);
     }
-    let mut failures = simulate_all();
+    // The simulator's rows launch nothing: a compute-sanitizer run leaves them out.
+    let mut failures = if has("--no-simulator") { 0 } else { simulate_all() };
     if let Some(scale) = gpu {
         failures += super::gpu_checks::gpu_checks(scale)?;
     }

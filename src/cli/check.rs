@@ -1,5 +1,6 @@
-//! `kda check [--gpu [--quick] [--no-simulator]]`: every kernel family through the simulator against its
-//! reference; with `--gpu` the GPU conformance cases too, at small shapes with `--quick`.
+//! `kda check [--gpu [--quick] [--no-simulator]]`: every kernel family through the simulator
+//! against its reference; with `--gpu` the GPU conformance cases too, at small shapes with
+//! `--quick`, alone with `--no-simulator`.
 
 use kda_dsl::Target;
 use kda_kernels::check::{check_decode, check_gemm};

@@ -184,11 +184,7 @@ fn read_a_neighbours_copy(waits: bool) -> ThreadProgram {
         p.op(Op::CpAsyncWait { n: 0 });
     }
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
-    let next = p.reg(RegClass::B32);
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(t), b: Src::Imm(1) });
-    p.op(Op::Bin { op: BinKind::Rem, ty: Ty::U32, d: next, a: Src::Reg(next), b: Src::Imm(32) });
-    let theirs = p.reg(RegClass::B32);
-    p.op(Op::Mad { ty: Ty::U32, d: theirs, a: Src::Reg(next), b: Src::Imm(16), c: Src::Reg(base) });
+    let theirs = next_lane_slot(&mut p, t, base);
     let v = p.reg(RegClass::B32);
     p.op(Op::Ld { space: Space::Shared, ty: Ty::U32, d: vec![v], addr: theirs, offset: 0 });
     p.op(Op::CpAsyncWait { n: 0 });

@@ -128,6 +128,16 @@ impl WgmmaCase {
     }
 }
 
+/// The shared address of the next lane's 16 bytes from `base` (lane 0's after lane 31's).
+pub fn next_lane_slot(p: &mut P, lane: Reg, base: Reg) -> Reg {
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(lane), b: Src::Imm(1) });
+    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: next, a: Src::Reg(next), b: Src::Imm(31) });
+    let slot = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: slot, a: Src::Reg(next), b: Src::Imm(16), c: Src::Reg(base) });
+    slot
+}
+
 /// Thread `t`'s address in tensor `name`, `stride` bytes per thread.
 pub fn per_thread_global(p: &mut P, t: Reg, name: &str, stride: i64) -> Reg {
     let base = p.reg(RegClass::B64);
@@ -669,12 +679,8 @@ pub fn compute_ring_program(fault: ComputeRingFault) -> ThreadProgram {
 
     // The producer warp.
     let input = lane_global_source(&mut p, lane, "input", 16);
-    let next = p.reg(RegClass::B32);
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(lane), b: Src::Imm(1) });
-    p.op(Op::Bin { op: BinKind::And, ty: Ty::B32, d: next, a: Src::Reg(next), b: Src::Imm(31) });
     // The next lane's 16 bytes of stage 0's input.
-    let next_slot = p.reg(RegClass::B32);
-    p.op(Op::Mad { ty: Ty::U32, d: next_slot, a: Src::Reg(next), b: Src::Imm(16), c: Src::Reg(base) });
+    let next_slot = next_lane_slot(&mut p, lane, base);
     let is_elected = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::S32, d: is_elected, a: Src::Reg(lane), b: Src::Imm(0) });
     let load = |p: &mut P, label: &mut u32, round: u32| {

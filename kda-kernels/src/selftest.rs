@@ -1,8 +1,8 @@
 //! Small DSL kernels that exercise the compiler's harder lowerings (reductions across warps,
 //! per-lane serial loops, warp groups with named barriers, a gemm's right operand from
 //! registers, on sm_90a a replicated left operand on `wgmma`, on sm_90 producer rings across a
-//! cluster's blocks), with their references: run through
-//! the simulator in the tests and on the GPU by `kda check --gpu`, so both agree with hardware.
+//! cluster's blocks), with their references: run through the simulator in the tests and on the
+//! GPU by `kda check --gpu`, so both agree with hardware.
 
 use crate::reference::{rel_err, Rng};
 use kda_dsl::tile::KernelDef;

@@ -170,9 +170,7 @@ impl Lower<'_> {
         let producer = program.producers.iter().find(|x| x.var == plan.var).expect("a producer plan");
         // The stage's tiles: the fills' (but those a group keeps in slots of its own), then the
         // block's hand-over.
-        let across = ring.cluster > 1;
-        let own: Vec<BufId> = if across { producer.own_fills.clone() } else { vec![] };
-        let block_fills: Vec<BufId> = if across { producer.block_fills.clone() } else { vec![] };
+        let (own, block_fills) = (&producer.own_fills, &producer.block_fills);
         let fills: Vec<BufId> =
             plan.staged.iter().copied().filter(|b| !own.contains(b) && !block_fills.contains(b)).collect();
         let staged: Vec<BufId> = fills.iter().chain(&producer.outputs).copied().collect();
@@ -191,9 +189,9 @@ impl Lower<'_> {
             staged: &staged,
             home: &home,
             staged_fills: fills.len(),
-            own: &own,
+            own,
             own_home: &own_home,
-            block_fills: &block_fills,
+            block_fills,
             block_home: &block_home,
             bounds,
             body,
@@ -219,7 +217,7 @@ impl Lower<'_> {
         } else {
             self.both_roles_barrier();
         }
-        let tiles = staged.iter().chain(&own).chain(&block_fills);
+        let tiles = staged.iter().chain(own).chain(block_fills);
         for (b, at) in tiles.zip(home.iter().chain(&own_home).chain(&block_home)) {
             self.shared_base[*b] = Some(*at);
         }
@@ -445,9 +443,10 @@ impl Lower<'_> {
     /// block's earlier groups. A slot is filled again only after the group's barrier that ends
     /// the turn reading it (its fills run fewer turns ahead than it has slots).
     fn own_fill_bases(&mut self, lp: &RingLoop, group: Group, it: Reg) {
-        let Some(slots) = lp.ring.own_fill_slots().filter(|_| !lp.own.is_empty()) else {
+        if lp.own.is_empty() {
             return;
-        };
+        }
+        let slots = lp.ring.own_fill_slots();
         let from_first = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, it, lp.bounds.0);
         let mine = self.em.bin(BinKind::Sub, Ty::S32, RegClass::B32, from_first, group.turn);
         let turns_before = self.em.op32(BinKind::Div, mine, i64::from(lp.ring.turns()));
@@ -498,13 +497,15 @@ impl Lower<'_> {
             body.iter().filter(|s| stage_fill_tile(def, s).is_some_and(|b| lp.block_fills.contains(&b))).collect();
         let ahead = ring.stages - 1;
         let iter = (!block_fills.is_empty()).then(|| self.em.reg(RegClass::B32));
-        for (k, iter) in (0..ahead).flat_map(|k| iter.map(|r| (k, r))) {
-            self.em.loc = loc;
-            let it = self.em.add32(bounds.0, Src::Imm(i64::from(k)));
-            self.mov(iter, V { s: it, ty: DType::I32 });
-            let stage = self.em.reg(RegClass::B32);
-            self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(k)) });
-            self.issue_block_fills(lp, (iter, bounds.1), stage, &block_fills)?;
+        if let Some(iter) = iter {
+            for k in 0..ahead {
+                self.em.loc = loc;
+                let it = self.em.add32(bounds.0, Src::Imm(i64::from(k)));
+                self.mov(iter, V { s: it, ty: DType::I32 });
+                let stage = self.em.reg(RegClass::B32);
+                self.em.emit(Op::Mov { ty: Ty::B32, d: stage, a: Src::Imm(i64::from(k)) });
+                self.issue_block_fills(lp, (iter, bounds.1), stage, &block_fills)?;
+            }
         }
         self.em.loc = loc;
         let stages = self.open_stage_ring(bounds);

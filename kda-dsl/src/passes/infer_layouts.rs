@@ -168,10 +168,8 @@ pub fn infer_layouts(p: &mut TileProgram) -> Result<(), Diag> {
             }
             // Across a cluster the fills only the block reads leave the stages for slots of
             // each group's own.
-            if let Some(slots) = ring.own_fill_slots() {
-                for b in &plan.own_fills {
-                    stages[*b] = ring.groups * slots;
-                }
+            for b in &plan.own_fills {
+                stages[*b] = ring.groups * ring.own_fill_slots();
             }
         }
     }

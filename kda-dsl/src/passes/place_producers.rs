@@ -37,15 +37,16 @@ pub struct ProducerPlan {
     /// The tiles it writes that nothing outside it touches (its own temporaries), by id: what a
     /// role running it lays out over its own warps.
     pub temporaries: Vec<BufId>,
-    /// The loop's stage fills that only the block reads (no other statement of the kernel
-    /// touches their tiles), by id: across a cluster each producer group keeps them in slots of
-    /// its own ([`ProducerRing::own_fill_slots`]) instead of the ring's stages, which every
-    /// block receives a copy of.
+    /// Across a cluster, the loop's stage fills that only the block reads (no other statement
+    /// of the kernel touches their tiles), by id: each producer group keeps them in slots of its
+    /// own ([`ProducerRing::own_fill_slots`]) instead of the ring's stages, which every block
+    /// receives a copy of. Empty otherwise: in one block nothing is copied, and moving them
+    /// would save shared memory but change the shipped producer kernels, unmeasured.
     pub own_fills: Vec<BufId>,
-    /// The loop's stage fills that the block and the `let`s before it do not read, only the
-    /// rest of the body, by id: across a cluster each block's compute warps issue them for
+    /// Across a cluster, the loop's stage fills that the block and the `let`s before it do not
+    /// read, only the rest of the body, by id: each block's compute warps issue them for
     /// themselves (they may read the block's own index), `stages - 1` iterations ahead as a
-    /// plain pipelined loop's fills run.
+    /// plain pipelined loop's fills run. Empty otherwise (the producer issues them).
     pub block_fills: Vec<BufId>,
     /// Where it runs.
     pub role: ProducerRole,
@@ -140,12 +141,9 @@ impl ProducerRing {
     }
 
     /// Slots a producer group keeps the fills only its block reads in ([`ProducerPlan::
-    /// own_fills`]): across a cluster, one for each turn its fills run ahead and one for the
-    /// turn it computes, so they are not copied to the other blocks with the stage. In one
-    /// block they stay in the ring's stages (nothing is copied there; moving them would save
-    /// shared memory but change the shipped producer kernels, unmeasured): `None`.
-    pub fn own_fill_slots(&self) -> Option<u32> {
-        (self.cluster > 1).then(|| self.fill_distance() + 1)
+    /// own_fills`]): one for each turn its fills run ahead and one for the turn it computes.
+    pub fn own_fill_slots(&self) -> u32 {
+        self.fill_distance() + 1
     }
 
     /// The scope of the ring's waits: the cluster's when other blocks arrive on its
@@ -172,7 +170,7 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
         if let StmtKind::For { var, kind: LoopKind::Pipelined { stages, .. }, body, .. } = &s.kind {
             if let Some(at) = body.iter().position(|x| matches!(x.kind, StmtKind::Producer(_))) {
                 match plan_producer(&p.def, s, *var, body, at)
-                    .and_then(|plan| Ok(ProducerPlan { role: choose_role(&p.def, *stages)?, ..plan }))
+                    .and_then(|plan| Ok(plan.placed(choose_role(&p.def, *stages)?)))
                     .and_then(|plan| {
                         check_once_for_the_cluster(&p.def, &varying, &plan, body, at)?;
                         Ok(plan)
@@ -192,6 +190,16 @@ pub fn place_producers(p: &mut TileProgram) -> Result<(), Diag> {
     }
     p.producers = plans;
     Ok(())
+}
+
+impl ProducerPlan {
+    /// The plan running as `role`: the fills leave the ring's stages ([`Self::own_fills`],
+    /// [`Self::block_fills`]) only in a ring across a cluster.
+    fn placed(self, role: ProducerRole) -> ProducerPlan {
+        let across = matches!(&role, ProducerRole::FillWarps(ring) if ring.cluster > 1);
+        let (own_fills, block_fills) = if across { (self.own_fills, self.block_fills) } else { (vec![], vec![]) };
+        ProducerPlan { role, own_fills, block_fills, ..self }
+    }
 }
 
 /// Where the producer block of a loop of `stages` (2 or more, `check_types`) runs: on the
@@ -242,10 +250,9 @@ fn check_once_for_the_cluster(
     visit_stmts(block, &mut |s| inside.push(s));
     // The `let`s the producer's fills and block read, directly or through other `let`s (the
     // others, which only the compute warps' statements read, may differ).
-    let mut read = HashSet::new();
-    for s in fills.iter().chain(&inside) {
-        s.for_each_expr(&mut |e| e.for_each_var(&mut |v| _ = read.insert(v)));
-    }
+    let mut uses = Uses::of(block, None);
+    fills.iter().for_each(|f| uses.add_whole(f));
+    let mut read = uses.vars_read;
     let mut lets = vec![];
     for s in body[..at].iter().rev() {
         if let StmtKind::Assign(v, e) = &s.kind {
@@ -472,9 +479,8 @@ fn plan_producer(def: &KernelDef, lp: &Stmt, var: VarId, body: &[Stmt], at: usiz
     // warps run those, its `let`s among them) nor anything outside the loop; and those only
     // the others read.
     let filled: Vec<BufId> = body.iter().filter_map(|s| stage_fill_tile(def, s)).collect();
-    let others: Vec<Stmt> =
-        body.iter().filter(|s| !is_stage_fill(def, s) && !std::ptr::eq(*s, block)).cloned().collect();
-    let compute = Uses::of(&others, None);
+    let mut compute = Uses::default();
+    body.iter().filter(|s| !is_stage_fill(def, s) && !std::ptr::eq(*s, block)).for_each(|s| compute.add_whole(s));
     let producing: HashSet<BufId> = own.tiles_read.union(&lets.tiles_read).copied().collect();
     let own_fills = filled.iter().copied().filter(|b| !compute.touches(*b) && !outside_loop.touches(*b)).collect();
     let block_fills = filled
@@ -587,7 +593,7 @@ impl fmt::Display for ProducerLine<'_> {
                 ring.stages,
                 ring.fill_distance(),
                 names(&plan.own_fills),
-                match ring.own_fill_slots().unwrap_or(0) {
+                match ring.own_fill_slots() {
                     1 => "1 slot".to_string(),
                     n => format!("{n} slots"),
                 },

@@ -350,6 +350,17 @@ pub enum Op {
     Mapa { d: Reg, addr: Reg, rank: Src },
     /// One half of `barrier.cluster` ([`ClusterBarrierStep`]).
     ClusterBarrier { step: ClusterBarrierStep },
+    /// `ld.acquire.gpu.global.u32 d, [addr + offset]`: reads a flag word another block
+    /// releases, acquiring (at the device's scope) what the release ordered before it.
+    LdAcquire { d: Reg, addr: Reg, offset: i64 },
+    /// `st.release.gpu.global.u32 [addr + offset], a`: sets a flag word, releasing (at the
+    /// device's scope) the thread's earlier accesses, and what it acquired, to whoever acquires
+    /// the word.
+    StRelease { addr: Reg, offset: i64, a: Src },
+    /// `red.release.gpu.global.add.u32 [addr + offset], a`: adds to a flag word atomically,
+    /// releasing as [`Op::StRelease`] does (a count of arrivals: every release it adds to stays
+    /// acquired by a read of the sum).
+    RedReleaseAdd { addr: Reg, offset: i64, a: Src },
     /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes` (bytes past `src_bytes` are zero)
     CpAsync { dst: Reg, src: Reg, src_bytes: Src },
     /// `prefetch.global.L2 [addr]`: a hint; the line containing `addr` moves into L2.
@@ -695,6 +706,13 @@ impl fmt::Display for Op {
             Op::Unpack2 { lo, hi, a } => write!(f, "mov.b32 {{{lo}, {hi}}}, {a};"),
             Op::Ld { .. } | Op::St { .. } | Op::CpAsync { .. } => fmt_memory(f, self, CachePolicy::Normal),
             Op::Prefetch { addr } => write!(f, "prefetch.global.L2 [{addr}];"),
+            Op::LdAcquire { d, addr: a, offset } => write!(f, "ld.acquire.gpu.global.u32 {d}, {};", addr(a, *offset)),
+            Op::StRelease { addr: a, offset, a: v } => {
+                write!(f, "st.release.gpu.global.u32 {}, {v};", addr(a, *offset))
+            }
+            Op::RedReleaseAdd { addr: a, offset, a: v } => {
+                write!(f, "red.release.gpu.global.add.u32 {}, {v};", addr(a, *offset))
+            }
             Op::CpAsyncCommit => write!(f, "cp.async.commit_group;"),
             Op::CpAsyncWait { n } => write!(f, "cp.async.wait_group {n};"),
             Op::Ldmatrix { trans, d, addr: a } => {

@@ -7,6 +7,7 @@ use kda_dsl::hopper_layout::{Major, Swizzle};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
 use kda_dsl::Target;
+use support::flag_programs::*;
 use support::hopper_programs::*;
 
 fn err_of(prog: &ThreadProgram, args: &mut [(String, SimArg)]) -> String {
@@ -39,6 +40,32 @@ fn a_ring_across_a_cluster_s_blocks_hands_stages_over_and_back() {
         let got = run_cluster_ring(handover, ClusterRingFault::None).unwrap_or_else(|e| panic!("{handover:?}: {e}"));
         assert_eq!(got, cluster_ring_expected(2), "{handover:?}");
     }
+}
+
+#[test]
+fn blocks_hand_words_down_a_chain_of_flags() {
+    for kind in [FlagKind::Store, FlagKind::Add] {
+        let got = run_flag_chain(kind, FlagFault::None).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_eq!(got, flag_chain_expected(4), "{kind:?}");
+    }
+}
+
+#[test]
+fn flag_misuse_is_reported() {
+    let written_unordered = "written by thread 0 of the grid's block 3 and read by thread 0 with no flag between";
+    assert_each_fault_reported(
+        |fault| run_flag_chain(FlagKind::Store, fault),
+        &[
+            (FlagFault::ReleaseBeforeWrites, written_unordered),
+            (
+                FlagFault::NoBarrierBeforeRelease,
+                "written by thread 1 of the grid's block 3 and read by thread 1 with no flag",
+            ),
+            (FlagFault::PlainFlagStore, written_unordered),
+            (FlagFault::FlagNeverSet, "deadlock: ld.acquire polls a flag word that no block writes again"),
+            (FlagFault::ReadsBeforePoll, "read by thread 0 of the grid's block 2 and written by thread 0 with no flag"),
+        ],
+    );
 }
 
 #[test]
@@ -521,7 +548,8 @@ fn compute_ring_misuse_is_reported() {
 /// The Hopper programs the simulator runs are PTX that ptxas takes (the `wgmma` ones for
 /// sm_90a, the mbarrier ring and the TMA copy for sm_90), and their SASS has the Hopper
 /// instructions: `HGMMA` (not `HMMA`), `UTMALDG`, the mbarrier's `SYNCS`, `USETMAXREG` (and
-/// ptxas does not ignore the `setmaxnreg`s: no warning C7508). ptxas from
+/// ptxas does not ignore the `setmaxnreg`s: no warning C7508), and the flag programs are sm_80 PTX
+/// whose flags are `.STRONG.GPU` accesses. ptxas from
 /// `KDA_PTXAS`, cuobjdump from `KDA_CUOBJDUMP` (`.ci/run` sets both); skipped with a line saying
 /// so without them, failed when `KDA_REQUIRE_PTXAS` is set.
 #[test]
@@ -574,6 +602,8 @@ fn hopper_programs_assemble() {
         ),
         ("cluster_ping_pong", cluster_ping_pong_program(), Target::Sm90, "STAS"),
         ("cluster_turns", cluster_turns_program(TurnsFault::None), Target::Sm90, "UBLKCP.S.S"),
+        ("flag_chain", flag_chain_program(FlagKind::Store, FlagFault::None), Target::Sm80, "STG.E.STRONG.GPU"),
+        ("flag_count", flag_chain_program(FlagKind::Add, FlagFault::None), Target::Sm80, "RED.E.ADD.STRONG.GPU"),
     ];
     for (name, prog, target, sass_op) in programs {
         let ptx = kda_dsl::ptx::print_module(&prog, target);

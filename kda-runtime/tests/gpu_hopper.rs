@@ -1,6 +1,7 @@
 //! On an H100 or H200 (compute capability 9.0): the Hopper thread programs of the simulator's
 //! tests (wgmma through every swizzle and operand order, an mbarrier ring, a TMA box with zero
-//! fill, warpgroups trading registers, clusters and a ring across a cluster's blocks) run on
+//! fill, warpgroups trading registers, clusters and a ring across a cluster's blocks, blocks
+//! ordered by flags in global memory) run on
 //! the GPU, and every tensor they leave must hold the same bytes the simulator left. The simulator is the primary check of the async rules,
 //! so this is where its model of the instructions meets the hardware. Skips, visibly, on other
 //! devices and on machines without a GPU.
@@ -19,6 +20,10 @@ use kda_runtime::{encode_tensor_map, DeviceTensor, Gpu, ModuleCache, RuntimeErro
 #[allow(dead_code)] // the fault-planting half serves the simulator's tests only
 mod hopper_programs;
 use hopper_programs::*;
+#[path = "../../kda-dsl/tests/support/flag_programs.rs"]
+#[allow(dead_code)]
+mod flag_programs;
+use flag_programs::*;
 
 include!("support/on_gpu.rs");
 
@@ -125,6 +130,16 @@ fn probes() -> Vec<Probe> {
         grid: [4, 1, 1],
     });
     out.push(ping_pong(4, 5));
+    // Few enough blocks to be resident at once on any device, as the programs need.
+    for (kind, how) in [(FlagKind::Store, "st.release"), (FlagKind::Add, "red.release.add")] {
+        out.push(Probe {
+            name: format!("a chain of flags down 8 blocks: {how}, ld.acquire"),
+            target: Target::Sm80,
+            program: flag_chain_program(kind, FlagFault::None),
+            args: flag_chain_args(8),
+            grid: [8, 1, 1],
+        });
+    }
     out
 }
 

@@ -233,6 +233,9 @@ fn sources(op: &Op) -> Option<Vec<Reg>> {
         | Op::St { .. }
         | Op::CpAsync { .. }
         | Op::Prefetch { .. }
+        | Op::LdAcquire { .. }
+        | Op::StRelease { .. }
+        | Op::RedReleaseAdd { .. }
         | Op::CpAsyncCommit
         | Op::CpAsyncWait { .. }
         | Op::Ldmatrix { .. }
@@ -290,6 +293,7 @@ fn defined(op: &Op) -> Vec<Reg> {
         | Op::ParamAddress { d, .. }
         | Op::CvtaParam { d, .. }
         | Op::Mapa { d, .. }
+        | Op::LdAcquire { d, .. }
         | Op::Shfl { d, .. } => vec![*d],
         Op::Unpack2 { lo, hi, .. } => vec![*lo, *hi],
         Op::Ld { d, .. } | Op::Wgmma { d, .. } | Op::Ldmatrix { d, .. } => d.clone(),
@@ -298,6 +302,8 @@ fn defined(op: &Op) -> Vec<Reg> {
         Op::St { .. }
         | Op::CpAsync { .. }
         | Op::Prefetch { .. }
+        | Op::StRelease { .. }
+        | Op::RedReleaseAdd { .. }
         | Op::CpAsyncCommit
         | Op::CpAsyncWait { .. }
         | Op::WgmmaFence

@@ -36,7 +36,7 @@ pub(super) enum Remote {
         rank: u32,
         /// The mbarrier's index into the target block's shared bytes.
         mbarrier: usize,
-        /// The arriving thread ([`Block::cluster_thread`]) and its instruction.
+        /// The arriving thread ([`Block::group_thread`]) and its instruction.
         thread: u32,
         loc: SrcLoc,
         /// What the arrival releases ([`Block::release_from`]).
@@ -50,7 +50,7 @@ pub(super) struct RemoteStore {
     /// Index into the target block's shared bytes.
     at: usize,
     bytes: Vec<u8>,
-    /// The storing thread ([`Block::cluster_thread`]), its instruction, its block's epoch
+    /// The storing thread ([`Block::group_thread`]), its instruction, its block's epoch
     /// then, and what its warp knew ([`Block::knowledge`]): what the bytes' earlier accesses
     /// must be ordered by.
     thread: u32,
@@ -173,7 +173,7 @@ impl Block<'_> {
     /// mbarrier at index `completes` of that block when given (which releases the store:
     /// the store's epoch comes first).
     fn send(&mut self, t: usize, rank: u32, at: usize, bytes: Vec<u8>, completes: Option<usize>, proxy: Proxy) {
-        let (thread, loc, epoch, known) = (self.cluster_thread(t), self.loc(t), self.released, self.knowledge(t));
+        let (thread, loc, epoch, known) = (self.group_thread(t), self.loc(t), self.released, self.knowledge(t));
         let completes = completes.map(|m| (m, self.release_from(t)));
         let async_proxy = proxy == Proxy::Async;
         let store = RemoteStore { rank, at, bytes, thread, loc, epoch, known, completes, async_proxy };
@@ -186,7 +186,7 @@ impl Block<'_> {
         match self.cluster_target(addr, 8)? {
             Target::Own(own) => self.mbarrier_arrive(t, own, 0).map(|_| ()),
             Target::Other { rank, at } => {
-                let (thread, loc, release) = (self.cluster_thread(t), self.loc(t), self.release_from(t));
+                let (thread, loc, release) = (self.group_thread(t), self.loc(t), self.release_from(t));
                 self.remote_out.push(Remote::Arrive { rank, mbarrier: at, thread, loc, release });
                 Ok(())
             }
@@ -294,10 +294,16 @@ fn complete_barrier(blocks: &mut [Block]) -> bool {
     true
 }
 
-/// Runs a cluster's blocks (one, for a program without clusters) to the end, round by round,
-/// with `globals` moved into the block that runs; `meets`: whether the program has a
-/// `barrier.cluster` (else no round looks for one completing).
-pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>, meets: bool) -> Result<(), SimError> {
+/// Runs blocks that run together (a cluster's; one, for a program without clusters; a resident
+/// grid's, see `flags`) to the end, round by round, with `globals` and their order moved into
+/// the block that runs; `meets`: whether the program has a `barrier.cluster` (else no round
+/// looks for one completing).
+pub(super) fn run_together(
+    blocks: &mut [Block],
+    globals: &mut Vec<Vec<u8>>,
+    global_order: &mut Option<flags::GlobalOrder>,
+    meets: bool,
+) -> Result<(), SimError> {
     let mut finished = vec![false; blocks.len()];
     loop {
         let mut progress = false;
@@ -307,8 +313,10 @@ pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>, meet
             }
             let blk = &mut blocks[b];
             blk.globals = std::mem::take(globals);
+            blk.global_order = global_order.take();
             let r = round(blk);
             *globals = std::mem::take(&mut blk.globals);
+            *global_order = blk.global_order.take();
             match r? {
                 Round::Finished => finished[b] = true,
                 Round::Progressed => progress = true,
@@ -327,7 +335,9 @@ pub(super) fn run_cluster(blocks: &mut [Block], globals: &mut Vec<Vec<u8>>, meet
             // A phase that never completes says more than the barrier.cluster that waits on it.
             let live = |b: &usize| !finished[*b];
             let parked = (0..blocks.len()).filter(live).find(|b| blocks[*b].threads.iter().any(|t| t.parked));
-            let b = parked.or((0..blocks.len()).find(live)).unwrap_or(0);
+            let polling =
+                (0..blocks.len()).filter(live).find(|b| blocks[*b].threads.iter().any(|t| t.polled.is_some()));
+            let b = parked.or(polling).or((0..blocks.len()).find(live)).unwrap_or(0);
             return Err(stall_error(&mut blocks[b]));
         }
     }

@@ -242,7 +242,7 @@ impl Block<'_> {
                     }
                 }
                 for a in &met {
-                    let a = self.cluster_warp(*a);
+                    let a = self.group_warp(*a);
                     for b in &met {
                         self.last_shared_barrier[a * warps + b] = self.released;
                     }

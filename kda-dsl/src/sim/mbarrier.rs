@@ -23,7 +23,7 @@ pub(super) struct Mbarrier {
     tx: i64,
     /// Phases completed.
     completed: u32,
-    /// The thread that initialized it ([`Block::cluster_thread`]), and its block's epoch then.
+    /// The thread that initialized it ([`Block::group_thread`]), and its block's epoch then.
     init: (u32, u32),
     /// Its block's epoch at the initializing thread's first `fence.mbarrier_init` after the
     /// init: before it, no other block of the cluster may use it.
@@ -133,7 +133,7 @@ impl Block<'_> {
         if count == 0 || count >= 1 << 20 {
             return Err(format!("mbarrier.init count {count}: it must be 1 to 2^20 - 1"));
         }
-        let writer = self.cluster_thread(t);
+        let writer = self.group_thread(t);
         for s in &mut self.shadow[a..a + 8] {
             *s = Shadow { written: true, writer, write_epoch: self.released, mbarrier: true, ..*s };
         }
@@ -158,7 +158,7 @@ impl Block<'_> {
     /// `fence.mbarrier_init.release.cluster` by thread `t`: the mbarriers it initialized become
     /// usable from other blocks once something orders this fence before them.
     pub(super) fn fence_mbarrier_inits(&mut self, t: usize) {
-        let (me, now) = (self.cluster_thread(t), self.released);
+        let (me, now) = (self.group_thread(t), self.released);
         for m in self.mbarriers.values_mut().filter(|m| m.init.0 == me && m.init_fenced.is_none()) {
             m.init_fenced = Some(now);
         }

@@ -24,13 +24,17 @@ impl Block<'_> {
         Ok((buf - 1, off))
     }
 
-    pub(super) fn read_global(&mut self, addr: u64, n: usize) -> R<Vec<u8>> {
+    /// Thread `t`'s read of `n` global bytes at `addr`.
+    pub(super) fn read_global(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {
         let (b, off) = self.global_slice(addr, n)?;
+        self.order_global(t, b, off, n, "read")?;
         Ok(self.globals[b][off..off + n].to_vec())
     }
 
-    pub(super) fn write_global(&mut self, addr: u64, bytes: &[u8]) -> R<()> {
+    /// Thread `t`'s write of `bytes` at global address `addr`.
+    pub(super) fn write_global(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let (b, off) = self.global_slice(addr, bytes.len())?;
+        self.order_global(t, b, off, bytes.len(), "written")?;
         self.globals[b][off..off + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }
@@ -54,7 +58,7 @@ impl Block<'_> {
     /// says comes after what cluster warp `w` did when its block had released `epoch` (reads
     /// are always by this block's threads).
     fn reads_ordered_by(&self, s: &Shadow, after: impl Fn(usize, u32) -> bool) -> bool {
-        let read_before = |w: usize| after(self.cluster_warp(w), s.read_epoch);
+        let read_before = |w: usize| after(self.group_warp(w), s.read_epoch);
         match s.reader {
             NONE => true,
             MANY => (0..32).filter(|w| s.reader_warps & (1 << w) != 0).all(read_before),
@@ -128,7 +132,7 @@ impl Block<'_> {
             return Ok(());
         }
         let Some(writer) =
-            (s.writer as usize).checked_sub(self.cluster_thread(0) as usize).filter(|w| *w < self.threads.len())
+            (s.writer as usize).checked_sub(self.group_thread(0) as usize).filter(|w| *w < self.threads.len())
         else {
             return Err(format!(
                 "{what} reads shared byte {i}, which {} stored: the async proxy's view of another block's stores \
@@ -229,7 +233,7 @@ impl Block<'_> {
                 ));
             }
             self.clock += 1;
-            self.shadow[i] = Shadow::written_by(self.cluster_thread(t), self.released, self.clock);
+            self.shadow[i] = Shadow::written_by(self.group_thread(t), self.released, self.clock);
         }
         self.shared[a..a + bytes.len()].copy_from_slice(bytes);
         Ok(())

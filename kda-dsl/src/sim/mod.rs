@@ -1,5 +1,6 @@
 //! The block simulator: runs a lowered [`ThreadProgram`] (the program the PTX printer prints)
-//! on the CPU, every thread of a block (of a cluster's blocks together: see `cluster`), with
+//! on the CPU, every thread of a block (of a cluster's blocks together: see `cluster`; of the
+//! whole grid together for a program that waits on flags in global memory: see `flags`), with
 //! the PTX ISA's per-lane meaning of `mma`, `ldmatrix`, `shfl`, `cp.async` groups, barriers,
 //! `mbarrier` phases and the warpgroup's `wgmma` groups.
 //!
@@ -20,6 +21,7 @@ mod args;
 pub mod banks;
 mod cluster;
 mod collective;
+mod flags;
 mod mbarrier;
 mod memory;
 mod numeric;
@@ -122,6 +124,9 @@ struct Thread {
     cluster_arrived: Option<u32>,
     /// Waiting at `barrier.cluster.wait` for the rest of the cluster (pc points at it).
     cluster_parked: bool,
+    /// Its last `ld.acquire`: the instruction, and the count of global writes then
+    /// ([`flags::GlobalOrder::writes`]).
+    polled: Option<(usize, u64)>,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -129,7 +134,7 @@ struct Thread {
 #[derive(Clone, Copy, Default)]
 struct Shadow {
     written: bool,
-    /// The writing thread's place in the cluster ([`Block::cluster_thread`]): another block's
+    /// The writing thread's place in the cluster ([`Block::group_thread`]): another block's
     /// thread for a store through `.shared::cluster`, its epoch counted in that block.
     writer: u32,
     write_epoch: u32,
@@ -189,6 +194,10 @@ struct Block<'a> {
     globals: Vec<Vec<u8>>,
     /// Its place in its cluster.
     cluster: cluster::Place,
+    /// Its place among the blocks that run together: its cluster, or a resident grid.
+    group: cluster::Place,
+    /// A resident grid's order of global bytes, moved in with `globals` ([`flags`]).
+    global_order: Option<flags::GlobalOrder>,
     /// `barrier.cluster`s completed.
     cluster_epoch: u32,
     /// What its threads' `barrier.cluster.arrive`s of the current cluster phase released, per
@@ -366,6 +375,9 @@ impl<'a> Block<'a> {
                     }
                 }
             }
+            if matches!(inst.op, Op::LdAcquire { .. }) && self.poll_unchanged(t, th.pc) {
+                return Ok(());
+            }
             if let Op::MbarrierWait { addr, parity, .. } = &inst.op {
                 let (a, p) = (self.get(t, &Src::Reg(*addr)), self.get(t, parity));
                 if !self.mbarrier_phase_done(t, a, p)? {
@@ -536,7 +548,7 @@ impl<'a> Block<'a> {
                     self.record_shared(t, a, n);
                 }
                 let bytes = match space {
-                    Space::Global => self.read_global(a, n)?,
+                    Space::Global => self.read_global(t, a, n)?,
                     Space::Shared | Space::SharedCluster => self.read_shared(t, a, n)?,
                 };
                 for (k, r) in d.iter().enumerate() {
@@ -563,7 +575,7 @@ impl<'a> Block<'a> {
                     _ => cluster::Target::Own(a),
                 };
                 match (space, target) {
-                    (Space::Global, _) => self.write_global(a, &bytes)?,
+                    (Space::Global, _) => self.write_global(t, a, &bytes)?,
                     (_, cluster::Target::Own(own)) => {
                         self.record_shared(t, own, bytes.len());
                         self.write_shared(t, own, &bytes)?
@@ -604,9 +616,20 @@ impl<'a> Block<'a> {
                     if off + n > self.globals[b].len() {
                         return Err("cp.async reads past the tensor".into());
                     }
+                    self.order_global(t, b, off, n, "read")?;
                     data[..n].copy_from_slice(&self.globals[b][off..off + n]);
                 }
                 self.threads[t].open_group.push((d as u32, data));
+            }
+            Op::LdAcquire { d, addr, offset } => {
+                let a = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
+                let v = self.ld_acquire(t, a)?;
+                self.set(t, *d, v);
+            }
+            Op::StRelease { addr, offset, a } | Op::RedReleaseAdd { addr, offset, a } => {
+                let at = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
+                let v = self.get(t, a);
+                self.st_release(t, at, v, matches!(inst.op, Op::RedReleaseAdd { .. }))?;
             }
             Op::Prefetch { addr } => {
                 // Nothing moves; the address must still be one of the tensor's (masks hold).
@@ -724,7 +747,8 @@ impl<'a> Block<'a> {
     }
 }
 
-/// Runs the whole grid, one cluster at a time (a block, for a program without clusters).
+/// Runs the whole grid, one cluster at a time (a block, for a program without clusters), or
+/// every block together for a program that waits on flags in global memory ([`flags`]).
 /// `args` holds one value per parameter of the program, by the parameter's kernel name
 /// (tensors as their bytes, written in place).
 pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) -> Result<SimReport, SimError> {
@@ -741,97 +765,106 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
         *base = total;
         total += count as usize;
     }
+    let launch_error = |message: String| SimError { message, loc: SrcLoc::default(), block: [0; 3], thread: 0 };
     let cluster_blocks = prog.cluster_blocks.max(1);
     if !grid[0].is_multiple_of(cluster_blocks) {
-        return Err(SimError {
-            message: format!("a grid of {} blocks along x in clusters of {cluster_blocks}", grid[0]),
-            loc: SrcLoc::default(),
-            block: [0; 3],
-            thread: 0,
-        });
+        return Err(launch_error(format!("a grid of {} blocks along x in clusters of {cluster_blocks}", grid[0])));
+    }
+    let resident = flags::waits_on_flags(prog);
+    if resident {
+        flags::check_resident(prog).map_err(launch_error)?;
     }
     let tracks_wgmma_registers = prog.body.iter().any(|i| matches!(i.op, Op::Wgmma { .. }));
     let meets = prog.body.iter().any(|i| matches!(i.op, Op::ClusterBarrier { .. }));
     let warps = prog.threads.div_ceil(32) as usize;
-    let cluster_warps = cluster_blocks as usize * warps;
+    // Clusters are consecutive along x (the grid's x extent is a multiple of the cluster).
+    let grid_blocks: Vec<[u32; 3]> =
+        (0..grid[2]).flat_map(|z| (0..grid[1]).flat_map(move |y| (0..grid[0]).map(move |x| [x, y, z]))).collect();
+    let group_blocks = if resident { grid_blocks.len().max(1) } else { cluster_blocks as usize };
+    let group_warps = group_blocks * warps;
+    let mut global_order = resident.then(|| flags::GlobalOrder::new(globals.iter().map(Vec::len)));
     let mut report = SimReport::default();
     let mut result = Ok(());
-    'grid: for bz in 0..grid[2] {
-        for by in 0..grid[1] {
-            for first in (0..grid[0]).step_by(cluster_blocks as usize) {
-                let mut blocks: Vec<Block> = (0..cluster_blocks)
-                    .map(|rank| Block {
-                        prog,
-                        labels: labels.clone(),
-                        reg_base,
-                        threads: (0..prog.threads)
-                            .map(|_| Thread {
-                                pc: 0,
-                                regs: vec![0; total],
-                                written: vec![false; total],
-                                done: false,
-                                blocked: false,
-                                parked: false,
-                                woke: false,
-                                groups: vec![],
-                                open_group: vec![],
-                                write_clock: vec![0; total],
-                                read_clock: vec![std::cell::Cell::new(0); total],
-                                in_flight: vec![false; total],
-                                register_fence: None,
-                                proxy_fences: vec![],
-                                bulk_open: vec![],
-                                bulk_groups: Default::default(),
-                                cluster_arrived: None,
-                                cluster_parked: false,
-                            })
-                            .collect(),
-                        shared: vec![0; prog.shared_bytes as usize],
-                        shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
-                        released: 0,
-                        warps,
-                        last_shared_barrier: vec![0; cluster_warps * warps],
-                        block: [first + rank, by, bz],
-                        params: &params,
-                        globals: vec![],
-                        cluster: cluster::Place { rank, blocks: cluster_blocks },
-                        cluster_epoch: 0,
-                        cluster_releasing: vec![0; cluster_warps],
-                        cluster_released: vec![0; cluster_warps],
-                        remote_out: vec![],
-                        copying_out: vec![],
-                        global_names: &names,
-                        maps: &maps,
-                        traces: BTreeMap::new(),
-                        trace_counts: vec![HashMap::new(); prog.threads as usize],
-                        executed: 0,
-                        uninit: std::cell::Cell::new(None),
-                        touched_in_flight: std::cell::Cell::new(None),
-                        clock: 0,
-                        bulk_pending: 0,
-                        mbarriers: HashMap::new(),
-                        tracks_wgmma_registers,
-                        warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
-                            .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
-                            .collect(),
-                        banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
+    for group in grid_blocks.chunks(group_blocks) {
+        let mut blocks: Vec<Block> = group
+            .iter()
+            .enumerate()
+            .map(|(rank, &block)| Block {
+                prog,
+                labels: labels.clone(),
+                reg_base,
+                threads: (0..prog.threads)
+                    .map(|_| Thread {
+                        pc: 0,
+                        regs: vec![0; total],
+                        written: vec![false; total],
+                        done: false,
+                        blocked: false,
+                        parked: false,
+                        woke: false,
+                        groups: vec![],
+                        open_group: vec![],
+                        write_clock: vec![0; total],
+                        read_clock: vec![std::cell::Cell::new(0); total],
+                        in_flight: vec![false; total],
+                        register_fence: None,
+                        proxy_fences: vec![],
+                        bulk_open: vec![],
+                        bulk_groups: Default::default(),
+                        cluster_arrived: None,
+                        cluster_parked: false,
+                        polled: None,
                     })
-                    .collect();
-                let r = cluster::run_cluster(&mut blocks, &mut globals, meets);
-                for blk in &mut blocks {
-                    report.instructions += blk.executed;
-                    if let Some(rec) = blk.banks.take() {
-                        rec.finish(|pc| (prog.body[pc].loc, shared_op(&prog.body[pc].op)));
-                    }
-                    for ((_, _), (name, shape, vals)) in std::mem::take(&mut blk.traces) {
-                        report.prints.push(format_print(&name, &shape, blk.block, &vals));
-                    }
-                }
-                if let Err(e) = r {
-                    result = Err(e);
-                    break 'grid;
-                }
+                    .collect(),
+                shared: vec![0; prog.shared_bytes as usize],
+                shadow: vec![Shadow { reader: NONE, ..Default::default() }; prog.shared_bytes as usize],
+                released: 0,
+                warps,
+                last_shared_barrier: vec![0; group_warps * warps],
+                block,
+                params: &params,
+                globals: vec![],
+                cluster: match resident {
+                    true => cluster::Place { rank: 0, blocks: 1 },
+                    false => cluster::Place { rank: rank as u32, blocks: cluster_blocks },
+                },
+                group: cluster::Place { rank: rank as u32, blocks: group_blocks as u32 },
+                global_order: None,
+                cluster_epoch: 0,
+                cluster_releasing: vec![0; group_warps],
+                cluster_released: vec![0; group_warps],
+                remote_out: vec![],
+                copying_out: vec![],
+                global_names: &names,
+                maps: &maps,
+                traces: BTreeMap::new(),
+                trace_counts: vec![HashMap::new(); prog.threads as usize],
+                executed: 0,
+                uninit: std::cell::Cell::new(None),
+                touched_in_flight: std::cell::Cell::new(None),
+                clock: 0,
+                bulk_pending: 0,
+                mbarriers: HashMap::new(),
+                tracks_wgmma_registers,
+                warpgroups: (0..prog.threads.div_ceil(warpgroup::WARPGROUP as u32))
+                    .map(|_| warpgroup::Warpgroup::new(prog.max_registers.unwrap_or(0)))
+                    .collect(),
+                banks: banks::counting().then(|| banks::BankRecorder::new(prog.threads as usize)),
+            })
+            .collect();
+        let r = cluster::run_together(&mut blocks, &mut globals, &mut global_order, meets);
+        for blk in &mut blocks {
+            report.instructions += blk.executed;
+            if let Some(rec) = blk.banks.take() {
+                rec.finish(|pc| (prog.body[pc].loc, shared_op(&prog.body[pc].op)));
             }
+            for ((_, _), (name, shape, vals)) in std::mem::take(&mut blk.traces) {
+                report.prints.push(format_print(&name, &shape, blk.block, &vals));
+            }
+        }
+        if let Err(e) = r {
+            result = Err(e);
+            break;
         }
     }
     args::hand_back(args, globals, &tensor_slot);
@@ -890,6 +923,10 @@ fn stall_error(blk: &mut Block) -> SimError {
     if let Some(t) = blk.threads.iter().position(|t| t.parked) {
         let why = blk.stuck_phase(t);
         return blk.fail(t, format!("deadlock: an mbarrier wait waits for a phase {why}"));
+    }
+    let polling = |t: &Thread| !t.done && matches!(blk.prog.body.get(t.pc).map(|i| &i.op), Some(Op::LdAcquire { .. }));
+    if let Some(t) = blk.threads.iter().position(polling) {
+        return blk.fail(t, "deadlock: ld.acquire polls a flag word that no block writes again".into());
     }
     if let Some(t) = blk.threads.iter().position(|t| t.cluster_parked) {
         return blk.fail(t, "deadlock: barrier.cluster waits for threads of the cluster that never arrive".into());

@@ -1,0 +1,157 @@
+//! Thread programs whose blocks order each other through flags in global memory
+//! (`st.release.gpu` / `red.release.gpu.add`, `ld.acquire.gpu`), each with the faults a test
+//! can plant, and their arguments. Shared by the simulator's tests (`tests/simulator.rs`) and
+//! the GPU test that runs them against the simulator (`kda-runtime/tests/gpu_hopper.rs`).
+
+use super::hopper_programs::{tid, P};
+use kda_dsl::sim::{run, SimArg};
+use kda_dsl::thread_ir::*;
+
+/// Threads a block of the flag programs.
+pub const FLAG_THREADS: u32 = 64;
+
+/// How a block tells the next that its words are written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FlagKind {
+    /// `st.release` of 1 on the block's own flag word.
+    Store,
+    /// `red.release.add` of 1 on the block's own flag word.
+    Add,
+}
+
+/// What [`flag_chain_program`] gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FlagFault {
+    None,
+    /// Thread 0 releases the flag before the block writes its words.
+    ReleaseBeforeWrites,
+    /// No barrier between the block's writes and thread 0's release.
+    NoBarrierBeforeRelease,
+    /// The flag is set with a plain `st.global`, which releases nothing.
+    PlainFlagStore,
+    /// The last block never sets its flag.
+    FlagNeverSet,
+    /// The waiting block reads the next block's words before it polls the flag.
+    ReadsBeforePoll,
+}
+
+/// A chain through the grid, against the order the simulator runs blocks in: block `b` waits
+/// for block `b + 1`'s flag (the last block waits for none), then every thread `t` writes
+/// `chain[b][t] = chain[b + 1][t] + 1000 (b + 1) + t` (the last block: `1000 B + t`), the block
+/// meets at a barrier, and thread 0 sets the block's flag (`kind`). Thread 0 polls with
+/// `ld.acquire` and the block meets at a barrier before reading the words.
+pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (b, blocks) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
+    p.op(Op::LdParam { ty: Ty::S32, d: blocks, name: "p_blocks".into() });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    let next = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(b), b: Src::Imm(1) });
+    let my_flag = word_of(&mut p, "flags", b, 4);
+    let next_flag = word_of(&mut p, "flags", next, 4);
+    let row = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(i64::from(FLAG_THREADS)), c: Src::Reg(t) });
+    let mine = word_of(&mut p, "chain", row, 4);
+    // The last block's `chain[b + 1]` would be past the tensor: it reads nothing.
+    let last = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(next), b: Src::Reg(blocks) });
+    let prev = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: prev, a: Src::Imm(0) });
+    p.guarded(last, Op::Bra { target: 2 });
+    let read_next = |p: &mut P| {
+        p.op(Op::Ld {
+            space: Space::Global,
+            ty: Ty::U32,
+            d: vec![prev],
+            addr: mine,
+            offset: i64::from(FLAG_THREADS * 4),
+        })
+    };
+    if fault == FlagFault::ReadsBeforePoll {
+        read_next(&mut p);
+    }
+    // Thread 0 polls the next block's flag; the others wait at the barrier.
+    p.unless(first, Op::Bra { target: 1 });
+    let (flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Label(0));
+    p.op(Op::LdAcquire { d: flag, addr: next_flag, offset: 0 });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
+    p.guarded(unset, Op::Bra { target: 0 });
+    p.op(Op::Label(1));
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
+    if fault != FlagFault::ReadsBeforePoll {
+        read_next(&mut p);
+    }
+    p.op(Op::Label(2));
+    let release = |p: &mut P| match (kind, fault) {
+        (_, FlagFault::PlainFlagStore) => p.guarded(
+            first,
+            Op::St { space: Space::Global, ty: Ty::U32, addr: my_flag, offset: 0, vals: vec![Src::Imm(1)] },
+        ),
+        (FlagKind::Store, _) => p.guarded(first, Op::StRelease { addr: my_flag, offset: 0, a: Src::Imm(1) }),
+        (FlagKind::Add, _) => p.guarded(first, Op::RedReleaseAdd { addr: my_flag, offset: 0, a: Src::Imm(1) }),
+    };
+    if fault == FlagFault::ReleaseBeforeWrites {
+        release(&mut p);
+    }
+    let own = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: own, a: Src::Reg(next), b: Src::Imm(1000), c: Src::Reg(t) });
+    let value = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: value, a: Src::Reg(prev), b: Src::Reg(own) });
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: mine, offset: 0, vals: vec![Src::Reg(value)] });
+    if fault != FlagFault::NoBarrierBeforeRelease {
+        p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
+    }
+    match fault {
+        FlagFault::ReleaseBeforeWrites => {}
+        FlagFault::FlagNeverSet => {
+            let released = p.reg(RegClass::Pred);
+            p.op(Op::PredLogic { op: BinKind::And, d: released, a: first, b: last });
+            p.op(Op::PredLogic { op: BinKind::Xor, d: released, a: released, b: first });
+            p.guarded(released, Op::StRelease { addr: my_flag, offset: 0, a: Src::Imm(1) });
+        }
+        _ => release(&mut p),
+    }
+    p.op(Op::Ret);
+    let params = vec![("p_chain".into(), Ty::U64), ("p_flags".into(), Ty::U64), ("p_blocks".into(), Ty::S32)];
+    p.prog(FLAG_THREADS, 0, params)
+}
+
+/// The address of word `index` (of `bytes` each) of tensor `name`.
+fn word_of(p: &mut P, name: &str, index: Reg, bytes: i64) -> Reg {
+    let base = p.reg(RegClass::B64);
+    p.op(Op::LdParam { ty: Ty::U64, d: base, name: format!("p_{name}") });
+    let off = p.reg(RegClass::B64);
+    p.op(Op::MulWide { ty: Ty::U32, d: off, a: Src::Reg(index), b: Src::Imm(bytes) });
+    let a = p.reg(RegClass::B64);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: a, a: Src::Reg(base), b: Src::Reg(off) });
+    a
+}
+
+/// [`flag_chain_program`]'s arguments over `blocks` blocks: the words (poisoned), the flags
+/// (zero, one a block), the count.
+pub fn flag_chain_args(blocks: u32) -> Vec<(String, SimArg)> {
+    vec![
+        ("chain".to_string(), SimArg::Tensor(vec![0xee; (blocks * FLAG_THREADS * 4) as usize])),
+        ("flags".to_string(), SimArg::Tensor(vec![0; (blocks * 4) as usize])),
+        ("blocks".to_string(), SimArg::I32(blocks as i32)),
+    ]
+}
+
+/// What [`flag_chain_program`] writes over `blocks` blocks: `chain[b][t] = sum over c >= b of
+/// 1000 (c + 1) + t`.
+pub fn flag_chain_expected(blocks: u32) -> Vec<u32> {
+    (0..blocks).flat_map(|b| (0..FLAG_THREADS).map(move |t| (b..blocks).map(|c| 1000 * (c + 1) + t).sum())).collect()
+}
+
+/// Runs [`flag_chain_program`] over 4 blocks; the words it wrote.
+pub fn run_flag_chain(kind: FlagKind, fault: FlagFault) -> Result<Vec<u32>, String> {
+    const BLOCKS: u32 = 4;
+    let mut args = flag_chain_args(BLOCKS);
+    run(&flag_chain_program(kind, fault), [BLOCKS, 1, 1], &mut args).map_err(|e| e.to_string())?;
+    let SimArg::Tensor(chain) = &args[0].1 else { unreachable!("a tensor") };
+    Ok(chain.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect())
+}

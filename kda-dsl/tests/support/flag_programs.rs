@@ -3,7 +3,7 @@
 //! can plant, and their arguments. Shared by the simulator's tests (`tests/simulator.rs`) and
 //! the GPU test that runs them against the simulator (`kda-runtime/tests/gpu_hopper.rs`).
 
-use super::hopper_programs::{tid, P};
+use super::hopper_programs::{per_thread_global, tid, P};
 use kda_dsl::sim::{run, SimArg};
 use kda_dsl::thread_ir::*;
 
@@ -50,11 +50,11 @@ pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
     let next = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(b), b: Src::Imm(1) });
-    let my_flag = word_of(&mut p, "flags", b, 4);
-    let next_flag = word_of(&mut p, "flags", next, 4);
+    let my_flag = per_thread_global(&mut p, b, "flags", 4);
+    let next_flag = per_thread_global(&mut p, next, "flags", 4);
     let row = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(i64::from(FLAG_THREADS)), c: Src::Reg(t) });
-    let mine = word_of(&mut p, "chain", row, 4);
+    let mine = per_thread_global(&mut p, row, "chain", 4);
     // The last block's `chain[b + 1]` would be past the tensor: it reads nothing.
     let last = p.reg(RegClass::Pred);
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(next), b: Src::Reg(blocks) });
@@ -118,17 +118,6 @@ pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
     p.op(Op::Ret);
     let params = vec![("p_chain".into(), Ty::U64), ("p_flags".into(), Ty::U64), ("p_blocks".into(), Ty::S32)];
     p.prog(FLAG_THREADS, 0, params)
-}
-
-/// The address of word `index` (of `bytes` each) of tensor `name`.
-fn word_of(p: &mut P, name: &str, index: Reg, bytes: i64) -> Reg {
-    let base = p.reg(RegClass::B64);
-    p.op(Op::LdParam { ty: Ty::U64, d: base, name: format!("p_{name}") });
-    let off = p.reg(RegClass::B64);
-    p.op(Op::MulWide { ty: Ty::U32, d: off, a: Src::Reg(index), b: Src::Imm(bytes) });
-    let a = p.reg(RegClass::B64);
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::S64, d: a, a: Src::Reg(base), b: Src::Reg(off) });
-    a
 }
 
 /// [`flag_chain_program`]'s arguments over `blocks` blocks: the words (poisoned), the flags

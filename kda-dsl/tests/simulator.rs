@@ -51,6 +51,27 @@ fn blocks_hand_words_down_a_chain_of_flags() {
 }
 
 #[test]
+fn polls_of_different_words_at_one_instruction_each_read_their_own() {
+    let mut args = vec![
+        ("flags".to_string(), SimArg::Tensor(vec![1; 5 * 4])),
+        ("out".to_string(), SimArg::Tensor(vec![0; 32 * 4])),
+    ];
+    run(&successive_polls_program(5), [1, 1, 1], &mut args).expect("runs");
+    assert_eq!(words_of(&args, "out"), vec![5; 32]);
+}
+
+#[test]
+fn a_release_in_a_grid_that_polls_nothing_is_a_store() {
+    let mut args = vec![
+        ("flags".to_string(), SimArg::Tensor(vec![0; 4])),
+        ("out".to_string(), SimArg::Tensor(vec![0xee; 32 * 4])),
+    ];
+    run(&release_only_program(7), [1, 1, 1], &mut args).expect("runs");
+    assert_eq!(words_of(&args, "flags"), vec![7]);
+    assert_eq!(words_of(&args, "out"), (0..32).collect::<Vec<u32>>());
+}
+
+#[test]
 fn flag_misuse_is_reported() {
     let written_unordered = "written by thread 0 of the grid's block 3 and read by thread 0 with no flag between";
     assert_each_fault_reported(

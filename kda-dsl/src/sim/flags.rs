@@ -23,6 +23,15 @@ use super::*;
 /// flag accesses, which do not race with each other.
 const FLAG_WRITER: u32 = u32::MAX - 2;
 
+/// A thread's last `ld.acquire`: the instruction, the word's global address, and the count of
+/// global writes then ([`GlobalOrder::writes`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Poll {
+    pub(super) pc: usize,
+    pub(super) addr: u64,
+    pub(super) writes: u64,
+}
+
 /// What a resident grid's global memory remembers for its order: per tensor and byte the last
 /// writer (a thread of the grid, [`NONE`] before the launch wrote it) and its block's epoch
 /// then, per (tensor, byte) read since its last write each reading thread and its block's
@@ -76,11 +85,12 @@ impl Block<'_> {
         self.global_slice(addr, 4)
     }
 
-    /// Whether thread `t`, at an `ld.acquire` at `pc`, would read its word again with nothing
-    /// written to global memory since its last poll there: then it waits for a write.
-    pub(super) fn poll_unchanged(&self, t: usize, pc: usize) -> bool {
+    /// Whether thread `t`, at an `ld.acquire` of global address `addr` at `pc`, would read the
+    /// word it read there last with nothing written to global memory since: then it waits for
+    /// a write.
+    pub(super) fn poll_unchanged(&self, t: usize, pc: usize, addr: u64) -> bool {
         let writes = self.global_order.as_ref().map_or(0, |o| o.writes);
-        self.threads[t].polled == Some((pc, writes))
+        self.threads[t].polled == Some(Poll { pc, addr, writes })
     }
 
     /// `ld.acquire.gpu.global.u32`: thread `t` reads the flag word at `addr` and acquires what
@@ -90,7 +100,7 @@ impl Block<'_> {
         let word = u32::from_le_bytes(self.globals[b][off..off + 4].try_into().expect("4 bytes"));
         let pc = self.threads[t].pc;
         let order = self.global_order.as_ref().ok_or("ld.acquire in a grid that is not resident: not simulated")?;
-        self.threads[t].polled = Some((pc, order.writes));
+        self.threads[t].polled = Some(Poll { pc, addr, writes: order.writes });
         if let Some(released) = order.releases.get(&(b, off)).cloned() {
             self.acquire(t, &released);
         }
@@ -104,7 +114,9 @@ impl Block<'_> {
         let old = u32::from_le_bytes(self.globals[b][off..off + 4].try_into().expect("4 bytes"));
         let word = if add { old.wrapping_add(value as u32) } else { value as u32 };
         let release = self.release_from(t);
-        let order = self.global_order.as_mut().ok_or("a release in a grid that is not resident: not simulated")?;
+        self.globals[b][off..off + 4].copy_from_slice(&word.to_le_bytes());
+        // A grid that polls no flag is not resident: nothing in it acquires the release.
+        let Some(order) = self.global_order.as_mut() else { return Ok(()) };
         let kept = order.releases.entry((b, off)).or_default();
         if add && !kept.is_empty() {
             merge(kept, &release);
@@ -113,7 +125,6 @@ impl Block<'_> {
         }
         order.writers[b][off..off + 4].fill((FLAG_WRITER, 0));
         order.writes += 1;
-        self.globals[b][off..off + 4].copy_from_slice(&word.to_le_bytes());
         Ok(())
     }
 

@@ -124,9 +124,8 @@ struct Thread {
     cluster_arrived: Option<u32>,
     /// Waiting at `barrier.cluster.wait` for the rest of the cluster (pc points at it).
     cluster_parked: bool,
-    /// Its last `ld.acquire`: the instruction, and the count of global writes then
-    /// ([`flags::GlobalOrder::writes`]).
-    polled: Option<(usize, u64)>,
+    /// Its last `ld.acquire`.
+    polled: Option<flags::Poll>,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -375,8 +374,11 @@ impl<'a> Block<'a> {
                     }
                 }
             }
-            if matches!(inst.op, Op::LdAcquire { .. }) && self.poll_unchanged(t, th.pc) {
-                return Ok(());
+            if let Op::LdAcquire { addr, offset, .. } = inst.op {
+                let at = self.get(t, &Src::Reg(addr)).wrapping_add(offset as u64);
+                if self.poll_unchanged(t, self.threads[t].pc, at) {
+                    return Ok(());
+                }
             }
             if let Op::MbarrierWait { addr, parity, .. } = &inst.op {
                 let (a, p) = (self.get(t, &Src::Reg(*addr)), self.get(t, parity));

@@ -141,6 +141,52 @@ pub fn run_flag_chain(kind: FlagKind, fault: FlagFault) -> Result<Vec<u32>, Stri
     const BLOCKS: u32 = 4;
     let mut args = flag_chain_args(BLOCKS);
     run(&flag_chain_program(kind, fault), [BLOCKS, 1, 1], &mut args).map_err(|e| e.to_string())?;
-    let SimArg::Tensor(chain) = &args[0].1 else { unreachable!("a tensor") };
-    Ok(chain.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect())
+    Ok(words_of(&args, "chain"))
+}
+
+/// One block whose threads poll `n` flag words in turn at one instruction (every word already
+/// set by the host), then store how many they passed, a word a thread: polls of different words
+/// at the same instruction, with nothing written between, each read their own word.
+pub fn successive_polls_program(n: i64) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (i, flag) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    let (unset, more) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    p.op(Op::Mov { ty: Ty::U32, d: i, a: Src::Imm(0) });
+    p.op(Op::Label(0));
+    let word = per_thread_global(&mut p, i, "flags", 4);
+    p.op(Op::LdAcquire { d: flag, addr: word, offset: 0 });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
+    p.guarded(unset, Op::Bra { target: 0 });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: i, a: Src::Reg(i), b: Src::Imm(1) });
+    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(i), b: Src::Imm(n) });
+    p.guarded(more, Op::Bra { target: 0 });
+    let out = per_thread_global(&mut p, t, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(i)] });
+    p.op(Op::Ret);
+    p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_out".into(), Ty::U64)])
+}
+
+/// A block that only releases: thread `t` stores `t` into its word of `out`, the block meets,
+/// and thread 0 releases flag word 0 with `value`. No `ld.acquire`, so the grid is not resident.
+pub fn release_only_program(value: i64) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let out = per_thread_global(&mut p, t, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(t)] });
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+    let first = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    let zero = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
+    let flag = per_thread_global(&mut p, zero, "flags", 4);
+    p.guarded(first, Op::StRelease { addr: flag, offset: 0, a: Src::Imm(value) });
+    p.op(Op::Ret);
+    p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_out".into(), Ty::U64)])
+}
+
+/// The words of a tensor argument.
+pub fn words_of(args: &[(String, SimArg)], name: &str) -> Vec<u32> {
+    let Some((_, SimArg::Tensor(bytes))) = args.iter().find(|(n, _)| n == name) else { panic!("no tensor {name}") };
+    bytes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect()
 }

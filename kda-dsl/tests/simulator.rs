@@ -72,6 +72,16 @@ fn a_release_in_a_grid_that_polls_nothing_is_a_store() {
 }
 
 #[test]
+fn a_count_of_releases_orders_every_adder_before_its_reader() {
+    let mut args = flag_count_args(5);
+    run(&flag_count_program(false), [5, 1, 1], &mut args).expect("runs");
+    assert_eq!(words_of(&args, "out"), flag_count_expected(5));
+    let mut args = flag_count_args(5);
+    let e = run(&flag_count_program(true), [5, 1, 1], &mut args).expect_err("a planted fault").to_string();
+    assert!(e.contains("of `data` written by thread 0 of the grid's block 4 and read by thread 0 with no flag"), "{e}");
+}
+
+#[test]
 fn flag_misuse_is_reported() {
     let written_unordered = "written by thread 0 of the grid's block 3 and read by thread 0 with no flag between";
     assert_each_fault_reported(

@@ -140,6 +140,13 @@ fn probes() -> Vec<Probe> {
             grid: [8, 1, 1],
         });
     }
+    out.push(Probe {
+        name: "5 blocks counted on one flag word: red.release.add, ld.acquire".into(),
+        target: Target::Sm80,
+        program: flag_count_program(false),
+        args: flag_count_args(5),
+        grid: [5, 1, 1],
+    });
     out
 }
 

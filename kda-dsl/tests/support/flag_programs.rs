@@ -190,3 +190,94 @@ pub fn words_of(args: &[(String, SimArg)], name: &str) -> Vec<u32> {
     let Some((_, SimArg::Tensor(bytes))) = args.iter().find(|(n, _)| n == name) else { panic!("no tensor {name}") };
     bytes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes"))).collect()
 }
+
+/// Blocks counted through one flag word: every block but 0 writes `data[b][t] = 100 b + t`,
+/// meets its barrier, and thread 0 adds 1 to the count (`red.release.add`); block 0's thread 0
+/// polls until the count is `blocks - 1`, the block meets, and each thread stores the sum of
+/// the others' words, `out[t]`. The read needs every adder's release: a count continues the
+/// word's release sequence. With `late_writer`, the last block writes its words after adding.
+pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (b, blocks) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
+    p.op(Op::LdParam { ty: Ty::S32, d: blocks, name: "p_blocks".into() });
+    let (first, waiter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: waiter, a: Src::Reg(b), b: Src::Imm(0) });
+    let zero = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
+    let count = per_thread_global(&mut p, zero, "flags", 4);
+    p.guarded(waiter, Op::Bra { target: 1 });
+    // An adder: its words, the barrier, the count.
+    let row = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(i64::from(FLAG_THREADS)), c: Src::Reg(t) });
+    let mine = per_thread_global(&mut p, row, "data", 4);
+    let value = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Reg(b), b: Src::Imm(100), c: Src::Reg(t) });
+    let write = Op::St { space: Space::Global, ty: Ty::U32, addr: mine, offset: 0, vals: vec![Src::Reg(value)] };
+    let last = p.reg(RegClass::Pred);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(1) });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(row), b: Src::Reg(blocks) });
+    if late_writer {
+        p.unless(last, write.clone());
+    } else {
+        p.op(write.clone());
+    }
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
+    p.guarded(first, Op::RedReleaseAdd { addr: count, offset: 0, a: Src::Imm(1) });
+    if late_writer {
+        p.guarded(last, write);
+    }
+    p.op(Op::Ret);
+    // The waiter.
+    p.op(Op::Label(1));
+    let expected = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Sub, ty: Ty::U32, d: expected, a: Src::Reg(blocks), b: Src::Imm(1) });
+    p.unless(first, Op::Bra { target: 3 });
+    let (seen, short) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Label(2));
+    p.op(Op::LdAcquire { d: seen, addr: count, offset: 0 });
+    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: short, a: Src::Reg(seen), b: Src::Reg(expected) });
+    p.guarded(short, Op::Bra { target: 2 });
+    p.op(Op::Label(3));
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
+    let (sum, c, word, more) =
+        (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Mov { ty: Ty::U32, d: sum, a: Src::Imm(0) });
+    p.op(Op::Mov { ty: Ty::U32, d: c, a: Src::Imm(1) });
+    p.op(Op::Label(4));
+    let at = p.reg(RegClass::B32);
+    p.op(Op::Mad { ty: Ty::U32, d: at, a: Src::Reg(c), b: Src::Imm(i64::from(FLAG_THREADS)), c: Src::Reg(t) });
+    let theirs = per_thread_global(&mut p, at, "data", 4);
+    p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: vec![word], addr: theirs, offset: 0 });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: sum, a: Src::Reg(sum), b: Src::Reg(word) });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: c, a: Src::Reg(c), b: Src::Imm(1) });
+    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(c), b: Src::Reg(blocks) });
+    p.guarded(more, Op::Bra { target: 4 });
+    let out = per_thread_global(&mut p, t, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(sum)] });
+    p.op(Op::Ret);
+    let params = vec![
+        ("p_data".into(), Ty::U64),
+        ("p_flags".into(), Ty::U64),
+        ("p_out".into(), Ty::U64),
+        ("p_blocks".into(), Ty::S32),
+    ];
+    p.prog(FLAG_THREADS, 0, params)
+}
+
+/// [`flag_count_program`]'s arguments over `blocks` blocks.
+pub fn flag_count_args(blocks: u32) -> Vec<(String, SimArg)> {
+    vec![
+        ("data".to_string(), SimArg::Tensor(vec![0xee; (blocks * FLAG_THREADS * 4) as usize])),
+        ("flags".to_string(), SimArg::Tensor(vec![0; 4])),
+        ("out".to_string(), SimArg::Tensor(vec![0xee; (FLAG_THREADS * 4) as usize])),
+        ("blocks".to_string(), SimArg::I32(blocks as i32)),
+    ]
+}
+
+/// What [`flag_count_program`] stores over `blocks` blocks: `out[t] = sum over b >= 1 of 100 b + t`.
+pub fn flag_count_expected(blocks: u32) -> Vec<u32> {
+    (0..FLAG_THREADS).map(|t| (1..blocks).map(|b| 100 * b + t).sum()).collect()
+}

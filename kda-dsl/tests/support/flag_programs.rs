@@ -144,6 +144,14 @@ pub fn run_flag_chain(kind: FlagKind, fault: FlagFault) -> Result<Vec<u32>, Stri
     Ok(words_of(&args, "chain"))
 }
 
+/// `i += 1`, then back to label `top` while `i < limit`.
+fn count_up_to(p: &mut P, i: Reg, limit: Src, top: u32) {
+    let more = p.reg(RegClass::Pred);
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: i, a: Src::Reg(i), b: Src::Imm(1) });
+    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(i), b: limit });
+    p.guarded(more, Op::Bra { target: top });
+}
+
 /// One block whose threads poll `n` flag words in turn at one instruction (every word already
 /// set by the host), then store how many they passed, a word a thread: polls of different words
 /// at the same instruction, with nothing written between, each read their own word.
@@ -151,16 +159,14 @@ pub fn successive_polls_program(n: i64) -> ThreadProgram {
     let mut p = P::new();
     let t = tid(&mut p);
     let (i, flag) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    let (unset, more) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    let unset = p.reg(RegClass::Pred);
     p.op(Op::Mov { ty: Ty::U32, d: i, a: Src::Imm(0) });
     p.op(Op::Label(0));
     let word = per_thread_global(&mut p, i, "flags", 4);
     p.op(Op::LdAcquire { d: flag, addr: word, offset: 0 });
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
     p.guarded(unset, Op::Bra { target: 0 });
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: i, a: Src::Reg(i), b: Src::Imm(1) });
-    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(i), b: Src::Imm(n) });
-    p.guarded(more, Op::Bra { target: 0 });
+    count_up_to(&mut p, i, Src::Imm(n), 0);
     let out = per_thread_global(&mut p, t, "out", 4);
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(i)] });
     p.op(Op::Ret);
@@ -242,8 +248,7 @@ pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
     p.guarded(short, Op::Bra { target: 2 });
     p.op(Op::Label(3));
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
-    let (sum, c, word, more) =
-        (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    let (sum, c, word) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32));
     p.op(Op::Mov { ty: Ty::U32, d: sum, a: Src::Imm(0) });
     p.op(Op::Mov { ty: Ty::U32, d: c, a: Src::Imm(1) });
     p.op(Op::Label(4));
@@ -252,9 +257,7 @@ pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
     let theirs = per_thread_global(&mut p, at, "data", 4);
     p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: vec![word], addr: theirs, offset: 0 });
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: sum, a: Src::Reg(sum), b: Src::Reg(word) });
-    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: c, a: Src::Reg(c), b: Src::Imm(1) });
-    p.op(Op::Setp { cmp: Cmp::Lt, ty: Ty::U32, d: more, a: Src::Reg(c), b: Src::Reg(blocks) });
-    p.guarded(more, Op::Bra { target: 4 });
+    count_up_to(&mut p, c, Src::Reg(blocks), 4);
     let out = per_thread_global(&mut p, t, "out", 4);
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(sum)] });
     p.op(Op::Ret);

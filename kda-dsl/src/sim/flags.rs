@@ -23,6 +23,32 @@ use super::*;
 /// flag accesses, which do not race with each other.
 const FLAG_WRITER: u32 = u32::MAX - 2;
 
+/// A thread's access to global bytes, as the order of a resident grid checks it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum GlobalAccess {
+    Read,
+    Write,
+}
+
+impl GlobalAccess {
+    /// As an error message says it: "read by", "written by".
+    fn participle(self) -> &'static str {
+        match self {
+            GlobalAccess::Read => "read",
+            GlobalAccess::Write => "written",
+        }
+    }
+}
+
+/// How a release sets its flag word.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Release {
+    /// `st.release`: the word becomes the value; its earlier releases are replaced.
+    Store,
+    /// `red.release.add`: the value is added; the release joins the word's earlier ones.
+    Add,
+}
+
 /// A thread's last `ld.acquire`: the instruction, the word's global address, and the count of
 /// global writes then ([`GlobalOrder::writes`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -107,18 +133,21 @@ impl Block<'_> {
         Ok(u64::from(word))
     }
 
-    /// `st.release.gpu.global.u32` (`add`: `red.release.gpu.global.add.u32`): thread `t` sets
-    /// (adds `value` to) the flag word at `addr`, releasing what its warp did and knows.
-    pub(super) fn st_release(&mut self, t: usize, addr: u64, value: u64, add: bool) -> R<()> {
+    /// `st.release.gpu.global.u32` or `red.release.gpu.global.add.u32` (`how`): thread `t`
+    /// sets (adds `value` to) the flag word at `addr`, releasing what its warp did and knows.
+    pub(super) fn release_flag(&mut self, t: usize, addr: u64, value: u64, how: Release) -> R<()> {
         let (b, off) = self.flag_word(addr)?;
         let old = u32::from_le_bytes(self.globals[b][off..off + 4].try_into().expect("4 bytes"));
-        let word = if add { old.wrapping_add(value as u32) } else { value as u32 };
+        let word = match how {
+            Release::Store => value as u32,
+            Release::Add => old.wrapping_add(value as u32),
+        };
         let release = self.release_from(t);
         self.globals[b][off..off + 4].copy_from_slice(&word.to_le_bytes());
         // A grid that polls no flag is not resident: nothing in it acquires the release.
         let Some(order) = self.global_order.as_mut() else { return Ok(()) };
         let kept = order.releases.entry((b, off)).or_default();
-        if add && !kept.is_empty() {
+        if how == Release::Add && !kept.is_empty() {
             merge(kept, &release);
         } else {
             *kept = release;
@@ -128,12 +157,13 @@ impl Block<'_> {
         Ok(())
     }
 
-    /// Checks thread `t`'s access (`what`: "read" or "written") to `n` global bytes of tensor
-    /// `b` at `off` against each byte's last write by another thread (a write, also against
-    /// the reads since), then records it. Nothing to check outside a resident grid.
-    pub(super) fn order_global(&mut self, t: usize, b: usize, off: usize, n: usize, what: &str) -> R<()> {
+    /// Checks thread `t`'s `access` to `n` global bytes of tensor `b` at `off` against each
+    /// byte's last write by another thread (a write, also against the reads since), then
+    /// records it. Nothing to check outside a resident grid.
+    pub(super) fn order_global(&mut self, t: usize, b: usize, off: usize, n: usize, access: GlobalAccess) -> R<()> {
         let Some(order) = self.global_order.as_ref() else { return Ok(()) };
-        let (me, now, writing) = (self.group_thread(t), self.released, what == "written");
+        let (me, now, writing) = (self.group_thread(t), self.released, access == GlobalAccess::Write);
+        let what = access.participle();
         let race = |i: usize, other: &str, who: u32| {
             format!(
                 "race: global byte {i} of `{}` {other} by {} and {what} by thread {t} with no flag between (a \
@@ -151,12 +181,12 @@ impl Block<'_> {
                 ));
             }
             if writer != NONE && writer != FLAG_WRITER && !self.ordered(writer, epoch, t as u32) {
-                return Err(race(i, "written", writer));
+                return Err(race(i, GlobalAccess::Write.participle(), writer));
             }
             if writing {
                 let readers = order.readers.get(&(b, i)).map_or(&[][..], Vec::as_slice);
                 if let Some(&(reader, _)) = readers.iter().find(|(r, e)| !self.ordered(*r, *e, t as u32)) {
-                    return Err(race(i, "read", reader));
+                    return Err(race(i, GlobalAccess::Read.participle(), reader));
                 }
             }
         }

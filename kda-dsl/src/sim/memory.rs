@@ -27,14 +27,14 @@ impl Block<'_> {
     /// Thread `t`'s read of `n` global bytes at `addr`.
     pub(super) fn read_global(&mut self, t: usize, addr: u64, n: usize) -> R<Vec<u8>> {
         let (b, off) = self.global_slice(addr, n)?;
-        self.order_global(t, b, off, n, "read")?;
+        self.order_global(t, b, off, n, flags::GlobalAccess::Read)?;
         Ok(self.globals[b][off..off + n].to_vec())
     }
 
     /// Thread `t`'s write of `bytes` at global address `addr`.
     pub(super) fn write_global(&mut self, t: usize, addr: u64, bytes: &[u8]) -> R<()> {
         let (b, off) = self.global_slice(addr, bytes.len())?;
-        self.order_global(t, b, off, bytes.len(), "written")?;
+        self.order_global(t, b, off, bytes.len(), flags::GlobalAccess::Write)?;
         self.globals[b][off..off + bytes.len()].copy_from_slice(bytes);
         Ok(())
     }

@@ -618,7 +618,7 @@ impl<'a> Block<'a> {
                     if off + n > self.globals[b].len() {
                         return Err("cp.async reads past the tensor".into());
                     }
-                    self.order_global(t, b, off, n, "read")?;
+                    self.order_global(t, b, off, n, flags::GlobalAccess::Read)?;
                     data[..n].copy_from_slice(&self.globals[b][off..off + n]);
                 }
                 self.threads[t].open_group.push((d as u32, data));
@@ -631,7 +631,11 @@ impl<'a> Block<'a> {
             Op::StRelease { addr, offset, a } | Op::RedReleaseAdd { addr, offset, a } => {
                 let at = self.get(t, &Src::Reg(*addr)).wrapping_add(*offset as u64);
                 let v = self.get(t, a);
-                self.st_release(t, at, v, matches!(inst.op, Op::RedReleaseAdd { .. }))?;
+                let how = match inst.op {
+                    Op::RedReleaseAdd { .. } => flags::Release::Add,
+                    _ => flags::Release::Store,
+                };
+                self.release_flag(t, at, v, how)?;
             }
             Op::Prefetch { addr } => {
                 // Nothing moves; the address must still be one of the tensor's (masks hold).

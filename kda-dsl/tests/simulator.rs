@@ -51,13 +51,41 @@ fn blocks_hand_words_down_a_chain_of_flags() {
 }
 
 #[test]
-fn polls_of_different_words_at_one_instruction_each_read_their_own() {
+fn polls_with_nothing_written_between_read_their_word_without_waiting() {
+    // Five words in turn, and one word five times (an outer loop waiting again for a flag it
+    // saw set).
+    for words in [5, 1] {
+        let flags = SimArg::Tensor(vec![1; 5 * 4]);
+        let mut args = vec![("flags".to_string(), flags), ("out".to_string(), SimArg::Tensor(vec![0; 32 * 4]))];
+        run(&repeated_polls_program(5, words), [1, 1, 1], &mut args).unwrap_or_else(|e| panic!("{words} words: {e}"));
+        assert_eq!(words_of(&args, "out"), vec![5; 32], "{words} words");
+    }
+}
+
+#[test]
+fn polls_alternating_between_two_words_let_the_other_blocks_run() {
+    let mut args =
+        vec![("flags".to_string(), SimArg::Tensor(vec![0; 2 * 4])), ("out".to_string(), SimArg::Tensor(vec![0; 4]))];
+    run(&two_flags_program(), [2, 1, 1], &mut args).expect("runs");
+    assert_eq!(words_of(&args, "out"), vec![3]);
+}
+
+#[test]
+fn a_block_that_releases_as_it_finishes_wakes_its_pollers() {
     let mut args = vec![
-        ("flags".to_string(), SimArg::Tensor(vec![1; 5 * 4])),
-        ("out".to_string(), SimArg::Tensor(vec![0; 32 * 4])),
+        ("flags".to_string(), SimArg::Tensor(vec![0; 4])),
+        ("data".to_string(), SimArg::Tensor(vec![0xee; 32 * 4])),
+        ("out".to_string(), SimArg::Tensor(vec![0xee; 32 * 4])),
     ];
-    run(&successive_polls_program(5), [1, 1, 1], &mut args).expect("runs");
-    assert_eq!(words_of(&args, "out"), vec![5; 32]);
+    run(&release_at_the_end_program(), [2, 1, 1], &mut args).expect("runs");
+    assert_eq!(words_of(&args, "out"), (0..32).collect::<Vec<u32>>());
+}
+
+#[test]
+fn a_spin_that_never_repeats_a_poll_ends_at_the_limit() {
+    let mut args = vec![("flags".to_string(), SimArg::Tensor(vec![0; 4]))];
+    let e = run(&counting_spin_program(), [1, 1, 1], &mut args).expect_err("a flag never set").to_string();
+    assert!(e.contains("polls of flag words by one thread"), "{e}");
 }
 
 #[test]
@@ -73,12 +101,24 @@ fn a_release_in_a_grid_that_polls_nothing_is_a_store() {
 
 #[test]
 fn a_count_of_releases_orders_every_adder_before_its_reader() {
-    let mut args = flag_count_args(5);
-    run(&flag_count_program(false), [5, 1, 1], &mut args).expect("runs");
-    assert_eq!(words_of(&args, "out"), flag_count_expected(5));
-    let mut args = flag_count_args(5);
-    let e = run(&flag_count_program(true), [5, 1, 1], &mut args).expect_err("a planted fault").to_string();
-    assert!(e.contains("of `data` written by thread 0 of the grid's block 4 and read by thread 0 with no flag"), "{e}");
+    for variant in [CountVariant::Plain, CountVariant::WaiterResets] {
+        let mut args = flag_count_args(5);
+        run(&flag_count_program(variant), [5, 1, 1], &mut args).unwrap_or_else(|e| panic!("{variant:?}: {e}"));
+        assert_eq!(words_of(&args, "out"), flag_count_expected(5), "{variant:?}");
+    }
+    assert_each_fault_reported(
+        |variant| {
+            let mut args = flag_count_args(5);
+            run(&flag_count_program(variant), [5, 1, 1], &mut args).map_err(|e| e.to_string())
+        },
+        &[
+            (CountVariant::LateWriter, "of `data` written by thread 0 of the grid's block 4 and read by thread 0 with no flag"),
+            (
+                CountVariant::LastAdderStoresPlainly,
+                "global byte 0 of `flags` set by a flag access by thread 0 of the grid's block 3 and written by thread 0",
+            ),
+        ],
+    );
 }
 
 #[test]
@@ -92,7 +132,10 @@ fn flag_misuse_is_reported() {
                 FlagFault::NoBarrierBeforeRelease,
                 "written by thread 1 of the grid's block 3 and read by thread 1 with no flag",
             ),
-            (FlagFault::PlainFlagStore, written_unordered),
+            (
+                FlagFault::PlainFlagStore,
+                "flag word at byte 12 of `flags` stored by thread 0 of the grid's block 3 with a plain store",
+            ),
             (FlagFault::FlagNeverSet, "deadlock: ld.acquire polls a flag word that no block writes again"),
             (FlagFault::ReadsBeforePoll, "read by thread 0 of the grid's block 2 and written by thread 0 with no flag"),
         ],
@@ -634,7 +677,8 @@ fn hopper_programs_assemble() {
         ("cluster_ping_pong", cluster_ping_pong_program(), Target::Sm90, "STAS"),
         ("cluster_turns", cluster_turns_program(TurnsFault::None), Target::Sm90, "UBLKCP.S.S"),
         ("flag_chain", flag_chain_program(FlagKind::Store, FlagFault::None), Target::Sm80, "STG.E.STRONG.GPU"),
-        ("flag_count", flag_chain_program(FlagKind::Add, FlagFault::None), Target::Sm80, "RED.E.ADD.STRONG.GPU"),
+        ("flag_chain_add", flag_chain_program(FlagKind::Add, FlagFault::None), Target::Sm80, "RED.E.ADD.STRONG.GPU"),
+        ("flag_count", flag_count_program(CountVariant::WaiterResets), Target::Sm80, "LDG.E.STRONG.GPU"),
     ];
     for (name, prog, target, sass_op) in programs {
         let ptx = kda_dsl::ptx::print_module(&prog, target);

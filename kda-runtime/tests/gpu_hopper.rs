@@ -143,7 +143,7 @@ fn probes() -> Vec<Probe> {
     out.push(Probe {
         name: "5 blocks counted on one flag word: red.release.add, ld.acquire".into(),
         target: Target::Sm80,
-        program: flag_count_program(false),
+        program: flag_count_program(CountVariant::Plain),
         args: flag_count_args(5),
         grid: [5, 1, 1],
     });

@@ -318,7 +318,11 @@ pub(super) fn run_together(
             *globals = std::mem::take(&mut blk.globals);
             *global_order = blk.global_order.take();
             match r? {
-                Round::Finished => finished[b] = true,
+                Round::Finished => {
+                    // Its last instructions ran in this round.
+                    finished[b] = true;
+                    progress = true;
+                }
                 Round::Progressed => progress = true,
                 Round::Stalled => {}
             }
@@ -335,8 +339,7 @@ pub(super) fn run_together(
             // A phase that never completes says more than the barrier.cluster that waits on it.
             let live = |b: &usize| !finished[*b];
             let parked = (0..blocks.len()).filter(live).find(|b| blocks[*b].threads.iter().any(|t| t.parked));
-            let polling =
-                (0..blocks.len()).filter(live).find(|b| blocks[*b].threads.iter().any(|t| t.polled.is_some()));
+            let polling = (0..blocks.len()).filter(live).find(|b| blocks[*b].polling_thread().is_some());
             let b = parked.or(polling).or((0..blocks.len()).find(live)).unwrap_or(0);
             return Err(stall_error(&mut blocks[b]));
         }

@@ -124,8 +124,8 @@ struct Thread {
     cluster_arrived: Option<u32>,
     /// Waiting at `barrier.cluster.wait` for the rest of the cluster (pc points at it).
     cluster_parked: bool,
-    /// Its last `ld.acquire`.
-    polled: Option<flags::Poll>,
+    /// Its `ld.acquire`s ([`flags`]).
+    polls: flags::Polls,
 }
 
 /// What a shared byte's race check needs: its last write and the reads since, each with the
@@ -376,7 +376,7 @@ impl<'a> Block<'a> {
             }
             if let Op::LdAcquire { addr, offset, .. } = inst.op {
                 let at = self.get(t, &Src::Reg(addr)).wrapping_add(offset as u64);
-                if self.poll_unchanged(t, self.threads[t].pc, at) {
+                if self.poll_waits(t, self.threads[t].pc, at) {
                     return Ok(());
                 }
             }
@@ -397,6 +397,10 @@ impl<'a> Block<'a> {
             self.executed += 1;
             self.exec(t, inst)?;
             self.check_uninit()?;
+            if matches!(inst.op, Op::LdAcquire { .. }) {
+                // The other blocks run before it polls again.
+                return Ok(());
+            }
         }
     }
 
@@ -819,7 +823,7 @@ pub fn run(prog: &ThreadProgram, grid: [u32; 3], args: &mut [(String, SimArg)]) 
                         bulk_groups: Default::default(),
                         cluster_arrived: None,
                         cluster_parked: false,
-                        polled: None,
+                        polls: Default::default(),
                     })
                     .collect(),
                 shared: vec![0; prog.shared_bytes as usize],
@@ -930,8 +934,7 @@ fn stall_error(blk: &mut Block) -> SimError {
         let why = blk.stuck_phase(t);
         return blk.fail(t, format!("deadlock: an mbarrier wait waits for a phase {why}"));
     }
-    let polling = |t: &Thread| !t.done && matches!(blk.prog.body.get(t.pc).map(|i| &i.op), Some(Op::LdAcquire { .. }));
-    if let Some(t) = blk.threads.iter().position(polling) {
+    if let Some(t) = blk.polling_thread() {
         return blk.fail(t, "deadlock: ld.acquire polls a flag word that no block writes again".into());
     }
     if let Some(t) = blk.threads.iter().position(|t| t.cluster_parked) {

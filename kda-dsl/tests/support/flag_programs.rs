@@ -152,17 +152,20 @@ fn count_up_to(p: &mut P, i: Reg, limit: Src, top: u32) {
     p.guarded(more, Op::Bra { target: top });
 }
 
-/// One block whose threads poll `n` flag words in turn at one instruction (every word already
-/// set by the host), then store how many they passed, a word a thread: polls of different words
-/// at the same instruction, with nothing written between, each read their own word.
-pub fn successive_polls_program(n: i64) -> ThreadProgram {
+/// One block whose threads make `n` polls at one instruction, of word `i % words` at the `i`th
+/// (every word already set by the host), then store how many they passed, a word a thread:
+/// with nothing written between, each poll reads its word, and a word polled again (an outer
+/// loop waiting for a flag it saw set) does not wait.
+pub fn repeated_polls_program(n: i64, words: i64) -> ThreadProgram {
     let mut p = P::new();
     let t = tid(&mut p);
     let (i, flag) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
     let unset = p.reg(RegClass::Pred);
     p.op(Op::Mov { ty: Ty::U32, d: i, a: Src::Imm(0) });
     p.op(Op::Label(0));
-    let word = per_thread_global(&mut p, i, "flags", 4);
+    let which = p.reg(RegClass::B32);
+    p.op(Op::Bin { op: BinKind::Rem, ty: Ty::U32, d: which, a: Src::Reg(i), b: Src::Imm(words) });
+    let word = per_thread_global(&mut p, which, "flags", 4);
     p.op(Op::LdAcquire { d: flag, addr: word, offset: 0 });
     p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
     p.guarded(unset, Op::Bra { target: 0 });
@@ -201,8 +204,9 @@ pub fn words_of(args: &[(String, SimArg)], name: &str) -> Vec<u32> {
 /// meets its barrier, and thread 0 adds 1 to the count (`red.release.add`); block 0's thread 0
 /// polls until the count is `blocks - 1`, the block meets, and each thread stores the sum of
 /// the others' words, `out[t]`. The read needs every adder's release: a count continues the
-/// word's release sequence. With `late_writer`, the last block writes its words after adding.
-pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
+/// word's release sequence. `variant` adds a reset of the count or a fault.
+pub fn flag_count_program(variant: CountVariant) -> ThreadProgram {
+    let late_writer = variant == CountVariant::LateWriter;
     let mut p = P::new();
     let t = tid(&mut p);
     let (b, blocks) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
@@ -231,7 +235,17 @@ pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
         p.op(write.clone());
     }
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
-    p.guarded(first, Op::RedReleaseAdd { addr: count, offset: 0, a: Src::Imm(1) });
+    if variant == CountVariant::LastAdderStoresPlainly {
+        // Thread 0 of the last block stores; thread 0 of the others adds.
+        let (stores, adds) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+        p.op(Op::PredLogic { op: BinKind::And, d: stores, a: first, b: last });
+        p.op(Op::PredLogic { op: BinKind::Xor, d: adds, a: stores, b: first });
+        p.guarded(adds, Op::RedReleaseAdd { addr: count, offset: 0, a: Src::Imm(1) });
+        let plain = Op::St { space: Space::Global, ty: Ty::U32, addr: count, offset: 0, vals: vec![Src::Reg(row)] };
+        p.guarded(stores, plain);
+    } else {
+        p.guarded(first, Op::RedReleaseAdd { addr: count, offset: 0, a: Src::Imm(1) });
+    }
     if late_writer {
         p.guarded(last, write);
     }
@@ -260,6 +274,10 @@ pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
     count_up_to(&mut p, c, Src::Reg(blocks), 4);
     let out = per_thread_global(&mut p, t, "out", 4);
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(sum)] });
+    if variant == CountVariant::WaiterResets {
+        // Ordered after every add: the waiter acquired them all.
+        p.guarded(first, Op::St { space: Space::Global, ty: Ty::U32, addr: count, offset: 0, vals: vec![Src::Imm(0)] });
+    }
     p.op(Op::Ret);
     let params = vec![
         ("p_data".into(), Ty::U64),
@@ -268,6 +286,75 @@ pub fn flag_count_program(late_writer: bool) -> ThreadProgram {
         ("p_blocks".into(), Ty::S32),
     ];
     p.prog(FLAG_THREADS, 0, params)
+}
+
+/// What [`flag_count_program`] adds to the count, or gets wrong on purpose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CountVariant {
+    /// The count as described.
+    Plain,
+    /// The waiter sets the count back to 0 with a plain store after reading the words.
+    WaiterResets,
+    /// The last block writes its words after it adds.
+    LateWriter,
+    /// The last block stores its count with a plain store instead of adding.
+    LastAdderStoresPlainly,
+}
+
+/// Two flags set by block 1 (the second, then the first), which block 0's thread 0 polls in
+/// turn, counting its tries, until both are set, then stores their sum into `out[0]`: polls
+/// that alternate between two words and never repeat (the count) yield to the other blocks.
+pub fn two_flags_program() -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (b, zero, one) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
+    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
+    p.op(Op::Mov { ty: Ty::U32, d: one, a: Src::Imm(1) });
+    let (first_flag, second_flag) =
+        (per_thread_global(&mut p, zero, "flags", 4), per_thread_global(&mut p, one, "flags", 4));
+    let (thread0, setter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: thread0, a: Src::Reg(t), b: Src::Imm(0) });
+    p.unless(thread0, Op::Ret);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: setter, a: Src::Reg(b), b: Src::Imm(1) });
+    p.guarded(setter, Op::StRelease { addr: second_flag, offset: 0, a: Src::Imm(2) });
+    p.guarded(setter, Op::StRelease { addr: first_flag, offset: 0, a: Src::Imm(1) });
+    p.guarded(setter, Op::Ret);
+    let (a, c, both) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    let tries = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: tries, a: Src::Imm(0) });
+    p.op(Op::Label(0));
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: tries, a: Src::Reg(tries), b: Src::Imm(1) });
+    p.op(Op::LdAcquire { d: a, addr: first_flag, offset: 0 });
+    p.op(Op::LdAcquire { d: c, addr: second_flag, offset: 0 });
+    let unset = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::U32, d: both, a: Src::Reg(a), b: Src::Imm(0) });
+    p.op(Op::Setp { cmp: Cmp::Ne, ty: Ty::U32, d: unset, a: Src::Reg(c), b: Src::Imm(0) });
+    p.op(Op::PredLogic { op: BinKind::And, d: both, a: both, b: unset });
+    p.unless(both, Op::Bra { target: 0 });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: a, a: Src::Reg(a), b: Src::Reg(c) });
+    let out = per_thread_global(&mut p, zero, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(a)] });
+    p.op(Op::Ret);
+    p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_out".into(), Ty::U64)])
+}
+
+/// A spin that counts its tries in a register and never finds its flag set: no poll repeats
+/// (its registers change), so only the limit on polls ends it.
+pub fn counting_spin_program() -> ThreadProgram {
+    let mut p = P::new();
+    let zero = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
+    let flag_at = per_thread_global(&mut p, zero, "flags", 4);
+    let (tries, flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Mov { ty: Ty::U32, d: tries, a: Src::Imm(0) });
+    p.op(Op::Label(0));
+    p.op(Op::LdAcquire { d: flag, addr: flag_at, offset: 0 });
+    p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: tries, a: Src::Reg(tries), b: Src::Imm(1) });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
+    p.guarded(unset, Op::Bra { target: 0 });
+    p.op(Op::Ret);
+    p.prog(32, 0, vec![("p_flags".into(), Ty::U64)])
 }
 
 /// [`flag_count_program`]'s arguments over `blocks` blocks.
@@ -283,4 +370,43 @@ pub fn flag_count_args(blocks: u32) -> Vec<(String, SimArg)> {
 /// What [`flag_count_program`] stores over `blocks` blocks: `out[t] = sum over b >= 1 of 100 b + t`.
 pub fn flag_count_expected(blocks: u32) -> Vec<u32> {
     (0..FLAG_THREADS).map(|t| (1..blocks).map(|b| 100 * b + t).sum()).collect()
+}
+
+/// Block 1 writes `data[t] = t`, meets its barriers four times, and thread 0 releases the flag as
+/// the block's last instructions; block 0's thread 0 polls it, the block meets, and every thread
+/// copies `data[t]` to `out[t]`. The releasing block finishes in the round that releases.
+pub fn release_at_the_end_program() -> ThreadProgram {
+    let mut p = P::new();
+    let t = tid(&mut p);
+    let (b, zero) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
+    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
+    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
+    let flag_at = per_thread_global(&mut p, zero, "flags", 4);
+    let data = per_thread_global(&mut p, t, "data", 4);
+    let (first, setter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: setter, a: Src::Reg(b), b: Src::Imm(1) });
+    p.unless(setter, Op::Bra { target: 1 });
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: data, offset: 0, vals: vec![Src::Reg(t)] });
+    // Rounds in which the poller has nothing new to read, before the release.
+    for id in 0..4 {
+        p.op(Op::Bar { id: Src::Imm(id), count: None, reach: BarrierReach::AnyInstruction });
+    }
+    p.guarded(first, Op::StRelease { addr: flag_at, offset: 0, a: Src::Imm(1) });
+    p.op(Op::Ret);
+    p.op(Op::Label(1));
+    p.unless(first, Op::Bra { target: 2 });
+    let (flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Label(3));
+    p.op(Op::LdAcquire { d: flag, addr: flag_at, offset: 0 });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
+    p.guarded(unset, Op::Bra { target: 3 });
+    p.op(Op::Label(2));
+    p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
+    let got = p.reg(RegClass::B32);
+    p.op(Op::Ld { space: Space::Global, ty: Ty::U32, d: vec![got], addr: data, offset: 0 });
+    let out = per_thread_global(&mut p, t, "out", 4);
+    p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(got)] });
+    p.op(Op::Ret);
+    p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_data".into(), Ty::U64), ("p_out".into(), Ty::U64)])
 }

@@ -75,11 +75,7 @@ pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
     }
     // Thread 0 polls the next block's flag; the others wait at the barrier.
     p.unless(first, Op::Bra { target: 1 });
-    let (flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
-    p.op(Op::Label(0));
-    p.op(Op::LdAcquire { d: flag, addr: next_flag, offset: 0 });
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
-    p.guarded(unset, Op::Bra { target: 0 });
+    poll_until_set(&mut p, next_flag, 0);
     p.op(Op::Label(1));
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
     if fault != FlagFault::ReadsBeforePoll {
@@ -142,6 +138,15 @@ pub fn run_flag_chain(kind: FlagKind, fault: FlagFault) -> Result<Vec<u32>, Stri
     let mut args = flag_chain_args(BLOCKS);
     run(&flag_chain_program(kind, fault), [BLOCKS, 1, 1], &mut args).map_err(|e| e.to_string())?;
     Ok(words_of(&args, "chain"))
+}
+
+/// At label `top`, polls the flag word at `addr` with `ld.acquire` until it is not 0.
+fn poll_until_set(p: &mut P, addr: Reg, top: u32) {
+    let (flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
+    p.op(Op::Label(top));
+    p.op(Op::LdAcquire { d: flag, addr, offset: 0 });
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
+    p.guarded(unset, Op::Bra { target: top });
 }
 
 /// `i += 1`, then back to label `top` while `i < limit`.
@@ -396,11 +401,7 @@ pub fn release_at_the_end_program() -> ThreadProgram {
     p.op(Op::Ret);
     p.op(Op::Label(1));
     p.unless(first, Op::Bra { target: 2 });
-    let (flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::Pred));
-    p.op(Op::Label(3));
-    p.op(Op::LdAcquire { d: flag, addr: flag_at, offset: 0 });
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: unset, a: Src::Reg(flag), b: Src::Imm(0) });
-    p.guarded(unset, Op::Bra { target: 3 });
+    poll_until_set(&mut p, flag_at, 3);
     p.op(Op::Label(2));
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::AnyInstruction });
     let got = p.reg(RegClass::B32);

@@ -89,6 +89,24 @@ pub struct ChunkShape {
     /// How the fused step computes the lower-bound gate's key products ([`KeyProducts`]; the
     /// sweep's `k` is [`KeyProducts::Split`]). Same bits either way.
     pub key_products: KeyProducts,
+    /// Another order of the step's update and output rows than the path's own
+    /// ([`ChunkConfig::step_order`]; `kda bench --sweep-chunk` times them). Same bits.
+    pub step_order_override: Option<StepOrder>,
+}
+
+/// Which of the two consumers of a step's `Uᵀ` comes first in the kernel's code: the state's
+/// update (the next step's input) or the output rows (their product, the transposed store into
+/// shared memory and the barrier before it is read back). The same operations on the same
+/// values either way, so the same bits; ptxas schedules the two orders differently, and the
+/// barrier waits for whatever the code puts before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOrder {
+    /// The update, then the output rows: the fused kernel's, measured the faster there
+    /// (docs/performance.md, 2026-12-02 run 10).
+    UpdateFirst,
+    /// The output rows, then the update: the chain's over a prepared workspace, measured the
+    /// faster there in the same run (before its fill warp and hoisting).
+    OutputFirst,
 }
 
 /// Which instruction the sm_90a kernel gives its products of 16 columns (a chunk's tokens):
@@ -158,6 +176,7 @@ impl ChunkShape {
             gate_scan_override: None,
             narrow_products: NarrowProducts::Wgmma,
             key_products: KeyProducts::Replicated,
+            step_order_override: None,
         }
     }
 
@@ -591,6 +610,16 @@ pub(crate) fn starts_from_slot(with_has_initial: bool, has_initial: Tensor, n: V
 }
 
 impl ChunkConfig {
+    /// The order of the step's update and output rows: the shape's override, else the path's
+    /// own ([`StepOrder`]: the fused kernel updates first, the chain over a workspace outputs
+    /// first).
+    pub fn step_order(&self) -> StepOrder {
+        self.shape.step_order_override.unwrap_or(match self.preparation {
+            Preparation::InKernel => StepOrder::UpdateFirst,
+            Preparation::Workspace => StepOrder::OutputFirst,
+        })
+    }
+
     /// This config as it runs on `target`: on sm_90a a fused one (its keys prepared in the
     /// kernel) takes [`ChunkShape::HOPPER`], its state products on `wgmma`; the chain over a
     /// workspace, and every config on another target, keep their shape.
@@ -605,7 +634,7 @@ impl ChunkConfig {
     pub fn key(&self) -> String {
         let gate = rules_key(self.gate, self.dt_bias, self.beta);
         format!(
-            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}{}{}",
+            "{}_s{}_{}{}_cu{}_{}{}_w{}{}_mb{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.state_dtype,
             gate,
@@ -644,6 +673,11 @@ impl ChunkConfig {
             match self.shape.key_products {
                 KeyProducts::Replicated => "",
                 KeyProducts::Split => "_ks",
+            },
+            match self.shape.step_order_override {
+                None => "",
+                Some(StepOrder::UpdateFirst) => "_su",
+                Some(StepOrder::OutputFirst) => "_so",
             },
             match self.run {
                 ChunkRun::Output => "",
@@ -1243,6 +1277,7 @@ pub fn chunk(
     let prepared = cfg.preparation == Preparation::Workspace;
     let transition = cfg.run == ChunkRun::Transition;
     let output = cfg.run == ChunkRun::Output;
+    let update_first = cfg.step_order() == StepOrder::UpdateFirst;
     let (vb, hv, z) = launch(
         grid = [VD / bv, HV, NSEQ],
         threads = 32 * cfg.shape.warps,
@@ -1450,18 +1485,14 @@ pub fn chunk(
             }
         }
         state_products(transition, output, s, kd_sh, qd_sh, inv_sh, bt_sh, v_sh, wt, ot, vn, ut);
-        // The fused kernel computes the next state before the output, the chain over a
-        // workspace after it: each order measured the faster for its kernel
-        // (docs/performance.md, 2026-12-02 run 10). The same operations either way, so the
-        // same bits.
-        if !prepared {
+        if update_first {
             decay_and_update(s, eg_sh, ut, kr_sh);
         }
         if output {
             output_rows(ut, mq_sh, ot, o_sh, live);
             copy(o_sh, out.tile_at([bi, t0, hv, v0], [1, 16, 1, bv]).bounded([B, t1, HV, 128]));
         }
-        if prepared {
+        if !update_first {
             decay_and_update(s, eg_sh, ut, kr_sh);
         }
         if cfg.prefix.checkpoint_slots.is_some() {

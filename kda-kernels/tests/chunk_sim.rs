@@ -94,6 +94,27 @@ fn fill_warps_and_loads_in_flight_change_no_bit_of_the_fused_kernel() {
     }
 }
 
+/// The step's other order (the fused kernel's output rows before the state's update, the chain
+/// over a prepared workspace's update before its output rows) changes no bit, on every third
+/// family: the same operations on the same values.
+#[test]
+fn the_step_order_changes_no_bit() {
+    use kda_kernels::chunk::StepOrder;
+    use kda_kernels::chunk_check::two_kernel_path_matches;
+    for (i, f) in chunk_families().iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let x = f.inputs(i as u64);
+        let want = simulate_chunk(&f.cfg, &x).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        let shape = ChunkShape { step_order_override: Some(StepOrder::OutputFirst), ..f.cfg.shape };
+        let got = simulate_chunk(&ChunkConfig { shape, ..f.cfg.clone() }, &x)
+            .unwrap_or_else(|e| panic!("{} (output first): {e}", f.name));
+        assert!(bits(&got.out) == bits(&want.out), "{} (output first): outputs differ", f.name);
+        assert!(bits(&got.final_state) == bits(&want.final_state), "{} (output first): final states differ", f.name);
+        let chain = ChunkShape { step_order_override: Some(StepOrder::UpdateFirst), ..ChunkShape::PREPARED };
+        let same = two_kernel_path_matches(&f.cfg, &x, chain, 2).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        assert!(same, "{}: the chain updating first gives other bits", f.name);
+    }
+}
+
 /// The chain over a prepared workspace on sm_90a (one warpgroup of 16 value rows a warp, a fill
 /// warp: its state products on `wgmma`, the state their register A operand) gives the sm_80
 /// fused kernel's bits on every other family, the preparation being sm_80's; so does 4 warps of

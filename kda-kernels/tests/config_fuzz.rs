@@ -7,7 +7,7 @@ use kda_dsl::DType::{self, BF16, F16, F32, I32, I64};
 use kda_dsl::Hoist;
 use kda_kernels::chunk::{
     ChunkConfig, ChunkGate, ChunkOperands, ChunkRun, ChunkShape, ChunkStates, GateScan, KeyProducts, NarrowProducts,
-    Pieces, PrefixCaching, Preparation,
+    Pieces, PrefixCaching, Preparation, StepOrder,
 };
 use kda_kernels::chunk_prep::PrepConfig;
 use kda_kernels::decode::{Beta, DecodeConfig, DecodeShape, Gate, Writes};
@@ -111,6 +111,7 @@ fn random_configs_compile_or_get_a_diagnostic_never_a_panic() {
                 gate_scan_override: x.of(&[None, Some(GateScan::PerChannel), Some(GateScan::Shared)]),
                 narrow_products: x.of(&[NarrowProducts::Wgmma, NarrowProducts::MmaSync]),
                 key_products: x.of(&[KeyProducts::Replicated, KeyProducts::Split]),
+                step_order_override: x.of(&[None, Some(StepOrder::UpdateFirst), Some(StepOrder::OutputFirst)]),
             },
             run: x.of(&[ChunkRun::Transition, ChunkRun::StatesOnly, ChunkRun::Output, ChunkRun::Output]),
             preparation: x.of(&[Preparation::InKernel, Preparation::Workspace]),

@@ -13,7 +13,7 @@ use std::io::Write;
 /// A `--sweep-chunk` shape's grammar, for the usage and the parser's errors alike.
 macro_rules! chunk_shape_grammar {
     () => {
-        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k][o]"
+        "WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k][o][a|q]"
     };
 }
 
@@ -145,7 +145,7 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 }
 
 /// Times the prefill cases at each chunk launch shape
-/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k]`: `x`
+/// (`WARPSxMIN_BLOCKS[xSTAGES][wROWS][fFILL[gREGS]][sTOKENS][p[BLOCKS][rRANGES]][i][b][h][m][e|u|n][c][k][o][a|q]`: `x`
 /// the pipeline's depth in chunks (the path's default without it), `w` the value rows each warp
 /// holds (16 without it), `f` that many fill warps issuing the pipeline's fills (`g` the
 /// registers they keep on sm_90a, the rest going to the compute warps), `s` the exact
@@ -158,7 +158,9 @@ fn split_case_filter(args: &[String]) -> Result<(Vec<&String>, String), String> 
 /// `ChunkShape::hoist`'s rule for a shape without an override, so the default chain over a
 /// prepared workspace is `2x4x4f1pe`), `c` the gates summed
 /// through shared memory (`GateScan::Shared`), `k` the key products split over the warps
-/// (`KeyProducts::Split`); 4x2w32ik (the default), 4x2w32i, 4x2w32iek, 8x2, 8x1ih, 4x2w32ihmk,
+/// (`KeyProducts::Split`), `o` the two-kernel path's chain on SMs of its own, `a` or `q` the
+/// step's output rows after the state's update or before it (`StepOrder`; without either, the
+/// path's own); 4x2w32ik (the default), 4x2w32i, 4x2w32iek, 8x2, 8x1ih, 4x2w32ihmk,
 /// 4x2w32ihk (every state product on `wgmma`) and 4x2w32ihmn when none is given), over the five
 /// bench cases and one with few heads ([`super::chunk_gpu::sweep_prefill_cases`]), optionally
 /// only the cases whose name contains `--case NAME`: how the default was chosen. `default` is
@@ -238,7 +240,7 @@ fn bits_verdict<'a>(first: &mut Option<(&'a str, u64)>, name: &'a str, bits: u64
 /// channel by choice, or token ranges off the two-kernel path).
 pub(crate) fn chunk_shape_name(t: &kda_runtime::chunk::ChunkTuning) -> Option<String> {
     use kda_dsl::Hoist;
-    use kda_kernels::chunk::{GateScan, KeyProducts, NarrowProducts};
+    use kda_kernels::chunk::{GateScan, KeyProducts, NarrowProducts, StepOrder};
     use kda_runtime::chunk::{ChainSms, ChunkOperands};
     let sh = &t.shape;
     if sh.gate_scan_override == Some(GateScan::PerChannel) || (t.ranges.is_some() && !t.prepared) {
@@ -277,6 +279,8 @@ pub(crate) fn chunk_shape_name(t: &kda_runtime::chunk::ChunkTuning) -> Option<St
         (sh.gate_scan_override == Some(GateScan::Shared), "c"),
         (sh.key_products == KeyProducts::Split, "k"),
         (t.chain_sms == ChainSms::Own, "o"),
+        (sh.step_order_override == Some(StepOrder::UpdateFirst), "a"),
+        (sh.step_order_override == Some(StepOrder::OutputFirst), "q"),
     ];
     flags.iter().filter(|(on, _)| *on).for_each(|(_, letter)| name += letter);
     Some(name)
@@ -301,9 +305,18 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
     // fused kernel's also compute each chunk's factors a chunk ahead of the state's chain) and
     // its `gREGS` (the registers they keep on sm_90a: `ChunkShape::producer_registers`),
     // `wROWS` (value rows a warp) and `xSTAGES`. Last of all `o`: the two-kernel path's chain
-    // blocks on SMs of their own (`ChainSms::Own`).
+    // blocks on SMs of their own (`ChainSms::Own`), then `a` or `q`: the step's output rows
+    // after the state's update or before it (`ChunkShape::step_order_override`).
     // `a` less the suffix `c`, and whether it had it.
     let flag = |a: &'a str, c: char| a.strip_suffix(c).map_or((a, false), |rest| (rest, true));
+    let (a, update_first) = flag(a, 'a');
+    let (a, output_first) = flag(a, 'q');
+    let step_order_override = match (update_first, output_first) {
+        (true, true) => return Err(bad()),
+        (true, false) => Some(kda_kernels::chunk::StepOrder::UpdateFirst),
+        (false, true) => Some(kda_kernels::chunk::StepOrder::OutputFirst),
+        (false, false) => None,
+    };
     let (a, own_sms) = flag(a, 'o');
     let chain_sms = if own_sms { ChainSms::Own } else { ChainSms::Shared };
     let (a, split_keys) = flag(a, 'k');
@@ -366,6 +379,7 @@ pub(crate) fn parse_chunk_shape<'a>(a: &'a str) -> Result<kda_runtime::chunk::Ch
         gate_scan_override,
         narrow_products,
         key_products,
+        step_order_override,
         ..ChunkShape::plain(warps, min_blocks, stages)
     };
     Ok(ChunkTuning { shape, split, prepared, prep_blocks, ranges, chain_sms, operands, target })
@@ -658,6 +672,9 @@ mod tests {
             "4x2w32iek",
             "8x2b",
             "4x2w32uc",
+            "2x4x4f1pea",
+            "2x4x4f1pr16eoa",
+            "4x2w32ikq",
         ] {
             round_trip(parse_chunk_shape(s).expect(s));
         }
@@ -838,14 +855,27 @@ mod tests {
                     ..tune(ChunkShape::HOPPER_TWO_PRODUCERS, None, false, None, None)
                 },
             ),
+            (
+                "2x4x4f1pea",
+                tune(
+                    ChunkShape {
+                        step_order_override: Some(kda_kernels::chunk::StepOrder::UpdateFirst),
+                        ..ChunkShape::PREPARED
+                    },
+                    None,
+                    true,
+                    None,
+                    None,
+                ),
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(parse_chunk_shape(text), Ok(want), "{text}");
         }
         for text in [
-            "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2q", "8x2f", "8x2bb", "8x2hb", "8x2hh", "8x2ne", "8x2en",
-            "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm", "8x2kk", "8x2kc", "8x2f4g",
-            "8x2f4gx", "8x2g128",
+            "8", "8x", "8x2x", "8x2x4x1", "ax2", "8x2pr", "8x2qa", "8x2aq", "8x2aa", "8x2ao", "8x2f", "8x2bb", "8x2hb",
+            "8x2hh", "8x2ne", "8x2en", "8x2ee", "8x2w", "8x2wx", "8x2cc", "8x2ce", "8x2mm", "8x2mh", "8x2nm", "8x2kk",
+            "8x2kc", "8x2f4g", "8x2f4gx", "8x2g128",
         ] {
             let e = parse_chunk_shape(text).expect_err(text);
             assert!(e.contains(text) && e.contains("WARPSxMIN_BLOCKS"), "{text}: {e}");

@@ -6,7 +6,7 @@
 //! `V / bv` x value heads x sequence groups, each block taking `ITEMS` sequences in turn through
 //! a `cp.async` pipeline (the next one's state and first-token inputs load while one computes).
 //! `ITEMS` is 1 or 2 for most calls: more blocks than fit, started in grid order, so the blocks
-//! in flight cover a few states whole (2-4% faster than one wave, README). A warp holds whole
+//! in flight cover a few states whole (2-4% faster than one wave, docs/performance.md). A warp holds whole
 //! rows (`bv / warps`; with `lanes_per_row = 32` a row spans its 32 lanes), so row reductions
 //! stay inside the warp. Per token: decay the state, reduce it against k and q in one pass
 //! (`S k`, `S q`), `u = beta (v - S k)`, `o = S q + u (k · q)` (the output of the updated state
@@ -113,7 +113,7 @@ pub struct DecodeShape {
 }
 
 /// The kinds of decode call the shape table tells apart, measured on an H200
-/// (`kda bench --sweep-decode`; README, "Performance").
+/// (`kda bench --sweep-decode`; docs/performance.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DecodeCallKind {
     /// f32 V-first state, several tokens per sequence, at most [`MAX_GRID_Z`] sequences: a
@@ -515,9 +515,9 @@ pub fn decode(
             clear(s);
         }
         // Iteration t finishes token t - 1 with the inputs fetched in iteration t - 1, then fetches
-        // token t (waited on at once; fetching it earlier measured slower, README).
+        // token t (waited on at once; fetching it earlier measured slower, docs/performance.md).
         // The pool slot token t - 1's state goes to (-1: none). Token t - 1's stores follow the
-        // live/padding branch rather than sit in it (measured faster, README).
+        // live/padding branch rather than sit in it (measured faster, docs/performance.md).
         let mut wst = -1;
         for t in serial(0, tn + 1) {
             if t > 0 {
@@ -627,7 +627,7 @@ pub fn decode(
                 let ti = bos + t;
                 // Register loads first: they stay in flight while the copy into shared memory
                 // waits for its data. Not streaming: marked evict-first, spec4 measured 0.4%
-                // slower (README).
+                // slower (docs/performance.md).
                 copy(k.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), kf);
                 copy(q.tile_at([bi, ti, h, 0], [1, 1, 1, 128]), qf);
                 copy(v.tile_at([bi, ti, hv, v0], [1, 1, 1, cfg.shape.rows]), vf);

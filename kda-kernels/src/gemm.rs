@@ -44,7 +44,7 @@ pub struct GemmConfig {
 
 impl Default for GemmConfig {
     fn default() -> Self {
-        // Chosen by `kda bench --sweep-gemm` on an H200 (see README).
+        // Chosen by `kda bench --sweep-gemm` on an H200 (see docs/performance.md).
         GemmConfig {
             dtype: DType::BF16,
             out: DType::F32,

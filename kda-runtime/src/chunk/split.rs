@@ -508,7 +508,7 @@ mod tests {
             assert_eq!(plan, plan_of(&lead, hv, varlen, false), "{lead:?}: the plan ignores the workspace");
             let got = ChunkTuning::for_call(&plan, &DeviceLimits::H200).split;
             assert_eq!(got, splits.then_some(t), "{lead:?}, {hv} heads, varlen (hint) {varlen:?}");
-            // The README's way out of the default split runs the call unsplit.
+            // docs/prefill.md's way out of the default split runs the call unsplit.
             let unsplit_tuning = ChunkTuning { split: None, ..ChunkTuning::for_call(&plan, &DeviceLimits::H200) };
             unsplit_tuning.check(&plan).unwrap_or_else(|e| panic!("{lead:?}: split: None refused: {e}"));
             let need = super::super::chunk_workspace_bytes(&plan, &DeviceLimits::H200);

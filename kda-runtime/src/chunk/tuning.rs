@@ -534,7 +534,7 @@ mod tests {
         tuned.check(&plan_of(400)).expect("the sm_90a fused kernel");
     }
 
-    /// The README's bf16 operands: a valid tuning, carried into the chain's config, its
+    /// docs/prefill.md's bf16 operands: a valid tuning, carried into the chain's config, its
     /// preparation's and the workspace's element type (f16 by default, bf16 by default
     /// without l2norm).
     #[test]

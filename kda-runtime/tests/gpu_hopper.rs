@@ -1,9 +1,9 @@
 //! On an H100 or H200 (compute capability 9.0): the Hopper thread programs of the simulator's
 //! tests (wgmma through every swizzle and operand order, an mbarrier ring, a TMA box with zero
 //! fill, warpgroups trading registers, clusters and a ring across a cluster's blocks, blocks
-//! ordered by flags in global memory) run on
-//! the GPU, and every tensor they leave must hold the same bytes the simulator left. The simulator is the primary check of the async rules,
-//! so this is where its model of the instructions meets the hardware. Skips, visibly, on other
+//! ordered by flags in global memory) run on the GPU, and every tensor they leave must hold the
+//! same bytes the simulator left. The simulator is the primary check of the async rules, so
+//! this is where its model of the instructions meets the hardware. Skips, visibly, on other
 //! devices and on machines without a GPU.
 
 use std::ffi::c_void;
@@ -21,7 +21,7 @@ use kda_runtime::{encode_tensor_map, DeviceTensor, Gpu, ModuleCache, RuntimeErro
 mod hopper_programs;
 use hopper_programs::*;
 #[path = "../../kda-dsl/tests/support/flag_programs.rs"]
-#[allow(dead_code)]
+#[allow(dead_code)] // the faulty programs and the checks serve the simulator's tests only
 mod flag_programs;
 use flag_programs::*;
 

@@ -10,6 +10,38 @@ use kda_dsl::thread_ir::*;
 /// Threads a block of the flag programs.
 pub const FLAG_THREADS: u32 = 64;
 
+/// A predicate: whether `a == b`.
+fn equals(p: &mut P, a: Reg, b: Src) -> Reg {
+    let d = p.reg(RegClass::Pred);
+    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d, a: Src::Reg(a), b });
+    d
+}
+
+/// The block's index along x.
+fn block_x(p: &mut P) -> Reg {
+    let b = p.reg(RegClass::B32);
+    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
+    b
+}
+
+/// The address of word `k` of tensor `name` (4-byte words), the same for every thread.
+fn word_at(p: &mut P, name: &str, k: i64) -> Reg {
+    let index = p.reg(RegClass::B32);
+    p.op(Op::Mov { ty: Ty::U32, d: index, a: Src::Imm(k) });
+    per_thread_global(p, index, name, 4)
+}
+
+/// The start of the chain and count programs: the thread's index, the block's, the
+/// `p_blocks` parameter, and whether the thread is thread 0.
+fn grid_place(p: &mut P) -> (Reg, Reg, Reg, Reg) {
+    let t = tid(p);
+    let b = block_x(p);
+    let blocks = p.reg(RegClass::B32);
+    p.op(Op::LdParam { ty: Ty::S32, d: blocks, name: "p_blocks".into() });
+    let first = equals(p, t, Src::Imm(0));
+    (t, b, blocks, first)
+}
+
 /// How a block tells the next that its words are written.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum FlagKind {
@@ -42,12 +74,7 @@ pub enum FlagFault {
 /// `ld.acquire` and the block meets at a barrier before reading the words.
 pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
     let mut p = P::new();
-    let t = tid(&mut p);
-    let (b, blocks) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
-    p.op(Op::LdParam { ty: Ty::S32, d: blocks, name: "p_blocks".into() });
-    let first = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
+    let (t, b, blocks, first) = grid_place(&mut p);
     let next = p.reg(RegClass::B32);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: next, a: Src::Reg(b), b: Src::Imm(1) });
     let my_flag = per_thread_global(&mut p, b, "flags", 4);
@@ -56,8 +83,7 @@ pub fn flag_chain_program(kind: FlagKind, fault: FlagFault) -> ThreadProgram {
     p.op(Op::Mad { ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(i64::from(FLAG_THREADS)), c: Src::Reg(t) });
     let mine = per_thread_global(&mut p, row, "chain", 4);
     // The last block's `chain[b + 1]` would be past the tensor: it reads nothing.
-    let last = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(next), b: Src::Reg(blocks) });
+    let last = equals(&mut p, next, Src::Reg(blocks));
     let prev = p.reg(RegClass::B32);
     p.op(Op::Mov { ty: Ty::U32, d: prev, a: Src::Imm(0) });
     p.guarded(last, Op::Bra { target: 2 });
@@ -189,11 +215,8 @@ pub fn release_only_program(value: i64) -> ThreadProgram {
     let out = per_thread_global(&mut p, t, "out", 4);
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(t)] });
     p.op(Op::Bar { id: Src::Imm(0), count: None, reach: BarrierReach::SameInstruction });
-    let first = p.reg(RegClass::Pred);
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
-    let zero = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
-    let flag = per_thread_global(&mut p, zero, "flags", 4);
+    let first = equals(&mut p, t, Src::Imm(0));
+    let flag = word_at(&mut p, "flags", 0);
     p.guarded(first, Op::StRelease { addr: flag, offset: 0, a: Src::Imm(value) });
     p.op(Op::Ret);
     p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_out".into(), Ty::U64)])
@@ -213,16 +236,9 @@ pub fn words_of(args: &[(String, SimArg)], name: &str) -> Vec<u32> {
 pub fn flag_count_program(variant: CountVariant) -> ThreadProgram {
     let late_writer = variant == CountVariant::LateWriter;
     let mut p = P::new();
-    let t = tid(&mut p);
-    let (b, blocks) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
-    p.op(Op::LdParam { ty: Ty::S32, d: blocks, name: "p_blocks".into() });
-    let (first, waiter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: waiter, a: Src::Reg(b), b: Src::Imm(0) });
-    let zero = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
-    let count = per_thread_global(&mut p, zero, "flags", 4);
+    let (t, b, blocks, first) = grid_place(&mut p);
+    let waiter = equals(&mut p, b, Src::Imm(0));
+    let count = word_at(&mut p, "flags", 0);
     p.guarded(waiter, Op::Bra { target: 1 });
     // An adder: its words, the barrier, the count.
     let row = p.reg(RegClass::B32);
@@ -231,9 +247,8 @@ pub fn flag_count_program(variant: CountVariant) -> ThreadProgram {
     let value = p.reg(RegClass::B32);
     p.op(Op::Mad { ty: Ty::U32, d: value, a: Src::Reg(b), b: Src::Imm(100), c: Src::Reg(t) });
     let write = Op::St { space: Space::Global, ty: Ty::U32, addr: mine, offset: 0, vals: vec![Src::Reg(value)] };
-    let last = p.reg(RegClass::Pred);
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: row, a: Src::Reg(b), b: Src::Imm(1) });
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: last, a: Src::Reg(row), b: Src::Reg(blocks) });
+    let last = equals(&mut p, row, Src::Reg(blocks));
     if late_writer {
         p.unless(last, write.clone());
     } else {
@@ -312,16 +327,11 @@ pub enum CountVariant {
 pub fn two_flags_program() -> ThreadProgram {
     let mut p = P::new();
     let t = tid(&mut p);
-    let (b, zero, one) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
-    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
-    p.op(Op::Mov { ty: Ty::U32, d: one, a: Src::Imm(1) });
-    let (first_flag, second_flag) =
-        (per_thread_global(&mut p, zero, "flags", 4), per_thread_global(&mut p, one, "flags", 4));
-    let (thread0, setter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: thread0, a: Src::Reg(t), b: Src::Imm(0) });
+    let b = block_x(&mut p);
+    let (first_flag, second_flag) = (word_at(&mut p, "flags", 0), word_at(&mut p, "flags", 1));
+    let thread0 = equals(&mut p, t, Src::Imm(0));
     p.unless(thread0, Op::Ret);
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: setter, a: Src::Reg(b), b: Src::Imm(1) });
+    let setter = equals(&mut p, b, Src::Imm(1));
     p.guarded(setter, Op::StRelease { addr: second_flag, offset: 0, a: Src::Imm(2) });
     p.guarded(setter, Op::StRelease { addr: first_flag, offset: 0, a: Src::Imm(1) });
     p.guarded(setter, Op::Ret);
@@ -338,7 +348,7 @@ pub fn two_flags_program() -> ThreadProgram {
     p.op(Op::PredLogic { op: BinKind::And, d: both, a: both, b: unset });
     p.unless(both, Op::Bra { target: 0 });
     p.op(Op::Bin { op: BinKind::Add, ty: Ty::U32, d: a, a: Src::Reg(a), b: Src::Reg(c) });
-    let out = per_thread_global(&mut p, zero, "out", 4);
+    let out = word_at(&mut p, "out", 0);
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: out, offset: 0, vals: vec![Src::Reg(a)] });
     p.op(Op::Ret);
     p.prog(32, 0, vec![("p_flags".into(), Ty::U64), ("p_out".into(), Ty::U64)])
@@ -348,9 +358,7 @@ pub fn two_flags_program() -> ThreadProgram {
 /// (its registers change), so only the limit on polls ends it.
 pub fn counting_spin_program() -> ThreadProgram {
     let mut p = P::new();
-    let zero = p.reg(RegClass::B32);
-    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
-    let flag_at = per_thread_global(&mut p, zero, "flags", 4);
+    let flag_at = word_at(&mut p, "flags", 0);
     let (tries, flag, unset) = (p.reg(RegClass::B32), p.reg(RegClass::B32), p.reg(RegClass::Pred));
     p.op(Op::Mov { ty: Ty::U32, d: tries, a: Src::Imm(0) });
     p.op(Op::Label(0));
@@ -383,14 +391,11 @@ pub fn flag_count_expected(blocks: u32) -> Vec<u32> {
 pub fn release_at_the_end_program() -> ThreadProgram {
     let mut p = P::new();
     let t = tid(&mut p);
-    let (b, zero) = (p.reg(RegClass::B32), p.reg(RegClass::B32));
-    p.op(Op::ReadSpecial { d: b, sreg: Special::Ctaid(0) });
-    p.op(Op::Mov { ty: Ty::U32, d: zero, a: Src::Imm(0) });
-    let flag_at = per_thread_global(&mut p, zero, "flags", 4);
+    let b = block_x(&mut p);
+    let flag_at = word_at(&mut p, "flags", 0);
     let data = per_thread_global(&mut p, t, "data", 4);
-    let (first, setter) = (p.reg(RegClass::Pred), p.reg(RegClass::Pred));
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: first, a: Src::Reg(t), b: Src::Imm(0) });
-    p.op(Op::Setp { cmp: Cmp::Eq, ty: Ty::U32, d: setter, a: Src::Reg(b), b: Src::Imm(1) });
+    let first = equals(&mut p, t, Src::Imm(0));
+    let setter = equals(&mut p, b, Src::Imm(1));
     p.unless(setter, Op::Bra { target: 1 });
     p.op(Op::St { space: Space::Global, ty: Ty::U32, addr: data, offset: 0, vals: vec![Src::Reg(t)] });
     // Rounds in which the poller has nothing new to read, before the release.
